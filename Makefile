@@ -1,0 +1,21 @@
+# Two entry points for a fresh machine: `make test` and `make demo`.
+# Both create .venv (CPU torch pinned for speed), install tedebug editable, then run.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TORCH_PIN ?= torch==2.13.0
+
+$(BIN)/.installed: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q "$(TORCH_PIN)"
+	$(BIN)/python -m pip install -q -e ".[test]"
+	touch $@
+
+.PHONY: test demo install
+install: $(BIN)/.installed
+
+test: $(BIN)/.installed
+	$(BIN)/python -m pytest
+
+demo: $(BIN)/.installed
+	$(BIN)/python examples/train_gpt.py

@@ -1,0 +1,1 @@
+"""Built-in tedebug features, one module per feature (installed as ``tedebug.features``)."""

@@ -1,0 +1,1 @@
+"""tedebug.backends (see module docstrings)."""

@@ -1,0 +1,1 @@
+"""tedebug.config (see module docstrings)."""

@@ -1,0 +1,1 @@
+"""tedebug.nn (see module docstrings)."""

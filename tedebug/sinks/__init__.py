@@ -1,0 +1,1 @@
+"""tedebug.sinks (see module docstrings)."""

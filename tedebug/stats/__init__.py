@@ -1,0 +1,1 @@
+"""tedebug.stats (see module docstrings)."""
