@@ -161,6 +161,19 @@ def e8m0_encode_multiplier(codes: torch.Tensor) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------------ scales
+def abs_ignoring_nan(x: torch.Tensor) -> torch.Tensor:
+    """fp32 |x| with NaN replaced by 0: a max over it drops NaN like CUDA's `fmaxf` amax reductions in TE."""
+    a = x.float().abs()
+    return torch.where(torch.isnan(a), torch.zeros_like(a), a)
+
+
+def tensor_amax(x: torch.Tensor) -> torch.Tensor:
+    """0-d fp32 max|x| over the whole tensor, NaN ignored, 0 for an empty tensor (+Inf if any element is +-Inf)."""
+    if x.numel() == 0:
+        return torch.zeros((), dtype=torch.float32, device=x.device)
+    return abs_ignoring_nan(x).amax()
+
+
 def round_down_pow2(scale: torch.Tensor) -> torch.Tensor:
     """Keep only sign and exponent bits of fp32 values (round a positive scale down to a power of two)."""
     return _from_bits(_bits(scale) & torch.tensor(0xFF800000 - (1 << 32), dtype=torch.int32, device=scale.device))

@@ -18,6 +18,29 @@ from typing import Iterable, List, Optional, Tuple
 import torch
 
 USAGES = ("rowwise", "columnwise")
+HIGH_PRECISION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_high_precision_input(tensor: torch.Tensor, who: str) -> None:
+    """Raise unless `tensor` is a float32 / bfloat16 / float16 tensor with at least one dim.
+
+    TypeError for a wrong dtype, ValueError for a 0-d tensor; `who` names the caller in the message.
+    """
+    if tensor.dtype not in HIGH_PRECISION_DTYPES:
+        raise TypeError(f"{who}: expected a float32/bfloat16/float16 tensor, got dtype {tensor.dtype}")
+    if tensor.dim() == 0:
+        raise ValueError(f"{who}: expected a tensor with at least 1 dim, got a 0-d tensor")
+
+
+def matrix_shape(shape: Iterable[int]) -> Tuple[int, int]:
+    """The 2-D view `(M, K)` of a logical shape: M = product of the leading dims (1 for a 1-D shape), K = last."""
+    shape = tuple(int(s) for s in shape)
+    if not shape:
+        raise ValueError("a quantized tensor needs at least 1 dim, got shape ()")
+    m = 1
+    for s in shape[:-1]:
+        m *= s
+    return m, shape[-1]
 
 
 class Quantizer(abc.ABC):
@@ -152,16 +175,30 @@ class QuantizedTensor(abc.ABC):
         """
         if usage is None:
             usage = "rowwise" if self.has_rowwise else "columnwise"
-        if usage not in USAGES:
-            raise ValueError(f"usage must be 'rowwise' or 'columnwise', got {usage!r}")
-        present = self.has_rowwise if usage == "rowwise" else self.has_columnwise
-        if not present:
-            raise RuntimeError(f"{type(self).__name__}: the {usage} representation is not available")
+        self._require(usage)
         return self._dequantize(usage).to(dtype or self._dtype)
 
     @abc.abstractmethod
     def _dequantize(self, usage: str) -> torch.Tensor:
         """fp32 values of the logical shape from the given representation."""
+
+    def _require(self, usage: str) -> str:
+        """Validate a usage name and check that representation is present (ValueError / RuntimeError)."""
+        if usage not in USAGES:
+            raise ValueError(f"usage must be 'rowwise' or 'columnwise', got {usage!r}")
+        present = self.has_rowwise if usage == "rowwise" else self.has_columnwise
+        if not present:
+            raise RuntimeError(f"{type(self).__name__}: the {usage} representation is not available")
+        return usage
+
+    # ---------------------------------------------------------------- statistics helpers
+    @abc.abstractmethod
+    def nonzero_code_count(self, usage: str) -> torch.Tensor:
+        """0-d int64 tensor: how many elements of the `usage` representation have a stored code other than +-0."""
+
+    @abc.abstractmethod
+    def scale_inv_values(self, usage: str) -> torch.Tensor:
+        """1-D fp32 tensor: every stored decode scale of the `usage` representation as a real value, no padding."""
 
     # ---------------------------------------------------------------- usage
     def update_usage(self, rowwise_usage: Optional[bool] = None, columnwise_usage: Optional[bool] = None) -> None:
@@ -212,7 +249,12 @@ class QuantizedTensor(abc.ABC):
         return list(tensors[len(fields):])
 
     def _copy_from(self, other: "QuantizedTensor") -> None:
-        """In-place refresh used by `Quantizer.update_quantized`."""
+        """In-place refresh used by `Quantizer.update_quantized` (both must have the same logical shape)."""
+        if other.shape != self._shape:
+            raise ValueError(
+                f"{type(self).__name__}: cannot refresh a tensor of shape {tuple(self._shape)} "
+                f"from one of shape {tuple(other.shape)}"
+            )
         for f in self._tensor_fields():
             src = getattr(other, f)
             dst = getattr(self, f)

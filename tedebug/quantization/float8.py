@@ -1,0 +1,330 @@
+"""Per-tensor FP8: `Float8CurrentScalingQuantizer` / `Float8Quantizer` (delayed scaling) -> `Float8Tensor`.
+
+One fp32 scale for the whole tensor (formats.md §2).  Elements are `RNE-satfinite-FP8(fp32(x) · scale)` and decode as
+`code_value · scale_inv` with `scale_inv = fp32(1 / scale)`.
+
+- Current scaling (§2a): amax = max|x| of the tensor being quantized, scale = `compute_scale_from_amax` (epsilon,
+  optional power-of-two rounding, FLT_MAX for an infinite quotient, 1 for amax 0 / Inf).
+- Delayed scaling (§2b): the quantizer owns `scale` (0-d or 1-element fp32) and `amax_history` ([L] or [L, 1] fp32);
+  quantizing uses the current `scale` and records max|x| into `amax_history[0]`; `update_scale()` rolls the history
+  and derives the next scale.  State tensors are updated in place, so `copy()`s share them.
+
+The amax ignores NaN elements (TE reduces with `fmaxf`); NaN elements are stored as the FP8 NaN code.
+
+Storage of `Float8Tensor`: `rowwise_data` uint8 codes in the logical shape `[..., K]`; `columnwise_data` uint8 = the
+same codes of the 2-D view `[M, K]` (M = product of the leading dims) transposed to `[K, M]` (TE's `_transpose`);
+`scale_inv` 0-d fp32 shared by both.  Since the scale is shared, either direction can be derived from the other.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Optional, Tuple, Union
+
+import torch
+
+from .formats import (
+    FLT_MAX,
+    FP8_MAX,
+    compute_scale_from_amax,
+    decode_fp8,
+    encode_fp8,
+    fp8_format_of,
+    fp8_is_zero,
+    tensor_amax,
+)
+from .tensor import QuantizedTensor, Quantizer, check_high_precision_input, matrix_shape
+
+AMAX_ALGOS = ("max", "most_recent")
+
+
+# ------------------------------------------------------------------------------------------------ tensor
+class Float8Tensor(QuantizedTensor):
+    """Per-tensor scaled FP8 data (E4M3 or E5M2) with an optional transposed copy for columnwise use."""
+
+    def __init__(
+        self,
+        shape: Iterable[int],
+        dtype: torch.dtype,
+        device,
+        quantizer: Optional[Quantizer],
+        *,
+        fp8_format: str,
+        scale_inv: torch.Tensor,
+        rowwise_data: Optional[torch.Tensor] = None,
+        columnwise_data: Optional[torch.Tensor] = None,
+    ) -> None:
+        super().__init__(shape, dtype, device, quantizer)
+        self.fp8_format = fp8_format_of(fp8_format)
+        self._mk = matrix_shape(self._shape)
+        self.rowwise_data = rowwise_data
+        self.columnwise_data = columnwise_data
+        self.scale_inv = scale_inv
+        self._check_layout()
+
+    def _check_layout(self) -> None:
+        m, k = self._mk
+        name = type(self).__name__
+        for field, want in (("rowwise_data", tuple(self._shape)), ("columnwise_data", (k, m))):
+            data = getattr(self, field)
+            if data is not None and (data.dtype != torch.uint8 or tuple(data.shape) != want):
+                raise ValueError(
+                    f"{name}.{field}: expected uint8 of shape {want}, got {data.dtype} of shape {tuple(data.shape)}"
+                )
+        if self.scale_inv is not None and self.scale_inv.numel() != 1:
+            raise ValueError(f"{name}.scale_inv: expected one element, got shape {tuple(self.scale_inv.shape)}")
+
+    @property
+    def has_rowwise(self) -> bool:
+        return self.rowwise_data is not None
+
+    @property
+    def has_columnwise(self) -> bool:
+        return self.columnwise_data is not None
+
+    def _codes_2d(self, usage: str) -> torch.Tensor:
+        """The codes of the 2-D view `[M, K]`, from either representation."""
+        m, k = self._mk
+        if usage == "rowwise":
+            return self.rowwise_data.reshape(m, k)
+        return self.columnwise_data.t()
+
+    def _dequantize(self, usage: str) -> torch.Tensor:
+        values = decode_fp8(self._codes_2d(usage), self.fp8_format) * self.scale_inv.float().reshape(())
+        return values.reshape(self._shape)
+
+    def _create(self, usage: str) -> None:
+        m, k = self._mk
+        if usage == "columnwise" and self.rowwise_data is not None:
+            self.columnwise_data = self.rowwise_data.reshape(m, k).t().contiguous()
+        elif usage == "rowwise" and self.columnwise_data is not None:
+            self.rowwise_data = self.columnwise_data.t().contiguous().reshape(self._shape)
+        else:
+            super()._create(usage)
+
+    def _drop(self, usage: str) -> None:
+        setattr(self, f"{usage}_data", None)
+
+    def _tensor_fields(self) -> Tuple[str, ...]:
+        return ("rowwise_data", "columnwise_data", "scale_inv")
+
+    def nonzero_code_count(self, usage: str) -> torch.Tensor:
+        data = getattr(self, f"{self._require(usage)}_data")
+        return (~fp8_is_zero(data)).sum(dtype=torch.int64)
+
+    def scale_inv_values(self, usage: str) -> torch.Tensor:
+        self._require(usage)
+        return self.scale_inv.float().reshape(1)
+
+
+# ------------------------------------------------------------------------------------------------ quantizers
+def _cast_per_tensor(
+    quantizer: Quantizer, tensor: torch.Tensor, scale: torch.Tensor, fp8_format: str
+) -> Float8Tensor:
+    """Encode `tensor` with one fp32 `scale` into the directions enabled on `quantizer`."""
+    scale = scale.float().reshape(()).to(tensor.device)
+    m, k = matrix_shape(tensor.shape)
+    codes = encode_fp8(tensor.float() * scale, fp8_format)
+    columnwise = codes.reshape(m, k).t().contiguous() if quantizer.columnwise_usage else None
+    return Float8Tensor(
+        tensor.shape,
+        tensor.dtype,
+        tensor.device,
+        quantizer,
+        fp8_format=fp8_format,
+        scale_inv=torch.ones_like(scale) / scale,
+        rowwise_data=codes if quantizer.rowwise_usage else None,
+        columnwise_data=columnwise,
+    )
+
+
+def _empty_per_tensor(quantizer: Quantizer, shape, dtype, device, fp8_format: str) -> Float8Tensor:
+    shape = torch.Size(int(s) for s in shape)
+    m, k = matrix_shape(shape)
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    return Float8Tensor(
+        shape,
+        dtype,
+        device,
+        quantizer,
+        fp8_format=fp8_format,
+        scale_inv=torch.ones((), dtype=torch.float32, device=device),
+        rowwise_data=torch.empty(shape, dtype=torch.uint8, device=device) if quantizer.rowwise_usage else None,
+        columnwise_data=torch.empty((k, m), dtype=torch.uint8, device=device) if quantizer.columnwise_usage else None,
+    )
+
+
+class Float8CurrentScalingQuantizer(Quantizer):
+    """Per-tensor current scaling: the scale comes from the amax of the tensor being quantized."""
+
+    recipe_name = "fp8_current_scaling"
+
+    def __init__(
+        self,
+        fp8_format: str = "E4M3",
+        *,
+        amax_epsilon: float = 0.0,
+        force_pow_2_scales: bool = False,
+        rowwise: bool = True,
+        columnwise: bool = True,
+    ) -> None:
+        super().__init__(rowwise=rowwise, columnwise=columnwise)
+        self.fp8_format = fp8_format_of(fp8_format)
+        if not amax_epsilon >= 0.0:
+            raise ValueError(f"Float8CurrentScalingQuantizer: amax_epsilon must be >= 0, got {amax_epsilon!r}")
+        self.amax_epsilon = float(amax_epsilon)
+        self.force_pow_2_scales = bool(force_pow_2_scales)
+
+    def compute_scale(self, amax: torch.Tensor) -> torch.Tensor:
+        """0-d fp32 scale for a given amax (formats.md §2a)."""
+        return compute_scale_from_amax(
+            amax, FP8_MAX[self.fp8_format], epsilon=self.amax_epsilon, pow2=self.force_pow_2_scales
+        )
+
+    def _quantize(self, tensor: torch.Tensor) -> Float8Tensor:
+        check_high_precision_input(tensor, type(self).__name__)
+        scale = self.compute_scale(tensor_amax(tensor))
+        return _cast_per_tensor(self, tensor, scale, self.fp8_format)
+
+    def make_empty(self, shape, *, dtype: torch.dtype = torch.float32, device=None) -> Float8Tensor:
+        return _empty_per_tensor(self, shape, dtype, device, self.fp8_format)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(fp8_format={self.fp8_format}, amax_epsilon={self.amax_epsilon}, "
+            f"force_pow_2_scales={self.force_pow_2_scales}, rowwise={self.rowwise_usage}, "
+            f"columnwise={self.columnwise_usage})"
+        )
+
+
+AmaxAlgo = Union[str, Callable[[torch.Tensor], torch.Tensor]]
+
+
+class Float8Quantizer(Quantizer):
+    """Per-tensor delayed scaling: quantize with the stored `scale`, record amaxes, `update_scale()` between steps.
+
+    `amax_compute_algo` is ``"max"`` (max over the whole history, current amax included), ``"most_recent"``
+    (history row 0), or a callable receiving the 1-D fp32 history *before* the roll and returning the amax.
+    """
+
+    recipe_name = "fp8_delayed_scaling"
+
+    def __init__(
+        self,
+        scale: torch.Tensor,
+        amax_history: torch.Tensor,
+        fp8_format: str,
+        *,
+        margin: float = 0,
+        amax_compute_algo: AmaxAlgo = "max",
+        rowwise: bool = True,
+        columnwise: bool = True,
+    ) -> None:
+        super().__init__(rowwise=rowwise, columnwise=columnwise)
+        self.fp8_format = fp8_format_of(fp8_format)
+        self.scale = _check_state(scale, "scale", lambda t: t.numel() == 1, "one element")
+        self.amax_history = _check_state(
+            amax_history,
+            "amax_history",
+            lambda t: t.numel() >= 1 and (t.dim() == 1 or (t.dim() == 2 and t.shape[1] == 1)),
+            "shape [L] or [L, 1] with L >= 1",
+        )
+        if not (isinstance(margin, (int, float)) and margin >= 0):
+            raise ValueError(f"Float8Quantizer: margin must be a number >= 0, got {margin!r}")
+        self.margin = margin
+        if not (callable(amax_compute_algo) or amax_compute_algo in AMAX_ALGOS):
+            raise ValueError(
+                f"Float8Quantizer: amax_compute_algo must be one of {AMAX_ALGOS} or a callable, "
+                f"got {amax_compute_algo!r}"
+            )
+        self.amax_compute_algo = amax_compute_algo
+
+    @classmethod
+    def from_recipe_defaults(
+        cls,
+        fp8_format: str,
+        history_len: int = 1024,
+        *,
+        margin: float = 0,
+        amax_compute_algo: AmaxAlgo = "max",
+        device=None,
+        rowwise: bool = True,
+        columnwise: bool = True,
+    ) -> "Float8Quantizer":
+        """A delayed-scaling quantizer with fresh state: scale 1 and a zero history of `history_len` entries."""
+        if int(history_len) < 1:
+            raise ValueError(f"Float8Quantizer.from_recipe_defaults: history_len must be >= 1, got {history_len}")
+        return cls(
+            torch.ones((), dtype=torch.float32, device=device),
+            torch.zeros(int(history_len), dtype=torch.float32, device=device),
+            fp8_format,
+            margin=margin,
+            amax_compute_algo=amax_compute_algo,
+            rowwise=rowwise,
+            columnwise=columnwise,
+        )
+
+    @property
+    def _history(self) -> torch.Tensor:
+        """1-D view of the history (shares storage)."""
+        return self.amax_history.view(-1)
+
+    @property
+    def amax(self) -> torch.Tensor:
+        """History row 0, the amax being accumulated for the current step (a 1-element view)."""
+        return self._history[:1]
+
+    def _quantize(self, tensor: torch.Tensor) -> Float8Tensor:
+        check_high_precision_input(tensor, type(self).__name__)
+        amax = tensor_amax(tensor).to(self.amax_history.device)
+        history = self._history
+        history[0] = torch.maximum(history[0], amax)
+        return _cast_per_tensor(self, tensor, self.scale, self.fp8_format)
+
+    def compute_amax(self, history: torch.Tensor) -> torch.Tensor:
+        """The amax the next scale is derived from (formats.md §2b), from the 1-D history before the roll."""
+        if callable(self.amax_compute_algo):
+            return torch.as_tensor(self.amax_compute_algo(history), dtype=torch.float32).reshape(())
+        if self.amax_compute_algo == "max":
+            return history.max()
+        return history[0]
+
+    def update_scale(self) -> None:
+        """Roll the history (row i <- row i+1, last <- old row 0, row 0 <- 0) and recompute `scale` in place.
+
+        scale = fp32(fp8_max · 2^-margin) / amax; the previous scale is kept when amax is 0 or not finite, and an
+        infinite quotient becomes FLT_MAX.
+        """
+        old = self._history.clone()
+        amax = self.compute_amax(old).to(device=self.scale.device, dtype=torch.float32)
+        rolled = torch.roll(old, -1)
+        rolled[0] = 0.0
+        self._history.copy_(rolled)
+
+        scaled_max = torch.tensor(FP8_MAX[self.fp8_format], dtype=torch.float32, device=amax.device)
+        scaled_max = scaled_max * torch.exp2(torch.tensor(-float(self.margin), dtype=torch.float32))
+        usable = torch.isfinite(amax) & (amax > 0)
+        quotient = scaled_max / torch.where(usable, amax, torch.ones_like(amax))
+        quotient = torch.where(torch.isinf(quotient), torch.full_like(quotient, FLT_MAX), quotient)
+        previous = self.scale.float().reshape(())
+        self.scale.copy_(torch.where(usable, quotient, previous).reshape(self.scale.shape))
+
+    def make_empty(self, shape, *, dtype: torch.dtype = torch.float32, device=None) -> Float8Tensor:
+        return _empty_per_tensor(self, shape, dtype, device, self.fp8_format)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(fp8_format={self.fp8_format}, scale={float(self.scale.reshape(())):g}, "
+            f"history_len={self._history.numel()}, margin={self.margin}, "
+            f"amax_compute_algo={self.amax_compute_algo!r}, rowwise={self.rowwise_usage}, "
+            f"columnwise={self.columnwise_usage})"
+        )
+
+
+def _check_state(t, name: str, ok: Callable[[torch.Tensor], bool], want: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"Float8Quantizer: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.float32 or not ok(t):
+        raise ValueError(
+            f"Float8Quantizer: {name} must be float32 with {want}, got {t.dtype} of shape {tuple(t.shape)}"
+        )
+    return t
