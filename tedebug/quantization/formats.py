@@ -45,13 +45,15 @@ def fp8_format_of(dtype) -> str:
 def encode_fp8(x: torch.Tensor, fmt: str) -> torch.Tensor:
     """Round-to-nearest-even, saturating cast of fp32 values to FP8 codes (uint8).
 
-    Finite overflow and +-Inf saturate to +-max normal; NaN stays NaN (0x7F for E4M3, 0x7F for E5M2).
+    Finite overflow and +-Inf saturate to +-max normal; every NaN, whatever its sign bit, becomes the canonical
+    code 0x7F (as the CUDA SATFINITE conversion does), so CPU and GPU paths store identical bytes.
     """
     fmt = check_fp8_format(fmt)
     x = x.float()
     fmax = FP8_MAX[fmt]
     clamped = torch.clamp(x, -fmax, fmax)  # clamp keeps NaN
-    return clamped.to(TORCH_FP8_DTYPE[fmt]).view(torch.uint8)
+    codes = clamped.to(TORCH_FP8_DTYPE[fmt]).view(torch.uint8)
+    return torch.where(torch.isnan(x), torch.full_like(codes, 0x7F), codes)
 
 
 def decode_fp8(codes: torch.Tensor, fmt: str) -> torch.Tensor:
