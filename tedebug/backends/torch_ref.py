@@ -1,0 +1,152 @@
+"""Reference math of the per-feed statistic partials, in plain torch (CPU and CUDA).
+
+One function per partial family; each returns a dict of 0-d float64 tensors on the input's device, named as in
+`tedebug.stats.definitions.PARTIALS`.  A fused GPU kernel of the same family must return the same dict with the
+same values (counts, minima and maxima bit-exact; sums up to float64 summation order).
+
+Conventions: min / max / amax / minima of non-zero magnitudes are taken exactly in the input dtype and then
+converted to float64; sums accumulate in float64; ``m2`` is Σ (x − mean)² around the feed's own float64 mean (no
+Σx² − (Σx)²/n cancellation); counts are exact integers stored as float64.
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+import torch
+
+from tedebug.quantization.formats import FP8_MAX
+
+F64 = torch.float64
+Partials = Dict[str, torch.Tensor]
+
+
+def _f64(t: torch.Tensor) -> torch.Tensor:
+    return t.to(F64)
+
+
+def _nonzero_abs_min(a: torch.Tensor) -> torch.Tensor:
+    """min of the non-zero entries of a non-negative tensor; +inf when there is none (NaN propagates)."""
+    inf = torch.full((), float("inf"), dtype=a.dtype, device=a.device)
+    return torch.where(a != 0, a, inf).amin()
+
+
+# ------------------------------------------------------------------------------------------------ basic
+def basic_partials(x: torch.Tensor) -> Partials:
+    """min, max, sum, m2, abs_sum, sq_sum, amax, nz_abs_min, nz_abs_max, nonzero_count, nan_count, inf_count.
+
+    nz_abs_min is +inf and nz_abs_max is 0 when x has no non-zero element (nz_abs_max equals amax otherwise).
+    """
+    flat = x.reshape(-1)
+    a = flat.abs()
+    x64 = _f64(flat)
+    total = x64.sum()
+    mean = total / flat.numel()
+    amax = _f64(a.amax())
+    return {
+        "min": _f64(flat.amin()),
+        "max": _f64(flat.amax()),
+        "sum": total,
+        "m2": ((x64 - mean) ** 2).sum(),
+        "abs_sum": _f64(a).sum(),
+        "sq_sum": (x64 * x64).sum(),
+        "amax": amax,
+        "nz_abs_min": _f64(_nonzero_abs_min(a)),
+        "nz_abs_max": amax,
+        "nonzero_count": _f64(torch.count_nonzero(flat)),
+        "nan_count": _f64(torch.isnan(flat).sum()),
+        "inf_count": _f64(torch.isinf(flat).sum()),
+    }
+
+
+# ------------------------------------------------------------------------------------------------ blockwise
+def blockwise_dynamic_range_partials(
+    x: torch.Tensor, block_size: int, dims: int, max_over_orientations: bool
+) -> Partials:
+    """block_dr: max over blocks of log2(amax_block) − log2(min non-zero |x| of the block) (0 for all-zero blocks).
+
+    x is viewed as 2-D [prod(leading dims), last dim].  dims=1: blocks of `block_size` consecutive elements of
+    the row-major order (numel must be divisible by block_size); dims=2: block_size × block_size tiles (both 2-D
+    dims divisible by block_size).  `max_over_orientations` also takes the dims=1 blocks of the transposed view
+    (for dims=2 the tiles of the transpose are the same tiles, so the value is unchanged).
+    """
+    a2d = x.reshape(-1, x.shape[-1]).abs() if x.dim() > 0 else x.reshape(1, 1).abs()
+    value = _max_block_dynamic_range(a2d, block_size, dims)
+    if max_over_orientations and dims == 1:
+        value = torch.maximum(value, _max_block_dynamic_range(a2d.t(), block_size, dims))
+    return {"block_dr": value}
+
+
+def _max_block_dynamic_range(a2d: torch.Tensor, block_size: int, dims: int) -> torch.Tensor:
+    rows, cols = a2d.shape
+    if dims == 1:
+        if a2d.numel() % block_size:
+            raise ValueError(
+                f"max_blockwise_dynamic_range: numel {a2d.numel()} (2-D view {rows}x{cols}) is not divisible "
+                f"by block_size {block_size}"
+            )
+        blocks = a2d.reshape(-1, block_size)
+    else:
+        if rows % block_size or cols % block_size:
+            raise ValueError(
+                f"max_blockwise_dynamic_range: dims=2 needs both dims of the 2-D view {rows}x{cols} divisible by "
+                f"block_size {block_size}"
+            )
+        b = block_size
+        blocks = a2d.reshape(rows // b, b, cols // b, b).permute(0, 2, 1, 3).reshape(-1, b * b)
+    amax = blocks.amax(dim=1)
+    inf = torch.full((), float("inf"), dtype=blocks.dtype, device=blocks.device)
+    amin = torch.where(blocks != 0, blocks, inf).amin(dim=1)
+    per_block = torch.where(amax != 0, torch.log2(_f64(amax)) - torch.log2(_f64(amin)),
+                            torch.zeros((), dtype=F64, device=amax.device))
+    return per_block.amax()
+
+
+# ------------------------------------------------------------------------------------------------ quantized
+def _check_same_shape(x: torch.Tensor, q) -> None:
+    if tuple(q.shape) != tuple(x.shape):
+        raise ValueError(f"quantized tensor shape {tuple(q.shape)} does not match the tensor shape {tuple(x.shape)}")
+
+
+def underflow_partials(x: torch.Tensor, q, usage: str) -> Partials:
+    """underflows_num = count_nonzero(x) − number of stored codes of `usage` that are not ±0."""
+    _check_same_shape(x, q)
+    kept = q.nonzero_code_count(usage).to(x.device)
+    return {"underflows_num": _f64(torch.count_nonzero(x) - kept)}
+
+
+def mse_partials(x: torch.Tensor, q, usage: str) -> Partials:
+    """sq_err = Σ (x − dequantize(usage))² in float64 (the dequantization of the requested representation)."""
+    _check_same_shape(x, q)
+    deq = q.dequantize(usage=usage, dtype=F64).to(x.device)
+    return {"sq_err": ((_f64(x) - deq) ** 2).sum()}
+
+
+def overflow_partials(x: torch.Tensor, q, usage: str) -> Partials:
+    """overflows_num = count of |x| > fp8_max · scale_inv (per-tensor FP8 only; threshold in fp32)."""
+    _check_same_shape(x, q)
+    fmt = getattr(q, "fp8_format", None)
+    scales = q.scale_inv_values(usage)
+    if fmt not in FP8_MAX or scales.numel() != 1:
+        raise ValueError(
+            f"overflows% needs a per-tensor FP8 quantized tensor (one scale_inv and an fp8_format), got "
+            f"{type(q).__name__} with {scales.numel()} scale(s)"
+        )
+    threshold = scales.reshape(()).to(device=x.device, dtype=torch.float32) * FP8_MAX[fmt]
+    return {"overflows_num": _f64((x.float().abs() > threshold).sum())}
+
+
+def scale_inv_partials(q, usage: str) -> Partials:
+    """scale_count, scale_sum, scale_m2, scale_nz_min (+inf if all zero), scale_max of q.scale_inv_values(usage)."""
+    s = _f64(q.scale_inv_values(usage).reshape(-1))
+    if s.numel() == 0:
+        raise ValueError(f"{type(q).__name__}.scale_inv_values({usage!r}) is empty")
+    total = s.sum()
+    mean = total / s.numel()
+    return {
+        "scale_count": torch.full((), float(s.numel()), dtype=F64, device=s.device),
+        "scale_sum": total,
+        "scale_m2": ((s - mean) ** 2).sum(),
+        "scale_nz_min": _nonzero_abs_min(s),
+        "scale_max": s.amax(),
+    }

@@ -1,0 +1,74 @@
+"""`JsonlSink`: one JSON object per statistic, one object per line, for offline analysis (pandas, jq, DuckDB).
+
+Record: ``{"iteration", "name", "layer", "tensor", "stat", "value"}`` (layer / tensor / stat are null for scalars
+logged without the structured keywords).  The output is strict JSON: a NaN or ±Inf value is written as
+``"value": null`` plus ``"nonfinite": "nan" | "inf" | "-inf"``.  Records are buffered in memory and written at
+`flush()` (every `debug_api.step()`) and `close()`.  The file is truncated when the sink is created unless
+``append=True``; missing parent directories are created.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Dict, List, Optional
+
+from tedebug.sinks.base import Sink
+
+
+def nonfinite_label(value: float) -> Optional[str]:
+    """``"nan"``, ``"inf"``, ``"-inf"`` for non-finite values, None for finite ones."""
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return None
+
+
+def make_record(name: str, value: Any, iteration: int, *, layer: Optional[str], tensor: Optional[str],
+                stat: Optional[str]) -> Dict[str, Any]:
+    """The JSON object of one scalar."""
+    value = float(value)
+    label = nonfinite_label(value)
+    record: Dict[str, Any] = {
+        "iteration": int(iteration),
+        "name": name,
+        "layer": layer,
+        "tensor": tensor,
+        "stat": stat,
+        "value": None if label else value,
+    }
+    if label:
+        record["nonfinite"] = label
+    return record
+
+
+class JsonlSink(Sink):
+    """Appends one JSON line per statistic to `path` (written at flush / close)."""
+
+    def __init__(self, path: str, *, append: bool = False) -> None:
+        self.path = os.fspath(path)
+        parent = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(parent, exist_ok=True)
+        self._file = open(self.path, "a" if append else "w", encoding="utf-8")
+        self._pending: List[str] = []
+
+    def log_scalar(self, name: str, value: Any, iteration: int, *, layer: Optional[str] = None,
+                   tensor: Optional[str] = None, stat: Optional[str] = None) -> None:
+        record = make_record(name, value, iteration, layer=layer, tensor=tensor, stat=stat)
+        self._pending.append(json.dumps(record, allow_nan=False))
+
+    def flush(self) -> None:
+        if self._file.closed:
+            raise ValueError(f"JsonlSink({self.path!r}) is closed")
+        if self._pending:
+            self._file.write("\n".join(self._pending) + "\n")
+            self._pending.clear()
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file.closed:
+            return
+        self.flush()
+        self._file.close()

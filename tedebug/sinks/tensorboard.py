@@ -1,0 +1,96 @@
+"""`TensorBoardSink`: statistics as TensorBoard scalars, grouped per layer, with a cross-layer chart layout.
+
+Tag styles:
+
+* ``"hierarchical"`` (default): tag ``<layer>/<tensor>/<stat>``, so TensorBoard groups one layer's charts
+  together; in addition a custom-scalars layout (the "Custom Scalars" tab) has one category per tensor and one
+  multi-line chart per (tensor, stat) whose regex matches that statistic across all layers.  Use it for
+  interactive exploration.
+* ``"flat"``: TransformerEngine's tag ``<layer>_<tensor>_<stat>`` (the same string as the text stats file).  Use
+  it when dashboards or scripts already parse TransformerEngine's tags.
+
+A scalar logged without the structured keywords (layer / tensor / stat None) is written under its flat name.  The
+layout is rewritten (whole) at `flush()` when new (tensor, stat) pairs appeared since the last write — at most
+once per step, as `debug_api.step()` flushes once — and at `close()`.  NaN and Inf values are written as they are
+(TensorBoard displays them).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, List, Optional
+
+from tedebug.sinks.base import Sink
+
+TAG_STYLES = ("hierarchical", "flat")
+
+
+def hierarchical_tag(layer: str, tensor: str, stat: str) -> str:
+    """``<layer>/<tensor>/<stat>``."""
+    return f"{layer}/{tensor}/{stat}"
+
+
+def stat_regex(tensor: str, stat: str) -> str:
+    """A regex matching the hierarchical tag of (`tensor`, `stat`) for every layer."""
+    return f".*/{re.escape(tensor)}/{re.escape(stat)}$"
+
+
+class TensorBoardSink(Sink):
+    """Writes each statistic with `SummaryWriter.add_scalar`; see the module docstring for tags and layout."""
+
+    def __init__(self, writer: Any = None, log_dir: Optional[str] = None, *, tag_style: str = "hierarchical"):
+        if tag_style not in TAG_STYLES:
+            raise ValueError(f"TensorBoardSink: tag_style must be one of {TAG_STYLES}, got {tag_style!r}")
+        if (writer is None) == (log_dir is None):
+            raise ValueError("TensorBoardSink: give exactly one of `writer` (a SummaryWriter) or `log_dir`")
+        if writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            writer = SummaryWriter(log_dir=log_dir)
+        self.writer = writer
+        self._owns_writer = log_dir is not None
+        self.tag_style = tag_style
+        self._charts: Dict[str, List[str]] = {}  # tensor -> stats, in first-seen order
+        self._layout_dirty = False
+
+    def tag_for(self, name: str, *, layer: Optional[str], tensor: Optional[str], stat: Optional[str]) -> str:
+        """The TensorBoard tag of one scalar."""
+        if self.tag_style == "flat" or layer is None or tensor is None or stat is None:
+            return name
+        return hierarchical_tag(layer, tensor, stat)
+
+    def log_scalar(self, name: str, value: Any, iteration: int, *, layer: Optional[str] = None,
+                   tensor: Optional[str] = None, stat: Optional[str] = None) -> None:
+        tag = self.tag_for(name, layer=layer, tensor=tensor, stat=stat)
+        self.writer.add_scalar(tag, float(value), iteration)
+        if tag != name:
+            self._note_chart(tensor, stat)
+
+    def _note_chart(self, tensor: str, stat: str) -> None:
+        stats = self._charts.setdefault(tensor, [])
+        if stat not in stats:
+            stats.append(stat)
+            self._layout_dirty = True
+
+    def layout(self) -> Dict[str, Dict[str, list]]:
+        """The custom-scalars layout: {tensor: {"<tensor>/<stat>": ["Multiline", [regex]]}}."""
+        return {
+            tensor: {f"{tensor}/{stat}": ["Multiline", [stat_regex(tensor, stat)]] for stat in stats}
+            for tensor, stats in self._charts.items()
+        }
+
+    def _write_layout(self) -> None:
+        if self._layout_dirty:
+            self.writer.add_custom_scalars(self.layout())
+            self._layout_dirty = False
+
+    def flush(self) -> None:
+        self._write_layout()
+        self.writer.flush()
+
+    def close(self) -> None:
+        self._write_layout()
+        if self._owns_writer:
+            self.writer.close()
+        else:
+            self.writer.flush()

@@ -1,0 +1,112 @@
+"""Statistic buffers: one merged partial row per (layer, tensor, options) and step.
+
+A buffer key is ``BufferKey(layer, tensor, options)`` where `options` is the caller's hashable tuple (the feature's
+schedule plus its marker such as ``"fp8"`` / ``"nvfp4"``, so that two features never share a buffer).  Within one
+step a non-weight buffer merges every feed (all microbatches, forward and backward) with the exact combiners of
+`tedebug.stats.definitions`; a weight buffer keeps the first feed of the step only.  The row stays on the device
+of the fed tensor until `StatsEngine.step` reads every row back at once.  Buffers persist across steps (their
+reduction groups decide which collectives a rank joins); only the row is cleared at each step.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Hashable, Iterator, List, NamedTuple, Optional, Tuple
+
+import torch
+
+from tedebug.stats.definitions import Column, StatRequest, columns_for, combine_rows
+
+
+class BufferKey(NamedTuple):
+    layer: str
+    tensor: str
+    options: Tuple[Hashable, ...]
+
+
+class StatBuffer:
+    """The requests and the merged partial row of one buffer key."""
+
+    def __init__(self, key: BufferKey, requests: Tuple[StatRequest, ...], *, is_weight: bool) -> None:
+        self.key = key
+        self.requests = requests
+        self.columns: Tuple[Column, ...] = columns_for(requests)
+        self.is_weight = is_weight
+        self.reduction_group: Any = None
+        self.skip_reduction = False
+        self.iteration: Optional[int] = None
+        self.row: Optional[torch.Tensor] = None  # float64 [len(columns)] on the feed's device
+
+    @property
+    def fed(self) -> bool:
+        """True when the buffer received a feed since the last step."""
+        return self.row is not None
+
+    def accepts_feed(self) -> bool:
+        """False for a weight buffer that was already fed this step (weights keep their first feed)."""
+        return not (self.is_weight and self.fed)
+
+    def set_requests(self, requests: Tuple[StatRequest, ...]) -> None:
+        """Change the requested statistics; only allowed while the buffer holds no row for this step."""
+        if requests == self.requests:
+            return
+        if self.fed:
+            raise ValueError(
+                f"statistics buffer {tuple(self.key)} was fed with stats {[r.name for r in self.requests]} this "
+                f"step and now with {[r.name for r in requests]}; one buffer must get the same stats every feed"
+            )
+        self.requests = requests
+        self.columns = columns_for(requests)
+
+    def accumulate(self, row: torch.Tensor) -> None:
+        """Merge a new per-feed row (float64, columns in `self.columns` order)."""
+        if row.shape != (len(self.columns),):
+            raise ValueError(
+                f"buffer {tuple(self.key)}: row of shape {tuple(row.shape)}, expected ({len(self.columns)},)"
+            )
+        if self.row is None:
+            self.row = row
+        elif self.is_weight:
+            return
+        else:
+            self.row = combine_rows(self.columns, torch.stack([self.row, row.to(self.row.device)]))
+
+    def clear(self) -> None:
+        """Forget this step's row (requests, group and options stay)."""
+        self.row = None
+
+
+class BufferStore:
+    """All buffers of a session in creation order."""
+
+    def __init__(self) -> None:
+        self._buffers: Dict[BufferKey, StatBuffer] = {}
+
+    def get_or_create(self, key: BufferKey, requests: Tuple[StatRequest, ...], *, is_weight: bool) -> StatBuffer:
+        buffer = self._buffers.get(key)
+        if buffer is None:
+            buffer = StatBuffer(key, requests, is_weight=is_weight)
+            self._buffers[key] = buffer
+        else:
+            buffer.set_requests(requests)
+            buffer.is_weight = is_weight
+        return buffer
+
+    def __iter__(self) -> Iterator[StatBuffer]:
+        return iter(self._buffers.values())
+
+    def __len__(self) -> int:
+        return len(self._buffers)
+
+    def get(self, key: BufferKey) -> Optional[StatBuffer]:
+        return self._buffers.get(key)
+
+    def fed(self) -> List[StatBuffer]:
+        """Buffers fed since the last step, in creation order."""
+        return [b for b in self._buffers.values() if b.fed]
+
+    def clear_step(self) -> None:
+        for buffer in self._buffers.values():
+            buffer.clear()
+
+    def reset(self) -> None:
+        self._buffers.clear()

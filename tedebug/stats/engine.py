@@ -1,0 +1,256 @@
+"""`StatsEngine`: feed tensors into statistic buffers, and at each step reduce, emit and clear.
+
+`feed` computes the per-feed partials of the requested statistics (through `tedebug.backends`) and merges them
+into the buffer's row on the tensor's device — no host synchronisation.  `step(finished_iteration)` reads every
+fed row back in one transfer, runs one collective per reduction group (`tedebug.stats.reduce`), evaluates the
+final formulas as Python floats and emits ``metric_logger.log_scalar("<layer>_<tensor>_<stat>", value,
+iteration, layer=, tensor=, stat=)`` in buffer-creation order, statistics in request order.
+
+Participation rule (te_debug_reference F.6): a rank that fed nothing this step joins the collectives only if some
+layer's noted next enabled iteration is ≤ the finished iteration; otherwise it performs no communication at all.
+Ranks join the groups of every buffer they ever created, so every layer is expected to run on every rank at its
+first enabled iteration (the same assumption TransformerEngine makes).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Dict, Hashable, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+
+from tedebug.backends import backend_for
+from tedebug.stats import reduce as _reduce
+from tedebug.stats.buffers import BufferKey, BufferStore, StatBuffer
+from tedebug.stats.definitions import NONFINITE_COLUMNS, NUMEL, Column, StatRequest, family_of, finalize
+
+
+class StatsEngine:
+    """Buffers, reduction and emission of statistics for one debug session."""
+
+    def __init__(self, metric_logger, *, log_message: Optional[Callable[..., Any]] = None) -> None:
+        self.metric_logger = metric_logger
+        self.log_message = log_message
+        self._store = BufferStore()
+        self._next_iter: Dict[str, int] = {}
+        self._nonfinite_reported = False
+
+    # ------------------------------------------------------------------------------------------------ feeding
+    def feed(
+        self,
+        layer: str,
+        tensor_name: str,
+        stats: Iterable[Any],
+        tensor: Optional[torch.Tensor],
+        *,
+        iteration: int,
+        options: Tuple[Hashable, ...] = (),
+        quantized: Optional[Mapping[str, Any]] = None,
+        reduction_group: Any = None,
+        skip_reduction: bool = False,
+        is_weight: bool = False,
+    ) -> None:
+        """Add one tensor to the buffer ``(layer, tensor_name, options)``.
+
+        `stats`: statistic names (plain high-precision names are parsed with `StatRequest.parse_hp`) or
+        `StatRequest` objects.  `tensor`: the high-precision tensor, or None when only scale statistics are
+        requested.  `quantized`: recipe name (``""`` = training recipe) -> QuantizedTensor for quantized stats.
+        Empty tensors are ignored; a weight buffer keeps its first feed of the step.
+        """
+        requests = self._requests(layer, tensor_name, stats)
+        _check_tensor(layer, tensor_name, tensor)
+        quantized = dict(quantized or {})
+        numel = tensor.numel() if tensor is not None else self._numel_from_quantized(layer, tensor_name, quantized)
+        if numel == 0:
+            return
+        key = BufferKey(layer, tensor_name, tuple(options))
+        buffer = self._store.get_or_create(key, requests, is_weight=is_weight)
+        buffer.iteration = iteration
+        buffer.reduction_group = reduction_group
+        buffer.skip_reduction = skip_reduction
+        if not buffer.accepts_feed():
+            return
+        try:
+            row = self._compute_row(buffer, tensor, quantized, numel)
+        except (ValueError, TypeError) as err:
+            raise type(err)(f"statistics of layer {layer!r}, tensor {tensor_name!r}: {err}") from err
+        buffer.accumulate(row)
+
+    @staticmethod
+    def _requests(layer: str, tensor_name: str, stats: Iterable[Any]) -> Tuple[StatRequest, ...]:
+        requests: List[StatRequest] = []
+        for entry in stats:
+            request = StatRequest.parse_hp(entry, tensor_name=tensor_name)
+            if request.name not in {r.name for r in requests}:
+                requests.append(request)
+        if not requests:
+            raise ValueError(f"layer {layer!r}, tensor {tensor_name!r}: feed() needs at least one statistic")
+        return tuple(requests)
+
+    @staticmethod
+    def _numel_from_quantized(layer: str, tensor_name: str, quantized: Mapping[str, Any]) -> int:
+        if not quantized:
+            raise ValueError(
+                f"layer {layer!r}, tensor {tensor_name!r}: tensor is None and no quantized tensor was given"
+            )
+        return next(iter(quantized.values())).numel()
+
+    def _compute_row(self, buffer: StatBuffer, x, quantized: Mapping[str, Any], numel: int) -> torch.Tensor:
+        missing_x = [r.name for r in buffer.requests if r.needs_tensor] if x is None else []
+        if missing_x:
+            raise ValueError(f"stats {missing_x} need the high-precision tensor, which is None")
+        device = x.device if x is not None else next(iter(quantized.values())).device
+        values: Dict[Column, torch.Tensor] = {NUMEL: torch.full((), float(numel), dtype=torch.float64, device=device)}
+        for family, qualifier in _families(buffer.columns):
+            partials = _family_partials(family, qualifier, x, quantized)
+            for name, value in partials.items():
+                values[Column(name, qualifier)] = value.to(device)
+        return torch.stack([values[c] for c in buffer.columns])
+
+    # ------------------------------------------------------------------------------------------------ schedule
+    def note_next_iteration(self, layer: str, next_iter: Optional[int]) -> None:
+        """Record the next iteration at which `layer` may feed (None = never again: the layer is dropped)."""
+        if next_iter is None:
+            self._next_iter.pop(layer, None)
+        else:
+            self._next_iter[layer] = int(next_iter)
+
+    # ------------------------------------------------------------------------------------------------ step
+    def step(self, finished_iteration: int) -> None:
+        """Reduce the buffers fed since the last step, emit their statistics, and clear them."""
+        fed = self._store.fed()
+        due = any(n <= finished_iteration for n in self._next_iter.values())
+        try:
+            if not fed and not due:
+                return
+            host = _read_back(fed)
+            merged = self._reduce(fed, host)
+            self._emit(fed, merged)
+        finally:
+            self._store.clear_step()
+
+    def _reduce(
+        self, fed: List[StatBuffer], host: Dict[BufferKey, List[float]]
+    ) -> Dict[BufferKey, Dict[Column, float]]:
+        merged: Dict[BufferKey, Dict[Column, float]] = {}
+        communicate = _reduce.distributed_ready()
+        for buffer in fed:
+            if buffer.skip_reduction or not communicate:
+                merged[buffer.key] = dict(zip(buffer.columns, host[buffer.key]))
+        if not communicate:
+            return merged
+        known = [b.reduction_group for b in self._store if not b.skip_reduction]
+        for group in _reduce.ordered_groups(known):
+            gkey = _reduce.group_order_key(group)
+            local = {
+                b.key: (b.columns, host[b.key])
+                for b in fed
+                if not b.skip_reduction and _reduce.group_order_key(b.reduction_group) == gkey
+            }
+            for key, rows in _reduce.gather_rows(local, group).items():
+                merged[key] = _reduce.merge_host_rows(key, rows)
+        return merged
+
+    def _emit(self, fed: List[StatBuffer], merged: Dict[BufferKey, Dict[Column, float]]) -> None:
+        for buffer in fed:
+            values = merged[buffer.key]
+            layer, tensor_name, _ = buffer.key
+            for request in buffer.requests:
+                value = finalize(request, values)
+                self.metric_logger.log_scalar(
+                    f"{layer}_{tensor_name}_{request.name}", value, buffer.iteration,
+                    layer=layer, tensor=tensor_name, stat=request.name,
+                )
+            self._report_nonfinite(buffer, values)
+        flush = getattr(self.metric_logger, "flush", None)
+        if callable(flush):
+            flush()
+
+    def _report_nonfinite(self, buffer: StatBuffer, values: Mapping[Column, float]) -> None:
+        if self._nonfinite_reported or self.log_message is None:
+            return
+        nan_col, inf_col = NONFINITE_COLUMNS
+        if nan_col not in values:
+            return
+        nans, infs = int(values[nan_col]), int(values[inf_col])
+        if nans == 0 and infs == 0:
+            return
+        self._nonfinite_reported = True
+        layer, tensor_name, _ = buffer.key
+        self.log_message(
+            f"First non-finite values: layer={layer} tensor={tensor_name} iteration={buffer.iteration} "
+            f"nan_count={nans} inf_count={infs}",
+            layer_name=layer,
+            level=logging.WARNING,
+        )
+
+    def reset(self) -> None:
+        """Drop every buffer, the next-iteration table and the non-finite report state."""
+        self._store.reset()
+        self._next_iter.clear()
+        self._nonfinite_reported = False
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def _check_tensor(layer: str, tensor_name: str, tensor: Any) -> None:
+    if tensor is None:
+        return
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(
+            f"layer {layer!r}, tensor {tensor_name!r}: statistics need a torch.Tensor in high precision, got "
+            f"{type(tensor).__name__} (quantized tensors go in `quantized=`)"
+        )
+    if not tensor.is_floating_point():
+        raise TypeError(
+            f"layer {layer!r}, tensor {tensor_name!r}: statistics need a floating-point high-precision tensor, "
+            f"got dtype {tensor.dtype}"
+        )
+
+
+def _families(columns: Sequence[Column]) -> List[Tuple[str, Tuple[Any, ...]]]:
+    """The (family, qualifier) pairs to compute for `columns`, in column order, without numel."""
+    out: List[Tuple[str, Tuple[Any, ...]]] = []
+    for column in columns:
+        pair = (family_of(column), column.qualifier)
+        if pair[0] != "meta" and pair not in out:
+            out.append(pair)
+    return out
+
+
+def _family_partials(family: str, qualifier: Tuple[Any, ...], x, quantized: Mapping[str, Any]):
+    backend = backend_for(x)
+    if family == "basic":
+        return backend.basic_partials(x)
+    if family == "blockwise":
+        return backend.blockwise_dynamic_range_partials(x, *qualifier)
+    recipe, columnwise = qualifier
+    if recipe not in quantized:
+        raise ValueError(
+            f"no quantized tensor for recipe {recipe!r} (\"\" = training recipe); got recipes {sorted(quantized)}"
+        )
+    q = quantized[recipe]
+    usage = "columnwise" if columnwise else "rowwise"
+    if family == "underflow":
+        return backend.underflow_partials(x, q, usage)
+    if family == "mse":
+        return backend.mse_partials(x, q, usage)
+    if family == "overflow":
+        return backend.overflow_partials(x, q, usage)
+    if family == "scale_inv":
+        return backend.scale_inv_partials(q, usage)
+    raise ValueError(f"unknown partial family {family!r}")
+
+
+def _read_back(fed: Sequence[StatBuffer]) -> Dict[BufferKey, List[float]]:
+    """All fed rows to the host: one concatenation and one transfer per device."""
+    by_device: Dict[torch.device, List[StatBuffer]] = {}
+    for buffer in fed:
+        by_device.setdefault(buffer.row.device, []).append(buffer)
+    host: Dict[BufferKey, List[float]] = {}
+    for buffers in by_device.values():
+        flat = torch.cat([b.row for b in buffers]).cpu().tolist()
+        offset = 0
+        for b in buffers:
+            host[b.key] = flat[offset: offset + len(b.columns)]
+            offset += len(b.columns)
+    return host

@@ -1,0 +1,162 @@
+"""TensorBoard and JSONL sinks: event files read back with tensorboard's EventAccumulator (scalars and the
+custom-scalars layout), JSONL lines parsed back, non-finite values, and the StatsEngine -> MetricLogger path."""
+
+import glob
+import json
+import math
+import re
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.custom_scalar import layout_pb2
+from torch.utils.tensorboard import SummaryWriter
+
+from tedebug.sinks import MetricLogger
+from tedebug.sinks.jsonl import JsonlSink
+from tedebug.sinks.tensorboard import TensorBoardSink
+from tedebug.stats import StatsEngine
+
+LAYOUT_TAG = "custom_scalars__config__"
+
+
+def load(log_dir):
+    acc = EventAccumulator(log_dir)
+    acc.Reload()
+    return acc
+
+
+def scalars(acc):
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def layouts(acc):
+    if LAYOUT_TAG not in acc.Tags()["tensors"]:
+        return []
+    return [layout_pb2.Layout.FromString(e.tensor_proto.string_val[0]) for e in acc.Tensors(LAYOUT_TAG)]
+
+
+def log(sink, layer, tensor, stat, value, it):
+    sink.log_scalar(f"{layer}_{tensor}_{stat}", value, it, layer=layer, tensor=tensor, stat=stat)
+
+
+def test_tensorboard_hierarchical_tags_and_layout(tmp_path):
+    sink = TensorBoardSink(log_dir=str(tmp_path))
+    for it in (1, 2):
+        for layer in ("dec.1.fc1", "dec.2.fc1"):
+            log(sink, layer, "activation", "max", it * 10 + len(layer), it)
+            log(sink, layer, "gradient", "underflows%", 0.5 * it, it)
+        sink.flush()  # step 1 writes the layout, step 2 has no new pair: no rewrite
+    log(sink, "dec.1.fc1", "activation", "std", float("nan"), 3)
+    log(sink, "dec.1.fc1", "activation", "cur_amax", float("inf"), 3)
+    sink.log_scalar("free_form_name", 4.0, 3)  # no structured keywords: flat name, no chart
+    sink.close()
+
+    acc = load(str(tmp_path))
+    got = scalars(acc)
+    assert set(got) == {
+        "dec.1.fc1/activation/max", "dec.2.fc1/activation/max", "dec.1.fc1/gradient/underflows%",
+        "dec.2.fc1/gradient/underflows%", "dec.1.fc1/activation/std", "dec.1.fc1/activation/cur_amax",
+        "free_form_name",
+    }
+    assert got["dec.2.fc1/activation/max"] == [(1, 19.0), (2, 29.0)]
+    assert got["dec.1.fc1/gradient/underflows%"] == [(1, 0.5), (2, 1.0)]
+    assert math.isnan(got["dec.1.fc1/activation/std"][0][1])
+    assert got["dec.1.fc1/activation/cur_amax"] == [(3, math.inf)]
+
+    written = layouts(acc)
+    assert len(written) == 2  # first step and close (new pairs after the last flush)
+    final = written[-1]
+    charts = {cat.title: {c.title: list(c.multiline.tag) for c in cat.chart} for cat in final.category}
+    assert charts == {
+        "activation": {
+            "activation/max": [r".*/activation/max$"],
+            "activation/std": [r".*/activation/std$"],
+            "activation/cur_amax": [r".*/activation/cur_amax$"],
+        },
+        "gradient": {"gradient/underflows%": [r".*/gradient/underflows%$"]},
+    }
+    # each chart's regex selects that statistic of every layer and nothing else
+    for cat in charts.values():
+        for title, (regex,) in cat.items():
+            tensor, stat = title.split("/")
+            matched = {t for t in got if re.match(regex, t)}
+            assert matched == {t for t in got if t.endswith(f"/{tensor}/{stat}")}
+            assert matched
+
+
+def test_tensorboard_flat_style_with_external_writer(tmp_path):
+    writer = SummaryWriter(log_dir=str(tmp_path))
+    sink = TensorBoardSink(writer, tag_style="flat")
+    log(sink, "Layer_1", "weight", "min", -1.25, 0)
+    sink.flush()
+    sink.close()
+    writer.add_scalar("after_close", 1.0, 0)  # the sink does not close a writer it did not create
+    writer.close()
+    acc = load(str(tmp_path))
+    assert scalars(acc) == {"Layer_1_weight_min": [(0, -1.25)], "after_close": [(0, 1.0)]}
+    assert layouts(acc) == []
+
+
+def test_tensorboard_constructor_errors(tmp_path):
+    with pytest.raises(ValueError, match="exactly one of"):
+        TensorBoardSink()
+    with pytest.raises(ValueError, match="exactly one of"):
+        TensorBoardSink(SummaryWriter(log_dir=str(tmp_path)), log_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="tag_style must be one of"):
+        TensorBoardSink(log_dir=str(tmp_path), tag_style="nested")
+
+
+def read_jsonl(path):
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f.read().splitlines()]
+
+
+def test_jsonl_records_nonfinite_and_flush(tmp_path):
+    path = tmp_path / "deep" / "dir" / "stats.jsonl"
+    sink = JsonlSink(str(path))
+    log(sink, "L", "activation", "max", 2.5, 7)
+    log(sink, "L", "activation", "std", float("nan"), 7)
+    log(sink, "L", "activation", "cur_amax", float("inf"), 7)
+    log(sink, "L", "activation", "min", -float("inf"), 7)
+    sink.log_scalar("custom", 1, 8)
+    assert path.read_text() == ""  # buffered until flush
+    sink.flush()
+    records = read_jsonl(path)
+    assert records == [
+        {"iteration": 7, "name": "L_activation_max", "layer": "L", "tensor": "activation", "stat": "max", "value": 2.5},
+        {"iteration": 7, "name": "L_activation_std", "layer": "L", "tensor": "activation", "stat": "std",
+         "value": None, "nonfinite": "nan"},
+        {"iteration": 7, "name": "L_activation_cur_amax", "layer": "L", "tensor": "activation", "stat": "cur_amax",
+         "value": None, "nonfinite": "inf"},
+        {"iteration": 7, "name": "L_activation_min", "layer": "L", "tensor": "activation", "stat": "min",
+         "value": None, "nonfinite": "-inf"},
+        {"iteration": 8, "name": "custom", "layer": None, "tensor": None, "stat": None, "value": 1.0},
+    ]
+    assert "NaN" not in path.read_text() and "Infinity" not in path.read_text()  # strict JSON
+    log(sink, "L", "gradient", "mean", 0.125, 9)
+    sink.close()
+    sink.close()  # idempotent
+    assert read_jsonl(path)[-1]["value"] == 0.125
+    again = JsonlSink(str(path), append=True)
+    log(again, "L", "gradient", "mean", 1.0, 10)
+    again.close()
+    assert len(read_jsonl(path)) == 7
+    JsonlSink(str(path)).close()  # default: truncate
+    assert read_jsonl(path) == []
+
+
+def test_engine_to_sinks_end_to_end(tmp_path):
+    logger = MetricLogger()
+    logger.add_sink(TensorBoardSink(log_dir=str(tmp_path / "tb")))
+    logger.add_sink(JsonlSink(str(tmp_path / "stats.jsonl")))
+    engine = StatsEngine(logger)
+    x = torch.tensor([[1.0, -2.0], [0.5, 4.0]])
+    engine.feed("enc.0", "activation", ["max", "mean"], x, iteration=5)
+    engine.step(5)  # the engine flushes the logger once per step
+    assert [r["name"] for r in read_jsonl(tmp_path / "stats.jsonl")] == ["enc.0_activation_max",
+                                                                        "enc.0_activation_mean"]
+    logger.close()
+    acc = load(glob.glob(str(tmp_path / "tb"))[0])
+    assert scalars(acc) == {"enc.0/activation/max": [(5, 4.0)], "enc.0/activation/mean": [(5, 0.875)]}
+    assert len(layouts(acc)) == 1

@@ -1,0 +1,177 @@
+"""Cross-rank reduction of statistics: 2 CPU processes on gloo (spawned once, timeout-protected).
+
+Checks: rank-0 values equal the statistics of the concatenated tensors, all ranks emit identical values, a buffer
+fed on one rank does not deadlock and is emitted only there, skip_reduction logs local values, and exactly one
+all_gather_object runs per reduction group per step (none when a rank is idle)."""
+
+import datetime
+import math
+import os
+import pickle
+import socket
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from tedebug.stats import StatsEngine
+
+WORLD = 2
+TIMEOUT_S = 90
+REDUCED = ["min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range"]
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def full_tensor(rows_per_rank=48):
+    g = torch.Generator().manual_seed(123)
+    x = torch.randn(WORLD * rows_per_rank, 32, generator=g) * torch.linspace(0.01, 50.0, 32)
+    x[x.abs() < 0.02] = 0.0
+    return x
+
+
+class Capture:
+    def __init__(self):
+        self.records = []
+
+    def log_scalar(self, name, value, iteration, **kw):
+        self.records.append((name, value, iteration))
+
+
+def _count_gathers():
+    counter = {"n": 0}
+    real = dist.all_gather_object
+
+    def counting(*args, **kwargs):
+        counter["n"] += 1
+        return real(*args, **kwargs)
+
+    dist.all_gather_object = counting
+    return counter
+
+
+def _worker(rank, port, out_dir):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60))
+    try:
+        second_group = dist.new_group([0, 1])
+        counter = _count_gathers()
+        log = Capture()
+        engine = StatsEngine(log)
+        results = {}
+
+        # step 1: each rank feeds its shard in two microbatches (world group); a buffer in a second group;
+        # a buffer fed on rank 0 only; a skip-reduction weight
+        shard = full_tensor().chunk(WORLD)[rank]
+        for part in shard.chunk(2):
+            engine.feed("L", "activation", REDUCED, part, iteration=1)
+        engine.feed("L", "gradient", ["max", "mean"], shard * (rank + 1), iteration=1, reduction_group=second_group)
+        if rank == 0:
+            engine.feed("only0", "activation", ["min", "max"], torch.tensor([-3.0, 9.0]), iteration=1)
+        engine.feed("L", "weight", ["max"], torch.tensor([float(10 + rank)]), iteration=1,
+                    skip_reduction=True, is_weight=True)
+        engine.step(1)
+        results["step1"] = (list(log.records), counter["n"])
+
+        # step 2: nobody fed, no layer due -> no collective at all
+        log.records.clear()
+        counter["n"] = 0
+        engine.step(2)
+        results["idle"] = (list(log.records), counter["n"])
+
+        # step 3: only rank 0 feeds; rank 1 joins because its noted next iteration of "L" is due (3 <= 3)
+        engine.note_next_iteration("L", 3)
+        engine.note_next_iteration("never", None)
+        counter["n"] = 0
+        if rank == 0:
+            engine.feed("L", "activation", REDUCED, shard, iteration=3)
+        engine.step(3)
+        results["due"] = (list(log.records), counter["n"])
+        with open(os.path.join(out_dir, f"rank{rank}.pkl"), "wb") as f:
+            pickle.dump(results, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def oracle(kind, x):
+    d = x.double().reshape(-1)
+    nz = d.abs()[d != 0]
+    return {
+        "min": d.min().item(), "max": d.max().item(), "mean": d.mean().item(), "std": d.std().item(),
+        "l1_norm": d.abs().sum().item(), "l2_norm": torch.linalg.vector_norm(d).item(),
+        "cur_amax": d.abs().max().item(), "dynamic_range": math.log2(nz.max().item()) - math.log2(nz.min().item()),
+    }[kind]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out_dir = str(tmp_path_factory.mktemp("dist"))
+    ctx = mp.start_processes(_worker, args=(_free_port(), out_dir), nprocs=WORLD, join=False, start_method="spawn")
+    deadline = time.monotonic() + TIMEOUT_S
+    try:
+        while not ctx.join(timeout=1):
+            if time.monotonic() > deadline:
+                pytest.fail(f"distributed statistics workers did not finish within {TIMEOUT_S}s (deadlock?)")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.terminate()
+                p.join(5)
+    out = []
+    for rank in range(WORLD):
+        with open(os.path.join(out_dir, f"rank{rank}.pkl"), "rb") as f:
+            out.append(pickle.load(f))
+    return out
+
+
+def _values(records):
+    return {name: value for name, value, _ in records}
+
+
+@pytest.mark.distributed
+def test_reduced_values_equal_concatenation(results):
+    full = full_tensor()
+    r0, r1 = (_values(r["step1"][0]) for r in results)
+    for kind in REDUCED:
+        expected = oracle(kind, full)
+        if kind in ("min", "max", "cur_amax"):
+            assert r0[f"L_activation_{kind}"] == expected, kind
+        else:
+            assert r0[f"L_activation_{kind}"] == pytest.approx(expected, rel=1e-12), kind
+        assert r1[f"L_activation_{kind}"] == r0[f"L_activation_{kind}"], kind  # identical on all ranks
+    shards = full.chunk(WORLD)
+    grad = torch.cat([shards[r] * (r + 1) for r in range(WORLD)])
+    assert r0["L_gradient_max"] == r1["L_gradient_max"] == grad.double().max().item()
+    assert r0["L_gradient_mean"] == pytest.approx(grad.double().mean().item(), rel=1e-12)
+
+
+@pytest.mark.distributed
+def test_one_rank_buffer_and_skip_reduction(results):
+    r0, r1 = (_values(r["step1"][0]) for r in results)
+    assert r0["only0_activation_min"] == -3.0 and r0["only0_activation_max"] == 9.0
+    assert not any(name.startswith("only0") for name in r1)
+    assert r0["L_weight_max"] == 10.0 and r1["L_weight_max"] == 11.0  # local values
+    assert [n for n, _, _ in results[0]["step1"][0]] == [
+        *(f"L_activation_{k}" for k in REDUCED), "L_gradient_max", "L_gradient_mean",
+        "only0_activation_min", "only0_activation_max", "L_weight_max",
+    ]
+
+
+@pytest.mark.distributed
+def test_collective_count(results):
+    for r in results:
+        assert r["step1"][1] == 2  # world group + second group: one each
+        assert r["idle"] == ([], 0)
+        assert r["due"][1] == 2
+    r0_due = _values(results[0]["due"][0])
+    assert results[1]["due"][0] == []  # rank 1 fed nothing: emits nothing
+    shard0 = full_tensor().chunk(WORLD)[0]
+    assert r0_due["L_activation_max"] == shard0.double().max().item()
+    assert r0_due["L_activation_std"] == pytest.approx(shard0.double().std().item(), rel=1e-12)
