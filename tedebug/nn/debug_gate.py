@@ -1,0 +1,100 @@
+"""The per-GEMM debug gate: decides, once per iteration and at O(1) cost, whether a GEMM runs the debug path.
+
+One `LayerDebugState` belongs to one GEMM of a layer (Linear and LayerNormLinear have one; LayerNormMLP has two,
+named ``<name>.fc1`` and ``<name>.fc2``; GroupedLinear one per ``<name>.gemm_<i>``).  The layer calls
+`debug_quantizers(layer_name, quantizers)` before each forward:
+
+* debug not initialised -> None after one attribute check;
+* the first call of an iteration decides ``active = next_iter is not None and iteration >= next_iter``; the
+  decision is reused by every later call (microbatch) of that iteration;
+* when active, six `DebugQuantizer`s are built from the layer's normal quantizers (roles input, weight, output,
+  grad_input, grad_weight, grad_output -> tensors activation, weight, output, dgrad, wgrad, gradient, constructed
+  in that order); ``next_iter`` becomes the minimum of their non-None next iterations (None: this GEMM never
+  enters debug again in the session); if none of them has a feature enabled, None is returned and no
+  DebugQuantizer is kept (the rest of the iteration then also returns None).
+
+Returning None means "use the normal quantizers and the normal fused path".  A role missing from `quantizers`
+(or mapped to None) gets parent None; for LayerNormMLP the GEMM-output roles (grad_input -> dgrad,
+grad_weight -> wgrad) of both fc1 and fc2 therefore get parent None, like every GEMM output.
+
+A new `debug_api.initialize()` (after `end_debug()`) starts a new session; the state notices it by comparing a
+weak reference to the session object, and starts over (next_iter 0, no remembered decision).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Dict, Mapping, Optional
+
+from tedebug import debug_api
+from tedebug.debug_quantization import DebugQuantizer
+
+#: (layer role, tensor name) in construction order.
+ROLE_TO_TENSOR = (
+    ("input", "activation"),
+    ("weight", "weight"),
+    ("output", "output"),
+    ("grad_input", "dgrad"),
+    ("grad_weight", "wgrad"),
+    ("grad_output", "gradient"),
+)
+_ROLES = frozenset(role for role, _ in ROLE_TO_TENSOR)
+
+
+def _dead_session():
+    return None
+
+
+class LayerDebugState:
+    """Debug decision and next debug iteration of one GEMM, for the current debug session."""
+
+    __slots__ = ("next_iter", "_session_ref", "_decided_iteration", "_active")
+
+    def __init__(self) -> None:
+        self._session_ref = _dead_session
+        self._reset()
+
+    def _reset(self) -> None:
+        self.next_iter: Optional[int] = 0
+        self._decided_iteration: Optional[int] = None
+        self._active = False
+
+    def debug_quantizers(self, layer_name: str, quantizers: Mapping[str, object], tp_group=None,
+                         tp_size: int = 1) -> Optional[Dict[str, DebugQuantizer]]:
+        """Role -> DebugQuantizer for this call, or None when the layer uses its normal quantizers."""
+        session = debug_api.DEBUG_MANAGER
+        if session is None:
+            return None
+        if self._session_ref() is not session:
+            self._session_ref = weakref.ref(session)
+            self._reset()
+        iteration = session.iteration
+        if iteration != self._decided_iteration:
+            self._decided_iteration = iteration
+            self._active = self.next_iter is not None and iteration >= self.next_iter
+        if not self._active:
+            return None
+        built = self._build(layer_name, quantizers, tp_group, tp_size)
+        if built is None:
+            self._active = False  # nothing enabled: the same answer for the rest of this iteration
+        return built
+
+    def _build(self, layer_name: str, quantizers: Mapping[str, object], tp_group,
+               tp_size: int) -> Optional[Dict[str, DebugQuantizer]]:
+        unknown = set(quantizers) - _ROLES
+        if unknown:
+            raise KeyError(f"LayerDebugState for layer {layer_name!r}: unknown quantizer roles {sorted(unknown)}; "
+                           f"expected a subset of {sorted(_ROLES)}")
+        result = {role: DebugQuantizer(layer_name, tensor, quantizers.get(role), tp_group, tp_size)
+                  for role, tensor in ROLE_TO_TENSOR}
+        nexts = [q.get_next_debug_iter() for q in result.values()]
+        nexts = [n for n in nexts if n is not None]
+        self.next_iter = min(nexts) if nexts else None
+        if not any(q.any_feature_enabled() for q in result.values()):
+            return None
+        return result
+
+    @property
+    def active(self) -> bool:
+        """The decision of the last decided iteration (for layers that branch on it after the call)."""
+        return self._active
