@@ -1,0 +1,380 @@
+"""Hook dispatch: the `transformer_engine` namespace (seven hooks) and the section-level `base` namespace.
+
+A hook call ``debug_api.transformer_engine.<hook>(layer_name, **kwargs)``:
+
+1. checks the kwargs: unknown names raise TypeError naming the closest valid kwarg; a missing required kwarg raises
+   TypeError naming it (spec D.1 / D.2 step 1); ``iteration`` defaults to the session's iteration;
+2. routes: the candidates are the features of the layer's ``transformer_engine`` block that implement the hook and
+   are enabled; each candidate's ``parse_config_and_api`` decides whether it applies and produces its parsed config.
+   The decision (a tuple of (feature, bound method, parsed config)) is cached per (layer, hook, gemm, tensor_name)
+   for every hook, `fp8_gemm_enabled` and multi-feature results included; the cache never depends on the iteration.
+   The feature methods themselves run on every call;
+3. no feature -> the default result (`fp8_gemm_enabled` (True, None); `*_enabled` (False, None); `inspect_*` None;
+   `modify_tensor` raises NotImplementedError); one feature -> its result; several -> allowed only for the
+   multi-feature hooks, combined as in spec D.2 step 7 (`*_enabled`: all tuples -> (any, min of non-None next);
+   any bare bool -> (any, None); `inspect_*`: all results equal).  Two features on a single-feature hook raise
+   ValueError "Only 1 operation permitted per API call" naming both features, the layer, the hook and the kwargs.
+4. output checks: `*_enabled` must return a bool or a (bool, next_iteration) tuple; `inspect_*` must return None;
+   `modify_tensor` must return a torch.Tensor or a QuantizedTensor (of ``dtype`` when that kwarg is given) or, when
+   ``out`` is given, may return None after filling ``out`` (decisions.md).
+
+Backward compatibility: for `inspect_tensor` the kwargs ``quantizer``, ``rowwise_quantized_tensor``,
+``columnwise_quantized_tensor`` and ``tp_size`` (for `inspect_tensor_postquantize`: ``tp_size``) are dropped when the
+feature method declares neither them nor ``**kwargs``.  Calling a feature's `inspect_tensor_postquantize*` emits a
+DeprecationWarning.
+
+The `base` namespace routes the APIs implemented by section-level (namespace ``base``) features, e.g. nvdlfw's
+``debug_api.log_tensor_stats(layer, tensor=, tensor_name=)`` when a base ``LogTensorStats`` feature is registered.
+When none is, a section-level block in the config is accepted and inert.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, FrozenSet, Optional, Tuple
+
+import torch
+
+from tedebug.config.errors import closest
+from tedebug.config.parsing import GEMM_NAMES, TENSOR_NAMES
+
+TE_NAMESPACE = "transformer_engine"
+BASE_NAMESPACE = "base"
+INSPECT_LEGACY_KWARGS = frozenset({"quantizer", "rowwise_quantized_tensor", "columnwise_quantized_tensor", "tp_size"})
+POSTQUANTIZE_LEGACY_KWARGS = frozenset({"tp_size"})
+
+
+# ------------------------------------------------------------------------------------------------- hook table
+def _enabled_default(value: bool) -> Callable:
+    def default(layer_name: str, kwargs: dict):
+        return (value, None)
+
+    return default
+
+
+def _none_default(layer_name: str, kwargs: dict):
+    return None
+
+
+def _modify_default(layer_name: str, kwargs: dict):
+    raise NotImplementedError(
+        f"modify_tensor was called for layer {layer_name!r} (tensor_name={kwargs.get('tensor_name')!r}, "
+        f"gemm={kwargs.get('gemm')!r}) but no enabled feature implements it there; call it only when "
+        f"modify_tensor_enabled returned True"
+    )
+
+
+@dataclass(frozen=True)
+class HookSpec:
+    """Static description of one hook (spec D.1)."""
+
+    name: str
+    required: Tuple[str, ...]
+    optional: Tuple[str, ...]
+    multi: bool
+    kind: str  # "enabled", "inspect" or "modify"
+    default: Callable[[str, dict], Any]
+    legacy_kwargs: FrozenSet[str] = frozenset()
+    deprecated: bool = False
+
+    @property
+    def allowed(self) -> FrozenSet[str]:
+        return frozenset(self.required) | frozenset(self.optional)
+
+    @property
+    def gemm_parsing(self) -> bool:
+        return "gemm" in self.required
+
+    @property
+    def tensor_parsing(self) -> bool:
+        return "tensor_name" in self.required
+
+
+HOOKS: Dict[str, HookSpec] = {
+    spec.name: spec
+    for spec in (
+        HookSpec("fp8_gemm_enabled", ("gemm",), ("iteration",), True, "enabled", _enabled_default(True)),
+        HookSpec("modify_tensor_enabled", ("tensor_name", "gemm"), ("iteration",), False, "enabled",
+                 _enabled_default(False)),
+        HookSpec("modify_tensor", ("tensor_name", "gemm"),
+                 ("tensor", "default_quantizer", "iteration", "dtype", "out"), False, "modify", _modify_default),
+        HookSpec("inspect_tensor_enabled", ("tensor_name",), ("iteration",), True, "enabled", _enabled_default(False)),
+        HookSpec("inspect_tensor", ("tensor_name",),
+                 ("tensor", "iteration", "tp_group", "tp_size", "rowwise_quantized_tensor",
+                  "columnwise_quantized_tensor", "quantizer"), True, "inspect", _none_default,
+                 legacy_kwargs=INSPECT_LEGACY_KWARGS),
+        HookSpec("inspect_tensor_postquantize_enabled", ("tensor_name",), ("gemm", "iteration"), True, "enabled",
+                 _enabled_default(False), deprecated=True),
+        HookSpec("inspect_tensor_postquantize", ("tensor_name",),
+                 ("tensor", "iteration", "tp_group", "tp_size", "rowwise"), True, "inspect", _none_default,
+                 legacy_kwargs=POSTQUANTIZE_LEGACY_KWARGS, deprecated=True),
+    )
+}
+
+
+# ------------------------------------------------------------------------------------------------- routing
+@dataclass(frozen=True)
+class Route:
+    """One routed feature: its name, the bound hook method, the parsed config and the kwargs it does not accept."""
+
+    feature: str
+    method: Callable
+    config: dict
+    drop: FrozenSet[str] = frozenset()
+
+
+def kwargs_to_drop(method: Callable, legacy: FrozenSet[str]) -> FrozenSet[str]:
+    """The legacy kwargs that `method` accepts neither by name nor through ``**kwargs``."""
+    if not legacy:
+        return frozenset()
+    params = inspect.signature(method).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return frozenset()
+    return frozenset(k for k in legacy if k not in params)
+
+
+def check_kwargs(hook: str, layer_name: str, kwargs: dict, allowed: FrozenSet[str], required: Tuple[str, ...]) -> None:
+    """TypeError for an unknown kwarg (naming the closest valid one) or a missing required kwarg."""
+    unknown = kwargs.keys() - allowed
+    if unknown:
+        name = sorted(unknown)[0]
+        hint = closest(name, allowed)
+        hint_text = f"; did you mean {hint!r}?" if hint else ""
+        raise TypeError(
+            f"{hook}(layer_name={layer_name!r}) got an unexpected keyword argument {name!r}{hint_text} "
+            f"(valid: {', '.join(sorted(allowed))})"
+        )
+    for name in required:
+        if kwargs.get(name) is None:
+            raise TypeError(
+                f"{hook}(layer_name={layer_name!r}) needs the keyword argument {name!r} to route the call "
+                f"(required: {', '.join(required)})"
+            )
+
+
+def check_routing_values(hook: str, layer_name: str, kwargs: dict) -> None:
+    """ValueError for a gemm / tensor_name that is not one of the known names (checked once per cache entry)."""
+    for key, valid in (("gemm", GEMM_NAMES), ("tensor_name", TENSOR_NAMES)):
+        value = kwargs.get(key)
+        if value is not None and value not in valid:
+            hint = closest(value, valid)
+            hint_text = f"; did you mean {hint!r}?" if hint else ""
+            raise ValueError(f"{hook}(layer_name={layer_name!r}): unknown {key} {value!r}{hint_text} "
+                             f"(expected one of {', '.join(valid)})")
+
+
+def combine_enabled(outputs) -> Tuple[bool, Optional[int]]:
+    """D.2 step 7: all tuples -> (any, min non-None next or None); any bare bool -> (any, None)."""
+    if all(isinstance(o, tuple) for o in outputs):
+        nexts = [o[1] for o in outputs if o[1] is not None]
+        return any(bool(o[0]) for o in outputs), (min(nexts) if nexts else None)
+    return any(bool(o[0]) if isinstance(o, tuple) else bool(o) for o in outputs), None
+
+
+def _is_quantized_tensor(value: Any) -> bool:
+    from tedebug.quantization.tensor import QuantizedTensor
+
+    return isinstance(value, QuantizedTensor)
+
+
+def check_output(spec: HookSpec, feature: str, layer_name: str, kwargs: dict, result: Any) -> None:
+    """Spec D.2 step 6 with the decisions.md correction for ``modify_tensor(out=...)``."""
+    where = f"feature {feature!r}, hook {spec.name!r}, layer {layer_name!r}"
+    if spec.kind == "enabled":
+        ok = isinstance(result, bool) or (
+            isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], bool)
+            and (result[1] is None or isinstance(result[1], int))
+        )
+        if not ok:
+            raise TypeError(f"{where}: must return a bool or a (bool, next_iteration_or_None) tuple, got {result!r}")
+    elif spec.kind == "inspect":
+        if result is not None:
+            raise TypeError(f"{where}: inspect hooks must return None, got {type(result).__name__}")
+    else:  # modify
+        if result is None:
+            if kwargs.get("out") is None:
+                raise TypeError(f"{where}: returned None without an `out` tensor to fill; return the new tensor")
+            return
+        if isinstance(result, torch.Tensor):
+            dtype = kwargs.get("dtype")
+            if dtype is not None and result.dtype != dtype:
+                raise ValueError(f"{where}: returned a tensor of dtype {result.dtype}, expected dtype={dtype}")
+        elif not _is_quantized_tensor(result):
+            raise TypeError(f"{where}: must return a torch.Tensor or a QuantizedTensor, got {type(result).__name__}")
+
+
+class _Dispatcher:
+    """Routing shared by the namespaces: layer config lookup, candidate selection, cache, invocation."""
+
+    name = ""
+
+    def __init__(self, session: Any):
+        self._session = session
+        self._routes: Dict[tuple, Tuple[Route, ...]] = {}
+
+    @property
+    def cache_size(self) -> int:
+        return len(self._routes)
+
+    def _decide(self, hook: str, layer_name: str, kwargs: dict, *, multi: bool, gemm_parsing: bool,
+                tensor_parsing: bool, legacy: FrozenSet[str]) -> Tuple[Route, ...]:
+        block = self._session.config.layer_config(layer_name).get(self.name) or {}
+        registry = self._session.registry
+        routing = {k: kwargs[k] for k in ("gemm", "tensor_name") if kwargs.get(k) is not None}
+        routes = []
+        for feature, feature_cfg in block.items():
+            info = registry.get(self.name, feature)
+            if info is None:  # only the inert section-level names can get here (the loader rejects the rest)
+                continue
+            if hook not in info.hooks or not feature_cfg:
+                continue
+            if "enabled" not in feature_cfg:
+                raise ValueError(f"layer {layer_name!r}: missing required config field 'enabled' under "
+                                 f"{self.name}.{feature}")
+            if not feature_cfg["enabled"]:
+                continue
+            instance = info.instance()
+            applies, parsed = instance.parse_config_and_api(feature_cfg, gemm_parsing=gemm_parsing,
+                                                            tensor_parsing=tensor_parsing, **routing)
+            if applies:
+                method = getattr(instance, hook)
+                routes.append(Route(feature, method, feature_cfg if parsed is None else parsed,
+                                    kwargs_to_drop(method, legacy)))
+        if len(routes) > 1 and not multi:
+            names = ", ".join(r.feature for r in routes)
+            raise ValueError(
+                f"Only 1 operation permitted per API call. Found {len(routes)} features ({names}) enabled for hook "
+                f"{hook!r} on layer {layer_name!r} with kwargs {routing}"
+            )
+        for route in routes:
+            self._session.log_message(
+                f"Debug API call '{hook}' ({routing}) routed to feature '{route.feature}'.", layer_name,
+                logging.DEBUG)
+        return tuple(routes)
+
+    def _invoke(self, route: Route, hook: str, layer_name: str, kwargs: dict, deprecated: bool) -> Any:
+        if deprecated:
+            warnings.warn(f"{hook} is deprecated (feature {route.feature!r}); use inspect_tensor, which receives "
+                          f"the quantized tensors", DeprecationWarning, stacklevel=4)
+        if route.drop:
+            kwargs = {k: v for k, v in kwargs.items() if k not in route.drop}
+        return route.method(route.config, layer_name, **kwargs)
+
+    def step(self, finished_iteration: int) -> None:
+        """Called by `debug_api.step()` after the iteration counter moved on."""
+
+    def end_debug(self) -> None:
+        """Called by `debug_api.end_debug()`: drop the routing cache."""
+        self._routes.clear()
+
+
+class TransformerEngineNamespace(_Dispatcher):
+    """``debug_api.transformer_engine``: the seven hooks of spec D.1 (see the module docstring)."""
+
+    name = TE_NAMESPACE
+
+    def _call(self, hook: str, layer_name: str, kwargs: dict) -> Any:
+        spec = HOOKS[hook]
+        check_kwargs(hook, layer_name, kwargs, spec.allowed, spec.required)
+        if "iteration" not in kwargs:
+            kwargs["iteration"] = self._session.iteration
+        key = (layer_name, hook, kwargs.get("gemm"), kwargs.get("tensor_name"))
+        routes = self._routes.get(key)
+        if routes is None:
+            check_routing_values(hook, layer_name, kwargs)
+            routes = self._decide(hook, layer_name, kwargs, multi=spec.multi, gemm_parsing=spec.gemm_parsing,
+                                  tensor_parsing=spec.tensor_parsing, legacy=spec.legacy_kwargs)
+            self._routes[key] = routes
+        if not routes:
+            return spec.default(layer_name, kwargs)
+        outputs = []
+        for route in routes:
+            result = self._invoke(route, hook, layer_name, kwargs, spec.deprecated)
+            check_output(spec, route.feature, layer_name, kwargs, result)
+            outputs.append(result)
+        if len(outputs) == 1:
+            return outputs[0]
+        if spec.kind == "enabled":
+            return combine_enabled(outputs)
+        return outputs[0]  # inspect hooks: every output was checked to be None
+
+    # The hooks (layer_name positional or keyword; everything else keyword-only).
+    def fp8_gemm_enabled(self, layer_name: str, **kwargs: Any):
+        return self._call("fp8_gemm_enabled", layer_name, kwargs)
+
+    def modify_tensor_enabled(self, layer_name: str, **kwargs: Any):
+        return self._call("modify_tensor_enabled", layer_name, kwargs)
+
+    def modify_tensor(self, layer_name: str, **kwargs: Any):
+        return self._call("modify_tensor", layer_name, kwargs)
+
+    def inspect_tensor_enabled(self, layer_name: str, **kwargs: Any):
+        return self._call("inspect_tensor_enabled", layer_name, kwargs)
+
+    def inspect_tensor(self, layer_name: str, **kwargs: Any):
+        return self._call("inspect_tensor", layer_name, kwargs)
+
+    def inspect_tensor_postquantize_enabled(self, layer_name: str, **kwargs: Any):
+        return self._call("inspect_tensor_postquantize_enabled", layer_name, kwargs)
+
+    def inspect_tensor_postquantize(self, layer_name: str, **kwargs: Any):
+        return self._call("inspect_tensor_postquantize", layer_name, kwargs)
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        hint = closest(name, HOOKS)
+        hint_text = f"; did you mean {hint!r}?" if hint else ""
+        raise AttributeError(f"namespace 'transformer_engine' has no hook {name!r}{hint_text} "
+                             f"(hooks: {', '.join(HOOKS)})")
+
+    def step(self, finished_iteration: int) -> None:
+        self._session.stats.step(finished_iteration)
+
+    def end_debug(self) -> None:
+        super().end_debug()
+        self._session.stats.reset()
+
+
+class BaseNamespace(_Dispatcher):
+    """Section-level (namespace ``base``) features: routes the APIs they implement, e.g. ``log_tensor_stats``.
+
+    Each API requires ``tensor_name``; several features for one call are an error; with no applicable feature the
+    call returns ``{}`` (nvdlfw behaviour).  The routing is cached per (layer, api, tensor_name).
+    """
+
+    name = BASE_NAMESPACE
+
+    def apis(self) -> FrozenSet[str]:
+        registry = self._session.registry
+        return frozenset(h for info in registry.features[self.name].values() for h in info.hooks)
+
+    def has_api(self, api: str) -> bool:
+        return api in self.apis()
+
+    def call(self, api: str, layer_name: str, **kwargs: Any) -> Any:
+        if not self.has_api(api):
+            raise AttributeError(f"no section-level (base) feature implements {api!r}")
+        if kwargs.get("tensor_name") is None:
+            raise TypeError(f"{api}(layer_name={layer_name!r}) needs the keyword argument 'tensor_name'")
+        if "iteration" not in kwargs:
+            kwargs["iteration"] = self._session.iteration
+        key = (layer_name, api, None, kwargs["tensor_name"])
+        routes = self._routes.get(key)
+        if routes is None:
+            routes = self._decide(api, layer_name, kwargs, multi=False, gemm_parsing=False, tensor_parsing=True,
+                                  legacy=frozenset())
+            self._routes[key] = routes
+        if not routes:
+            return {}
+        return self._invoke(routes[0], api, layer_name, kwargs, deprecated=False)
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if self.has_api(name):
+            return lambda layer_name, **kwargs: self.call(name, layer_name, **kwargs)
+        raise AttributeError(f"no section-level (base) feature implements {name!r}")

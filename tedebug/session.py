@@ -1,0 +1,206 @@
+"""`DebugSession`: everything one `debug_api.initialize()` creates, and its lifecycle.
+
+A session owns the compiled `config`, the feature `registry`, the `iteration` counter, `log_dir`, `rank`, the main
+text log (`text_log`), the statistics fan-out (`metric_logger`) with its sinks, the `stats` engine, the namespaces
+(``transformer_engine``, ``base``), the tensor `reduction_group` and `weight_tensor_tp_group_reduce` (default True).
+`end_debug()` closes it; nothing of it survives (a new `initialize()` builds everything afresh).
+
+`open_session(...)` builds a session in this order: main text log, feature registry (built-ins, then
+`feature_dirs`), config, sinks, stats engine.  If any step fails, everything created so far is closed (log handlers
+removed, sinks closed) before the error propagates, so nothing is left half-set and a retry works.
+
+Sinks: `statistics_logger` (any object with ``log_scalar``), a `TensorBoardSink` for `tb_writer`, the sinks queued
+by `debug_api.add_statistics_sink` before initialize, the default text statistics file when neither
+`statistics_logger` nor `tb_writer` is given or `default_logging_enabled` is True, and always a JSONL file at
+``<log_dir>/tedebug_statistics/metrics_globalrank-<R>.jsonl``.  (nvdlfw ignores `tb_writer` when
+`statistics_logger` is given; tedebug attaches both.)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Dict, Iterable, Optional
+
+from tedebug.config import load_config
+from tedebug.logging import TextLog, log_file_name
+from tedebug.namespace import BaseNamespace, TransformerEngineNamespace
+from tedebug.registry import Registry, build_registry
+from tedebug.sinks.base import MetricLogger, check_sink
+from tedebug.sinks.text import TextStatsSink, stats_log_path
+
+JSONL_DIR = "tedebug_statistics"
+
+
+def jsonl_path(log_dir: str, rank: int) -> str:
+    return os.path.join(log_dir, JSONL_DIR, f"metrics_globalrank-{rank}.jsonl")
+
+
+def global_rank() -> int:
+    """torch.distributed's global rank when it is initialised, else 0."""
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+class DebugSession:
+    """The state of one initialised debug session (see the module docstring)."""
+
+    def __init__(self, *, config: Any, registry: Registry, text_log: TextLog, metric_logger: MetricLogger,
+                 log_dir: str, rank: int, iteration: int = 0, weight_tensor_tp_group_reduce: bool = True):
+        from tedebug.stats import StatsEngine
+
+        self.config = config
+        self.registry = registry
+        self.text_log = text_log
+        self.metric_logger = metric_logger
+        self.log_dir = log_dir
+        self.rank = rank
+        self.iteration = iteration
+        self.reduction_group = None
+        self.weight_tensor_tp_group_reduce = weight_tensor_tp_group_reduce
+        self.stats = StatsEngine(metric_logger, log_message=self.log_message)
+        self.namespaces: Dict[str, Any] = {
+            TransformerEngineNamespace.name: TransformerEngineNamespace(self),
+            BaseNamespace.name: BaseNamespace(self),
+        }
+        self.closed = False
+
+    # nvdlfw / TE compatibility: TE reads DEBUG_MANAGER._trainer_iteration_count.
+    @property
+    def _trainer_iteration_count(self) -> int:
+        return self.iteration
+
+    @_trainer_iteration_count.setter
+    def _trainer_iteration_count(self, value: int) -> None:
+        self.iteration = int(value)
+
+    @property
+    def transformer_engine(self) -> TransformerEngineNamespace:
+        return self.namespaces[TransformerEngineNamespace.name]
+
+    @property
+    def base(self) -> BaseNamespace:
+        return self.namespaces[BaseNamespace.name]
+
+    # ------------------------------------------------------------------ logging
+    def log_message(self, message: str, layer_name: Optional[str] = None, level: int = logging.INFO,
+                    extra_cachable_args: Any = None) -> bool:
+        """Write `message` (prefixed ``LAYER=<name>: `` when a layer is given) once per distinct
+        (layer, message, extra_cachable_args) in this session; True when it was written."""
+        text = f"LAYER={layer_name}: {message}" if layer_name is not None else message
+        return self.text_log.log_once((layer_name, message, extra_cachable_args), text, level)
+
+    # ------------------------------------------------------------------ lifecycle
+    def step(self) -> None:
+        """Advance the iteration, then let each namespace finish the previous one (stats emitted), then flush."""
+        finished = self.iteration
+        self.iteration += 1
+        for namespace in self.namespaces.values():
+            namespace.step(finished)
+        self.flush()
+
+    def flush(self) -> None:
+        self.metric_logger.flush()
+        self.text_log.flush()
+
+    def close(self) -> None:
+        """Reset the namespaces, flush and close every sink, remove the log handlers (each step runs even if an
+        earlier one fails; the first error is re-raised at the end)."""
+        if self.closed:
+            return
+        self.closed = True
+        errors = []
+        for action in [ns.end_debug for ns in self.namespaces.values()] + [self.metric_logger.close,
+                                                                            self.text_log.close]:
+            try:
+                action()
+            except Exception as exc:  # keep closing the rest; re-raised below
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+
+def _select_sinks(log_dir: str, rank: int, file_name: str, *, statistics_logger: Any, tb_writer: Any,
+                  default_logging_enabled: bool, queued: Iterable[Any], text_log: TextLog,
+                  metric_logger: MetricLogger, created: list) -> None:
+    """Attach the session's sinks; the ones tedebug creates are also appended to `created`."""
+    if statistics_logger is not None:
+        metric_logger.add_sink(statistics_logger)
+        text_log.log("Using the provided logger for logging tensor statistics.")
+    if tb_writer is not None:
+        from tedebug.sinks.tensorboard import TensorBoardSink
+
+        created.append(metric_logger.add_sink(TensorBoardSink(writer=tb_writer)))
+        text_log.log("TB Writer found. Logging to Tensorboard..")
+    for sink in queued:
+        metric_logger.add_sink(sink)
+    if (statistics_logger is None and tb_writer is None) or default_logging_enabled:
+        created.append(metric_logger.add_sink(TextStatsSink(stats_log_path(log_dir, rank, file_name))))
+        text_log.log(f"Default logging to file enabled at {log_dir}")
+    from tedebug.sinks.jsonl import JsonlSink
+
+    created.append(metric_logger.add_sink(JsonlSink(jsonl_path(log_dir, rank))))
+
+
+def _load_config(config_file: Any, registry: Registry, text_log: TextLog) -> Any:
+    if isinstance(config_file, dict):
+        text_log.log("Reading config from Python dictionary.")
+    elif isinstance(config_file, str) and config_file == "":
+        text_log.log("No config file given: running without config.")
+    else:
+        text_log.log(f"Reading config from {os.fspath(config_file) if config_file is not None else None}.")
+    config = load_config(config_file, feature_names=registry.feature_names(),
+                         feature_validators=registry.feature_validators())
+    text_log.log(f"Loaded configs for {list(config.sections)}.")
+    return config
+
+
+def _check_arguments(log_dir: Any, init_training_step: Any) -> None:
+    if not isinstance(log_dir, (str, os.PathLike)):
+        raise TypeError(f"initialize: log_dir must be a path (str or PathLike), got {type(log_dir).__name__}")
+    if isinstance(init_training_step, bool) or not isinstance(init_training_step, int):
+        raise TypeError(f"initialize: init_training_step must be an int, got {init_training_step!r}")
+
+
+def open_session(config_file: Any = "", feature_dirs: Any = None, statistics_logger: Any = None,
+                 log_dir: Any = ".", init_training_step: int = 0, *, tb_writer: Any = None,
+                 default_logging_enabled: bool = False, queued_sinks: Iterable[Any] = (),
+                 weight_tensor_tp_group_reduce: bool = True) -> DebugSession:
+    """Build a `DebugSession` (see the module docstring); on failure nothing created is left open."""
+    _check_arguments(log_dir, init_training_step)
+    log_dir = os.fspath(log_dir)
+    if statistics_logger is not None:
+        check_sink(statistics_logger)
+    rank = global_rank()
+    file_name = log_file_name(rank)
+    text_log = TextLog(log_dir, rank, file_name=file_name)
+    created: list = []
+    try:
+        registry = build_registry(feature_dirs)
+        for skipped in registry.skipped_dirs:
+            text_log.log(f"Skipping feature directory {skipped}: it is TransformerEngine's own feature directory; "
+                         f"tedebug provides these features itself.")
+        config = _load_config(config_file, registry, text_log)
+        session = DebugSession(config=config, registry=registry, text_log=text_log, metric_logger=MetricLogger(),
+                               log_dir=log_dir, rank=rank, iteration=init_training_step,
+                               weight_tensor_tp_group_reduce=weight_tensor_tp_group_reduce)
+        _select_sinks(log_dir, rank, file_name, statistics_logger=statistics_logger, tb_writer=tb_writer,
+                      default_logging_enabled=default_logging_enabled, queued=queued_sinks, text_log=text_log,
+                      metric_logger=session.metric_logger, created=created)
+        return session
+    except BaseException as error:
+        for close in [sink.close for sink in created] + [text_log.close]:
+            _close_during(error, close)
+        raise
+
+
+def _close_during(error: BaseException, close) -> None:
+    """Cleanup while `error` propagates: a cleanup failure is attached to `error` as a note, not swallowed."""
+    try:
+        close()
+    except Exception as cleanup_error:  # noqa: BLE001 - recorded on the error the user sees
+        if hasattr(error, "add_note"):
+            error.add_note(f"additionally, cleanup failed: {cleanup_error!r}")
+        else:
+            raise cleanup_error from error
