@@ -1,1 +1,31 @@
-"""tedebug.nn (see module docstrings)."""
+"""tedebug.nn: layers whose GEMMs run in low precision inside `tedebug.autocast`, the GEMM entry point, and
+`convert_model` (swap `torch.nn.Linear` layers of any model).  Submodules are imported on first attribute access."""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "Linear": "tedebug.nn.linear",
+    "LayerNormLinear": "tedebug.nn.layernorm_linear",
+    "LayerNormMLP": "tedebug.nn.layernorm_mlp",
+    "GroupedLinear": "tedebug.nn.grouped_linear",
+    "convert_model": "tedebug.nn.convert",
+    "gemm": "tedebug.nn.gemm",
+    "gemm_operand": "tedebug.nn.gemm",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tedebug.nn' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

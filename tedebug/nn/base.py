@@ -1,0 +1,275 @@
+"""Machinery shared by the `tedebug.nn` layers.
+
+- layer naming: ``name=`` or ``Layer_<n>`` from one global counter starting at 1 (one number per unnamed layer);
+- `GemmState`: per-GEMM quantizer state (quantizers built from the active recipe, rebuilt when the recipe
+  changes; delayed-scaling ``update_scale()`` before every use but the first; the debug gate);
+- `linear_gemm`: the custom autograd function running one quantized linear GEMM (fprop, dgrad, wgrad), with the
+  debug hooks (`process_gemm_output` on the GEMM outputs) and saving of quantized operands for backward;
+- `BaseLayer`: the `torch.nn.Module` base with `name`, `default_recipe` and the recipe resolution.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Dict, Iterator, List, Optional, Tuple
+
+import torch
+
+from tedebug.autocast import autocast_state, default_recipe, explicit_recipe
+from tedebug.nn.gemm import gemm
+
+__all__ = [
+    "ROLES",
+    "QUANTIZED_ROLES",
+    "next_layer_name",
+    "is_debug_quantizer",
+    "GemmState",
+    "linear_gemm",
+    "BaseLayer",
+    "activation_dtype",
+    "resolve_dtype",
+]
+
+ROLES = ("input", "weight", "output", "grad_output", "grad_input", "grad_weight")
+#: the roles whose quantizers a layer builds; GEMM outputs stay in high precision (TE: no fp8_output / fp8_grad)
+QUANTIZED_ROLES = ("input", "weight", "grad_output")
+
+_LAYER_NUMBERS = itertools.count(1)
+
+
+def next_layer_name() -> str:
+    """``Layer_<n>``; n counts unnamed layers from 1 for the whole process (never reset)."""
+    return f"Layer_{next(_LAYER_NUMBERS)}"
+
+
+def is_debug_quantizer(q) -> bool:
+    return q is not None and (getattr(q, "is_debug", False) is True or type(q).__name__ == "DebugQuantizer")
+
+
+def _delayed_leaves(q) -> Iterator[object]:
+    """The quantizers with delayed scaling state inside `q` (itself, or the children of a hybrid)."""
+    if q is None:
+        return
+    if callable(getattr(q, "update_scale", None)):
+        yield q
+        return
+    for child in (getattr(q, "rowwise_quantizer", None), getattr(q, "columnwise_quantizer", None)):
+        yield from _delayed_leaves(child)
+
+
+def _same_recipe(a, b) -> bool:
+    return a is b or (a is not None and b is not None and type(a) is type(b) and a == b)
+
+
+class GemmState:
+    """Quantizers and debug state of one GEMM of a layer (a LayerNormMLP has two, a GroupedLinear one per expert)."""
+
+    def __init__(self) -> None:
+        self.recipe = None
+        self.quantizers: Dict[str, Optional[object]] = {role: None for role in ROLES}
+        self._used: set = set()
+        self._debug_state = None
+
+    # ---------------------------------------------------------------- quantizers
+    def _build(self, recipe) -> None:
+        quantizers: Dict[str, Optional[object]] = {role: None for role in ROLES}
+        if recipe is not None:
+            for role in QUANTIZED_ROLES:
+                quantizers[role] = recipe.make_quantizer(role)
+        self.recipe = recipe
+        self.quantizers = quantizers
+        self._used = set()
+
+    def normal_quantizers(self, recipe) -> Dict[str, Optional[object]]:
+        """The layer's own quantizers for `recipe` (all None for None); reused while the recipe stays equal."""
+        if recipe is None:
+            return {role: None for role in ROLES}
+        if not _same_recipe(recipe, self.recipe):
+            self._build(recipe)
+        return self.quantizers
+
+    def before_use(self, role: str, quantizers: Dict[str, Optional[object]]) -> None:
+        """Delayed scaling: roll the amax history and refresh the scale before every use but the very first."""
+        q = quantizers.get(role)
+        if q is None:
+            return
+        if role in self._used:
+            for leaf in _delayed_leaves(q):
+                leaf.update_scale()
+        self._used.add(role)
+
+    # ---------------------------------------------------------------- debug
+    def _debug(self):
+        if self._debug_state is None:
+            from tedebug.nn.debug_gate import LayerDebugState
+
+            self._debug_state = LayerDebugState()
+        return self._debug_state
+
+    def call_quantizers(self, layer_name: str, recipe) -> Tuple[Dict[str, Optional[object]], Dict[str, Optional[object]]]:
+        """(normal quantizers, quantizers to use this call): the debug ones when the debug gate says so."""
+        normal = self.normal_quantizers(recipe)
+        debug = self._debug().debug_quantizers(layer_name, dict(normal), tp_group=None, tp_size=1)
+        return normal, (normal if debug is None else debug)
+
+
+# ------------------------------------------------------------------------------------------------ autograd
+def _save(ctx, objects: List[object]) -> None:
+    tensors: List[Optional[torch.Tensor]] = []
+    layout: List[Tuple[Optional[object], int]] = []
+    for obj in objects:
+        if obj is None or isinstance(obj, torch.Tensor):
+            tensors.append(obj)
+            layout.append((None, 1))
+        else:
+            saved, holder = obj.prepare_for_saving()
+            tensors.extend(saved)
+            layout.append((holder, len(saved)))
+    ctx.save_for_backward(*tensors)
+    ctx.saved_layout = layout
+
+
+def _restore(ctx) -> List[object]:
+    saved = list(ctx.saved_tensors)
+    out: List[object] = []
+    pos = 0
+    for holder, count in ctx.saved_layout:
+        chunk = saved[pos:pos + count]
+        pos += count
+        if holder is None:
+            out.append(chunk[0])
+            continue
+        leftover = holder.restore_from_saved(chunk)
+        if leftover:
+            raise RuntimeError(f"{type(holder).__name__}.restore_from_saved left {len(leftover)} tensors unused")
+        out.append(holder)
+    return out
+
+
+def _process_output(q, tensor: torch.Tensor) -> torch.Tensor:
+    return q.process_gemm_output(tensor) if is_debug_quantizer(q) else tensor
+
+
+class _Call:
+    """Non-tensor arguments of one linear GEMM call."""
+
+    __slots__ = ("state", "normal", "qs", "dtype", "grad_enabled")
+
+    def __init__(self, state: GemmState, normal, qs, dtype: torch.dtype, grad_enabled: bool) -> None:
+        self.state, self.normal, self.qs, self.dtype = state, normal, qs, dtype
+        self.grad_enabled = grad_enabled  # autograd records this call (False under torch.no_grad)
+
+
+class _LinearFunction(torch.autograd.Function):
+    """y = x·Wᵀ + b through `gemm` (fprop TN, dgrad NN, wgrad NT) with per-role quantizers."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, call: _Call):
+        need_dgrad = call.grad_enabled and ctx.needs_input_grad[0]
+        need_wgrad = call.grad_enabled and ctx.needs_input_grad[1]
+        qs = call.qs
+        x2 = x.reshape(-1, x.shape[-1])
+        xq = _quantize(call, "input", x2, rowwise=True, columnwise=need_wgrad)
+        wq = _quantize(call, "weight", weight, rowwise=True, columnwise=need_dgrad)
+        y = gemm(wq, xq, layout="TN", out_dtype=call.dtype, gemm_name="fprop", bias=bias,
+                 roles=("weight", "activation"))
+        y = _process_output(qs["output"], y)
+        _save(ctx, [xq if need_wgrad else None, wq if need_dgrad else None])
+        ctx.call = call
+        ctx.x_shape = x.shape
+        ctx.weight_dtype = weight.dtype
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        need_dgrad, need_wgrad, need_bgrad = ctx.needs_input_grad[:3]
+        call: _Call = ctx.call
+        qs = call.qs
+        xq, wq = _restore(ctx)
+        dy = grad_out.reshape(-1, grad_out.shape[-1])
+        if not dy.is_contiguous():
+            dy = dy.contiguous()
+        dx = dw = db = None
+        if need_bgrad:
+            db = dy.sum(dim=0).to(ctx.bias_dtype)
+        if need_dgrad or need_wgrad:
+            dyq = _quantize(call, "grad_output", dy, rowwise=need_dgrad, columnwise=need_wgrad)
+            if need_dgrad:
+                dx = gemm(wq, dyq, layout="NN", out_dtype=call.dtype, gemm_name="dgrad",
+                          roles=("weight", "gradient"))
+                dx = _process_output(qs["grad_input"], dx).reshape(ctx.x_shape)
+            if need_wgrad:
+                dw = gemm(xq, dyq, layout="NT", out_dtype=ctx.weight_dtype, gemm_name="wgrad",
+                          roles=("activation", "gradient"))
+                dw = _process_output(qs["grad_weight"], dw)
+        return dx, dw, db, None
+
+
+def _quantize(call: _Call, role: str, tensor: torch.Tensor, *, rowwise: bool, columnwise: bool):
+    """Quantize `tensor` with the call's quantizer for `role` (plain tensor when there is none)."""
+    q = call.qs[role]
+    if q is None:
+        return tensor
+    call.state.before_use(role, call.normal)
+    if not (rowwise or columnwise):
+        rowwise = True  # a quantizer must produce something; only reached for unused operands
+    q.set_usage(rowwise=rowwise, columnwise=columnwise)
+    return q.quantize(tensor)
+
+
+def activation_dtype(x: torch.Tensor, params_dtype: torch.dtype) -> torch.dtype:
+    """The dtype the GEMMs compute in: torch.autocast's dtype when it is on for x's device, else the params'."""
+    device_type = x.device.type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return params_dtype
+
+
+def linear_gemm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    state: GemmState,
+    layer_name: str,
+    recipe,
+) -> torch.Tensor:
+    """One linear GEMM ``x·Wᵀ + b`` with the quantizers of `state` for `recipe` (None: high precision)."""
+    dtype = activation_dtype(x, weight.dtype)
+    x = x.to(dtype)
+    weight = weight.to(dtype)
+    if bias is not None:
+        bias = bias.to(dtype)
+    normal, qs = state.call_quantizers(layer_name, recipe)
+    call = _Call(state, normal, qs, dtype, torch.is_grad_enabled())
+    return _LinearFunction.apply(x, weight, bias, call)
+
+
+# ------------------------------------------------------------------------------------------------ module
+class BaseLayer(torch.nn.Module):
+    """`name` (``Layer_<n>`` when None; may be reassigned, read at forward time) and the recipe resolution."""
+
+    def __init__(self, name: Optional[str] = None) -> None:
+        super().__init__()
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"{type(self).__name__}: name must be a str or None, got {type(name).__name__}")
+        self.name = name if name is not None else next_layer_name()
+        #: recipe used inside `tedebug.autocast()` blocks that give none (set by `convert_model(recipe=...)`)
+        self.default_recipe = None
+
+    def active_recipe(self):
+        """The recipe for this forward: None outside autocast (high precision), else by the autocast precedence."""
+        enabled, _ = autocast_state()
+        if not enabled:
+            return None
+        recipe = explicit_recipe()
+        if recipe is not None:
+            return recipe
+        return self.default_recipe if self.default_recipe is not None else default_recipe()
+
+    def extra_repr(self) -> str:
+        return f"name={self.name!r}"
+
+
+def resolve_dtype(params_dtype: Optional[torch.dtype]) -> torch.dtype:
+    return params_dtype if params_dtype is not None else torch.get_default_dtype()

@@ -1,0 +1,229 @@
+"""The one GEMM entry point of `tedebug.nn`: operand selection by layout, unwrapping, and execution.
+
+TE convention (A = first operand): ``out = op_B(B) · op_A(A)`` with ``op_A = Aᵀ`` iff ``layout[0] == "T"`` and
+``op_B = Bᵀ`` iff ``layout[1] == "T"``.  A Linear layer with x ``[M, K]``, W ``[N, K]``, dy ``[M, N]`` runs
+
+    fprop  "TN": gemm(W, x)  -> x · Wᵀ   (weight rowwise,    activation rowwise)
+    dgrad  "NN": gemm(W, dy) -> dy · W   (weight columnwise, gradient rowwise)
+    wgrad  "NT": gemm(x, dy) -> dyᵀ · x  (activation columnwise, gradient columnwise)
+
+Operand A uses its rowwise representation iff ``layout[0] == "T"``; B uses its columnwise representation iff
+``layout[1] == "T"``.  `gemm_operand` is the single place that turns whatever a layer holds (a plain tensor, a
+`QuantizedTensor`, a hybrid, a debug wrapper) into the object that this GEMM consumes.
+
+Execution: two per-tensor FP8 operands on a CUDA device with FP8 GEMM support run through ``torch._scaled_mm``;
+everything else is emulated (dequantize the selected representations, matmul with fp32 accumulation, cast).  Two
+plain tensors of one dtype run as the plain torch op (so the high-precision path equals ``torch.nn.functional.linear``
+bit for bit).  N-D operands are flattened to 2-D (all leading dims folded into the first); the result is 2-D.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple, Union
+
+import torch
+
+from tedebug.quantization.float8 import Float8Tensor
+from tedebug.quantization.float8_block import Float8BlockwiseTensor
+from tedebug.quantization.formats import TORCH_FP8_DTYPE
+from tedebug.quantization.hybrid import HybridQuantizedTensor
+from tedebug.quantization.identity import IdentityTensor
+from tedebug.quantization.mxfp8 import MXFP8Tensor
+from tedebug.quantization.tensor import QuantizedTensor
+
+__all__ = ["gemm", "gemm_operand", "LAYOUTS"]
+
+LAYOUTS = ("TN", "NN", "NT", "TT")
+
+Operand = Union[torch.Tensor, QuantizedTensor]
+
+
+# ------------------------------------------------------------------------------------------------ operands
+def _is_debug_tensor(obj) -> bool:
+    # duck-typed (DebugQuantizedTensor lives in tedebug.debug_quantization, which needs the config stack)
+    return callable(getattr(obj, "get_tensor", None)) and not isinstance(obj, torch.Tensor)
+
+
+def _missing(gemm_name: str, usage: str, role: str) -> RuntimeError:
+    return RuntimeError(
+        f"GEMM '{gemm_name}' requested the {usage} representation of '{role}', but it is unavailable"
+    )
+
+
+def gemm_operand(obj, usage: str, role: str, gemm_name: str) -> Operand:
+    """The object GEMM `gemm_name` consumes for operand `role` in representation `usage`.
+
+    Unwraps a DebugQuantizedTensor (by direction), then hybrids (by sub-storage, recursively), then an
+    IdentityTensor (its values).  Returns a plain tensor or a QuantizedTensor that holds `usage`; raises
+    RuntimeError naming the GEMM and the tensor role when that representation is missing.
+    """
+    if usage not in ("rowwise", "columnwise"):
+        raise ValueError(f"gemm_operand: usage must be 'rowwise' or 'columnwise', got {usage!r}")
+    while True:
+        if obj is None:
+            raise _missing(gemm_name, usage, role)
+        if isinstance(obj, torch.Tensor):
+            return obj
+        if _is_debug_tensor(obj):
+            obj = obj.get_tensor(usage == "columnwise")
+            continue
+        if isinstance(obj, HybridQuantizedTensor):
+            obj = getattr(obj, f"{usage}_sub_storage")
+            continue
+        if not isinstance(obj, QuantizedTensor):
+            raise TypeError(
+                f"GEMM '{gemm_name}': operand '{role}' must be a torch.Tensor or a QuantizedTensor, "
+                f"got {type(obj).__name__}"
+            )
+        present = obj.has_rowwise if usage == "rowwise" else obj.has_columnwise
+        if not present:
+            raise _missing(gemm_name, usage, role)
+        if isinstance(obj, IdentityTensor):
+            return obj.rowwise_data if usage == "rowwise" else obj.columnwise_data
+        return obj
+
+
+def _as_2d(t: torch.Tensor) -> torch.Tensor:
+    if t.dim() < 1:
+        raise ValueError(f"GEMM operands must have at least 1 dimension, got shape {tuple(t.shape)}")
+    if t.dim() == 1:
+        return t.reshape(1, -1)
+    return t.reshape(-1, t.shape[-1])
+
+
+def _dequantized_2d(op: Operand, usage: str, dtype: torch.dtype) -> torch.Tensor:
+    if isinstance(op, torch.Tensor):
+        return _as_2d(op).to(dtype)
+    return _as_2d(op.dequantize(dtype=dtype, usage=usage))
+
+
+# ------------------------------------------------------------------------------------------------ native FP8
+def _fp8_gemm_supported(device: torch.device) -> bool:
+    if device.type != "cuda" or not hasattr(torch, "_scaled_mm"):
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def _fp8_data(op: Float8Tensor, usage: str) -> torch.Tensor:
+    data = op.rowwise_data if usage == "rowwise" else op.columnwise_data
+    return _as_2d(data).view(TORCH_FP8_DTYPE[op.fp8_format])
+
+
+def _try_scaled_mm(a, b, a_usage: str, b_usage: str, out_dtype: torch.dtype) -> Optional[torch.Tensor]:
+    """``torch._scaled_mm`` for two per-tensor FP8 operands; None when this case must be emulated.
+
+    ``_scaled_mm(mat1, mat2)`` wants mat1 row-major ``[M, K]`` and mat2 column-major ``[K, N]``.  mat1 = op_B(B):
+    B's rowwise bytes (layout "?N") or its columnwise bytes, which are already the transpose (layout "?T").
+    mat2 = op_A(A) column-major = (row-major ``[N, K]``)ᵀ: A's rowwise bytes (layout "T?") or its columnwise bytes
+    (layout "N?"), transposed as a view.
+    """
+    if not (isinstance(a, Float8Tensor) and isinstance(b, Float8Tensor)):
+        return None
+    if a.device != b.device or not _fp8_gemm_supported(a.device):
+        return None
+    if a.fp8_format == "E5M2" and b.fp8_format == "E5M2":
+        return None  # cuBLAS has no E5M2 x E5M2 FP8 GEMM
+    mat1 = _fp8_data(b, b_usage)
+    mat2 = _fp8_data(a, a_usage).t()
+    if any(d % 16 for d in (*mat1.shape, mat2.shape[1])):
+        return None
+    res = torch._scaled_mm(
+        mat1,
+        mat2,
+        scale_a=b.scale_inv.reshape(()).float(),
+        scale_b=a.scale_inv.reshape(()).float(),
+        out_dtype=out_dtype,
+    )
+    return res[0] if isinstance(res, tuple) else res
+
+
+# ------------------------------------------------------------------------------------------------ emulation
+def _bf16_exact(op) -> bool:
+    """True when the dequantized values are FP8 codes times power-of-two scales (exact in bf16)."""
+    if isinstance(op, MXFP8Tensor):
+        return True
+    if isinstance(op, (Float8Tensor, Float8BlockwiseTensor)):
+        for usage in ("rowwise", "columnwise"):
+            present = op.has_rowwise if usage == "rowwise" else op.has_columnwise
+            if present:
+                scales = op.scale_inv_values(usage)
+                mantissa, _ = torch.frexp(scales)
+                return bool(((mantissa == 0.5) | (scales == 0)).all())
+    return False
+
+
+def _emulated(a, b, a_usage, b_usage, layout, out_dtype, bias) -> torch.Tensor:
+    device = a.device
+    compute = torch.float32
+    if device.type == "cuda" and out_dtype == torch.bfloat16 and bias is None:
+        if all(not isinstance(op, torch.Tensor) and _bf16_exact(op) for op in (a, b)):
+            compute = torch.bfloat16  # exact operands; cuBLAS accumulates in fp32 and rounds once to bf16
+    a2 = _dequantized_2d(a, a_usage, compute)
+    b2 = _dequantized_2d(b, b_usage, compute)
+    op_a = a2.t() if layout[0] == "T" else a2
+    op_b = b2 if layout[1] == "N" else b2.t()
+    out = op_b @ op_a
+    if bias is not None:
+        out = out + bias.to(out.dtype)
+    return out.to(out_dtype)
+
+
+def _plain(a: torch.Tensor, b: torch.Tensor, layout: str, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    a2, b2 = _as_2d(a), _as_2d(b)
+    if layout == "TN":
+        return torch.nn.functional.linear(b2, a2, bias)
+    op_a = a2.t() if layout[0] == "T" else a2
+    op_b = b2 if layout[1] == "N" else b2.t()
+    out = op_b @ op_a
+    return out if bias is None else out + bias
+
+
+# ------------------------------------------------------------------------------------------------ entry
+def gemm(
+    A,
+    B,
+    *,
+    layout: str = "TN",
+    out_dtype: Optional[torch.dtype] = None,
+    gemm_name: str = "gemm",
+    bias: Optional[torch.Tensor] = None,
+    roles: Tuple[str, str] = ("A", "B"),
+    use_native: bool = True,
+) -> torch.Tensor:
+    """``out = op_B(B) · op_A(A) (+ bias)`` as a 2-D tensor of `out_dtype` (see the module docstring).
+
+    A and B may be plain tensors, QuantizedTensors, hybrids or DebugQuantizedTensors.  `roles` names the two
+    operands in error messages (e.g. ``("weight", "activation")``).  `bias` (length N, high precision) is added
+    to the fp32 result before the cast (plain operands: as ``F.linear`` does).  ``use_native=False`` forces emulation (for tests).
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"GEMM '{gemm_name}': layout must be one of {LAYOUTS}, got {layout!r}")
+    a_usage = "rowwise" if layout[0] == "T" else "columnwise"
+    b_usage = "columnwise" if layout[1] == "T" else "rowwise"
+    a = gemm_operand(A, a_usage, roles[0], gemm_name)
+    b = gemm_operand(B, b_usage, roles[1], gemm_name)
+    if a.device != b.device:
+        raise RuntimeError(f"GEMM '{gemm_name}': operands on different devices ({a.device} and {b.device})")
+    _check_shapes(a, b, layout, gemm_name, roles)
+    if out_dtype is None:
+        out_dtype = a.dtype if isinstance(a, torch.Tensor) else b.dtype
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype:
+        return _plain(a, b, layout, bias).to(out_dtype)
+    if use_native:
+        out = _try_scaled_mm(a, b, a_usage, b_usage, out_dtype if bias is None else torch.float32)
+        if out is not None:
+            return out if bias is None else (out + bias.float()).to(out_dtype)
+    return _emulated(a, b, a_usage, b_usage, layout, out_dtype, bias)
+
+
+def _check_shapes(a, b, layout: str, gemm_name: str, roles: Tuple[str, str]) -> None:
+    sa, sb = tuple(a.shape), tuple(b.shape)
+    a_rows = 1 if len(sa) == 1 else int(torch.Size(sa[:-1]).numel())
+    b_rows = 1 if len(sb) == 1 else int(torch.Size(sb[:-1]).numel())
+    k_a = sa[-1] if layout[0] == "T" else a_rows
+    k_b = b_rows if layout[1] == "T" else sb[-1]
+    if k_a != k_b:
+        raise ValueError(
+            f"GEMM '{gemm_name}' (layout {layout}): reduction sizes differ: '{roles[0]}' {sa} gives {k_a}, "
+            f"'{roles[1]}' {sb} gives {k_b}"
+        )

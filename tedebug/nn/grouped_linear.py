@@ -1,0 +1,76 @@
+"""`tedebug.nn.GroupedLinear`: one linear layer per expert over row splits of the input (MoE style).
+
+`forward(x, m_splits)` splits x ``[sum(m_splits), in]`` along dim 0; rows of split i go through expert i's weight
+(``weight<i>``, ``bias<i>``: TE's parameter names).  Each expert GEMM is debugged as layer `<name>.gemm_<i>` with its
+own quantizers.  An empty split produces an empty output block (and zero gradients for that expert).
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import torch
+
+from tedebug.nn.base import BaseLayer, GemmState, linear_gemm, resolve_dtype
+from tedebug.nn.linear import init_linear_
+
+__all__ = ["GroupedLinear"]
+
+
+class GroupedLinear(BaseLayer):
+    """`num_gemms` independent linear layers applied to consecutive row blocks of one input."""
+
+    def __init__(
+        self,
+        num_gemms: int,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        *,
+        name: Optional[str] = None,
+        params_dtype: Optional[torch.dtype] = None,
+        device=None,
+    ) -> None:
+        super().__init__(name)
+        if int(num_gemms) < 1:
+            raise ValueError(f"GroupedLinear: num_gemms must be >= 1, got {num_gemms}")
+        self.num_gemms = int(num_gemms)
+        self.in_features = int(in_features)
+        self.out_features = int(out_features)
+        self.use_bias = bool(bias)
+        kw = dict(dtype=resolve_dtype(params_dtype), device=device)
+        for i in range(self.num_gemms):
+            weight = torch.nn.Parameter(torch.empty(self.out_features, self.in_features, **kw))
+            b = torch.nn.Parameter(torch.empty(self.out_features, **kw)) if bias else None
+            if weight.device.type != "meta":
+                init_linear_(weight.data, None if b is None else b.data)
+            self.register_parameter(f"weight{i}", weight)
+            self.register_parameter(f"bias{i}", b)
+        self.gemm_states: List[GemmState] = [GemmState() for _ in range(self.num_gemms)]
+
+    def forward(self, x: torch.Tensor, m_splits: Sequence[int]) -> torch.Tensor:
+        m_splits = [int(m) for m in m_splits]
+        if len(m_splits) != self.num_gemms:
+            raise ValueError(
+                f"GroupedLinear '{self.name}': got {len(m_splits)} m_splits for {self.num_gemms} GEMMs"
+            )
+        if x.dim() != 2 or x.shape[-1] != self.in_features:
+            raise ValueError(
+                f"GroupedLinear '{self.name}': input must be [sum(m_splits), {self.in_features}], "
+                f"got {tuple(x.shape)}"
+            )
+        if any(m < 0 for m in m_splits) or sum(m_splits) != x.shape[0]:
+            raise ValueError(f"GroupedLinear '{self.name}': m_splits {m_splits} do not sum to {x.shape[0]} rows")
+        recipe = self.active_recipe()
+        outputs = []
+        for i, chunk in enumerate(torch.split(x, m_splits, dim=0)):
+            weight, bias = getattr(self, f"weight{i}"), getattr(self, f"bias{i}")
+            if chunk.shape[0] == 0:
+                outputs.append(torch.nn.functional.linear(chunk, weight, bias))
+                continue
+            outputs.append(linear_gemm(chunk, weight, bias, self.gemm_states[i], f"{self.name}.gemm_{i}", recipe))
+        return torch.cat(outputs, dim=0)
+
+    def extra_repr(self) -> str:
+        return (f"num_gemms={self.num_gemms}, in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.use_bias}, name={self.name!r}")

@@ -1,0 +1,79 @@
+"""`tedebug.nn.LayerNormLinear`: LayerNorm/RMSNorm in high precision, then one quantized linear GEMM (`name`)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from tedebug.nn.base import BaseLayer, GemmState, linear_gemm, resolve_dtype
+from tedebug.nn.linear import init_linear_
+
+__all__ = ["LayerNormLinear", "NORMALIZATIONS", "normalize"]
+
+NORMALIZATIONS = ("LayerNorm", "RMSNorm")
+
+
+def check_normalization(normalization: str) -> str:
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
+    return normalization
+
+
+def normalize(x, normalization: str, weight, bias, eps: float) -> torch.Tensor:
+    """LayerNorm (with bias) or RMSNorm (no bias) over the last dim, in x's dtype."""
+    shape = (x.shape[-1],)
+    if normalization == "LayerNorm":
+        return F.layer_norm(x, shape, weight.to(x.dtype), bias.to(x.dtype), eps)
+    return F.rms_norm(x, shape, weight.to(x.dtype), eps)
+
+
+def make_norm_params(module: torch.nn.Module, hidden: int, normalization: str, kw: dict) -> None:
+    """`layer_norm_weight` (ones) and, for LayerNorm, `layer_norm_bias` (zeros) - TE's parameter names."""
+    module.layer_norm_weight = torch.nn.Parameter(torch.ones(hidden, **kw))
+    if normalization == "LayerNorm":
+        module.layer_norm_bias = torch.nn.Parameter(torch.zeros(hidden, **kw))
+    else:
+        module.register_parameter("layer_norm_bias", None)
+
+
+class LayerNormLinear(BaseLayer):
+    """Normalization (high precision) followed by a linear layer with quantized GEMMs (see `tedebug.nn.Linear`)."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        eps: float = 1e-5,
+        bias: bool = True,
+        normalization: str = "LayerNorm",
+        *,
+        name: Optional[str] = None,
+        params_dtype: Optional[torch.dtype] = None,
+        device=None,
+    ) -> None:
+        super().__init__(name)
+        self.in_features = int(in_features)
+        self.out_features = int(out_features)
+        self.eps = float(eps)
+        self.normalization = check_normalization(normalization)
+        kw = dict(dtype=resolve_dtype(params_dtype), device=device)
+        make_norm_params(self, self.in_features, self.normalization, kw)
+        self.weight = torch.nn.Parameter(torch.empty(self.out_features, self.in_features, **kw))
+        self.bias = torch.nn.Parameter(torch.empty(self.out_features, **kw)) if bias else None
+        if self.weight.device.type != "meta":
+            init_linear_(self.weight.data, None if self.bias is None else self.bias.data)
+        self.gemm_state = GemmState()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(
+                f"LayerNormLinear '{self.name}': input last dim {x.shape[-1]} != in_features {self.in_features}"
+            )
+        ln_out = normalize(x, self.normalization, self.layer_norm_weight, self.layer_norm_bias, self.eps)
+        return linear_gemm(ln_out, self.weight, self.bias, self.gemm_state, self.name, self.active_recipe())
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"normalization={self.normalization}, bias={self.bias is not None}, name={self.name!r}")

@@ -1,0 +1,60 @@
+"""`tedebug.nn.Linear`: y = x·Wᵀ + b with quantized GEMMs inside `tedebug.autocast` (one GEMM named `name`)."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from tedebug.nn.base import BaseLayer, GemmState, linear_gemm, resolve_dtype
+
+__all__ = ["Linear", "init_linear_"]
+
+
+def init_linear_(weight: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
+    """torch.nn.Linear's default initialisation (Kaiming-uniform weight, uniform bias)."""
+    torch.nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
+    if bias is not None:
+        fan_in = weight.shape[1]
+        bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0.0
+        torch.nn.init.uniform_(bias, -bound, bound)
+
+
+class Linear(BaseLayer):
+    """A linear layer whose GEMMs (fprop, dgrad, wgrad) follow the active `tedebug.autocast` recipe.
+
+    Parameters stay in high precision (`params_dtype`, default torch's default dtype) and are initialised like
+    `torch.nn.Linear`.  Outside autocast the forward equals `torch.nn.functional.linear`.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        *,
+        name: Optional[str] = None,
+        params_dtype: Optional[torch.dtype] = None,
+        device=None,
+    ) -> None:
+        super().__init__(name)
+        self.in_features = int(in_features)
+        self.out_features = int(out_features)
+        kw = dict(dtype=resolve_dtype(params_dtype), device=device)
+        self.weight = torch.nn.Parameter(torch.empty(self.out_features, self.in_features, **kw))
+        self.bias = torch.nn.Parameter(torch.empty(self.out_features, **kw)) if bias else None
+        if self.weight.device.type != "meta":
+            init_linear_(self.weight.data, None if self.bias is None else self.bias.data)
+        self.gemm_state = GemmState()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(
+                f"{type(self).__name__} '{self.name}': input last dim {x.shape[-1]} != in_features {self.in_features}"
+            )
+        return linear_gemm(x, self.weight, self.bias, self.gemm_state, self.name, self.active_recipe())
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, name={self.name!r}")

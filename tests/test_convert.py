@@ -1,0 +1,136 @@
+"""tedebug.convert_model: names from module paths, shared Parameters, filter_fn, default recipe, training."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tedebug
+from tedebug import recipe as R
+from tedebug.nn import Linear
+
+
+class Block(torch.nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.ln1 = torch.nn.LayerNorm(dim)
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.proj = torch.nn.Linear(dim, dim)
+        self.ln2 = torch.nn.LayerNorm(dim)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(dim, 2 * dim), torch.nn.GELU(), torch.nn.Linear(2 * dim, dim))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).reshape(b, t, 3, 2, d // 2).permute(2, 0, 3, 1, 4)
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
+        x = x + self.proj(att)
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyGPT(torch.nn.Module):
+    def __init__(self, vocab=128, dim=128, layers=2):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, dim)
+        self.blocks = torch.nn.ModuleList([Block(dim) for _ in range(layers)])
+        self.head = torch.nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, idx):
+        x = self.emb(idx)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+LINEAR_PATHS = ["blocks.0.qkv", "blocks.0.proj", "blocks.0.mlp.0", "blocks.0.mlp.2",
+                "blocks.1.qkv", "blocks.1.proj", "blocks.1.mlp.0", "blocks.1.mlp.2", "head"]
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    return TinyGPT()
+
+
+def test_names_from_paths_and_shared_parameters():
+    model = _model()
+    before = {name: (m.weight, m.bias) for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    idx = torch.randint(0, 128, (2, 64), generator=torch.Generator().manual_seed(1))
+    ref = model(idx)
+    assert tedebug.convert_model(model) is model
+    converted = {name: m for name, m in model.named_modules() if isinstance(m, Linear)}
+    assert sorted(converted) == sorted(LINEAR_PATHS)
+    for path, layer in converted.items():
+        assert layer.name == path
+        assert layer.weight is before[path][0] and layer.bias is before[path][1]
+    assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
+    assert torch.equal(model(idx), ref)  # outside autocast: high precision, the same function
+
+
+def test_filter_fn_and_already_converted_layers():
+    model = _model()
+    seen = []
+
+    def only_mlp(fqn, module):
+        seen.append((fqn, type(module)))
+        return ".mlp." in fqn
+
+    tedebug.convert_model(model, filter_fn=only_mlp)
+    assert sorted(fqn for fqn, _ in seen) == sorted(LINEAR_PATHS)
+    assert all(t is torch.nn.Linear for _, t in seen)
+    assert isinstance(model.blocks[0].mlp[0], Linear) and isinstance(model.blocks[1].mlp[2], Linear)
+    assert type(model.blocks[0].qkv) is torch.nn.Linear and type(model.head) is torch.nn.Linear
+    first = model.blocks[0].mlp[0]
+    tedebug.convert_model(model)  # converts the rest, keeps the converted ones
+    assert model.blocks[0].mlp[0] is first
+    assert isinstance(model.head, Linear) and model.head.name == "head"
+
+
+def test_shared_module_converted_once_and_mha_out_proj_kept():
+    shared = torch.nn.Linear(8, 8)
+    model = torch.nn.ModuleDict({"a": shared, "b": torch.nn.Sequential(shared),
+                                 "mha": torch.nn.MultiheadAttention(8, 2)})
+    tedebug.convert_model(model)
+    assert model["a"] is model["b"][0] and model["a"].name == "a"
+    assert type(model["mha"].out_proj) is torch.nn.modules.linear.NonDynamicallyQuantizableLinear
+
+
+def test_errors():
+    with pytest.raises(TypeError, match="wrap it"):
+        tedebug.convert_model(torch.nn.Linear(4, 4))
+    with pytest.raises(TypeError, match="recipe"):
+        tedebug.convert_model(_model(), recipe="mxfp8")
+
+
+def test_default_recipe_precedence():
+    model = tedebug.convert_model(_model(), recipe=R.MXFP8BlockScaling())
+    head = model.head
+    assert isinstance(head.default_recipe, R.MXFP8BlockScaling)
+    with tedebug.autocast():
+        assert head.active_recipe() is head.default_recipe
+    with tedebug.autocast(recipe=R.Float8CurrentScaling()):
+        assert isinstance(head.active_recipe(), R.Float8CurrentScaling)
+    assert head.active_recipe() is None
+
+
+RECIPES = [R.DelayedScaling(), R.Float8CurrentScaling(), R.MXFP8BlockScaling(), R.NVFP4BlockScaling(seed=7),
+           R.Float8BlockScaling()]
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda r: r.name)
+def test_converted_model_trains(recipe):
+    torch.manual_seed(3)
+    model = tedebug.convert_model(TinyGPT(layers=1), recipe=recipe)
+    idx = torch.randint(0, 128, (2, 65), generator=torch.Generator().manual_seed(4))
+    inputs, targets = idx[:, :-1], idx[:, 1:]
+    opt = torch.optim.SGD(model.parameters(), lr=0.3)
+    losses = []
+    for _ in range(6):
+        with tedebug.autocast():
+            logits = model(inputs)
+        loss = F.cross_entropy(logits.reshape(-1, 128), targets.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert losses[-1] < losses[0] - 0.05, losses
+    # the GEMMs ran quantized: the layers built quantizers of the recipe
+    assert model.head.gemm_state.recipe is recipe
