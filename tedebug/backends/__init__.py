@@ -9,11 +9,17 @@ from __future__ import annotations
 from types import ModuleType
 
 from tedebug.backends import torch_ref
+from tedebug.backends import dispatch  # GPU dispatch hook (gpu helper)
 
 
 def backend_for(tensor) -> ModuleType:
-    """The module whose family functions compute partials for `tensor` (today: always `torch_ref`)."""
-    return torch_ref
+    """The module whose family functions compute partials for `tensor` (`tedebug.backends.dispatch` decides).
+
+    `tensor` is None for scale-only statistics of a weight kept only in quantized form: torch handles those.
+    """
+    if tensor is None:
+        return torch_ref
+    return dispatch.stats_backend(tensor)
 
 
-__all__ = ["backend_for", "torch_ref"]
+__all__ = ["backend_for", "dispatch", "torch_ref"]

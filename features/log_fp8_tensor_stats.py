@@ -1,0 +1,267 @@
+"""`LogFp8TensorStats`: statistics of quantized tensors, for the training recipe and "what-if" recipes
+(te_debug_reference C.2, F.3, with the decisions.md corrections).
+
+Statistic grammar ``[<recipe>_]<stat>[_columnwise]`` (`tedebug.feature_support.parse_fp8_stat`): recipe in
+fp8_delayed_scaling, fp8_current_scaling, mxfp8, fp8_block_scaling (none = the recipe the tensor is trained with);
+stat in underflows%, scale_inv_min, scale_inv_max, scale_inv_std, mse, overflows% (delayed scaling only).  The
+logged name is the string as written in the config.
+
+Where the values come from, per statistic (each GEMM direction separately, so mixed plans and hybrid quantizers
+work): a rowwise statistic reads the rowwise GEMM operand, a ``_columnwise`` one the columnwise operand, each in
+its own format.  The training recipe of a direction is the format of that operand.  A statistic naming another
+recipe is a what-if: the high-precision tensor is quantized with a fresh quantizer of that recipe (both
+directions, once per distinct recipe per feed) by emulation on any device.  What-if quantizers: per-tensor current
+scaling (no power-of-two, epsilon 0), MXFP8 (1x32, E8M0), FP8 block (128x128 tiles, power-of-two scales, epsilon 0);
+their element format is the training quantizer's FP8 format when that is per-tensor or block FP8, else E4M3.
+Delayed scaling cannot be recreated (it needs the amax history), so a what-if ``fp8_delayed_scaling_`` statistic is
+an error.  A direction that runs in high precision is skipped with a one-time warning; a layer with no quantizer
+at all is skipped with a one-time warning.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from tedebug.feature_support import (
+    BLOCK,
+    CURRENT,
+    DELAYED,
+    MXFP8,
+    NVFP4,
+    STATS_NEEDING_TENSOR,
+    FeatureConfigError,
+    Fp8StatName,
+    ValidatedFeature,
+    check_columnwise_recipe,
+    log_once,
+    parse_fp8_stat,
+    reduction_params,
+    require_stats_list,
+    schedule_options,
+    scheduled_enabled,
+    scheduled_now,
+    session,
+    stat_list,
+    storage_for,
+)
+from tedebug.quantization.tensor import QuantizedTensor, Quantizer
+from tedebug.registry import api_method, register_feature
+from tedebug.stats import StatRequest
+
+MARKER = "fp8"
+CURRENT_KEY = ""  # key of the training-recipe operands in StatsEngine.feed(quantized=...)
+FP8_FORMAT_RECIPES = (DELAYED, CURRENT, BLOCK)
+
+
+# ------------------------------------------------------------------------------------------------ operands
+def recipe_of(storage: QuantizedTensor) -> str:
+    """The statistic-prefix recipe name of a quantized storage (from the quantizer that made it)."""
+    name = getattr(getattr(storage, "quantizer", None), "recipe_name", "")
+    if name:
+        return name
+    from tedebug.quantization.float8 import Float8Tensor
+    from tedebug.quantization.float8_block import Float8BlockwiseTensor
+    from tedebug.quantization.mxfp8 import MXFP8Tensor
+    from tedebug.quantization.nvfp4 import NVFP4Tensor
+
+    by_type = ((MXFP8Tensor, MXFP8), (NVFP4Tensor, NVFP4), (Float8BlockwiseTensor, BLOCK), (Float8Tensor, CURRENT))
+    for cls, recipe in by_type:
+        if isinstance(storage, cls):
+            return recipe
+    raise ValueError(f"LogFp8TensorStats: unsupported quantized tensor type {type(storage).__name__}")
+
+
+def what_if_format(quantizer: Optional[Quantizer]) -> str:
+    """FP8 element format of what-if quantizers: the training quantizer's when it is per-tensor or block FP8
+    (for a hybrid: its rowwise child first, then its columnwise child), else E4M3."""
+    candidates = [quantizer]
+    if quantizer is not None and hasattr(quantizer, "rowwise_quantizer"):
+        candidates = [quantizer.rowwise_quantizer, quantizer.columnwise_quantizer]
+    for q in candidates:
+        if getattr(q, "recipe_name", "") in FP8_FORMAT_RECIPES and getattr(q, "fp8_format", None):
+            return q.fp8_format
+    return "E4M3"
+
+
+def make_what_if_quantizer(recipe: str, fp8_format: str) -> Quantizer:
+    """A fresh quantizer of `recipe` (both directions on) for what-if statistics."""
+    if recipe == CURRENT:
+        from tedebug.quantization.float8 import Float8CurrentScalingQuantizer
+
+        return Float8CurrentScalingQuantizer(fp8_format, amax_epsilon=0.0, force_pow_2_scales=False)
+    if recipe == MXFP8:
+        from tedebug.quantization.mxfp8 import MXFP8Quantizer
+
+        return MXFP8Quantizer(fp8_format)
+    if recipe == BLOCK:
+        from tedebug.quantization.float8_block import Float8BlockQuantizer
+
+        return Float8BlockQuantizer(fp8_format, block_scaling_dim=2, amax_epsilon=0.0, force_pow_2_scales=True)
+    if recipe == DELAYED:
+        raise ValueError("LogFp8TensorStats: fp8_delayed_scaling statistics can only be computed when the tensor "
+                         "is trained with delayed scaling (a what-if delayed-scaling quantization needs the amax "
+                         "history, which does not exist)")
+    raise ValueError(f"LogFp8TensorStats: no what-if quantizer for recipe {recipe!r}")
+
+
+# ------------------------------------------------------------------------------------------------ planning
+class _Plan:
+    """What one feed computes: the requests, the quantized tensors by key, and usages to restore afterwards."""
+
+    def __init__(self) -> None:
+        self.requests: List[StatRequest] = []
+        self.quantized: Dict[str, QuantizedTensor] = {}
+        self.what_if: List[str] = []  # recipes to quantize, in first-use order
+        self.current: Dict[str, QuantizedTensor] = {}  # usage -> training storage read by current stats
+        self.restore: List[Tuple[QuantizedTensor, str]] = []
+        self.skipped: Dict[str, List[str]] = {}  # reason -> stat names skipped for it
+
+
+def _check_current(stat: Fp8StatName, recipe: str, tensor_name: str) -> None:
+    if recipe == NVFP4:
+        raise ValueError(f"LogFp8TensorStats: statistic {stat.name!r} of tensor {tensor_name!r}: the {stat.usage} "
+                         f"operand is NVFP4; use LogNvfp4TensorStats for NVFP4 statistics, or name an FP8 recipe "
+                         f"(e.g. mxfp8_{stat.stat}) for a what-if statistic")
+    if stat.columnwise:
+        check_columnwise_recipe(stat.name, recipe)
+    if stat.stat == "overflows%" and recipe != DELAYED:
+        raise ValueError(f"LogFp8TensorStats: statistic {stat.name!r} of tensor {tensor_name!r}: overflows% exists "
+                         f"only for delayed scaling, but the tensor is trained with {recipe}")
+
+
+def _ensure_usage(plan: _Plan, storage: QuantizedTensor, usage: str) -> Optional[str]:
+    """Make sure `storage` holds `usage` (added temporarily when it can be derived, e.g. the transposed bytes of
+    per-tensor FP8, as TransformerEngine does); the reason it cannot, or None."""
+    present = storage.has_rowwise if usage == "rowwise" else storage.has_columnwise
+    if present:
+        return None
+    try:
+        storage.update_usage(**{f"{usage}_usage": True})
+    except RuntimeError as err:  # this format cannot derive one direction from the other: reported and skipped
+        return f"the {usage} representation was not produced in this pass and cannot be derived ({err})"
+    plan.restore.append((storage, usage))
+    return None
+
+
+def _fill_plan(plan: _Plan, stats: List[Fp8StatName], tensor_name: str, tensor: Optional[torch.Tensor],
+               operands: Dict[str, Any]) -> None:
+    storages = {usage: storage_for(op, usage) for usage, op in operands.items()}
+    for stat in stats:
+        storage = storages[stat.usage]
+        current = recipe_of(storage) if storage is not None else None
+        if stat.recipe is None or stat.recipe == current:
+            if storage is None:
+                plan.skipped.setdefault(f"its {stat.usage} GEMM operand runs in high precision", []).append(stat.name)
+                continue
+            _check_current(stat, current, tensor_name)
+            reason = _ensure_usage(plan, storage, stat.usage)
+            if reason is not None:
+                plan.skipped.setdefault(reason, []).append(stat.name)
+                continue
+            plan.current[stat.usage] = storage
+            key = CURRENT_KEY
+        else:
+            if stat.recipe == DELAYED:
+                make_what_if_quantizer(DELAYED, "E4M3")  # raises the explanatory error
+            if tensor is None:
+                raise ValueError(f"LogFp8TensorStats: what-if statistic {stat.name!r} of tensor {tensor_name!r} "
+                                 f"needs the high-precision tensor, which is not available (weight kept only in "
+                                 f"quantized form)")
+            if stat.recipe not in plan.what_if:
+                plan.what_if.append(stat.recipe)
+            key = stat.recipe
+        if tensor is None and stat.stat in STATS_NEEDING_TENSOR:
+            raise ValueError(f"LogFp8TensorStats: statistic {stat.name!r} of tensor {tensor_name!r} needs the "
+                             f"high-precision tensor, which is not available (weight kept only in quantized form); "
+                             f"only scale_inv_min / scale_inv_max / scale_inv_std can be logged")
+        plan.requests.append(StatRequest(stat.name, stat.stat, recipe=key, columnwise=stat.columnwise))
+
+
+def _current_view(plan: _Plan) -> Optional[QuantizedTensor]:
+    """One object answering both usages for the training-recipe statistics: the shared storage, or a hybrid view
+    of two different storages."""
+    row, col = plan.current.get("rowwise"), plan.current.get("columnwise")
+    if row is None or col is None or row is col:
+        return row if row is not None else col
+    from tedebug.quantization.hybrid import HybridQuantizedTensor
+
+    return HybridQuantizedTensor(row.shape, row.dtype, row.device, None, rowwise_sub_storage=row,
+                                 columnwise_sub_storage=col)
+
+
+def _restore(plan: _Plan) -> None:
+    for storage, usage in plan.restore:
+        storage.update_usage(**{f"{usage}_usage": False})
+
+
+# ------------------------------------------------------------------------------------------------ feature
+@register_feature(namespace="transformer_engine")
+class LogFp8TensorStats(ValidatedFeature):
+    """Log statistics of quantized tensors (see the module docstring)."""
+
+    PARAMS = ("stats",)
+    SCHEDULED = True
+
+    @classmethod
+    def check_params(cls, params: dict, path: tuple) -> None:
+        stats = require_stats_list(cls.__name__, params, path)
+        for i, entry in enumerate(stats):
+            try:
+                parse_fp8_stat(entry)
+            except ValueError as err:
+                raise FeatureConfigError(str(err), path + ("stats", i)) from err
+
+    @api_method
+    def inspect_tensor_enabled(self, config: dict, layer_name: str, tensor_name: str, iteration: int):
+        return scheduled_enabled(config, layer_name, iteration)
+
+    @api_method
+    def inspect_tensor(self, config: dict, layer_name: str, tensor_name: str, iteration: int,
+                       tensor: Optional[torch.Tensor] = None, tp_group: Any = None, tp_size: int = 1,
+                       rowwise_quantized_tensor: Any = None, columnwise_quantized_tensor: Any = None,
+                       quantizer: Optional[Quantizer] = None) -> None:
+        if not scheduled_now(config, iteration):
+            return
+        name = type(self).__name__
+        stats = [parse_fp8_stat(s) for s in stat_list(config)]
+        if quantizer is None:
+            log_once(f"Feature={name}: Skipping stats collection for tensor {tensor_name}: the layer runs in high "
+                     f"precision (no quantizer)", layer_name, logging.WARNING)
+            return
+        operands = {"rowwise": rowwise_quantized_tensor, "columnwise": columnwise_quantized_tensor}
+        plan = _Plan()
+        try:
+            _fill_plan(plan, stats, tensor_name, tensor, operands)
+            for reason, names in plan.skipped.items():
+                log_once(f"Feature={name}: skipping {names} of tensor {tensor_name}: {reason}", layer_name,
+                         logging.WARNING)
+            if not plan.requests:
+                return
+            fmt = what_if_format(quantizer)
+            for recipe in plan.what_if:
+                plan.quantized[recipe] = _quantize_what_if(recipe, fmt, tensor, layer_name, tensor_name)
+            view = _current_view(plan)
+            if view is not None:
+                plan.quantized[CURRENT_KEY] = view
+            reduction = reduction_params(tensor_name, tp_group, tp_size)
+            session().stats.feed(
+                layer_name, tensor_name, plan.requests, tensor, iteration=iteration,
+                options=schedule_options(config) + (MARKER,), quantized=plan.quantized,
+                reduction_group=reduction.reduction_group, skip_reduction=reduction.skip_reduction,
+                is_weight=reduction.is_weight,
+            )
+        finally:
+            _restore(plan)
+        log_once(f"Feature={name}, API=inspect_tensor: {tensor_name}", layer_name)
+
+
+def _quantize_what_if(recipe: str, fmt: str, tensor: torch.Tensor, layer_name: str, tensor_name: str):
+    quantizer = make_what_if_quantizer(recipe, fmt)
+    try:
+        return quantizer.quantize(tensor.detach())
+    except (ValueError, TypeError) as err:
+        raise type(err)(f"LogFp8TensorStats: what-if {recipe} quantization of tensor {tensor_name!r} of layer "
+                        f"{layer_name!r} (shape {tuple(tensor.shape)}) failed: {err}") from err

@@ -1,0 +1,99 @@
+"""`LogNvfp4TensorStats`: underflows% and mse of NVFP4-quantized tensors (te_debug_reference C.3, F.4).
+
+Stats (bare names only): ``underflows%`` and ``mse``, logged as ``nvfp4_underflows%`` and ``nvfp4_mse``.  They are
+read from the rowwise GEMM operand when it is NVFP4, else from the columnwise operand when that one is NVFP4 (a
+hybrid quantizer with NVFP4 in the backward direction); when neither is NVFP4 (or the layer has no quantizer) the
+tensor is skipped with a one-time warning.  Scheduled like the other statistics features; buffer marker "nvfp4".
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+import torch
+
+from tedebug.feature_support import (
+    FeatureConfigError,
+    ValidatedFeature,
+    log_once,
+    reduction_params,
+    require_stats_list,
+    schedule_options,
+    scheduled_enabled,
+    scheduled_now,
+    session,
+    stat_list,
+    storage_for,
+)
+from tedebug.quantization.tensor import Quantizer
+from tedebug.registry import api_method, register_feature
+from tedebug.stats import StatRequest
+
+MARKER = "nvfp4"
+NVFP4_STATS = ("underflows%", "mse")
+PREFIX = "nvfp4_"
+
+
+def nvfp4_request(stat: str, usage: str) -> StatRequest:
+    """The request of one bare NVFP4 stat, logged as ``nvfp4_<stat>``, read from `usage` of the NVFP4 operand."""
+    return StatRequest(PREFIX + stat, stat, recipe=MARKER, columnwise=usage == "columnwise")
+
+
+@register_feature(namespace="transformer_engine")
+class LogNvfp4TensorStats(ValidatedFeature):
+    """Log NVFP4 quantization statistics (see the module docstring)."""
+
+    PARAMS = ("stats",)
+    SCHEDULED = True
+
+    @classmethod
+    def check_params(cls, params: dict, path: tuple) -> None:
+        stats = require_stats_list(cls.__name__, params, path)
+        for i, entry in enumerate(stats):
+            if entry not in NVFP4_STATS:
+                raise FeatureConfigError(f"{cls.__name__}: statistic {entry!r} is not supported; supported stats: "
+                                         f"{list(NVFP4_STATS)} (logged as {[PREFIX + s for s in NVFP4_STATS]})",
+                                         path + ("stats", i))
+
+    @api_method
+    def inspect_tensor_enabled(self, config: dict, layer_name: str, tensor_name: str, iteration: int):
+        return scheduled_enabled(config, layer_name, iteration)
+
+    @api_method
+    def inspect_tensor(self, config: dict, layer_name: str, tensor_name: str, iteration: int,
+                       tensor: Optional[torch.Tensor] = None, tp_group: Any = None, tp_size: int = 1,
+                       rowwise_quantized_tensor: Any = None, columnwise_quantized_tensor: Any = None,
+                       quantizer: Optional[Quantizer] = None) -> None:
+        from tedebug.quantization.nvfp4 import NVFP4Tensor
+
+        if not scheduled_now(config, iteration):
+            return
+        name = type(self).__name__
+        stats = stat_list(config)
+        for stat in stats:
+            if stat not in NVFP4_STATS:
+                raise ValueError(f"{name}: statistic {stat!r} is not supported; supported stats: {list(NVFP4_STATS)}")
+        if tensor is None:
+            raise ValueError(f"{name}: tensor {tensor_name!r} of layer {layer_name!r}: {list(stats)} need the "
+                             f"high-precision tensor, which is not available (weight kept only in quantized form)")
+        source = usage = None
+        if quantizer is not None:
+            for usage, operand in (("rowwise", rowwise_quantized_tensor), ("columnwise", columnwise_quantized_tensor)):
+                source = storage_for(operand, usage)
+                if isinstance(source, NVFP4Tensor):
+                    break
+                source = None
+        if source is None:
+            why = "the layer has no quantizer" if quantizer is None else "no GEMM operand of it is NVFP4"
+            log_once(f"Feature={name}: Skipping stats collection for tensor {tensor_name}: {why}", layer_name,
+                     logging.WARNING)
+            return
+        reduction = reduction_params(tensor_name, tp_group, tp_size)
+        session().stats.feed(
+            layer_name, tensor_name, [nvfp4_request(s, usage) for s in stats], tensor, iteration=iteration,
+            options=schedule_options(config) + (MARKER,), quantized={MARKER: source},
+            reduction_group=reduction.reduction_group, skip_reduction=reduction.skip_reduction,
+            is_weight=reduction.is_weight,
+        )
+        log_once(f"Feature={name}, API=inspect_tensor: {tensor_name}", layer_name)

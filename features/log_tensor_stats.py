@@ -1,0 +1,94 @@
+"""`LogTensorStats`: high-precision statistics of a tensor (te_debug_reference C.1, F.2, F.5, F.6).
+
+Statistics: min, max, mean, std, l1_norm, l2_norm, cur_amax, dynamic_range, nan_count, inf_count, and the mapping
+entry ``{max_blockwise_dynamic_range: {block_size: int > 0 (default 32), dims: 1 | 2 (default 1)}}`` (taken over
+both orientations iff the tensor is activation or weight).  Scheduled by freq / start_step / end_step /
+start_end_list.  A weight that exists only in quantized form (``tensor=None``) is measured on the dequantized
+rowwise data.  Values are buffered in the stats engine and emitted at `debug_api.step()`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from tedebug.feature_support import (
+    FeatureConfigError,
+    ValidatedFeature,
+    log_once,
+    reduction_params,
+    require_stats_list,
+    schedule_options,
+    scheduled_enabled,
+    scheduled_now,
+    session,
+    stat_list,
+)
+from tedebug.quantization.tensor import QuantizedTensor
+from tedebug.registry import api_method, register_feature
+from tedebug.stats import StatRequest
+
+
+def hp_requests(stats: list, tensor_name: Optional[str]) -> tuple:
+    """StatRequests of a LogTensorStats ``stats`` list (ValueError for an unsupported entry)."""
+    return tuple(StatRequest.parse_hp(entry, tensor_name=tensor_name) for entry in stats)
+
+
+@register_feature(namespace="transformer_engine")
+class LogTensorStats(ValidatedFeature):
+    """Log high-precision statistics of the selected tensors (see the module docstring)."""
+
+    PARAMS = ("stats",)
+    SCHEDULED = True
+
+    @classmethod
+    def check_params(cls, params: dict, path: tuple) -> None:
+        stats = require_stats_list(cls.__name__, params, path)
+        for i, entry in enumerate(stats):
+            try:
+                StatRequest.parse_hp(entry, tensor_name=params.get("tensor"))
+            except ValueError as err:
+                raise FeatureConfigError(f"{cls.__name__}: {err}", path + ("stats", i)) from err
+
+    @api_method
+    def inspect_tensor_enabled(self, config: dict, layer_name: str, tensor_name: str, iteration: int):
+        return scheduled_enabled(config, layer_name, iteration)
+
+    @api_method
+    def inspect_tensor(self, config: dict, layer_name: str, tensor_name: str, iteration: int,
+                       tensor: Optional[torch.Tensor] = None, tp_group: Any = None, tp_size: int = 1,
+                       rowwise_quantized_tensor: Any = None, columnwise_quantized_tensor: Any = None,
+                       quantizer: Any = None) -> None:
+        if not scheduled_now(config, iteration):
+            return
+        x = high_precision_input(layer_name, tensor_name, tensor, rowwise_quantized_tensor)
+        requests = hp_requests(stat_list(config), tensor_name)
+        reduction = reduction_params(tensor_name, tp_group, tp_size)
+        session().stats.feed(
+            layer_name, tensor_name, requests, x, iteration=iteration, options=schedule_options(config),
+            reduction_group=reduction.reduction_group, skip_reduction=reduction.skip_reduction,
+            is_weight=reduction.is_weight,
+        )
+        log_once(f"Feature={type(self).__name__}, API=look_at_tensor_before_process: {tensor_name}", layer_name)
+
+
+def high_precision_input(layer_name: str, tensor_name: str, tensor: Any, rowwise_quantized_tensor: Any
+                         ) -> torch.Tensor:
+    """The tensor to measure: `tensor`, or (when None: a weight kept only in quantized form) the dequantized
+    rowwise operand.  Quantized or integer tensors are rejected."""
+    if tensor is None:
+        source = rowwise_quantized_tensor
+        if isinstance(source, QuantizedTensor):
+            return source.dequantize()
+        if isinstance(source, torch.Tensor) and source.is_floating_point():
+            return source
+        raise ValueError(f"LogTensorStats: layer {layer_name!r}, tensor {tensor_name!r}: no high-precision tensor "
+                         f"and no quantized rowwise tensor to dequantize (got {type(source).__name__})")
+    if isinstance(tensor, QuantizedTensor) or not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
+        kind = type(tensor).__name__ if not isinstance(tensor, torch.Tensor) else f"a {tensor.dtype} tensor"
+        raise ValueError(
+            f"LogTensorStats: tensor {tensor_name!r} of layer {layer_name!r} must be in high precision, got {kind}; "
+            f"use LogFp8TensorStats (log_fp8_tensor_stats) for statistics of quantized tensors"
+        )
+    return tensor

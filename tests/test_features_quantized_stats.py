@@ -1,0 +1,313 @@
+"""LogFp8TensorStats / LogNvfp4TensorStats on CPU: every statistic (training recipe and what-if recipes) against a
+direct computation from the corresponding quantizer's raw data, hybrid and mixed plans, skips and errors."""
+
+import os
+
+import pytest
+import torch
+
+from tedebug import debug_api
+from tedebug.quantization.float8 import Float8CurrentScalingQuantizer, Float8Quantizer
+from tedebug.quantization.float8_block import Float8BlockQuantizer
+from tedebug.quantization.hybrid import HybridQuantizer
+from tedebug.quantization.mxfp8 import MXFP8Quantizer
+from tedebug.quantization.nvfp4 import NVFP4Quantizer
+
+from test_features_helpers import RecordingSink, debug_session, section
+
+STATS = ("underflows%", "mse", "scale_inv_min", "scale_inv_max", "scale_inv_std")
+
+
+def sample(rows=128, cols=256, seed=0):
+    """Values over many binades, with exact zeros and a run of -0.0 (zeros are not underflows)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, cols, generator=g) * torch.exp2(torch.randint(-24, 8, (rows, cols), generator=g).float())
+    x[3, :40] = 0.0
+    x[5, 10:50] = -0.0
+    return x
+
+
+def scale_values(q, usage):
+    """The real decode scales of one representation, straight from the raw fields."""
+    name = type(q).__name__
+    if name == "Float8Tensor":
+        return q.scale_inv.double().reshape(1)
+    if name == "MXFP8Tensor":
+        return torch.exp2(getattr(q, f"{usage}_scale_inv").double() - 127).flatten()
+    if name == "Float8BlockwiseTensor":
+        return getattr(q, f"{usage}_scale_inv").double().flatten()
+    raise AssertionError(name)
+
+
+def oracle(x, q, stat, usage="rowwise"):
+    deq = q.dequantize(usage=usage, dtype=torch.float64)
+    xd = x.double()
+    if stat == "underflows%":
+        return ((deq == 0).sum() - (x == 0).sum()).item() * 100.0 / x.numel()
+    if stat == "mse":
+        return ((deq - xd) ** 2).mean().item()
+    s = scale_values(q, usage)
+    if stat == "scale_inv_min":
+        return s[s != 0].min().item()
+    if stat == "scale_inv_max":
+        return s.max().item()
+    if stat == "scale_inv_std":
+        return s.std(unbiased=False).item()
+    raise AssertionError(stat)
+
+
+def run_fp8_stats(tmp_path, stats, x, rowwise, columnwise, quantizer, tensor_name="activation"):
+    sink = RecordingSink()
+    config = section({"LogFp8TensorStats": {"enabled": True, "stats": list(stats), "tensors": [tensor_name]}})
+    with debug_session(config, tmp_path, sink) as te:
+        te.inspect_tensor("L", tensor=x, tensor_name=tensor_name, iteration=4, tp_group=None,
+                          rowwise_quantized_tensor=rowwise, columnwise_quantized_tensor=columnwise,
+                          quantizer=quantizer)
+        debug_api.step()
+    return {name[len(f"L_{tensor_name}_"):]: v for (name, it), v in sink.values().items() if it == 4}
+
+
+def main_log(tmp_path):
+    return open(os.path.join(tmp_path, "nvdlfw_inspect_logs", "nvdlfw_inspect_globalrank-0.log")).read()
+
+
+# ------------------------------------------------------------------------------------------------ what-if
+WHAT_IF = {
+    "fp8_current_scaling": lambda fmt: Float8CurrentScalingQuantizer(fmt),
+    "mxfp8": lambda fmt: MXFP8Quantizer(fmt),
+    "fp8_block_scaling": lambda fmt: Float8BlockQuantizer(fmt, block_scaling_dim=2, force_pow_2_scales=True),
+}
+
+
+@pytest.mark.parametrize("training, what_if_fmt", [
+    (lambda: Float8Quantizer.from_recipe_defaults("E5M2"), "E5M2"),  # per-tensor FP8 training: its format
+    (lambda: MXFP8Quantizer("E5M2"), "E4M3"),                          # otherwise E4M3
+])
+def test_every_what_if_stat_matches_its_quantizer(training, what_if_fmt, tmp_path):
+    x = sample()
+    quantizer = training()
+    q = quantizer.quantize(x)
+    stats = [f"{r}_{s}{c}" for r in WHAT_IF for s in STATS for c in ("", "_columnwise")
+             if not (c and r == "fp8_current_scaling") and r != quantizer.recipe_name]
+    got = run_fp8_stats(tmp_path, stats, x, q, q, quantizer)
+    assert set(got) == set(stats)
+    for recipe, make in WHAT_IF.items():
+        if recipe == quantizer.recipe_name:
+            continue
+        reference = make(what_if_fmt).quantize(x)
+        for stat in STATS:
+            for suffix, usage in (("", "rowwise"), ("_columnwise", "columnwise")):
+                name = f"{recipe}_{stat}{suffix}"
+                if name in got:
+                    assert got[name] == pytest.approx(oracle(x, reference, stat, usage), rel=1e-12, abs=1e-300), name
+    assert got["mxfp8_underflows%"] > 0 if quantizer.recipe_name != "mxfp8" else True
+
+
+def test_training_recipe_stats_and_overflows_under_delayed_scaling(tmp_path):
+    x = sample() * 1e-3
+    x[0, 0], x[1, 1], x[2, 2] = 300.0, -250.0, 100.0
+    quantizer = Float8Quantizer(torch.tensor(2.0), torch.zeros(4), "E4M3")  # 300 * 2 > 448: overflow
+    q = quantizer.quantize(x)
+    stats = list(STATS) + ["overflows%", "fp8_delayed_scaling_overflows%", "fp8_delayed_scaling_mse"]
+    got = run_fp8_stats(tmp_path, stats, x, q, q, quantizer)
+    for stat in STATS:
+        assert got[stat] == pytest.approx(oracle(x, q, stat), rel=1e-12), stat
+    expected_overflows = 200.0 / x.numel()  # 300 and -250 exceed 448 / 2 = 224
+    assert got["overflows%"] == pytest.approx(expected_overflows, rel=1e-12)
+    assert got["fp8_delayed_scaling_overflows%"] == got["overflows%"]
+    assert got["fp8_delayed_scaling_mse"] == got["mse"]
+    assert got["scale_inv_min"] == got["scale_inv_max"] == 0.5 and got["scale_inv_std"] == 0.0
+
+
+def test_mxfp8_training_scale_inv_are_real_values_and_columnwise_reads_columnwise(tmp_path):
+    x = sample(seed=3)
+    quantizer = MXFP8Quantizer("E4M3")
+    q = quantizer.quantize(x)
+    stats = [s + c for s in STATS for c in ("", "_columnwise")] + ["mxfp8_scale_inv_max"]
+    got = run_fp8_stats(tmp_path, stats, x, q, q, quantizer)
+    for stat in STATS:
+        assert got[stat] == pytest.approx(oracle(x, q, stat, "rowwise"), rel=1e-12)
+        assert got[stat + "_columnwise"] == pytest.approx(oracle(x, q, stat, "columnwise"), rel=1e-12)
+    assert got["mse"] != got["mse_columnwise"]  # really the columnwise dequantization
+    assert got["mxfp8_scale_inv_max"] == got["scale_inv_max"]
+    assert got["scale_inv_max"] == 2.0 ** (q.rowwise_scale_inv.double().max().item() - 127)
+
+
+def test_one_what_if_quantization_per_recipe_per_feed(tmp_path, monkeypatch):
+    calls = []
+    original = MXFP8Quantizer._quantize
+
+    def counting(self, tensor):
+        calls.append(tensor.shape)
+        return original(self, tensor)
+
+    monkeypatch.setattr(MXFP8Quantizer, "_quantize", counting)
+    x = sample()
+    quantizer = Float8CurrentScalingQuantizer("E4M3")
+    q = quantizer.quantize(x)
+    run_fp8_stats(tmp_path, ["mxfp8_mse", "mxfp8_underflows%", "mxfp8_scale_inv_min_columnwise"], x, q, q,
+                  quantizer)
+    assert len(calls) == 1
+
+
+# ------------------------------------------------------------------------------------------------ hybrid / mixed
+def test_hybrid_quantizer_each_direction_in_its_own_format(tmp_path):
+    x = sample(seed=5)
+    quantizer = HybridQuantizer(MXFP8Quantizer("E4M3"), Float8BlockQuantizer("E5M2", block_scaling_dim=1))
+    hq = quantizer.quantize(x)
+    stats = ["underflows%", "mse", "scale_inv_max", "underflows%_columnwise", "mse_columnwise",
+             "scale_inv_min_columnwise", "fp8_block_scaling_mse_columnwise", "mxfp8_mse_columnwise"]
+    got = run_fp8_stats(tmp_path, stats, x, hq, hq, quantizer)
+    row, col = hq.rowwise_sub_storage, hq.columnwise_sub_storage
+    for stat in ("underflows%", "mse", "scale_inv_max"):
+        assert got[stat] == pytest.approx(oracle(x, row, stat, "rowwise"), rel=1e-12)
+    for stat in ("underflows%", "mse", "scale_inv_min"):
+        assert got[stat + "_columnwise"] == pytest.approx(oracle(x, col, stat, "columnwise"), rel=1e-12)
+    # naming the columnwise operand's own recipe reads it; naming another recipe is a what-if (format: E5M2,
+    # the block child's FP8 format)
+    assert got["fp8_block_scaling_mse_columnwise"] == got["mse_columnwise"]
+    what_if = MXFP8Quantizer("E5M2").quantize(x)
+    assert got["mxfp8_mse_columnwise"] == pytest.approx(oracle(x, what_if, "mse", "columnwise"), rel=1e-12)
+
+
+def test_mixed_plan_high_precision_direction_is_skipped_with_one_warning(tmp_path):
+    x = sample(seed=7)
+    quantizer = MXFP8Quantizer("E4M3")
+    q = quantizer.quantize(x)
+    stats = ["underflows%", "mse_columnwise", "underflows%_columnwise", "fp8_current_scaling_mse"]
+    sink = RecordingSink()
+    config = section({"LogFp8TensorStats": {"enabled": True, "stats": stats, "tensors": ["activation"]}})
+    with debug_session(config, tmp_path, sink) as te:
+        for _ in range(2):  # fprop disabled: the rowwise operand is the high-precision tensor
+            te.inspect_tensor("L", tensor=x, tensor_name="activation", iteration=0, tp_group=None,
+                              rowwise_quantized_tensor=x, columnwise_quantized_tensor=q, quantizer=quantizer)
+        debug_api.step()
+        log = main_log(tmp_path)
+    got = {n: v for (n, _), v in sink.values().items()}
+    assert set(got) == {"L_activation_mse_columnwise", "L_activation_underflows%_columnwise",
+                        "L_activation_fp8_current_scaling_mse"}
+    assert got["L_activation_mse_columnwise"] == pytest.approx(oracle(x, q, "mse", "columnwise"), rel=1e-12)
+    assert got["L_activation_underflows%_columnwise"] == pytest.approx(
+        oracle(x, q, "underflows%", "columnwise"), rel=1e-12)
+    assert log.count("skipping ['underflows%'] of tensor activation: its rowwise GEMM operand runs in high "
+                     "precision") == 1
+
+
+def test_mixed_plan_two_quantized_objects(tmp_path):
+    x = sample(seed=8)
+    parent = MXFP8Quantizer("E4M3")
+    row = parent.quantize(x)
+    col = Float8BlockQuantizer("E4M3", block_scaling_dim=1).quantize(x)  # e.g. a modified columnwise operand
+    got = run_fp8_stats(tmp_path, ["mse", "mse_columnwise", "scale_inv_min_columnwise"], x, row, col, parent)
+    assert got["mse"] == pytest.approx(oracle(x, row, "mse"), rel=1e-12)
+    assert got["mse_columnwise"] == pytest.approx(oracle(x, col, "mse", "columnwise"), rel=1e-12)
+    assert got["scale_inv_min_columnwise"] == pytest.approx(oracle(x, col, "scale_inv_min", "columnwise"))
+
+
+def test_missing_direction_is_added_temporarily_or_skipped(tmp_path):
+    x = sample(seed=9)
+    block = Float8BlockQuantizer("E4M3", block_scaling_dim=2, columnwise=False)
+    bq = block.quantize(x)
+    got = run_fp8_stats(tmp_path / "a", ["scale_inv_max_columnwise"], x, bq, bq, block)
+    assert got["scale_inv_max_columnwise"] == scale_values(bq, "rowwise").max().item()
+    assert not bq.has_columnwise  # restored
+    mx = MXFP8Quantizer("E4M3", columnwise=False)
+    mq = mx.quantize(x)
+    got = run_fp8_stats(tmp_path / "b", ["mse", "mse_columnwise"], x, mq, mq, mx)
+    assert set(got) == {"mse"}
+    assert "skipping ['mse_columnwise']" in main_log(tmp_path / "b")
+
+
+def test_fp8_stats_errors_and_skips(tmp_path):
+    x = sample()
+    mx = MXFP8Quantizer("E4M3")
+    mq = mx.quantize(x)
+    nv = NVFP4Quantizer()
+    nq = nv.quantize(x)
+    cases = [
+        (["overflows%"], x, mq, mx, "overflows% exists only for delayed scaling"),
+        (["fp8_delayed_scaling_mse"], x, mq, mx, "can only be computed when the tensor is trained with delayed"),
+        (["underflows%"], x, nq, nv, "LogNvfp4TensorStats"),
+        (["underflows%"], None, mq, mx, "needs the high-precision tensor"),
+        (["mxfp8_scale_inv_min", "fp8_current_scaling_scale_inv_min"], None, mq, mx, "what-if statistic"),
+    ]
+    for i, (stats, tensor, q, quantizer, message) in enumerate(cases):
+        config = section({"LogFp8TensorStats": {"enabled": True, "stats": stats, "tensors": ["weight"]}})
+        with debug_session(config, tmp_path / str(i)) as te:
+            with pytest.raises(ValueError, match=message):
+                te.inspect_tensor("L", tensor=tensor, tensor_name="weight", iteration=0, tp_group=None,
+                                  rowwise_quantized_tensor=q, columnwise_quantized_tensor=q, quantizer=quantizer)
+
+
+def test_fp8_stats_without_quantizer_or_tensor(tmp_path):
+    x = sample()
+    mx = MXFP8Quantizer("E4M3")
+    mq = mx.quantize(x)
+    sink = RecordingSink()
+    config = section({"LogFp8TensorStats": {"enabled": True, "stats": ["scale_inv_min", "mxfp8_scale_inv_max"],
+                                            "tensors": ["weight", "activation"]}})
+    with debug_session(config, tmp_path, sink) as te:
+        te.inspect_tensor("L", tensor=x, tensor_name="activation", iteration=0, tp_group=None,
+                          rowwise_quantized_tensor=x, columnwise_quantized_tensor=x, quantizer=None)
+        te.inspect_tensor("L", tensor=None, tensor_name="weight", iteration=0, tp_group=None,
+                          rowwise_quantized_tensor=mq, columnwise_quantized_tensor=mq, quantizer=mx)
+        debug_api.step()
+        log = main_log(tmp_path)
+    assert set(n for n, _, _ in sink.rows) == {"L_weight_scale_inv_min", "L_weight_mxfp8_scale_inv_max"}
+    assert sink.values()[("L_weight_scale_inv_min", 0)] == oracle(x, mq, "scale_inv_min")
+    assert "Skipping stats collection for tensor activation: the layer runs in high precision" in log
+
+
+# ------------------------------------------------------------------------------------------------ NVFP4
+def nvfp4_sample():
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(128, 128, generator=g) * 1e-3
+    x[:, :16] *= 1e-3  # blocks of tiny values: some elements underflow
+    x[7, :] = 0.0
+    return x.bfloat16()
+
+
+def test_nvfp4_stats_match_the_oracle(tmp_path):
+    x = nvfp4_sample()
+    quantizer = NVFP4Quantizer()
+    q = quantizer.quantize(x)
+    sink = RecordingSink()
+    config = section({"LogNvfp4TensorStats": {"enabled": True, "stats": ["underflows%", "mse"],
+                                              "tensors": ["activation"]},
+                      "LogFp8TensorStats": {"enabled": True, "stats": ["mxfp8_mse"], "tensors": ["activation"]}})
+    with debug_session(config, tmp_path, sink) as te:
+        te.inspect_tensor("L", tensor=x, tensor_name="activation", iteration=2, tp_group=None,
+                          rowwise_quantized_tensor=q, columnwise_quantized_tensor=q, quantizer=quantizer)
+        debug_api.step()
+    got = sink.values()
+    deq = q.dequantize(dtype=torch.float64)
+    underflows = ((deq == 0).sum() - (x == 0).sum()).item() * 100.0 / x.numel()
+    assert underflows > 0
+    assert got[("L_activation_nvfp4_underflows%", 2)] == pytest.approx(underflows, rel=1e-12)
+    assert got[("L_activation_nvfp4_mse", 2)] == pytest.approx(((deq - x.double()) ** 2).mean().item(), rel=1e-12)
+    # the FP8 logger still gives what-if statistics under NVFP4 training (E4M3)
+    mx = MXFP8Quantizer("E4M3").quantize(x)
+    assert got[("L_activation_mxfp8_mse", 2)] == pytest.approx(oracle(x, mx, "mse"), rel=1e-12)
+
+
+def test_nvfp4_stats_skip_non_nvfp4_layers_and_read_a_hybrid_columnwise_operand(tmp_path):
+    x = nvfp4_sample()
+    mx = MXFP8Quantizer("E4M3")
+    mq = mx.quantize(x)
+    hybrid = HybridQuantizer(MXFP8Quantizer("E4M3"), NVFP4Quantizer())
+    hq = hybrid.quantize(x)
+    sink = RecordingSink()
+    config = section({"LogNvfp4TensorStats": {"enabled": True, "stats": ["mse"], "tensors": ["activation",
+                                                                                             "gradient"]}})
+    with debug_session(config, tmp_path, sink) as te:
+        te.inspect_tensor("L", tensor=x, tensor_name="activation", iteration=0, tp_group=None,
+                          rowwise_quantized_tensor=mq, columnwise_quantized_tensor=mq, quantizer=mx)
+        te.inspect_tensor("L", tensor=x, tensor_name="gradient", iteration=0, tp_group=None,
+                          rowwise_quantized_tensor=hq, columnwise_quantized_tensor=hq, quantizer=hybrid)
+        debug_api.step()
+        log = main_log(tmp_path)
+    assert set(n for n, _, _ in sink.rows) == {"L_gradient_nvfp4_mse"}
+    deq = hq.columnwise_sub_storage.dequantize(usage="columnwise", dtype=torch.float64)
+    assert sink.values()[("L_gradient_nvfp4_mse", 0)] == pytest.approx(((deq - x.double()) ** 2).mean().item(),
+                                                                        rel=1e-12)
+    assert "Skipping stats collection for tensor activation: no GEMM operand of it is NVFP4" in log
