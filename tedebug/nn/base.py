@@ -109,7 +109,7 @@ class GemmState:
     def call_quantizers(self, layer_name: str, recipe) -> Tuple[Dict[str, Optional[object]], Dict[str, Optional[object]]]:
         """(normal quantizers, quantizers to use this call): the debug ones when the debug gate says so."""
         normal = self.normal_quantizers(recipe)
-        debug = self._debug().debug_quantizers(layer_name, dict(normal), tp_group=None, tp_size=1)
+        debug = self._debug().debug_quantizers(layer_name, normal, tp_group=None, tp_size=1)
         return normal, (normal if debug is None else debug)
 
 

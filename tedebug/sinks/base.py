@@ -71,6 +71,7 @@ class MetricLogger:
 
     def __init__(self) -> None:
         self.sinks: List[Any] = []
+        self._dirty = False  # something was logged since the last flush
 
     def add_sink(self, sink: Any) -> Any:
         """Attach `sink` (a `Sink` or any object with ``log_scalar(name, value, iteration)``); returns it."""
@@ -79,6 +80,7 @@ class MetricLogger:
 
     def _log_scalar(self, name: str, value: Any, iteration: int, *, layer: Optional[str] = None,
                     tensor: Optional[str] = None, stat: Optional[str] = None) -> None:
+        self._dirty = True
         for sink in self.sinks:
             if isinstance(sink, Sink):
                 sink.log_scalar(name, value, iteration, layer=layer, tensor=tensor, stat=stat)
@@ -90,7 +92,11 @@ class MetricLogger:
     add_logger = _SessionOrInstance("add_sink", _class_add_logger)
 
     def flush(self) -> None:
-        """Flush every sink that can be flushed."""
+        """Flush every sink that can be flushed, if anything was logged since the last flush (an idle
+        `debug_api.step()` then costs no file-system call)."""
+        if not self._dirty:
+            return
+        self._dirty = False
         for sink in self.sinks:
             flush = getattr(sink, "flush", None)
             if callable(flush):
