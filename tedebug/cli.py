@@ -68,9 +68,18 @@ def _add_schema(subparsers) -> None:
     parser.set_defaults(handler=run_schema)
 
 
+# ------------------------------------------------------------------------------------------------- bench
+def _add_bench(subparsers) -> None:  # registered by the gpu helper; body in tedebug/bench.py
+    from tedebug import bench
+
+    parser = subparsers.add_parser("bench", help="time the GPU kernels against the torch path (needs CUDA + CuPy)")
+    bench.add_arguments(parser)
+    parser.set_defaults(handler=bench.run)
+
+
 # ------------------------------------------------------------------------------------------------- registry
 # Subcommands, in help order. A new subcommand (e.g. `bench`) adds its `_add_<name>` function here.
-SUBCOMMANDS: List[Callable] = [_add_validate, _add_schema]
+SUBCOMMANDS: List[Callable] = [_add_validate, _add_schema, _add_bench]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,139 @@
+// Shared device helpers of the tedebug kernels: element loads (fp32 / bf16 / fp16 picked by TED_DTYPE),
+// FP8 encode/decode (TED_FP8: 0 = E4M3, 1 = E5M2), E8M0 RCEIL codes, and fixed-order reductions.
+// Compile-time switches (passed as -D options by tedebug/backends/cupy_kernels.py):
+//   TED_DTYPE 0 = float32, 1 = bfloat16, 2 = float16;  TED_FP8 0 = E4M3, 1 = E5M2.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#ifndef INFINITY  // NVRTC does not provide <math.h>'s macro
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+
+#ifndef TED_DTYPE
+#define TED_DTYPE 1
+#endif
+#ifndef TED_FP8
+#define TED_FP8 0
+#endif
+
+#if TED_DTYPE == 0
+typedef unsigned int ted_raw_t;     // raw bits of one element
+#else
+typedef unsigned short ted_raw_t;
+#endif
+#define TED_ELEM_BYTES ((int)sizeof(ted_raw_t))
+
+// ---------------------------------------------------------------------------------------------- IEEE fp32 ops
+// CuPy appends -ftz=true to every NVRTC compile (cupy/cuda/compiler.py), which would flush fp32 subnormals in
+// plain C arithmetic and comparisons.  Everything whose result must match the torch reference bit for bit goes
+// through these inline-PTX helpers (no .ftz) or through integer bit tests.
+__device__ __forceinline__ float ted_mul(float a, float b) { float r; asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
+__device__ __forceinline__ float ted_add(float a, float b) { float r; asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
+__device__ __forceinline__ float ted_sub(float a, float b) { float r; asm("sub.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
+__device__ __forceinline__ float ted_fma(float a, float b, float c) { float r; asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(b), "f"(c)); return r; }
+__device__ __forceinline__ float ted_div(float a, float b) { float r; asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
+__device__ __forceinline__ float ted_min(float a, float b) { float r; asm("min.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }  // NaN dropped
+__device__ __forceinline__ float ted_max(float a, float b) { float r; asm("max.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }  // NaN dropped
+__device__ __forceinline__ double ted_f2d(float a) { double r; asm("cvt.f64.f32 %0, %1;" : "=d"(r) : "f"(a)); return r; }
+__device__ __forceinline__ float ted_abs(float a) { return __uint_as_float(__float_as_uint(a) & 0x7FFFFFFFu); }
+__device__ __forceinline__ bool ted_nonzero(float a) { return (__float_as_uint(a) & 0x7FFFFFFFu) != 0u; }  // NaN: true
+
+// Exact conversion of one raw element to fp32.
+__device__ __forceinline__ float ted_to_float(unsigned int raw) {
+#if TED_DTYPE == 0
+    return __uint_as_float(raw);
+#elif TED_DTYPE == 1
+    return __uint_as_float(raw << 16);
+#else
+    return __half2float(__ushort_as_half((unsigned short)raw));
+#endif
+}
+
+__device__ __forceinline__ float ted_load(const ted_raw_t* p, long long i) {
+    return ted_to_float((unsigned int)p[i]);
+}
+
+// Unpack one 32-bit word of packed elements (1 fp32 or 2 half-width elements) into out[0..].
+__device__ __forceinline__ void ted_unpack_word(unsigned int w, float* out) {
+#if TED_DTYPE == 0
+    out[0] = __uint_as_float(w);
+#else
+    out[0] = ted_to_float(w & 0xFFFFu);
+    out[1] = ted_to_float(w >> 16);
+#endif
+}
+#define TED_PER_WORD (4 / TED_ELEM_BYTES)
+
+// ---------------------------------------------------------------------------------------------- FP8
+#if TED_FP8 == 0
+#define TED_FP8_INTERP __NV_E4M3
+#else
+#define TED_FP8_INTERP __NV_E5M2
+#endif
+
+// RNE, saturating (finite overflow and +-Inf -> +-max normal); NaN -> 0x7F (the torch reference's code).
+__device__ __forceinline__ unsigned int ted_encode_fp8(float y) {
+    if (isnan(y)) return 0x7Fu;
+    return (unsigned int)__nv_cvt_float_to_fp8(y, __NV_SATFINITE, TED_FP8_INTERP);
+}
+
+__device__ __forceinline__ float ted_decode_fp8(unsigned int code) {
+    __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)code, TED_FP8_INTERP);
+    return __half2float(__half(h));
+}
+
+__device__ __forceinline__ bool ted_fp8_is_zero(unsigned int code) { return (code & 0x7Fu) == 0u; }
+
+// ---------------------------------------------------------------------------------------------- E8M0
+// Code of a non-negative fp32 ratio rounded toward +Inf to a power of two (TE "RCEIL", formats.md 4):
+// NaN -> 255, +Inf -> 254, 0 -> 0, fp32-subnormal ratio -> 1 iff > 2^-127, no increment at exponent 254.
+__device__ __forceinline__ unsigned int ted_e8m0_rceil(float ratio) {
+    unsigned int bits = __float_as_uint(ratio);
+    unsigned int e = (bits >> 23) & 0xFFu;
+    unsigned int mant = bits & 0x7FFFFFu;
+    if (e == 255u) return mant ? 255u : 254u;
+    if (e == 0u) return (bits & 0x7FFFFFFFu) > 0x00400000u ? 1u : 0u;
+    return e + ((mant != 0u && e < 254u) ? 1u : 0u);
+}
+
+// Decode scale 2^(code-127) (code 0 -> 2^-127 subnormal, 255 -> NaN).
+__device__ __forceinline__ float ted_e8m0_to_float(unsigned int code) {
+    if (code == 255u) return __uint_as_float(0x7FC00000u);
+    return __uint_as_float(code == 0u ? 0x00400000u : (code << 23));
+}
+
+// Encode multiplier 2^(127-code) (code 254 -> 2^-127, code 0 -> 2^127, 255 -> NaN).
+__device__ __forceinline__ float ted_e8m0_encode_multiplier(unsigned int code) {
+    if (code == 255u) return __uint_as_float(0x7FC00000u);
+    int e = 254 - (int)code;
+    return __uint_as_float(e >= 1 ? ((unsigned int)e << 23) : 0x00400000u);
+}
+
+// ---------------------------------------------------------------------------------------------- reductions
+// Fixed-order (deterministic) sum of a double over the block; result valid in thread 0. `scratch` >= 32 doubles.
+__device__ __forceinline__ double ted_block_sum(double v, double* scratch) {
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xFFFFFFFFu, v, off);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    double r = 0.0;
+    if (threadIdx.x == 0) {
+        for (int w = 0; w < (int)(blockDim.x >> 5); ++w) r += scratch[w];
+    }
+    return r;
+}
+
+// Sum each of `ncols` columns of a [nrows, ncols] double array in a fixed order (one block, any size).
+extern "C" __global__ void ted_sum_columns(const double* __restrict__ part, int nrows, int ncols,
+                                           double* __restrict__ out) {
+    __shared__ double scratch[32];
+    for (int c = 0; c < ncols; ++c) {
+        double v = 0.0;
+        for (int r = threadIdx.x; r < nrows; r += blockDim.x) v += part[(long long)r * ncols + c];
+        double total = ted_block_sum(v, scratch);
+        if (threadIdx.x == 0) out[c] = total;
+    }
+}

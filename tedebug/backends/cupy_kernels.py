@@ -1,0 +1,385 @@
+"""CuPy RawKernel backend: compiles and launches the CUDA kernels in ``kernels/*.cu`` on torch CUDA tensors.
+
+What it owns:
+
+- loading: one `cupy.RawModule` per (source file, compile options), built lazily and cached; a compile failure
+  raises `KernelCompileError` naming the source and options and showing the NVRTC log;
+- launching on torch's current stream (one cached `cupy.cuda.ExternalStream` per torch stream), with raw
+  ``data_ptr()`` arguments and numpy-typed scalars (CuPy packs a Python float as double and an int as int64);
+- the kernel-backed versions of the statistics family functions (`basic_partials`; the other families delegate
+  to `tedebug.backends.torch_ref`) and of the quantize paths (MXFP8, per-tensor FP8), each returning exactly what
+  the torch reference returns.  Results stay on the GPU: no host synchronisation per tensor.
+
+Inputs must be contiguous CUDA float32 / bfloat16 / float16 tensors; the callers (`tedebug.backends.dispatch`)
+make a contiguous, 16-byte-aligned copy when needed.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from pathlib import Path
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+import torch
+
+from tedebug.backends import torch_ref
+
+_DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_FP8_CODE = {"E4M3": 0, "E5M2": 1}
+THREADS = 256
+BLOCKS_PER_SM = 4
+
+BASIC_KEYS = (
+    "min", "max", "sum", "m2", "abs_sum", "sq_sum", "amax", "nz_abs_min", "nz_abs_max",
+    "nonzero_count", "nan_count", "inf_count",
+)
+_STATS_PARTIAL_BYTES = 88  # sizeof(Acc) in kernels/stats.cu
+
+
+class KernelCompileError(RuntimeError):
+    """NVRTC could not compile a tedebug kernel source; the message carries the compiler log."""
+
+
+# ------------------------------------------------------------------------------------------------ loading
+def kernel_dir() -> Path:
+    """Directory of the ``.cu`` sources: the installed ``tedebug.kernels`` package, else the repository's ``kernels``."""
+    try:
+        import tedebug.kernels as pkg  # installed layout (package-dir mapping)
+
+        return Path(pkg.__file__).resolve().parent
+    except ImportError:
+        return Path(__file__).resolve().parents[2] / "kernels"
+
+
+@functools.lru_cache(maxsize=None)
+def _cupy():
+    import cupy  # noqa: WPS433 - optional dependency, imported on first use
+
+    return cupy
+
+
+_MODULES: Dict[Tuple[str, Tuple[str, ...]], object] = {}
+
+
+def get_module(source: str, options: Tuple[str, ...]):
+    """The compiled RawModule of ``kernels/<source>`` for `options` (cached per (source, options))."""
+    key = (source, tuple(options))
+    module = _MODULES.get(key)
+    if module is not None:
+        return module
+    cp = _cupy()
+    directory = kernel_dir()
+    path = directory / source
+    code = path.read_text()
+    # No fast math.  CuPy appends -ftz=true itself; the kernels avoid flushing through inline PTX (common.cuh).
+    full_options = ("-std=c++17", "--prec-div=true", "--prec-sqrt=true", f"-I{directory}") + tuple(options)
+    try:
+        module = cp.RawModule(code=code, options=full_options)
+        module.compile()
+    except cp.cuda.compiler.CompileException as exc:
+        raise KernelCompileError(
+            f"tedebug: NVRTC failed to compile {path} with options {full_options}:\n{exc.get_message()}"
+        ) from exc
+    _MODULES[key] = module
+    return module
+
+
+def get_kernel(source: str, name: str, options: Tuple[str, ...]):
+    """A RawKernel `name` of ``kernels/<source>``; errors name the kernel and the source."""
+    module = get_module(source, options)
+    try:
+        return module.get_function(name)
+    except Exception as exc:  # CuPy raises CUDADriverError for a missing symbol
+        raise KernelCompileError(f"tedebug: kernel {name!r} not found in {source} ({options}): {exc}") from exc
+
+
+_STREAMS: Dict[Tuple[int, int], object] = {}
+
+
+def current_stream(device: torch.device):
+    """The cached CuPy ExternalStream for torch's current stream on `device`."""
+    ts = torch.cuda.current_stream(device)
+    key = (ts.device_index, ts.cuda_stream)
+    stream = _STREAMS.get(key)
+    if stream is None:
+        stream = _cupy().cuda.ExternalStream(ts.cuda_stream, ts.device_index)
+        _STREAMS[key] = stream
+    return stream
+
+
+def _launch(kernel, grid: int, block: int, args, device: torch.device) -> None:
+    cp = _cupy()
+    with cp.cuda.Device(device.index if device.index is not None else torch.cuda.current_device()):
+        kernel((int(grid),), (int(block),), args, stream=current_stream(device))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _grid_for(device: torch.device, work_items: int) -> int:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return max(1, min(BLOCKS_PER_SM * _sm_count(index), (work_items + THREADS - 1) // THREADS))
+
+
+def _dtype_options(x: torch.Tensor, fp8_format: Optional[str] = None) -> Tuple[str, ...]:
+    if x.dtype not in _DTYPE_CODE:
+        raise TypeError(f"tedebug kernels: expected a float32/bfloat16/float16 tensor, got {x.dtype}")
+    opts = (f"-DTED_DTYPE={_DTYPE_CODE[x.dtype]}",)
+    if fp8_format is not None:
+        opts += (f"-DTED_FP8={_FP8_CODE[fp8_format]}",)
+    return opts
+
+
+def prepare_input(x: torch.Tensor) -> torch.Tensor:
+    """`x` as a contiguous CUDA tensor whose data pointer is 16-byte aligned (a copy only when needed)."""
+    if not x.is_cuda:
+        raise ValueError(f"tedebug kernels need a CUDA tensor, got a tensor on {x.device}")
+    x = x.detach()
+    if not x.is_contiguous():
+        x = x.contiguous()
+    if x.data_ptr() % 16:
+        x = x.clone()
+    return x
+
+
+def _sum_columns(partial: torch.Tensor, out: torch.Tensor) -> None:
+    rows, cols = partial.shape
+    kernel = get_kernel("common.cuh", "ted_sum_columns", ())
+    _launch(kernel, 1, THREADS, (partial.data_ptr(), np.int32(rows), np.int32(cols), out.data_ptr()), partial.device)
+
+
+# ------------------------------------------------------------------------------------------------ statistics
+def basic_stats_tensor(x: torch.Tensor) -> torch.Tensor:
+    """float64[12] on x's device: the basic partials in `BASIC_KEYS` order (two launches, no host sync)."""
+    x = prepare_input(x)
+    n = x.numel()
+    if n == 0:
+        raise ValueError("basic statistics of an empty tensor")
+    opts = _dtype_options(x)
+    vec = 16 // x.element_size()
+    grid = _grid_for(x.device, max(n // vec, 1))
+    work = torch.empty(grid * _STATS_PARTIAL_BYTES, dtype=torch.uint8, device=x.device)
+    out = torch.empty(len(BASIC_KEYS), dtype=torch.float64, device=x.device)
+    partial_k = get_kernel("stats.cu", "ted_stats_partial", opts)
+    final_k = get_kernel("stats.cu", "ted_stats_finalize", opts)
+    _launch(partial_k, grid, THREADS, (x.data_ptr(), np.int64(n), work.data_ptr()), x.device)
+    _launch(final_k, 1, THREADS, (work.data_ptr(), np.int32(grid), out.data_ptr()), x.device)
+    return out
+
+
+def basic_partials(x: torch.Tensor):
+    """Kernel version of `torch_ref.basic_partials` (0-d float64 views of one device tensor)."""
+    if x.numel() == 0:
+        return torch_ref.basic_partials(x)
+    out = basic_stats_tensor(x)
+    return {key: out[i] for i, key in enumerate(BASIC_KEYS)}
+
+
+def blockwise_dynamic_range_partials(x, block_size, dims, max_over_orientations):
+    return torch_ref.blockwise_dynamic_range_partials(x, block_size, dims, max_over_orientations)
+
+
+def _fused(q, x, usage: str, key: str):
+    """A statistic the quantize kernel already computed for exactly this `x` (same tensor, same version)."""
+    fused = getattr(q, "_fused_error_stats", None)
+    if not fused or fused["source"]() is not x or fused["version"] != x._version:
+        return None
+    return fused.get(usage, {}).get(key)
+
+
+def underflow_partials(x, q, usage):
+    value = _fused(q, x, usage, "underflows_num")
+    return {"underflows_num": value} if value is not None else torch_ref.underflow_partials(x, q, usage)
+
+
+def mse_partials(x, q, usage):
+    value = _fused(q, x, usage, "sq_err")
+    return {"sq_err": value} if value is not None else torch_ref.mse_partials(x, q, usage)
+
+
+def overflow_partials(x, q, usage):
+    value = _fused(q, x, usage, "overflows_num")
+    return {"overflows_num": value} if value is not None else torch_ref.overflow_partials(x, q, usage)
+
+
+def scale_inv_partials(q, usage):
+    return torch_ref.scale_inv_partials(q, usage)
+
+
+def _attach_fused(q, x: torch.Tensor, per_usage: Dict[str, Dict[str, torch.Tensor]]) -> None:
+    q._fused_error_stats = {"source": weakref.ref(x), "version": x._version, **per_usage}
+
+
+# ------------------------------------------------------------------------------------------------ MXFP8
+def mxfp8_quantize_raw(x2d: torch.Tensor, fp8_format: str, rowwise: bool, columnwise: bool):
+    """MXFP8 codes and E8M0 scales of a contiguous CUDA [M, K] tensor (M, K multiples of 32).
+
+    Returns (row_codes, row_scales, col_codes, col_scales, stats) where absent directions are None and `stats` is
+    float64[4] = (row underflows, row Σ(x-deq)², col underflows, col Σ(x-deq)²).
+    """
+    from tedebug.quantization.formats import FP8_MAX
+
+    x2d = prepare_input(x2d)
+    m, k = x2d.shape
+    dev = x2d.device
+    opts = _dtype_options(x2d, fp8_format)
+    cpl = 2  # columns per lane, CPL in kernels/mxfp8.cu
+    tiles = (m // 32) * ((k + 32 * cpl - 1) // (32 * cpl))
+    grid = max(1, min(BLOCKS_PER_SM * _sm_count(dev.index), (tiles + 7) // 8))
+    row_codes = torch.empty((m, k), dtype=torch.uint8, device=dev) if rowwise else None
+    row_scales = torch.empty((m, k // 32), dtype=torch.uint8, device=dev) if rowwise else None
+    col_codes = torch.empty((m, k), dtype=torch.uint8, device=dev) if columnwise else None
+    col_scales = torch.empty((m // 32, k), dtype=torch.uint8, device=dev) if columnwise else None
+    partial = torch.empty((grid, 4), dtype=torch.float64, device=dev)
+    stats = torch.empty(4, dtype=torch.float64, device=dev)
+
+    def ptr(t):
+        return t.data_ptr() if t is not None else 0
+
+    kernel = get_kernel("mxfp8.cu", "ted_mxfp8_quantize", opts)
+    args = (
+        x2d.data_ptr(), np.int64(m), np.int64(k), np.float32(1.0 / FP8_MAX[fp8_format]),
+        np.int32(rowwise), np.int32(columnwise),
+        ptr(row_codes), ptr(row_scales), ptr(col_codes), ptr(col_scales), partial.data_ptr(),
+    )
+    _launch(kernel, grid, THREADS, args, dev)
+    _sum_columns(partial, stats)
+    return row_codes, row_scales, col_codes, col_scales, stats
+
+
+def mxfp8_quantize(quantizer, tensor: torch.Tensor):
+    """Kernel version of `MXFP8Quantizer._quantize` (same MXFP8Tensor fields, bit for bit)."""
+    from tedebug.quantization.mxfp8 import MXFP8Tensor, _check_input, check_mxfp8_shape
+
+    who = type(quantizer).__name__
+    _check_input(tensor, who)
+    m, k = check_mxfp8_shape(tensor.shape, who)
+    rc, rs, cc, cs, stats = mxfp8_quantize_raw(
+        tensor.detach().reshape(m, k), quantizer.fp8_format, quantizer.rowwise_usage, quantizer.columnwise_usage
+    )
+    out = MXFP8Tensor(tensor.shape, tensor.dtype, tensor.device, quantizer, fp8_format=quantizer.fp8_format)
+    fused = {}
+    if quantizer.rowwise_usage:
+        out.rowwise_data, out.rowwise_scale_inv = rc.reshape(tensor.shape), rs
+        fused["rowwise"] = {"underflows_num": stats[0], "sq_err": stats[1]}
+    if quantizer.columnwise_usage:
+        out.columnwise_data, out.columnwise_scale_inv = cc.reshape(tensor.shape), cs
+        fused["columnwise"] = {"underflows_num": stats[2], "sq_err": stats[3]}
+    _attach_fused(out, tensor, fused)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ per-tensor FP8
+def fp8_amax(x: torch.Tensor) -> torch.Tensor:
+    """0-d fp32 max|x| ignoring NaN (= `formats.tensor_amax`), computed on the device."""
+    x = prepare_input(x)
+    n = x.numel()
+    out = torch.zeros((), dtype=torch.float32, device=x.device)
+    if n == 0:
+        return out
+    vec = 16 // x.element_size()
+    grid = _grid_for(x.device, max(n // vec, 1))
+    kernel = get_kernel("fp8_tensor.cu", "ted_fp8_amax", _dtype_options(x))
+    _launch(kernel, grid, THREADS, (x.data_ptr(), np.int64(n), out.data_ptr()), x.device)
+    return out
+
+
+def fp8_current_scale(amax: torch.Tensor, fp8_format: str, epsilon: float, pow2: bool):
+    """(scale, scale_inv) 0-d fp32 device tensors from a device amax (formats.compute_scale_from_amax)."""
+    from tedebug.quantization.formats import FP8_MAX
+
+    scale = torch.empty((), dtype=torch.float32, device=amax.device)
+    scale_inv = torch.empty_like(scale)
+    kernel = get_kernel("fp8_tensor.cu", "ted_fp8_current_scale", ())
+    args = (amax.data_ptr(), np.float32(FP8_MAX[fp8_format]), np.float32(epsilon), np.int32(pow2),
+            scale.data_ptr(), scale_inv.data_ptr())
+    _launch(kernel, 1, 1, args, amax.device)
+    return scale, scale_inv
+
+
+def fp8_scale_inv(scale: torch.Tensor) -> torch.Tensor:
+    """0-d fp32 1/scale on the device."""
+    scale = scale.detach().float().reshape(()).contiguous()
+    out = torch.empty((), dtype=torch.float32, device=scale.device)
+    kernel = get_kernel("fp8_tensor.cu", "ted_fp8_scale_inv", ())
+    _launch(kernel, 1, 1, (scale.data_ptr(), out.data_ptr()), scale.device)
+    return out
+
+
+def fp8_cast_transpose_raw(x2d: torch.Tensor, scale: torch.Tensor, scale_inv: torch.Tensor, fp8_format: str,
+                           rowwise: bool, columnwise: bool):
+    """(row codes [M, K] or None, col codes [K, M] or None, stats float64[3] = (underflows, Σerr², overflows))."""
+    from tedebug.quantization.formats import FP8_MAX
+
+    x2d = prepare_input(x2d)
+    m, k = x2d.shape
+    dev = x2d.device
+    tiles = ((m + 63) // 64) * ((k + 63) // 64)
+    grid = max(1, min(BLOCKS_PER_SM * _sm_count(dev.index), tiles))
+    row = torch.empty((m, k), dtype=torch.uint8, device=dev) if rowwise else None
+    col = torch.empty((k, m), dtype=torch.uint8, device=dev) if columnwise else None
+    partial = torch.empty((grid, 3), dtype=torch.float64, device=dev)
+    stats = torch.empty(3, dtype=torch.float64, device=dev)
+    kernel = get_kernel("fp8_tensor.cu", "ted_fp8_cast_transpose", _dtype_options(x2d, fp8_format))
+    args = (
+        x2d.data_ptr(), np.int64(m), np.int64(k), scale.data_ptr(), scale_inv.data_ptr(),
+        np.float32(FP8_MAX[fp8_format]), np.int32(rowwise), np.int32(columnwise),
+        row.data_ptr() if row is not None else 0, col.data_ptr() if col is not None else 0, partial.data_ptr(),
+    )
+    _launch(kernel, grid, THREADS, args, dev)
+    _sum_columns(partial, stats)
+    return row, col, stats
+
+
+def fp8_quantize(quantizer, tensor: torch.Tensor, scale: torch.Tensor):
+    """Kernel version of `float8._cast_per_tensor` with a given device `scale` (Float8Tensor, same bytes)."""
+    from tedebug.quantization.float8 import Float8Tensor
+    from tedebug.quantization.tensor import matrix_shape
+
+    m, k = matrix_shape(tensor.shape)
+    scale = scale.detach().float().reshape(()).to(tensor.device).contiguous()
+    scale_inv = fp8_scale_inv(scale)
+    row, col, stats = fp8_cast_transpose_raw(
+        tensor.detach().reshape(m, k), scale, scale_inv, quantizer.fp8_format,
+        quantizer.rowwise_usage, quantizer.columnwise_usage,
+    )
+    out = Float8Tensor(
+        tensor.shape, tensor.dtype, tensor.device, quantizer, fp8_format=quantizer.fp8_format,
+        scale_inv=scale_inv, rowwise_data=row.reshape(tensor.shape) if row is not None else None,
+        columnwise_data=col,
+    )
+    per = {"underflows_num": stats[0], "sq_err": stats[1], "overflows_num": stats[2]}
+    _attach_fused(out, tensor, {u: per for u, on in (("rowwise", quantizer.rowwise_usage),
+                                                     ("columnwise", quantizer.columnwise_usage)) if on})
+    return out
+
+
+def fp8_current_quantize(quantizer, tensor: torch.Tensor):
+    """Kernel version of `Float8CurrentScalingQuantizer._quantize`: amax pass, device scale, cast + transpose."""
+    amax = fp8_amax(tensor)
+    scale, _ = fp8_current_scale(amax, quantizer.fp8_format, quantizer.amax_epsilon, quantizer.force_pow_2_scales)
+    return fp8_quantize(quantizer, tensor, scale)
+
+
+def fp8_delayed_quantize(quantizer, tensor: torch.Tensor):
+    """Kernel version of `Float8Quantizer._quantize`: records the amax into history[0], casts with `scale`."""
+    amax = fp8_amax(tensor).to(quantizer.amax_history.device)
+    history = quantizer._history
+    history[0] = torch.maximum(history[0], amax)
+    return fp8_quantize(quantizer, tensor, quantizer.scale)
+
+
+def cupy_importable() -> bool:
+    """True when CuPy imports (it may still fail later without a GPU).
+
+    A probe: an ImportError (not installed) or CuPy's own initialisation error (no CUDA runtime) means "no".
+    """
+    try:
+        _cupy()
+    except (ImportError, RuntimeError, OSError):
+        return False
+    return True

@@ -1,0 +1,129 @@
+"""Which implementation computes statistics partials and quantizations: the CuPy kernels or the torch reference.
+
+The switch, in priority order:
+
+1. `use_backend(name)` - sets the backend for this process; used as a context manager it restores the previous
+   choice on exit (``with use_backend("torch"): ...``);
+2. the environment variable ``TEDEBUG_BACKEND`` (read at each call);
+3. the default ``"auto"``.
+
+Names: ``"auto"`` (kernels for CUDA tensors when CuPy imports, torch otherwise), ``"torch"`` (always the torch
+reference), ``"cupy"`` (always the kernels; a CPU tensor or a missing CuPy is a clear error, never a silent
+fallback).  Formats without a kernel (NVFP4, FP8 block scaling) and inputs the kernels do not take (empty tensors)
+always use the torch reference.
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+from typing import Optional
+
+import torch
+
+from tedebug.backends import torch_ref
+
+BACKENDS = ("auto", "torch", "cupy")
+ENV_VAR = "TEDEBUG_BACKEND"
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+_override: Optional[str] = None
+
+
+def _check_name(name: str, where: str) -> str:
+    if not isinstance(name, str) or name.lower() not in BACKENDS:
+        raise ValueError(f"{where}: unknown backend {name!r}; expected one of {BACKENDS}")
+    return name.lower()
+
+
+class use_backend:  # noqa: N801 - reads as a function at call sites
+    """Select the backend ("auto" | "torch" | "cupy"); as a context manager, restore the previous one on exit."""
+
+    def __init__(self, name: str) -> None:
+        global _override
+        self.name = _check_name(name, "use_backend")
+        self._previous = _override
+        _override = self.name
+
+    def __enter__(self) -> "use_backend":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        global _override
+        _override = self._previous
+
+
+def requested_backend() -> str:
+    """The backend name in force: `use_backend`'s choice, else ``$TEDEBUG_BACKEND``, else ``"auto"``."""
+    if _override is not None:
+        return _override
+    return _check_name(os.environ.get(ENV_VAR, "auto") or "auto", f"environment variable {ENV_VAR}")
+
+
+def cupy_available() -> bool:
+    """True when CUDA is available to torch and CuPy imports."""
+    if not torch.cuda.is_available():
+        return False
+    from tedebug.backends import cupy_kernels
+
+    return cupy_kernels.cupy_importable()
+
+
+def use_kernels(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` goes to the CuPy kernels under the current backend choice (errors for impossible "cupy")."""
+    name = requested_backend()
+    if name == "torch":
+        return False
+    if name == "cupy":
+        if not tensor.is_cuda:
+            raise RuntimeError(
+                f"tedebug backend 'cupy' was requested (use_backend / {ENV_VAR}) but the tensor is on "
+                f"{tensor.device}; the CuPy kernels only run on CUDA tensors (use 'auto' or 'torch')"
+            )
+        if not cupy_available():
+            raise RuntimeError(
+                f"tedebug backend 'cupy' was requested (use_backend / {ENV_VAR}) but CuPy or CUDA is not "
+                f"available (torch.cuda.is_available()={torch.cuda.is_available()}); install cupy-cuda12x/13x"
+            )
+        return True
+    return tensor.is_cuda and cupy_available()
+
+
+def _kernel_input(tensor: torch.Tensor) -> bool:
+    return tensor.dtype in _KERNEL_DTYPES and tensor.numel() > 0
+
+
+def stats_backend(tensor: torch.Tensor) -> ModuleType:
+    """The module whose family functions compute statistics partials of `tensor`."""
+    if use_kernels(tensor) and _kernel_input(tensor):
+        from tedebug.backends import cupy_kernels
+
+        return cupy_kernels
+    return torch_ref
+
+
+def quantize_mxfp8(quantizer, tensor: torch.Tensor):
+    """The kernel MXFP8Tensor for `tensor`, or None to let the torch reference quantize."""
+    if not (use_kernels(tensor) and _kernel_input(tensor)):
+        return None
+    from tedebug.backends import cupy_kernels
+
+    return cupy_kernels.mxfp8_quantize(quantizer, tensor)
+
+
+def quantize_fp8_current(quantizer, tensor: torch.Tensor):
+    """The kernel Float8Tensor (current scaling) for `tensor`, or None for the torch reference."""
+    if not (use_kernels(tensor) and _kernel_input(tensor)):
+        return None
+    from tedebug.backends import cupy_kernels
+
+    return cupy_kernels.fp8_current_quantize(quantizer, tensor)
+
+
+def quantize_fp8_delayed(quantizer, tensor: torch.Tensor):
+    """The kernel Float8Tensor (delayed scaling) for `tensor`, or None for the torch reference."""
+    if not (use_kernels(tensor) and _kernel_input(tensor)):
+        return None
+    from tedebug.backends import cupy_kernels
+
+    return cupy_kernels.fp8_delayed_quantize(quantizer, tensor)

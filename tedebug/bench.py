@@ -1,0 +1,157 @@
+"""The ``tedebug bench`` command: time the CuPy kernels against the torch reference path on the current GPU.
+
+For each size (square bf16 matrices, default 8192 and 16384) and in the same run: the torch path, the kernel path,
+a plain ``x.sum(dtype=float32)`` read pass and a device-to-device copy (bandwidth = bytes read + written / time).
+Rows: basic statistics; MXFP8 rowwise + columnwise quantize with error statistics; per-tensor FP8 current scaling
+(amax + cast + transpose, with underflow / error / overflow statistics); NVFP4 (torch reference only: no kernel
+yet).  Timing: `torch.cuda.Event`, warm-up, >= 20 iterations, rotating between >= 2 input buffers so that no
+buffer is re-read from L2.  Printed: microseconds per call, speed-up vs torch, achieved bandwidth, and the
+fraction of copy bandwidth (or, for statistics, the time relative to the x.sum() pass).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, Dict, List, Sequence
+
+import torch
+
+from tedebug.backends import dispatch, torch_ref
+
+
+def time_us(fn: Callable[[torch.Tensor], object], buffers: Sequence[torch.Tensor], iters: int, warmup: int) -> float:
+    """Mean microseconds per call of fn(buffer), rotating over `buffers`."""
+    for i in range(warmup):
+        fn(buffers[i % len(buffers)])
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for i in range(iters):
+        fn(buffers[i % len(buffers)])
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000.0 / iters
+
+
+def _torch_mxfp8(x):
+    from tedebug.quantization.mxfp8 import MXFP8Quantizer
+
+    with dispatch.use_backend("torch"):
+        q = MXFP8Quantizer("E4M3").quantize(x)
+        return [torch_ref.underflow_partials(x, q, u) for u in ("rowwise", "columnwise")] + [
+            torch_ref.mse_partials(x, q, u) for u in ("rowwise", "columnwise")]
+
+
+def _kernel_mxfp8(x):
+    from tedebug.backends import cupy_kernels
+
+    m, k = x.shape
+    return cupy_kernels.mxfp8_quantize_raw(x, "E4M3", True, True)
+
+
+def _torch_fp8(x):
+    from tedebug.quantization.float8 import Float8CurrentScalingQuantizer
+
+    with dispatch.use_backend("torch"):
+        q = Float8CurrentScalingQuantizer("E4M3").quantize(x)
+        return (torch_ref.underflow_partials(x, q, "rowwise"), torch_ref.mse_partials(x, q, "rowwise"),
+                torch_ref.overflow_partials(x, q, "rowwise"))
+
+
+def _kernel_fp8(x):
+    from tedebug.quantization.float8 import Float8CurrentScalingQuantizer
+
+    with dispatch.use_backend("cupy"):
+        return Float8CurrentScalingQuantizer("E4M3").quantize(x)
+
+
+def _torch_nvfp4(x):
+    from tedebug.quantization.nvfp4 import NVFP4Quantizer
+
+    with dispatch.use_backend("torch"):
+        return NVFP4Quantizer().quantize(x)
+
+
+def _kernel_stats(x):
+    from tedebug.backends import cupy_kernels
+
+    return cupy_kernels.basic_stats_tensor(x)
+
+
+def bench_size(n: int, iters: int, warmup: int, nbuf: int) -> List[Dict[str, object]]:
+    """Rows of measurements for an n x n bf16 input."""
+    bufs = [torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(nbuf)]
+    dst = torch.empty_like(bufs[0])
+    numel = n * n
+    in_bytes = numel * 2
+    copy_us = time_us(lambda x: dst.copy_(x), bufs, iters, warmup)
+    copy_bw = 2 * in_bytes / copy_us / 1e6  # TB/s
+    sum_us = time_us(lambda x: x.sum(dtype=torch.float32), bufs, iters, warmup)
+    torch_iters = max(3, iters // 4)
+    rows = [
+        {"size": n, "op": "copy (read+write)", "kernel_us": copy_us, "bytes": 2 * in_bytes},
+        {"size": n, "op": "x.sum() read pass", "kernel_us": sum_us, "bytes": in_bytes},
+    ]
+    cases = [
+        ("basic statistics", lambda x: torch_ref.basic_partials(x), _kernel_stats, in_bytes),
+        ("MXFP8 row+col + err stats", _torch_mxfp8, _kernel_mxfp8, in_bytes + 2 * numel + 2 * numel // 32),
+        ("FP8 current cast+transpose", _torch_fp8, _kernel_fp8, 2 * in_bytes + 2 * numel),
+    ]
+    for name, torch_fn, kernel_fn, nbytes in cases:
+        t_us = time_us(torch_fn, bufs, torch_iters, 1)
+        k_us = time_us(kernel_fn, bufs, iters, warmup)
+        rows.append({"size": n, "op": name, "torch_us": t_us, "kernel_us": k_us, "bytes": nbytes})
+    try:
+        t_us = time_us(_torch_nvfp4, bufs, torch_iters, 1)
+        rows.append({"size": n, "op": "NVFP4 (torch only, no kernel)", "torch_us": t_us, "bytes": None})
+    except (ValueError, TypeError, RuntimeError) as exc:  # report, do not hide: the row says why
+        rows.append({"size": n, "op": f"NVFP4: {exc}"})
+    for row in rows:
+        row["copy_bw"] = copy_bw
+        row["sum_us"] = sum_us
+    return rows
+
+
+def format_table(rows: List[Dict[str, object]]) -> str:
+    head = f"{'size':>6} | {'operation':<32} | {'torch us':>10} | {'kernel us':>10} | {'speed-up':>8} | " \
+           f"{'TB/s':>6} | {'% copy BW':>9} | {'x / sum()':>9}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        t, k, b = r.get("torch_us"), r.get("kernel_us"), r.get("bytes")
+        bw = b / k / 1e6 if (k and b) else None
+        lines.append(
+            f"{r['size']:>6} | {r['op']:<32} | {_f(t, 1):>10} | {_f(k, 1):>10} | "
+            f"{_f(t / k if (t and k) else None, 1, 'x'):>8} | {_f(bw, 2):>6} | "
+            f"{_f(100 * bw / r['copy_bw'] if bw else None, 0, '%'):>9} | "
+            f"{_f(k / r['sum_us'] if k else None, 2, 'x'):>9}"
+        )
+    return "\n".join(lines)
+
+
+def _f(v, digits: int, suffix: str = "") -> str:
+    return "-" if v is None else f"{v:.{digits}f}{suffix}"
+
+
+def run(args: argparse.Namespace) -> int:
+    """Body of ``tedebug bench``; returns the exit code."""
+    if not torch.cuda.is_available():
+        print("tedebug bench: error: needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
+        return 1
+    if not dispatch.cupy_available():
+        print("tedebug bench: error: CuPy is not importable; install cupy-cuda12x or cupy-cuda13x", file=sys.stderr)
+        return 1
+    rows: List[Dict[str, object]] = []
+    for n in args.sizes:
+        rows.extend(bench_size(n, args.iters, args.warmup, args.buffers))
+    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  bf16 inputs, "
+          f"{args.iters} iterations, {args.buffers} rotating buffers")
+    print(format_table(rows))
+    return 0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sizes", type=int, nargs="+", default=[8192, 16384], help="square matrix sizes")
+    parser.add_argument("--iters", type=int, default=20, help="timed iterations per measurement (>= 20)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed warm-up calls")
+    parser.add_argument("--buffers", type=int, default=2, help="rotating input buffers (>= 2 defeats the L2)")

@@ -1,0 +1,243 @@
+"""GPU kernels (CuPy) against the torch reference path: bit-identical quantized bytes and scales, exact extrema and
+counts, sums within a stated bound of a float64 oracle, determinism.  Every test needs CUDA and CuPy."""
+
+import math
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("needs CUDA", allow_module_level=True)
+cupy = pytest.importorskip("cupy")
+
+from tedebug.backends import cupy_kernels, dispatch, torch_ref  # noqa: E402
+from tedebug.quantization.float8 import Float8CurrentScalingQuantizer, Float8Quantizer  # noqa: E402
+from tedebug.quantization.mxfp8 import MXFP8Quantizer  # noqa: E402
+
+DEV = torch.device("cuda")
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+U = 2.0 ** -24  # fp32 unit roundoff
+CHUNK = 8        # elements summed in fp32 before the fp64 accumulation (kernels/stats.cu)
+TINY_SQ = 2.0 ** -126  # squared errors below the fp32 normal range are lost by the fp32 per-element squares
+
+
+def special_values(dtype):
+    big = torch.finfo(dtype).max
+    tiny = torch.finfo(dtype).tiny
+    vals = [float("nan"), float("inf"), -float("inf"), 0.0, -0.0, tiny / 4, -tiny / 2, tiny, 448.0, 449.0, 464.0,
+            465.0, 500.0, -1000.0, 57344.0, 61440.0, 2.0 ** -10, 1.5 * 2 ** -10, big, -big, 1e-3, 3.5]
+    return torch.tensor(vals, dtype=torch.float32).to(dtype)
+
+
+def adversarial(shape, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(shape, generator=g) * torch.exp2(torch.randint(-20, 20, shape, generator=g).float()))
+    x = x.to(dtype).reshape(-1)
+    sp = special_values(dtype)
+    idx = torch.randint(0, x.numel(), (min(x.numel(), 64),), generator=g)
+    x[idx] = sp[torch.randint(0, sp.numel(), idx.shape, generator=g)]
+    if x.numel() >= 64:
+        x[:32] = 0.0  # an all-zero block
+    return x.reshape(shape).to(DEV)
+
+
+def random_input(shape, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g) * 3).to(dtype).to(DEV)
+
+
+def finite_input(shape, dtype, seed):
+    x = adversarial(shape, dtype, seed).float()
+    x = torch.where(torch.isfinite(x), x, torch.zeros_like(x))
+    return x.to(dtype)
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal values, NaN equal to NaN."""
+    a, b = a.double().cpu(), b.double().cpu()
+    return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
+
+
+# ------------------------------------------------------------------------------------------------ statistics
+EXACT = ("min", "max", "amax", "nz_abs_min", "nz_abs_max", "nonzero_count", "nan_count", "inf_count")
+STATS_SHAPES = [(1,), (7,), (33, 17), (4099,), (257, 129), (3, 1000, 37)]
+
+
+def check_stats(x):
+    got = cupy_kernels.basic_partials(x)
+    ref = torch_ref.basic_partials(x)
+    for key in EXACT:
+        assert same(got[key], ref[key]), (key, got[key].item(), ref[key].item())
+    x64 = x.double().reshape(-1)
+    finite = bool(torch.isfinite(x64).all())
+    abs_sum = x64.abs().sum().item()
+    bound = CHUNK * U * abs_sum + 1e-300
+    if finite:
+        assert abs(got["sum"].item() - x64.sum().item()) <= bound
+        assert abs(got["abs_sum"].item() - abs_sum) <= bound
+        sq = (x64 * x64).sum().item()
+        assert abs(got["sq_sum"].item() - sq) <= CHUNK * U * sq + 1e-300
+        mean = x64.mean()
+        m2 = ((x64 - mean) ** 2).sum().item()
+        assert abs(got["m2"].item() - m2) <= 1e-5 * m2 + 1e-300, (got["m2"].item(), m2)
+    else:
+        for key in ("sum", "abs_sum", "sq_sum", "m2"):
+            assert same(got[key], ref[key]) or (
+                math.isfinite(ref[key].item()) and abs(got[key].item() - ref[key].item()) <= bound), key
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", STATS_SHAPES)
+def test_basic_stats_random_and_adversarial(dtype, shape):
+    check_stats(random_input(shape, dtype, 1))
+    check_stats(adversarial(shape, dtype, 2))
+    check_stats(finite_input(shape, dtype, 3))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_basic_stats_special_values_only(dtype):
+    check_stats(special_values(dtype).to(DEV))
+    check_stats(torch.zeros(1000, dtype=dtype, device=DEV))
+    check_stats(-torch.zeros(5, dtype=dtype, device=DEV))
+    check_stats(torch.full((77,), float("inf"), dtype=dtype, device=DEV))
+
+
+def test_stats_catastrophic_cancellation():
+    g = torch.Generator().manual_seed(5)
+    x = (1e4 + 1e-3 * torch.randn(1 << 20, generator=g, dtype=torch.float64)).float().to(DEV)
+    got = cupy_kernels.basic_partials(x)
+    x64 = x.double()
+    m2 = ((x64 - x64.mean()) ** 2).sum().item()
+    assert m2 > 0
+    assert abs(got["m2"].item() - m2) <= 1e-5 * m2
+    std = math.sqrt(got["m2"].item() / (x.numel() - 1))
+    assert abs(std - x64.std().item()) <= 1e-5 * x64.std().item()
+
+
+def test_stats_unaligned_and_strided_inputs():
+    base = random_input((4096 + 1,), torch.bfloat16, 7)
+    check_stats(base[1:])                     # data pointer not 16-byte aligned
+    m = random_input((64, 96), torch.float16, 8)
+    check_stats(m.t())                        # non-contiguous
+
+
+def test_stats_deterministic():
+    x = random_input((3000, 1001), torch.bfloat16, 9)
+    a = cupy_kernels.basic_stats_tensor(x)
+    b = cupy_kernels.basic_stats_tensor(x)
+    assert torch.equal(a.view(torch.int64), b.view(torch.int64))
+
+
+def test_stats_through_dispatch():
+    x = random_input((64, 64), torch.bfloat16, 10)
+    with dispatch.use_backend("auto"):
+        assert dispatch.stats_backend(x) is cupy_kernels
+    with dispatch.use_backend("torch"):
+        assert dispatch.stats_backend(x) is torch_ref
+    with dispatch.use_backend("cupy"):
+        with pytest.raises(RuntimeError, match="CPU|cpu"):
+            dispatch.stats_backend(x.cpu())
+
+
+# ------------------------------------------------------------------------------------------------ MXFP8
+MX_SHAPES = [(32, 32), (64, 96), (96, 160), (2, 48, 64), (256, 4096)]
+
+
+def mx_pair(x, fmt):
+    with dispatch.use_backend("cupy"):
+        got = MXFP8Quantizer(fmt).quantize(x)
+    with dispatch.use_backend("torch"):
+        ref = MXFP8Quantizer(fmt).quantize(x)
+    return got, ref
+
+
+@pytest.mark.parametrize("fmt", ["E4M3", "E5M2"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", MX_SHAPES)
+def test_mxfp8_bit_identical(fmt, dtype, shape):
+    for x in (random_input(shape, dtype, 11), adversarial(shape, dtype, 12)):
+        got, ref = mx_pair(x, fmt)
+        for field in ("rowwise_data", "rowwise_scale_inv", "columnwise_data", "columnwise_scale_inv"):
+            a, b = getattr(got, field), getattr(ref, field)
+            assert a.shape == b.shape and torch.equal(a, b), (field, (a != b).sum().item())
+        for usage in ("rowwise", "columnwise"):
+            uf = cupy_kernels.underflow_partials(x, got, usage)["underflows_num"]
+            assert uf.item() == torch_ref.underflow_partials(x, ref, usage)["underflows_num"].item()
+            err = cupy_kernels.mse_partials(x, got, usage)["sq_err"].item()
+            want = torch_ref.mse_partials(x, ref, usage)["sq_err"].item()
+            assert (math.isnan(err) and math.isnan(want)) or err == want or \
+                abs(err - want) <= 32 * U * abs(want) + x.numel() * TINY_SQ
+
+
+def test_mxfp8_single_direction_and_deterministic():
+    x = random_input((128, 256), torch.bfloat16, 13)
+    with dispatch.use_backend("cupy"):
+        row = MXFP8Quantizer("E4M3", columnwise=False).quantize(x)
+        again = MXFP8Quantizer("E4M3", columnwise=False).quantize(x)
+    assert row.columnwise_data is None and torch.equal(row.rowwise_data, again.rowwise_data)
+    assert torch.equal(row._fused_error_stats["rowwise"]["sq_err"], again._fused_error_stats["rowwise"]["sq_err"])
+
+
+# ------------------------------------------------------------------------------------------------ per-tensor FP8
+FP8_SHAPES = [(1, 1), (3, 5), (65, 63), (130, 257), (64, 128), (2, 3, 70)]
+
+
+def check_fp8(got, ref, x):
+    assert torch.equal(got.scale_inv.reshape(()), ref.scale_inv.reshape(()))
+    assert torch.equal(got.rowwise_data, ref.rowwise_data), (got.rowwise_data != ref.rowwise_data).sum().item()
+    assert torch.equal(got.columnwise_data, ref.columnwise_data)
+    for usage in ("rowwise", "columnwise"):
+        assert got.nonzero_code_count(usage).item() == ref.nonzero_code_count(usage).item()
+        uf = cupy_kernels.underflow_partials(x, got, usage)["underflows_num"].item()
+        assert uf == torch_ref.underflow_partials(x, ref, usage)["underflows_num"].item()
+        of = cupy_kernels.overflow_partials(x, got, usage)["overflows_num"].item()
+        assert of == torch_ref.overflow_partials(x, ref, usage)["overflows_num"].item()
+        err = cupy_kernels.mse_partials(x, got, usage)["sq_err"].item()
+        want = torch_ref.mse_partials(x, ref, usage)["sq_err"].item()
+        assert (math.isnan(err) and math.isnan(want)) or err == want or \
+            abs(err - want) <= 8 * U * abs(want) + x.numel() * TINY_SQ
+
+
+@pytest.mark.parametrize("fmt", ["E4M3", "E5M2"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", FP8_SHAPES)
+def test_fp8_current_scaling_bit_identical(fmt, dtype, shape):
+    for pow2 in (False, True):
+        for x in (random_input(shape, dtype, 21), adversarial(shape, dtype, 22), finite_input(shape, dtype, 23)):
+            with dispatch.use_backend("cupy"):
+                got = Float8CurrentScalingQuantizer(fmt, force_pow_2_scales=pow2).quantize(x)
+            with dispatch.use_backend("torch"):
+                ref = Float8CurrentScalingQuantizer(fmt, force_pow_2_scales=pow2).quantize(x)
+            check_fp8(got, ref, x)
+
+
+def test_fp8_current_scaling_tiny_and_zero_amax():
+    for value in (0.0, 1e-40):
+        x = torch.full((4, 8), value, device=DEV)
+        with dispatch.use_backend("cupy"):
+            got = Float8CurrentScalingQuantizer("E4M3").quantize(x)
+        with dispatch.use_backend("torch"):
+            ref = Float8CurrentScalingQuantizer("E4M3").quantize(x)
+        check_fp8(got, ref, x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fp8_delayed_scaling_bit_identical(dtype):
+    x = adversarial((70, 130), dtype, 31)
+    quantizers = []
+    for backend in ("cupy", "torch"):
+        q = Float8Quantizer.from_recipe_defaults("E4M3", 4, device=DEV)
+        q.scale.fill_(300.0)  # stale, too large: overflows
+        with dispatch.use_backend(backend):
+            quantizers.append((q, q.quantize(x)))
+    (qg, got), (qr, ref) = quantizers
+    assert torch.equal(qg.amax_history, qr.amax_history)
+    check_fp8(got, ref, x)
+    assert cupy_kernels.overflow_partials(x, got, "rowwise")["overflows_num"].item() > 0
+
+
+def test_kernels_reject_cpu_tensor():
+    with pytest.raises(ValueError, match="CUDA tensor"):
+        cupy_kernels.basic_stats_tensor(torch.ones(4))
