@@ -1,8 +1,13 @@
-"""The ``tedebug`` command line: ``tedebug validate CONFIG [--feature-dirs D ...]`` and ``tedebug schema``.
+"""The ``tedebug`` command line: ``validate``, ``plan``, ``schema`` and ``bench``.
 
 - ``validate`` loads the built-in features (plus ``--feature-dirs``), loads and validates the config exactly as
   `debug_api.initialize` would, and prints a summary (sections, selectors, features) or the errors.  Unlike
   `initialize`, a missing config file is an error here.
+- ``plan CONFIG --layers NAME ... [--iteration N]`` shows, before training, what the config does to each tensor of
+  the named layers at iteration N: the plan of each GEMM direction (``modify_tensor()``, ``Quantize`` or
+  ``High Precision``, assuming the layer trains in a quantized recipe), whether inspection runs, and the next
+  iteration at which anything can change.  It builds the same `DebugQuantizer`s a layer builds, so the answer is
+  the one training will get.
 - ``schema`` prints the JSON Schema of the config (feature names of the built-in features included), for editor
   completion (e.g. ``tedebug schema > tedebug.schema.json`` and a ``# yaml-language-server: $schema=...`` line).
 
@@ -51,6 +56,62 @@ def _add_validate(subparsers) -> None:
     parser.set_defaults(handler=run_validate)
 
 
+# ------------------------------------------------------------------------------------------------- plan
+def plan_rows(layers: Sequence[str], iteration: int) -> List[str]:
+    """Table lines of the plans of every tensor of `layers` in the active debug session, at `iteration`."""
+    from tedebug import debug_api
+    from tedebug.debug_quantization import GEMMS_OF_TENSOR, DebugQuantizer
+    from tedebug.quantization import Float8CurrentScalingQuantizer
+
+    debug_api.initialize_training_step(iteration)
+    header = f"{'layer':<28} {'tensor':<11} {'rowwise GEMM: plan':<32} {'columnwise GEMM: plan':<32} inspect  next"
+    rows = [header, "-" * len(header)]
+    for layer in layers:
+        for tensor, (row_gemm, col_gemm) in GEMMS_OF_TENSOR.items():
+            # The parent stands for "this layer trains quantized"; outputs have none (GEMM outputs stay high
+            # precision).
+            parent = Float8CurrentScalingQuantizer() if col_gemm is not None else None
+            q = DebugQuantizer(layer, tensor, parent, None)
+            col = f"{col_gemm}: {q.columnwise_tensor_plan}" if col_gemm is not None else "-"
+            nxt = q.get_next_debug_iter()
+            rows.append(f"{layer:<28} {tensor:<11} {row_gemm + ': ' + q.rowwise_tensor_plan:<32} {col:<32} "
+                        f"{'yes' if q.inspect_tensor_enabled else 'no':<8} {'never' if nxt is None else nxt}")
+    return rows
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from tedebug import debug_api
+
+    if not os.path.isfile(args.config):
+        return _error(f"config file not found: {args.config}")
+    with tempfile.TemporaryDirectory() as log_dir:
+        try:
+            debug_api.initialize(args.config, feature_dirs=args.feature_dirs, log_dir=log_dir)
+        except (ConfigError, FeatureLoadError) as err:
+            return _error(f"invalid config {args.config}:\n{err}" if isinstance(err, ConfigError) else str(err))
+        try:
+            rows = plan_rows(args.layers, args.iteration)
+        finally:
+            debug_api.end_debug()
+    print(f"plans at iteration {args.iteration} (Quantize = the layer's recipe; next = the next iteration at which "
+          f"any hook of that tensor may answer differently)")
+    print("\n".join(rows))
+    return 0
+
+
+def _add_plan(subparsers) -> None:
+    parser = subparsers.add_parser("plan", help="show what a config does to each tensor/GEMM of given layers")
+    parser.add_argument("config", help="path of the YAML config")
+    parser.add_argument("--layers", nargs="+", required=True, metavar="NAME",
+                        help="layer names as the model assigns them (e.g. blocks.0.attn.qkv, or Layer_1)")
+    parser.add_argument("--iteration", type=int, default=0, help="the training iteration to evaluate (default 0)")
+    parser.add_argument("--feature-dirs", nargs="+", default=None, metavar="DIR",
+                        help="extra directories with feature files (as initialize(feature_dirs=...))")
+    parser.set_defaults(handler=run_plan)
+
+
 # ------------------------------------------------------------------------------------------------- schema
 def run_schema(args: argparse.Namespace) -> int:
     try:
@@ -79,7 +140,7 @@ def _add_bench(subparsers) -> None:  # registered by the gpu helper; body in ted
 
 # ------------------------------------------------------------------------------------------------- registry
 # Subcommands, in help order. A new subcommand (e.g. `bench`) adds its `_add_<name>` function here.
-SUBCOMMANDS: List[Callable] = [_add_validate, _add_schema, _add_bench]
+SUBCOMMANDS: List[Callable] = [_add_validate, _add_plan, _add_schema, _add_bench]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -96,8 +96,8 @@ def test_schema(capsys):
 
 
 def test_subcommand_registry_and_usage_errors(capsys):
-    assert [add.__name__ for add in SUBCOMMANDS][:2] == ["_add_validate", "_add_schema"]
-    assert {"validate", "schema"} <= set(build_parser()._subparsers._group_actions[0].choices)
+    assert [add.__name__ for add in SUBCOMMANDS][:3] == ["_add_validate", "_add_plan", "_add_schema"]
+    assert {"validate", "plan", "schema"} <= set(build_parser()._subparsers._group_actions[0].choices)
     with pytest.raises(SystemExit) as info:
         main([])
     assert info.value.code == 2  # argparse: a subcommand is required
