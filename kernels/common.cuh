@@ -137,3 +137,78 @@ extern "C" __global__ void ted_sum_columns(const double* __restrict__ part, int 
         if (threadIdx.x == 0) out[c] = total;
     }
 }
+
+// ---------------------------------------------------------------------------------------------- packed 16-bit
+// bf16x2 / f16x2 words (two elements, the first in the low half).  min / max drop NaN (PTX min/max without .NaN)
+// and keep subnormals (no .ftz).  TED_HINF: the bit pattern of +Inf of the element type.
+#if TED_DTYPE != 0
+#if TED_DTYPE == 1
+#define TED_PK "bf16x2"
+#define TED_HINF 0x7F80u
+#else
+#define TED_PK "f16x2"
+#define TED_HINF 0x7C00u
+#endif
+__device__ __forceinline__ unsigned int ted_pmin(unsigned int a, unsigned int b) {
+    unsigned int r; asm("min." TED_PK " %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b)); return r;
+}
+__device__ __forceinline__ unsigned int ted_pmax(unsigned int a, unsigned int b) {
+    unsigned int r; asm("max." TED_PK " %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b)); return r;
+}
+__device__ __forceinline__ float ted_lo(unsigned int w) { return ted_to_float(w & 0xFFFFu); }
+__device__ __forceinline__ float ted_hi(unsigned int w) { return ted_to_float(w >> 16); }
+// Non-zero elements of a word as a packed count (0 or 1 in each 16-bit half): bit 15 of |h| + 0x7FFF is set iff h != 0.
+__device__ __forceinline__ unsigned int ted_pk_nonzero(unsigned int w) {
+    return (((w & 0x7FFF7FFFu) + 0x7FFF7FFFu) >> 15) & 0x00010001u;
+}
+// Sum of the two halves of a packed counter.
+__device__ __forceinline__ unsigned int ted_pk_total(unsigned int c) { return (c & 0xFFFFu) + (c >> 16); }
+#endif
+
+// Non-zero FP8 codes of a word of four codes, as a per-byte count (0 or 1 per byte): low 7 bits != 0.
+__device__ __forceinline__ unsigned int ted_fp8x4_nonzero(unsigned int c) {
+    return (((c & 0x7F7F7F7Fu) + 0x7F7F7F7Fu) >> 7) & 0x01010101u;
+}
+// Sum of the four bytes of a per-byte counter whose total is below 256.
+__device__ __forceinline__ unsigned int ted_byte_total(unsigned int c) { return (c * 0x01010101u) >> 24; }
+
+// Two fp32 values to two FP8 codes (RNE, SATFINITE; low byte = a).  A NaN input gives a NaN code whose exact
+// bits are the hardware's: callers replace it by 0x7F (ted_encode_fp8) on their non-finite path.
+__device__ __forceinline__ unsigned int ted_encode_fp8x2(float a, float b) {
+    return (unsigned int)__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, TED_FP8_INTERP);
+}
+// Two FP8 codes (low byte first) to fp32 (exact).
+__device__ __forceinline__ void ted_decode_fp8x2(unsigned int codes, float& a, float& b) {
+    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(codes & 0xFFFFu), TED_FP8_INTERP);
+    a = __half2float(__half(__half_raw{h.x}));
+    b = __half2float(__half(__half_raw{h.y}));
+}
+__device__ __forceinline__ float ted_add_abs(float acc, float v) {  // acc + |v|, IEEE, no flush
+    float r; asm("{.reg .f32 t; abs.f32 t, %2; add.rn.f32 %0, %1, t;}" : "=f"(r) : "f"(acc), "f"(v)); return r;
+}
+
+// ---------------------------------------------------------------------------------------------- last block
+// Single-launch reductions: every block stores its partial, then takes a ticket; the block with the last ticket
+// sees all partials (read them with __ldcg) and resets the ticket to 0 for the next launch.  Call from all threads.
+__device__ __forceinline__ bool ted_last_block(unsigned int* ticket) {
+    __shared__ unsigned int s_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) s_last = (atomicAdd(ticket, 1u) == gridDim.x - 1) ? 1u : 0u;
+    __syncthreads();
+    if (s_last) __threadfence();
+    return s_last != 0u;
+}
+
+// Last block: out[c] = sum over rows of part[row][c] in a fixed order (deterministic), then reset the ticket.
+__device__ __forceinline__ void ted_finish_columns(const double* part, int nrows, int ncols, double* out,
+                                                   unsigned int* ticket) {
+    __shared__ double scratch[32];
+    for (int c = 0; c < ncols; ++c) {
+        double v = 0.0;
+        for (int r = threadIdx.x; r < nrows; r += blockDim.x) v += __ldcg(part + (long long)r * ncols + c);
+        double total = ted_block_sum(v, scratch);
+        if (threadIdx.x == 0) out[c] = total;
+    }
+    if (threadIdx.x == 0) *ticket = 0u;
+}

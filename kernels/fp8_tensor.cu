@@ -1,7 +1,14 @@
 // Per-tensor FP8 (tedebug.quantization.float8, bit-identical): a NaN-ignoring amax pass, the current-scaling scale
 // rule on the device, and a cast + transpose that reads x [M, K] once and writes the rowwise codes [M, K] and the
-// transposed columnwise codes [K, M], with fused statistics: underflows (x != 0, code +-0), squared error
-// (x - decode(q) * scale_inv)^2 (fp32 per element, fp64 sums) and overflows (|x| > fp8_max * scale_inv in fp32).
+// transposed columnwise codes [K, M], with fused statistics: underflows (count_nonzero(x) - non-zero codes), squared
+// error (x - decode(q) * scale_inv)^2 (fp32 per element and per 32-element chunk, fp64 sums) and overflows
+// (|x| > fp8_max * scale_inv in fp32).
+// Fast path (used by tedebug/backends/cupy_kernels.py): `ted_fp8_amax_scale` (one launch: packed amax, atomic max,
+// the last block writes amax and, for current scaling, scale and scale_inv) and `ted_fp8_cast_transpose16` (bf16 /
+// fp16, M % 64 == 0, K % 128 == 0: 64 x 128 tiles, 16-byte loads, 8-byte row stores, 4x4 byte transposes in
+// registers, chunk-swizzled shared memory, 16-byte transposed stores, the stats finished by the last block).
+// The general kernels below (`ted_fp8_amax`, `ted_fp8_current_scale`, `ted_fp8_cast_transpose`) handle every
+// other shape and fp32 inputs.
 #include "common.cuh"
 
 // amax_out must hold 0 (as uint bits) before the launch; non-negative floats order like their uint bits.
@@ -161,3 +168,225 @@ ted_fp8_cast_transpose(const ted_raw_t* __restrict__ x, long long M, long long K
         p[0] = t0; p[1] = t1; p[2] = t2;
     }
 }
+
+
+// ------------------------------------------------------------------------------------------------ fast path
+// TE's compute_scale_from_amax (formats.md 2a) for current scaling.
+__device__ __forceinline__ void current_scale(float amax, float fp8_max, float epsilon, int pow2, float& scale,
+                                              float& scale_inv) {
+    if (epsilon > 0.0f && __float_as_uint(amax) < __float_as_uint(epsilon)) amax = epsilon;  // amax >= 0
+    if (!ted_nonzero(amax) || !isfinite(amax)) scale = 1.0f;
+    else {
+        scale = ted_div(fp8_max, amax);
+        if (isinf(scale)) scale = 3.402823466e+38f;
+    }
+    if (pow2) scale = __uint_as_float(__float_as_uint(scale) & 0xFF800000u);
+    scale_inv = ted_div(1.0f, scale);
+}
+
+// ws[0]: running amax bits (0 between launches), ws[1]: ticket.  mode 0: write amax_out only; mode 1: also the
+// current-scaling scale / scale_inv.
+extern "C" __global__ void __launch_bounds__(256)
+ted_fp8_amax_scale(const ted_raw_t* __restrict__ x, long long n, unsigned int* __restrict__ ws,
+                   float* __restrict__ amax_out, int mode, float fp8_max, float epsilon, int pow2,
+                   float* __restrict__ scale_out, float* __restrict__ scale_inv_out) {
+    __shared__ float warp_max[32];
+    const long long nvec = n / (16 / TED_ELEM_BYTES);
+    const long long gtid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    const uint4* xv = reinterpret_cast<const uint4*>(x);
+    long long i = gtid;
+    float am = 0.0f;
+#if TED_DTYPE != 0
+    unsigned int pk = 0u;
+    for (; i + 3 * stride < nvec; i += 4 * stride) {
+        const uint4 a = __ldcs(xv + i), b = __ldcs(xv + i + stride);
+        const uint4 c = __ldcs(xv + i + 2 * stride), d = __ldcs(xv + i + 3 * stride);
+        const unsigned int w[16] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w, c.x, c.y, c.z, c.w, d.x, d.y, d.z, d.w};
+#pragma unroll
+        for (int k = 0; k < 16; ++k) pk = ted_pmax(pk, w[k] & 0x7FFF7FFFu);  // packed max drops NaN
+    }
+    for (; i < nvec; i += stride) {
+        const uint4 a = __ldcs(xv + i);
+        pk = ted_pmax(pk, a.x & 0x7FFF7FFFu); pk = ted_pmax(pk, a.y & 0x7FFF7FFFu);
+        pk = ted_pmax(pk, a.z & 0x7FFF7FFFu); pk = ted_pmax(pk, a.w & 0x7FFF7FFFu);
+    }
+    am = ted_max(ted_lo(pk), ted_hi(pk));
+#else
+    for (; i < nvec; i += stride) {
+        const uint4 a = __ldcs(xv + i);
+        am = ted_max(am, ted_abs(__uint_as_float(a.x))); am = ted_max(am, ted_abs(__uint_as_float(a.y)));
+        am = ted_max(am, ted_abs(__uint_as_float(a.z))); am = ted_max(am, ted_abs(__uint_as_float(a.w)));
+    }
+#endif
+    for (long long j = nvec * (16 / TED_ELEM_BYTES) + gtid; j < n; j += stride) am = ted_max(am, ted_abs(ted_load(x, j)));
+    for (int off = 16; off > 0; off >>= 1) am = ted_max(am, __shfl_down_sync(0xFFFFFFFFu, am, off));
+    if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = am;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); ++w) am = ted_max(am, warp_max[w]);
+        atomicMax(ws, __float_as_uint(am));  // non-negative floats order like their bits
+    }
+    if (!ted_last_block(ws + 1)) return;
+    if (threadIdx.x == 0) {
+        const float amax = __uint_as_float(atomicExch(ws, 0u));
+        amax_out[0] = amax;
+        if (mode == 1) {
+            float scale, scale_inv;
+            current_scale(amax, fp8_max, epsilon, pow2, scale, scale_inv);
+            scale_out[0] = scale;
+            scale_inv_out[0] = scale_inv;
+        }
+        ws[1] = 0u;
+    }
+}
+
+#if TED_DTYPE != 0
+#define CT_M 64    // tile rows
+#define CT_K 128   // tile columns
+
+// Word address in the transposed code tile (CT_K rows of 64 bytes = 16 words): 16-byte chunk q of row k is
+// stored at chunk q ^ ((k >> 3) & 3), which spreads the writers of one instruction over more banks.
+__device__ __forceinline__ int ct_word(int k, int word) {
+    return k * 16 + ((((word >> 2) ^ (k >> 3)) & 3) << 2) + (word & 3);
+}
+
+// A thread's 4 x 8 chunk of the tile (raw words) and its codes (row-major, 4 codes per word).
+struct CtChunk { uint4 v[4]; };
+struct CtCodes { unsigned int c[4][2]; double err; };
+
+// Rare path of a chunk: exact codes (NaN -> 0x7F) and the fp64 squared error.  By value and not inlined, so the
+// hot loop keeps its arrays in registers.
+__device__ __noinline__ CtCodes ct_redo_chunk(const CtChunk ch, float scale, float sinv) {
+    CtCodes r;
+    r.err = 0.0;
+    for (int i = 0; i < 4; ++i) {
+        const unsigned int w[4] = {ch.v[i].x, ch.v[i].y, ch.v[i].z, ch.v[i].w};
+        r.c[i][0] = 0u; r.c[i][1] = 0u;
+        for (int e = 0; e < 8; ++e) {
+            const float f = (e & 1) ? ted_hi(w[e >> 1]) : ted_lo(w[e >> 1]);
+            const unsigned int c = ted_encode_fp8(ted_mul(f, scale));
+            r.c[i][e >> 2] |= c << (8 * (e & 3));
+            const double d = ted_f2d(f) - ted_f2d(ted_mul(ted_decode_fp8(c), sinv));
+            r.err += d * d;
+        }
+    }
+    return r;
+}
+
+// Rare path: elements of the chunk with thr < |x| <= Inf (fp32 bit compare; NaN excluded).
+__device__ __noinline__ unsigned long long ct_count_over(const CtChunk ch, unsigned int thr_bits) {
+    unsigned long long of = 0ull;
+    for (int i = 0; i < 4; ++i) {
+        const unsigned int w[4] = {ch.v[i].x, ch.v[i].y, ch.v[i].z, ch.v[i].w};
+        for (int e = 0; e < 8; ++e) {
+            const float f = (e & 1) ? ted_hi(w[e >> 1]) : ted_lo(w[e >> 1]);
+            const unsigned int ab = __float_as_uint(f) & 0x7FFFFFFFu;
+            of += (ab > thr_bits && ab <= 0x7F800000u) ? 1ull : 0ull;
+        }
+    }
+    return of;
+}
+
+// Thread (tx = tid % 16, ty = tid / 16) of a 256-thread block owns tile rows 4 ty .. 4 ty + 3 and columns
+// 8 tx .. 8 tx + 7.  partial: [gridDim.x][3] = (underflows, sq_err, overflows); out: the column sums.
+extern "C" __global__ void __launch_bounds__(256)
+ted_fp8_cast_transpose16(const ted_raw_t* __restrict__ x, long long M, long long K,
+                         const float* __restrict__ scale_p, const float* __restrict__ scale_inv_p, float fp8_max,
+                         int do_row, int do_col, unsigned char* __restrict__ row_codes,
+                         unsigned char* __restrict__ col_codes, double* __restrict__ partial,
+                         unsigned int* __restrict__ ticket, double* __restrict__ out) {
+    __shared__ __align__(16) unsigned int tile_t[CT_K * 16];
+    __shared__ double scratch[32];
+    const float scale = scale_p[0];
+    const float sinv = scale_inv_p[0];
+    const unsigned int thr_bits = __float_as_uint(ted_mul(sinv, fp8_max));
+    const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+    const long long n_tk = K / CT_K;
+    const long long n_tiles = (M / CT_M) * n_tk;
+
+    unsigned long long nzx = 0ull, nzc = 0ull, of = 0ull;
+    double err = 0.0;
+    for (long long tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
+        const long long m0 = (tile / n_tk) * CT_M, k0 = (tile % n_tk) * CT_K;
+        const ted_raw_t* src = x + (m0 + 4 * ty) * K + k0 + 8 * tx;
+        CtChunk ch;
+        uint4* v = ch.v;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) v[i] = __ldcs(reinterpret_cast<const uint4*>(src + i * K));
+        unsigned int codes[4][2];
+        unsigned int xcnt = 0u, amx = 0u;
+        float e32 = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const unsigned int w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+            unsigned int q[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                xcnt += ted_pk_nonzero(w[k]);
+                amx = ted_pmax(amx, w[k] & 0x7FFF7FFFu);
+                const float f0 = ted_lo(w[k]), f1 = ted_hi(w[k]);
+                q[k] = ted_encode_fp8x2(ted_mul(f0, scale), ted_mul(f1, scale));
+                float d0, d1;
+                ted_decode_fp8x2(q[k], d0, d1);
+                d0 = ted_sub(f0, ted_mul(d0, sinv));
+                d1 = ted_sub(f1, ted_mul(d1, sinv));
+                e32 = ted_fma(d0, d0, e32);
+                e32 = ted_fma(d1, d1, e32);
+            }
+            codes[i][0] = q[0] | (q[1] << 16);
+            codes[i][1] = q[2] | (q[3] << 16);
+        }
+        if (isfinite(e32)) {
+            err += ted_f2d(e32);
+        } else {  // rare: NaN / Inf (or fp32 overflow): exact NaN codes (0x7F) and the error in fp64
+            const CtCodes r = ct_redo_chunk(ch, scale, sinv);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) { codes[i][0] = r.c[i][0]; codes[i][1] = r.c[i][1]; }
+            err += r.err;
+        }
+        // overflow: only when some |x| of this thread exceeds the threshold (amx drops NaN, keeps Inf)
+        if (__float_as_uint(ted_max(ted_lo(amx), ted_hi(amx))) > thr_bits) of += ct_count_over(ch, thr_bits);
+        unsigned int ccnt = 0u;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) ccnt += ted_fp8x4_nonzero(codes[i][0]) + ted_fp8x4_nonzero(codes[i][1]);
+        nzx += ted_pk_total(xcnt);
+        nzc += ted_byte_total(ccnt);
+        if (do_row) {
+            unsigned char* dst = row_codes + (m0 + 4 * ty) * K + k0 + 8 * tx;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) *reinterpret_cast<uint2*>(dst + i * K) = make_uint2(codes[i][0], codes[i][1]);
+        }
+        if (do_col) {
+            __syncthreads();  // the previous tile's readers are done with tile_t
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const unsigned int a = codes[0][hh], b = codes[1][hh], c = codes[2][hh], d = codes[3][hh];
+                const unsigned int t0 = __byte_perm(a, b, 0x5140), t1 = __byte_perm(a, b, 0x7362);
+                const unsigned int u0 = __byte_perm(c, d, 0x5140), u1 = __byte_perm(c, d, 0x7362);
+                const int kb = 8 * tx + 4 * hh;  // tile column of byte 0
+                tile_t[ct_word(kb + 0, ty)] = __byte_perm(t0, u0, 0x5410);
+                tile_t[ct_word(kb + 1, ty)] = __byte_perm(t0, u0, 0x7632);
+                tile_t[ct_word(kb + 2, ty)] = __byte_perm(t1, u1, 0x5410);
+                tile_t[ct_word(kb + 3, ty)] = __byte_perm(t1, u1, 0x7632);
+            }
+            __syncthreads();
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const int idx = threadIdx.x + 256 * j;
+                const int k = idx >> 2, q = idx & 3;
+                const uint4 val = *reinterpret_cast<const uint4*>(&tile_t[ct_word(k, 4 * q)]);
+                *reinterpret_cast<uint4*>(col_codes + (k0 + k) * M + m0 + 16 * q) = val;
+            }
+        }
+    }
+    const double t0 = ted_block_sum((double)nzx - (double)nzc, scratch);
+    const double t1 = ted_block_sum(err, scratch);
+    const double t2 = ted_block_sum((double)of, scratch);
+    if (threadIdx.x == 0) {
+        double* p = partial + (long long)blockIdx.x * 3;
+        p[0] = t0; p[1] = t1; p[2] = t2;
+    }
+    if (ted_last_block(ticket)) ted_finish_columns(partial, gridDim.x, 3, out, ticket);
+}
+#endif

@@ -1,11 +1,14 @@
 // Basic statistics of one tensor in one read pass (tedebug.backends.torch_ref.basic_partials, bit-compatible).
-// Stage 1 `ted_stats_partial`: grid-stride over 16-byte vectors, each thread keeps min / max / amax / min non-zero
-// |x| / non-zero count in fp32 registers and short fp32 sums (one 16-byte vector = 4..8 elements) that are added to
-// fp64 accumulators; the variance uses sums shifted by the thread's first element K (d = x - K) and is turned into
-// (n, mean, M2) once per thread, then merged with Chan's formula in fp64 (warp shuffles, then shared memory) into
-// one partial per block.  A vector whose fp32 sums are not finite (NaN / Inf present, or fp32 overflow) is redone in
-// fp64 and counts NaN / Inf exactly.  Stage 2 `ted_stats_finalize`: one block merges the block partials in a fixed
-// order and writes the 12 float64 partials in torch_ref order.
+// `ted_stats` (one launch): a grid-stride loop that keeps four 16-byte loads in flight per thread.  For bf16 / fp16
+// the extrema work on packed bf16x2 / f16x2 words (min / max / amax with packed NaN-dropping min/max; the minimum
+// non-zero |x| as the packed max of -(|h| - 1), where a zero element becomes NaN and drops out; the non-zero count
+// from bit 15 of |h| + 0x7FFF); fp32 inputs use per-element fp32 code.  The sums (x, |x|, x^2 and the shifted
+// d = x - K, d^2 with K the thread's first element) are taken in fp32 over 16 elements and then added in fp64; a
+// chunk whose fp32 sums are not finite (NaN / Inf present, or fp32 overflow) is redone in fp64 and counts NaN /
+// Inf exactly.  Each thread turns (count, Σd, Σd²) into (n, mean, M2) once; threads and blocks merge with Chan's
+// formula in fp64 in a fixed order; the last block to finish (atomic ticket) merges the block partials and writes
+// the 12 float64 results in torch_ref order.  `ted_stats_partial` + `ted_stats_finalize` are the earlier
+// two-launch version (kept as a reference; not used by the Python side).
 #include "common.cuh"
 
 struct Acc {
@@ -185,4 +188,206 @@ ted_stats_finalize(const Acc* __restrict__ partial, int nblocks, double* __restr
     out[9] = (double)a.nz;
     out[10] = (double)a.nan;
     out[11] = (double)a.inf;
+}
+
+
+// ------------------------------------------------------------------------------------------------ fused kernel
+__device__ __forceinline__ Acc acc_load_cg(const Acc* p) {
+    Acc a;
+    a.n = __ldcg(&p->n); a.mean = __ldcg(&p->mean); a.m2 = __ldcg(&p->m2); a.sum = __ldcg(&p->sum);
+    a.abs_sum = __ldcg(&p->abs_sum); a.sq_sum = __ldcg(&p->sq_sum);
+    a.mn = __ldcg(&p->mn); a.mx = __ldcg(&p->mx); a.amax = __ldcg(&p->amax); a.nzmin = __ldcg(&p->nzmin);
+    a.nz = __ldcg(&p->nz); a.nan = __ldcg(&p->nan); a.inf = __ldcg(&p->inf);
+    return a;
+}
+
+__device__ __forceinline__ void acc_write_results(const Acc& a, double* out) {
+    const double qnan = __longlong_as_double(0x7FF8000000000000ll);
+    const bool has_nan = a.nan > 0ull;
+    out[0] = has_nan ? qnan : ted_f2d(a.mn);
+    out[1] = has_nan ? qnan : ted_f2d(a.mx);
+    out[2] = a.sum;
+    out[3] = (a.nan + a.inf > 0ull) ? qnan : a.m2;
+    out[4] = a.abs_sum;
+    out[5] = a.sq_sum;
+    out[6] = has_nan ? qnan : ted_f2d(a.amax);
+    out[7] = has_nan ? qnan : ted_f2d(a.nzmin);
+    out[8] = has_nan ? qnan : ted_f2d(a.amax);
+    out[9] = (double)a.nz;
+    out[10] = (double)a.nan;
+    out[11] = (double)a.inf;
+}
+
+// fp32 sums of `cnt` elements added to the fp64 accumulators (the fp64 redo when they are not finite).
+template <int CNT>
+__device__ __forceinline__ void ts_sums(ThreadStats& t, const float* f) {
+    float cs = 0.f, ca = 0.f, cq = 0.f, cd = 0.f, cdd = 0.f;
+#pragma unroll
+    for (int e = 0; e < CNT; ++e) {
+        const float v = f[e];
+        cs = ted_add(cs, v);
+        ca = ted_add_abs(ca, v);
+        cq = ted_fma(v, v, cq);
+        const float d = ted_sub(v, t.K);
+        cd = ted_add(cd, d);
+        cdd = ted_fma(d, d, cdd);
+    }
+    if (isfinite(ted_add(cq, cdd))) {
+        t.S += ted_f2d(cs); t.A += ted_f2d(ca); t.Q += ted_f2d(cq); t.D += ted_f2d(cd); t.DD += ted_f2d(cdd);
+    } else {  // rare: NaN / Inf present or fp32 overflow -> redo these elements in fp64
+#pragma unroll
+        for (int e = 0; e < CNT; ++e) {
+            const double v = ted_f2d(f[e]);
+            t.nan += isnan(v) ? 1ull : 0ull;
+            t.inf += isinf(v) ? 1ull : 0ull;
+            t.S += v; t.A += fabs(v); t.Q += v * v;
+            const double d = v - ted_f2d(t.K);
+            t.D += d; t.DD += d * d;
+        }
+    }
+}
+
+#if TED_DTYPE != 0
+// Packed extrema / non-zero state of one thread (bf16x2 or f16x2 words).
+struct PackedStats {
+    unsigned int mn, mx, amax, nzneg, cnt;
+};
+
+__device__ __forceinline__ void pk_init(PackedStats& p) {
+    p.mn = (TED_HINF << 16) | TED_HINF;                        // +Inf, +Inf
+    p.mx = ((TED_HINF | 0x8000u) << 16) | (TED_HINF | 0x8000u);  // -Inf, -Inf
+    p.amax = 0u;
+    p.nzneg = 0x7FFF7FFFu;                                     // NaN, NaN: "no non-zero element yet"
+    p.cnt = 0u;
+}
+
+__device__ __forceinline__ void pk_word(PackedStats& p, unsigned int w) {
+    const unsigned int a = w & 0x7FFF7FFFu;
+    const unsigned int neg = a + 0x7FFF7FFFu;  // per half: 0x8000 | (|h| - 1) for h != 0, NaN (0x7FFF) for h == 0
+    p.mn = ted_pmin(p.mn, w);
+    p.mx = ted_pmax(p.mx, w);
+    p.amax = ted_pmax(p.amax, a);
+    p.nzneg = ted_pmax(p.nzneg, neg);
+    p.cnt += (neg >> 15) & 0x00010001u;
+}
+
+// Minimum non-zero |x| encoded in one half of nzneg (+Inf when the half never saw a non-zero element).
+__device__ __forceinline__ float pk_nzmin_half(unsigned int h) {
+    const unsigned int m = h & 0x7FFFu;
+    if (m > TED_HINF) return INFINITY;  // still NaN: no non-zero element
+    return ted_to_float(m + 1u);
+}
+
+__device__ __forceinline__ void pk_fold(ThreadStats& t, const PackedStats& p) {
+    t.mn = ted_min(t.mn, ted_min(ted_lo(p.mn), ted_hi(p.mn)));
+    t.mx = ted_max(t.mx, ted_max(ted_lo(p.mx), ted_hi(p.mx)));
+    t.amax = ted_max(t.amax, ted_max(ted_lo(p.amax), ted_hi(p.amax)));
+    t.nzmin = ted_min(t.nzmin, ted_min(pk_nzmin_half(p.nzneg & 0xFFFFu), pk_nzmin_half(p.nzneg >> 16)));
+}
+
+// NW words (2 NW elements): packed extrema, then the sums as one fp32 chunk.
+template <int NW>
+__device__ __forceinline__ void stats_words(ThreadStats& t, PackedStats& p, const unsigned int* w) {
+    float f[2 * NW];
+#pragma unroll
+    for (int k = 0; k < NW; ++k) {
+        pk_word(p, w[k]);
+        f[2 * k] = ted_lo(w[k]);
+        f[2 * k + 1] = ted_hi(w[k]);
+    }
+    ts_sums<2 * NW>(t, f);
+}
+#endif
+
+extern "C" __global__ void __launch_bounds__(256, 3)
+ted_stats(const ted_raw_t* __restrict__ x, long long n, Acc* __restrict__ partial, unsigned int* __restrict__ ticket,
+          double* __restrict__ out) {
+    const long long nvec = n / VEC;
+    const long long tail = n - nvec * VEC;
+    const long long gtid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+
+    ThreadStats t;
+    t.mn = INFINITY; t.mx = -INFINITY; t.amax = 0.0f; t.nzmin = INFINITY;
+    t.nz = 0ull; t.nan = 0ull; t.inf = 0ull; t.count = 0ull;
+    t.S = 0.0; t.A = 0.0; t.Q = 0.0; t.D = 0.0; t.DD = 0.0;
+    float k0 = 0.0f;
+    if (gtid < nvec) k0 = ted_load(x, gtid * VEC);
+    else if (gtid < tail) k0 = ted_load(x, nvec * VEC + gtid);
+    t.K = isfinite(k0) ? k0 : 0.0f;
+
+    const uint4* xv = reinterpret_cast<const uint4*>(x);
+    long long i = gtid;
+    unsigned long long vecs = 0ull;
+#if TED_DTYPE != 0
+    PackedStats p;
+    pk_init(p);
+    for (; i + 3 * stride < nvec; i += 4 * stride) {
+        const uint4 a = __ldcs(xv + i), b = __ldcs(xv + i + stride);
+        const uint4 c = __ldcs(xv + i + 2 * stride), d = __ldcs(xv + i + 3 * stride);
+        const unsigned int w0[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        const unsigned int w1[8] = {c.x, c.y, c.z, c.w, d.x, d.y, d.z, d.w};
+        stats_words<8>(t, p, w0);
+        stats_words<8>(t, p, w1);
+        t.nz += ted_pk_total(p.cnt);  // <= 16 per half: flushed every iteration
+        p.cnt = 0u;
+        vecs += 4ull;
+    }
+    for (; i < nvec; i += stride) {
+        const uint4 a = __ldcs(xv + i);
+        const unsigned int w0[4] = {a.x, a.y, a.z, a.w};
+        stats_words<4>(t, p, w0);
+        t.nz += ted_pk_total(p.cnt);
+        p.cnt = 0u;
+        vecs += 1ull;
+    }
+    pk_fold(t, p);
+#else
+    for (; i + 3 * stride < nvec; i += 4 * stride) {
+        const uint4 a = __ldcs(xv + i), b = __ldcs(xv + i + stride);
+        const uint4 c = __ldcs(xv + i + 2 * stride), d = __ldcs(xv + i + 3 * stride);
+        const float f0[8] = {__uint_as_float(a.x), __uint_as_float(a.y), __uint_as_float(a.z), __uint_as_float(a.w),
+                             __uint_as_float(b.x), __uint_as_float(b.y), __uint_as_float(b.z), __uint_as_float(b.w)};
+        const float f1[8] = {__uint_as_float(c.x), __uint_as_float(c.y), __uint_as_float(c.z), __uint_as_float(c.w),
+                             __uint_as_float(d.x), __uint_as_float(d.y), __uint_as_float(d.z), __uint_as_float(d.w)};
+        ts_elems(t, f0, 8);
+        ts_elems(t, f1, 8);
+        vecs += 4ull;
+    }
+    for (; i < nvec; i += stride) {
+        const uint4 a = __ldcs(xv + i);
+        const float f0[4] = {__uint_as_float(a.x), __uint_as_float(a.y), __uint_as_float(a.z), __uint_as_float(a.w)};
+        ts_elems(t, f0, 4);
+        vecs += 1ull;
+    }
+#endif
+    t.count = vecs * (unsigned long long)VEC;
+    if (gtid < tail) {  // the n % VEC last elements, one per thread (per-element fp32 code)
+        float f[1];
+        f[0] = ted_load(x, nvec * VEC + gtid);
+        ts_elems(t, f, 1);  // adds 1 to t.count
+    }
+
+    Acc a;
+    acc_identity(a);
+    if (t.count > 0ull) {
+        const double cnt = (double)t.count;
+        a.n = cnt;
+        a.mean = ted_f2d(t.K) + t.D / cnt;
+        a.m2 = fmax(t.DD - t.D * (t.D / cnt), 0.0);
+    }
+    a.sum = t.S; a.abs_sum = t.A; a.sq_sum = t.Q;
+    a.mn = t.mn; a.mx = t.mx; a.amax = t.amax; a.nzmin = t.nzmin;
+    a.nz = t.nz; a.nan = t.nan; a.inf = t.inf;
+    a = acc_block_reduce(a);
+    if (threadIdx.x == 0) partial[blockIdx.x] = a;
+    if (!ted_last_block(ticket)) return;
+    Acc r;
+    acc_identity(r);
+    for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x) acc_merge(r, acc_load_cg(partial + b));
+    r = acc_block_reduce(r);
+    if (threadIdx.x == 0) {
+        acc_write_results(r, out);
+        *ticket = 0u;
+    }
 }

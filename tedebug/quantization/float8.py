@@ -73,14 +73,6 @@ class Float8Tensor(QuantizedTensor):
         if self.scale_inv is not None and self.scale_inv.numel() != 1:
             raise ValueError(f"{name}.scale_inv: expected one element, got shape {tuple(self.scale_inv.shape)}")
 
-    @property
-    def has_rowwise(self) -> bool:
-        return self.rowwise_data is not None
-
-    @property
-    def has_columnwise(self) -> bool:
-        return self.columnwise_data is not None
-
     def _codes_2d(self, usage: str) -> torch.Tensor:
         """The codes of the 2-D view `[M, K]`, from either representation."""
         m, k = self._mk

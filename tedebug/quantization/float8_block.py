@@ -145,14 +145,6 @@ class Float8BlockwiseTensor(QuantizedTensor):
                     f"got {scale_inv.dtype} of shape {tuple(scale_inv.shape)}"
                 )
 
-    @property
-    def has_rowwise(self) -> bool:
-        return self.rowwise_data is not None
-
-    @property
-    def has_columnwise(self) -> bool:
-        return self.columnwise_data is not None
-
     def _dequantize(self, usage: str) -> torch.Tensor:
         m, k = self._mk
         if usage == "rowwise":

@@ -32,14 +32,6 @@ class IdentityTensor(QuantizedTensor):
         self.rowwise_data = rowwise_data
         self.columnwise_data = columnwise_data
 
-    @property
-    def has_rowwise(self) -> bool:
-        return self.rowwise_data is not None
-
-    @property
-    def has_columnwise(self) -> bool:
-        return self.columnwise_data is not None
-
     def _data(self, usage: str) -> torch.Tensor:
         return getattr(self, f"{self._require(usage)}_data")
 

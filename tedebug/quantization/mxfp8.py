@@ -105,14 +105,6 @@ class MXFP8Tensor(QuantizedTensor):
         self.columnwise_data = columnwise_data
         self.columnwise_scale_inv = columnwise_scale_inv
 
-    @property
-    def has_rowwise(self) -> bool:
-        return self.rowwise_data is not None
-
-    @property
-    def has_columnwise(self) -> bool:
-        return self.columnwise_data is not None
-
     def _view2d(self) -> Tuple[int, int]:
         return check_mxfp8_shape(self.shape, type(self).__name__)
 

@@ -218,14 +218,6 @@ class NVFP4Tensor(QuantizedTensor):
         self.columnwise_scale_inv = columnwise_scale_inv
         self.amax_columnwise = amax_columnwise
 
-    @property
-    def has_rowwise(self) -> bool:
-        return self.rowwise_data is not None
-
-    @property
-    def has_columnwise(self) -> bool:
-        return self.columnwise_data is not None
-
     def _fields_of(self, usage: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if usage not in USAGES:
             raise ValueError(f"usage must be 'rowwise' or 'columnwise', got {usage!r}")

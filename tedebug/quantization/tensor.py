@@ -156,15 +156,17 @@ class QuantizedTensor(abc.ABC):
     def device(self) -> torch.device:
         return self._device
 
+    # Formats store each representation's codes in ``rowwise_data`` / ``columnwise_data`` (None when absent);
+    # a format that stores them otherwise (hybrid) overrides these two properties.
     @property
-    @abc.abstractmethod
     def has_rowwise(self) -> bool:
         """True when the rowwise representation is present."""
+        return getattr(self, "rowwise_data", None) is not None
 
     @property
-    @abc.abstractmethod
     def has_columnwise(self) -> bool:
         """True when the columnwise representation is present."""
+        return getattr(self, "columnwise_data", None) is not None
 
     # ---------------------------------------------------------------- values
     def dequantize(self, *, dtype: Optional[torch.dtype] = None, usage: Optional[str] = None) -> torch.Tensor:
