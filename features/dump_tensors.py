@@ -21,10 +21,9 @@ import torch
 
 from tedebug.feature_support import (
     FeatureConfigError,
-    ValidatedFeature,
+    ScheduledInspectFeature,
     log_once,
     sanitize_name,
-    scheduled_enabled,
     scheduled_now,
     session,
 )
@@ -59,11 +58,11 @@ def detached_clone(obj: Any) -> Any:
 
 
 @register_feature(namespace="transformer_engine")
-class DumpTensors(ValidatedFeature):
+class DumpTensors(ScheduledInspectFeature):
     """Dump the selected tensors to ``<log_dir>/tensor_dumps`` (see the module docstring)."""
 
     PARAMS = FLAGS
-    SCHEDULED = True
+    NOTE_STATS = False  # dumps do not take part in the statistics reduction schedule
 
     @classmethod
     def check_params(cls, params: dict, path: tuple) -> None:
@@ -71,10 +70,6 @@ class DumpTensors(ValidatedFeature):
             if flag in params and not isinstance(params[flag], bool):
                 raise FeatureConfigError(f"{cls.__name__}: {flag} must be true or false, got {params[flag]!r}",
                                          path + (flag,))
-
-    @api_method
-    def inspect_tensor_enabled(self, config: dict, layer_name: str, tensor_name: str, iteration: int):
-        return scheduled_enabled(config, layer_name, iteration, note_stats=False)
 
     @api_method
     def inspect_tensor(self, config: dict, layer_name: str, tensor_name: str, iteration: int,

@@ -34,14 +34,13 @@ from tedebug.feature_support import (
     STATS_NEEDING_TENSOR,
     FeatureConfigError,
     Fp8StatName,
-    ValidatedFeature,
+    ScheduledInspectFeature,
     check_columnwise_recipe,
     log_once,
     parse_fp8_stat,
     reduction_params,
     require_stats_list,
     schedule_options,
-    scheduled_enabled,
     scheduled_now,
     session,
     stat_list,
@@ -199,11 +198,10 @@ def _restore(plan: _Plan) -> None:
 
 # ------------------------------------------------------------------------------------------------ feature
 @register_feature(namespace="transformer_engine")
-class LogFp8TensorStats(ValidatedFeature):
+class LogFp8TensorStats(ScheduledInspectFeature):
     """Log statistics of quantized tensors (see the module docstring)."""
 
     PARAMS = ("stats",)
-    SCHEDULED = True
 
     @classmethod
     def check_params(cls, params: dict, path: tuple) -> None:
@@ -213,10 +211,6 @@ class LogFp8TensorStats(ValidatedFeature):
                 parse_fp8_stat(entry)
             except ValueError as err:
                 raise FeatureConfigError(str(err), path + ("stats", i)) from err
-
-    @api_method
-    def inspect_tensor_enabled(self, config: dict, layer_name: str, tensor_name: str, iteration: int):
-        return scheduled_enabled(config, layer_name, iteration)
 
     @api_method
     def inspect_tensor(self, config: dict, layer_name: str, tensor_name: str, iteration: int,

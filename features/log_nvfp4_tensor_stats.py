@@ -15,12 +15,11 @@ import torch
 
 from tedebug.feature_support import (
     FeatureConfigError,
-    ValidatedFeature,
+    ScheduledInspectFeature,
     log_once,
     reduction_params,
     require_stats_list,
     schedule_options,
-    scheduled_enabled,
     scheduled_now,
     session,
     stat_list,
@@ -41,11 +40,10 @@ def nvfp4_request(stat: str, usage: str) -> StatRequest:
 
 
 @register_feature(namespace="transformer_engine")
-class LogNvfp4TensorStats(ValidatedFeature):
+class LogNvfp4TensorStats(ScheduledInspectFeature):
     """Log NVFP4 quantization statistics (see the module docstring)."""
 
     PARAMS = ("stats",)
-    SCHEDULED = True
 
     @classmethod
     def check_params(cls, params: dict, path: tuple) -> None:
@@ -55,10 +53,6 @@ class LogNvfp4TensorStats(ValidatedFeature):
                 raise FeatureConfigError(f"{cls.__name__}: statistic {entry!r} is not supported; supported stats: "
                                          f"{list(NVFP4_STATS)} (logged as {[PREFIX + s for s in NVFP4_STATS]})",
                                          path + ("stats", i))
-
-    @api_method
-    def inspect_tensor_enabled(self, config: dict, layer_name: str, tensor_name: str, iteration: int):
-        return scheduled_enabled(config, layer_name, iteration)
 
     @api_method
     def inspect_tensor(self, config: dict, layer_name: str, tensor_name: str, iteration: int,

@@ -15,12 +15,11 @@ import torch
 
 from tedebug.feature_support import (
     FeatureConfigError,
-    ValidatedFeature,
+    ScheduledInspectFeature,
     log_once,
     reduction_params,
     require_stats_list,
     schedule_options,
-    scheduled_enabled,
     scheduled_now,
     session,
     stat_list,
@@ -36,11 +35,10 @@ def hp_requests(stats: list, tensor_name: Optional[str]) -> tuple:
 
 
 @register_feature(namespace="transformer_engine")
-class LogTensorStats(ValidatedFeature):
+class LogTensorStats(ScheduledInspectFeature):
     """Log high-precision statistics of the selected tensors (see the module docstring)."""
 
     PARAMS = ("stats",)
-    SCHEDULED = True
 
     @classmethod
     def check_params(cls, params: dict, path: tuple) -> None:
@@ -50,10 +48,6 @@ class LogTensorStats(ValidatedFeature):
                 StatRequest.parse_hp(entry, tensor_name=params.get("tensor"))
             except ValueError as err:
                 raise FeatureConfigError(f"{cls.__name__}: {err}", path + ("stats", i)) from err
-
-    @api_method
-    def inspect_tensor_enabled(self, config: dict, layer_name: str, tensor_name: str, iteration: int):
-        return scheduled_enabled(config, layer_name, iteration)
 
     @api_method
     def inspect_tensor(self, config: dict, layer_name: str, tensor_name: str, iteration: int,

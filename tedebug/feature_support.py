@@ -23,7 +23,7 @@ from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
 from tedebug.config.errors import closest
 from tedebug.config.schedule import SCHEDULE_KEYS, Schedule
 from tedebug.quantization.tensor import QuantizedTensor
-from tedebug.registry import FeatureMapper
+from tedebug.registry import FeatureMapper, api_method
 
 # ------------------------------------------------------------------------------------------------ config validation
 FEATURE_LEVEL_KEYS = ("enabled",)
@@ -182,6 +182,19 @@ def scheduled_enabled(config: dict, layer_name: str, iteration: int, *, note_sta
     if note_stats:
         session().stats.note_next_iteration(layer_name, nxt)
     return active, nxt
+
+
+class ScheduledInspectFeature(ValidatedFeature):
+    """Base of the inspecting features (statistics, dumps): accepts the schedule keys and answers
+    `inspect_tensor_enabled` from them.  `NOTE_STATS` says whether the next iteration is recorded in the stats engine
+    (the statistics features) or not (DumpTensors)."""
+
+    SCHEDULED = True
+    NOTE_STATS = True
+
+    @api_method
+    def inspect_tensor_enabled(self, config: dict, layer_name: str, tensor_name: str, iteration: int):
+        return scheduled_enabled(config, layer_name, iteration, note_stats=self.NOTE_STATS)
 
 
 def scheduled_now(config: dict, iteration: int) -> bool:

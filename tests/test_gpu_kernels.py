@@ -19,7 +19,8 @@ from tedebug.quantization.mxfp8 import MXFP8Quantizer  # noqa: E402
 DEV = torch.device("cuda")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 U = 2.0 ** -24  # fp32 unit roundoff
-CHUNK = 8        # elements summed in fp32 before the fp64 accumulation (kernels/stats.cu)
+CHUNK = 16       # elements summed in fp32 before the fp64 accumulation (kernels/stats.cu)
+ERR_CHUNK = 32   # squared errors summed in fp32 per thread chunk before fp64 (mxfp8.cu, fp8_tensor.cu)
 TINY_SQ = 2.0 ** -126  # squared errors below the fp32 normal range are lost by the fp32 per-element squares
 
 
@@ -62,7 +63,7 @@ def same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 # ------------------------------------------------------------------------------------------------ statistics
 EXACT = ("min", "max", "amax", "nz_abs_min", "nz_abs_max", "nonzero_count", "nan_count", "inf_count")
-STATS_SHAPES = [(1,), (7,), (33, 17), (4099,), (257, 129), (3, 1000, 37)]
+STATS_SHAPES = [(1,), (7,), (33, 17), (4099,), (257, 129), (3, 1000, 37), (4096, 1025)]  # last: unrolled loop
 
 
 def check_stats(x):
@@ -142,7 +143,9 @@ def test_stats_through_dispatch():
 
 
 # ------------------------------------------------------------------------------------------------ MXFP8
-MX_SHAPES = [(32, 32), (64, 96), (96, 160), (2, 48, 64), (256, 4096)]
+# 16-bit inputs use the tiled kernel (32 x 256 tiles, partial last tile when K % 256 != 0, several tiles per block
+# for the last shape); fp32 inputs use the general kernel.
+MX_SHAPES = [(32, 32), (64, 96), (96, 160), (2, 48, 64), (256, 4096), (64, 800), (1024, 4096)]
 
 
 def mx_pair(x, fmt):
@@ -168,20 +171,33 @@ def test_mxfp8_bit_identical(fmt, dtype, shape):
             err = cupy_kernels.mse_partials(x, got, usage)["sq_err"].item()
             want = torch_ref.mse_partials(x, ref, usage)["sq_err"].item()
             assert (math.isnan(err) and math.isnan(want)) or err == want or \
-                abs(err - want) <= 32 * U * abs(want) + x.numel() * TINY_SQ
+                abs(err - want) <= ERR_CHUNK * U * abs(want) + x.numel() * TINY_SQ
 
 
-def test_mxfp8_single_direction_and_deterministic():
-    x = random_input((128, 256), torch.bfloat16, 13)
-    with dispatch.use_backend("cupy"):
-        row = MXFP8Quantizer("E4M3", columnwise=False).quantize(x)
-        again = MXFP8Quantizer("E4M3", columnwise=False).quantize(x)
-    assert row.columnwise_data is None and torch.equal(row.rowwise_data, again.rowwise_data)
-    assert torch.equal(row._fused_error_stats["rowwise"]["sq_err"], again._fused_error_stats["rowwise"]["sq_err"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mxfp8_single_direction_and_deterministic(dtype):
+    x = adversarial((128, 512), dtype, 13)
+    with dispatch.use_backend("torch"):
+        ref = MXFP8Quantizer("E4M3").quantize(x)
+    for usage in ("rowwise", "columnwise"):
+        kw = {"columnwise": False} if usage == "rowwise" else {"rowwise": False}
+        with dispatch.use_backend("cupy"):
+            one = MXFP8Quantizer("E4M3", **kw).quantize(x)
+            again = MXFP8Quantizer("E4M3", **kw).quantize(x)
+        other = "columnwise" if usage == "rowwise" else "rowwise"
+        assert getattr(one, f"{other}_data") is None
+        for field in (f"{usage}_data", f"{usage}_scale_inv"):
+            assert torch.equal(getattr(one, field), getattr(ref, field)), field
+            assert torch.equal(getattr(one, field), getattr(again, field)), field
+        uf = cupy_kernels.underflow_partials(x, one, usage)["underflows_num"].item()
+        assert uf == torch_ref.underflow_partials(x, ref, usage)["underflows_num"].item()
+        assert torch.equal(one._fused_error_stats[usage]["sq_err"], again._fused_error_stats[usage]["sq_err"])
 
 
 # ------------------------------------------------------------------------------------------------ per-tensor FP8
-FP8_SHAPES = [(1, 1), (3, 5), (65, 63), (130, 257), (64, 128), (2, 3, 70)]
+# 16-bit inputs with M % 64 == 0 and K % 128 == 0 use the tiled cast + transpose ((64, 128), (2, 64, 256), and
+# (2048, 4096) with several tiles per block); the others and fp32 use the general kernel.
+FP8_SHAPES = [(1, 1), (3, 5), (65, 63), (130, 257), (64, 128), (2, 3, 70), (2, 64, 256), (2048, 4096)]
 
 
 def check_fp8(got, ref, x):
@@ -197,7 +213,7 @@ def check_fp8(got, ref, x):
         err = cupy_kernels.mse_partials(x, got, usage)["sq_err"].item()
         want = torch_ref.mse_partials(x, ref, usage)["sq_err"].item()
         assert (math.isnan(err) and math.isnan(want)) or err == want or \
-            abs(err - want) <= 8 * U * abs(want) + x.numel() * TINY_SQ
+            abs(err - want) <= ERR_CHUNK * U * abs(want) + x.numel() * TINY_SQ
 
 
 @pytest.mark.parametrize("fmt", ["E4M3", "E5M2"])

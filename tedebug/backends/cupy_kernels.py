@@ -6,6 +6,9 @@ What it owns:
   raises `KernelCompileError` naming the source and options and showing the NVRTC log;
 - launching on torch's current stream (one cached `cupy.cuda.ExternalStream` per torch stream), with raw
   ``data_ptr()`` arguments and numpy-typed scalars (CuPy packs a Python float as double and an int as int64);
+- one persistent workspace per (device, stream) holding the per-block partials and the atomic tickets of the
+  single-launch kernels (the last block of a launch finishes the reduction and resets its ticket), so a call
+  allocates only its outputs;
 - the kernel-backed versions of the statistics family functions (`basic_partials`; the other families delegate
   to `tedebug.backends.torch_ref`) and of the quantize paths (MXFP8, per-tensor FP8), each returning exactly what
   the torch reference returns.  Results stay on the GPU: no host synchronisation per tensor.
@@ -29,13 +32,20 @@ from tedebug.backends import torch_ref
 _DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _FP8_CODE = {"E4M3": 0, "E5M2": 1}
 THREADS = 256
-BLOCKS_PER_SM = 4
+BLOCKS_PER_SM = 4        # general kernels
+STATS_BLOCKS_PER_SM = 3  # ted_stats: __launch_bounds__(256, 3)
+MX_BLOCKS_PER_SM = 3     # ted_mxfp8_quantize16: __launch_bounds__(256, 3)
+CT_BLOCKS_PER_SM = 4     # ted_fp8_cast_transpose16 (48 registers)
+_MAX_BLOCKS_PER_SM = 4
+_PARTIAL_ROW_BYTES = 128  # >= sizeof(Acc) = 88 and 4 doubles
+_TICKETS = {"stats": 0, "mxfp8": 1, "cast": 2, "amax": 4}  # uint32 slots; "amax" uses slots 4 (max) and 5 (ticket)
+_TICKET_BYTES = 256
+_SIXTEEN_BIT = (torch.bfloat16, torch.float16)
 
 BASIC_KEYS = (
     "min", "max", "sum", "m2", "abs_sum", "sq_sum", "amax", "nz_abs_min", "nz_abs_max",
     "nonzero_count", "nan_count", "inf_count",
 )
-_STATS_PARTIAL_BYTES = 88  # sizeof(Acc) in kernels/stats.cu
 
 
 class KernelCompileError(RuntimeError):
@@ -96,23 +106,64 @@ def get_kernel(source: str, name: str, options: Tuple[str, ...]):
 
 
 _STREAMS: Dict[Tuple[int, int], object] = {}
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _raw_stream(index: int) -> int:
+    """The raw cudaStream_t of torch's current stream on device `index` (the fast private call when present)."""
+    if _RAW_STREAM is not None:
+        return _RAW_STREAM(index)
+    return torch.cuda.current_stream(index).cuda_stream
 
 
 def current_stream(device: torch.device):
     """The cached CuPy ExternalStream for torch's current stream on `device`."""
-    ts = torch.cuda.current_stream(device)
-    key = (ts.device_index, ts.cuda_stream)
+    index = _device_index(device)
+    key = (index, _raw_stream(index))
     stream = _STREAMS.get(key)
     if stream is None:
-        stream = _cupy().cuda.ExternalStream(ts.cuda_stream, ts.device_index)
+        stream = _cupy().cuda.ExternalStream(key[1], index)
         _STREAMS[key] = stream
     return stream
 
 
 def _launch(kernel, grid: int, block: int, args, device: torch.device) -> None:
     cp = _cupy()
-    with cp.cuda.Device(device.index if device.index is not None else torch.cuda.current_device()):
-        kernel((int(grid),), (int(block),), args, stream=current_stream(device))
+    index = _device_index(device)
+    stream = current_stream(device)
+    if cp.cuda.runtime.getDevice() == index:
+        kernel((int(grid),), (int(block),), args, stream=stream)
+        return
+    with cp.cuda.Device(index):
+        kernel((int(grid),), (int(block),), args, stream=stream)
+
+
+_WORKSPACES: Dict[Tuple[int, int], torch.Tensor] = {}
+
+
+def _workspace(device: torch.device) -> Tuple[int, int]:
+    """(partials pointer, tickets pointer) of the workspace of torch's current stream on `device`.
+
+    The tickets start at 0 and every single-launch kernel leaves them at 0; kernels on one stream run in order,
+    so they can share it.
+    """
+    index = _device_index(device)
+    key = (index, _raw_stream(index))
+    ws = _WORKSPACES.get(key)
+    if ws is None:
+        nbytes = _TICKET_BYTES + _MAX_BLOCKS_PER_SM * _sm_count(index) * _PARTIAL_ROW_BYTES
+        ws = torch.zeros(nbytes, dtype=torch.uint8, device=torch.device("cuda", index))
+        _WORKSPACES[key] = ws
+    base = ws.data_ptr()
+    return base + _TICKET_BYTES, base
+
+
+def _ticket(tickets: int, name: str) -> int:
+    return tickets + 4 * _TICKETS[name]
 
 
 @functools.lru_cache(maxsize=None)
@@ -120,9 +171,8 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _grid_for(device: torch.device, work_items: int) -> int:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return max(1, min(BLOCKS_PER_SM * _sm_count(index), (work_items + THREADS - 1) // THREADS))
+def _grid_for(device: torch.device, work_items: int, blocks_per_sm: int = BLOCKS_PER_SM) -> int:
+    return max(1, min(blocks_per_sm * _sm_count(_device_index(device)), (work_items + THREADS - 1) // THREADS))
 
 
 def _dtype_options(x: torch.Tensor, fp8_format: Optional[str] = None) -> Tuple[str, ...]:
@@ -154,20 +204,18 @@ def _sum_columns(partial: torch.Tensor, out: torch.Tensor) -> None:
 
 # ------------------------------------------------------------------------------------------------ statistics
 def basic_stats_tensor(x: torch.Tensor) -> torch.Tensor:
-    """float64[12] on x's device: the basic partials in `BASIC_KEYS` order (two launches, no host sync)."""
+    """float64[12] on x's device: the basic partials in `BASIC_KEYS` order (one launch, no host sync)."""
     x = prepare_input(x)
     n = x.numel()
     if n == 0:
         raise ValueError("basic statistics of an empty tensor")
-    opts = _dtype_options(x)
     vec = 16 // x.element_size()
-    grid = _grid_for(x.device, max(n // vec, 1))
-    work = torch.empty(grid * _STATS_PARTIAL_BYTES, dtype=torch.uint8, device=x.device)
+    grid = _grid_for(x.device, max(n // vec, 1), STATS_BLOCKS_PER_SM)
+    partials, tickets = _workspace(x.device)
     out = torch.empty(len(BASIC_KEYS), dtype=torch.float64, device=x.device)
-    partial_k = get_kernel("stats.cu", "ted_stats_partial", opts)
-    final_k = get_kernel("stats.cu", "ted_stats_finalize", opts)
-    _launch(partial_k, grid, THREADS, (x.data_ptr(), np.int64(n), work.data_ptr()), x.device)
-    _launch(final_k, 1, THREADS, (work.data_ptr(), np.int32(grid), out.data_ptr()), x.device)
+    kernel = get_kernel("stats.cu", "ted_stats", _dtype_options(x))
+    _launch(kernel, grid, THREADS, (x.data_ptr(), np.int64(n), partials, _ticket(tickets, "stats"), out.data_ptr()),
+            x.device)
     return out
 
 
@@ -227,6 +275,8 @@ def mxfp8_quantize_raw(x2d: torch.Tensor, fp8_format: str, rowwise: bool, column
     m, k = x2d.shape
     dev = x2d.device
     opts = _dtype_options(x2d, fp8_format)
+    if x2d.dtype in _SIXTEEN_BIT:
+        return _mxfp8_quantize16(x2d, fp8_format, rowwise, columnwise, opts)
     cpl = 2  # columns per lane, CPL in kernels/mxfp8.cu
     tiles = (m // 32) * ((k + 32 * cpl - 1) // (32 * cpl))
     grid = max(1, min(BLOCKS_PER_SM * _sm_count(dev.index), (tiles + 7) // 8))
@@ -248,6 +298,40 @@ def mxfp8_quantize_raw(x2d: torch.Tensor, fp8_format: str, rowwise: bool, column
     )
     _launch(kernel, grid, THREADS, args, dev)
     _sum_columns(partial, stats)
+    return row_codes, row_scales, col_codes, col_scales, stats
+
+
+def _mxfp8_empty(m: int, k: int, dev, rowwise: bool, columnwise: bool):
+    row_codes = torch.empty((m, k), dtype=torch.uint8, device=dev) if rowwise else None
+    row_scales = torch.empty((m, k // 32), dtype=torch.uint8, device=dev) if rowwise else None
+    col_codes = torch.empty((m, k), dtype=torch.uint8, device=dev) if columnwise else None
+    col_scales = torch.empty((m // 32, k), dtype=torch.uint8, device=dev) if columnwise else None
+    return row_codes, row_scales, col_codes, col_scales
+
+
+def _mxfp8_quantize16(x2d: torch.Tensor, fp8_format: str, rowwise: bool, columnwise: bool, opts):
+    """The single-launch bf16 / fp16 kernel (32 x 256 tiles, statistics finished by the last block)."""
+    from tedebug.quantization.formats import FP8_MAX
+
+    m, k = x2d.shape
+    dev = x2d.device
+    tiles = (m // 32) * ((k + 255) // 256)
+    grid = max(1, min(MX_BLOCKS_PER_SM * _sm_count(_device_index(dev)), tiles))
+    row_codes, row_scales, col_codes, col_scales = _mxfp8_empty(m, k, dev, rowwise, columnwise)
+    stats = torch.empty(4, dtype=torch.float64, device=dev)
+    partials, tickets = _workspace(dev)
+
+    def ptr(t):
+        return t.data_ptr() if t is not None else 0
+
+    kernel = get_kernel("mxfp8.cu", "ted_mxfp8_quantize16", opts)
+    args = (
+        x2d.data_ptr(), np.int64(m), np.int64(k), np.float32(1.0 / FP8_MAX[fp8_format]),
+        np.int32(rowwise), np.int32(columnwise),
+        ptr(row_codes), ptr(row_scales), ptr(col_codes), ptr(col_scales),
+        partials, _ticket(tickets, "mxfp8"), stats.data_ptr(),
+    )
+    _launch(kernel, grid, THREADS, args, dev)
     return row_codes, row_scales, col_codes, col_scales, stats
 
 
@@ -274,24 +358,51 @@ def mxfp8_quantize(quantizer, tensor: torch.Tensor):
 
 
 # ------------------------------------------------------------------------------------------------ per-tensor FP8
-def fp8_amax(x: torch.Tensor) -> torch.Tensor:
-    """0-d fp32 max|x| ignoring NaN (= `formats.tensor_amax`), computed on the device."""
-    x = prepare_input(x)
+def _amax_launch(x: torch.Tensor, out: torch.Tensor, fp8_format: Optional[str] = None, epsilon: float = 0.0,
+                 pow2: bool = False) -> None:
+    """One launch of ted_fp8_amax_scale: out[0] = amax; with `fp8_format` also out[1] = scale, out[2] = scale_inv."""
+    from tedebug.quantization.formats import FP8_MAX
+
     n = x.numel()
-    out = torch.zeros((), dtype=torch.float32, device=x.device)
-    if n == 0:
-        return out
     vec = 16 // x.element_size()
     grid = _grid_for(x.device, max(n // vec, 1))
-    kernel = get_kernel("fp8_tensor.cu", "ted_fp8_amax", _dtype_options(x))
-    _launch(kernel, grid, THREADS, (x.data_ptr(), np.int64(n), out.data_ptr()), x.device)
-    return out
+    partials, tickets = _workspace(x.device)
+    base = out.data_ptr()
+    mode = 1 if fp8_format is not None else 0
+    fp8_max = FP8_MAX[fp8_format] if fp8_format is not None else 0.0
+    kernel = get_kernel("fp8_tensor.cu", "ted_fp8_amax_scale", _dtype_options(x))
+    args = (x.data_ptr(), np.int64(n), _ticket(tickets, "amax"), base, np.int32(mode), np.float32(fp8_max),
+            np.float32(epsilon), np.int32(pow2), base + 4 * mode, base + 8 * mode)
+    _launch(kernel, grid, THREADS, args, x.device)
+
+
+def fp8_amax(x: torch.Tensor) -> torch.Tensor:
+    """0-d fp32 max|x| ignoring NaN (= `formats.tensor_amax`), computed on the device (one launch)."""
+    x = prepare_input(x)
+    if x.numel() == 0:
+        return torch.zeros((), dtype=torch.float32, device=x.device)
+    out = torch.empty(1, dtype=torch.float32, device=x.device)
+    _amax_launch(x, out)
+    return out[0]
+
+
+def fp8_amax_scale(x: torch.Tensor, fp8_format: str, epsilon: float, pow2: bool):
+    """(amax, scale, scale_inv) 0-d fp32 device tensors (formats.compute_scale_from_amax) in one launch."""
+    x = prepare_input(x)
+    out = torch.empty(3, dtype=torch.float32, device=x.device)
+    if x.numel() == 0:
+        out[0] = 0.0
+        scale, scale_inv = fp8_current_scale(out[0], fp8_format, epsilon, pow2)
+        return out[0], scale, scale_inv
+    _amax_launch(x, out, fp8_format, epsilon, pow2)
+    return out[0], out[1], out[2]
 
 
 def fp8_current_scale(amax: torch.Tensor, fp8_format: str, epsilon: float, pow2: bool):
     """(scale, scale_inv) 0-d fp32 device tensors from a device amax (formats.compute_scale_from_amax)."""
     from tedebug.quantization.formats import FP8_MAX
 
+    amax = amax.reshape(()).contiguous()
     scale = torch.empty((), dtype=torch.float32, device=amax.device)
     scale_inv = torch.empty_like(scale)
     kernel = get_kernel("fp8_tensor.cu", "ted_fp8_current_scale", ())
@@ -318,6 +429,8 @@ def fp8_cast_transpose_raw(x2d: torch.Tensor, scale: torch.Tensor, scale_inv: to
     x2d = prepare_input(x2d)
     m, k = x2d.shape
     dev = x2d.device
+    if x2d.dtype in _SIXTEEN_BIT and m % 64 == 0 and k % 128 == 0 and m > 0 and k > 0:
+        return _cast_transpose16(x2d, scale, scale_inv, fp8_format, rowwise, columnwise)
     tiles = ((m + 63) // 64) * ((k + 63) // 64)
     grid = max(1, min(BLOCKS_PER_SM * _sm_count(dev.index), tiles))
     row = torch.empty((m, k), dtype=torch.uint8, device=dev) if rowwise else None
@@ -335,14 +448,41 @@ def fp8_cast_transpose_raw(x2d: torch.Tensor, scale: torch.Tensor, scale_inv: to
     return row, col, stats
 
 
-def fp8_quantize(quantizer, tensor: torch.Tensor, scale: torch.Tensor):
-    """Kernel version of `float8._cast_per_tensor` with a given device `scale` (Float8Tensor, same bytes)."""
+def _cast_transpose16(x2d, scale, scale_inv, fp8_format: str, rowwise: bool, columnwise: bool):
+    """The single-launch bf16 / fp16 cast + transpose (M % 64 == 0, K % 128 == 0)."""
+    from tedebug.quantization.formats import FP8_MAX
+
+    m, k = x2d.shape
+    dev = x2d.device
+    tiles = (m // 64) * (k // 128)
+    grid = max(1, min(CT_BLOCKS_PER_SM * _sm_count(_device_index(dev)), tiles))
+    row = torch.empty((m, k), dtype=torch.uint8, device=dev) if rowwise else None
+    col = torch.empty((k, m), dtype=torch.uint8, device=dev) if columnwise else None
+    stats = torch.empty(3, dtype=torch.float64, device=dev)
+    partials, tickets = _workspace(dev)
+    kernel = get_kernel("fp8_tensor.cu", "ted_fp8_cast_transpose16", _dtype_options(x2d, fp8_format))
+    args = (
+        x2d.data_ptr(), np.int64(m), np.int64(k), scale.data_ptr(), scale_inv.data_ptr(),
+        np.float32(FP8_MAX[fp8_format]), np.int32(rowwise), np.int32(columnwise),
+        row.data_ptr() if row is not None else 0, col.data_ptr() if col is not None else 0,
+        partials, _ticket(tickets, "cast"), stats.data_ptr(),
+    )
+    _launch(kernel, grid, THREADS, args, dev)
+    return row, col, stats
+
+
+def fp8_quantize(quantizer, tensor: torch.Tensor, scale: torch.Tensor, scale_inv: Optional[torch.Tensor] = None):
+    """Kernel version of `float8._cast_per_tensor` with a given device `scale` (Float8Tensor, same bytes).
+
+    `scale_inv` (0-d fp32 on the device, = 1 / scale) is computed here when not given.
+    """
     from tedebug.quantization.float8 import Float8Tensor
     from tedebug.quantization.tensor import matrix_shape
 
     m, k = matrix_shape(tensor.shape)
     scale = scale.detach().float().reshape(()).to(tensor.device).contiguous()
-    scale_inv = fp8_scale_inv(scale)
+    if scale_inv is None:
+        scale_inv = fp8_scale_inv(scale)
     row, col, stats = fp8_cast_transpose_raw(
         tensor.detach().reshape(m, k), scale, scale_inv, quantizer.fp8_format,
         quantizer.rowwise_usage, quantizer.columnwise_usage,
@@ -359,10 +499,10 @@ def fp8_quantize(quantizer, tensor: torch.Tensor, scale: torch.Tensor):
 
 
 def fp8_current_quantize(quantizer, tensor: torch.Tensor):
-    """Kernel version of `Float8CurrentScalingQuantizer._quantize`: amax pass, device scale, cast + transpose."""
-    amax = fp8_amax(tensor)
-    scale, _ = fp8_current_scale(amax, quantizer.fp8_format, quantizer.amax_epsilon, quantizer.force_pow_2_scales)
-    return fp8_quantize(quantizer, tensor, scale)
+    """Kernel version of `Float8CurrentScalingQuantizer._quantize`: amax + scale (one launch), cast + transpose."""
+    _, scale, scale_inv = fp8_amax_scale(tensor, quantizer.fp8_format, quantizer.amax_epsilon,
+                                         quantizer.force_pow_2_scales)
+    return fp8_quantize(quantizer, tensor, scale, scale_inv)
 
 
 def fp8_delayed_quantize(quantizer, tensor: torch.Tensor):
