@@ -183,6 +183,24 @@ __device__ __forceinline__ void ted_decode_fp8x2(unsigned int codes, float& a, f
     a = __half2float(__half(__half_raw{h.x}));
     b = __half2float(__half(__half_raw{h.y}));
 }
+// |decode(code)| of byte j of a word of FP8 codes, up to a constant factor: the code's exponent / mantissa bits
+// placed in an fp32 word give |value| * 2^-TED_FP8_MAG_EXP exactly (FP8 subnormals become fp32 subnormals), so
+// ted_mul(ted_fp8_mag(c, j), TED_FP8_MAG_SCALE) is the exact magnitude.  Not valid for NaN codes (callers handle
+// NaN on their non-finite path).  Integer ops only (no conversion unit).
+#if TED_FP8 == 0
+#define TED_FP8_MAG_SHIFT 20
+#define TED_FP8_MAG_SCALE __uint_as_float(0x7B800000u)  // 2^120
+#else
+#define TED_FP8_MAG_SHIFT 21
+#define TED_FP8_MAG_SCALE __uint_as_float(0x77800000u)  // 2^112
+#endif
+__device__ __forceinline__ float ted_fp8_mag(unsigned int c, int j) {
+    return __uint_as_float(((c >> (8 * j)) & 0x7Fu) << TED_FP8_MAG_SHIFT);
+}
+// |v| - d (IEEE, no flush).
+__device__ __forceinline__ float ted_abs_sub(float v, float d) {
+    float r; asm("{.reg .f32 t; abs.f32 t, %1; sub.rn.f32 %0, t, %2;}" : "=f"(r) : "f"(v), "f"(d)); return r;
+}
 __device__ __forceinline__ float ted_add_abs(float acc, float v) {  // acc + |v|, IEEE, no flush
     float r; asm("{.reg .f32 t; abs.f32 t, %2; add.rn.f32 %0, %1, t;}" : "=f"(r) : "f"(acc), "f"(v)); return r;
 }

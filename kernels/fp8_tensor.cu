@@ -7,8 +7,8 @@
 // the last block writes amax and, for current scaling, scale and scale_inv) and `ted_fp8_cast_transpose16` (bf16 /
 // fp16, M % 64 == 0, K % 128 == 0: 64 x 128 tiles, 16-byte loads, 8-byte row stores, 4x4 byte transposes in
 // registers, chunk-swizzled shared memory, 16-byte transposed stores, the stats finished by the last block).
-// The general kernels below (`ted_fp8_amax`, `ted_fp8_current_scale`, `ted_fp8_cast_transpose`) handle every
-// other shape and fp32 inputs.
+// `ted_fp8_cast_transpose` (general) handles every other shape and fp32 inputs.  `ted_fp8_amax` is the earlier
+// amax kernel (no longer launched); `ted_fp8_current_scale` is still used for empty tensors.
 #include "common.cuh"
 
 // amax_out must hold 0 (as uint bits) before the launch; non-negative floats order like their uint bits.
@@ -300,6 +300,7 @@ ted_fp8_cast_transpose16(const ted_raw_t* __restrict__ x, long long M, long long
     __shared__ double scratch[32];
     const float scale = scale_p[0];
     const float sinv = scale_inv_p[0];
+    const float sinv_abs = ted_abs(sinv);
     const unsigned int thr_bits = __float_as_uint(ted_mul(sinv, fp8_max));
     const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
     const long long n_tk = K / CT_K;
@@ -327,10 +328,9 @@ ted_fp8_cast_transpose16(const ted_raw_t* __restrict__ x, long long M, long long
                 amx = ted_pmax(amx, w[k] & 0x7FFF7FFFu);
                 const float f0 = ted_lo(w[k]), f1 = ted_hi(w[k]);
                 q[k] = ted_encode_fp8x2(ted_mul(f0, scale), ted_mul(f1, scale));
-                float d0, d1;
-                ted_decode_fp8x2(q[k], d0, d1);
-                d0 = ted_sub(f0, ted_mul(d0, sinv));
-                d1 = ted_sub(f1, ted_mul(d1, sinv));
+                // (x - deq)^2 = (|x| - |deq|)^2: deq has the sign of x (or is 0), |deq| = |decode(q)| * |scale_inv|
+                const float d0 = ted_abs_sub(f0, ted_mul(ted_mul(ted_fp8_mag(q[k], 0), TED_FP8_MAG_SCALE), sinv_abs));
+                const float d1 = ted_abs_sub(f1, ted_mul(ted_mul(ted_fp8_mag(q[k], 1), TED_FP8_MAG_SCALE), sinv_abs));
                 e32 = ted_fma(d0, d0, e32);
                 e32 = ted_fma(d1, d1, e32);
             }

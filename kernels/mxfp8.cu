@@ -2,7 +2,8 @@
 // read of x [M, K] (M, K multiples of 32), with fused error statistics per direction.
 // Fast kernel `ted_mxfp8_quantize16` (bf16 / fp16, used by tedebug/backends/cupy_kernels.py): a block of 8 warps
 // owns a tile of 32 rows x 256 columns; warp w holds rows w, w+8, w+16, w+24 and lane l columns 8l..8l+7 (one
-// 16-byte load per row).  Row block amax: packed bf16x2/f16x2 max over the lane's 8 values, two rows packed per
+// 16-byte load per row, double-buffered with cp.async so the next tile streams in while this one is processed).
+// Row block amax: packed bf16x2/f16x2 max over the lane's 8 values, two rows packed per
 // word, two xor shuffles over the 4 lanes of a 32-column block.  Column amax: each warp's packed max over its 4
 // rows goes to shared memory; thread t reduces column t over the 8 warps and publishes the column's multiplier and
 // decode scale in shared memory.  Per element and direction: q = satfinite-RNE-FP8(x * 2^(127-code)) (two per
@@ -176,6 +177,9 @@ ted_mxfp8_quantize(const ted_raw_t* __restrict__ x, long long M, long long K, fl
 // ------------------------------------------------------------------------------------------------ fast kernel
 #if TED_DTYPE != 0
 #define MX_K 256  // tile columns: 8 per lane
+#ifndef MX_MIN_BLOCKS
+#define MX_MIN_BLOCKS 3  // resident blocks per SM (register cap); cupy_kernels.MX_BLOCKS_PER_SM must match
+#endif
 
 struct MxChunk { uint4 v[4]; };                       // rows i = 0..3 (tile rows w + 8 i), 8 columns each
 struct MxScales { float mult[8]; float sinv[8]; };    // per row (index i) or per column (index e)
@@ -209,7 +213,21 @@ __device__ __forceinline__ unsigned int mx_code_count(const unsigned int (*c)[2]
     return ted_byte_total(cnt);  // <= 32
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4)
+// Start the asynchronous copy of this thread's 4 x 16 bytes of `tile` into its slots of `dst` (inactive lanes,
+// beyond K, copy nothing and later read zeros).
+__device__ __forceinline__ void mx_prefetch(const ted_raw_t* x, long long K, long long n_tk, long long tile, int wid,
+                                            int lane, uint4 (*dst)[256]) {
+    const long long m0 = (tile / n_tk) * 32, kc = (tile % n_tk) * MX_K + 8 * lane;
+    if (kc >= K) return;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const unsigned int saddr = (unsigned int)__cvta_generic_to_shared(&dst[i][threadIdx.x]);
+        const ted_raw_t* src = x + (m0 + wid + 8 * i) * K + kc;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(saddr), "l"(src) : "memory");
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256, MX_MIN_BLOCKS)
 ted_mxfp8_quantize16(const ted_raw_t* __restrict__ x, long long M, long long K, float inv_fp8_max,
                      int do_row, int do_col,
                      unsigned char* __restrict__ row_codes, unsigned char* __restrict__ row_scales,
@@ -219,21 +237,29 @@ ted_mxfp8_quantize16(const ted_raw_t* __restrict__ x, long long M, long long K, 
     __shared__ __align__(16) float col_mult[MX_K];
     __shared__ __align__(16) float col_sinv[MX_K];
     __shared__ double scratch[32];
+    __shared__ __align__(16) uint4 stage[2][4][256];  // [buffer][row i][thread]: 32 KB
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const long long n_tk = (K + MX_K - 1) / MX_K;
     const long long n_tiles = (M / 32) * n_tk;
 
     double row_err = 0.0, col_err = 0.0;
     unsigned long long nzx = 0ull, nz_row = 0ull, nz_col = 0ull;
-    for (long long tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
+    // Double-buffered input: while a tile is processed, the thread's 4 x 16 bytes of the next tile are in flight
+    // (cp.async into its own slots of stage[buf ^ 1]; each thread reads back only what it copied, so no barrier).
+    int buf = 0;
+    if ((long long)blockIdx.x < n_tiles) mx_prefetch(x, K, n_tk, (long long)blockIdx.x, wid, lane, stage[0]);
+    asm volatile("cp.async.commit_group;\n" ::);
+    for (long long tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, buf ^= 1) {
         const long long m0 = (tile / n_tk) * 32, k0 = (tile % n_tk) * MX_K;
         const long long kc = k0 + 8 * lane;
         const bool active = kc < K;  // K % 32 == 0: the 4 lanes of a 32-column block agree
+        if (tile + gridDim.x < n_tiles) mx_prefetch(x, K, n_tk, tile + gridDim.x, wid, lane, stage[buf ^ 1]);
+        asm volatile("cp.async.commit_group;\n" ::);
+        asm volatile("cp.async.wait_group 1;\n" ::: "memory");
         MxChunk ch;
 #pragma unroll
         for (int i = 0; i < 4; ++i)
-            ch.v[i] = active ? __ldcs(reinterpret_cast<const uint4*>(x + (m0 + wid + 8 * i) * K + kc))
-                             : make_uint4(0u, 0u, 0u, 0u);
+            ch.v[i] = active ? stage[buf][i][threadIdx.x] : make_uint4(0u, 0u, 0u, 0u);
         // |x| maxima (packed, NaN dropped against the initial 0) and the non-zero count
         unsigned int xcnt = 0u, rmax[4], cmax[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
@@ -296,22 +322,20 @@ ted_mxfp8_quantize16(const ted_raw_t* __restrict__ x, long long M, long long K, 
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
                 const float f0 = ted_lo(w[k]), f1 = ted_hi(w[k]);
-                float d0, d1;
                 rq[k] = 0u;
                 cq[k] = 0u;
+                // (x - deq)^2 = (|x| - |deq|)^2 (deq has the sign of x or is 0); |deq| = |decode(q)| * scale
                 if (do_row) {
                     rq[k] = ted_encode_fp8x2(ted_mul(f0, rs.mult[i]), ted_mul(f1, rs.mult[i]));
-                    ted_decode_fp8x2(rq[k], d0, d1);
-                    d0 = ted_sub(f0, ted_mul(d0, rs.sinv[i]));
-                    d1 = ted_sub(f1, ted_mul(d1, rs.sinv[i]));
+                    const float d0 = ted_abs_sub(f0, ted_mul(ted_mul(ted_fp8_mag(rq[k], 0), TED_FP8_MAG_SCALE), rs.sinv[i]));
+                    const float d1 = ted_abs_sub(f1, ted_mul(ted_mul(ted_fp8_mag(rq[k], 1), TED_FP8_MAG_SCALE), rs.sinv[i]));
                     re32 = ted_fma(d0, d0, re32);
                     re32 = ted_fma(d1, d1, re32);
                 }
                 if (do_col) {
                     cq[k] = ted_encode_fp8x2(ted_mul(f0, cs.mult[2 * k]), ted_mul(f1, cs.mult[2 * k + 1]));
-                    ted_decode_fp8x2(cq[k], d0, d1);
-                    d0 = ted_sub(f0, ted_mul(d0, cs.sinv[2 * k]));
-                    d1 = ted_sub(f1, ted_mul(d1, cs.sinv[2 * k + 1]));
+                    const float d0 = ted_abs_sub(f0, ted_mul(ted_mul(ted_fp8_mag(cq[k], 0), TED_FP8_MAG_SCALE), cs.sinv[2 * k]));
+                    const float d1 = ted_abs_sub(f1, ted_mul(ted_mul(ted_fp8_mag(cq[k], 1), TED_FP8_MAG_SCALE), cs.sinv[2 * k + 1]));
                     ce32 = ted_fma(d0, d0, ce32);
                     ce32 = ted_fma(d1, d1, ce32);
                 }

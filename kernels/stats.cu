@@ -218,6 +218,24 @@ __device__ __forceinline__ void acc_write_results(const Acc& a, double* out) {
     out[11] = (double)a.inf;
 }
 
+template <int CNT> struct SumsChunk { float f[CNT]; };
+struct Sums64 { double S, A, Q, D, DD; unsigned long long nan, inf; };
+
+// The fp64 sums of a chunk and its NaN / Inf counts; by value and not inlined so the hot loop stays lean.
+template <int CNT>
+__device__ __noinline__ Sums64 sums_fp64(const SumsChunk<CNT> c, float K) {
+    Sums64 r = {0.0, 0.0, 0.0, 0.0, 0.0, 0ull, 0ull};
+    for (int e = 0; e < CNT; ++e) {
+        const double v = ted_f2d(c.f[e]);
+        r.nan += isnan(v) ? 1ull : 0ull;
+        r.inf += isinf(v) ? 1ull : 0ull;
+        r.S += v; r.A += fabs(v); r.Q += v * v;
+        const double d = v - ted_f2d(K);
+        r.D += d; r.DD += d * d;
+    }
+    return r;
+}
+
 // fp32 sums of `cnt` elements added to the fp64 accumulators (the fp64 redo when they are not finite).
 template <int CNT>
 __device__ __forceinline__ void ts_sums(ThreadStats& t, const float* f) {
@@ -235,15 +253,11 @@ __device__ __forceinline__ void ts_sums(ThreadStats& t, const float* f) {
     if (isfinite(ted_add(cq, cdd))) {
         t.S += ted_f2d(cs); t.A += ted_f2d(ca); t.Q += ted_f2d(cq); t.D += ted_f2d(cd); t.DD += ted_f2d(cdd);
     } else {  // rare: NaN / Inf present or fp32 overflow -> redo these elements in fp64
+        SumsChunk<CNT> c;
 #pragma unroll
-        for (int e = 0; e < CNT; ++e) {
-            const double v = ted_f2d(f[e]);
-            t.nan += isnan(v) ? 1ull : 0ull;
-            t.inf += isinf(v) ? 1ull : 0ull;
-            t.S += v; t.A += fabs(v); t.Q += v * v;
-            const double d = v - ted_f2d(t.K);
-            t.D += d; t.DD += d * d;
-        }
+        for (int e = 0; e < CNT; ++e) c.f[e] = f[e];
+        const Sums64 r = sums_fp64<CNT>(c, t.K);
+        t.S += r.S; t.A += r.A; t.Q += r.Q; t.D += r.D; t.DD += r.DD; t.nan += r.nan; t.inf += r.inf;
     }
 }
 
