@@ -7,6 +7,12 @@ Rows: basic statistics; MXFP8 rowwise + columnwise quantize with error statistic
 yet).  Timing: `torch.cuda.Event`, warm-up, >= 20 iterations, rotating between >= 2 input buffers so that no
 buffer is re-read from L2.  Printed: microseconds per call, speed-up vs torch, achieved bandwidth, and the
 fraction of copy bandwidth (or, for statistics, the time relative to the x.sum() pass).
+
+``--e2e`` adds the end-to-end measurement: a 12-block GPT-style stack of tedebug layers (hidden 2048, 16 heads,
+8 x 1024 tokens, bf16, 48 linear GEMMs, high-precision GEMMs so only tedebug's own cost is measured), step time
+(forward, backward, SGD) without debug_api, with an initialised config where nothing is active, and with
+LogTensorStats (min, max, mean, std, l1_norm, l2_norm, cur_amax, dynamic_range) on all six tensors of every layer at
+freq 1.
 """
 
 from __future__ import annotations
@@ -113,6 +119,83 @@ def bench_size(n: int, iters: int, warmup: int, nbuf: int) -> List[Dict[str, obj
     return rows
 
 
+# ------------------------------------------------------------------------------------------------ end to end
+class _Block(torch.nn.Module):
+    def __init__(self, hidden: int, heads: int, index: int) -> None:
+        from tedebug.nn import LayerNormLinear, LayerNormMLP, Linear
+
+        super().__init__()
+        self.heads = heads
+        self.qkv = LayerNormLinear(hidden, 3 * hidden, name=f"blocks.{index}.qkv")
+        self.proj = Linear(hidden, hidden, name=f"blocks.{index}.proj")
+        self.mlp = LayerNormMLP(hidden, 4 * hidden, name=f"blocks.{index}.mlp")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, h = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, h))
+        return x + self.mlp(x)
+
+
+def bench_end_to_end(layers: int = 12, hidden: int = 2048, heads: int = 16, batch: int = 8, seq: int = 1024,
+                     iters: int = 10, warmup: int = 3) -> List[Dict[str, object]]:
+    """ms per training step of the GPT-style stack in three debug settings (see the module docstring)."""
+    import tempfile
+
+    from tedebug import debug_api
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[_Block(hidden, heads, i) for i in range(layers)]).cuda().to(torch.bfloat16)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    x = torch.randn(batch, seq, hidden, device="cuda", dtype=torch.bfloat16)
+
+    def step_ms() -> float:
+        def one():
+            model(x).float().square().mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if debug_api.is_enabled():
+                debug_api.step()
+
+        for _ in range(warmup):
+            one()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            one()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / iters
+
+    stats = ["min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range"]
+    tensors = ["activation", "weight", "gradient", "output", "wgrad", "dgrad"]
+    idle = {"idle": {"enabled": True, "layers": {"layer_types": ["all"]}, "transformer_engine": {
+        "LogTensorStats": {"enabled": True, "stats": stats, "tensors": tensors, "start_step": 10 ** 9}}}}
+    full = {"all": {"enabled": True, "layers": {"layer_types": ["all"]}, "transformer_engine": {
+        "LogTensorStats": {"enabled": True, "stats": stats, "tensors": tensors, "freq": 1}}}}
+    base = step_ms()
+    rows = [{"setting": "no debug_api (baseline)", "ms": base}]
+    for label, cfg in (("initialised, nothing active", idle), ("LogTensorStats, 6 tensors x 48 GEMMs, freq 1", full)):
+        with tempfile.TemporaryDirectory() as log_dir:
+            debug_api.initialize(cfg, log_dir=log_dir)
+            try:
+                rows.append({"setting": label, "ms": step_ms()})
+            finally:
+                debug_api.end_debug()
+    for row in rows:
+        row["overhead"] = row["ms"] / base - 1.0
+    return rows
+
+
+def format_e2e(rows: List[Dict[str, object]]) -> str:
+    lines = [f"{'setting':<48} | {'ms/step':>8} | {'overhead':>8}", "-" * 70]
+    for r in rows:
+        lines.append(f"{r['setting']:<48} | {r['ms']:>8.2f} | {100 * r['overhead']:>7.1f}%")
+    return "\n".join(lines)
+
+
 def format_table(rows: List[Dict[str, object]]) -> str:
     head = f"{'size':>6} | {'operation':<32} | {'torch us':>10} | {'kernel us':>10} | {'speed-up':>8} | " \
            f"{'TB/s':>6} | {'% copy BW':>9} | {'x / sum()':>9}"
@@ -147,6 +230,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  bf16 inputs, "
           f"{args.iters} iterations, {args.buffers} rotating buffers")
     print(format_table(rows))
+    if args.e2e:
+        print("\nend to end: 12-block GPT-style stack of tedebug layers, hidden 2048, 8 x 1024 tokens, bf16")
+        print(format_e2e(bench_end_to_end()))
     return 0
 
 
@@ -155,3 +241,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--iters", type=int, default=20, help="timed iterations per measurement (>= 20)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed warm-up calls")
     parser.add_argument("--buffers", type=int, default=2, help="rotating input buffers (>= 2 defeats the L2)")
+    parser.add_argument("--e2e", action="store_true",
+                        help="also time training steps of a GPT-style stack with and without debug logging")
