@@ -70,15 +70,24 @@ class HookSpy:
 
 
 @pytest.fixture
-def spy(monkeypatch):
-    """Install a HookSpy (call after the session is started)."""
+def spy():
+    """Install a HookSpy (call after the session is started).
+
+    The spy shadows the module-level `__getattr__` of debug_api as a plain module attribute; teardown deletes it
+    again.  (monkeypatch.setattr would "restore" the session's namespace object it read through `__getattr__` as a
+    module attribute, which then shadows every later session's namespace.)
+    """
+    installed = []
 
     def _install():
         recorder = HookSpy(debug_api.transformer_engine)
-        monkeypatch.setattr(debug_api, "transformer_engine", recorder, raising=False)
+        debug_api.transformer_engine = recorder
+        installed.append(recorder)
         return recorder
 
-    return _install
+    yield _install
+    if installed:
+        del debug_api.transformer_engine
 
 
 @pytest.fixture
