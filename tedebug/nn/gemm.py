@@ -109,6 +109,13 @@ def _fp8_data(op: Float8Tensor, usage: str) -> torch.Tensor:
     return _as_2d(data).view(TORCH_FP8_DTYPE[op.fp8_format])
 
 
+def _aligned_scale(scale_inv: torch.Tensor) -> torch.Tensor:
+    """The 0-d fp32 scale as cuBLASLt accepts it: 16-byte aligned (a view into a larger buffer, e.g. the fused
+    amax/scale/scale_inv output of the GPU kernels, is copied; cuBLASLt answers NOT_SUPPORTED otherwise)."""
+    scale = scale_inv.reshape(()).float()
+    return scale if scale.data_ptr() % 16 == 0 else scale.clone()
+
+
 def _try_scaled_mm(a, b, a_usage: str, b_usage: str, out_dtype: torch.dtype) -> Optional[torch.Tensor]:
     """``torch._scaled_mm`` for two per-tensor FP8 operands; None when this case must be emulated.
 
@@ -130,8 +137,8 @@ def _try_scaled_mm(a, b, a_usage: str, b_usage: str, out_dtype: torch.dtype) -> 
     res = torch._scaled_mm(
         mat1,
         mat2,
-        scale_a=b.scale_inv.reshape(()).float(),
-        scale_b=a.scale_inv.reshape(()).float(),
+        scale_a=_aligned_scale(b.scale_inv),
+        scale_b=_aligned_scale(a.scale_inv),
         out_dtype=out_dtype,
     )
     return res[0] if isinstance(res, tuple) else res
