@@ -450,3 +450,21 @@ def test_usage_save_restore_update_in_place():
     assert torch.equal(out.amax_columnwise, fresh.amax_columnwise)
     with pytest.raises(TypeError, match="float64"):
         quant(torch.zeros(32, 32, dtype=torch.float64))
+
+
+def test_underflows_of_an_rht_columnwise_representation_count_in_the_rotated_domain():
+    """Underflows compare codes with the values they encode: for RHT columnwise data those are the rotated rows, so
+    the count is never negative on a sparse input (it was -46.9 % when compared with the un-rotated input)."""
+    from tedebug.backends import torch_ref
+    from tedebug.quantization.nvfp4 import apply_rht
+
+    x = torch.zeros(32, 32, dtype=torch.bfloat16)
+    x[torch.arange(32), torch.arange(32)] = torch.linspace(0.01, 4.0, 32).to(torch.bfloat16)
+    q = NVFP4Quantizer(with_rht=True).quantize(x)
+    rotated = apply_rht(x.t(), out_dtype=torch.bfloat16)
+    assert torch.equal(q.code_domain(x, "columnwise"), rotated)
+    assert torch.equal(q.code_domain(x, "rowwise"), x)
+    got = torch_ref.underflow_partials(x, q, "columnwise")["underflows_num"].item()
+    expected = int(torch.count_nonzero(rotated)) - int(q.nonzero_code_count("columnwise"))
+    assert got == expected >= 0
+    assert int(torch.count_nonzero(rotated)) > int(torch.count_nonzero(x))  # the case that used to go negative

@@ -109,10 +109,11 @@ def _check_same_shape(x: torch.Tensor, q) -> None:
 
 
 def underflow_partials(x: torch.Tensor, q, usage: str) -> Partials:
-    """underflows_num = count_nonzero(x) − number of stored codes of `usage` that are not ±0."""
+    """underflows_num = count_nonzero(values) − number of stored codes of `usage` that are not ±0, where values are
+    the inputs of those codes (`q.code_domain(x, usage)`: x itself, or the RHT-rotated values of NVFP4 columnwise)."""
     _check_same_shape(x, q)
     kept = q.nonzero_code_count(usage).to(x.device)
-    return {"underflows_num": _f64(torch.count_nonzero(x) - kept)}
+    return {"underflows_num": _f64(torch.count_nonzero(q.code_domain(x, usage)) - kept)}
 
 
 def mse_partials(x: torch.Tensor, q, usage: str) -> Partials:

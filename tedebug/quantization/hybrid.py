@@ -154,6 +154,9 @@ class HybridQuantizedTensor(QuantizedTensor):
     def scale_inv_values(self, usage: str) -> torch.Tensor:
         return self.sub_storage(usage).scale_inv_values(usage)
 
+    def code_domain(self, x: torch.Tensor, usage: str) -> torch.Tensor:
+        return self.sub_storage(usage).code_domain(x, usage)
+
     def __repr__(self) -> str:
         def name(sub: Optional[QuantizedTensor]) -> str:
             return "None" if sub is None else type(sub).__name__

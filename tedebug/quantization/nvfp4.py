@@ -244,6 +244,14 @@ class NVFP4Tensor(QuantizedTensor):
         data, _, _ = self._fields_of(usage)
         return (~fp4_is_zero(unpack_fp4(data))).sum(dtype=torch.int64)
 
+    def code_domain(self, x: torch.Tensor, usage: str) -> torch.Tensor:
+        """`x`, or for an RHT columnwise representation the rotated transposed rows that were quantized (the same
+        transform and rounding as `NVFP4Quantizer._quantize`)."""
+        if usage == "columnwise" and self.columnwise_rht:
+            m, k = matrix_shape(x.shape)
+            return apply_rht(x.detach().reshape(m, k).t(), out_dtype=x.dtype)
+        return x
+
     def scale_inv_values(self, usage: str) -> torch.Tensor:
         """The stored E4M3 block decode scales of `usage` as fp32, without the global factor."""
         _, scale_codes, _ = self._fields_of(usage)

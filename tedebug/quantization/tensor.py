@@ -202,6 +202,15 @@ class QuantizedTensor(abc.ABC):
     def scale_inv_values(self, usage: str) -> torch.Tensor:
         """1-D fp32 tensor: every stored decode scale of the `usage` representation as a real value, no padding."""
 
+    def code_domain(self, x: torch.Tensor, usage: str) -> torch.Tensor:
+        """The high-precision values whose codes the `usage` representation stores, as many as it has codes.
+
+        That is `x` itself for every format except a representation stored after a transform of the input (NVFP4
+        columnwise with the random Hadamard transform), whose codes encode the transformed values.  Statistics that
+        compare codes with inputs element for element (underflows) use this.
+        """
+        return x
+
     # ---------------------------------------------------------------- usage
     def update_usage(self, rowwise_usage: Optional[bool] = None, columnwise_usage: Optional[bool] = None) -> None:
         """Drop (False) or require (True) a representation.
