@@ -17,6 +17,7 @@ from tedebug.feature_support import (
     FeatureConfigError,
     ScheduledInspectFeature,
     log_once,
+    memoized,
     reduction_params,
     require_stats_list,
     schedule_options,
@@ -32,6 +33,15 @@ from tedebug.stats import StatRequest
 def hp_requests(stats: list, tensor_name: Optional[str]) -> tuple:
     """StatRequests of a LogTensorStats ``stats`` list (ValueError for an unsupported entry)."""
     return tuple(StatRequest.parse_hp(entry, tensor_name=tensor_name) for entry in stats)
+
+
+def feed_arguments(config: dict, tensor_name: Optional[str]) -> tuple:
+    """``(requests, buffer-key options)`` of a parsed config, built once per session for each distinct config
+    content; the same requests tuple is returned every time, which lets the stats engine skip its own parsing."""
+    stats = stat_list(config)
+    return memoized("LogTensorStats.feed", (stats, tensor_name, config.get("start_step"), config.get("end_step"),
+                                            config.get("start_end_list")),
+                    lambda: (hp_requests(stats, tensor_name), schedule_options(config)))
 
 
 @register_feature(namespace="transformer_engine")
@@ -57,10 +67,10 @@ class LogTensorStats(ScheduledInspectFeature):
         if not scheduled_now(config, iteration):
             return
         x = high_precision_input(layer_name, tensor_name, tensor, rowwise_quantized_tensor)
-        requests = hp_requests(stat_list(config), tensor_name)
+        requests, options = feed_arguments(config, tensor_name)
         reduction = reduction_params(tensor_name, tp_group, tp_size)
         session().stats.feed(
-            layer_name, tensor_name, requests, x, iteration=iteration, options=schedule_options(config),
+            layer_name, tensor_name, requests, x, iteration=iteration, options=options,
             reduction_group=reduction.reduction_group, skip_reduction=reduction.skip_reduction,
             is_weight=reduction.is_weight,
         )

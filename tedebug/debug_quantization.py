@@ -150,9 +150,19 @@ class DebugQuantizer(Quantizer):
         )
         self.rowwise_tensor_plan = self._plan(self.rowwise_gemm_name)
         self.columnwise_tensor_plan = self._plan(self.columnwise_gemm_name)
+        self._log_plans()
+
+    def _log_plans(self) -> None:
+        """The plan lines of both directions (written once per session and distinct line; the session memo skips
+        building lines that were already written)."""
+        logged = debug_api.session().memo("DebugQuantizer.plan_lines")
+        key = (self.layer_name, self.tensor_name, self.rowwise_tensor_plan, self.columnwise_tensor_plan)
+        if key in logged:
+            return
         for gemm, plan in ((self.rowwise_gemm_name, self.rowwise_tensor_plan),
                            (self.columnwise_gemm_name, self.columnwise_tensor_plan)):
             debug_api.log_message(f"Tensor: {self.tensor_name}, gemm {gemm} - {plan}", layer_name=self.layer_name)
+        logged[key] = True
 
     # ------------------------------------------------------------------ gate queries
     def any_feature_enabled(self) -> bool:

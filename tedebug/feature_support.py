@@ -11,15 +11,19 @@
 - the quantized-statistic grammar ``[<recipe>_]<stat>[_columnwise]`` of LogFp8TensorStats (`parse_fp8_stat`);
 - `storage_for`: the quantized storage behind one direction of a GEMM operand (hybrids unwrapped);
 - `sanitize_name`: file-name-safe layer / tensor names for tensor dumps;
-- `log_once`: a main-log message written once per (layer, message).
+- `log_once`: a main-log message written once per (layer, message);
+- session memos: `exact_key` (a hashable key equal only for equal, same-typed config values) and `memoized`,
+  through which the per-call work that depends only on the config (schedules, statistic requests, buffer-key
+  options) is done once per session (the memo tables live in the `DebugSession` and die with it).
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Hashable, Iterator, Optional, Sequence, Tuple
 
+from tedebug import debug_api
 from tedebug.config.errors import closest
 from tedebug.config.schedule import SCHEDULE_KEYS, Schedule
 from tedebug.quantization.tensor import QuantizedTensor
@@ -160,9 +164,49 @@ def require_stats_list(feature: str, params: dict, path: tuple) -> list:
 # ------------------------------------------------------------------------------------------------ session helpers
 def session():
     """The active debug session (RuntimeError when tedebug is not initialised)."""
-    from tedebug import debug_api
-
     return debug_api.session()
+
+
+_PLAIN_TYPES = frozenset((str, int, type(None)))
+
+
+def exact_key(value: Any) -> Hashable:
+    """A hashable key of a config value that equals another's only when both values are equal *and* of the same
+    types throughout (``1``, ``1.0`` and ``True`` get different keys; list / tuple / dict contents are keyed in
+    order).  TypeError for a value holding an unhashable object of another kind."""
+    kind = type(value)
+    if value is None or kind is str or kind is int:
+        return value
+    if kind is list or kind is tuple:
+        items = tuple(value)
+        if set(map(type, items)) <= _PLAIN_TYPES:  # the common case (a list of names): no recursion
+            return (kind, items)
+        return (kind, tuple(map(exact_key, items)))
+    if kind is dict:
+        return (kind, tuple((exact_key(k), exact_key(v)) for k, v in value.items()))
+    hash(value)
+    return (kind, value)
+
+
+def memoized(table: str, key_parts: Any, compute: Callable[[], Any]) -> Any:
+    """``compute()``, memoised in the active session's memo `table` under ``exact_key(key_parts)``.
+
+    `compute` must depend only on `key_parts`.  Without an active session, or for an unhashable key, it is simply
+    called.  A call that raises stores nothing.
+    """
+    current = debug_api.DEBUG_MANAGER
+    if current is None:
+        return compute()
+    try:
+        key = exact_key(key_parts)
+    except TypeError:
+        return compute()
+    memo = current.memo(table)
+    try:
+        return memo[key]
+    except KeyError:
+        value = memo[key] = compute()
+        return value
 
 
 def log_once(message: str, layer_name: Optional[str] = None, level: int = logging.INFO) -> None:
@@ -178,7 +222,7 @@ def scheduled_enabled(config: dict, layer_name: str, iteration: int, *, note_sta
     With `note_stats`, the next iteration is recorded for the layer in the stats engine (F.6 participation rule;
     last writer wins per layer, as in TransformerEngine).
     """
-    active, nxt = Schedule.from_config(config).query(iteration)
+    active, nxt = cached_schedule(config).query(iteration)
     if note_stats:
         session().stats.note_next_iteration(layer_name, nxt)
     return active, nxt
@@ -203,13 +247,23 @@ def scheduled_now(config: dict, iteration: int) -> bool:
     `inspect_tensor` reaches every feature that selects the tensor once *any* of them is enabled (the enabled
     answers of several features are OR-ed), so each feature re-checks its own schedule before doing anything.
     """
-    return Schedule.from_config(config).is_active(iteration)
+    return cached_schedule(config).is_active(iteration)
+
+
+def _schedule_values(config: dict) -> tuple:
+    return config.get("freq"), config.get("start_step"), config.get("end_step"), config.get("start_end_list")
+
+
+def cached_schedule(config: dict) -> Schedule:
+    """`Schedule.from_config(config)`, parsed once per session for each distinct set of schedule values."""
+    return memoized("schedule", _schedule_values(config), lambda: Schedule.from_config(config))
 
 
 def schedule_options(config: dict) -> Tuple[Any, ...]:
     """The schedule part of a statistics buffer key: (start_step, end_step, start_end_list as int tuples)."""
     pairs = config.get("start_end_list") or ()
     return (config.get("start_step"), config.get("end_step"), tuple((int(a), int(b)) for a, b in pairs))
+
 
 
 # ------------------------------------------------------------------------------------------------ reduction (F.6)

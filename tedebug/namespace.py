@@ -115,6 +115,10 @@ HOOKS: Dict[str, HookSpec] = {
 }
 
 
+#: hook name -> the kwargs it accepts (HookSpec.allowed, built once)
+ALLOWED_KWARGS: Dict[str, FrozenSet[str]] = {name: spec.allowed for name, spec in HOOKS.items()}
+
+
 # ------------------------------------------------------------------------------------------------- routing
 @dataclass(frozen=True)
 class Route:
@@ -138,8 +142,8 @@ def kwargs_to_drop(method: Callable, legacy: FrozenSet[str]) -> FrozenSet[str]:
 
 def check_kwargs(hook: str, layer_name: str, kwargs: dict, allowed: FrozenSet[str], required: Tuple[str, ...]) -> None:
     """TypeError for an unknown kwarg (naming the closest valid one) or a missing required kwarg."""
-    unknown = kwargs.keys() - allowed
-    if unknown:
+    if not kwargs.keys() <= allowed:
+        unknown = kwargs.keys() - allowed
         name = sorted(unknown)[0]
         hint = closest(name, allowed)
         hint_text = f"; did you mean {hint!r}?" if hint else ""
@@ -180,20 +184,28 @@ def _is_quantized_tensor(value: Any) -> bool:
     return isinstance(value, QuantizedTensor)
 
 
+def _where(spec: HookSpec, feature: str, layer_name: str) -> str:
+    return f"feature {feature!r}, hook {spec.name!r}, layer {layer_name!r}"
+
+
 def check_output(spec: HookSpec, feature: str, layer_name: str, kwargs: dict, result: Any) -> None:
     """Spec D.2 step 6 with the decisions.md correction for ``modify_tensor(out=...)``."""
-    where = f"feature {feature!r}, hook {spec.name!r}, layer {layer_name!r}"
-    if spec.kind == "enabled":
+    kind = spec.kind
+    if kind == "inspect":
+        if result is not None:
+            raise TypeError(f"{_where(spec, feature, layer_name)}: inspect hooks must return None, "
+                            f"got {type(result).__name__}")
+        return
+    if kind == "enabled":
         ok = isinstance(result, bool) or (
             isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], bool)
             and (result[1] is None or isinstance(result[1], int))
         )
         if not ok:
-            raise TypeError(f"{where}: must return a bool or a (bool, next_iteration_or_None) tuple, got {result!r}")
-    elif spec.kind == "inspect":
-        if result is not None:
-            raise TypeError(f"{where}: inspect hooks must return None, got {type(result).__name__}")
+            raise TypeError(f"{_where(spec, feature, layer_name)}: must return a bool or a "
+                            f"(bool, next_iteration_or_None) tuple, got {result!r}")
     else:  # modify
+        where = _where(spec, feature, layer_name)
         if result is None:
             if kwargs.get("out") is None:
                 raise TypeError(f"{where}: returned None without an `out` tensor to fill; return the new tensor")
@@ -255,7 +267,8 @@ class _Dispatcher:
                 logging.DEBUG)
         return tuple(routes)
 
-    def _invoke(self, route: Route, hook: str, layer_name: str, kwargs: dict, deprecated: bool) -> Any:
+    @staticmethod
+    def _invoke(route: Route, hook: str, layer_name: str, kwargs: dict, deprecated: bool) -> Any:
         if deprecated:
             warnings.warn(f"{hook} is deprecated (feature {route.feature!r}); use inspect_tensor, which receives "
                           f"the quantized tensors", DeprecationWarning, stacklevel=4)
@@ -278,7 +291,7 @@ class TransformerEngineNamespace(_Dispatcher):
 
     def _call(self, hook: str, layer_name: str, kwargs: dict) -> Any:
         spec = HOOKS[hook]
-        check_kwargs(hook, layer_name, kwargs, spec.allowed, spec.required)
+        check_kwargs(hook, layer_name, kwargs, ALLOWED_KWARGS[hook], spec.required)
         if "iteration" not in kwargs:
             kwargs["iteration"] = self._session.iteration
         key = (layer_name, hook, kwargs.get("gemm"), kwargs.get("tensor_name"))
@@ -290,6 +303,11 @@ class TransformerEngineNamespace(_Dispatcher):
             self._routes[key] = routes
         if not routes:
             return spec.default(layer_name, kwargs)
+        if len(routes) == 1:
+            route = routes[0]
+            result = self._invoke(route, hook, layer_name, kwargs, spec.deprecated)
+            check_output(spec, route.feature, layer_name, kwargs, result)
+            return result
         outputs = []
         for route in routes:
             result = self._invoke(route, hook, layer_name, kwargs, spec.deprecated)

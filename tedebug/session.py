@@ -5,6 +5,10 @@ text log (`text_log`), the statistics fan-out (`metric_logger`) with its sinks, 
 (``transformer_engine``, ``base``), the tensor `reduction_group` and `weight_tensor_tp_group_reduce` (default True).
 `end_debug()` closes it; nothing of it survives (a new `initialize()` builds everything afresh).
 
+Hot-path memo tables (`memo(name)`): values the debug path derives from the config and would otherwise rebuild for
+every tensor of every iteration (parsed schedules, parsed statistic requests, ...) are memoised per session, so
+they never outlive it and two sessions never share them.
+
 `open_session(...)` builds a session in this order: main text log, feature registry (built-ins, then
 `feature_dirs`), config, sinks, stats engine.  If any step fails, everything created so far is closed (log handlers
 removed, sinks closed) before the error propagates, so nothing is left half-set and a retry works.
@@ -65,6 +69,15 @@ class DebugSession:
             BaseNamespace.name: BaseNamespace(self),
         }
         self.closed = False
+        self._memos: Dict[str, dict] = {}
+        self._logged: set = set()  # (layer, message, extra) keys already written by log_message
+
+    def memo(self, name: str) -> dict:
+        """The session's memo table `name` (created empty on first use; dropped with the session)."""
+        table = self._memos.get(name)
+        if table is None:
+            table = self._memos[name] = {}
+        return table
 
     # nvdlfw / TE compatibility: TE reads DEBUG_MANAGER._trainer_iteration_count.
     @property
@@ -88,8 +101,17 @@ class DebugSession:
                     extra_cachable_args: Any = None) -> bool:
         """Write `message` (prefixed ``LAYER=<name>: `` when a layer is given) once per distinct
         (layer, message, extra_cachable_args) in this session; True when it was written."""
+        key = (layer_name, message, extra_cachable_args)
+        try:
+            if key in self._logged:  # seen: skip building the line
+                return False
+        except TypeError:  # unhashable extra_cachable_args: the text log deduplicates by repr
+            key = None
         text = f"LAYER={layer_name}: {message}" if layer_name is not None else message
-        return self.text_log.log_once((layer_name, message, extra_cachable_args), text, level)
+        written = self.text_log.log_once((layer_name, message, extra_cachable_args), text, level)
+        if key is not None:
+            self._logged.add(key)
+        return written
 
     # ------------------------------------------------------------------ lifecycle
     def step(self) -> None:
@@ -110,6 +132,7 @@ class DebugSession:
         if self.closed:
             return
         self.closed = True
+        self._memos.clear()
         errors = []
         for action in [ns.end_debug for ns in self.namespaces.values()] + [self.metric_logger.close,
                                                                             self.text_log.close]:

@@ -86,7 +86,14 @@ def use_kernels(tensor: torch.Tensor) -> bool:
                 f"available (torch.cuda.is_available()={torch.cuda.is_available()}); install cupy-cuda12x/13x"
             )
         return True
-    return tensor.is_cuda and cupy_available()
+    # "auto": a CUDA tensor implies that CUDA is available, so only CuPy needs probing.
+    return tensor.is_cuda and _cupy_importable()
+
+
+def _cupy_importable() -> bool:
+    from tedebug.backends import cupy_kernels
+
+    return cupy_kernels.cupy_importable()
 
 
 def _kernel_input(tensor: torch.Tensor) -> bool:

@@ -1,7 +1,9 @@
 """The statistics sink interface (`Sink`) and the per-session fan-out (`MetricLogger`).
 
 Every statistic is emitted once, through `MetricLogger.log_scalar(name, value, iteration, *, layer, tensor, stat)`,
-and fanned out to every sink of the session.  Sinks derived from `Sink` receive the structured keywords; any other
+and fanned out to every sink of the session.  `MetricLogger.log_scalars(records)` emits a batch (the statistics of
+one step): each `Sink` receives it through `Sink.log_scalars` (by default one `log_scalar` call per record, in
+order; the file sinks write a batch at once), any other object one ``log_scalar`` call per record.  Sinks derived from `Sink` receive the structured keywords; any other
 object with a ``log_scalar(name, value, iteration)`` method (an nvdlfw ``BaseLogger``, a W&B adapter) receives only
 the three positional values.
 
@@ -13,7 +15,10 @@ session (``add_logger`` before initialize queues the sink for the next session, 
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Sequence, Tuple
+
+#: one scalar of a batch: (name, value, iteration, layer, tensor, stat)
+Record = Tuple[str, Any, int, Optional[str], Optional[str], Optional[str]]
 
 
 class Sink:
@@ -22,6 +27,11 @@ class Sink:
     def log_scalar(self, name: str, value: Any, iteration: int, *, layer: Optional[str] = None,
                    tensor: Optional[str] = None, stat: Optional[str] = None) -> None:
         raise NotImplementedError(f"{type(self).__name__} must implement log_scalar(name, value, iteration, ...)")
+
+    def log_scalars(self, records: Sequence[Record]) -> None:
+        """Log a batch of scalars, in order (the default calls `log_scalar` for each)."""
+        for name, value, iteration, layer, tensor, stat in records:
+            self.log_scalar(name, value, iteration, layer=layer, tensor=tensor, stat=stat)
 
     def flush(self) -> None:
         """Make everything logged so far visible (called at every `debug_api.step()`)."""
@@ -86,6 +96,19 @@ class MetricLogger:
                 sink.log_scalar(name, value, iteration, layer=layer, tensor=tensor, stat=stat)
             else:
                 sink.log_scalar(name, value, iteration)
+
+    def log_scalars(self, records: Sequence[Record]) -> None:
+        """Log a batch of (name, value, iteration, layer, tensor, stat) records: each sink receives the whole batch
+        in order (`Sink.log_scalars`, or one ``log_scalar(name, value, iteration)`` call per record)."""
+        if not records:
+            return
+        self._dirty = True
+        for sink in self.sinks:
+            if isinstance(sink, Sink):
+                sink.log_scalars(records)
+            else:
+                for name, value, iteration, _, _, _ in records:
+                    sink.log_scalar(name, value, iteration)
 
     # Instance call: this logger.  Class call (nvdlfw style): the active session's logger.
     log_scalar = _SessionOrInstance("_log_scalar", _class_log_scalar)

@@ -5,6 +5,10 @@ logged without the structured keywords).  The output is strict JSON: a NaN or ±
 ``"value": null`` plus ``"nonfinite": "nan" | "inf" | "-inf"``.  Records are buffered in memory and written at
 `flush()` (every `debug_api.step()`) and `close()`.  The file is truncated when the sink is created unless
 ``append=True``; missing parent directories are created.
+
+Each line is exactly ``json.dumps(make_record(...), allow_nan=False)``; the encoded ``name`` / ``layer`` /
+``tensor`` / ``stat`` part of a line is cached per sink (statistic names repeat every step), so only the iteration
+and the value are encoded per scalar.
 """
 
 from __future__ import annotations
@@ -12,9 +16,9 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
-from tedebug.sinks.base import Sink
+from tedebug.sinks.base import Record, Sink
 
 
 def nonfinite_label(value: float) -> Optional[str]:
@@ -44,6 +48,12 @@ def make_record(name: str, value: Any, iteration: int, *, layer: Optional[str], 
     return record
 
 
+def _names_part(name: Any, layer: Any, tensor: Any, stat: Any) -> str:
+    """The ``"name": ..., "layer": ..., "tensor": ..., "stat": ...`` part of a record line, as `json.dumps` writes it."""
+    return ", ".join(f"{json.dumps(k)}: {json.dumps(v, allow_nan=False)}"
+                     for k, v in (("name", name), ("layer", layer), ("tensor", tensor), ("stat", stat)))
+
+
 class JsonlSink(Sink):
     """Appends one JSON line per statistic to `path` (written at flush / close)."""
 
@@ -53,11 +63,35 @@ class JsonlSink(Sink):
         os.makedirs(parent, exist_ok=True)
         self._file = open(self.path, "a" if append else "w", encoding="utf-8")
         self._pending: List[str] = []
+        self._encoded_names: Dict[tuple, str] = {}
 
     def log_scalar(self, name: str, value: Any, iteration: int, *, layer: Optional[str] = None,
                    tensor: Optional[str] = None, stat: Optional[str] = None) -> None:
-        record = make_record(name, value, iteration, layer=layer, tensor=tensor, stat=stat)
-        self._pending.append(json.dumps(record, allow_nan=False))
+        self._pending.append(self._line(name, value, iteration, layer, tensor, stat))
+
+    def log_scalars(self, records: Sequence[Record]) -> None:
+        line = self._line
+        self._pending.extend([line(*record) for record in records])
+
+    def _line(self, name: Any, value: Any, iteration: Any, layer: Any, tensor: Any, stat: Any) -> str:
+        """``json.dumps(make_record(...), allow_nan=False)``, with the name part cached per distinct names."""
+        value = float(value)
+        iteration = int(iteration)
+        key: Optional[tuple] = (type(name), name, type(layer), layer, type(tensor), tensor, type(stat), stat)
+        try:
+            names = self._encoded_names.get(key)
+        except TypeError:  # unhashable name parts: the plain encoder
+            names = key = None
+        if names is None:
+            line = json.dumps(make_record(name, value, iteration, layer=layer, tensor=tensor, stat=stat),
+                              allow_nan=False)
+            if key is not None:
+                self._encoded_names[key] = _names_part(name, layer, tensor, stat)
+            return line
+        label = nonfinite_label(value)
+        if label is None:
+            return f'{{"iteration": {iteration!r}, {names}, "value": {value!r}}}'
+        return f'{{"iteration": {iteration!r}, {names}, "value": null, "nonfinite": "{label}"}}'
 
     def flush(self) -> None:
         if self._file.closed:

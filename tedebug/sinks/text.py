@@ -5,21 +5,25 @@ main log).  One line per scalar, byte-compatible with nvdlfw_inspect (TE's tests
 
     <asctime> - INFO - <name> \\t\\t\\t\\t iteration=<%06d> \\t\\t\\t\\t value=<%.4f>
 
-i.e. a space, four TAB characters and a space around the ``iteration=`` field.
+i.e. a space, four TAB characters and a space around the ``iteration=`` field.  ``<asctime>`` is the time the
+scalar was logged in `logging`'s default format (``%Y-%m-%d %H:%M:%S,<msecs>``, local time).  Lines are formatted
+here (not through `logging`: a `LogRecord` per scalar cost more than the statistic itself) into the file's write
+buffer and reach the file at `flush()` (every `debug_api.step()`) and `close()`.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
-from typing import Any, Optional
+import time
+from typing import Any, Optional, Sequence
 
-from tedebug.logging import STATS_LOG_DIR, file_mode_from_env, log_file_name, new_logger, open_file_handler
-from tedebug.sinks.base import Sink
+from tedebug.logging import STATS_LOG_DIR, file_mode_from_env, log_file_name
+from tedebug.sinks.base import Record, Sink
 
 SEPARATOR = " \t\t\t\t "
-_SINK_IDS = itertools.count(1)
+#: the lowest level written (the statistics file's logger level in nvdlfw)
+MIN_LEVEL = logging.INFO
 
 
 def stats_log_path(log_dir: str, rank: int, file_name: Optional[str] = None) -> str:
@@ -32,23 +36,53 @@ def format_stat_message(name: str, value: Any, iteration: int) -> str:
     return f"{name}{SEPARATOR}iteration={int(iteration):06d}{SEPARATOR}value={float(value):.4f}"
 
 
+class _AscTime:
+    """`logging.Formatter`'s default ``asctime`` (local time, ``,msecs``), the seconds part formatted once per
+    second."""
+
+    __slots__ = ("_second", "_text")
+
+    def __init__(self) -> None:
+        self._second: Optional[int] = None
+        self._text = ""
+
+    def now(self) -> str:
+        created = time.time()
+        second = int(created)
+        if second != self._second:
+            self._second = second
+            self._text = time.strftime(logging.Formatter.default_time_format, time.localtime(created))
+        return logging.Formatter.default_msec_format % (self._text, int((created - second) * 1000))
+
+
 class TextStatsSink(Sink):
     """Writes each scalar as one nvdlfw-format line to `path` (truncated unless the overwrite env var is 0)."""
 
     def __init__(self, path: str):
         self.path = path
-        self._logger = new_logger(f"tedebug.stats.{next(_SINK_IDS)}", logging.INFO)
-        self._logger.addHandler(open_file_handler(path, file_mode_from_env()))
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        self._file = open(os.path.abspath(path), file_mode_from_env(), encoding="utf-8")
+        self._asctime = _AscTime()
 
     def log_scalar(self, name: str, value: Any, iteration: int, *, layer: Optional[str] = None,
                    tensor: Optional[str] = None, stat: Optional[str] = None, level: int = logging.INFO) -> None:
-        self._logger.log(level, format_stat_message(name, value, iteration))
+        if level < MIN_LEVEL or self._file.closed:  # below the file's level, or logged after close(): dropped
+            return
+        message = format_stat_message(name, value, iteration)
+        self._file.write(f"{self._asctime.now()} - {logging.getLevelName(level)} - {message}\n")
+
+    def log_scalars(self, records: Sequence[Record]) -> None:
+        """Write a batch of INFO lines at once (one timestamp: the batch is written at one instant)."""
+        if self._file.closed or not records:
+            return
+        prefix = f"{self._asctime.now()} - {logging.getLevelName(logging.INFO)} - "
+        self._file.write("".join([f"{prefix}{format_stat_message(name, value, iteration)}\n"
+                                  for name, value, iteration, _, _, _ in records]))
 
     def flush(self) -> None:
-        for handler in self._logger.handlers:
-            handler.flush()
+        if not self._file.closed:
+            self._file.flush()
 
     def close(self) -> None:
-        for handler in list(self._logger.handlers):
-            self._logger.removeHandler(handler)
-            handler.close()
+        if not self._file.closed:
+            self._file.close()

@@ -6,6 +6,9 @@ step a non-weight buffer merges every feed (all microbatches, forward and backwa
 `tedebug.stats.definitions`; a weight buffer keeps the first feed of the step only.  The row stays on the device
 of the fed tensor until `StatsEngine.step` reads every row back at once.  Buffers persist across steps (their
 reduction groups decide which collectives a rank joins); only the row is cleared at each step.
+
+Everything a feed or an emission derives from the requests alone (the columns, the partial families to compute and
+where each partial goes in the row, the emitted names) is derived once per buffer, when its requests are set.
 """
 
 from __future__ import annotations
@@ -14,7 +17,10 @@ from typing import Any, Dict, Hashable, Iterator, List, NamedTuple, Optional, Tu
 
 import torch
 
-from tedebug.stats.definitions import Column, StatRequest, columns_for, combine_rows
+from tedebug.stats.definitions import NUMEL, Column, StatRequest, columns_for, combine_rows, family_of
+
+#: one partial family to compute for a row: (family, qualifier, ((partial name, column index), ...))
+FamilySlots = Tuple[str, Tuple[Any, ...], Tuple[Tuple[str, int], ...]]
 
 
 class BufferKey(NamedTuple):
@@ -28,13 +34,21 @@ class StatBuffer:
 
     def __init__(self, key: BufferKey, requests: Tuple[StatRequest, ...], *, is_weight: bool) -> None:
         self.key = key
-        self.requests = requests
-        self.columns: Tuple[Column, ...] = columns_for(requests)
+        self._set_requests(requests)
         self.is_weight = is_weight
         self.reduction_group: Any = None
         self.skip_reduction = False
         self.iteration: Optional[int] = None
         self.row: Optional[torch.Tensor] = None  # float64 [len(columns)] on the feed's device
+        #: the immutable ``stats`` object `requests` were last parsed from (`StatsEngine.feed`'s fast path)
+        self.stats_source: Any = None
+
+    def _set_requests(self, requests: Tuple[StatRequest, ...]) -> None:
+        self.requests = requests
+        self.columns: Tuple[Column, ...] = columns_for(requests)
+        self.families: Tuple[FamilySlots, ...] = family_slots(self.columns)
+        self.numel_index = self.columns.index(NUMEL)
+        self.stat_names: Tuple[str, ...] = tuple(f"{self.key.layer}_{self.key.tensor}_{r.name}" for r in requests)
 
     @property
     def fed(self) -> bool:
@@ -47,15 +61,14 @@ class StatBuffer:
 
     def set_requests(self, requests: Tuple[StatRequest, ...]) -> None:
         """Change the requested statistics; only allowed while the buffer holds no row for this step."""
-        if requests == self.requests:
+        if requests is self.requests or requests == self.requests:
             return
         if self.fed:
             raise ValueError(
                 f"statistics buffer {tuple(self.key)} was fed with stats {[r.name for r in self.requests]} this "
                 f"step and now with {[r.name for r in requests]}; one buffer must get the same stats every feed"
             )
-        self.requests = requests
-        self.columns = columns_for(requests)
+        self._set_requests(requests)
 
     def accumulate(self, row: torch.Tensor) -> None:
         """Merge a new per-feed row (float64, columns in `self.columns` order)."""
@@ -73,6 +86,17 @@ class StatBuffer:
     def clear(self) -> None:
         """Forget this step's row (requests, group and options stay)."""
         self.row = None
+
+
+def family_slots(columns: Tuple[Column, ...]) -> Tuple[FamilySlots, ...]:
+    """The (family, qualifier) pairs producing `columns` (numel excluded), in column order, each with the
+    (partial name, column index) pairs it fills."""
+    slots: Dict[Tuple[str, Tuple[Any, ...]], List[Tuple[str, int]]] = {}
+    for index, column in enumerate(columns):
+        family = family_of(column)
+        if family != "meta":
+            slots.setdefault((family, column.qualifier), []).append((column.name, index))
+    return tuple((family, qualifier, tuple(pairs)) for (family, qualifier), pairs in slots.items())
 
 
 class BufferStore:

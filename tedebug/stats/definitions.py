@@ -206,6 +206,8 @@ _PARTIAL_ORDER = {name: i for i, name in enumerate(PARTIALS)}
 M2_LINKS = {"m2": ("numel", "sum"), "scale_m2": ("scale_count", "scale_sum")}
 
 NUMEL = Column("numel", ())
+#: the unqualified column of every partial name (built once: `finalize` runs for every logged value)
+_PLAIN_COLUMNS = {name: Column(name) for name in PARTIALS}
 #: the non-finite counters kept whenever the basic family is computed (for the first-non-finite report)
 NONFINITE_COLUMNS = (Column("nan_count", ()), Column("inf_count", ()))
 
@@ -319,7 +321,7 @@ def finalize(request: StatRequest, values: Mapping[Column, float]) -> float:
     """The logged value of `request` from a merged row (`values` maps every column of the row to a float)."""
     kind = request.kind
     if kind in _HP_PARTIALS or kind == BLOCKWISE_KIND:
-        get = lambda name: float(values[Column(name)])  # noqa: E731
+        get = lambda name: float(values[_PLAIN_COLUMNS[name]])  # noqa: E731
     else:
         qualifier = (request.recipe, bool(request.columnwise))
         get = lambda name: float(values[Column(name, qualifier)])  # noqa: E731

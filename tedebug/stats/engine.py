@@ -4,7 +4,8 @@
 into the buffer's row on the tensor's device — no host synchronisation.  `step(finished_iteration)` reads every
 fed row back in one transfer, runs one collective per reduction group (`tedebug.stats.reduce`), evaluates the
 final formulas as Python floats and emits ``metric_logger.log_scalar("<layer>_<tensor>_<stat>", value,
-iteration, layer=, tensor=, stat=)`` in buffer-creation order, statistics in request order.
+iteration, layer=, tensor=, stat=)`` in buffer-creation order, statistics in request order (as one
+``metric_logger.log_scalars(records)`` batch when the logger has that method, e.g. `tedebug.sinks.MetricLogger`).
 
 Participation rule (te_debug_reference F.6): a rank that fed nothing this step joins the collectives only if some
 layer's noted next enabled iteration is ≤ the finished iteration; otherwise it performs no communication at all.
@@ -22,7 +23,7 @@ import torch
 from tedebug.backends import backend_for
 from tedebug.stats import reduce as _reduce
 from tedebug.stats.buffers import BufferKey, BufferStore, StatBuffer
-from tedebug.stats.definitions import NONFINITE_COLUMNS, NUMEL, Column, StatRequest, family_of, finalize
+from tedebug.stats.definitions import NONFINITE_COLUMNS, Column, StatRequest, finalize
 
 
 class StatsEngine:
@@ -34,6 +35,7 @@ class StatsEngine:
         self._store = BufferStore()
         self._next_iter: Dict[str, int] = {}
         self._nonfinite_reported = False
+        self._request_cache: Dict[tuple, Tuple[StatRequest, ...]] = {}
 
     # ------------------------------------------------------------------------------------------------ feeding
     def feed(
@@ -57,14 +59,21 @@ class StatsEngine:
         requested.  `quantized`: recipe name (``""`` = training recipe) -> QuantizedTensor for quantized stats.
         Empty tensors are ignored; a weight buffer keeps its first feed of the step.
         """
-        requests = self._requests(layer, tensor_name, stats)
+        key = BufferKey(layer, tensor_name, options if type(options) is tuple else tuple(options))
+        buffer = self._store.get(key)
+        if buffer is not None and stats is buffer.stats_source:
+            requests = buffer.requests  # the same immutable stats object as the last feed: already parsed
+        else:
+            requests = self._requests(layer, tensor_name, stats)
         _check_tensor(layer, tensor_name, tensor)
-        quantized = dict(quantized or {})
+        quantized = dict(quantized) if quantized else {}
         numel = tensor.numel() if tensor is not None else self._numel_from_quantized(layer, tensor_name, quantized)
         if numel == 0:
             return
-        key = BufferKey(layer, tensor_name, tuple(options))
-        buffer = self._store.get_or_create(key, requests, is_weight=is_weight)
+        if buffer is None or requests is not buffer.requests:
+            buffer = self._store.get_or_create(key, requests, is_weight=is_weight)
+            buffer.stats_source = stats if _immutable_entries(stats) else None
+        buffer.is_weight = is_weight
         buffer.iteration = iteration
         buffer.reduction_group = reduction_group
         buffer.skip_reduction = skip_reduction
@@ -76,16 +85,16 @@ class StatsEngine:
             raise type(err)(f"statistics of layer {layer!r}, tensor {tensor_name!r}: {err}") from err
         buffer.accumulate(row)
 
-    @staticmethod
-    def _requests(layer: str, tensor_name: str, stats: Iterable[Any]) -> Tuple[StatRequest, ...]:
-        requests: List[StatRequest] = []
-        for entry in stats:
-            request = StatRequest.parse_hp(entry, tensor_name=tensor_name)
-            if request.name not in {r.name for r in requests}:
-                requests.append(request)
-        if not requests:
-            raise ValueError(f"layer {layer!r}, tensor {tensor_name!r}: feed() needs at least one statistic")
-        return tuple(requests)
+    def _requests(self, layer: str, tensor_name: str, stats: Iterable[Any]) -> Tuple[StatRequest, ...]:
+        """The parsed, de-duplicated requests; a list or tuple of plain names is parsed once per session."""
+        entries = stats if type(stats) is tuple else tuple(stats)
+        if not all(type(e) is str for e in entries):
+            return _parse_requests(layer, tensor_name, entries)  # StatRequests parse to themselves; mappings vary
+        key = (tensor_name, entries)
+        cached = self._request_cache.get(key)
+        if cached is None:
+            cached = self._request_cache[key] = _parse_requests(layer, tensor_name, entries)
+        return cached
 
     @staticmethod
     def _numel_from_quantized(layer: str, tensor_name: str, quantized: Mapping[str, Any]) -> int:
@@ -96,16 +105,19 @@ class StatsEngine:
         return next(iter(quantized.values())).numel()
 
     def _compute_row(self, buffer: StatBuffer, x, quantized: Mapping[str, Any], numel: int) -> torch.Tensor:
-        missing_x = [r.name for r in buffer.requests if r.needs_tensor] if x is None else []
-        if missing_x:
-            raise ValueError(f"stats {missing_x} need the high-precision tensor, which is None")
+        if x is None:
+            missing_x = [r.name for r in buffer.requests if r.needs_tensor]
+            if missing_x:
+                raise ValueError(f"stats {missing_x} need the high-precision tensor, which is None")
         device = x.device if x is not None else next(iter(quantized.values())).device
-        values: Dict[Column, torch.Tensor] = {NUMEL: torch.full((), float(numel), dtype=torch.float64, device=device)}
-        for family, qualifier in _families(buffer.columns):
+        values: List[Optional[torch.Tensor]] = [None] * len(buffer.columns)
+        values[buffer.numel_index] = torch.full((), float(numel), dtype=torch.float64, device=device)
+        for family, qualifier, slots in buffer.families:
             partials = _family_partials(family, qualifier, x, quantized)
-            for name, value in partials.items():
-                values[Column(name, qualifier)] = value.to(device)
-        return torch.stack([values[c] for c in buffer.columns])
+            for name, index in slots:
+                value = partials[name]
+                values[index] = value if value.device == device else value.to(device)
+        return torch.stack(values)
 
     # ------------------------------------------------------------------------------------------------ schedule
     def note_next_iteration(self, layer: str, next_iter: Optional[int]) -> None:
@@ -152,16 +164,20 @@ class StatsEngine:
         return merged
 
     def _emit(self, fed: List[StatBuffer], merged: Dict[BufferKey, Dict[Column, float]]) -> None:
+        records: List[tuple] = []
         for buffer in fed:
             values = merged[buffer.key]
             layer, tensor_name, _ = buffer.key
-            for request in buffer.requests:
-                value = finalize(request, values)
-                self.metric_logger.log_scalar(
-                    f"{layer}_{tensor_name}_{request.name}", value, buffer.iteration,
-                    layer=layer, tensor=tensor_name, stat=request.name,
-                )
+            iteration = buffer.iteration
+            records.extend([(name, finalize(request, values), iteration, layer, tensor_name, request.name)
+                            for request, name in zip(buffer.requests, buffer.stat_names)])
             self._report_nonfinite(buffer, values)
+        log_scalars = getattr(self.metric_logger, "log_scalars", None)
+        if callable(log_scalars):
+            log_scalars(records)
+        else:
+            for name, value, iteration, layer, tensor_name, stat in records:
+                self.metric_logger.log_scalar(name, value, iteration, layer=layer, tensor=tensor_name, stat=stat)
         flush = getattr(self.metric_logger, "flush", None)
         if callable(flush):
             flush()
@@ -189,6 +205,7 @@ class StatsEngine:
         self._store.reset()
         self._next_iter.clear()
         self._nonfinite_reported = False
+        self._request_cache.clear()
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -207,14 +224,23 @@ def _check_tensor(layer: str, tensor_name: str, tensor: Any) -> None:
         )
 
 
-def _families(columns: Sequence[Column]) -> List[Tuple[str, Tuple[Any, ...]]]:
-    """The (family, qualifier) pairs to compute for `columns`, in column order, without numel."""
-    out: List[Tuple[str, Tuple[Any, ...]]] = []
-    for column in columns:
-        pair = (family_of(column), column.qualifier)
-        if pair[0] != "meta" and pair not in out:
-            out.append(pair)
-    return out
+def _immutable_entries(stats: Any) -> bool:
+    """True for a tuple of names and `StatRequest`s (an object whose parse can never change)."""
+    return type(stats) is tuple and all(type(e) is str or type(e) is StatRequest for e in stats)
+
+
+def _parse_requests(layer: str, tensor_name: str, entries: Sequence[Any]) -> Tuple[StatRequest, ...]:
+    """`StatRequest.parse_hp` of every entry, the first of each name kept."""
+    requests: List[StatRequest] = []
+    names = set()
+    for entry in entries:
+        request = StatRequest.parse_hp(entry, tensor_name=tensor_name)
+        if request.name not in names:
+            names.add(request.name)
+            requests.append(request)
+    if not requests:
+        raise ValueError(f"layer {layer!r}, tensor {tensor_name!r}: feed() needs at least one statistic")
+    return tuple(requests)
 
 
 def _family_partials(family: str, qualifier: Tuple[Any, ...], x, quantized: Mapping[str, Any]):
