@@ -116,10 +116,37 @@ class ValidatedFeature(FeatureMapper):
             raise FeatureConfigError(f"{cls.__name__}: the feature config must be a mapping, got {type(cfg).__name__}")
         for path, level, structural in _levels(cfg, cls.USES_GEMMS, cls.USES_TENSORS):
             check_known_keys(cls.__name__, level, structural + cls.param_names(), path)
+        cls._check_selection(cfg)
         for path, params in effective_configs(cfg, cls.USES_GEMMS, cls.USES_TENSORS):
             if cls.SCHEDULED:
                 _check_schedule(cls.__name__, params, path)
             cls.check_params(params, path)
+
+    @classmethod
+    def _check_selection(cls, cfg: dict) -> None:
+        """The GEMM / tensor selection the hooks will parse must exist (te_debug_reference B.3, B.6): gemms or
+        gemms_struct when the feature takes GEMMs; tensors or tensors_struct when it takes tensors — inside every
+        gemms_struct entry, since a GEMM entry's tensors are parsed from that entry."""
+        name = cls.__name__
+
+        def has_tensors(level: dict) -> bool:
+            return "tensors" in level or "tensors_struct" in level
+
+        tensors_hint = "provide 'tensors: [...]' or 'tensors_struct: [...]' (the tensors it applies to)"
+        if cls.USES_GEMMS:
+            if "gemms_struct" in cfg:
+                if cls.USES_TENSORS:
+                    for i, entry in enumerate(_entries(cfg, "gemms_struct")):
+                        if not has_tensors(entry):
+                            raise FeatureConfigError(
+                                f"{name}: the gemms_struct entry of gemm {entry.get('gemm')!r} lists no tensors; "
+                                f"{tensors_hint} inside the entry", ("gemms_struct", i))
+                return
+            if "gemms" not in cfg:
+                raise FeatureConfigError(f"{name}: provide 'gemms: [...]' or 'gemms_struct: [...]' (the GEMMs it "
+                                         f"applies to)", ())
+        if cls.USES_TENSORS and not has_tensors(cfg):
+            raise FeatureConfigError(f"{name}: {tensors_hint}", ())
 
     @classmethod
     def check_params(cls, params: dict, path: tuple) -> None:
