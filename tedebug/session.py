@@ -13,7 +13,8 @@ they never outlive it and two sessions never share them.
 `feature_dirs`), config, sinks, stats engine.  If any step fails, everything created so far is closed (log handlers
 removed, sinks closed) before the error propagates, so nothing is left half-set and a retry works.
 
-Sinks: `statistics_logger` (any object with ``log_scalar``), a `TensorBoardSink` for `tb_writer`, the sinks queued
+Sinks: `statistics_logger` (any object with ``log_scalar``), a `TensorBoardSink` with TransformerEngine's flat tags
+for `tb_writer`, the sinks queued
 by `debug_api.add_statistics_sink` before initialize, the default text statistics file when neither
 `statistics_logger` nor `tb_writer` is given or `default_logging_enabled` is True, and always a JSONL file at
 ``<log_dir>/tedebug_statistics/metrics_globalrank-<R>.jsonl``.  (nvdlfw ignores `tb_writer` when
@@ -154,7 +155,7 @@ def _select_sinks(log_dir: str, rank: int, file_name: str, *, statistics_logger:
     if tb_writer is not None:
         from tedebug.sinks.tensorboard import TensorBoardSink
 
-        created.append(metric_logger.add_sink(TensorBoardSink(writer=tb_writer)))
+        created.append(metric_logger.add_sink(TensorBoardSink(writer=tb_writer, tag_style="flat")))
         text_log.log("TB Writer found. Logging to Tensorboard..")
     for sink in queued:
         metric_logger.add_sink(sink)

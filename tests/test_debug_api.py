@@ -390,3 +390,17 @@ def test_step_emits_stats_of_the_finished_iteration(tmp_path):
     messages = [line.split(" - INFO - ", 1)[1] for line in stats_log(tmp_path)]
     assert messages == [f"fc1_activation_{stat}{TABS}iteration={it:06d}{TABS}value={value}"
                         for it in (0, 2) for stat, value in (("max", "2.5000"), ("min", "-3.0000"))]
+
+
+def test_tb_writer_gets_transformer_engine_flat_tags(tmp_path):
+    """A writer passed as initialize(tb_writer=...) receives TE's flat tags, so existing dashboards keep working;
+    the hierarchical tags and custom-scalars layout come with a TensorBoardSink added explicitly."""
+    from tedebug.sinks.tensorboard import TensorBoardSink
+
+    flat_writer, tree_writer = FakeWriter(), FakeWriter()
+    init(tmp_path, tb_writer=flat_writer)
+    debug_api.add_statistics_sink(TensorBoardSink(writer=tree_writer))
+    debug_api.session().metric_logger.log_scalar("fc1_activation_max", 2.0, 5, layer="fc1", tensor="activation",
+                                                 stat="max")
+    assert flat_writer.scalars == [("fc1_activation_max", 2.0, 5)]
+    assert tree_writer.scalars == [("fc1/activation/max", 2.0, 5)]
