@@ -21,23 +21,13 @@ from typing import List, Optional, Sequence, Tuple, Union
 import torch
 
 from tedebug import debug_api
+from tedebug.config.parsing import GEMMS_OF_TENSOR
 from tedebug.quantization.tensor import QuantizedTensor, Quantizer
 
 #: plan constants; their values are the strings written in the plan log lines.
 API_CALL_MODIFY = "modify_tensor()"
 STANDARD_QUANTIZE = "Quantize"
 HIGH_PRECISION = "High Precision"
-
-#: tensor name -> (GEMM consuming the rowwise representation, GEMM consuming the columnwise one).
-#: GEMM-output tensors have only the GEMM that produces them.
-GEMMS_OF_TENSOR = {
-    "weight": ("fprop", "dgrad"),
-    "activation": ("fprop", "wgrad"),
-    "gradient": ("dgrad", "wgrad"),
-    "output": ("fprop", None),
-    "wgrad": ("wgrad", None),
-    "dgrad": ("dgrad", None),
-}
 
 GemmOperand = Union[torch.Tensor, QuantizedTensor, None]
 

@@ -271,4 +271,4 @@ def test_nan_and_inf_counts_and_the_first_non_finite_report(tmp_path):
     assert values[("L_gradient_nan_count", 9)] == 0 and values[("L_gradient_inf_count", 9)] == 0
     assert values[("L_gradient_nan_count", 10)] == 2 and values[("L_gradient_inf_count", 10)] == 4
     assert log.count("First non-finite values") == 1
-    assert "layer=L tensor=gradient iteration=10" in log
+    assert "layer=L tensor=gradient gemm=dgrad/wgrad iteration=10" in log

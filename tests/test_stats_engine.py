@@ -102,7 +102,7 @@ def test_nonfinite_counts_and_report():
     assert vals["dec.3_gradient_nan_count"] == 1.0 and vals["dec.3_gradient_inf_count"] == 4.0
     assert math.isnan(vals["dec.3_gradient_min"])
     assert messages == [(
-        "First non-finite values: layer=dec.3 tensor=gradient iteration=12 nan_count=1 inf_count=4",
+        "First non-finite values: layer=dec.3 tensor=gradient gemm=dgrad/wgrad iteration=12 nan_count=1 inf_count=4",
         {"layer_name": "dec.3", "level": logging.WARNING},
     )]
     # only the first time in the session, even for another buffer; and not for a finite buffer
@@ -115,7 +115,7 @@ def test_nonfinite_counts_and_report():
     assert len(messages) == 1
     engine.feed("dec.4", "activation", ["max"], x, iteration=15)  # report kept for basic stats not requested
     engine.step(15)
-    assert len(messages) == 2 and "layer=dec.4 tensor=activation iteration=15 nan_count=1" in messages[1][0]
+    assert len(messages) == 2 and "layer=dec.4 tensor=activation gemm=fprop/wgrad iteration=15 nan_count=1" in messages[1][0]
 
 
 # ------------------------------------------------------------------------------------------------ concatenation

@@ -16,6 +16,17 @@ from typing import Optional
 GEMM_NAMES = ("fprop", "dgrad", "wgrad")
 TENSOR_NAMES = ("activation", "weight", "gradient", "output", "wgrad", "dgrad")
 
+#: tensor name -> (GEMM consuming the rowwise representation, GEMM consuming the columnwise one);
+#: GEMM-output tensors have only the GEMM that produces them (te_debug_reference A.4).
+GEMMS_OF_TENSOR = {
+    "weight": ("fprop", "dgrad"),
+    "activation": ("fprop", "wgrad"),
+    "gradient": ("dgrad", "wgrad"),
+    "output": ("fprop", None),
+    "wgrad": ("wgrad", None),
+    "dgrad": ("dgrad", None),
+}
+
 MISSING_GEMMS = "Provide 'gemms_struct: List[Dict]' or 'gemms: List[str]' in the config yaml"
 MISSING_TENSORS = "Provide 'tensors_struct: List[Dict]' or 'tensors: List[str]' in the config yaml."
 

@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, Hashable, Iterable, List, Mapping, Optio
 import torch
 
 from tedebug.backends import backend_for
+from tedebug.config.parsing import GEMMS_OF_TENSOR
 from tedebug.stats import reduce as _reduce
 from tedebug.stats.buffers import BufferKey, BufferStore, StatBuffer
 from tedebug.stats.definitions import NONFINITE_COLUMNS, Column, StatRequest, finalize
@@ -193,9 +194,10 @@ class StatsEngine:
             return
         self._nonfinite_reported = True
         layer, tensor_name, _ = buffer.key
+        gemms = "/".join(g for g in GEMMS_OF_TENSOR.get(tensor_name, ()) if g) or "-"
         self.log_message(
-            f"First non-finite values: layer={layer} tensor={tensor_name} iteration={buffer.iteration} "
-            f"nan_count={nans} inf_count={infs}",
+            f"First non-finite values: layer={layer} tensor={tensor_name} gemm={gemms} "
+            f"iteration={buffer.iteration} nan_count={nans} inf_count={infs}",
             layer_name=layer,
             level=logging.WARNING,
         )
