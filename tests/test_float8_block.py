@@ -307,3 +307,9 @@ def test_layout_validation():
         )
     with pytest.raises(ValueError, match="at least 1 dim"):
         Float8BlockQuantizer().quantize(torch.tensor(2.0))
+
+
+@pytest.mark.parametrize("eps", [-1.0, float("nan")])
+def test_negative_or_nan_amax_epsilon_is_rejected(eps):
+    with pytest.raises(ValueError, match="amax_epsilon must be >= 0"):
+        Float8BlockQuantizer(amax_epsilon=eps)

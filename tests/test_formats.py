@@ -283,3 +283,13 @@ def test_amax_helpers_ignore_nan():
     assert tensor_amax(torch.tensor([1.0, -INF])).item() == INF
     empty = tensor_amax(torch.empty(0, 3))
     assert empty.shape == () and empty.item() == 0.0
+
+
+def test_negative_nan_encodes_to_the_canonical_nan_code():
+    """torch keeps the sign bit of a NaN in its FP8 cast (0xFF); tedebug stores 0x7F for every NaN, as the CUDA
+    SATFINITE conversion does, so CPU and GPU paths write identical bytes."""
+    negative_nan = torch.tensor([0xFFC00000 - 2**32], dtype=torch.int32).view(torch.float32)
+    assert math.isnan(negative_nan.item()) and torch.signbit(negative_nan).item()
+    for fmt in ("E4M3", "E5M2"):
+        assert encode_fp8(negative_nan, fmt).item() == 0x7F
+        assert encode_fp8(negative_nan.to(torch.bfloat16), fmt).item() == 0x7F

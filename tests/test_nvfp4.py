@@ -468,3 +468,17 @@ def test_underflows_of_an_rht_columnwise_representation_count_in_the_rotated_dom
     expected = int(torch.count_nonzero(rotated)) - int(q.nonzero_code_count("columnwise"))
     assert got == expected >= 0
     assert int(torch.count_nonzero(rotated)) > int(torch.count_nonzero(x))  # the case that used to go negative
+
+
+def test_tiny_global_amax_clamps_the_global_scale_to_flt_max():
+    """amax below 2688/FLT_MAX: S_enc = 2688/amax overflows and is clamped to FLT_MAX (not inf), which decides the
+    block scale codes (3 here; an unclamped inf scale gives 126)."""
+    from tedebug.quantization.nvfp4 import global_encode_scale
+
+    x = torch.full((16, 32), 1e-40)
+    amax = x.abs().max().item()
+    assert global_encode_scale(torch.tensor(amax)).item() == FLT_MAX
+    q = NVFP4Quantizer(rowwise=True, columnwise=False).quantize(x)
+    codes, scales = nvfp4_rows_oracle(x, amax)
+    assert torch.equal(q.rowwise_scale_inv, scales) and bool((scales == 3).all())
+    assert torch.equal(unpack(q.rowwise_data), codes)

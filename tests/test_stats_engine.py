@@ -363,3 +363,11 @@ def test_nvfp4_stats_numerics():
     assert expected_uf > 0
     assert got["nvfp4_underflows%"] == pytest.approx(expected_uf, rel=1e-12)
     assert got["nvfp4_mse"] == pytest.approx(((deq.double() - x.double()) ** 2).mean().item(), rel=1e-12)
+
+
+def test_overflows_threshold_is_strict():
+    """An element exactly at fp8_max * scale_inv does not overflow; the next fp32 above it does (TE: |x| > max)."""
+    x = torch.tensor([448.0, -448.0, 448.00003, -449.0])
+    q = Float8Quantizer(torch.tensor(1.0), torch.zeros(1), "E4M3").quantize(x)
+    got = run([x], [StatRequest("overflows%", "overflows%")], quantized_for=lambda _: {"": q})
+    assert got["overflows%"] == 50.0
