@@ -96,6 +96,8 @@ class DebugQuantizer(Quantizer):
         self.rowwise_gemm_name, self.columnwise_gemm_name = GEMMS_OF_TENSOR[tensor_name]
         self.iteration = debug_api.get_iteration()
         self._api = debug_api.transformer_engine
+        # the namespace's known-default shortcut; absent on stand-ins (spies, wrappers), which see every call
+        self._unrouted_answer = getattr(type(self._api), "unrouted_answer", None)
         self._next_debug_iter: Optional[int] = None
         if parent_quantizer is not None:
             # Full tensor objects in the usual layout: debug features may run any op on them.
@@ -110,8 +112,16 @@ class DebugQuantizer(Quantizer):
         return self.columnwise_gemm_name is None
 
     def _ask(self, hook: str, **kwargs) -> bool:
-        """Call a `*_enabled` hook, fold its next iteration into `_next_debug_iter`, return the bool."""
-        result = getattr(self._api, hook)(self.layer_name, iteration=self.iteration, **kwargs)
+        """Call a `*_enabled` hook, fold its next iteration into `_next_debug_iter`, return the bool.
+
+        A hook that no feature serves for this (layer, gemm, tensor) answers its constant default; once the
+        namespace knows that (after the first call), the answer is taken without the call.
+        """
+        unrouted = self._unrouted_answer
+        result = None if unrouted is None else unrouted(self._api, hook, self.layer_name, kwargs.get("gemm"),
+                                                        kwargs.get("tensor_name"))
+        if result is None:
+            result = getattr(self._api, hook)(self.layer_name, iteration=self.iteration, **kwargs)
         enabled, nxt = enabled_and_next(result, self.iteration, hook=hook, layer_name=self.layer_name)
         self._next_debug_iter = _min_next(self._next_debug_iter, nxt)
         return enabled

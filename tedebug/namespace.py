@@ -319,6 +319,19 @@ class TransformerEngineNamespace(_Dispatcher):
             return combine_enabled(outputs)
         return outputs[0]  # inspect hooks: every output was checked to be None
 
+    def unrouted_answer(self, hook: str, layer_name: str, gemm: Optional[str], tensor_name: Optional[str]) -> Any:
+        """The answer of `enabled` hook `hook` for this routing key when a previous call already found that no
+        feature serves it (the spec default, which depends on nothing else); None when the hook must be called.
+
+        Routing is fixed for a session, so a caller that already made one validated call with the same kwargs
+        shape may use this answer instead of calling the hook again (`DebugQuantizer` does, once per iteration).
+        """
+        routes = self._routes.get((layer_name, hook, gemm, tensor_name))
+        if routes is None or routes or hook in self.__dict__:  # a hook patched on this instance is always called
+            return None
+        spec = HOOKS[hook]
+        return spec.default(layer_name, {}) if spec.kind == "enabled" else None
+
     # The hooks (layer_name positional or keyword; everything else keyword-only).
     def fp8_gemm_enabled(self, layer_name: str, **kwargs: Any):
         return self._call("fp8_gemm_enabled", layer_name, kwargs)

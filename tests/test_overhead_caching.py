@@ -227,3 +227,155 @@ def test_text_sink_batches_and_levels(tmp_path):
     metrics.close()
     text.log_scalar("after close", 1.0, 1)  # dropped, as a logger without handlers did
     assert len(path.read_text(encoding="utf-8").splitlines()) == 3
+
+
+# ------------------------------------------------------------------------------------------------ row finalizers
+def _same_float(a: float, b: float) -> bool:
+    return (math.isnan(a) and math.isnan(b)) or (a == b and math.copysign(1.0, a) == math.copysign(1.0, b))
+
+
+@pytest.mark.parametrize("data", [
+    [1.0, -2.0, 0.0, 4.0],        # hand-checked below
+    [3.5],                        # numel 1: std is NaN
+    [0.0, 0.0, 0.0],              # no non-zero element: dynamic_range is +inf
+    [1e-30, -7.25, 1e30, 0.5],
+])
+def test_buffer_finalizers_equal_finalize(data):
+    """Each buffer's index-resolved finalizer gives exactly `finalize`'s value (the emission fast path)."""
+    from tedebug.backends import torch_ref
+    from tedebug.stats.buffers import BufferKey, StatBuffer
+    from tedebug.stats.definitions import HP_KINDS, NUMEL, Column, finalize
+
+    requests = tuple(StatRequest.parse_hp(kind) for kind in HP_KINDS) + (StatRequest.blockwise(2, 1, False),)
+    buffer = StatBuffer(BufferKey("l", "activation", ()), requests, is_weight=False)
+    x = torch.tensor(data, dtype=torch.float32)
+    partials = {Column(k): float(v) for k, v in torch_ref.basic_partials(x).items()}
+    partials[NUMEL] = float(x.numel())
+    partials[Column("block_dr", (2, 1, False))] = 1.25
+    row = [partials[c] for c in buffer.columns]
+    values = dict(zip(buffer.columns, row))
+    for (name, stat, value_of), request in zip(buffer.emitters, requests):
+        assert (name, stat) == (f"l_activation_{request.name}", request.name)
+        assert _same_float(value_of(row), finalize(request, values)), request.name
+    got = {stat: value_of(row) for _, stat, value_of in buffer.emitters}
+    if data == [1.0, -2.0, 0.0, 4.0]:  # mean 3/4, Σ(x-m)² = 0.0625+7.5625+0.5625+10.5625 = 18.75
+        assert (got["min"], got["max"], got["mean"], got["l1_norm"], got["cur_amax"]) == (-2.0, 4.0, 0.75, 7.0, 4.0)
+        assert got["std"] == math.sqrt(18.75 / 3) and got["l2_norm"] == math.sqrt(21.0)
+        assert got["dynamic_range"] == 2.0 and got["max_blockwise_dynamic_range_block_size_2_dims_1"] == 1.25
+    if len(data) == 1:
+        assert math.isnan(got["std"])
+    if not any(data):
+        assert got["dynamic_range"] == math.inf
+
+
+@pytest.mark.parametrize("stats", [("min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range"),
+                                   ("max", "nan_count")])
+def test_feed_gathers_the_row_from_a_backend_vector(monkeypatch, stats):
+    """A backend offering `basic_partials_row` (the CuPy kernel's output vector) gives the same rows, bit for bit,
+    as the per-partial path; the gather follows the backend's own key order (shuffled here)."""
+    import types
+    from tedebug.backends import torch_ref
+    from tedebug.stats import engine as engine_module
+
+    keys = tuple(reversed(("min", "max", "sum", "m2", "abs_sum", "sq_sum", "amax", "nz_abs_min", "nz_abs_max",
+                           "nonzero_count", "nan_count", "inf_count")))
+    calls = []
+
+    def basic_partials_row(x):
+        calls.append(x)
+        partials = torch_ref.basic_partials(x)
+        return torch.stack([partials[k] for k in keys])
+
+    vector_backend = types.SimpleNamespace(BASIC_KEYS=keys, basic_partials_row=basic_partials_row,
+                                           basic_partials=torch_ref.basic_partials)
+    feeds = [torch.tensor([1.0, -2.0, 0.0, 4.0]), torch.tensor([float("nan"), 3.0, float("-inf")]),
+             torch.tensor([[0.5, 0.0], [-0.25, 8.0]], dtype=torch.bfloat16)]
+    rows = {}
+    for name, backend in (("reference", None), ("vector", vector_backend)):
+        if backend is not None:
+            monkeypatch.setattr(engine_module, "backend_for", lambda x, b=backend: b)
+        engine = StatsEngine(RecordingSink())
+        for i, x in enumerate(feeds):
+            engine.feed(f"l{i}", "activation", stats, x, iteration=0)
+        rows[name] = [b.row.tolist() for b in engine._store.fed()]
+    assert len(calls) == len(feeds)
+    assert len(rows["vector"]) == len(feeds) and all(len(r) == len(rows["reference"][i])
+                                                     for i, r in enumerate(rows["vector"]))
+    for ref_row, vec_row in zip(rows["reference"], rows["vector"]):
+        assert all(_same_float(a, b) for a, b in zip(ref_row, vec_row)), (ref_row, vec_row)
+    assert rows["reference"][0][0] == 4.0 and rows["reference"][2][0] == 4.0  # numel column
+
+
+def test_jsonl_batched_lines_equal_json_dumps_on_every_round(tmp_path):
+    """`log_scalars`' cached-names path (all-str names, finite values) writes exactly `json.dumps`' line; look-alike
+    keys of other types (layer 1 vs "1", None) never reuse a str entry."""
+    path = tmp_path / "b.jsonl"
+    sink = JsonlSink(str(path))
+    names = [("L_activation_max", "L", "activation", "max"), ("1_t_s", "1", "t", "s"), ("1_t_s", 1, "t", "s"),
+             ("q\"\u00e9", None, "t", "s"), ("1_t_s", "1", "t", "s")]
+    values = [1.5, -0.0, 1e-310, float("inf"), torch.tensor(2.25, dtype=torch.float64), 7, float("nan")]
+    expected = []
+    for round_ in range(3):
+        records = [(n, v, round_ * 10 + i, layer, tensor, stat)
+                   for i, (v, (n, layer, tensor, stat)) in enumerate(zip(values * 2, names * 3))]
+        sink.log_scalars(records)
+        expected += [json.dumps(make_record(n, v, it, layer=layer, tensor=tensor, stat=stat), allow_nan=False)
+                     for n, v, it, layer, tensor, stat in records]
+    sink.close()
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert lines == expected
+    assert '"layer": 1,' in lines[2] and '"layer": "1",' in lines[1]
+
+
+# ------------------------------------------------------------------------------------------------ unrouted hooks
+def _plans(qs):
+    return {role: (q.inspect_tensor_enabled, q.rowwise_tensor_plan, q.columnwise_tensor_plan,
+                   q.rowwise_postquantize_enabled, q.columnwise_postquantize_enabled, q.get_next_debug_iter())
+            for role, q in qs.items()}
+
+
+def test_unrouted_enabled_hooks_are_answered_without_a_call_after_the_first(tmp_path, monkeypatch):
+    """Hooks no feature serves for a routing key are called once per session; later DebugQuantizers take the
+    namespace's default answer (same plans); routed hooks and hooks patched on the instance are called every time."""
+    from tedebug.debug_quantization import DebugQuantizer
+    from tedebug.namespace import TransformerEngineNamespace
+    from tedebug.quantization.float8 import Float8CurrentScalingQuantizer
+
+    calls = []
+    real_call = TransformerEngineNamespace._call
+
+    def counting_call(self, hook, layer_name, kwargs):
+        calls.append((hook, kwargs.get("gemm"), kwargs.get("tensor_name")))
+        return real_call(self, hook, layer_name, kwargs)
+
+    monkeypatch.setattr(TransformerEngineNamespace, "_call", counting_call)
+    config = section({"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["activation"], "freq": 2}})
+    with debug_session(config, tmp_path) as api:
+        def build():
+            return {t: DebugQuantizer("L", t, Float8CurrentScalingQuantizer() if t in ("activation", "weight")
+                                      else None, None) for t in ("activation", "weight", "output")}
+
+        first = _plans(build())
+        n_first = len(calls)
+        debug_api.step()
+        calls.clear()
+        second = _plans(build())
+        assert calls == [("inspect_tensor_enabled", None, "activation")]  # the only routed hook
+        # first build: activation and weight ask inspect, 2 x postquantize, 2 x (modify, fp8_gemm), output asks
+        # inspect and modify; fp8_gemm_enabled's routing key has no tensor name, so the weight's fprop answer is
+        # already known from the activation's call
+        assert n_first == 2 * (1 + 2 + 2 * 2) + 2 - 1
+        assert first["activation"][0] is True and second["activation"][0] is False  # freq 2: iteration 0 vs 1
+        assert first["activation"][1:5] == second["activation"][1:5] == ("Quantize", "Quantize", False, False)
+        assert first["weight"] == second["weight"][:5] + (first["weight"][5],) and first["output"][1] == "High Precision"
+
+        patched = []
+        real_fp8 = api.fp8_gemm_enabled
+
+        def fp8_gemm_enabled(layer_name, **kwargs):
+            patched.append(kwargs["gemm"])
+            return real_fp8(layer_name, **kwargs)
+
+        api.fp8_gemm_enabled = fp8_gemm_enabled  # an instance-level override is always called
+        build()
+        assert patched == ["fprop", "wgrad", "fprop", "dgrad"]

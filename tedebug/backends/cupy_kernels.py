@@ -227,6 +227,17 @@ def basic_partials(x: torch.Tensor):
     return {key: out[i] for i, key in enumerate(BASIC_KEYS)}
 
 
+def basic_partials_row(x: torch.Tensor) -> torch.Tensor:
+    """`basic_partials` as the kernel's own float64[12] output vector (`BASIC_KEYS` order), without the 0-d views.
+
+    `StatsEngine.feed` gathers its row from this vector when the backend offers it (torch_ref does not: it has no
+    vector to start from)."""
+    if x.numel() == 0:
+        partials = torch_ref.basic_partials(x)
+        return torch.stack([partials[key] for key in BASIC_KEYS])
+    return basic_stats_tensor(x)
+
+
 def blockwise_dynamic_range_partials(x, block_size, dims, max_over_orientations):
     return torch_ref.blockwise_dynamic_range_partials(x, block_size, dims, max_over_orientations)
 

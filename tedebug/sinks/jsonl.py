@@ -64,14 +64,28 @@ class JsonlSink(Sink):
         self._file = open(self.path, "a" if append else "w", encoding="utf-8")
         self._pending: List[str] = []
         self._encoded_names: Dict[tuple, str] = {}
+        #: the same cache for names, layers, tensors and stats that are all exactly `str` (a str key equals only
+        #: str keys, so the plain tuple is an exact key)
+        self._str_names: Dict[tuple, str] = {}
 
     def log_scalar(self, name: str, value: Any, iteration: int, *, layer: Optional[str] = None,
                    tensor: Optional[str] = None, stat: Optional[str] = None) -> None:
         self._pending.append(self._line(name, value, iteration, layer, tensor, stat))
 
     def log_scalars(self, records: Sequence[Record]) -> None:
-        line = self._line
-        self._pending.extend([line(*record) for record in records])
+        """`_line` of every record; records whose names are all plain strings (the statistics every step) and whose
+        value is finite take the cached-names line directly."""
+        line, str_names, isfinite = self._line, self._str_names, math.isfinite
+        pending = self._pending
+        for record in records:
+            name, value, iteration, layer, tensor, stat = record
+            names = str_names.get((name, layer, tensor, stat))
+            if names is not None:
+                value = float(value)
+                if isfinite(value):
+                    pending.append(f'{{"iteration": {int(iteration)!r}, {names}, "value": {value!r}}}')
+                    continue
+            pending.append(line(*record))
 
     def _line(self, name: Any, value: Any, iteration: Any, layer: Any, tensor: Any, stat: Any) -> str:
         """``json.dumps(make_record(...), allow_nan=False)``, with the name part cached per distinct names."""
@@ -86,7 +100,9 @@ class JsonlSink(Sink):
             line = json.dumps(make_record(name, value, iteration, layer=layer, tensor=tensor, stat=stat),
                               allow_nan=False)
             if key is not None:
-                self._encoded_names[key] = _names_part(name, layer, tensor, stat)
+                names = self._encoded_names[key] = _names_part(name, layer, tensor, stat)
+                if type(name) is str and type(layer) is str and type(tensor) is str and type(stat) is str:
+                    self._str_names[(name, layer, tensor, stat)] = names
             return line
         label = nonfinite_label(value)
         if label is None:

@@ -13,11 +13,12 @@ where each partial goes in the row, the emitted names) is derived once per buffe
 
 from __future__ import annotations
 
-from typing import Any, Dict, Hashable, Iterator, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, Hashable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
-from tedebug.stats.definitions import NUMEL, Column, StatRequest, columns_for, combine_rows, family_of
+from tedebug.stats.definitions import (NUMEL, Column, StatRequest, columns_for, combine_rows, family_of,
+                                       finalizer)
 
 #: one partial family to compute for a row: (family, qualifier, ((partial name, column index), ...))
 FamilySlots = Tuple[str, Tuple[Any, ...], Tuple[Tuple[str, int], ...]]
@@ -49,6 +50,21 @@ class StatBuffer:
         self.families: Tuple[FamilySlots, ...] = family_slots(self.columns)
         self.numel_index = self.columns.index(NUMEL)
         self.stat_names: Tuple[str, ...] = tuple(f"{self.key.layer}_{self.key.tensor}_{r.name}" for r in requests)
+        #: True when the basic family produces every column but numel (`StatsEngine`'s one-vector feed path)
+        self.basic_only = len(self.families) == 1 and self.families[0][0] == "basic"
+        self._gathers: Dict[Tuple[Tuple[str, ...], torch.device], torch.Tensor] = {}
+        #: (emitted name, request name, value of the request from a merged row in `columns` order) per request
+        self.emitters: Tuple[Tuple[str, str, Callable[[Sequence[float]], float]], ...] = tuple(
+            (name, r.name, finalizer(r, self.columns)) for name, r in zip(self.stat_names, requests))
+
+    def basic_gather(self, keys: Tuple[str, ...], device: torch.device) -> torch.Tensor:
+        """Index tensor on `device` taking the row (in `columns` order) from ``cat([numel], basic vector)``, the
+        basic vector being in `keys` order (made once per keys order and device)."""
+        index = self._gathers.get((keys, device))
+        if index is None:
+            positions = [0 if column == NUMEL else 1 + keys.index(column.name) for column in self.columns]
+            index = self._gathers[(keys, device)] = torch.tensor(positions, dtype=torch.long, device=device)
+        return index
 
     @property
     def fed(self) -> bool:

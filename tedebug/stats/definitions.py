@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -331,7 +331,7 @@ def finalize(request: StatRequest, values: Mapping[Column, float]) -> float:
     if kind == "mean":
         return _div(get("sum"), numel)
     if kind == "std":
-        return math.sqrt(get("m2") / (numel - 1)) if numel > 1 else math.nan
+        return _std(get("m2"), numel)
     if kind == "l1_norm":
         return get("abs_sum")
     if kind == "l2_norm":
@@ -343,6 +343,42 @@ def finalize(request: StatRequest, values: Mapping[Column, float]) -> float:
     if kind == BLOCKWISE_KIND:
         return float(values[Column("block_dr", tuple(request.params))])
     return _finalize_quantized(kind, get, numel)
+
+
+def _std(m2: float, numel: float) -> float:
+    return math.sqrt(m2 / (numel - 1)) if numel > 1 else math.nan
+
+
+#: high-precision kinds whose value is one partial, as is
+_SINGLE_PARTIAL_KINDS = ("min", "max", "nan_count", "inf_count", "l1_norm", "cur_amax")
+
+
+def finalizer(request: StatRequest, columns: Sequence[Column]) -> Callable[[Sequence[float]], float]:
+    """`finalize` of `request` as a function of a merged row given as a sequence in `columns` order.
+
+    The column positions are resolved once (a buffer builds its finalizers when its requests are set), so the
+    per-step cost is the formula alone; the formulas are the ones `finalize` uses.
+    """
+    position = {column: i for i, column in enumerate(columns)}
+    kind = request.kind
+    n = position[NUMEL]
+    if kind in _SINGLE_PARTIAL_KINDS:
+        i = position[_PLAIN_COLUMNS[_HP_PARTIALS[kind][0]]]
+        return lambda row: float(row[i])
+    if kind == "mean":
+        s = position[_PLAIN_COLUMNS["sum"]]
+        return lambda row: _div(float(row[s]), float(row[n]))
+    if kind == "std":
+        m2 = position[_PLAIN_COLUMNS["m2"]]
+        return lambda row: _std(float(row[m2]), float(row[n]))
+    if kind == "l2_norm":
+        q = position[_PLAIN_COLUMNS["sq_sum"]]
+        return lambda row: math.sqrt(float(row[q]))
+    if kind == "dynamic_range":
+        hi, lo = position[_PLAIN_COLUMNS["nz_abs_max"]], position[_PLAIN_COLUMNS["nz_abs_min"]]
+        return lambda row: _dynamic_range(float(row[hi]), float(row[lo]))
+    columns = tuple(columns)
+    return lambda row: finalize(request, dict(zip(columns, row)))
 
 
 def _dynamic_range(nz_max: float, nz_min: float) -> float:

@@ -24,7 +24,11 @@ from tedebug.backends import backend_for
 from tedebug.config.parsing import GEMMS_OF_TENSOR
 from tedebug.stats import reduce as _reduce
 from tedebug.stats.buffers import BufferKey, BufferStore, StatBuffer
-from tedebug.stats.definitions import NONFINITE_COLUMNS, Column, StatRequest, finalize
+from tedebug.stats.definitions import NONFINITE_COLUMNS, Column, StatRequest
+
+
+#: distinct (numel, device) constants kept by `StatsEngine._numel_tensor` before the cache starts over
+_NUMEL_CACHE_SIZE = 1024
 
 
 class StatsEngine:
@@ -37,6 +41,7 @@ class StatsEngine:
         self._next_iter: Dict[str, int] = {}
         self._nonfinite_reported = False
         self._request_cache: Dict[tuple, Tuple[StatRequest, ...]] = {}
+        self._numel_tensors: Dict[Tuple[int, torch.device], torch.Tensor] = {}
 
     # ------------------------------------------------------------------------------------------------ feeding
     def feed(
@@ -111,14 +116,34 @@ class StatsEngine:
             if missing_x:
                 raise ValueError(f"stats {missing_x} need the high-precision tensor, which is None")
         device = x.device if x is not None else next(iter(quantized.values())).device
+        numel_value = self._numel_tensor(numel, device)
+        backend = backend_for(x)
+        if buffer.basic_only:
+            row_of = getattr(backend, "basic_partials_row", None)
+            if row_of is not None:  # one vector from the backend, one gather: no per-partial tensors
+                vector = row_of(x)
+                if vector.device != device:
+                    vector = vector.to(device)
+                source = torch.cat((numel_value.reshape(1), vector))
+                return source.index_select(0, buffer.basic_gather(backend.BASIC_KEYS, device))
         values: List[Optional[torch.Tensor]] = [None] * len(buffer.columns)
-        values[buffer.numel_index] = torch.full((), float(numel), dtype=torch.float64, device=device)
+        values[buffer.numel_index] = numel_value
         for family, qualifier, slots in buffer.families:
-            partials = _family_partials(family, qualifier, x, quantized)
+            partials = _family_partials(backend, family, qualifier, x, quantized)
             for name, index in slots:
                 value = partials[name]
                 values[index] = value if value.device == device else value.to(device)
         return torch.stack(values)
+
+    def _numel_tensor(self, numel: int, device: torch.device) -> torch.Tensor:
+        """0-d float64 `numel` on `device`, made once per (numel, device) and only ever read (rows copy it)."""
+        key = (numel, device)
+        value = self._numel_tensors.get(key)
+        if value is None:
+            if len(self._numel_tensors) >= _NUMEL_CACHE_SIZE:
+                self._numel_tensors.clear()
+            value = self._numel_tensors[key] = torch.full((), float(numel), dtype=torch.float64, device=device)
+        return value
 
     # ------------------------------------------------------------------------------------------------ schedule
     def note_next_iteration(self, layer: str, next_iter: Optional[int]) -> None:
@@ -170,8 +195,9 @@ class StatsEngine:
             values = merged[buffer.key]
             layer, tensor_name, _ = buffer.key
             iteration = buffer.iteration
-            records.extend([(name, finalize(request, values), iteration, layer, tensor_name, request.name)
-                            for request, name in zip(buffer.requests, buffer.stat_names)])
+            row = [values[column] for column in buffer.columns]
+            records.extend([(name, value_of(row), iteration, layer, tensor_name, stat)
+                            for name, stat, value_of in buffer.emitters])
             self._report_nonfinite(buffer, values)
         log_scalars = getattr(self.metric_logger, "log_scalars", None)
         if callable(log_scalars):
@@ -208,6 +234,7 @@ class StatsEngine:
         self._next_iter.clear()
         self._nonfinite_reported = False
         self._request_cache.clear()
+        self._numel_tensors.clear()
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -245,8 +272,8 @@ def _parse_requests(layer: str, tensor_name: str, entries: Sequence[Any]) -> Tup
     return tuple(requests)
 
 
-def _family_partials(family: str, qualifier: Tuple[Any, ...], x, quantized: Mapping[str, Any]):
-    backend = backend_for(x)
+def _family_partials(backend, family: str, qualifier: Tuple[Any, ...], x, quantized: Mapping[str, Any]):
+    """The partials dict of one family from `backend` (`backend_for(x)`)."""
     if family == "basic":
         return backend.basic_partials(x)
     if family == "blockwise":
