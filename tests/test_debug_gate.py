@@ -1,9 +1,6 @@
 """Tests of tedebug.nn.debug_gate.LayerDebugState (spec E.8): O(1) off path, once-per-iteration decision,
 next-iteration skipping without losing scheduled iterations, permanent opt-out, reset on re-initialisation."""
 
-import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,27 +10,12 @@ from tedebug.debug_quantization import DebugQuantizer
 from tedebug.nn import debug_gate
 from tedebug.nn.debug_gate import ROLE_TO_TENSOR, LayerDebugState
 from tedebug.quantization import Float8CurrentScalingQuantizer
-from tedebug.registry import user_module_name
 
-FEATURE_DIR = Path(__file__).parent / "feature_dirs_debug"
-FEATURE_FILE = FEATURE_DIR / "debug_test_features.py"
+from debug_features_session import start  # noqa: F401 (the shared fixture)
 LAYER = "model.layers.1.proj"
 ALL_TENSORS = ["activation", "weight", "output", "dgrad", "wgrad", "gradient"]
 
 
-def make_config(features, regex=".*"):
-    return {"sec": {"enabled": True, "layers": {"layer_name_regex_pattern": regex}, "transformer_engine": features}}
-
-
-@pytest.fixture
-def start(tmp_path):
-    def _start(features, regex=".*"):
-        debug_api.initialize(config_file=make_config(features, regex), feature_dirs=[str(FEATURE_DIR)],
-                             log_dir=str(tmp_path))
-        return sys.modules[user_module_name(os.path.realpath(FEATURE_FILE))]
-
-    yield _start
-    debug_api.end_debug()
 
 
 @pytest.fixture

@@ -2,8 +2,6 @@
 modify/inspect hooks, GEMM outputs, save/restore and the DebugQuantizedTensor usage routing (spec E.1-E.7, E.9)."""
 
 import itertools
-import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,29 +25,12 @@ from tedebug.quantization import (
     IdentityQuantizer,
     MXFP8Quantizer,
 )
-from tedebug.registry import user_module_name
 
-FEATURE_DIR = Path(__file__).parent / "feature_dirs_debug"
-FEATURE_FILE = FEATURE_DIR / "debug_test_features.py"
+from debug_features_session import start  # noqa: F401 (the shared fixture)
 LAYER = "decoder.1.fc1"
 TP_GROUP = object()  # stands for a process group: only its identity is checked
 
 
-def make_config(features, regex=".*"):
-    return {"sec": {"enabled": True, "layers": {"layer_name_regex_pattern": regex}, "transformer_engine": features}}
-
-
-@pytest.fixture
-def start(tmp_path):
-    """start(features) -> the loaded test-feature module (its CALLS list records every feature call)."""
-
-    def _start(features, regex=".*"):
-        debug_api.initialize(config_file=make_config(features, regex), feature_dirs=[str(FEATURE_DIR)],
-                             log_dir=str(tmp_path))
-        return sys.modules[user_module_name(os.path.realpath(FEATURE_FILE))]
-
-    yield _start
-    debug_api.end_debug()
 
 
 class HookSpy:

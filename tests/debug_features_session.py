@@ -1,0 +1,31 @@
+"""Shared by the debug-path tests: a config builder and the `start` fixture, which opens a debug session with the
+test features of tests/feature_dirs_debug and returns their loaded module (its CALLS list records every call)."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from tedebug import debug_api
+from tedebug.registry import user_module_name
+
+FEATURE_DIR = Path(__file__).parent / "feature_dirs_debug"
+FEATURE_FILE = FEATURE_DIR / "debug_test_features.py"
+
+
+def make_config(features, regex=".*"):
+    return {"sec": {"enabled": True, "layers": {"layer_name_regex_pattern": regex}, "transformer_engine": features}}
+
+
+@pytest.fixture
+def start(tmp_path):
+    """start(features, regex=".*") -> the loaded test-feature module; the session ends with the test."""
+
+    def _start(features, regex=".*"):
+        debug_api.initialize(config_file=make_config(features, regex), feature_dirs=[str(FEATURE_DIR)],
+                             log_dir=str(tmp_path))
+        return sys.modules[user_module_name(os.path.realpath(FEATURE_FILE))]
+
+    yield _start
+    debug_api.end_debug()
