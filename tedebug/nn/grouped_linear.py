@@ -12,7 +12,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from tedebug.nn.base import BaseLayer, GemmState, linear_gemm, resolve_dtype
-from tedebug.nn.linear import init_linear_
+from tedebug.nn.linear import linear_params
 
 __all__ = ["GroupedLinear"]
 
@@ -40,10 +40,7 @@ class GroupedLinear(BaseLayer):
         self.use_bias = bool(bias)
         kw = dict(dtype=resolve_dtype(params_dtype), device=device)
         for i in range(self.num_gemms):
-            weight = torch.nn.Parameter(torch.empty(self.out_features, self.in_features, **kw))
-            b = torch.nn.Parameter(torch.empty(self.out_features, **kw)) if bias else None
-            if weight.device.type != "meta":
-                init_linear_(weight.data, None if b is None else b.data)
+            weight, b = linear_params(self.out_features, self.in_features, bias, **kw)
             self.register_parameter(f"weight{i}", weight)
             self.register_parameter(f"bias{i}", b)
         self.gemm_states: List[GemmState] = [GemmState() for _ in range(self.num_gemms)]

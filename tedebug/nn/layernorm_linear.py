@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from tedebug.nn.base import BaseLayer, GemmState, linear_gemm, resolve_dtype
-from tedebug.nn.linear import init_linear_
+from tedebug.nn.linear import linear_params
 
 __all__ = ["LayerNormLinear", "NORMALIZATIONS", "normalize"]
 
@@ -60,10 +60,7 @@ class LayerNormLinear(BaseLayer):
         self.normalization = check_normalization(normalization)
         kw = dict(dtype=resolve_dtype(params_dtype), device=device)
         make_norm_params(self, self.in_features, self.normalization, kw)
-        self.weight = torch.nn.Parameter(torch.empty(self.out_features, self.in_features, **kw))
-        self.bias = torch.nn.Parameter(torch.empty(self.out_features, **kw)) if bias else None
-        if self.weight.device.type != "meta":
-            init_linear_(self.weight.data, None if self.bias is None else self.bias.data)
+        self.weight, self.bias = linear_params(self.out_features, self.in_features, bias, **kw)
         self.gemm_state = GemmState()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from tedebug.nn.base import BaseLayer, GemmState, linear_gemm, resolve_dtype
 from tedebug.nn.layernorm_linear import check_normalization, make_norm_params, normalize
-from tedebug.nn.linear import init_linear_
+from tedebug.nn.linear import linear_params
 
 __all__ = ["LayerNormMLP", "ACTIVATIONS"]
 
@@ -63,13 +63,8 @@ class LayerNormMLP(BaseLayer):
         kw = dict(dtype=resolve_dtype(params_dtype), device=device)
         make_norm_params(self, self.hidden_size, self.normalization, kw)
         fc1_out = self.ffn_hidden_size * (2 if activation in _GATED else 1)
-        self.fc1_weight = torch.nn.Parameter(torch.empty(fc1_out, self.hidden_size, **kw))
-        self.fc1_bias = torch.nn.Parameter(torch.empty(fc1_out, **kw)) if bias else None
-        self.fc2_weight = torch.nn.Parameter(torch.empty(self.hidden_size, self.ffn_hidden_size, **kw))
-        self.fc2_bias = torch.nn.Parameter(torch.empty(self.hidden_size, **kw)) if bias else None
-        if self.fc1_weight.device.type != "meta":
-            init_linear_(self.fc1_weight.data, None if self.fc1_bias is None else self.fc1_bias.data)
-            init_linear_(self.fc2_weight.data, None if self.fc2_bias is None else self.fc2_bias.data)
+        self.fc1_weight, self.fc1_bias = linear_params(fc1_out, self.hidden_size, bias, **kw)
+        self.fc2_weight, self.fc2_bias = linear_params(self.hidden_size, self.ffn_hidden_size, bias, **kw)
         self.fc1_state = GemmState()
         self.fc2_state = GemmState()
 

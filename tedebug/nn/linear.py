@@ -9,7 +9,7 @@ import torch
 
 from tedebug.nn.base import BaseLayer, GemmState, linear_gemm, resolve_dtype
 
-__all__ = ["Linear", "init_linear_"]
+__all__ = ["Linear", "init_linear_", "linear_params"]
 
 
 def init_linear_(weight: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
@@ -19,6 +19,15 @@ def init_linear_(weight: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
         fan_in = weight.shape[1]
         bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0.0
         torch.nn.init.uniform_(bias, -bound, bound)
+
+
+def linear_params(out_features: int, in_features: int, bias: bool, **kw):
+    """(weight [out, in], bias [out] or None) Parameters, initialised like torch.nn.Linear (unless on "meta")."""
+    weight = torch.nn.Parameter(torch.empty(out_features, in_features, **kw))
+    b = torch.nn.Parameter(torch.empty(out_features, **kw)) if bias else None
+    if weight.device.type != "meta":
+        init_linear_(weight.data, None if b is None else b.data)
+    return weight, b
 
 
 class Linear(BaseLayer):
@@ -42,10 +51,7 @@ class Linear(BaseLayer):
         self.in_features = int(in_features)
         self.out_features = int(out_features)
         kw = dict(dtype=resolve_dtype(params_dtype), device=device)
-        self.weight = torch.nn.Parameter(torch.empty(self.out_features, self.in_features, **kw))
-        self.bias = torch.nn.Parameter(torch.empty(self.out_features, **kw)) if bias else None
-        if self.weight.device.type != "meta":
-            init_linear_(self.weight.data, None if self.bias is None else self.bias.data)
+        self.weight, self.bias = linear_params(self.out_features, self.in_features, bias, **kw)
         self.gemm_state = GemmState()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
