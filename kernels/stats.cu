@@ -7,8 +7,7 @@
 // chunk whose fp32 sums are not finite (NaN / Inf present, or fp32 overflow) is redone in fp64 and counts NaN /
 // Inf exactly.  Each thread turns (count, Σd, Σd²) into (n, mean, M2) once; threads and blocks merge with Chan's
 // formula in fp64 in a fixed order; the last block to finish (atomic ticket) merges the block partials and writes
-// the 12 float64 results in torch_ref order.  `ted_stats_partial` + `ted_stats_finalize` are the earlier
-// two-launch version (kept as a reference; not used by the Python side).
+// 13 float64: numel, then the 12 results in torch_ref order (the statistics engine's row layout).
 #include "common.cuh"
 
 struct Acc {
@@ -116,80 +115,6 @@ __device__ __forceinline__ void ts_elems(ThreadStats& t, const float* f, int cnt
 }
 
 #define VEC (16 / TED_ELEM_BYTES)
-
-extern "C" __global__ void __launch_bounds__(256)
-ted_stats_partial(const ted_raw_t* __restrict__ x, long long n, Acc* __restrict__ partial) {
-    const long long nvec = n / VEC;
-    const long long tail = n - nvec * VEC;
-    const long long gtid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    const long long stride = (long long)gridDim.x * blockDim.x;
-
-    ThreadStats t;
-    t.mn = INFINITY; t.mx = -INFINITY; t.amax = 0.0f; t.nzmin = INFINITY;
-    t.nz = 0ull; t.nan = 0ull; t.inf = 0ull; t.count = 0ull;
-    t.S = 0.0; t.A = 0.0; t.Q = 0.0; t.D = 0.0; t.DD = 0.0;
-    float k0 = 0.0f;
-    if (gtid < nvec) k0 = ted_load(x, gtid * VEC);
-    else if (gtid < tail) k0 = ted_load(x, nvec * VEC + gtid);
-    t.K = isfinite(k0) ? k0 : 0.0f;
-
-    const uint4* xv = reinterpret_cast<const uint4*>(x);
-    for (long long i = gtid; i < nvec; i += stride) {
-        uint4 w = __ldcs(xv + i);
-        float f[VEC];
-        ted_unpack_word(w.x, f);
-        ted_unpack_word(w.y, f + TED_PER_WORD);
-        ted_unpack_word(w.z, f + 2 * TED_PER_WORD);
-        ted_unpack_word(w.w, f + 3 * TED_PER_WORD);
-        ts_elems(t, f, VEC);
-    }
-    if (gtid < tail) {
-        float f[1];
-        f[0] = ted_load(x, nvec * VEC + gtid);
-        ts_elems(t, f, 1);
-    }
-
-    Acc a;
-    acc_identity(a);
-    if (t.count > 0ull) {
-        double cnt = (double)t.count;
-        a.n = cnt;
-        a.mean = ted_f2d(t.K) + t.D / cnt;
-        a.m2 = fmax(t.DD - t.D * (t.D / cnt), 0.0);
-    }
-    a.sum = t.S; a.abs_sum = t.A; a.sq_sum = t.Q;
-    a.mn = t.mn; a.mx = t.mx; a.amax = t.amax; a.nzmin = t.nzmin;
-    a.nz = t.nz; a.nan = t.nan; a.inf = t.inf;
-    a = acc_block_reduce(a);
-    if (threadIdx.x == 0) partial[blockIdx.x] = a;
-}
-
-// out (float64[12]): min, max, sum, m2, abs_sum, sq_sum, amax, nz_abs_min, nz_abs_max, nonzero_count,
-// nan_count, inf_count.  NaN anywhere makes min / max / amax / nz_abs_min / nz_abs_max NaN (torch propagates NaN
-// through amin / amax); NaN or Inf makes m2 NaN (the reference's mean is then not finite).
-extern "C" __global__ void __launch_bounds__(256)
-ted_stats_finalize(const Acc* __restrict__ partial, int nblocks, double* __restrict__ out) {
-    Acc a;
-    acc_identity(a);
-    for (int b = threadIdx.x; b < nblocks; b += blockDim.x) acc_merge(a, partial[b]);
-    a = acc_block_reduce(a);
-    if (threadIdx.x != 0) return;
-    const double qnan = __longlong_as_double(0x7FF8000000000000ll);
-    const bool has_nan = a.nan > 0ull;
-    out[0] = has_nan ? qnan : ted_f2d(a.mn);
-    out[1] = has_nan ? qnan : ted_f2d(a.mx);
-    out[2] = a.sum;
-    out[3] = (a.nan + a.inf > 0ull) ? qnan : a.m2;
-    out[4] = a.abs_sum;
-    out[5] = a.sq_sum;
-    out[6] = has_nan ? qnan : ted_f2d(a.amax);
-    out[7] = has_nan ? qnan : ted_f2d(a.nzmin);
-    out[8] = has_nan ? qnan : ted_f2d(a.amax);
-    out[9] = (double)a.nz;
-    out[10] = (double)a.nan;
-    out[11] = (double)a.inf;
-}
-
 
 // ------------------------------------------------------------------------------------------------ fused kernel
 __device__ __forceinline__ Acc acc_load_cg(const Acc* p) {
@@ -401,7 +326,8 @@ ted_stats(const ted_raw_t* __restrict__ x, long long n, Acc* __restrict__ partia
     for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x) acc_merge(r, acc_load_cg(partial + b));
     r = acc_block_reduce(r);
     if (threadIdx.x == 0) {
-        acc_write_results(r, out);
+        out[0] = (double)n;
+        acc_write_results(r, out + 1);
         *ticket = 0u;
     }
 }

@@ -4,8 +4,8 @@ What it owns:
 
 - loading: one `cupy.RawModule` per (source file, compile options), built lazily and cached; a compile failure
   raises `KernelCompileError` naming the source and options and showing the NVRTC log;
-- launching on torch's current stream (one cached `cupy.cuda.ExternalStream` per torch stream), with raw
-  ``data_ptr()`` arguments and numpy-typed scalars (CuPy packs a Python float as double and an int as int64);
+- launching on torch's current stream through `tedebug.backends.launch` (the driver's cuLaunchKernel, a few
+  microseconds per launch), with raw ``data_ptr()`` arguments and numpy-typed scalars;
 - one persistent workspace per (device, stream) holding the per-block partials and the atomic tickets of the
   single-launch kernels (the last block of a launch finishes the reduction and resets its ticket), so a call
   allocates only its outputs;
@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from tedebug.backends import torch_ref
+from tedebug.backends.launch import Kernel, launch, raw_stream
 
 _DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _FP8_CODE = {"E4M3": 0, "E5M2": 1}
@@ -96,50 +97,32 @@ def get_module(source: str, options: Tuple[str, ...]):
     return module
 
 
-def get_kernel(source: str, name: str, options: Tuple[str, ...]):
-    """A RawKernel `name` of ``kernels/<source>``; errors name the kernel and the source."""
+_KERNELS: Dict[Tuple[str, str, Tuple[str, ...]], Kernel] = {}
+
+
+def get_kernel(source: str, name: str, options: Tuple[str, ...]) -> Kernel:
+    """The `Kernel` `name` of ``kernels/<source>`` (cached); errors name the kernel and the source."""
+    key = (source, name, tuple(options))
+    kernel = _KERNELS.get(key)
+    if kernel is not None:
+        return kernel
     module = get_module(source, options)
+    kernel = Kernel(module, name)
     try:
-        return module.get_function(name)
+        kernel.raw(torch.cuda.current_device())  # load now: a missing symbol fails here, named
     except Exception as exc:  # CuPy raises CUDADriverError for a missing symbol
         raise KernelCompileError(f"tedebug: kernel {name!r} not found in {source} ({options}): {exc}") from exc
-
-
-_STREAMS: Dict[Tuple[int, int], object] = {}
-_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    _KERNELS[key] = kernel
+    return kernel
 
 
 def _device_index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
-def _raw_stream(index: int) -> int:
-    """The raw cudaStream_t of torch's current stream on device `index` (the fast private call when present)."""
-    if _RAW_STREAM is not None:
-        return _RAW_STREAM(index)
-    return torch.cuda.current_stream(index).cuda_stream
-
-
-def current_stream(device: torch.device):
-    """The cached CuPy ExternalStream for torch's current stream on `device`."""
-    index = _device_index(device)
-    key = (index, _raw_stream(index))
-    stream = _STREAMS.get(key)
-    if stream is None:
-        stream = _cupy().cuda.ExternalStream(key[1], index)
-        _STREAMS[key] = stream
-    return stream
-
-
-def _launch(kernel, grid: int, block: int, args, device: torch.device) -> None:
-    cp = _cupy()
-    index = _device_index(device)
-    stream = current_stream(device)
-    if cp.cuda.runtime.getDevice() == index:
-        kernel((int(grid),), (int(block),), args, stream=stream)
-        return
-    with cp.cuda.Device(index):
-        kernel((int(grid),), (int(block),), args, stream=stream)
+def _launch(kernel: Kernel, grid: int, block: int, args, device: torch.device) -> None:
+    """Launch on torch's current stream of `device` (`tedebug.backends.launch`)."""
+    launch(kernel, grid, block, args, device)
 
 
 _WORKSPACES: Dict[Tuple[int, int], torch.Tensor] = {}
@@ -152,7 +135,7 @@ def _workspace(device: torch.device) -> Tuple[int, int]:
     so they can share it.
     """
     index = _device_index(device)
-    key = (index, _raw_stream(index))
+    key = (index, raw_stream(index))
     ws = _WORKSPACES.get(key)
     if ws is None:
         nbytes = _TICKET_BYTES + _MAX_BLOCKS_PER_SM * _sm_count(index) * _PARTIAL_ROW_BYTES
@@ -203,20 +186,49 @@ def _sum_columns(partial: torch.Tensor, out: torch.Tensor) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ statistics
-def basic_stats_tensor(x: torch.Tensor) -> torch.Tensor:
-    """float64[12] on x's device: the basic partials in `BASIC_KEYS` order (one launch, no host sync)."""
-    x = prepare_input(x)
+#: the float64 row `basic_stats_into` writes: numel, then the basic partials in `BASIC_KEYS` order
+BASIC_ROW_KEYS = ("numel",) + BASIC_KEYS
+_ROW_BYTES = 8 * len(BASIC_ROW_KEYS)
+
+
+def basic_stats_into(x: torch.Tensor, out_ptr: int) -> None:
+    """One launch writing the float64 row `BASIC_ROW_KEYS` (13 values) at device address `out_ptr`.
+
+    The statistics engine hands out rows of a per-step slab, so a logged tensor costs this launch and nothing
+    else on the host or the device (no output allocation, no gather).  `x` must be a non-empty CUDA tensor of a
+    kernel dtype on the slab's device.
+    """
+    if x.dtype not in _DTYPE_CODE:
+        raise TypeError(f"tedebug kernels: expected a float32/bfloat16/float16 tensor, got {x.dtype}")
+    if not x.is_contiguous() or x.data_ptr() % 16:
+        x = prepare_input(x)
     n = x.numel()
     if n == 0:
         raise ValueError("basic statistics of an empty tensor")
+    device = x.device
+    index = _device_index(device)
+    key = (index, x.dtype)
+    kernel = _STATS_KERNELS.get(key)
+    if kernel is None:
+        kernel = _STATS_KERNELS[key] = get_kernel("stats.cu", "ted_stats", _dtype_options(x))
     vec = 16 // x.element_size()
-    grid = _grid_for(x.device, max(n // vec, 1), STATS_BLOCKS_PER_SM)
-    partials, tickets = _workspace(x.device)
-    out = torch.empty(len(BASIC_KEYS), dtype=torch.float64, device=x.device)
-    kernel = get_kernel("stats.cu", "ted_stats", _dtype_options(x))
-    _launch(kernel, grid, THREADS, (x.data_ptr(), np.int64(n), partials, _ticket(tickets, "stats"), out.data_ptr()),
-            x.device)
-    return out
+    grid = max(1, min(STATS_BLOCKS_PER_SM * _sm_count(index), (max(n // vec, 1) + THREADS - 1) // THREADS))
+    partials, tickets = _workspace(device)
+    launch(kernel, grid, THREADS, (x.data_ptr(), np.int64(n), partials, tickets + 4 * _TICKETS["stats"], out_ptr),
+           device)
+
+
+_STATS_KERNELS: Dict[Tuple[int, torch.dtype], Kernel] = {}
+
+
+def basic_stats_tensor(x: torch.Tensor) -> torch.Tensor:
+    """float64[12] on x's device: the basic partials in `BASIC_KEYS` order (one launch, no host sync)."""
+    x = prepare_input(x)
+    if x.numel() == 0:
+        raise ValueError("basic statistics of an empty tensor")
+    out = torch.empty(len(BASIC_ROW_KEYS), dtype=torch.float64, device=x.device)
+    basic_stats_into(x, out.data_ptr())
+    return out[1:]
 
 
 def basic_partials(x: torch.Tensor):

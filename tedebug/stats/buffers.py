@@ -4,7 +4,8 @@ A buffer key is ``BufferKey(layer, tensor, options)`` where `options` is the cal
 schedule plus its marker such as ``"fp8"`` / ``"nvfp4"``, so that two features never share a buffer).  Within one
 step a non-weight buffer merges every feed (all microbatches, forward and backward) with the exact combiners of
 `tedebug.stats.definitions`; a weight buffer keeps the first feed of the step only.  The row stays on the device
-of the fed tensor until `StatsEngine.step` reads every row back at once.  Buffers persist across steps (their
+of the fed tensor until `StatsEngine.step` reads every row back at once; a kernel backend writes its rows into a
+`RowSlab` instead (`slab_rows`), merged on the host at the step.  Buffers persist across steps (their
 reduction groups decide which collectives a rank joins); only the row is cleared at each step.
 
 Everything a feed or an emission derives from the requests alone (the columns, the partial families to compute and
@@ -19,6 +20,7 @@ import torch
 
 from tedebug.stats.definitions import (NUMEL, Column, StatRequest, columns_for, combine_rows, family_of,
                                        finalizer)
+from tedebug.stats.slab import RowSlab
 
 #: one partial family to compute for a row: (family, qualifier, ((partial name, column index), ...))
 FamilySlots = Tuple[str, Tuple[Any, ...], Tuple[Tuple[str, int], ...]]
@@ -41,6 +43,9 @@ class StatBuffer:
         self.skip_reduction = False
         self.iteration: Optional[int] = None
         self.row: Optional[torch.Tensor] = None  # float64 [len(columns)] on the feed's device
+        #: rows of this step written by a kernel into a `RowSlab` (full backend layout), read back at the step
+        self.slab_rows: List[Tuple[RowSlab, int]] = []
+        self.slab_keys: Tuple[str, ...] = ()  # the partial names of a slab row, in order
         #: the immutable ``stats`` object `requests` were last parsed from (`StatsEngine.feed`'s fast path)
         self.stats_source: Any = None
 
@@ -53,6 +58,7 @@ class StatBuffer:
         #: True when the basic family produces every column but numel (`StatsEngine`'s one-vector feed path)
         self.basic_only = len(self.families) == 1 and self.families[0][0] == "basic"
         self._gathers: Dict[Tuple[Tuple[str, ...], torch.device], torch.Tensor] = {}
+        self._positions: Dict[Tuple[str, ...], Tuple[int, ...]] = {}
         #: (emitted name, request name, value of the request from a merged row in `columns` order) per request
         self.emitters: Tuple[Tuple[str, str, Callable[[Sequence[float]], float]], ...] = tuple(
             (name, r.name, finalizer(r, self.columns)) for name, r in zip(self.stat_names, requests))
@@ -66,10 +72,23 @@ class StatBuffer:
             index = self._gathers[(keys, device)] = torch.tensor(positions, dtype=torch.long, device=device)
         return index
 
+    def row_positions(self, keys: Tuple[str, ...]) -> Tuple[int, ...]:
+        """Positions in a full row laid out as `keys` (partial names, ``"numel"`` included) of `columns`."""
+        positions = self._positions.get(keys)
+        if positions is None:
+            positions = self._positions[keys] = tuple(keys.index(column.name) for column in self.columns)
+        return positions
+
     @property
     def fed(self) -> bool:
         """True when the buffer received a feed since the last step."""
-        return self.row is not None
+        return self.row is not None or bool(self.slab_rows)
+
+    def add_slab_row(self, slab: RowSlab, index: int, keys: Tuple[str, ...]) -> None:
+        """Record a row a kernel writes into `slab` for this step, laid out as the partial names `keys` (the caller
+        checked `accepts_feed`)."""
+        self.slab_rows.append((slab, index))
+        self.slab_keys = keys
 
     def accepts_feed(self) -> bool:
         """False for a weight buffer that was already fed this step (weights keep their first feed)."""
@@ -102,6 +121,8 @@ class StatBuffer:
     def clear(self) -> None:
         """Forget this step's row (requests, group and options stay)."""
         self.row = None
+        if self.slab_rows:
+            self.slab_rows = []
 
 
 def family_slots(columns: Tuple[Column, ...]) -> Tuple[FamilySlots, ...]:

@@ -24,7 +24,8 @@ from tedebug.backends import backend_for
 from tedebug.config.parsing import GEMMS_OF_TENSOR
 from tedebug.stats import reduce as _reduce
 from tedebug.stats.buffers import BufferKey, BufferStore, StatBuffer
-from tedebug.stats.definitions import NONFINITE_COLUMNS, Column, StatRequest
+from tedebug.stats.definitions import NONFINITE_COLUMNS, Column, StatRequest, combine_rows
+from tedebug.stats.slab import RowSlab
 
 
 #: distinct (numel, device) constants kept by `StatsEngine._numel_tensor` before the cache starts over
@@ -42,6 +43,7 @@ class StatsEngine:
         self._nonfinite_reported = False
         self._request_cache: Dict[tuple, Tuple[StatRequest, ...]] = {}
         self._numel_tensors: Dict[Tuple[int, torch.device], torch.Tensor] = {}
+        self._slabs: Dict[torch.device, RowSlab] = {}
 
     # ------------------------------------------------------------------------------------------------ feeding
     def feed(
@@ -86,10 +88,25 @@ class StatsEngine:
         if not buffer.accepts_feed():
             return
         try:
+            if buffer.basic_only and tensor is not None:
+                backend = backend_for(tensor)
+                into = getattr(backend, "basic_stats_into", None)
+                if into is not None:  # one launch writing the whole row into this step's slab
+                    slab = self._slab(tensor.device, len(backend.BASIC_ROW_KEYS))
+                    index = slab.take()
+                    into(tensor, slab.address(index))
+                    buffer.add_slab_row(slab, index, backend.BASIC_ROW_KEYS)
+                    return
             row = self._compute_row(buffer, tensor, quantized, numel)
         except (ValueError, TypeError) as err:
             raise type(err)(f"statistics of layer {layer!r}, tensor {tensor_name!r}: {err}") from err
         buffer.accumulate(row)
+
+    def _slab(self, device: torch.device, width: int) -> RowSlab:
+        slab = self._slabs.get(device)
+        if slab is None or slab.width != width:
+            slab = self._slabs[device] = RowSlab(device, width)
+        return slab
 
     def _requests(self, layer: str, tensor_name: str, stats: Iterable[Any]) -> Tuple[StatRequest, ...]:
         """The parsed, de-duplicated requests; a list or tuple of plain names is parsed once per session."""
@@ -166,6 +183,8 @@ class StatsEngine:
             self._emit(fed, merged)
         finally:
             self._store.clear_step()
+            for slab in self._slabs.values():
+                slab.reset()
 
     def _reduce(
         self, fed: List[StatBuffer], host: Dict[BufferKey, List[float]]
@@ -235,6 +254,7 @@ class StatsEngine:
         self._nonfinite_reported = False
         self._request_cache.clear()
         self._numel_tensors.clear()
+        self._slabs.clear()
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -297,10 +317,16 @@ def _family_partials(backend, family: str, qualifier: Tuple[Any, ...], x, quanti
 
 
 def _read_back(fed: Sequence[StatBuffer]) -> Dict[BufferKey, List[float]]:
-    """All fed rows to the host: one concatenation and one transfer per device."""
+    """All fed rows to the host in `columns` order: one concatenation and one transfer per device for tensor
+    rows, one transfer per slab chunk in use for slab rows; several rows of one buffer are merged here."""
     by_device: Dict[torch.device, List[StatBuffer]] = {}
+    slabs: Dict[RowSlab, List[List[float]]] = {}
     for buffer in fed:
-        by_device.setdefault(buffer.row.device, []).append(buffer)
+        if buffer.row is not None:
+            by_device.setdefault(buffer.row.device, []).append(buffer)
+        for slab, _ in buffer.slab_rows:
+            if slab not in slabs:
+                slabs[slab] = slab.host_rows()
     host: Dict[BufferKey, List[float]] = {}
     for buffers in by_device.values():
         flat = torch.cat([b.row for b in buffers]).cpu().tolist()
@@ -308,4 +334,16 @@ def _read_back(fed: Sequence[StatBuffer]) -> Dict[BufferKey, List[float]]:
         for b in buffers:
             host[b.key] = flat[offset: offset + len(b.columns)]
             offset += len(b.columns)
+    for buffer in fed:
+        if not buffer.slab_rows:
+            continue
+        positions = buffer.row_positions(buffer.slab_keys)
+        parts = [host[buffer.key]] if buffer.row is not None else []
+        for slab, index in buffer.slab_rows:
+            full = slabs[slab][index]
+            parts.append([full[p] for p in positions])
+        if len(parts) == 1:
+            host[buffer.key] = parts[0]
+        else:
+            host[buffer.key] = combine_rows(buffer.columns, torch.tensor(parts, dtype=torch.float64)).tolist()
     return host

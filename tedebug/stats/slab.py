@@ -1,0 +1,72 @@
+"""`RowSlab`: preallocated float64 partial rows on one device, handed out during a step and read back at its end.
+
+A kernel backend that can write a whole statistics row to a device address (``basic_stats_into``) gets its rows
+from here instead of allocating, gathering and merging small tensors per feed: a feed costs one kernel launch.
+Rows are handed out in order from chunks of `CHUNK_ROWS` rows (a new chunk when the step needs more; chunks are
+kept for the next steps), `host_rows()` reads every row handed out this step back with one transfer per chunk in
+use, and `reset()` makes the rows available again for the next step.
+
+Rows are written on the stream current at the feed and read back on the stream current at the step; both are
+the same stream in ordinary training (tedebug's own kernels launch on torch's current stream).
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import torch
+
+CHUNK_ROWS = 256
+
+
+class RowSlab:
+    """Rows of `width` float64 values on `device` (see the module docstring)."""
+
+    def __init__(self, device: torch.device, width: int) -> None:
+        if width <= 0:
+            raise ValueError(f"RowSlab: width must be positive, got {width}")
+        self.device = device
+        self.width = width
+        self._chunks: List[torch.Tensor] = []
+        self._bases: List[int] = []
+        self._used = 0
+        self._row_bytes = 8 * width
+
+    @property
+    def used(self) -> int:
+        """Rows handed out since the last `reset`."""
+        return self._used
+
+    def take(self) -> int:
+        """Hand out the next row; returns its index (its address is `address(index)`)."""
+        index = self._used
+        if index // CHUNK_ROWS >= len(self._chunks):
+            chunk = torch.empty((CHUNK_ROWS, self.width), dtype=torch.float64, device=self.device)
+            self._chunks.append(chunk)
+            self._bases.append(chunk.data_ptr())
+        self._used = index + 1
+        return index
+
+    def address(self, index: int) -> int:
+        """Device address of row `index`."""
+        return self._bases[index // CHUNK_ROWS] + (index % CHUNK_ROWS) * self._row_bytes
+
+    def row(self, index: int) -> torch.Tensor:
+        """Row `index` as a float64 view (for callers that need a tensor)."""
+        return self._chunks[index // CHUNK_ROWS][index % CHUNK_ROWS]
+
+    def host_rows(self) -> List[List[float]]:
+        """Every row handed out this step, as Python floats (one device-to-host copy per chunk in use)."""
+        rows: List[List[float]] = []
+        remaining = self._used
+        for chunk in self._chunks:
+            if remaining <= 0:
+                break
+            count = min(remaining, CHUNK_ROWS)
+            rows.extend(chunk[:count].cpu().tolist())
+            remaining -= count
+        return rows
+
+    def reset(self) -> None:
+        """Make every row available again (call after `host_rows`)."""
+        self._used = 0
