@@ -18,6 +18,7 @@ freq 1.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from typing import Callable, Dict, List, Sequence
 
@@ -56,20 +57,24 @@ def _kernel_mxfp8(x):
     return cupy_kernels.mxfp8_quantize_raw(x, "E4M3", True, True)
 
 
-def _torch_fp8(x):
+@functools.lru_cache(maxsize=None)
+def _fp8_current_quantizer():
+    """One quantizer for every timed call (a training layer keeps its quantizers too)."""
     from tedebug.quantization.float8 import Float8CurrentScalingQuantizer
 
+    return Float8CurrentScalingQuantizer("E4M3")
+
+
+def _torch_fp8(x):
     with dispatch.use_backend("torch"):
-        q = Float8CurrentScalingQuantizer("E4M3").quantize(x)
+        q = _fp8_current_quantizer().quantize(x)
         return (torch_ref.underflow_partials(x, q, "rowwise"), torch_ref.mse_partials(x, q, "rowwise"),
                 torch_ref.overflow_partials(x, q, "rowwise"))
 
 
 def _kernel_fp8(x):
-    from tedebug.quantization.float8 import Float8CurrentScalingQuantizer
-
     with dispatch.use_backend("cupy"):
-        return Float8CurrentScalingQuantizer("E4M3").quantize(x)
+        return _fp8_current_quantizer().quantize(x)
 
 
 def _torch_nvfp4(x):

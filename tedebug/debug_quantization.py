@@ -96,8 +96,8 @@ class DebugQuantizer(Quantizer):
         self.rowwise_gemm_name, self.columnwise_gemm_name = GEMMS_OF_TENSOR[tensor_name]
         self.iteration = debug_api.get_iteration()
         self._api = debug_api.transformer_engine
-        # the namespace's known-default shortcut; absent on stand-ins (spies, wrappers), which see every call
-        self._unrouted_answer = getattr(type(self._api), "unrouted_answer", None)
+        # the namespace's known-answer shortcut; absent on stand-ins (spies, wrappers), which see every call
+        self._known_answer = getattr(type(self._api), "known_answer", None)
         self._next_debug_iter: Optional[int] = None
         if parent_quantizer is not None:
             # Full tensor objects in the usual layout: debug features may run any op on them.
@@ -114,12 +114,13 @@ class DebugQuantizer(Quantizer):
     def _ask(self, hook: str, **kwargs) -> bool:
         """Call a `*_enabled` hook, fold its next iteration into `_next_debug_iter`, return the bool.
 
-        A hook that no feature serves for this (layer, gemm, tensor) answers its constant default; once the
-        namespace knows that (after the first call), the answer is taken without the call.
+        After the first call for a (layer, gemm, tensor), the namespace answers without calling the features when
+        none serves the hook (its constant default) or when the serving features answer from their schedules
+        alone (`TransformerEngineNamespace.known_answer`).
         """
-        unrouted = self._unrouted_answer
-        result = None if unrouted is None else unrouted(self._api, hook, self.layer_name, kwargs.get("gemm"),
-                                                        kwargs.get("tensor_name"))
+        known = self._known_answer
+        result = None if known is None else known(self._api, hook, self.layer_name, kwargs.get("gemm"),
+                                                  kwargs.get("tensor_name"), self.iteration)
         if result is None:
             result = getattr(self._api, hook)(self.layer_name, iteration=self.iteration, **kwargs)
         enabled, nxt = enabled_and_next(result, self.iteration, hook=hook, layer_name=self.layer_name)

@@ -284,10 +284,36 @@ class _Dispatcher:
         self._routes.clear()
 
 
+#: `known_answer` plan of a routing key whose hook must be called
+_CALL = "call"
+
+
+def _answer_plan(hook: str, routes: Tuple[Route, ...]):
+    """`TransformerEngineNamespace.known_answer`'s plan: () when no feature serves an `enabled` hook, a tuple of
+    (schedule, note_stats) when every route is the unmodified scheduled `inspect_tensor_enabled`, else `_CALL`."""
+    if HOOKS[hook].kind != "enabled":
+        return _CALL
+    if not routes:
+        return ()
+    from tedebug.feature_support import ScheduledInspectFeature, cached_schedule  # late: it imports debug_api
+
+    pure = ScheduledInspectFeature.inspect_tensor_enabled
+    plan = []
+    for route in routes:
+        if route.drop or getattr(route.method, "__func__", None) is not pure:
+            return _CALL
+        plan.append((cached_schedule(route.config), bool(route.method.__self__.NOTE_STATS)))
+    return tuple(plan)
+
+
 class TransformerEngineNamespace(_Dispatcher):
     """``debug_api.transformer_engine``: the seven hooks of spec D.1 (see the module docstring)."""
 
     name = TE_NAMESPACE
+
+    def __init__(self, session: Any):
+        super().__init__(session)
+        self._answer_plans: Dict[tuple, Any] = {}
 
     def _call(self, hook: str, layer_name: str, kwargs: dict) -> Any:
         spec = HOOKS[hook]
@@ -332,6 +358,37 @@ class TransformerEngineNamespace(_Dispatcher):
         spec = HOOKS[hook]
         return spec.default(layer_name, {}) if spec.kind == "enabled" else None
 
+    def known_answer(self, hook: str, layer_name: str, gemm: Optional[str], tensor_name: Optional[str],
+                     iteration: int) -> Any:
+        """`enabled` hook `hook`'s answer at `iteration` when it needs no feature call, else None.
+
+        Two cases, both only after a first validated call with the same routing key (so routing and argument
+        checks already happened): no feature serves the key (`unrouted_answer`), or every feature serving it
+        answers from its schedule alone (the unmodified `ScheduledInspectFeature.inspect_tensor_enabled` of the
+        statistics and dump features).  The second case evaluates the same schedules the features would, records
+        the next iteration in the stats engine as they would, and combines several answers as `_call` does.
+        """
+        if hook in self.__dict__:  # a hook patched on this instance is always called
+            return None
+        key = (layer_name, hook, gemm, tensor_name)
+        plan = self._answer_plans.get(key)
+        if plan is None:
+            routes = self._routes.get(key)
+            if routes is None:
+                return None
+            plan = self._answer_plans[key] = _answer_plan(hook, routes)
+        if plan is _CALL:
+            return None
+        if not plan:
+            return HOOKS[hook].default(layer_name, {})
+        outputs = []
+        for schedule, note_stats in plan:
+            answer = schedule.query(iteration)
+            if note_stats:
+                self._session.stats.note_next_iteration(layer_name, answer[1])
+            outputs.append(answer)
+        return outputs[0] if len(outputs) == 1 else combine_enabled(outputs)
+
     # The hooks (layer_name positional or keyword; everything else keyword-only).
     def fp8_gemm_enabled(self, layer_name: str, **kwargs: Any):
         return self._call("fp8_gemm_enabled", layer_name, kwargs)
@@ -367,6 +424,7 @@ class TransformerEngineNamespace(_Dispatcher):
 
     def end_debug(self) -> None:
         super().end_debug()
+        self._answer_plans.clear()
         self._session.stats.reset()
 
 

@@ -306,6 +306,66 @@ def test_feed_gathers_the_row_from_a_backend_vector(monkeypatch, stats):
     assert rows["reference"][0][0] == 4.0 and rows["reference"][2][0] == 4.0  # numel column
 
 
+def _slab_backend(keys, calls):
+    """A CPU stand-in for the kernel backend's `basic_stats_into`: writes (numel, partials in `keys` order) as
+    float64 at the given address, as the CUDA kernel does."""
+    import ctypes
+    import types
+    from tedebug.backends import torch_ref
+
+    row_keys = ("numel",) + keys
+
+    def basic_stats_into(x, address):
+        calls.append(x)
+        partials = torch_ref.basic_partials(x)
+        values = torch.stack([torch.tensor(float(x.numel()), dtype=torch.float64)] + [partials[k] for k in keys])
+        ctypes.memmove(address, values.data_ptr(), 8 * len(row_keys))
+
+    return types.SimpleNamespace(BASIC_KEYS=keys, BASIC_ROW_KEYS=row_keys, basic_stats_into=basic_stats_into,
+                                 basic_partials=torch_ref.basic_partials)
+
+
+def test_slab_rows_equal_the_reference_rows_with_microbatches_and_weights(monkeypatch):
+    """A backend writing whole rows into the step's slab (`basic_stats_into`) emits exactly what the reference path
+    emits: several feeds of one buffer merged, a weight keeping its first feed, key order of the backend followed
+    (shuffled here), more rows than one slab chunk, and the slab reused by the next step."""
+    from tedebug.stats import engine as engine_module
+    from tedebug.stats import slab as slab_module
+
+    monkeypatch.setattr(slab_module, "CHUNK_ROWS", 3)
+    keys = tuple(reversed(("min", "max", "sum", "m2", "abs_sum", "sq_sum", "amax", "nz_abs_min", "nz_abs_max",
+                           "nonzero_count", "nan_count", "inf_count")))
+    stats = ("min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range", "nan_count")
+    gen = torch.Generator().manual_seed(3)
+    feeds = [("l0", "activation", torch.randn(64, generator=gen) * 3 + 1, False),
+             ("l0", "activation", torch.randn(40, generator=gen), False),  # second microbatch: merged
+             ("l0", "weight", torch.randn(16, generator=gen), True),
+             ("l0", "weight", torch.randn(16, generator=gen) + 5, True),  # a weight keeps its first feed
+             ("l1", "gradient", torch.tensor([float("nan"), 3.0, float("-inf"), 0.0]), False),
+             ("l2", "output", torch.tensor([[0.5, 0.0], [-0.25, 8.0]], dtype=torch.bfloat16), False),
+             ("l3", "dgrad", torch.tensor([0.0, 0.0]), False)]
+    results = {}
+    calls = []
+    for name, backend in (("reference", None), ("slab", _slab_backend(keys, calls))):
+        if backend is not None:
+            monkeypatch.setattr(engine_module, "backend_for", lambda x, b=backend: b)
+        sink = RecordingSink()
+        engine = StatsEngine(sink)
+        for step in range(2):
+            for layer, tensor, x, is_weight in feeds:
+                engine.feed(layer, tensor, stats, x * (step + 1), iteration=step, is_weight=is_weight)
+            engine.step(step)
+        results[name] = sink.rows
+    assert len(calls) == 2 * (len(feeds) - 1)  # the second weight feed is never computed
+    assert len(results["slab"]) == len(results["reference"]) == 2 * 5 * len(stats)
+    for ref, got in zip(results["reference"], results["slab"]):
+        assert ref[0] == got[0] and ref[2] == got[2]
+        assert _same_float(ref[1], got[1]) or abs(ref[1] - got[1]) <= 1e-12 * abs(ref[1]), (ref, got)
+    merged_mean = [r for r in results["slab"] if r[0] == "l0_activation_mean"][0][1]
+    first, second = feeds[0][2].double(), feeds[1][2].double()
+    assert abs(merged_mean - torch.cat([first, second]).mean().item()) < 1e-12
+
+
 def test_jsonl_batched_lines_equal_json_dumps_on_every_round(tmp_path):
     """`log_scalars`' cached-names path (all-str names, finite values) writes exactly `json.dumps`' line; look-alike
     keys of other types (layer 1 vs "1", None) never reuse a str entry."""
@@ -335,8 +395,9 @@ def _plans(qs):
 
 
 def test_unrouted_enabled_hooks_are_answered_without_a_call_after_the_first(tmp_path, monkeypatch):
-    """Hooks no feature serves for a routing key are called once per session; later DebugQuantizers take the
-    namespace's default answer (same plans); routed hooks and hooks patched on the instance are called every time."""
+    """Hooks no feature serves for a routing key, and hooks served only by schedule-driven features (LogTensorStats'
+    inspect_tensor_enabled), are called once per session; later DebugQuantizers take the namespace's answer (same
+    plans); hooks patched on the instance are called every time."""
     from tedebug.debug_quantization import DebugQuantizer
     from tedebug.namespace import TransformerEngineNamespace
     from tedebug.quantization.float8 import Float8CurrentScalingQuantizer
@@ -360,7 +421,7 @@ def test_unrouted_enabled_hooks_are_answered_without_a_call_after_the_first(tmp_
         debug_api.step()
         calls.clear()
         second = _plans(build())
-        assert calls == [("inspect_tensor_enabled", None, "activation")]  # the only routed hook
+        assert calls == []  # the only routed hook is LogTensorStats' schedule: answered from the schedule
         # first build: activation and weight ask inspect, 2 x postquantize, 2 x (modify, fp8_gemm), output asks
         # inspect and modify; fp8_gemm_enabled's routing key has no tensor name, so the weight's fprop answer is
         # already known from the activation's call
@@ -379,3 +440,46 @@ def test_unrouted_enabled_hooks_are_answered_without_a_call_after_the_first(tmp_
         api.fp8_gemm_enabled = fp8_gemm_enabled  # an instance-level override is always called
         build()
         assert patched == ["fprop", "wgrad", "fprop", "dgrad"]
+
+
+def test_scheduled_answers_equal_the_features_answers_and_note_the_next_iteration(tmp_path, monkeypatch):
+    """`known_answer` for hooks served by schedule-driven features gives, iteration after iteration, exactly what
+    calling the features gives (several features combined), records the next iteration in the stats engine as the
+    features do, and leaves a feature with its own `inspect_tensor_enabled` to be called every time."""
+    from tedebug.namespace import TransformerEngineNamespace
+
+    config = section({
+        "LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["activation", "weight"], "freq": 3,
+                           "start_step": 2},
+        "LogFp8TensorStats": {"enabled": True, "stats": ["underflows%"], "tensors": ["activation"],
+                              "start_end_list": [[4, 5], [9, 9]]},
+        "DumpTensors": {"enabled": True, "tensors": ["weight"], "freq": 4, "high_precision_tensor": True},
+    })
+    with debug_session(config, tmp_path) as api:
+        notes = []
+        real_note = api._session.stats.note_next_iteration
+        monkeypatch.setattr(api._session.stats, "note_next_iteration",
+                            lambda layer, nxt: (notes.append((layer, nxt)), real_note(layer, nxt)))
+        for tensor in ("activation", "weight", "output"):
+            for it in range(12):
+                notes.clear()
+                called = api.inspect_tensor_enabled("L", tensor_name=tensor, iteration=it)
+                called_notes = list(notes)
+                notes.clear()
+                known = api.known_answer("inspect_tensor_enabled", "L", None, tensor, it)
+                assert known == called, (tensor, it)
+                assert notes == called_notes, (tensor, it)
+        assert api.known_answer("inspect_tensor_enabled", "L", None, "activation", 3) == (True, 4)
+        assert api.known_answer("inspect_tensor_enabled", "L", None, "output", 2) == (False, None)
+        assert api.known_answer("inspect_tensor", "L", None, "activation", 2) is None  # not an enabled hook
+        assert api.known_answer("inspect_tensor_enabled", "Other", None, "activation", 2) is None  # never called
+
+        class Custom:
+            def inspect_tensor_enabled(self, config, layer_name, tensor_name, iteration):
+                return True, iteration + 1
+
+        from tedebug.namespace import Route
+        api._routes[("C", "inspect_tensor_enabled", None, "activation")] = (
+            Route("Custom", Custom().inspect_tensor_enabled, {}),)
+        assert api.known_answer("inspect_tensor_enabled", "C", None, "activation", 0) is None
+        assert isinstance(api, TransformerEngineNamespace)
