@@ -8,7 +8,8 @@ A hook call ``debug_api.transformer_engine.<hook>(layer_name, **kwargs)``:
    are enabled; each candidate's ``parse_config_and_api`` decides whether it applies and produces its parsed config.
    The decision (a tuple of (feature, bound method, parsed config)) is cached per (layer, hook, gemm, tensor_name)
    for every hook, `fp8_gemm_enabled` and multi-feature results included; the cache never depends on the iteration.
-   The feature methods themselves run on every call;
+   The feature methods themselves run on every hook call (`DebugQuantizer` asks `known_answer` first, which answers
+   enabled hooks that no feature or only schedule-driven features serve without calling them);
 3. no feature -> the default result (`fp8_gemm_enabled` (True, None); `*_enabled` (False, None); `inspect_*` None;
    `modify_tensor` raises NotImplementedError); one feature -> its result; several -> allowed only for the
    multi-feature hooks, combined as in spec D.2 step 7 (`*_enabled`: all tuples -> (any, min of non-None next);
