@@ -2,16 +2,21 @@
 // read of x [M, K] (M, K multiples of 32), with fused error statistics per direction.
 // Fast kernel `ted_mxfp8_quantize16` (bf16 / fp16, used by tedebug/backends/cupy_kernels.py): a block of 8 warps
 // owns a tile of 32 rows x 256 columns; warp w holds rows w, w+8, w+16, w+24 and lane l columns 8l..8l+7 (one
-// 16-byte load per row, double-buffered with cp.async so the next tile streams in while this one is processed).
-// Row block amax: packed bf16x2/f16x2 max over the lane's 8 values, two rows packed per
-// word, two xor shuffles over the 4 lanes of a 32-column block.  Column amax: each warp's packed max over its 4
-// rows goes to shared memory; thread t reduces column t over the 8 warps and publishes the column's multiplier and
-// decode scale in shared memory.  Per element and direction: q = satfinite-RNE-FP8(x * 2^(127-code)) (two per
-// cvt), deq = decode(q) * 2^(code-127) in fp32, (x - deq)^2 summed in fp32 over the thread's 32 elements then in
-// fp64 (a non-finite chunk is redone exactly, NaN codes -> 0x7F); underflows = count_nonzero(x) - non-zero codes.
+// 16-byte cp.async per row into shared memory, double-buffered: the next tile streams in while this one is
+// processed).  Per tile:
+//   1. amax: packed bf16x2/f16x2 maxima of |x| (NaN dropped); row blocks reduced over their 4 lanes by shuffles,
+//      column blocks over the 8 warps through shared memory (thread t publishes column t's scale);
+//      scale codes by a branch-free RCEIL; one __syncthreads_or flags a tile with a scale beyond the fast range.
+//   2. per row of the chunk (re-read from shared memory), both directions: codes of |x| * 2^(127-code) (two per
+//      cvt, satfinite RNE) with the sign bits of x OR-ed in afterwards; |deq| from the code bits (exact), error
+//      (|x| - |deq|)^2 summed in fp32 over the thread's 32 elements (fast tiles: one fma per element with the
+//      exact factor 2^(code-127+MAG); other tiles: the reference's fp32 product decode * scale);
+//      underflows = elements with x != 0 and a zero code, counted as bytes of flags.
+//   3. a non-finite fp32 error sum (Inf / NaN input, fp32 overflow) redoes that direction's chunk exactly: codes
+//      with NaN -> 0x7F (stored again), fp64 error and underflows.
 // 8-byte code stores (a warp writes 256 contiguous bytes per row).  The last block (atomic ticket) sums the
 // per-block statistics into out[4] = (row underflows, row sq_err, col underflows, col sq_err).
-// `ted_mxfp8_quantize` (below the fast kernel's helpers) is the general kernel used for fp32 inputs: a warp owns
+// `ted_mxfp8_quantize` (the first kernel below) is the general kernel used for fp32 inputs: a warp owns
 // 32 rows x 64 columns held in registers, per-block partials [grid, 4] summed by ted_sum_columns.
 #include "common.cuh"
 
@@ -178,52 +183,182 @@ ted_mxfp8_quantize(const ted_raw_t* __restrict__ x, long long M, long long K, fl
 #if TED_DTYPE != 0
 #define MX_K 256  // tile columns: 8 per lane
 #ifndef MX_MIN_BLOCKS
-#define MX_MIN_BLOCKS 3  // resident blocks per SM (register cap); cupy_kernels.MX_BLOCKS_PER_SM must match
+#define MX_MIN_BLOCKS 4  // resident blocks per SM (register cap); cupy_kernels.MX_BLOCKS_PER_SM must match
 #endif
+#if TED_FP8 == 0
+#define MX_MAG_EXP 120   // ted_fp8_mag(c) = |decode(c)| * 2^-MX_MAG_EXP (TED_FP8_MAG_SCALE = 2^MX_MAG_EXP)
+#else
+#define MX_MAG_EXP 112
+#endif
+#define MX_FAST_MAX_CODE (254 - MX_MAG_EXP)  // 2^(code-127+MX_MAG_EXP) is a finite fp32 up to this code
+#define MX_MAG_MASK (0x7Fu << TED_FP8_MAG_SHIFT)
 
-struct MxChunk { uint4 v[4]; };                       // rows i = 0..3 (tile rows w + 8 i), 8 columns each
-struct MxScales { float mult[8]; float sinv[8]; };    // per row (index i) or per column (index e)
-struct MxRedo { unsigned int c[4][2]; double err; };
+// E8M0 RCEIL code of amax * fp32(1/fp8_max) for amax >= 0 and not NaN (the packed maxima drop NaN): the
+// branch-free form of ted_e8m0_rceil on that domain (exponent + 1 if any mantissa bit, fp32-subnormal ratio -> 1
+// iff > 2^-127, +Inf and the top binade -> 254).
+__device__ __forceinline__ unsigned int mx_code(float amax, float inv_fp8_max) {
+    const unsigned int b = __float_as_uint(ted_mul(amax, inv_fp8_max));
+    return min((b + (b >= 0x00800000u ? 0x007FFFFFu : 0x003FFFFFu)) >> 23, 254u);
+}
+// 2^(127-code) and 2^(code-127) for code <= 254 (ted_e8m0_encode_multiplier / ted_e8m0_to_float without NaN).
+__device__ __forceinline__ float mx_mult(unsigned int code) {
+    return __uint_as_float(code == 254u ? 0x00400000u : (254u - code) << 23);
+}
+__device__ __forceinline__ float mx_sinv(unsigned int code) {
+    return __uint_as_float(code == 0u ? 0x00400000u : code << 23);
+}
+// sinv * 2^MX_MAG_EXP (exact for code <= MX_FAST_MAX_CODE).
+__device__ __forceinline__ float mx_mag_factor(float sinv) { return ted_mul(sinv, TED_FP8_MAG_SCALE); }
 
-// Rare path of one direction (a non-finite fp32 error sum): exact codes (NaN -> 0x7F) and the fp64 error.
-// By value and not inlined, so the hot loop keeps its arrays in registers.
-__device__ __noinline__ MxRedo mx_redo(const MxChunk ch, const MxScales s, int by_row) {
+// The two elements of a packed word as fp32 (exact; the sign is kept: callers take |x| through abs operand
+// modifiers, which ptxas folds into FMUL / FFMA / FADD).
+__device__ __forceinline__ void mx_unpack2(unsigned int w, float& lo, float& hi) {
+#if TED_DTYPE == 1
+    lo = __uint_as_float(w << 16);
+    hi = __uint_as_float(w & 0xFFFF0000u);
+#else
+    lo = ted_lo(w);
+    hi = ted_hi(w);
+#endif
+}
+// Bit 7 of byte j set iff element j of the word pair (w0: elements 0, 1; w1: 2, 3) is not +-0 (NaN counts).
+__device__ __forceinline__ unsigned int mx_nonzero4(unsigned int w0, unsigned int w1) {
+    return __byte_perm((w0 & 0x7FFF7FFFu) + 0x7FFF7FFFu, (w1 & 0x7FFF7FFFu) + 0x7FFF7FFFu, 0x7531);
+}
+// The sign bits of the four elements at bit 7 of each byte (the FP8 sign position); other bits are junk.
+__device__ __forceinline__ unsigned int mx_signs4(unsigned int w0, unsigned int w1) { return __byte_perm(w0, w1, 0x7531); }
+// Codes q (no sign) with the signs of `sg` (mx_signs4) OR-ed in.
+__device__ __forceinline__ unsigned int mx_sign_codes(unsigned int q, unsigned int sg) { return q | (sg & 0x80808080u); }
+// Two FP8 codes of |a|, |b| (RNE, satfinite; low byte = a) in the low 16 bits, upper bits zero.
+__device__ __forceinline__ unsigned int mx_cvt_abs2(float a, float b, float ma, float mb) {
+    unsigned int r;
+#if TED_FP8 == 0
+    asm("{.reg .f32 u, v; .reg .b16 t, z; abs.f32 u, %1; abs.f32 v, %2; mul.rn.f32 u, u, %3; mul.rn.f32 v, v, %4;"
+        " mov.b16 z, 0; cvt.rn.satfinite.e4m3x2.f32 t, v, u; mov.b32 %0, {t, z};}"
+        : "=r"(r) : "f"(a), "f"(b), "f"(ma), "f"(mb));
+#else
+    asm("{.reg .f32 u, v; .reg .b16 t, z; abs.f32 u, %1; abs.f32 v, %2; mul.rn.f32 u, u, %3; mul.rn.f32 v, v, %4;"
+        " mov.b16 z, 0; cvt.rn.satfinite.e5m2x2.f32 t, v, u; mov.b32 %0, {t, z};}"
+        : "=r"(r) : "f"(a), "f"(b), "f"(ma), "f"(mb));
+#endif
+    return r;
+}
+__device__ __forceinline__ float mx_fnma_abs(float a, float b, float c) {  // |c| - a * b, one rounding, no flush
+    float r;
+    asm("{.reg .f32 t, u; neg.f32 t, %1; abs.f32 u, %3; fma.rn.f32 %0, t, %2, u;}" : "=f"(r) : "f"(a), "f"(b), "f"(c));
+    return r;
+}
+
+// One direction of one 8-element row chunk: FP8 codes of |f[e]| * m[e] (no sign) and err += (|f| - |deq|)^2 in
+// fp32.  SLOW = false: s[e] = sinv * 2^MX_MAG_EXP is exact and |deq| = mag * s[e] exactly, so one fma gives the
+// rounded difference; SLOW = true: s[e] = sinv and |deq| = (mag * 2^MX_MAG_EXP) * sinv
+// rounded in fp32 like the reference (may overflow to Inf).  Returns the 8 codes (low byte = element 0).
+template <bool SLOW>
+__device__ __forceinline__ uint2 mx_quant8(const float (&f)[8], const float (&m)[8], const float (&s)[8],
+                                           float& err) {
+    unsigned int p[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) p[k] = mx_cvt_abs2(f[2 * k], f[2 * k + 1], m[2 * k], m[2 * k + 1]);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        const float mag = __uint_as_float((p[e >> 1] << (TED_FP8_MAG_SHIFT - 8 * (e & 1))) & MX_MAG_MASK);
+        float d;
+        if (SLOW) d = ted_abs_sub(f[e], ted_mul(ted_mul(mag, TED_FP8_MAG_SCALE), s[e]));
+        else d = mx_fnma_abs(mag, s[e], f[e]);
+        err = ted_fma(d, d, err);
+    }
+    return make_uint2(__byte_perm(p[0], p[1], 0x5410), __byte_perm(p[2], p[3], 0x5410));
+}
+
+// Underflow flags of four codes (bit 7 of each byte: x != 0 and the code is +-0); `nz` from mx_nonzero4, `q` the
+// sign-free codes (every byte <= 0x7F, so the +0x7F per byte does not carry).
+__device__ __forceinline__ unsigned int mx_underflow4(unsigned int nz, unsigned int q) {
+    return (nz & ~(q + 0x7F7F7F7Fu) & 0x80808080u) >> 7;
+}
+
+struct MxRedo { double err; unsigned int uf; };
+
+// Exact redo of one direction of this thread's 4 x 8 chunk (rare: the fp32 error sum was not finite): codes with
+// NaN -> 0x7F stored again over the fast path's, the fp64 error and the underflows.  `xs` = the chunk in shared
+// memory (row i at xs[256 i]); codes: by_row: byte i of c0 is row i's scale code, else byte e of (c0, c1) is
+// column e's.  Not inlined: the hot loop keeps its registers.
+__device__ __noinline__ MxRedo mx_redo(const uint4* xs, unsigned int c0, unsigned int c1, int by_row,
+                                       unsigned char* dst, long long K, int active) {
     MxRedo r;
     r.err = 0.0;
+    r.uf = 0u;
     for (int i = 0; i < 4; ++i) {
-        const unsigned int w[4] = {ch.v[i].x, ch.v[i].y, ch.v[i].z, ch.v[i].w};
-        r.c[i][0] = 0u;
-        r.c[i][1] = 0u;
+        const uint4 v = xs[256 * i];
+        const unsigned int w[4] = {v.x, v.y, v.z, v.w};
+        unsigned int out[2] = {0u, 0u};
         for (int e = 0; e < 8; ++e) {
             const float f = (e & 1) ? ted_hi(w[e >> 1]) : ted_lo(w[e >> 1]);
-            const int j = by_row ? i : e;
-            const unsigned int c = ted_encode_fp8(ted_mul(f, s.mult[j]));
-            r.c[i][e >> 2] |= c << (8 * (e & 3));
-            const double d = ted_f2d(f) - ted_f2d(ted_mul(ted_decode_fp8(c), s.sinv[j]));
+            const unsigned int sc = by_row ? (c0 >> (8 * i)) & 0xFFu : ((e < 4 ? c0 : c1) >> (8 * (e & 3))) & 0xFFu;
+            const unsigned int c = ted_encode_fp8(ted_mul(f, mx_mult(sc)));
+            out[e >> 2] |= c << (8 * (e & 3));
+            r.uf += (ted_nonzero(f) && ted_fp8_is_zero(c)) ? 1u : 0u;
+            const double d = ted_f2d(f) - ted_f2d(ted_mul(ted_decode_fp8(c), mx_sinv(sc)));
             r.err += d * d;
         }
+        if (active) *reinterpret_cast<uint2*>(dst + 8 * K * i) = make_uint2(out[0], out[1]);
     }
     return r;
 }
 
-__device__ __forceinline__ unsigned int mx_code_count(const unsigned int (*c)[2]) {
-    unsigned int cnt = 0u;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) cnt += ted_fp8x4_nonzero(c[i][0]) + ted_fp8x4_nonzero(c[i][1]);
-    return ted_byte_total(cnt);  // <= 32
-}
-
-// Start the asynchronous copy of this thread's 4 x 16 bytes of `tile` into its slots of `dst` (inactive lanes,
-// beyond K, copy nothing and later read zeros).
-__device__ __forceinline__ void mx_prefetch(const ted_raw_t* x, long long K, long long n_tk, long long tile, int wid,
-                                            int lane, uint4 (*dst)[256]) {
-    const long long m0 = (tile / n_tk) * 32, kc = (tile % n_tk) * MX_K + 8 * lane;
+// Start the asynchronous copy of this thread's 4 x 16 bytes of tile (tm, tk) into its slots of `dst` (lanes
+// beyond K copy nothing and later read zeros).
+__device__ __forceinline__ void mx_prefetch(const ted_raw_t* x, long long K, unsigned int tm, unsigned int tk,
+                                            int wid, int lane, uint4 (*dst)[256]) {
+    const long long kc = (long long)tk * MX_K + 8 * lane;
     if (kc >= K) return;
+    const ted_raw_t* src = x + ((long long)tm * 32 + wid) * K + kc;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const unsigned int saddr = (unsigned int)__cvta_generic_to_shared(&dst[i][threadIdx.x]);
-        const ted_raw_t* src = x + (m0 + wid + 8 * i) * K + kc;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(saddr), "l"(src) : "memory");
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(saddr), "l"(src + 8 * K * i) : "memory");
+    }
+}
+
+// Per-tile state of the quantize pass (registers).
+struct MxTile {
+    float rmult[4], rs[4];   // row i: multiplier, error factor (sinv, or sinv * 2^MX_MAG_EXP on fast tiles)
+    float cmult[8], cs[8];   // column e: the same
+};
+
+// Both directions of the thread's 4 x 8 chunk (step 2 of the header); stores the codes.
+template <bool SLOW>
+__device__ __forceinline__ void mx_quant_chunk(const uint4* xs, MxTile& t, int do_row, int do_col, int active,
+                                               unsigned char* rdst, unsigned char* cdst, long long K,
+                                               float& re, float& ce, unsigned int& ruf, unsigned int& cuf) {
+    if (!SLOW) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) t.rs[i] = mx_mag_factor(t.rs[i]);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) t.cs[e] = mx_mag_factor(t.cs[e]);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const uint4 v = active ? xs[256 * i] : make_uint4(0u, 0u, 0u, 0u);  // inactive slots were never written
+        float f[8];
+        mx_unpack2(v.x, f[0], f[1]);
+        mx_unpack2(v.y, f[2], f[3]);
+        mx_unpack2(v.z, f[4], f[5]);
+        mx_unpack2(v.w, f[6], f[7]);
+        const unsigned int nz0 = mx_nonzero4(v.x, v.y), nz1 = mx_nonzero4(v.z, v.w);
+        const unsigned int sg0 = mx_signs4(v.x, v.y), sg1 = mx_signs4(v.z, v.w);
+        if (do_row) {
+            const float m[8] = {t.rmult[i], t.rmult[i], t.rmult[i], t.rmult[i],
+                                t.rmult[i], t.rmult[i], t.rmult[i], t.rmult[i]};
+            const float s[8] = {t.rs[i], t.rs[i], t.rs[i], t.rs[i], t.rs[i], t.rs[i], t.rs[i], t.rs[i]};
+            const uint2 q = mx_quant8<SLOW>(f, m, s, re);
+            ruf += mx_underflow4(nz0, q.x) + mx_underflow4(nz1, q.y);
+            if (active) *reinterpret_cast<uint2*>(rdst + 8 * K * i) = make_uint2(mx_sign_codes(q.x, sg0), mx_sign_codes(q.y, sg1));
+        }
+        if (do_col) {
+            const uint2 q = mx_quant8<SLOW>(f, t.cmult, t.cs, ce);
+            cuf += mx_underflow4(nz0, q.x) + mx_underflow4(nz1, q.y);
+            if (active) *reinterpret_cast<uint2*>(cdst + 8 * K * i) = make_uint2(mx_sign_codes(q.x, sg0), mx_sign_codes(q.y, sg1));
+        }
     }
 }
 
@@ -233,48 +368,43 @@ ted_mxfp8_quantize16(const ted_raw_t* __restrict__ x, long long M, long long K, 
                      unsigned char* __restrict__ row_codes, unsigned char* __restrict__ row_scales,
                      unsigned char* __restrict__ col_codes, unsigned char* __restrict__ col_scales,
                      double* __restrict__ partial, unsigned int* __restrict__ ticket, double* __restrict__ out) {
+    __shared__ __align__(16) uint4 stage[2][4][256];             // [buffer][row i][thread]: 32 KB
     __shared__ __align__(16) unsigned int col_part[8][MX_K / 2];  // per warp: packed column max of its 4 rows
-    __shared__ __align__(16) float col_mult[MX_K];
-    __shared__ __align__(16) float col_sinv[MX_K];
+    __shared__ __align__(16) float4 col_sc[4][32];                // [j][lane]: (mult, sinv) of columns 8 lane + 2j, +1
+    __shared__ __align__(8) unsigned char col_code[MX_K];
     __shared__ double scratch[32];
-    __shared__ __align__(16) uint4 stage[2][4][256];  // [buffer][row i][thread]: 32 KB
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-    const long long n_tk = (K + MX_K - 1) / MX_K;
-    const long long n_tiles = (M / 32) * n_tk;
+    // Tiles (tm, tk) in row-major order, block b takes b, b + G, ...; n_tiles < 2^31 (checked by the host).
+    const unsigned int n_tk = (unsigned int)((K + MX_K - 1) / MX_K);
+    const unsigned int n_tiles = (unsigned int)(M / 32) * n_tk;
+    const unsigned int G = gridDim.x, step_m = G / n_tk, step_k = G % n_tk;
+    unsigned int tm = blockIdx.x / n_tk, tk = blockIdx.x % n_tk;
+    unsigned int ntm = tm + step_m, ntk = tk + step_k;
+    if (ntk >= n_tk) { ntk -= n_tk; ++ntm; }
 
     double row_err = 0.0, col_err = 0.0;
-    unsigned long long nzx = 0ull, nz_row = 0ull, nz_col = 0ull;
-    // Double-buffered input: while a tile is processed, the thread's 4 x 16 bytes of the next tile are in flight
-    // (cp.async into its own slots of stage[buf ^ 1]; each thread reads back only what it copied, so no barrier).
+    unsigned int uf_row = 0u, uf_col = 0u;
     int buf = 0;
-    if ((long long)blockIdx.x < n_tiles) mx_prefetch(x, K, n_tk, (long long)blockIdx.x, wid, lane, stage[0]);
+    if (blockIdx.x < n_tiles) mx_prefetch(x, K, tm, tk, wid, lane, stage[0]);
     asm volatile("cp.async.commit_group;\n" ::);
-    for (long long tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, buf ^= 1) {
-        const long long m0 = (tile / n_tk) * 32, k0 = (tile % n_tk) * MX_K;
-        const long long kc = k0 + 8 * lane;
-        const bool active = kc < K;  // K % 32 == 0: the 4 lanes of a 32-column block agree
-        if (tile + gridDim.x < n_tiles) mx_prefetch(x, K, n_tk, tile + gridDim.x, wid, lane, stage[buf ^ 1]);
+    for (unsigned int tile = blockIdx.x; tile < n_tiles; tile += G, buf ^= 1) {
+        if (tile + G < n_tiles) mx_prefetch(x, K, ntm, ntk, wid, lane, stage[buf ^ 1]);
         asm volatile("cp.async.commit_group;\n" ::);
         asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-        MxChunk ch;
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-            ch.v[i] = active ? stage[buf][i][threadIdx.x] : make_uint4(0u, 0u, 0u, 0u);
-        // |x| maxima (packed, NaN dropped against the initial 0) and the non-zero count
-        unsigned int xcnt = 0u, rmax[4], cmax[4] = {0u, 0u, 0u, 0u};
+        const long long m0 = (long long)tm * 32, k0 = (long long)tk * MX_K, kc = k0 + 8 * lane;
+        const int active = kc < K;  // K % 32 == 0: the 4 lanes of a 32-column block agree
+        const uint4* xs = &stage[buf][0][threadIdx.x];
+
+        // ---- 1. amax and scales
+        unsigned int rmax[4], cmax[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            const unsigned int w[4] = {ch.v[i].x, ch.v[i].y, ch.v[i].z, ch.v[i].w};
-            rmax[i] = 0u;
+            const uint4 v = active ? xs[256 * i] : make_uint4(0u, 0u, 0u, 0u);
+            const unsigned int w[4] = {v.x & 0x7FFF7FFFu, v.y & 0x7FFF7FFFu, v.z & 0x7FFF7FFFu, v.w & 0x7FFF7FFFu};
+            rmax[i] = ted_pmax(ted_pmax(w[0], w[1]), ted_pmax(w[2], w[3]));
 #pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const unsigned int a = w[k] & 0x7FFF7FFFu;
-                xcnt += ted_pk_nonzero(w[k]);
-                rmax[i] = ted_pmax(rmax[i], a);
-                cmax[k] = ted_pmax(cmax[k], a);
-            }
+            for (int k = 0; k < 4; ++k) cmax[k] = i ? ted_pmax(cmax[k], w[k]) : w[k];
         }
-        nzx += ted_pk_total(xcnt);
         *reinterpret_cast<uint4*>(&col_part[wid][4 * lane]) = make_uint4(cmax[0], cmax[1], cmax[2], cmax[3]);
         // row block amax: rows (0, 1) and (2, 3) packed in one word each, reduced over the 4 lanes of the block
         unsigned int r01 = ted_pmax(__byte_perm(rmax[0], rmax[1], 0x5410), __byte_perm(rmax[0], rmax[1], 0x7632));
@@ -284,101 +414,80 @@ ted_mxfp8_quantize16(const ted_raw_t* __restrict__ x, long long M, long long K, 
         r01 = ted_pmax(r01, __shfl_xor_sync(0xFFFFFFFFu, r01, 2));
         r23 = ted_pmax(r23, __shfl_xor_sync(0xFFFFFFFFu, r23, 2));
         const float ramax[4] = {ted_lo(r01), ted_hi(r01), ted_lo(r23), ted_hi(r23)};
-        __syncthreads();  // col_part complete; the previous tile's col_mult / col_sinv readers are done
+        MxTile t;
+        unsigned int rcodes = 0u, slow = 0u;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const unsigned int code = mx_code(ramax[i], inv_fp8_max);
+            t.rmult[i] = mx_mult(code);
+            t.rs[i] = mx_sinv(code);
+            rcodes |= code << (8 * i);
+            slow |= code > MX_FAST_MAX_CODE ? 1u : 0u;
+        }
+        if (do_row && active) {  // lane 4b + j stores the scale of row j of its block
+            const int j = lane & 3;
+            row_scales[(m0 + wid + 8 * j) * (K / 32) + (kc >> 5)] = (unsigned char)(rcodes >> (8 * j));
+        }
+        __syncthreads();  // col_part complete
         {
             const int c = threadIdx.x;  // tile column c lives in word c / 2 of every warp's col_part row
             unsigned int m = col_part[0][c >> 1];
 #pragma unroll
             for (int w = 1; w < 8; ++w) m = ted_pmax(m, col_part[w][c >> 1]);
-            const float am = (c & 1) ? ted_hi(m) : ted_lo(m);
-            const unsigned int code = ted_e8m0_rceil(ted_mul(am, inv_fp8_max));
-            col_mult[c] = ted_e8m0_encode_multiplier(code);
-            col_sinv[c] = ted_e8m0_to_float(code);
+            const unsigned int code = mx_code((c & 1) ? ted_hi(m) : ted_lo(m), inv_fp8_max);
+            reinterpret_cast<float2*>(&col_sc[(c >> 1) & 3][c >> 3])[c & 1] = make_float2(mx_mult(code), mx_sinv(code));
+            col_code[c] = (unsigned char)code;
+            slow |= code > MX_FAST_MAX_CODE ? 1u : 0u;
             if (do_col && k0 + c < K) col_scales[(m0 / 32) * K + k0 + c] = (unsigned char)code;
         }
-        __syncthreads();  // col_mult / col_sinv complete; col_part readers are done
-        MxScales rs, cs;
+        const int slow_tile = __syncthreads_or((int)slow);  // col_sc / col_code complete; col_part readers done
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const unsigned int code = ted_e8m0_rceil(ted_mul(ramax[i], inv_fp8_max));
-            rs.mult[i] = ted_e8m0_encode_multiplier(code);
-            rs.sinv[i] = ted_e8m0_to_float(code);
-            rs.mult[i + 4] = 0.0f;
-            rs.sinv[i + 4] = 0.0f;
-            if (do_row && active && (lane & 3) == 0)
-                row_scales[(m0 + wid + 8 * i) * (K / 32) + (kc >> 5)] = (unsigned char)code;
+        for (int j = 0; j < 4; ++j) {
+            const float4 q = col_sc[j][lane];
+            t.cmult[2 * j] = q.x;
+            t.cs[2 * j] = q.y;
+            t.cmult[2 * j + 1] = q.z;
+            t.cs[2 * j + 1] = q.w;
         }
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            cs.mult[e] = col_mult[8 * lane + e];
-            cs.sinv[e] = col_sinv[8 * lane + e];
-        }
-        unsigned int rc[4][2], cc[4][2];
-        float re32 = 0.0f, ce32 = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const unsigned int w[4] = {ch.v[i].x, ch.v[i].y, ch.v[i].z, ch.v[i].w};
-            unsigned int rq[4], cq[4];
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const float f0 = ted_lo(w[k]), f1 = ted_hi(w[k]);
-                rq[k] = 0u;
-                cq[k] = 0u;
-                // (x - deq)^2 = (|x| - |deq|)^2 (deq has the sign of x or is 0); |deq| = |decode(q)| * scale
-                if (do_row) {
-                    rq[k] = ted_encode_fp8x2(ted_mul(f0, rs.mult[i]), ted_mul(f1, rs.mult[i]));
-                    const float d0 = ted_abs_sub(f0, ted_mul(ted_mul(ted_fp8_mag(rq[k], 0), TED_FP8_MAG_SCALE), rs.sinv[i]));
-                    const float d1 = ted_abs_sub(f1, ted_mul(ted_mul(ted_fp8_mag(rq[k], 1), TED_FP8_MAG_SCALE), rs.sinv[i]));
-                    re32 = ted_fma(d0, d0, re32);
-                    re32 = ted_fma(d1, d1, re32);
-                }
-                if (do_col) {
-                    cq[k] = ted_encode_fp8x2(ted_mul(f0, cs.mult[2 * k]), ted_mul(f1, cs.mult[2 * k + 1]));
-                    const float d0 = ted_abs_sub(f0, ted_mul(ted_mul(ted_fp8_mag(cq[k], 0), TED_FP8_MAG_SCALE), cs.sinv[2 * k]));
-                    const float d1 = ted_abs_sub(f1, ted_mul(ted_mul(ted_fp8_mag(cq[k], 1), TED_FP8_MAG_SCALE), cs.sinv[2 * k + 1]));
-                    ce32 = ted_fma(d0, d0, ce32);
-                    ce32 = ted_fma(d1, d1, ce32);
-                }
-            }
-            rc[i][0] = rq[0] | (rq[1] << 16);
-            rc[i][1] = rq[2] | (rq[3] << 16);
-            cc[i][0] = cq[0] | (cq[1] << 16);
-            cc[i][1] = cq[2] | (cq[3] << 16);
-        }
+
+        // ---- 2. codes, errors, underflows
+        const long long off = (m0 + wid) * K + kc;
+        float re = 0.0f, ce = 0.0f;
+        unsigned int ruf = 0u, cuf = 0u;  // per-byte counts (<= 8 per byte)
+        if (slow_tile) mx_quant_chunk<true>(xs, t, do_row, do_col, active, row_codes + off, col_codes + off, K, re, ce, ruf, cuf);
+        else mx_quant_chunk<false>(xs, t, do_row, do_col, active, row_codes + off, col_codes + off, K, re, ce, ruf, cuf);
+
+        // ---- 3. totals; exact redo of a direction whose fp32 error sum is not finite
         if (do_row) {
-            if (isfinite(re32)) row_err += ted_f2d(re32);
-            else {
-                const MxRedo r = mx_redo(ch, rs, 1);
-#pragma unroll
-                for (int i = 0; i < 4; ++i) { rc[i][0] = r.c[i][0]; rc[i][1] = r.c[i][1]; }
+            if (isfinite(re)) {
+                row_err += ted_f2d(re);
+                uf_row += ted_byte_total(ruf);
+            } else {
+                const MxRedo r = mx_redo(xs, rcodes, 0u, 1, row_codes + off, K, active);
                 row_err += r.err;
-            }
-            nz_row += mx_code_count(rc);
-            if (active) {
-#pragma unroll
-                for (int i = 0; i < 4; ++i)
-                    *reinterpret_cast<uint2*>(row_codes + (m0 + wid + 8 * i) * K + kc) = make_uint2(rc[i][0], rc[i][1]);
+                uf_row += r.uf;
             }
         }
         if (do_col) {
-            if (isfinite(ce32)) col_err += ted_f2d(ce32);
-            else {
-                const MxRedo r = mx_redo(ch, cs, 0);
-#pragma unroll
-                for (int i = 0; i < 4; ++i) { cc[i][0] = r.c[i][0]; cc[i][1] = r.c[i][1]; }
+            if (isfinite(ce)) {
+                col_err += ted_f2d(ce);
+                uf_col += ted_byte_total(cuf);
+            } else {
+                const uint2 cc = *reinterpret_cast<const uint2*>(&col_code[8 * lane]);
+                const MxRedo r = mx_redo(xs, cc.x, cc.y, 0, col_codes + off, K, active);
                 col_err += r.err;
-            }
-            nz_col += mx_code_count(cc);
-            if (active) {
-#pragma unroll
-                for (int i = 0; i < 4; ++i)
-                    *reinterpret_cast<uint2*>(col_codes + (m0 + wid + 8 * i) * K + kc) = make_uint2(cc[i][0], cc[i][1]);
+                uf_col += r.uf;
             }
         }
+        tm = ntm;
+        tk = ntk;
+        ntm += step_m;
+        ntk += step_k;
+        if (ntk >= n_tk) { ntk -= n_tk; ++ntm; }
     }
-    const double t0 = ted_block_sum((double)nzx - (double)nz_row, scratch);
+    const double t0 = ted_block_sum((double)uf_row, scratch);
     const double t1 = ted_block_sum(row_err, scratch);
-    const double t2 = ted_block_sum((double)nzx - (double)nz_col, scratch);
+    const double t2 = ted_block_sum((double)uf_col, scratch);
     const double t3 = ted_block_sum(col_err, scratch);
     if (threadIdx.x == 0) {
         double* p = partial + (long long)blockIdx.x * 4;

@@ -35,7 +35,7 @@ _FP8_CODE = {"E4M3": 0, "E5M2": 1}
 THREADS = 256
 BLOCKS_PER_SM = 4        # general kernels
 STATS_BLOCKS_PER_SM = 3  # ted_stats: __launch_bounds__(256, 3)
-MX_BLOCKS_PER_SM = 3     # ted_mxfp8_quantize16: __launch_bounds__(256, 3)
+MX_BLOCKS_PER_SM = 4     # ted_mxfp8_quantize16: __launch_bounds__(256, MX_MIN_BLOCKS = 4), 64 registers
 CT_BLOCKS_PER_SM = 4     # ted_fp8_cast_transpose16 (48 registers)
 _MAX_BLOCKS_PER_SM = 4
 _PARTIAL_ROW_BYTES = 128  # >= sizeof(Acc) = 88 and 4 doubles
@@ -339,6 +339,8 @@ def _mxfp8_quantize16(x2d: torch.Tensor, fp8_format: str, rowwise: bool, columnw
     m, k = x2d.shape
     dev = x2d.device
     tiles = (m // 32) * ((k + 255) // 256)
+    if tiles >= 2 ** 31:  # the kernel walks tiles with 32-bit indices
+        raise ValueError(f"mxfp8 kernel: {m} x {k} has {tiles} tiles of 32 x 256, more than 2^31 - 1")
     grid = max(1, min(MX_BLOCKS_PER_SM * _sm_count(_device_index(dev)), tiles))
     row_codes, row_scales, col_codes, col_scales = _mxfp8_empty(m, k, dev, rowwise, columnwise)
     stats = torch.empty(4, dtype=torch.float64, device=dev)
