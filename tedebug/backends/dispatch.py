@@ -134,3 +134,13 @@ def quantize_fp8_delayed(quantizer, tensor: torch.Tensor):
     from tedebug.backends import cupy_kernels
 
     return cupy_kernels.fp8_delayed_quantize(quantizer, tensor)
+
+
+def quantize_fp8_block(quantizer, tensor: torch.Tensor):
+    """The kernel Float8BlockwiseTensor (1x128 / 128x128 blocks) for `tensor`, or None for the torch reference."""
+    if not (use_kernels(tensor) and _kernel_input(tensor)):
+        return None
+    from tedebug.backends import cupy_fp8_block
+
+    return cupy_fp8_block.fp8_block_quantize(quantizer, tensor)
+
