@@ -39,7 +39,7 @@ MX_BLOCKS_PER_SM = 4     # ted_mxfp8_quantize16: __launch_bounds__(256, MX_MIN_B
 CT_BLOCKS_PER_SM = 4     # ted_fp8_cast_transpose16 (48 registers)
 _MAX_BLOCKS_PER_SM = 4
 _PARTIAL_ROW_BYTES = 128  # >= sizeof(Acc) = 88 and 4 doubles
-_TICKETS = {"stats": 0, "mxfp8": 1, "cast": 2, "amax": 4, "fp8_block": 8}  # uint32 slots; "amax" uses 4 (max), 5
+_TICKETS = {"stats": 0, "mxfp8": 1, "cast": 2, "amax": 4, "fp8_block": 8, "nvfp4": 12}  # uint32 slots; "amax": 4, 5
 _TICKET_BYTES = 256
 _SIXTEEN_BIT = (torch.bfloat16, torch.float16)
 

@@ -144,3 +144,14 @@ def quantize_fp8_block(quantizer, tensor: torch.Tensor):
 
     return cupy_fp8_block.fp8_block_quantize(quantizer, tensor)
 
+
+def quantize_nvfp4(quantizer, tensor: torch.Tensor):
+    """The kernel NVFP4Tensor for `tensor`, or None for the torch reference (also for calls the kernel does not
+    take: RHT, shapes NVFP4 rejects, which the reference then reports)."""
+    if not (use_kernels(tensor) and _kernel_input(tensor)):
+        return None
+    from tedebug.backends import cupy_nvfp4
+
+    if not cupy_nvfp4.supports(quantizer, tensor):
+        return None
+    return cupy_nvfp4.nvfp4_quantize(quantizer, tensor)

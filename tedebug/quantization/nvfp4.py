@@ -315,6 +315,11 @@ class NVFP4Quantizer(Quantizer):
         return bits.to(device)
 
     def _quantize(self, tensor: torch.Tensor) -> NVFP4Tensor:
+        from tedebug.backends import dispatch  # GPU dispatch hook: CuPy kernel when it applies, else torch below
+
+        fast = dispatch.quantize_nvfp4(self, tensor)
+        if fast is not None:
+            return fast
         who = type(self).__name__
         if tensor.dtype not in _HIGH_PRECISION:
             raise TypeError(f"{who}: expected a float32/bfloat16/float16 tensor, got dtype {tensor.dtype}")

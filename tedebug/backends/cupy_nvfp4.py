@@ -1,0 +1,138 @@
+"""CuPy launcher of the NVFP4 quantize kernel (``kernels/nvfp4.cu``): `nvfp4_quantize(quantizer, tensor)`.
+
+Returns the same `NVFP4Tensor` fields as `NVFP4Quantizer._quantize`, bit for bit, plus the fused error statistics
+(underflows, squared error per direction) handed to the statistics backend with `cupy_kernels._attach_fused`.
+Two launches: the global amax (`cupy_kernels.fp8_amax`, NaN ignored) and the quantize kernel, which finishes its
+statistics in its last block; no host synchronisation.  `supports(quantizer, tensor)` says which calls the kernel
+takes; `tedebug.backends.dispatch.quantize_nvfp4` sends every other call to the torch reference.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import numpy as np
+import torch
+
+from tedebug.backends.cupy_kernels import (
+    _attach_fused,
+    _device_index,
+    _dtype_options,
+    _launch,
+    _sm_count,
+    _ticket,
+    _workspace,
+    fp8_amax,
+    get_kernel,
+    prepare_input,
+)
+
+NV_BLOCKS_PER_SM = 3  # NV_MIN_BLOCKS in kernels/nvfp4.cu (__launch_bounds__(256, 3))
+NV_THREADS = 256
+NV_TILE_ROWS = 64
+_INV6 = np.float32(1.0 / 6.0)        # fp32(1/6), as the reference's `_f32(1 / E2M1_MAX)`
+_INV2688 = np.float32(1.0 / 2688.0)  # fp32(1/2688), as the reference's `_f32(1 / NVFP4_GLOBAL_MAX)`
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def supports(quantizer, tensor: torch.Tensor) -> bool:
+    """Whether the kernel takes this call: a non-empty fp32/bf16/fp16 tensor of a valid NVFP4 shape, no RHT."""
+    if quantizer.with_rht or tensor.dtype not in _KERNEL_DTYPES or tensor.numel() == 0 or tensor.dim() < 2:
+        return False
+    if not (quantizer.rowwise_usage or quantizer.columnwise_usage):
+        return False
+    m = tensor.numel() // tensor.shape[-1]
+    k = tensor.shape[-1]
+    need_rows = quantizer.columnwise_usage or quantizer.with_2d_quantization
+    return k % 16 == 0 and not (need_rows and m % 16)
+
+
+def _tile_cols(dtype: torch.dtype) -> int:
+    return 64 if dtype == torch.float32 else 128  # NV_TK in kernels/nvfp4.cu
+
+
+def nvfp4_quantize_raw(
+    x2d: torch.Tensor,
+    amax: torch.Tensor,
+    rowwise: bool,
+    columnwise: bool,
+    two_d: bool = False,
+    row_bits: Optional[torch.Tensor] = None,
+    col_bits: Optional[torch.Tensor] = None,
+) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor],
+           torch.Tensor]:
+    """Quantize a contiguous CUDA [M, K] tensor with the global amaxes `amax` (fp32 [2]: rowwise, columnwise).
+
+    Returns (row data [M, K/2], row scales [M, K/16], col data [K, M/2], col scales [K, M/16], stats) with None for
+    an absent direction; `stats` is float64[4] = (row underflows, row Σ(x-deq)², col underflows, col Σ(x-deq)²).
+    Stochastic rounding when `row_bits` / `col_bits` (uint8 [M, K] / [K, M]) are given for the requested directions.
+    """
+    m, k = x2d.shape
+    dev = x2d.device
+    sr = row_bits is not None or col_bits is not None
+    if sr and ((rowwise and row_bits is None) or (columnwise and col_bits is None)):
+        raise ValueError("nvfp4_quantize_raw: stochastic rounding needs random bits for every requested direction")
+    for name, bits, shape in (("row_bits", row_bits, (m, k)), ("col_bits", col_bits, (k, m))):
+        if bits is not None and (bits.dtype != torch.uint8 or tuple(bits.shape) != shape or not bits.is_contiguous()
+                                 or bits.device != dev):
+            raise ValueError(f"nvfp4_quantize_raw: {name} must be a contiguous uint8 {shape} tensor on {dev}, got "
+                             f"{bits.dtype} {tuple(bits.shape)} on {bits.device}")
+    row_data = torch.empty((m, k // 2), dtype=torch.uint8, device=dev) if rowwise else None
+    row_scales = torch.empty((m, k // 16), dtype=torch.uint8, device=dev) if rowwise else None
+    col_data = torch.empty((k, m // 2), dtype=torch.uint8, device=dev) if columnwise else None
+    col_scales = torch.empty((k, m // 16), dtype=torch.uint8, device=dev) if columnwise else None
+    stats = torch.empty(4, dtype=torch.float64, device=dev)
+    tiles = ((m + NV_TILE_ROWS - 1) // NV_TILE_ROWS) * ((k + _tile_cols(x2d.dtype) - 1) // _tile_cols(x2d.dtype))
+    grid = max(1, min(NV_BLOCKS_PER_SM * _sm_count(_device_index(dev)), tiles))
+    partials, tickets = _workspace(dev)
+
+    def ptr(t):
+        return t.data_ptr() if t is not None else 0
+
+    opts = _dtype_options(x2d) + ("-DTED_FP8=0", f"-DNV_SR={int(sr)}", f"-DNV_MIN_BLOCKS={NV_BLOCKS_PER_SM}")
+    kernel = get_kernel("nvfp4.cu", "ted_nvfp4_quantize", opts)
+    args = (
+        x2d.data_ptr(), np.int64(m), np.int64(k), amax.data_ptr(), _INV6, _INV2688,
+        np.int32(rowwise), np.int32(columnwise), np.int32(two_d), ptr(row_bits), ptr(col_bits),
+        ptr(row_data), ptr(row_scales), ptr(col_data), ptr(col_scales),
+        partials, _ticket(tickets, "nvfp4"), stats.data_ptr(),
+    )
+    _launch(kernel, grid, NV_THREADS, args, dev)
+    return row_data, row_scales, col_data, col_scales, stats
+
+
+def nvfp4_quantize(quantizer, tensor: torch.Tensor):
+    """Kernel version of `NVFP4Quantizer._quantize` (same NVFP4Tensor fields, bit for bit); see `supports`."""
+    from tedebug.quantization.nvfp4 import NVFP4Tensor, check_nvfp4_shape
+
+    who = type(quantizer).__name__
+    if not supports(quantizer, tensor):
+        raise ValueError(f"{who}: the NVFP4 kernel does not take this call ({quantizer!r}, dtype {tensor.dtype}, "
+                         f"shape {tuple(tensor.shape)}); use the torch path (dispatch.quantize_nvfp4 returns None)")
+    m, k = check_nvfp4_shape(tensor.shape, who, need_rows=quantizer.columnwise_usage or
+                             quantizer.with_2d_quantization)
+    x2d = prepare_input(tensor.reshape(m, k))
+    amax = fp8_amax(x2d)
+    amaxes = amax.reshape(1).expand(2).contiguous()
+    # Random bits drawn in the reference's order (rowwise first) from the quantizer's generator.
+    row_bits = quantizer._random_bits((m, k), x2d.device) if quantizer.rowwise_usage else None
+    col_bits = quantizer._random_bits((k, m), x2d.device) if quantizer.columnwise_usage else None
+    rd, rs, cd, cs, stats = nvfp4_quantize_raw(
+        x2d, amaxes, quantizer.rowwise_usage, quantizer.columnwise_usage, quantizer.with_2d_quantization,
+        row_bits.contiguous() if row_bits is not None else None,
+        col_bits.contiguous() if col_bits is not None else None,
+    )
+    out = NVFP4Tensor(tensor.shape, tensor.dtype, tensor.device, quantizer, columnwise_rht=quantizer.with_rht)
+    fused = {}
+    if quantizer.rowwise_usage:
+        out.rowwise_data = rd.reshape(*tensor.shape[:-1], k // 2)
+        out.rowwise_scale_inv = rs
+        out.amax_rowwise = amax.clone()
+        fused["rowwise"] = {"underflows_num": stats[0], "sq_err": stats[1]}
+    if quantizer.columnwise_usage:
+        out.columnwise_data = cd
+        out.columnwise_scale_inv = cs
+        out.amax_columnwise = amax.clone()
+        fused["columnwise"] = {"underflows_num": stats[2], "sq_err": stats[3]}
+    _attach_fused(out, tensor, fused)
+    return out

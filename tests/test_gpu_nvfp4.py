@@ -1,0 +1,284 @@
+"""NVFP4 quantize kernel (kernels/nvfp4.cu via tedebug.backends.cupy_nvfp4) against the torch reference.
+
+GPU tests (marked gpu, skipped without CUDA + CuPy): bit-identical data, scale codes and amaxes for rowwise,
+columnwise, both, 2D and stochastic rounding; fused underflow counts exactly equal to torch_ref, fused squared errors
+within the stated bound of torch_ref's float64 value; determinism; dispatch routing.  CPU tests: the dispatch hook
+in `NVFP4Quantizer._quantize` leaves CPU tensors on the torch path, and `cupy_nvfp4.supports` picks the calls the
+kernel takes.
+
+Run as a script on a GPU machine (``python tests/test_gpu_nvfp4.py``) to time the kernel against a copy.
+"""
+
+import math
+
+import pytest
+import torch
+
+from tedebug.backends import dispatch, torch_ref
+from tedebug.quantization.nvfp4 import NVFP4Quantizer
+
+HAS_GPU = torch.cuda.is_available()
+try:
+    import cupy  # noqa: F401
+
+    HAS_CUPY = True
+except ImportError:
+    HAS_CUPY = False
+gpu = [pytest.mark.gpu, pytest.mark.skipif(not (HAS_GPU and HAS_CUPY), reason="needs CUDA and CuPy")]
+
+DEV = torch.device("cuda") if HAS_GPU else None
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+U = 2.0 ** -24        # fp32 unit roundoff
+ERR_CHUNK = 32        # fp32 |x| - |deq|, square and 16-term fp32 sum per block before fp64 (nvfp4.cu): < 32 U
+TINY_SQ = 2.0 ** -126  # squared errors below the fp32 normal range are lost by the fp32 per-element squares
+FIELDS = ("rowwise_data", "rowwise_scale_inv", "amax_rowwise", "columnwise_data", "columnwise_scale_inv",
+          "amax_columnwise")
+# (M, K) or N-d shapes: one tile, partial tiles in both dims, 3-D, several tiles per block
+SHAPES = [(16, 16), (64, 128), (48, 272), (2, 40, 96), (256, 1024), (1040, 2064)]
+
+
+def special_values(dtype):
+    big = torch.finfo(dtype).max
+    tiny = torch.finfo(dtype).tiny
+    vals = [float("nan"), -float("nan"), 0.0, -0.0, tiny / 4, -tiny / 2, tiny, 448.0, -1000.0, 2688.0, 6.0, 5.0,
+            0.25, -0.75, 2.0 ** -10, big, -big, 1e-3, 3.5]
+    return torch.tensor(vals, dtype=torch.float32).to(dtype)
+
+
+def adversarial(shape, dtype, seed, with_inf=False):
+    g = torch.Generator().manual_seed(seed)
+    n = math.prod(shape)
+    x = torch.randn(n, generator=g) * torch.exp2(torch.randint(-20, 20, (n,), generator=g).float())
+    x = x.to(dtype)
+    sp = special_values(dtype)
+    if with_inf:
+        sp = torch.cat([sp, torch.tensor([float("inf"), -float("inf")], dtype=dtype)])
+    idx = torch.randint(0, n, (min(n, 64),), generator=g)
+    x[idx] = sp[torch.randint(0, sp.numel(), idx.shape, generator=g)]
+    x[:16] = 0.0  # an all-zero block
+    return x.reshape(shape).to(DEV)
+
+
+def random_input(shape, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g) * 3).to(dtype).to(DEV)
+
+
+def pair(x, **kw):
+    with dispatch.use_backend("cupy"):
+        got = NVFP4Quantizer(**kw).quantize(x)
+    with dispatch.use_backend("torch"):
+        ref = NVFP4Quantizer(**kw).quantize(x)
+    return got, ref
+
+
+def check_fields(got, ref):
+    for field in FIELDS:
+        a, b = getattr(got, field), getattr(ref, field)
+        assert (a is None) == (b is None), field
+        if a is not None:
+            assert a.shape == b.shape and a.dtype == b.dtype, (field, a.shape, b.shape)
+            assert torch.equal(a, b) or (a.dtype == torch.float32 and torch.equal(a.isnan(), b.isnan())), \
+                (field, (a != b).sum().item())
+
+
+def check_stats(x, got, ref):
+    """Fused statistics: underflows exact, squared error within the bound of the fp32 per-block sums."""
+    assert getattr(got, "_fused_error_stats", None), "the kernel path must attach fused statistics"
+    from tedebug.backends import cupy_kernels
+
+    for usage in ("rowwise", "columnwise"):
+        if getattr(got, f"{usage}_data") is None:
+            assert usage not in got._fused_error_stats
+            continue
+        fused = got._fused_error_stats[usage]
+        uf = cupy_kernels.underflow_partials(x, got, usage)["underflows_num"]
+        assert uf is fused["underflows_num"]
+        assert uf.item() == torch_ref.underflow_partials(x, ref, usage)["underflows_num"].item(), usage
+        err = cupy_kernels.mse_partials(x, got, usage)["sq_err"].item()
+        want = torch_ref.mse_partials(x, ref, usage)["sq_err"].item()
+        assert (math.isnan(err) and math.isnan(want)) or err == want or \
+            abs(err - want) <= ERR_CHUNK * U * abs(want) + x.numel() * TINY_SQ, (usage, err, want)
+
+
+# ================================================================================================ GPU
+def _gpu(fn):
+    return gpu[1](gpu[0](fn))
+
+
+@_gpu
+@pytest.mark.parametrize("usage", ["both", "rowwise", "columnwise"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_rn_bit_identical_with_fused_stats(shape, dtype, usage):
+    kw = {"both": {}, "rowwise": {"columnwise": False}, "columnwise": {"rowwise": False}}[usage]
+    for x in (random_input(shape, dtype, 1), adversarial(shape, dtype, 2)):
+        got, ref = pair(x, **kw)
+        check_fields(got, ref)
+        check_stats(x, got, ref)
+
+
+@_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rowwise_only_any_row_count(dtype):
+    for shape in [(3, 32), (130, 48), (1, 2, 5, 16)]:
+        x = adversarial(shape, dtype, 3)
+        got, ref = pair(x, columnwise=False)
+        check_fields(got, ref)
+        check_stats(x, got, ref)
+
+
+@_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(16, 16), (48, 272), (256, 1024)])
+def test_2d_bit_identical(shape, dtype):
+    for kw in ({}, {"columnwise": False}, {"rowwise": False}):
+        for x in (random_input(shape, dtype, 4), adversarial(shape, dtype, 5)):
+            got, ref = pair(x, with_2d_quantization=True, **kw)
+            check_fields(got, ref)
+            check_stats(x, got, ref)
+
+
+@_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(16, 32), (48, 272), (256, 1024)])
+def test_stochastic_rounding_bit_identical(shape, dtype):
+    """Same seed -> same generator stream: the kernel consumes exactly the reference's random bits."""
+    for kw in ({}, {"columnwise": False}, {"rowwise": False}, {"with_2d_quantization": True}):
+        for x in (random_input(shape, dtype, 6), adversarial(shape, dtype, 7)):
+            got, ref = pair(x, stochastic_rounding=True, seed=1234, **kw)
+            check_fields(got, ref)
+            check_stats(x, got, ref)
+
+
+@_gpu
+def test_stochastic_rounding_advances_the_generator_like_the_reference():
+    x = random_input((64, 128), torch.bfloat16, 8)
+    qk, qt = NVFP4Quantizer(stochastic_rounding=True, seed=9), NVFP4Quantizer(stochastic_rounding=True, seed=9)
+    for _ in range(2):
+        with dispatch.use_backend("cupy"):
+            got = qk.quantize(x)
+        with dispatch.use_backend("torch"):
+            ref = qt.quantize(x)
+        check_fields(got, ref)
+
+
+@_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_degenerate_amaxes(dtype):
+    """All zeros (S_enc = 1), a tiny amax (S_enc clamped to FLT_MAX), an Inf (S_enc = 1, NaN/Inf decodes)."""
+    zeros = torch.zeros(32, 64, dtype=dtype, device=DEV)
+    tiny = torch.zeros(32, 64, dtype=dtype, device=DEV)
+    tiny[3, 5] = torch.finfo(dtype).tiny / (4 if dtype != torch.float16 else 1)
+    tiny[7, 9] = -tiny[3, 5]
+    inf = adversarial((32, 64), dtype, 10, with_inf=True)
+    inf[0, 0] = float("inf")
+    for x in (zeros, tiny, inf):
+        got, ref = pair(x)
+        check_fields(got, ref)
+        check_stats(x, got, ref)
+
+
+@_gpu
+def test_deterministic():
+    x = adversarial((256, 1024), torch.bfloat16, 11)
+    with dispatch.use_backend("cupy"):
+        a = NVFP4Quantizer().quantize(x)
+        b = NVFP4Quantizer().quantize(x)
+    check_fields(a, b)
+    for usage in ("rowwise", "columnwise"):
+        for key in ("underflows_num", "sq_err"):
+            va, vb = a._fused_error_stats[usage][key].item(), b._fused_error_stats[usage][key].item()
+            assert va == vb or (math.isnan(va) and math.isnan(vb)), (usage, key, va, vb)
+
+
+@_gpu
+def test_dispatch_routing():
+    x = random_input((64, 128), torch.bfloat16, 12)
+    q = NVFP4Quantizer().quantize(x)  # auto: CUDA tensor + CuPy -> kernel
+    assert getattr(q, "_fused_error_stats", None)
+    with dispatch.use_backend("torch"):
+        assert not getattr(NVFP4Quantizer().quantize(x), "_fused_error_stats", None)
+    with dispatch.use_backend("cupy"):
+        rht = NVFP4Quantizer(with_rht=True).quantize(x)  # not taken by the kernel: torch, same as the reference
+        assert not getattr(rht, "_fused_error_stats", None)
+        with pytest.raises(ValueError, match="divisible by 16"):
+            NVFP4Quantizer().quantize(random_input((20, 32), torch.bfloat16, 13))
+        with pytest.raises(TypeError, match="float32/bfloat16/float16"):
+            NVFP4Quantizer().quantize(x.double())
+    with dispatch.use_backend("torch"):
+        ref = NVFP4Quantizer(with_rht=True).quantize(x)
+    check_fields(rht, ref)
+
+
+@_gpu
+def test_non_contiguous_input():
+    x = random_input((128, 64), torch.bfloat16, 14).t()  # [64, 128], not contiguous
+    got, ref = pair(x)
+    check_fields(got, ref)
+    check_stats(x, got, ref)
+
+
+# ================================================================================================ CPU
+def test_cpu_tensor_stays_on_the_torch_path():
+    x = torch.randn(32, 32)
+    q = NVFP4Quantizer().quantize(x)
+    assert not getattr(q, "_fused_error_stats", None)
+    assert dispatch.quantize_nvfp4(NVFP4Quantizer(), x) is None
+    with dispatch.use_backend("cupy"), pytest.raises(RuntimeError, match="CUDA"):
+        NVFP4Quantizer().quantize(x)
+
+
+def test_supports_picks_the_calls_the_kernel_takes():
+    from tedebug.backends import cupy_nvfp4
+
+    x = torch.zeros(32, 64)
+    assert cupy_nvfp4.supports(NVFP4Quantizer(), x)
+    assert cupy_nvfp4.supports(NVFP4Quantizer(with_2d_quantization=True, stochastic_rounding=True, seed=0), x)
+    assert not cupy_nvfp4.supports(NVFP4Quantizer(with_rht=True), x)
+    assert not cupy_nvfp4.supports(NVFP4Quantizer(), x.double())
+    assert not cupy_nvfp4.supports(NVFP4Quantizer(), torch.zeros(0, 64))
+    assert not cupy_nvfp4.supports(NVFP4Quantizer(), torch.zeros(24, 64))  # columnwise needs M % 16 == 0
+    assert cupy_nvfp4.supports(NVFP4Quantizer(columnwise=False), torch.zeros(24, 64))
+    assert not cupy_nvfp4.supports(NVFP4Quantizer(columnwise=False), torch.zeros(24, 40))
+    assert not cupy_nvfp4.supports(NVFP4Quantizer(), torch.zeros(64))
+
+
+# ================================================================================================ benchmark
+def _bench():
+    from tedebug.backends import cupy_kernels, cupy_nvfp4
+    from tedebug.bench import time_us
+
+    for n in (8192, 16384):
+        bufs = [torch.randn(n, n, device="cuda").to(torch.bfloat16) for _ in range(2)]
+        dst = torch.empty_like(bufs[0])
+        t_copy = time_us(lambda x: dst.copy_(x), bufs, 50, 5)
+        copy_bw = 2 * bufs[0].numel() * 2 / (t_copy * 1e-6)
+
+        def kern(x):
+            amax = cupy_kernels.fp8_amax(x)
+            return cupy_nvfp4.nvfp4_quantize_raw(x, amax.reshape(1).expand(2).contiguous(), True, True)
+
+        def quant(x):
+            with dispatch.use_backend("cupy"):
+                return NVFP4Quantizer().quantize(x)
+
+        t_k = time_us(kern, bufs, 50, 5)
+        t_q = time_us(quant, bufs, 50, 5)
+        moved = n * n * 2 + n * n // 2 * 2 + n * n // 16 * 2  # read x; write 2 x data + 2 x scales
+        for name, t in (("raw (amax+quantize)", t_k), ("NVFP4Quantizer.quantize", t_q)):
+            bw = moved / (t * 1e-6)
+            print(f"n={n} {name}: {t:.1f} us, {bw / 1e9:.0f} GB/s, {100 * bw / copy_bw:.1f} % of copy "
+                  f"({copy_bw / 1e9:.0f} GB/s, copy {t_copy:.1f} us)")
+        amax2 = cupy_kernels.fp8_amax(bufs[0]).reshape(1).expand(2).contiguous()
+        for name, rw, cw in (("quantize only, row+col", True, True), ("quantize only, rowwise", True, False),
+                             ("quantize only, columnwise", False, True)):
+            t = time_us(lambda x: cupy_nvfp4.nvfp4_quantize_raw(x, amax2, rw, cw), bufs, 50, 5)
+            print(f"n={n} {name}: {t:.1f} us")
+        # amax pass alone (read only) for reference
+        t_a = time_us(lambda x: cupy_kernels.fp8_amax(x), bufs, 50, 5)
+        print(f"n={n} amax pass alone: {t_a:.1f} us")
+
+
+if __name__ == "__main__":
+    _bench()
