@@ -3,8 +3,9 @@
 For each size (square bf16 matrices, default 8192 and 16384) and in the same run: the torch path, the kernel path,
 a plain ``x.sum(dtype=float32)`` read pass and a device-to-device copy (bandwidth = bytes read + written / time).
 Rows: basic statistics; MXFP8 rowwise + columnwise quantize with error statistics; per-tensor FP8 current scaling
-(amax + cast + transpose, with underflow / error / overflow statistics); NVFP4 (torch reference only: no kernel
-yet).  Timing: `torch.cuda.Event`, warm-up, >= 20 iterations, rotating between >= 2 input buffers so that no
+(amax + cast + transpose, with underflow / error / overflow statistics); NVFP4 rowwise + columnwise (global amax +
+quantize, round-to-nearest, no RHT); FP8 block scaling 1x128 and 128x128 rowwise + columnwise.  A format with a
+global amax pass counts two reads of the input.  Timing: `torch.cuda.Event`, warm-up, >= 20 iterations, rotating between >= 2 input buffers so that no
 buffer is re-read from L2.  Printed: microseconds per call, speed-up vs torch, achieved bandwidth, and the
 fraction of copy bandwidth (or, for statistics, the time relative to the x.sum() pass).
 
@@ -77,11 +78,27 @@ def _kernel_fp8(x):
         return _fp8_current_quantizer().quantize(x)
 
 
-def _torch_nvfp4(x):
+def _quantizer_pair(make: Callable[[], object], backend: str) -> Callable[[torch.Tensor], object]:
+    """fn(x): quantize x on `backend` with one quantizer made by `make` (kept for every call, as a layer keeps it)."""
+    quantizer = make()
+
+    def run(x):
+        with dispatch.use_backend(backend):
+            return quantizer.quantize(x)
+
+    return run
+
+
+def _nvfp4():
     from tedebug.quantization.nvfp4 import NVFP4Quantizer
 
-    with dispatch.use_backend("torch"):
-        return NVFP4Quantizer().quantize(x)
+    return NVFP4Quantizer()
+
+
+def _fp8_block(dim: int):
+    from tedebug.quantization.float8_block import Float8BlockQuantizer
+
+    return lambda: Float8BlockQuantizer("E4M3", block_scaling_dim=dim)
 
 
 def _kernel_stats(x):
@@ -104,20 +121,22 @@ def bench_size(n: int, iters: int, warmup: int, nbuf: int) -> List[Dict[str, obj
         {"size": n, "op": "copy (read+write)", "kernel_us": copy_us, "bytes": 2 * in_bytes},
         {"size": n, "op": "x.sum() read pass", "kernel_us": sum_us, "bytes": in_bytes},
     ]
+    # bytes: reads of the input (two for formats with a global amax pass) + codes + scales written
     cases = [
         ("basic statistics", lambda x: torch_ref.basic_partials(x), _kernel_stats, in_bytes),
         ("MXFP8 row+col + err stats", _torch_mxfp8, _kernel_mxfp8, in_bytes + 2 * numel + 2 * numel // 32),
         ("FP8 current cast+transpose", _torch_fp8, _kernel_fp8, 2 * in_bytes + 2 * numel),
+        ("NVFP4 row+col (amax + quantize)", _quantizer_pair(_nvfp4, "torch"), _quantizer_pair(_nvfp4, "cupy"),
+         2 * in_bytes + numel + numel // 8),
+        ("FP8 block 1x128 row+col", _quantizer_pair(_fp8_block(1), "torch"), _quantizer_pair(_fp8_block(1), "cupy"),
+         in_bytes + 2 * numel + numel // 16),
+        ("FP8 block 128x128 row+col", _quantizer_pair(_fp8_block(2), "torch"),
+         _quantizer_pair(_fp8_block(2), "cupy"), in_bytes + 2 * numel + 8 * numel // (128 * 128)),
     ]
     for name, torch_fn, kernel_fn, nbytes in cases:
         t_us = time_us(torch_fn, bufs, torch_iters, 1)
         k_us = time_us(kernel_fn, bufs, iters, warmup)
         rows.append({"size": n, "op": name, "torch_us": t_us, "kernel_us": k_us, "bytes": nbytes})
-    try:
-        t_us = time_us(_torch_nvfp4, bufs, torch_iters, 1)
-        rows.append({"size": n, "op": "NVFP4 (torch only, no kernel)", "torch_us": t_us, "bytes": None})
-    except (ValueError, TypeError, RuntimeError) as exc:  # report, do not hide: the row says why
-        rows.append({"size": n, "op": f"NVFP4: {exc}"})
     for row in rows:
         row["copy_bw"] = copy_bw
         row["sum_us"] = sum_us
