@@ -19,6 +19,16 @@ by `debug_api.add_statistics_sink` before initialize, the default text statistic
 `statistics_logger` nor `tb_writer` is given or `default_logging_enabled` is True, and always a JSONL file at
 ``<log_dir>/tedebug_statistics/metrics_globalrank-<R>.jsonl``.  (nvdlfw ignores `tb_writer` when
 `statistics_logger` is given; tedebug attaches both.)
+
+Background logging (`background_logging`, default True): the session's `MetricLogger` writes tedebug's own sinks
+(text statistics file, JSONL, TensorBoard) on one writer thread (`tedebug.sinks.background`), so `step()` only
+hands the finished iteration's statistics over.  Guarantee: after `debug_api.step()` returns for iteration N,
+iteration N-1 (and everything before it) is on disk; iteration N is on disk within the writer's time, or at the
+latest at `end_debug()` / `flush()` / interpreter exit (the atexit handler of `tedebug.debug_api` calls `flush()`,
+which drains the writer; an uncaught exception in iteration N+1 therefore still leaves iteration N on disk; a
+fatal signal or ``os._exit`` does not run it).  Sinks supplied by the user (`statistics_logger`, queued sinks) are
+called in the caller's thread unless they are `Sink` subclasses declaring ``thread_safe = True``.  With
+``background_logging=False`` every write happens inside `step()`, as before.
 """
 
 from __future__ import annotations
@@ -116,15 +126,19 @@ class DebugSession:
 
     # ------------------------------------------------------------------ lifecycle
     def step(self) -> None:
-        """Advance the iteration, then let each namespace finish the previous one (stats emitted), then flush."""
+        """Advance the iteration, then let each namespace finish the previous one (stats emitted), then flush (in
+        background mode: hand the statistics to the writer thread)."""
         finished = self.iteration
         self.iteration += 1
         for namespace in self.namespaces.values():
             namespace.step(finished)
-        self.flush()
+        self.metric_logger.flush()
+        self.text_log.flush()
 
     def flush(self) -> None:
-        self.metric_logger.flush()
+        """Write everything logged so far to disk: drain the background writer (wait for it, end its thread) and
+        flush the main log.  Called by the atexit handler."""
+        self.metric_logger.drain()
         self.text_log.flush()
 
     def close(self) -> None:
@@ -180,19 +194,21 @@ def _load_config(config_file: Any, registry: Registry, text_log: TextLog) -> Any
     return config
 
 
-def _check_arguments(log_dir: Any, init_training_step: Any) -> None:
+def _check_arguments(log_dir: Any, init_training_step: Any, background_logging: Any) -> None:
     if not isinstance(log_dir, (str, os.PathLike)):
         raise TypeError(f"initialize: log_dir must be a path (str or PathLike), got {type(log_dir).__name__}")
     if isinstance(init_training_step, bool) or not isinstance(init_training_step, int):
         raise TypeError(f"initialize: init_training_step must be an int, got {init_training_step!r}")
+    if not isinstance(background_logging, bool):
+        raise TypeError(f"initialize: background_logging must be a bool, got {background_logging!r}")
 
 
 def open_session(config_file: Any = "", feature_dirs: Any = None, statistics_logger: Any = None,
                  log_dir: Any = ".", init_training_step: int = 0, *, tb_writer: Any = None,
                  default_logging_enabled: bool = False, queued_sinks: Iterable[Any] = (),
-                 weight_tensor_tp_group_reduce: bool = True) -> DebugSession:
+                 weight_tensor_tp_group_reduce: bool = True, background_logging: bool = True) -> DebugSession:
     """Build a `DebugSession` (see the module docstring); on failure nothing created is left open."""
-    _check_arguments(log_dir, init_training_step)
+    _check_arguments(log_dir, init_training_step, background_logging)
     log_dir = os.fspath(log_dir)
     if statistics_logger is not None:
         check_sink(statistics_logger)
@@ -206,8 +222,9 @@ def open_session(config_file: Any = "", feature_dirs: Any = None, statistics_log
             text_log.log(f"Skipping feature directory {skipped}: it is TransformerEngine's own feature directory; "
                          f"tedebug provides these features itself.")
         config = _load_config(config_file, registry, text_log)
-        session = DebugSession(config=config, registry=registry, text_log=text_log, metric_logger=MetricLogger(),
-                               log_dir=log_dir, rank=rank, iteration=init_training_step,
+        session = DebugSession(config=config, registry=registry, text_log=text_log,
+                               metric_logger=MetricLogger(background=background_logging), log_dir=log_dir,
+                               rank=rank, iteration=init_training_step,
                                weight_tensor_tp_group_reduce=weight_tensor_tp_group_reduce)
         _select_sinks(log_dir, rank, file_name, statistics_logger=statistics_logger, tb_writer=tb_writer,
                       default_logging_enabled=default_logging_enabled, queued=queued_sinks, text_log=text_log,

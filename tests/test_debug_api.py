@@ -214,11 +214,16 @@ def test_sinks_before_and_after_initialize(tmp_path):
     assert early.closed and late.closed and debug_api._queued_sinks == []
 
 
-def test_stats_file_jsonl_and_flush_at_step(tmp_path):
-    init(tmp_path)
+@pytest.mark.parametrize("background", [False, True])
+def test_stats_file_jsonl_and_flush_at_step(tmp_path, background):
+    """Synchronous logging: a step's statistics are on disk when step() returns.  Background logging (the
+    default): they are on disk when the next step() returns."""
+    init(tmp_path, background_logging=background)
     debug_api.session().metric_logger.log_scalar("fc1_activation_underflows%", 0.15625, 7, layer="fc1",
                                                  tensor="activation", stat="underflows%")
     debug_api.step()
+    if background:
+        debug_api.step()
     lines = stats_log(tmp_path)  # read before end_debug
     assert len(lines) == 1 and re.fullmatch(
         ASCTIME + re.escape(" - INFO - fc1_activation_underflows%" + TABS + "iteration=000007" + TABS
@@ -356,6 +361,7 @@ def test_custom_feature_example_logs_its_statistic(tmp_path):
             te.inspect_tensor("model.0.fc1", tensor=w, tensor_name="weight", iteration=it, tp_group=None)
         te.inspect_tensor("model.0.fc2", tensor=x, tensor_name="activation", iteration=it, tp_group=None)
         debug_api.step()
+    debug_api.session().flush()  # the background writer may still hold the last step
     messages = [line.split(" - INFO - ", 1)[1] for line in stats_log(tmp_path)]
     name = "model.0.fc1_{}_percentage_greater_than_threshold"
     assert messages == [

@@ -160,3 +160,62 @@ def test_engine_to_sinks_end_to_end(tmp_path):
     acc = load(glob.glob(str(tmp_path / "tb"))[0])
     assert scalars(acc) == {"enc.0/activation/max": [(5, 4.0)], "enc.0/activation/mean": [(5, 0.875)]}
     assert len(layouts(acc)) == 1
+
+
+def summary_events(log_dir):
+    """(step, [tags]) of every event holding a scalar summary, in file order (the layout event left out)."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    (path,) = glob.glob(f"{log_dir}/events.out.tfevents.*")
+    return [(e.step, [v.tag for v in e.summary.value]) for e in EventFileLoader(path).Load()
+            if e.summary.value and e.summary.value[0].tag != LAYOUT_TAG]
+
+
+@pytest.mark.parametrize("tag_style", ["flat", "hierarchical"])
+def test_tensorboard_batch_is_one_event_per_iteration_run_with_add_scalar_values(tmp_path, tag_style):
+    """`log_scalars` on a SummaryWriter writes one event per run of equal iterations; the decoded (tag, step, value)
+    series equal those of one `add_scalar` per record (float32 rounding, overflow to inf, NaN, tensors)."""
+    values = [0.1, float("nan"), 2.0 ** 130, 5e-324, -float("inf"), torch.tensor(0.75, dtype=torch.float64), 3]
+    records = [(f"L{i % 2}_activation_s{i}", v, it, f"L{i % 2}", "activation", f"s{i}")
+               for i, (v, it) in enumerate(zip(values, [3, 3, 4, 3, 3, 5, 5]))]
+    records.append(("free_form", 1.5, 5, None, None, None))
+    batched = TensorBoardSink(SummaryWriter(str(tmp_path / "batched")), tag_style=tag_style)
+    single = TensorBoardSink(SummaryWriter(str(tmp_path / "single")), tag_style=tag_style)
+    batched.log_scalars(records)
+    for name, value, it, layer, tensor, stat in records:
+        single.log_scalar(name, value, it, layer=layer, tensor=tensor, stat=stat)
+    for sink in (batched, single):
+        sink.flush()
+        sink.writer.close()
+    got, want = scalars(load(str(tmp_path / "batched"))), scalars(load(str(tmp_path / "single")))
+    assert repr(got) == repr(want)  # repr: NaN equals NaN
+    tag = (lambda i: f"L{i % 2}_activation_s{i}") if tag_style == "flat" else (lambda i: f"L{i % 2}/activation/s{i}")
+    assert got[tag(0)] == [(3, 0.10000000149011612)] and got[tag(2)] == [(4, math.inf)] and got[tag(3)] == [(3, 0.0)]
+    assert got[tag(5)] == [(5, 0.75)] and math.isnan(got[tag(1)][0][1]) and got["free_form"] == [(5, 1.5)]
+    assert summary_events(str(tmp_path / "batched")) == [(3, [tag(0), tag(1)]), (4, [tag(2)]),
+                                                        (3, [tag(3), tag(4)]), (5, [tag(5), tag(6), "free_form"])]
+    assert batched.layout() == single.layout()
+
+
+def test_text_batch_lines_equal_format_stat_message(tmp_path, monkeypatch):
+    """The batch path caches the text around the value per iteration; its lines are `format_stat_message`'s bytes
+    for every value and iteration kind (equal iterations of different types share a cache entry: same text)."""
+    import time
+    import types
+
+    from tedebug.sinks import text as text_module
+    from tedebug.sinks.text import TextStatsSink, format_stat_message
+
+    monkeypatch.setattr(text_module, "time", types.SimpleNamespace(time=lambda: 1_000_000_000.5,
+                                                                   strftime=time.strftime, localtime=time.localtime))
+    values = [1.4388, 0.15625, -2.5, float("nan"), -float("inf"), 2.0 ** 70, torch.tensor(3.0), 7, True]
+    iterations = [20, 20, 1234567, 1, True, 1.0, 0, torch.tensor(5), 20]
+    records = [(f"n{i}", v, it, "l", "t", f"s{i}") for i, (v, it) in enumerate(zip(values, iterations))]
+    sink = TextStatsSink(str(tmp_path / "s.log"))
+    sink.log_scalars(records)
+    sink.close()
+    prefix = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(1_000_000_000)) + ",500 - INFO - "
+    lines = (tmp_path / "s.log").read_text(encoding="utf-8").splitlines()
+    assert lines == [prefix + format_stat_message(*r[:3]) for r in records]
+    assert lines[4].endswith("n4 \t\t\t\t iteration=000001 \t\t\t\t value=-inf")
+    assert lines[5].endswith("n5 \t\t\t\t iteration=000001 \t\t\t\t value=1180591620717411303424.0000")  # 2**70

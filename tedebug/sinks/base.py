@@ -3,26 +3,52 @@
 Every statistic is emitted once, through `MetricLogger.log_scalar(name, value, iteration, *, layer, tensor, stat)`,
 and fanned out to every sink of the session.  `MetricLogger.log_scalars(records)` emits a batch (the statistics of
 one step): each `Sink` receives it through `Sink.log_scalars` (by default one `log_scalar` call per record, in
-order; the file sinks write a batch at once), any other object one ``log_scalar`` call per record.  Sinks derived from `Sink` receive the structured keywords; any other
-object with a ``log_scalar(name, value, iteration)`` method (an nvdlfw ``BaseLogger``, a W&B adapter) receives only
-the three positional values.
+order; the file sinks write a batch at once), any other object one ``log_scalar`` call per record.  Sinks derived
+from `Sink` receive the structured keywords; any other object with a ``log_scalar(name, value, iteration)`` method
+(an nvdlfw ``BaseLogger``, a W&B adapter) receives only the three positional values.
 
 nvdlfw compatibility: ``MetricLogger.add_logger(sink)`` and ``MetricLogger.log_scalar(name, value, iteration)``
 also work when called on the *class* (as frameworks and TE-style custom features do); they then act on the active
 session (``add_logger`` before initialize queues the sink for the next session, see
 `tedebug.debug_api.add_statistics_sink`).
+
+Background mode (``MetricLogger(background=True)``; what a debug session uses unless
+``initialize(..., background_logging=False)``): sinks that declare ``thread_safe = True`` (tedebug's text, JSONL and
+TensorBoard sinks) are written by one `tedebug.sinks.background.BackgroundWriter` thread per logger.  In the
+caller's thread `log_scalars` / `log_scalar` only queue the records for them; `flush()` (once per
+`debug_api.step()`) waits until the previous batch is written and flushed, hands the queued batch over, and
+returns.  Every other sink (user objects, nvdlfw loggers, W&B adapters, `Sink` subclasses that do not declare
+themselves thread-safe) is still called synchronously in the caller's thread, in order.  Guarantee: when
+`debug_api.step()` returns for iteration N, every statistic of earlier iterations is written and flushed to every
+sink; iteration N's are written by the writer thread meanwhile, and at the latest by `drain()`, `close()`
+(`debug_api.end_debug()`) or the session's atexit handler (normal interpreter exit, including an uncaught
+exception; not ``os._exit`` or a fatal signal).  An error raised by a sink on the writer thread is re-raised in the
+caller's thread (as `BackgroundSinkError`, naming the sink) at the next `log_scalars`, `log_scalar`, `flush`,
+`drain` or `close`; the other sinks still receive the batch.  In synchronous mode (the default of
+``MetricLogger()``) every call is made in the caller's thread.
 """
 
 from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence, Tuple
 
+from tedebug.sinks.background import BackgroundSinkError, BackgroundWriter
+
 #: one scalar of a batch: (name, value, iteration, layer, tensor, stat)
 Record = Tuple[str, Any, int, Optional[str], Optional[str], Optional[str]]
 
+__all__ = ["BackgroundSinkError", "MetricLogger", "Record", "Sink", "check_sink"]
+
 
 class Sink:
-    """Base class of statistics sinks. Subclasses implement `log_scalar`; `flush`/`close` are optional."""
+    """Base class of statistics sinks. Subclasses implement `log_scalar`; `flush`/`close` are optional.
+
+    `thread_safe`: True when a background-mode `MetricLogger` may call `log_scalars` and `flush` on its writer
+    thread (then every call it makes to the sink comes from that thread, one at a time, except `close`, which
+    follows the thread's last job).  Leave it False for sinks that must run in the caller's thread.
+    """
+
+    thread_safe: bool = False
 
     def log_scalar(self, name: str, value: Any, iteration: int, *, layer: Optional[str] = None,
                    tensor: Optional[str] = None, stat: Optional[str] = None) -> None:
@@ -77,38 +103,57 @@ def _class_log_scalar(name: str, value: Any, iteration: int, **structured: Any) 
 
 
 class MetricLogger:
-    """Fans each scalar out to the sinks of one session."""
+    """Fans each scalar out to the sinks of one session (see the module docstring for background mode)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, background: bool = False) -> None:
         self.sinks: List[Any] = []
+        self.background = bool(background)
         self._dirty = False  # something was logged since the last flush
+        self._caller_sinks: List[Any] = []  # called in the caller's thread
+        self._writer_sinks: List[Any] = []  # written by the background writer
+        self._pending: List[List[Record]] = []  # batches queued for the writer since the last hand-over
+        self._loose: List[Record] = []  # the last pending chunk when it collects single log_scalar records
+        self._writer: Optional[BackgroundWriter] = BackgroundWriter() if self.background else None
 
     def add_sink(self, sink: Any) -> Any:
         """Attach `sink` (a `Sink` or any object with ``log_scalar(name, value, iteration)``); returns it."""
         self.sinks.append(check_sink(sink))
+        if self.background and isinstance(sink, Sink) and sink.thread_safe:
+            self._writer_sinks.append(sink)
+        else:
+            self._caller_sinks.append(sink)
         return sink
 
     def _log_scalar(self, name: str, value: Any, iteration: int, *, layer: Optional[str] = None,
                     tensor: Optional[str] = None, stat: Optional[str] = None) -> None:
         self._dirty = True
-        for sink in self.sinks:
+        for sink in self._caller_sinks:
             if isinstance(sink, Sink):
                 sink.log_scalar(name, value, iteration, layer=layer, tensor=tensor, stat=stat)
             else:
                 sink.log_scalar(name, value, iteration)
+        if self._writer_sinks:
+            if not (self._pending and self._pending[-1] is self._loose):
+                self._loose = []
+                self._pending.append(self._loose)
+            self._loose.append((name, value, iteration, layer, tensor, stat))
+        self._raise_writer_error()
 
     def log_scalars(self, records: Sequence[Record]) -> None:
         """Log a batch of (name, value, iteration, layer, tensor, stat) records: each sink receives the whole batch
-        in order (`Sink.log_scalars`, or one ``log_scalar(name, value, iteration)`` call per record)."""
-        if not records:
-            return
-        self._dirty = True
-        for sink in self.sinks:
-            if isinstance(sink, Sink):
-                sink.log_scalars(records)
-            else:
-                for name, value, iteration, _, _, _ in records:
-                    sink.log_scalar(name, value, iteration)
+        in order (`Sink.log_scalars`, or one ``log_scalar(name, value, iteration)`` call per record); in background
+        mode the writer's sinks receive it after the next `flush()`."""
+        if records:
+            self._dirty = True
+            for sink in self._caller_sinks:
+                if isinstance(sink, Sink):
+                    sink.log_scalars(records)
+                else:
+                    for name, value, iteration, _, _, _ in records:
+                        sink.log_scalar(name, value, iteration)
+            if self._writer_sinks:
+                self._pending.append(list(records))  # our own copy: the caller may reuse its list
+        self._raise_writer_error()
 
     # Instance call: this logger.  Class call (nvdlfw style): the active session's logger.
     log_scalar = _SessionOrInstance("_log_scalar", _class_log_scalar)
@@ -116,19 +161,43 @@ class MetricLogger:
 
     def flush(self) -> None:
         """Flush every sink that can be flushed, if anything was logged since the last flush (an idle
-        `debug_api.step()` then costs no file-system call)."""
-        if not self._dirty:
-            return
-        self._dirty = False
-        for sink in self.sinks:
-            flush = getattr(sink, "flush", None)
-            if callable(flush):
-                flush()
+        `debug_api.step()` then costs no file-system call).  Background mode: wait for the batch in flight, hand
+        the queued batch to the writer (which writes and flushes it) and return."""
+        writer = self._writer
+        if writer is not None:
+            writer.wait()
+        if self._dirty:
+            self._dirty = False
+            for sink in self._caller_sinks:
+                flush = getattr(sink, "flush", None)
+                if callable(flush):
+                    flush()
+            self._hand_over()
+        self._raise_writer_error()
+
+    def drain(self) -> None:
+        """`flush()`, then wait until the writer has written and flushed everything and end its thread (a later
+        batch starts a new one).  Synchronous mode: the same as `flush()`."""
+        self.flush()
+        if self._writer is not None:
+            self._writer.stop()
+            self._raise_writer_error()
 
     def close(self) -> None:
-        """Close `Sink` subclasses, flush the others, and forget all of them (each is closed even if one fails)."""
-        sinks, self.sinks = self.sinks, []
+        """Drain the writer, then close `Sink` subclasses, flush the others, and forget all of them (each is closed
+        even if one fails; the first error is re-raised at the end)."""
         errors = []
+        if self._writer is not None:
+            try:
+                self._hand_over()
+                self._writer.stop()
+            except Exception as exc:  # collected and re-raised below, after every sink had its turn
+                errors.append(exc)
+            error = self._writer.take_error()
+            if error is not None:
+                errors.append(error)
+        sinks, self.sinks = self.sinks, []
+        self._caller_sinks, self._writer_sinks = [], []
         for sink in sinks:
             try:
                 if isinstance(sink, Sink):
@@ -139,3 +208,17 @@ class MetricLogger:
                 errors.append(exc)
         if errors:
             raise errors[0]
+
+    # ------------------------------------------------------------------------------------------- background
+    def _hand_over(self) -> None:
+        """Give the queued batch to the writer (it writes, then flushes, every writer sink)."""
+        if self._writer is None or not self._writer_sinks:
+            return
+        pending, self._pending, self._loose = self._pending, [], []
+        self._writer.submit(self._writer_sinks, pending)
+
+    def _raise_writer_error(self) -> None:
+        if self._writer is not None:
+            error = self._writer.take_error()
+            if error is not None:
+                raise error

@@ -57,6 +57,8 @@ def _names_part(name: Any, layer: Any, tensor: Any, stat: Any) -> str:
 class JsonlSink(Sink):
     """Appends one JSON line per statistic to `path` (written at flush / close)."""
 
+    thread_safe = True  # only the background writer calls it (see tedebug.sinks.base)
+
     def __init__(self, path: str, *, append: bool = False) -> None:
         self.path = os.fspath(path)
         parent = os.path.dirname(os.path.abspath(self.path))
@@ -77,13 +79,17 @@ class JsonlSink(Sink):
         value is finite take the cached-names line directly."""
         line, str_names, isfinite = self._line, self._str_names, math.isfinite
         pending = self._pending
+        heads: Dict[Any, str] = {}  # iteration -> the line's opening (equal iterations: equal text)
         for record in records:
             name, value, iteration, layer, tensor, stat = record
             names = str_names.get((name, layer, tensor, stat))
             if names is not None:
                 value = float(value)
                 if isfinite(value):
-                    pending.append(f'{{"iteration": {int(iteration)!r}, {names}, "value": {value!r}}}')
+                    head = heads.get(iteration)
+                    if head is None:
+                        head = heads[iteration] = f'{{"iteration": {int(iteration)!r}, '
+                    pending.append(f'{head}{names}, "value": {value!r}}}')
                     continue
             pending.append(line(*record))
 

@@ -13,14 +13,25 @@ A scalar logged without the structured keywords (layer / tensor / stat None) is 
 layout is rewritten (whole) at `flush()` when new (tensor, stat) pairs appeared since the last write — at most
 once per step, as `debug_api.step()` flushes once — and at `close()`.  NaN and Inf values are written as they are
 (TensorBoard displays them).
+
+Batches (`log_scalars`, one step's statistics): with a torch ``SummaryWriter`` the scalars of one iteration are
+written as *one* event whose summary holds one value per scalar (``simple_value``, float32, exactly what
+``add_scalar`` stores), instead of one event per scalar: readers (TensorBoard, ``EventAccumulator``) decode the same
+(tag, step, value) series, and the writer's bounded event queue no longer makes the caller wait for its thread
+once per scalar (about 40 µs each on CPU).  Other writer objects receive one ``add_scalar`` call per scalar.
+
+Thread safety (`thread_safe`, for the background writer of `tedebug.sinks.base.MetricLogger`): True when the sink
+owns its writer or the writer is a torch ``SummaryWriter`` (whose event queue is locked); a user-supplied writer of
+any other type is called in the caller's thread.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Optional
+import sys
+from typing import Any, Dict, List, Optional, Sequence
 
-from tedebug.sinks.base import Sink
+from tedebug.sinks.base import Record, Sink
 
 TAG_STYLES = ("hierarchical", "flat")
 
@@ -28,6 +39,12 @@ TAG_STYLES = ("hierarchical", "flat")
 def hierarchical_tag(layer: str, tensor: str, stat: str) -> str:
     """``<layer>/<tensor>/<stat>``."""
     return f"{layer}/{tensor}/{stat}"
+
+
+def torch_summary_writer(writer: Any) -> bool:
+    """True when `writer` is a ``torch.utils.tensorboard.SummaryWriter`` (without importing tensorboard)."""
+    module = sys.modules.get("torch.utils.tensorboard.writer")
+    return module is not None and isinstance(writer, module.SummaryWriter)
 
 
 def stat_regex(tensor: str, stat: str) -> str:
@@ -49,6 +66,8 @@ class TensorBoardSink(Sink):
             writer = SummaryWriter(log_dir=log_dir)
         self.writer = writer
         self._owns_writer = log_dir is not None
+        self._batched = torch_summary_writer(writer)  # an owned writer is one too
+        self.thread_safe = self._batched
         self.tag_style = tag_style
         self._charts: Dict[str, List[str]] = {}  # tensor -> stats, in first-seen order
         self._layout_dirty = False
@@ -65,6 +84,29 @@ class TensorBoardSink(Sink):
         self.writer.add_scalar(tag, float(value), iteration)
         if tag != name:
             self._note_chart(tensor, stat)
+
+    def log_scalars(self, records: Sequence[Record]) -> None:
+        """One event per run of records with the same iteration (torch ``SummaryWriter``; see the module docstring),
+        else one ``add_scalar`` per record."""
+        if not self._batched:
+            super().log_scalars(records)
+            return
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        file_writer = self.writer._get_file_writer()  # what add_scalar writes through (reopened after close)
+        values: List[Any] = []
+        run_iteration = None
+        for name, value, iteration, layer, tensor, stat in records:
+            if iteration != run_iteration and values:
+                file_writer.add_summary(Summary(value=values), run_iteration)
+                values = []
+            run_iteration = iteration
+            tag = self.tag_for(name, layer=layer, tensor=tensor, stat=stat)
+            values.append(Summary.Value(tag=tag, simple_value=float(value)))
+            if tag != name:
+                self._note_chart(tensor, stat)
+        if values:
+            file_writer.add_summary(Summary(value=values), run_iteration)
 
     def _note_chart(self, tensor: str, stat: str) -> None:
         stats = self._charts.setdefault(tensor, [])

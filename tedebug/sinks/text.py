@@ -6,9 +6,11 @@ main log).  One line per scalar, byte-compatible with nvdlfw_inspect (TE's tests
     <asctime> - INFO - <name> \\t\\t\\t\\t iteration=<%06d> \\t\\t\\t\\t value=<%.4f>
 
 i.e. a space, four TAB characters and a space around the ``iteration=`` field.  ``<asctime>`` is the time the
-scalar was logged in `logging`'s default format (``%Y-%m-%d %H:%M:%S,<msecs>``, local time).  Lines are formatted
-here (not through `logging`: a `LogRecord` per scalar cost more than the statistic itself) into the file's write
-buffer and reach the file at `flush()` (every `debug_api.step()`) and `close()`.
+line was formatted in `logging`'s default format (``%Y-%m-%d %H:%M:%S,<msecs>``, local time): when the scalar was
+logged, or, with a background-mode `MetricLogger`, when its writer thread wrote the step's batch (one stamp per
+batch).  Lines are formatted here (not through `logging`: a `LogRecord` per scalar cost more than the statistic
+itself) into the file's write buffer and reach the file at `flush()` (every `debug_api.step()`) and `close()`; a
+batch formats the text between name and value once per iteration.
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ class _AscTime:
 class TextStatsSink(Sink):
     """Writes each scalar as one nvdlfw-format line to `path` (truncated unless the overwrite env var is 0)."""
 
+    thread_safe = True  # only the background writer calls it (see tedebug.sinks.base)
+
     def __init__(self, path: str):
         self.path = path
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
@@ -76,8 +80,14 @@ class TextStatsSink(Sink):
         if self._file.closed or not records:
             return
         prefix = f"{self._asctime.now()} - {logging.getLevelName(logging.INFO)} - "
-        self._file.write("".join([f"{prefix}{format_stat_message(name, value, iteration)}\n"
-                                  for name, value, iteration, _, _, _ in records]))
+        middles = {}  # iteration -> the text between the name and the value (equal iterations: equal text)
+        lines = []
+        for name, value, iteration, _, _, _ in records:
+            middle = middles.get(iteration)
+            if middle is None:
+                middle = middles[iteration] = f"{SEPARATOR}iteration={int(iteration):06d}{SEPARATOR}value="
+            lines.append(f"{prefix}{name}{middle}{float(value):.4f}\n")  # = format_stat_message's bytes
+        self._file.write("".join(lines))
 
     def flush(self) -> None:
         if not self._file.closed:

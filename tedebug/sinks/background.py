@@ -1,0 +1,157 @@
+"""`BackgroundWriter`: one thread per session that writes statistics batches to thread-safe sinks.
+
+Why: formatting and writing a step's statistics (text lines, JSONL lines, TensorBoard events) is pure host work;
+done inside `debug_api.step()` it keeps the training loop (and the GPU it feeds) waiting.  `MetricLogger` in
+background mode hands each step's batch to this writer and returns.
+
+Guarantee (what is on disk when): after `debug_api.step()` returns for iteration N, iteration N-1 (and everything
+logged before it) is written and flushed to every sink; iteration N is on disk within the writer's time (the time
+it takes to format and write one step), or at the latest when the session is flushed or closed
+(`DebugSession.flush`, `debug_api.end_debug()`) or the interpreter exits normally (the atexit handler of
+`tedebug.debug_api` drains and joins the writer; an uncaught exception in iteration N+1 therefore still leaves
+iteration N on disk).  ``os._exit``, a fatal signal or a hard crash of the process skip atexit and can lose
+iteration N (never N-1).  With ``background_logging=False`` nothing is deferred: iteration N is on disk when
+`step()` returns.
+
+Protocol (one job in flight, so memory stays bounded):
+
+* `submit(sinks, chunks)` first waits until the previous job is written and flushed, then hands over the new one:
+  every sink of `sinks`, in order, receives every chunk (a list of records) through `Sink.log_scalars`, in order,
+  then `Sink.flush()`.  A sink that raises does not stop the others (they still get the batch).
+* `wait()` blocks until the job in flight is done.  `stop()` waits, then ends and joins the thread (a later
+  `submit` starts a new one).
+* Errors raised by a sink in the thread are never swallowed: the first one of a job is kept and `take_error()`
+  returns it (as `BackgroundSinkError`, naming the sink and the iterations, with the original exception as its
+  ``__cause__``) so that `MetricLogger` re-raises it in the caller's thread.
+
+The thread is a daemon (a non-daemon thread would make the interpreter wait for it *before* atexit handlers run, so
+a blocked writer could never be told to finish); the session's atexit handler drains it instead
+(`tedebug.debug_api`, `DebugSession.flush`).  After `os.fork()` the child gets a fresh writer state.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from typing import Any, List, Optional, Sequence, Tuple
+
+#: one scalar: (name, value, iteration, layer, tensor, stat), as `tedebug.sinks.base.Record`
+Record = Tuple[str, Any, int, Optional[str], Optional[str], Optional[str]]
+
+#: how often (seconds) a waiting caller checks that the writer thread is still alive
+_LIVENESS_POLL_S = 0.5
+
+
+class BackgroundSinkError(RuntimeError):
+    """A statistics sink failed in the background writer; ``sink`` is the sink, ``__cause__`` the original error."""
+
+    def __init__(self, message: str, sink: Any):
+        super().__init__(message)
+        self.sink = sink
+
+
+def describe_sink(sink: Any) -> str:
+    """``TypeName('path')`` when the sink has a ``path`` attribute, else ``TypeName``."""
+    path = getattr(sink, "path", None)
+    return f"{type(sink).__name__}({path!r})" if isinstance(path, (str, os.PathLike)) else type(sink).__name__
+
+
+def _iterations(chunks: Sequence[Sequence[Record]]) -> str:
+    seen = dict.fromkeys(record[2] for chunk in chunks for record in chunk)  # first-seen order
+    return ", ".join(map(str, seen)) or "none"
+
+
+Job = Tuple[Tuple[Any, ...], List[List[Record]]]
+
+
+class BackgroundWriter:
+    """Writes jobs ``(sinks, chunks)`` on one daemon thread; see the module docstring."""
+
+    def __init__(self, name: str = "tedebug-stats-writer") -> None:
+        self.name = name
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._thread: Optional[threading.Thread] = None
+        self._jobs: "queue.SimpleQueue[Optional[Job]]" = queue.SimpleQueue()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._errors: List[BackgroundSinkError] = []
+
+    # ------------------------------------------------------------------------------------------- caller thread
+    def submit(self, sinks: Sequence[Any], chunks: List[List[Record]]) -> None:
+        """Wait for the job in flight, then hand over `chunks` for `sinks` (written and flushed on the thread)."""
+        if os.getpid() != self._pid:  # forked child: the parent's thread does not exist here
+            self._reset()
+        self.wait()
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+            self._thread.start()
+        self._idle.clear()
+        self._jobs.put((tuple(sinks), chunks))
+
+    def wait(self) -> None:
+        """Block until the job in flight (if any) is written and flushed."""
+        if self._idle.is_set() or os.getpid() != self._pid:
+            return
+        while not self._idle.wait(_LIVENESS_POLL_S):
+            if self._thread is None or not self._thread.is_alive():
+                raise RuntimeError(f"tedebug's statistics writer thread {self.name!r} ended with a job in flight; "
+                                   f"that batch of statistics was not written")
+
+    def take_error(self) -> Optional[BackgroundSinkError]:
+        """The first error of the finished jobs not yet taken (later ones attached as notes), or None."""
+        if not self._errors:
+            return None
+        errors, self._errors = self._errors, []
+        for later in errors[1:]:
+            errors[0].add_note(f"a later batch also failed: {later}")
+        return errors[0]
+
+    def stop(self) -> None:
+        """Wait for the job in flight, end the thread and join it."""
+        if os.getpid() != self._pid:
+            self._reset()
+            return
+        self.wait()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread.is_alive():
+            self._jobs.put(None)
+            thread.join()
+
+    # ------------------------------------------------------------------------------------------- writer thread
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            try:
+                self._write(*job)
+            finally:
+                self._idle.set()
+
+    def _write(self, sinks: Tuple[Any, ...], chunks: List[List[Record]]) -> None:
+        failures = []
+        for sink in sinks:
+            try:
+                for chunk in chunks:
+                    sink.log_scalars(chunk)
+                sink.flush()
+            except BaseException as exc:  # kept and re-raised in the caller's thread (never swallowed)
+                failures.append((sink, exc))
+        if failures:
+            self._errors.append(self._failure_error(failures, chunks))
+
+    @staticmethod
+    def _failure_error(failures: List[Tuple[Any, BaseException]], chunks) -> BackgroundSinkError:
+        sink, exc = failures[0]
+        message = (f"statistics sink {describe_sink(sink)} failed in tedebug's background writer while writing "
+                   f"iteration(s) {_iterations(chunks)}: {type(exc).__name__}: {exc}")
+        if len(failures) > 1:
+            others = "; ".join(f"{describe_sink(s)}: {type(e).__name__}: {e}" for s, e in failures[1:])
+            message += f" (also failed: {others})"
+        error = BackgroundSinkError(message, sink)
+        error.__cause__ = exc
+        return error
