@@ -3,10 +3,12 @@
 // the extrema work on packed bf16x2 / f16x2 words (min / max / amax with packed NaN-dropping min/max; the minimum
 // non-zero |x| as the packed max of -(|h| - 1), where a zero element becomes NaN and drops out; the non-zero count
 // from bit 15 of |h| + 0x7FFF); fp32 inputs use per-element fp32 code.  The sums (x, |x|, x^2 and the shifted
-// d = x - K, d^2 with K the thread's first element) are taken in fp32 over 16 elements and then added in fp64; a
-// chunk whose fp32 sums are not finite (NaN / Inf present, or fp32 overflow) is redone in fp64 and counts NaN /
-// Inf exactly.  Each thread turns (count, Σd, Σd²) into (n, mean, M2) once; threads and blocks merge with Chan's
-// formula in fp64 in a fixed order; the last block to finish (atomic ticket) merges the block partials and writes
+// d = x - K, d^2 with K the block's first element, shared by its threads) are taken in fp32 over 16 elements and
+// then added in fp64; a chunk whose fp32 sums are not finite (NaN / Inf present, or fp32 overflow) is redone in
+// fp64 and counts NaN / Inf exactly.  The threads of a block add their (count, Σd, Σd²) (one shift: no division);
+// the block turns them into (n, mean, M2) once, and blocks merge with Chan's formula in fp64 in a fixed order (a
+// bad shift, e.g. a huge first element, so spoils at most one block's share); the last block to finish (atomic
+// ticket) merges the block partials and writes
 // 13 float64: numel, then the 12 results in torch_ref order (the statistics engine's row layout).
 #include "common.cuh"
 
@@ -22,9 +24,13 @@ __device__ __forceinline__ void acc_identity(Acc& a) {
     a.nz = 0ull; a.nan = 0ull; a.inf = 0ull;
 }
 
-// a <- a (+) b: Chan et al. for (n, mean, m2), plain sums / extrema / counts for the rest.
+// a <- a (+) b: Chan et al. for (n, mean, m2), plain sums / extrema / counts for the rest.  With SHIFTED, the
+// (n, mean, m2) fields hold (n, Σd, Σd²) of one shift K and are simply added (the in-block reduction).
+template <bool SHIFTED = false>
 __device__ __forceinline__ void acc_merge(Acc& a, const Acc& b) {
-    if (b.n > 0.0) {
+    if (SHIFTED) {
+        a.n += b.n; a.mean += b.mean; a.m2 += b.m2;
+    } else if (b.n > 0.0) {
         if (a.n == 0.0) {
             a.mean = b.mean; a.m2 = b.m2; a.n = b.n;
         } else {
@@ -55,17 +61,18 @@ __device__ __forceinline__ Acc acc_shfl_down(const Acc& a, int off) {
 }
 
 // Fixed-order block reduction; the result is valid in thread 0.
+template <bool SHIFTED = false>
 __device__ __forceinline__ Acc acc_block_reduce(Acc a) {
     __shared__ Acc warp_acc[32];
     for (int off = 16; off > 0; off >>= 1) {
         Acc b = acc_shfl_down(a, off);
-        acc_merge(a, b);
+        acc_merge<SHIFTED>(a, b);
     }
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane == 0) warp_acc[warp] = a;
     __syncthreads();
     if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)(blockDim.x >> 5); ++w) acc_merge(a, warp_acc[w]);
+        for (int w = 1; w < (int)(blockDim.x >> 5); ++w) acc_merge<SHIFTED>(a, warp_acc[w]);
     }
     return a;
 }
@@ -250,9 +257,9 @@ ted_stats(const ted_raw_t* __restrict__ x, long long n, Acc* __restrict__ partia
     t.mn = INFINITY; t.mx = -INFINITY; t.amax = 0.0f; t.nzmin = INFINITY;
     t.nz = 0ull; t.nan = 0ull; t.inf = 0ull; t.count = 0ull;
     t.S = 0.0; t.A = 0.0; t.Q = 0.0; t.D = 0.0; t.DD = 0.0;
-    float k0 = 0.0f;
-    if (gtid < nvec) k0 = ted_load(x, gtid * VEC);
-    else if (gtid < tail) k0 = ted_load(x, nvec * VEC + gtid);
+    long long k_index = (long long)blockIdx.x * blockDim.x * VEC;  // the block's shift: its first element
+    if (k_index >= n) k_index = 0;
+    const float k0 = ted_load(x, k_index);
     t.K = isfinite(k0) ? k0 : 0.0f;
 
     const uint4* xv = reinterpret_cast<const uint4*>(x);
@@ -307,19 +314,18 @@ ted_stats(const ted_raw_t* __restrict__ x, long long n, Acc* __restrict__ partia
         ts_elems(t, f, 1);  // adds 1 to t.count
     }
 
-    Acc a;
-    acc_identity(a);
-    if (t.count > 0ull) {
-        const double cnt = (double)t.count;
-        a.n = cnt;
-        a.mean = ted_f2d(t.K) + t.D / cnt;
-        a.m2 = fmax(t.DD - t.D * (t.D / cnt), 0.0);
-    }
+    Acc a;  // (n, mean, m2) hold (n, Σd, Σd²) of the block's shift until thread 0 converts them
+    a.n = (double)t.count; a.mean = t.D; a.m2 = t.DD;
     a.sum = t.S; a.abs_sum = t.A; a.sq_sum = t.Q;
     a.mn = t.mn; a.mx = t.mx; a.amax = t.amax; a.nzmin = t.nzmin;
     a.nz = t.nz; a.nan = t.nan; a.inf = t.inf;
-    a = acc_block_reduce(a);
-    if (threadIdx.x == 0) partial[blockIdx.x] = a;
+    a = acc_block_reduce<true>(a);
+    if (threadIdx.x == 0) {
+        const double cnt = a.n, d = a.mean, dd = a.m2;
+        a.mean = cnt > 0.0 ? ted_f2d(t.K) + d / cnt : 0.0;
+        a.m2 = cnt > 0.0 ? fmax(dd - d * (d / cnt), 0.0) : 0.0;
+        partial[blockIdx.x] = a;
+    }
     if (!ted_last_block(ticket)) return;
     Acc r;
     acc_identity(r);
