@@ -415,3 +415,57 @@ def test_forked_child_gets_its_own_writer_while_the_parent_has_a_batch_in_flight
     gated.gate.set()
     metrics.close()
     assert [c[1][2] for c in gated.calls if c[0] == "log"] == [0]  # the parent wrote only its own batch
+
+
+def test_deferred_records_are_built_once_on_the_writer_thread():
+    """`log_deferred(build)`: in background mode with only writer sinks, `build` runs once, on the writer thread,
+    and every writer sink gets its records in order; with a sink called in the caller's thread it runs at once."""
+    built = []
+
+    def build(records):
+        def run():
+            built.append(threading.current_thread().name)
+            return records
+        return run
+
+    a, b = ThreadedRecorder(), ThreadedRecorder()
+    logger = MetricLogger(background=True)
+    logger.add_sink(a)
+    logger.add_sink(b)
+    first, second = [rec("L", "max", 1.0, 0)], [rec("L", "min", -2.0, 1), rec("M", "max", 3.0, 1)]
+    logger.log_deferred(build(first))
+    assert built == []  # nothing built in the caller's thread
+    logger.flush()
+    logger.log_deferred(build(second))
+    logger.flush()
+    logger.drain()
+    assert built == [WRITER_THREAD, WRITER_THREAD]
+    for sink in (a, b):
+        assert [c[1] for c in sink.calls if c[0] == "log"] == first + second
+        assert all(c[-1] == WRITER_THREAD for c in sink.calls)
+    logger.close()
+
+    built.clear()
+    caller = MetricLogger(background=True)
+    foreign = types.SimpleNamespace(rows=[], log_scalar=lambda n, v, i: foreign.rows.append((n, v, i)))
+    caller.add_sink(foreign)
+    caller.log_deferred(build(first))
+    assert built == [threading.current_thread().name] and foreign.rows == [("L_activation_max", 1.0, 0)]
+    caller.close()
+
+
+def test_a_failing_deferred_build_is_reraised_in_the_caller():
+    logger = MetricLogger(background=True)
+    sink = ThreadedRecorder()
+    logger.add_sink(sink)
+
+    def broken():
+        raise ZeroDivisionError("no values")
+
+    logger.log_deferred(broken)
+    logger.flush()
+    with pytest.raises(BackgroundSinkError, match="could not build a batch of statistics: ZeroDivisionError") as info:
+        logger.drain()
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+    assert [c for c in sink.calls if c[0] == "log"] == []
+    logger.close()

@@ -16,8 +16,8 @@ iteration N (never N-1).  With ``background_logging=False`` nothing is deferred:
 Protocol (one job in flight, so memory stays bounded):
 
 * `submit(sinks, chunks)` first waits until the previous job is written and flushed, then hands over the new one:
-  every sink of `sinks`, in order, receives every chunk (a list of records) through `Sink.log_scalars`, in order,
-  then `Sink.flush()`.  A sink that raises does not stop the others (they still get the batch).
+  every sink of `sinks`, in order, receives every chunk (a list of records, or a callable returning one, called
+  once on the writer thread) through `Sink.log_scalars`, in order, then `Sink.flush()`.  A sink that raises does not stop the others (they still get the batch).
 * `wait()` blocks until the job in flight is done.  `stop()` waits, then ends and joins the thread (a later
   `submit` starts a new one).
 * Errors raised by a sink in the thread are never swallowed: the first one of a job is kept and `take_error()`
@@ -132,7 +132,15 @@ class BackgroundWriter:
             finally:
                 self._idle.set()
 
-    def _write(self, sinks: Tuple[Any, ...], chunks: List[List[Record]]) -> None:
+    def _write(self, sinks: Tuple[Any, ...], chunks: List[Any]) -> None:
+        try:  # deferred chunks (`MetricLogger.log_deferred`) are built here, once for every sink
+            chunks = [chunk() if callable(chunk) else chunk for chunk in chunks]
+        except BaseException as exc:  # kept and re-raised in the caller's thread (never swallowed)
+            error = BackgroundSinkError(f"tedebug's background writer could not build a batch of statistics: "
+                                        f"{type(exc).__name__}: {exc}", None)
+            error.__cause__ = exc
+            self._errors.append(error)
+            return
         failures = []
         for sink in sinks:
             try:

@@ -30,7 +30,7 @@ caller's thread (as `BackgroundSinkError`, naming the sink) at the next `log_sca
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from tedebug.sinks.background import BackgroundSinkError, BackgroundWriter
 
@@ -153,6 +153,18 @@ class MetricLogger:
                         sink.log_scalar(name, value, iteration)
             if self._writer_sinks:
                 self._pending.append(list(records))  # our own copy: the caller may reuse its list
+        self._raise_writer_error()
+
+    def log_deferred(self, build: Callable[[], Sequence[Record]]) -> None:
+        """Log the records `build()` returns.  In background mode with only writer sinks, `build` runs on the
+        writer thread (the caller pays nothing for formatting the values); otherwise it runs now, as
+        `log_scalars(build())`.  `build` must depend only on data it captured (it may run after the caller moved
+        on); an exception it raises is reported like a sink error."""
+        if self._caller_sinks or not self._writer_sinks:
+            self.log_scalars(build())
+            return
+        self._dirty = True
+        self._pending.append(build)
         self._raise_writer_error()
 
     # Instance call: this logger.  Class call (nvdlfw style): the active session's logger.

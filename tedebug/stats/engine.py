@@ -5,7 +5,8 @@ into the buffer's row on the tensor's device — no host synchronisation.  `step
 fed row back in one transfer, runs one collective per reduction group (`tedebug.stats.reduce`), evaluates the
 final formulas as Python floats and emits ``metric_logger.log_scalar("<layer>_<tensor>_<stat>", value,
 iteration, layer=, tensor=, stat=)`` in buffer-creation order, statistics in request order (as one
-``metric_logger.log_scalars(records)`` batch when the logger has that method, e.g. `tedebug.sinks.MetricLogger`).
+``metric_logger.log_scalars(records)`` batch when the logger has that method; `tedebug.sinks.MetricLogger` gets a
+``log_deferred(build)`` callable instead, so that a background writer evaluates the final formulas).
 
 Participation rule (te_debug_reference F.6): a rank that fed nothing this step joins the collectives only if some
 layer's noted next enabled iteration is ≤ the finished iteration; otherwise it performs no communication at all.
@@ -209,20 +210,29 @@ class StatsEngine:
         return merged
 
     def _emit(self, fed: List[StatBuffer], merged: Dict[BufferKey, Dict[Column, float]]) -> None:
-        records: List[tuple] = []
+        rows: List[tuple] = []
         for buffer in fed:
             values = merged[buffer.key]
             layer, tensor_name, _ = buffer.key
-            iteration = buffer.iteration
-            row = [values[column] for column in buffer.columns]
-            records.extend([(name, value_of(row), iteration, layer, tensor_name, stat)
-                            for name, stat, value_of in buffer.emitters])
+            rows.append((buffer.emitters, [values[column] for column in buffer.columns], buffer.iteration, layer,
+                         tensor_name))
             self._report_nonfinite(buffer, values)
+
+        def records() -> List[tuple]:  # the final formulas; depends only on `rows` (may run on a writer thread)
+            out: List[tuple] = []
+            for emitters, row, iteration, layer, tensor_name in rows:
+                out.extend([(name, value_of(row), iteration, layer, tensor_name, stat)
+                            for name, stat, value_of in emitters])
+            return out
+
+        log_deferred = getattr(self.metric_logger, "log_deferred", None)
         log_scalars = getattr(self.metric_logger, "log_scalars", None)
-        if callable(log_scalars):
-            log_scalars(records)
+        if callable(log_deferred):
+            log_deferred(records)
+        elif callable(log_scalars):
+            log_scalars(records())
         else:
-            for name, value, iteration, layer, tensor_name, stat in records:
+            for name, value, iteration, layer, tensor_name, stat in records():
                 self.metric_logger.log_scalar(name, value, iteration, layer=layer, tensor=tensor_name, stat=stat)
         flush = getattr(self.metric_logger, "flush", None)
         if callable(flush):
