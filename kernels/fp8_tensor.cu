@@ -184,9 +184,19 @@ __device__ __forceinline__ void current_scale(float amax, float fp8_max, float e
     scale_inv = ted_div(1.0f, scale);
 }
 
-// ws[0]: running amax bits (0 between launches), ws[1]: ticket.  mode 0: write amax_out only; mode 1: also the
-// current-scaling scale / scale_inv.
-extern "C" __global__ void __launch_bounds__(256)
+// ws[0]: running amax bits (0 between launches), ws[1]: ticket.  mode 0: write amax_out[0] only; mode 1: also the
+// current-scaling scale / scale_inv; mode 2: amax_out[0] = amax_out[1] = amax (NVFP4's rowwise and columnwise
+// global amaxes).  Each thread keeps AM_ILP 16-byte loads in flight (predicated, so the last round is as parallel
+// as the others); packed bf16x2 / f16x2 maxima of |x| drop NaN.
+#define AM_ILP 8
+#if TED_DTYPE != 0
+#define AM_FOLD(v) pk = ted_pmax(pk, ted_pmax(ted_pmax((v).x & 0x7FFF7FFFu, (v).y & 0x7FFF7FFFu), \
+                                          ted_pmax((v).z & 0x7FFF7FFFu, (v).w & 0x7FFF7FFFu)))
+#else
+#define AM_FOLD(v) am = ted_max(am, ted_max(ted_max(ted_abs(__uint_as_float((v).x)), ted_abs(__uint_as_float((v).y))), \
+                                        ted_max(ted_abs(__uint_as_float((v).z)), ted_abs(__uint_as_float((v).w)))))
+#endif
+extern "C" __global__ void __launch_bounds__(256, 4)  // 4 blocks/SM (cupy_kernels._grid_for): 8 loads in flight
 ted_fp8_amax_scale(const ted_raw_t* __restrict__ x, long long n, unsigned int* __restrict__ ws,
                    float* __restrict__ amax_out, int mode, float fp8_max, float epsilon, int pow2,
                    float* __restrict__ scale_out, float* __restrict__ scale_inv_out) {
@@ -195,29 +205,30 @@ ted_fp8_amax_scale(const ted_raw_t* __restrict__ x, long long n, unsigned int* _
     const long long gtid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const long long stride = (long long)gridDim.x * blockDim.x;
     const uint4* xv = reinterpret_cast<const uint4*>(x);
-    long long i = gtid;
     float am = 0.0f;
 #if TED_DTYPE != 0
     unsigned int pk = 0u;
-    for (; i + 3 * stride < nvec; i += 4 * stride) {
-        const uint4 a = __ldcs(xv + i), b = __ldcs(xv + i + stride);
-        const uint4 c = __ldcs(xv + i + 2 * stride), d = __ldcs(xv + i + 3 * stride);
-        const unsigned int w[16] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w, c.x, c.y, c.z, c.w, d.x, d.y, d.z, d.w};
+#endif
+    long long i = gtid;
+    for (; i + (AM_ILP - 1) * stride < nvec; i += AM_ILP * stride) {  // full rounds: AM_ILP loads in flight
+        uint4 v[AM_ILP];
 #pragma unroll
-        for (int k = 0; k < 16; ++k) pk = ted_pmax(pk, w[k] & 0x7FFF7FFFu);  // packed max drops NaN
+        for (int u = 0; u < AM_ILP; ++u) v[u] = __ldcs(xv + i + u * stride);
+#pragma unroll
+        for (int u = 0; u < AM_ILP; ++u) AM_FOLD(v[u]);
     }
-    for (; i < nvec; i += stride) {
-        const uint4 a = __ldcs(xv + i);
-        pk = ted_pmax(pk, a.x & 0x7FFF7FFFu); pk = ted_pmax(pk, a.y & 0x7FFF7FFFu);
-        pk = ted_pmax(pk, a.z & 0x7FFF7FFFu); pk = ted_pmax(pk, a.w & 0x7FFF7FFFu);
+    if (i < nvec) {  // the last, partial round (loads still issued together)
+        uint4 v[AM_ILP - 1];
+#pragma unroll
+        for (int u = 0; u < AM_ILP - 1; ++u) {
+            const long long j = i + u * stride;
+            v[u] = __ldcs(xv + (j < nvec ? j : i));  // re-reading element i does not change the max
+        }
+#pragma unroll
+        for (int u = 0; u < AM_ILP - 1; ++u) AM_FOLD(v[u]);
     }
+#if TED_DTYPE != 0
     am = ted_max(ted_lo(pk), ted_hi(pk));
-#else
-    for (; i < nvec; i += stride) {
-        const uint4 a = __ldcs(xv + i);
-        am = ted_max(am, ted_abs(__uint_as_float(a.x))); am = ted_max(am, ted_abs(__uint_as_float(a.y)));
-        am = ted_max(am, ted_abs(__uint_as_float(a.z))); am = ted_max(am, ted_abs(__uint_as_float(a.w)));
-    }
 #endif
     for (long long j = nvec * (16 / TED_ELEM_BYTES) + gtid; j < n; j += stride) am = ted_max(am, ted_abs(ted_load(x, j)));
     for (int off = 16; off > 0; off >>= 1) am = ted_max(am, __shfl_down_sync(0xFFFFFFFFu, am, off));
@@ -236,6 +247,8 @@ ted_fp8_amax_scale(const ted_raw_t* __restrict__ x, long long n, unsigned int* _
             current_scale(amax, fp8_max, epsilon, pow2, scale, scale_inv);
             scale_out[0] = scale;
             scale_inv_out[0] = scale_inv;
+        } else if (mode == 2) {
+            amax_out[1] = amax;
         }
         ws[1] = 0u;
     }

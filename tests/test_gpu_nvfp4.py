@@ -179,6 +179,43 @@ def test_degenerate_amaxes(dtype):
         check_stats(x, got, ref)
 
 
+# Shapes the fast kernel (ted_nvfp4_quantize16: bf16/fp16, RN, 1D, M % 64 == 0, K % 128 == 0) takes: one tile,
+# 3 x 3 tiles, 3-D, and 1024 tiles (more than the grid: every block walks several tiles across tile-row ends).
+FAST_SHAPES = [(64, 128), (192, 384), (2, 64, 256), (1024, 8192)]
+
+
+@_gpu
+@pytest.mark.parametrize("usage", ["both", "rowwise", "columnwise"])
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
+@pytest.mark.parametrize("shape", FAST_SHAPES)
+def test_fast_kernel_bit_identical(shape, dtype, usage):
+    from tedebug.backends import cupy_nvfp4
+
+    kw = {"both": {}, "rowwise": {"columnwise": False}, "columnwise": {"rowwise": False}}[usage]
+    m, k = math.prod(shape[:-1]), shape[-1]
+    assert cupy_nvfp4.uses_fast_kernel(m, k, dtype, False, False)
+    for x in (random_input(shape, dtype, 21), adversarial(shape, dtype, 22), adversarial(shape, dtype, 23, True)):
+        got, ref = pair(x, **kw)
+        check_fields(got, ref)
+        check_stats(x, got, ref)
+
+
+@_gpu
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
+def test_fast_kernel_degenerate_amaxes(dtype):
+    """The fast kernel on all zeros, a tiny amax (S_enc clamped) and an Inf (S_enc = 1, every block redone)."""
+    zeros = torch.zeros(64, 128, dtype=dtype, device=DEV)
+    tiny = zeros.clone()
+    tiny[3, 5] = torch.finfo(dtype).tiny / (4 if dtype != torch.float16 else 1)
+    tiny[40, 100] = -tiny[3, 5]
+    inf = adversarial((64, 128), dtype, 24, with_inf=True)
+    inf[0, 0] = float("inf")
+    for x in (zeros, tiny, inf):
+        got, ref = pair(x)
+        check_fields(got, ref)
+        check_stats(x, got, ref)
+
+
 @_gpu
 def test_deterministic():
     x = adversarial((256, 1024), torch.bfloat16, 11)
@@ -229,6 +266,18 @@ def test_cpu_tensor_stays_on_the_torch_path():
         NVFP4Quantizer().quantize(x)
 
 
+def test_fast_kernel_selection():
+    from tedebug.backends.cupy_nvfp4 import uses_fast_kernel
+
+    assert uses_fast_kernel(64, 128, torch.bfloat16, False, False)
+    assert uses_fast_kernel(8192, 8192, torch.float16, False, False)
+    assert not uses_fast_kernel(64, 128, torch.float32, False, False)  # fp32: general kernel
+    assert not uses_fast_kernel(64, 128, torch.bfloat16, True, False)  # 2D
+    assert not uses_fast_kernel(64, 128, torch.bfloat16, False, True)  # stochastic rounding
+    assert not uses_fast_kernel(48, 128, torch.bfloat16, False, False)  # M % 64
+    assert not uses_fast_kernel(64, 144, torch.bfloat16, False, False)  # K % 128
+
+
 def test_supports_picks_the_calls_the_kernel_takes():
     from tedebug.backends import cupy_nvfp4
 
@@ -254,10 +303,11 @@ def _bench():
         dst = torch.empty_like(bufs[0])
         t_copy = time_us(lambda x: dst.copy_(x), bufs, 50, 5)
         copy_bw = 2 * bufs[0].numel() * 2 / (t_copy * 1e-6)
+        amax2 = torch.empty(2, dtype=torch.float32, device="cuda")
 
         def kern(x):
-            amax = cupy_kernels.fp8_amax(x)
-            return cupy_nvfp4.nvfp4_quantize_raw(x, amax.reshape(1).expand(2).contiguous(), True, True)
+            cupy_kernels._amax_launch(x, amax2)
+            return cupy_nvfp4.nvfp4_quantize_raw(x, amax2, True, True)
 
         def quant(x):
             with dispatch.use_backend("cupy"):
@@ -265,19 +315,20 @@ def _bench():
 
         t_k = time_us(kern, bufs, 50, 5)
         t_q = time_us(quant, bufs, 50, 5)
-        moved = n * n * 2 + n * n // 2 * 2 + n * n // 16 * 2  # read x; write 2 x data + 2 x scales
+        # counted like the per-tensor FP8 row of `tedebug bench` (amax pass + quantize): 2 reads of x, row and col
+        # data (n/2 bytes each), both scale arrays (n/16 each)
+        moved = 2 * n * n * 2 + n * n // 2 * 2 + n * n // 16 * 2
         for name, t in (("raw (amax+quantize)", t_k), ("NVFP4Quantizer.quantize", t_q)):
             bw = moved / (t * 1e-6)
             print(f"n={n} {name}: {t:.1f} us, {bw / 1e9:.0f} GB/s, {100 * bw / copy_bw:.1f} % of copy "
                   f"({copy_bw / 1e9:.0f} GB/s, copy {t_copy:.1f} us)")
-        amax2 = cupy_kernels.fp8_amax(bufs[0]).reshape(1).expand(2).contiguous()
         for name, rw, cw in (("quantize only, row+col", True, True), ("quantize only, rowwise", True, False),
                              ("quantize only, columnwise", False, True)):
             t = time_us(lambda x: cupy_nvfp4.nvfp4_quantize_raw(x, amax2, rw, cw), bufs, 50, 5)
             print(f"n={n} {name}: {t:.1f} us")
-        # amax pass alone (read only) for reference
-        t_a = time_us(lambda x: cupy_kernels.fp8_amax(x), bufs, 50, 5)
-        print(f"n={n} amax pass alone: {t_a:.1f} us")
+        t_a = time_us(lambda x: cupy_kernels._amax_launch(x, amax2), bufs, 50, 5)
+        t_s = time_us(lambda x: x.sum(dtype=torch.float32), bufs, 50, 5)
+        print(f"n={n} amax pass alone: {t_a:.1f} us (x.sum(): {t_s:.1f} us)")
 
 
 if __name__ == "__main__":

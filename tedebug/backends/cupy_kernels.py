@@ -385,7 +385,8 @@ def mxfp8_quantize(quantizer, tensor: torch.Tensor):
 # ------------------------------------------------------------------------------------------------ per-tensor FP8
 def _amax_launch(x: torch.Tensor, out: torch.Tensor, fp8_format: Optional[str] = None, epsilon: float = 0.0,
                  pow2: bool = False) -> None:
-    """One launch of ted_fp8_amax_scale: out[0] = amax; with `fp8_format` also out[1] = scale, out[2] = scale_inv."""
+    """One launch of ted_fp8_amax_scale: out[0] = amax; with `fp8_format` also out[1] = scale, out[2] = scale_inv;
+    without `fp8_format` and a 2-element `out`, out[0] = out[1] = amax (NVFP4's rowwise and columnwise amaxes)."""
     from tedebug.quantization.formats import FP8_MAX
 
     n = x.numel()
@@ -393,11 +394,11 @@ def _amax_launch(x: torch.Tensor, out: torch.Tensor, fp8_format: Optional[str] =
     grid = _grid_for(x.device, max(n // vec, 1))
     partials, tickets = _workspace(x.device)
     base = out.data_ptr()
-    mode = 1 if fp8_format is not None else 0
+    mode = 1 if fp8_format is not None else (2 if out.numel() == 2 else 0)
     fp8_max = FP8_MAX[fp8_format] if fp8_format is not None else 0.0
     kernel = get_kernel("fp8_tensor.cu", "ted_fp8_amax_scale", _dtype_options(x))
     args = (x.data_ptr(), np.int64(n), _ticket(tickets, "amax"), base, np.int32(mode), np.float32(fp8_max),
-            np.float32(epsilon), np.int32(pow2), base + 4 * mode, base + 8 * mode)
+            np.float32(epsilon), np.int32(pow2), base + 4 * (mode == 1), base + 8 * (mode == 1))
     _launch(kernel, grid, THREADS, args, x.device)
 
 

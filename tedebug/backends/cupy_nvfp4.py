@@ -2,8 +2,10 @@
 
 Returns the same `NVFP4Tensor` fields as `NVFP4Quantizer._quantize`, bit for bit, plus the fused error statistics
 (underflows, squared error per direction) handed to the statistics backend with `cupy_kernels._attach_fused`.
-Two launches: the global amax (`cupy_kernels.fp8_amax`, NaN ignored) and the quantize kernel, which finishes its
-statistics in its last block; no host synchronisation.  `supports(quantizer, tensor)` says which calls the kernel
+Two launches: the global amax (`cupy_kernels._amax_launch`, NaN ignored, written to both amax slots) and the
+quantize kernel, which finishes its statistics in its last block; no host synchronisation.  The quantize kernel is
+`ted_nvfp4_quantize16` (fast path: bf16 / fp16, round to nearest, 1D, M % 64 == 0, K % 128 == 0) or the general
+`ted_nvfp4_quantize` (everything else).  `supports(quantizer, tensor)` says which calls the kernel
 takes; `tedebug.backends.dispatch.quantize_nvfp4` sends every other call to the torch reference.
 """
 
@@ -15,6 +17,7 @@ import numpy as np
 import torch
 
 from tedebug.backends.cupy_kernels import (
+    _amax_launch,
     _attach_fused,
     _device_index,
     _dtype_options,
@@ -22,12 +25,13 @@ from tedebug.backends.cupy_kernels import (
     _sm_count,
     _ticket,
     _workspace,
-    fp8_amax,
     get_kernel,
     prepare_input,
 )
 
 NV_BLOCKS_PER_SM = 3  # NV_MIN_BLOCKS in kernels/nvfp4.cu (__launch_bounds__(256, 3))
+NQ_BLOCKS_PER_SM = 4  # NQ_MIN_BLOCKS in kernels/nvfp4.cu (ted_nvfp4_quantize16, 64 registers)
+NQ_TILE = (64, 128)   # ted_nvfp4_quantize16's tile: rows, columns
 NV_THREADS = 256
 NV_TILE_ROWS = 64
 _INV6 = np.float32(1.0 / 6.0)        # fp32(1/6), as the reference's `_f32(1 / E2M1_MAX)`
@@ -45,6 +49,12 @@ def supports(quantizer, tensor: torch.Tensor) -> bool:
     k = tensor.shape[-1]
     need_rows = quantizer.columnwise_usage or quantizer.with_2d_quantization
     return k % 16 == 0 and not (need_rows and m % 16)
+
+
+def uses_fast_kernel(m: int, k: int, dtype: torch.dtype, two_d: bool, sr: bool) -> bool:
+    """Whether `nvfp4_quantize_raw` takes `ted_nvfp4_quantize16` for this call (else `ted_nvfp4_quantize`)."""
+    return (dtype in (torch.bfloat16, torch.float16) and not two_d and not sr and m % NQ_TILE[0] == 0
+            and k % NQ_TILE[1] == 0 and (m // NQ_TILE[0]) * (k // NQ_TILE[1]) < 2 ** 31)
 
 
 def _tile_cols(dtype: torch.dtype) -> int:
@@ -82,14 +92,28 @@ def nvfp4_quantize_raw(
     col_data = torch.empty((k, m // 2), dtype=torch.uint8, device=dev) if columnwise else None
     col_scales = torch.empty((k, m // 16), dtype=torch.uint8, device=dev) if columnwise else None
     stats = torch.empty(4, dtype=torch.float64, device=dev)
-    tiles = ((m + NV_TILE_ROWS - 1) // NV_TILE_ROWS) * ((k + _tile_cols(x2d.dtype) - 1) // _tile_cols(x2d.dtype))
-    grid = max(1, min(NV_BLOCKS_PER_SM * _sm_count(_device_index(dev)), tiles))
     partials, tickets = _workspace(dev)
 
     def ptr(t):
         return t.data_ptr() if t is not None else 0
 
-    opts = _dtype_options(x2d) + ("-DTED_FP8=0", f"-DNV_SR={int(sr)}", f"-DNV_MIN_BLOCKS={NV_BLOCKS_PER_SM}")
+    if uses_fast_kernel(m, k, x2d.dtype, two_d, sr):
+        tiles = (m // NQ_TILE[0]) * (k // NQ_TILE[1])
+        grid = max(1, min(NQ_BLOCKS_PER_SM * _sm_count(_device_index(dev)), tiles))
+        opts = _dtype_options(x2d) + ("-DTED_FP8=0", "-DNV_SR=0", f"-DNV_MIN_BLOCKS={NV_BLOCKS_PER_SM}",
+                                      f"-DNQ_MIN_BLOCKS={NQ_BLOCKS_PER_SM}")
+        kernel = get_kernel("nvfp4.cu", "ted_nvfp4_quantize16", opts)
+        args = (
+            x2d.data_ptr(), np.int64(m), np.int64(k), amax.data_ptr(), _INV6, _INV2688,
+            np.int32(rowwise), np.int32(columnwise), ptr(row_data), ptr(row_scales), ptr(col_data), ptr(col_scales),
+            partials, _ticket(tickets, "nvfp4"), stats.data_ptr(),
+        )
+        _launch(kernel, grid, NV_THREADS, args, dev)
+        return row_data, row_scales, col_data, col_scales, stats
+    tiles = ((m + NV_TILE_ROWS - 1) // NV_TILE_ROWS) * ((k + _tile_cols(x2d.dtype) - 1) // _tile_cols(x2d.dtype))
+    grid = max(1, min(NV_BLOCKS_PER_SM * _sm_count(_device_index(dev)), tiles))
+    opts = _dtype_options(x2d) + ("-DTED_FP8=0", f"-DNV_SR={int(sr)}", f"-DNV_MIN_BLOCKS={NV_BLOCKS_PER_SM}",
+                                  f"-DNQ_MIN_BLOCKS={NQ_BLOCKS_PER_SM}")
     kernel = get_kernel("nvfp4.cu", "ted_nvfp4_quantize", opts)
     args = (
         x2d.data_ptr(), np.int64(m), np.int64(k), amax.data_ptr(), _INV6, _INV2688,
@@ -112,8 +136,8 @@ def nvfp4_quantize(quantizer, tensor: torch.Tensor):
     m, k = check_nvfp4_shape(tensor.shape, who, need_rows=quantizer.columnwise_usage or
                              quantizer.with_2d_quantization)
     x2d = prepare_input(tensor.reshape(m, k))
-    amax = fp8_amax(x2d)
-    amaxes = amax.reshape(1).expand(2).contiguous()
+    amaxes = torch.empty(2, dtype=torch.float32, device=x2d.device)
+    _amax_launch(x2d, amaxes)  # amaxes[0] = amaxes[1] = max|x| (NaN ignored)
     # Random bits drawn in the reference's order (rowwise first) from the quantizer's generator.
     row_bits = quantizer._random_bits((m, k), x2d.device) if quantizer.rowwise_usage else None
     col_bits = quantizer._random_bits((k, m), x2d.device) if quantizer.columnwise_usage else None
@@ -127,12 +151,12 @@ def nvfp4_quantize(quantizer, tensor: torch.Tensor):
     if quantizer.rowwise_usage:
         out.rowwise_data = rd.reshape(*tensor.shape[:-1], k // 2)
         out.rowwise_scale_inv = rs
-        out.amax_rowwise = amax.clone()
+        out.amax_rowwise = amaxes[0]
         fused["rowwise"] = {"underflows_num": stats[0], "sq_err": stats[1]}
     if quantizer.columnwise_usage:
         out.columnwise_data = cd
         out.columnwise_scale_inv = cs
-        out.amax_columnwise = amax.clone()
+        out.amax_columnwise = amaxes[1]
         fused["columnwise"] = {"underflows_num": stats[2], "sq_err": stats[3]}
     _attach_fused(out, tensor, fused)
     return out
