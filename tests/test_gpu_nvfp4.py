@@ -291,6 +291,3 @@ def test_supports_picks_the_calls_the_kernel_takes():
     assert cupy_nvfp4.supports(NVFP4Quantizer(columnwise=False), torch.zeros(24, 64))
     assert not cupy_nvfp4.supports(NVFP4Quantizer(columnwise=False), torch.zeros(24, 40))
     assert not cupy_nvfp4.supports(NVFP4Quantizer(), torch.zeros(64))
-
-
-# ================================================================================================ benchmark
