@@ -16,18 +16,22 @@ import torch
 from tedebug.feature_support import (
     FeatureConfigError,
     ScheduledInspectFeature,
+    cached_schedule,
+    config_memoized,
     log_once,
     memoized,
-    reduction_params,
+    reduction_args,
     require_stats_list,
     schedule_options,
-    scheduled_now,
     session,
     stat_list,
 )
 from tedebug.quantization.tensor import QuantizedTensor
 from tedebug.registry import api_method, register_feature
 from tedebug.stats import StatRequest
+
+#: the config keys an `InspectPlan` depends on (with the tensor name)
+PLAN_KEYS = ("stats", "freq", "start_step", "end_step", "start_end_list")
 
 
 def hp_requests(stats: list, tensor_name: Optional[str]) -> tuple:
@@ -42,6 +46,34 @@ def feed_arguments(config: dict, tensor_name: Optional[str]) -> tuple:
     return memoized("LogTensorStats.feed", (stats, tensor_name, config.get("start_step"), config.get("end_step"),
                                             config.get("start_end_list")),
                     lambda: (hp_requests(stats, tensor_name), schedule_options(config)))
+
+
+class InspectPlan:
+    """What `inspect_tensor` derives from one parsed config and tensor name: the schedule, and the feed arguments
+    (`feed_arguments`, filled in at the first active call, so a bad ``stats`` entry fails where it always did)."""
+
+    __slots__ = ("schedule", "feed")
+
+    def __init__(self, config: dict) -> None:
+        self.schedule = cached_schedule(config)
+        self.feed: Optional[tuple] = None
+
+
+def inspect_plan(config: dict, tensor_name: Optional[str]) -> InspectPlan:
+    """The session's `InspectPlan` of this config object and tensor name (see `config_memoized`)."""
+    return config_memoized("LogTensorStats.plan", config, PLAN_KEYS, tensor_name, lambda: InspectPlan(config))
+
+
+#: (feature class name, tensor name) -> the once-per-layer "look_at_tensor_before_process" line (pure text)
+_LOOK_MESSAGES: dict = {}
+
+
+def look_message(feature: str, tensor_name: str) -> str:
+    message = _LOOK_MESSAGES.get((feature, tensor_name))
+    if message is None:
+        message = _LOOK_MESSAGES[(feature, tensor_name)] = (
+            f"Feature={feature}, API=look_at_tensor_before_process: {tensor_name}")
+    return message
 
 
 @register_feature(namespace="transformer_engine")
@@ -64,17 +96,18 @@ class LogTensorStats(ScheduledInspectFeature):
                        tensor: Optional[torch.Tensor] = None, tp_group: Any = None, tp_size: int = 1,
                        rowwise_quantized_tensor: Any = None, columnwise_quantized_tensor: Any = None,
                        quantizer: Any = None) -> None:
-        if not scheduled_now(config, iteration):
+        plan = inspect_plan(config, tensor_name)
+        if not plan.schedule.is_active(iteration):
             return
         x = high_precision_input(layer_name, tensor_name, tensor, rowwise_quantized_tensor)
-        requests, options = feed_arguments(config, tensor_name)
-        reduction = reduction_params(tensor_name, tp_group, tp_size)
-        session().stats.feed(
-            layer_name, tensor_name, requests, x, iteration=iteration, options=options,
-            reduction_group=reduction.reduction_group, skip_reduction=reduction.skip_reduction,
-            is_weight=reduction.is_weight,
-        )
-        log_once(f"Feature={type(self).__name__}, API=look_at_tensor_before_process: {tensor_name}", layer_name)
+        if plan.feed is None:
+            plan.feed = feed_arguments(config, tensor_name)
+        requests, options = plan.feed
+        current = session()
+        group, skip, is_weight = reduction_args(current, tensor_name, tp_group, tp_size)
+        current.stats.feed(layer_name, tensor_name, requests, x, iteration=iteration, options=options,
+                           reduction_group=group, skip_reduction=skip, is_weight=is_weight)
+        log_once(look_message(type(self).__name__, tensor_name), layer_name)
 
 
 def high_precision_input(layer_name: str, tensor_name: str, tensor: Any, rowwise_quantized_tensor: Any

@@ -12,16 +12,24 @@ names (activation, weight, gradient, output, wgrad, dgrad) during a debug iterat
 runs the inspection hooks.  GEMM-output tensors (output, wgrad, dgrad) go through `process_gemm_output` instead.
 
 Every hook is called through the cached namespace object; routing (config lookup) is the namespace's business.
+
+Host cost: a layer builds six DebugQuantizers per GEMM call of a debug iteration.  When, for a (layer, tensor,
+parent or not), every hook but `inspect_tensor_enabled` has a session-constant answer (no feature serves it), the
+first construction stores a *route template* in the session memo (`TEMPLATE_TABLE`); later constructions ask only
+`inspect_tensor_enabled` and copy the plans.  Features observe the same calls either way (the namespace never calls
+a feature for those constant answers); a hook overridden on the namespace instance, or a stand-in installed as
+``debug_api.transformer_engine``, disables templates, so it sees every call.
 """
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 
 from tedebug import debug_api
 from tedebug.config.parsing import GEMMS_OF_TENSOR
+from tedebug.namespace import HOOKS, TE_NAMESPACE
 from tedebug.quantization.tensor import QuantizedTensor, Quantizer
 
 #: plan constants; their values are the strings written in the plan log lines.
@@ -64,6 +72,50 @@ def _min_next(a: Optional[int], b: Optional[int]) -> Optional[int]:
     return min(a, b)
 
 
+#: the one hook a route template still asks at every construction (schedule-driven: its answer varies)
+_LIVE_HOOK = "inspect_tensor_enabled"
+#: the attributes `_route` fixes besides `inspect_tensor_enabled`, copied from a route template
+_TEMPLATE_ATTRS = ("rowwise_tensor_plan", "columnwise_tensor_plan", "rowwise_postquantize_enabled",
+                   "columnwise_postquantize_enabled")
+#: the session memo table of route templates, keyed by (layer, tensor, parent is not None)
+TEMPLATE_TABLE = "DebugQuantizer.route_templates"
+
+
+class RouteTemplate(NamedTuple):
+    """What `_route` found for one (layer, tensor, parent or not) when every hook but `inspect_tensor_enabled` had
+    a session-constant answer (no feature serves it: the namespace's `unrouted_answer`)."""
+
+    attrs: Dict[str, Any]  # the `_TEMPLATE_ATTRS` values
+
+
+_DEBUG_API_ATTRS = vars(debug_api)
+_UNSET = object()
+
+
+def te_namespace():
+    """``debug_api.transformer_engine``: a module attribute set on `debug_api` (a test's spy) first, as attribute
+    lookup does, else the module's ``__getattr__`` (the session's namespace; RuntimeError when not initialised)."""
+    api = _DEBUG_API_ATTRS.get("transformer_engine", _UNSET)
+    if api is _UNSET:
+        current = debug_api.DEBUG_MANAGER
+        api = current.namespaces.get(TE_NAMESPACE, _UNSET) if current is not None else _UNSET
+        if api is _UNSET:
+            return debug_api.transformer_engine
+    return api
+
+
+def route_templates(api) -> Optional[dict]:
+    """The active session's route-template table, or None when templates may not be used: `api` is not the
+    session's own `transformer_engine` namespace (a spy or wrapper sees every call), or a hook is overridden on
+    the namespace instance (an override is always called)."""
+    current = debug_api.DEBUG_MANAGER
+    if current is None or current.namespaces.get(TE_NAMESPACE) is not api:
+        return None
+    if not api.__dict__.keys().isdisjoint(HOOKS):
+        return None
+    return current.memo(TEMPLATE_TABLE)
+
+
 class DebugQuantizer(Quantizer):
     """Quantizer used in place of a layer's normal quantizer for one tensor during a debug iteration.
 
@@ -76,34 +128,50 @@ class DebugQuantizer(Quantizer):
     def __init__(self, layer_name: str, tensor_name: str, parent_quantizer: Optional[Quantizer], tp_group,
                  tp_size: int = 1) -> None:
         super().__init__(rowwise=True, columnwise=True)
-        if tensor_name not in GEMMS_OF_TENSOR:
+        gemms = GEMMS_OF_TENSOR.get(tensor_name)
+        if gemms is None:
             raise ValueError(
                 f"DebugQuantizer for layer {layer_name!r}: unknown tensor name {tensor_name!r}; "
                 f"expected one of {sorted(GEMMS_OF_TENSOR)}"
             )
-        if parent_quantizer is not None and not isinstance(parent_quantizer, Quantizer):
-            raise TypeError(
-                f"DebugQuantizer for {layer_name!r}/{tensor_name}: parent_quantizer must be a Quantizer or None, "
-                f"got {type(parent_quantizer).__name__}"
-            )
-        if getattr(parent_quantizer, "is_debug", False):
-            raise TypeError(f"DebugQuantizer for {layer_name!r}/{tensor_name}: the parent is already a DebugQuantizer")
+        if parent_quantizer is not None:
+            if not isinstance(parent_quantizer, Quantizer):
+                raise TypeError(
+                    f"DebugQuantizer for {layer_name!r}/{tensor_name}: parent_quantizer must be a Quantizer or None, "
+                    f"got {type(parent_quantizer).__name__}"
+                )
+            if getattr(parent_quantizer, "is_debug", False):
+                raise TypeError(
+                    f"DebugQuantizer for {layer_name!r}/{tensor_name}: the parent is already a DebugQuantizer")
         self.layer_name = layer_name
         self.tensor_name = tensor_name
         self.parent_quantizer = parent_quantizer
         self.tp_group = tp_group
         self.tp_size = tp_size
-        self.rowwise_gemm_name, self.columnwise_gemm_name = GEMMS_OF_TENSOR[tensor_name]
+        self.rowwise_gemm_name, self.columnwise_gemm_name = gemms
         self.iteration = debug_api.get_iteration()
-        self._api = debug_api.transformer_engine
+        api = self._api = te_namespace()
         # the namespace's known-answer shortcut; absent on stand-ins (spies, wrappers), which see every call
-        self._known_answer = getattr(type(self._api), "known_answer", None)
+        self._known_answer = getattr(type(api), "known_answer", None)
         self._next_debug_iter: Optional[int] = None
         if parent_quantizer is not None:
             # Full tensor objects in the usual layout: debug features may run any op on them.
             parent_quantizer.internal = False
             parent_quantizer.optimize_for_gemm = False
-        self._route()
+        templates = route_templates(api) if self._known_answer is not None else None
+        if templates is None:
+            self._route()
+            return
+        key = (layer_name, tensor_name, parent_quantizer is not None)
+        template = templates.get(key)
+        if template is not None:
+            self._route_from(template)
+            return
+        asked: List[Tuple[str, Optional[str], Optional[str], Optional[int]]] = []
+        self._route(asked)
+        template = self._make_template(api, asked)
+        if template is not None:
+            templates[key] = template
 
     # ------------------------------------------------------------------ construction-time routing
     @property
@@ -111,47 +179,75 @@ class DebugQuantizer(Quantizer):
         """True for GEMM outputs (output, wgrad, dgrad): only `process_gemm_output` applies."""
         return self.columnwise_gemm_name is None
 
-    def _ask(self, hook: str, **kwargs) -> bool:
+    def _ask(self, hook: str, gemm: Optional[str] = None, tensor_name: Optional[str] = None,
+             asked: Optional[list] = None) -> bool:
         """Call a `*_enabled` hook, fold its next iteration into `_next_debug_iter`, return the bool.
 
-        After the first call for a (layer, gemm, tensor), the namespace answers without calling the features when
-        none serves the hook (its constant default) or when the serving features answer from their schedules
-        alone (`TransformerEngineNamespace.known_answer`).
+        The hook gets ``gemm`` / ``tensor_name`` when given (not None).  After the first call for a (layer, gemm,
+        tensor), the namespace answers without calling the features when none serves the hook (its constant
+        default) or when the serving features answer from their schedules alone
+        (`TransformerEngineNamespace.known_answer`).  `asked` (when given) receives ``(hook, gemm, tensor_name,
+        next)`` for the route template.
         """
         known = self._known_answer
-        result = None if known is None else known(self._api, hook, self.layer_name, kwargs.get("gemm"),
-                                                  kwargs.get("tensor_name"), self.iteration)
+        result = None if known is None else known(self._api, hook, self.layer_name, gemm, tensor_name,
+                                                  self.iteration)
         if result is None:
+            kwargs = {}
+            if gemm is not None:
+                kwargs["gemm"] = gemm
+            if tensor_name is not None:
+                kwargs["tensor_name"] = tensor_name
             result = getattr(self._api, hook)(self.layer_name, iteration=self.iteration, **kwargs)
         enabled, nxt = enabled_and_next(result, self.iteration, hook=hook, layer_name=self.layer_name)
         self._next_debug_iter = _min_next(self._next_debug_iter, nxt)
+        if asked is not None:
+            asked.append((hook, gemm, tensor_name, nxt))
         return enabled
 
-    def _plan(self, gemm: str) -> str:
+    def _plan(self, gemm: str, asked: Optional[list]) -> str:
         """Plan of one direction: modify > Quantize (parent exists and quantized GEMM enabled) > High Precision."""
-        if self._ask("modify_tensor_enabled", gemm=gemm, tensor_name=self.tensor_name):
+        if self._ask("modify_tensor_enabled", gemm, self.tensor_name, asked):
             return API_CALL_MODIFY
-        if self.parent_quantizer is not None and self._ask("fp8_gemm_enabled", gemm=gemm):
+        if self.parent_quantizer is not None and self._ask("fp8_gemm_enabled", gemm, None, asked):
             return STANDARD_QUANTIZE
         return HIGH_PRECISION
 
-    def _route(self) -> None:
-        self.inspect_tensor_enabled = self._ask("inspect_tensor_enabled", tensor_name=self.tensor_name)
+    def _route(self, asked: Optional[list] = None) -> None:
+        """Ask every `*_enabled` hook of this tensor and fix the plans (hook order: spec E.2)."""
+        self.inspect_tensor_enabled = self._ask("inspect_tensor_enabled", None, self.tensor_name, asked)
         if self.is_output_type:
-            modify = self._ask("modify_tensor_enabled", gemm=self.rowwise_gemm_name, tensor_name=self.tensor_name)
+            modify = self._ask("modify_tensor_enabled", self.rowwise_gemm_name, self.tensor_name, asked)
             self.rowwise_tensor_plan = API_CALL_MODIFY if modify else HIGH_PRECISION
             self.columnwise_tensor_plan = None
             self.rowwise_postquantize_enabled = self.columnwise_postquantize_enabled = False
             return
         self.rowwise_postquantize_enabled = self._ask(
-            "inspect_tensor_postquantize_enabled", tensor_name=self.tensor_name, gemm=self.rowwise_gemm_name
-        )
+            "inspect_tensor_postquantize_enabled", self.rowwise_gemm_name, self.tensor_name, asked)
         self.columnwise_postquantize_enabled = self._ask(
-            "inspect_tensor_postquantize_enabled", tensor_name=self.tensor_name, gemm=self.columnwise_gemm_name
-        )
-        self.rowwise_tensor_plan = self._plan(self.rowwise_gemm_name)
-        self.columnwise_tensor_plan = self._plan(self.columnwise_gemm_name)
+            "inspect_tensor_postquantize_enabled", self.columnwise_gemm_name, self.tensor_name, asked)
+        self.rowwise_tensor_plan = self._plan(self.rowwise_gemm_name, asked)
+        self.columnwise_tensor_plan = self._plan(self.columnwise_gemm_name, asked)
         self._log_plans()
+
+    def _make_template(self, api, asked: list) -> Optional["RouteTemplate"]:
+        """The route template of this (layer, tensor, parent or not) after a full `_route`, or None when a hook other
+        than `inspect_tensor_enabled` is served by a feature (its answer may change, so every construction asks
+        again).  The constant answers (the spec defaults) name no next iteration, so they add nothing to
+        `_next_debug_iter`."""
+        for hook, gemm, tensor_name, nxt in asked:
+            if hook == _LIVE_HOOK:
+                continue
+            if nxt is not None or api.unrouted_answer(hook, self.layer_name, gemm, tensor_name) is None:
+                return None
+        return RouteTemplate({name: getattr(self, name) for name in _TEMPLATE_ATTRS})
+
+    def _route_from(self, template: "RouteTemplate") -> None:
+        """`_route` for a tensor whose hooks, but `inspect_tensor_enabled`, have session-constant answers: ask that
+        one hook (as `_route` would: through the namespace's known answer or a call), copy the rest.  Its plan
+        lines were written by the construction that made the template."""
+        self.inspect_tensor_enabled = self._ask(_LIVE_HOOK, None, self.tensor_name)
+        self.__dict__.update(template.attrs)
 
     def _log_plans(self) -> None:
         """The plan lines of both directions (written once per session and distinct line; the session memo skips
@@ -296,6 +392,8 @@ class DebugQuantizer(Quantizer):
                 tp_group=self.tp_group, tp_size=self.tp_size, rowwise_quantized_tensor=rowwise,
                 columnwise_quantized_tensor=columnwise, quantizer=self.parent_quantizer,
             )
+        if not (self.rowwise_postquantize_enabled or self.columnwise_postquantize_enabled):
+            return
         for operand, plan, enabled, is_rowwise in (
             (rowwise, self.rowwise_tensor_plan, self.rowwise_postquantize_enabled, True),
             (columnwise, self.columnwise_tensor_plan, self.columnwise_postquantize_enabled, False),

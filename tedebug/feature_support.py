@@ -7,19 +7,23 @@
 - scheduling: `scheduled_enabled` answers `inspect_tensor_enabled` from the schedule keys and (for statistics
   features) records the layer's next enabled iteration in the stats engine; `scheduled_now` re-checks a feature's
   own schedule in `inspect_tensor`; `schedule_options` is the buffer-key part of F.5;
-- `reduction_params`: the reduction group / skip flag / weight flag of spec F.6;
+- `reduction_params`: the reduction group / skip flag / weight flag of spec F.6 (`reduction_args`: the same as a
+  plain tuple, for the hot path);
 - the quantized-statistic grammar ``[<recipe>_]<stat>[_columnwise]`` of LogFp8TensorStats (`parse_fp8_stat`);
 - `storage_for`: the quantized storage behind one direction of a GEMM operand (hybrids unwrapped);
 - `sanitize_name`: file-name-safe layer / tensor names for tensor dumps;
 - `log_once`: a main-log message written once per (layer, message);
 - session memos: `exact_key` (a hashable key equal only for equal, same-typed config values) and `memoized`,
   through which the per-call work that depends only on the config (schedules, statistic requests, buffer-key
-  options) is done once per session (the memo tables live in the `DebugSession` and die with it).
+  options) is done once per session (the memo tables live in the `DebugSession` and die with it);
+  `config_memoized` finds such a value by the config object's identity (checking, at every call, that the config
+  still holds the very same immutable values), which is cheaper than building the content key on every call.
 """
 
 from __future__ import annotations
 
 import logging
+import operator
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Hashable, Iterator, Optional, Sequence, Tuple
 
@@ -236,6 +240,63 @@ def memoized(table: str, key_parts: Any, compute: Callable[[], Any]) -> Any:
         return value
 
 
+#: value types `config_memoized` can check by identity: holding the very same object means holding the same content
+_IMMUTABLE_TYPES = frozenset((str, int, float, bool, type(None)))
+#: entries a `config_memoized` table keeps before it starts over (callers passing a new dict every call)
+CONFIG_MEMO_SIZE = 4096
+
+
+def _same_items(pair: tuple) -> bool:
+    """True when list ``pair[0]`` still holds exactly the objects ``pair[1]`` (a tuple taken from it)."""
+    current, items = pair
+    return len(current) == len(items) and all(map(operator.is_, current, items))
+
+
+def _identity_checkable(values: tuple) -> Optional[tuple]:
+    """``(list, tuple of its items)`` for each list among `values` when every value is immutable or a list of
+    immutable items (then holding the very same objects means holding the same content); None otherwise."""
+    lists = []
+    for value in values:
+        if type(value) is list:
+            items = tuple(value)
+            if not all(type(item) in _IMMUTABLE_TYPES for item in items):
+                return None
+            lists.append((value, items))
+        elif type(value) not in _IMMUTABLE_TYPES:
+            return None
+    return tuple(lists)
+
+
+def config_memoized(table: str, config: dict, keys: Tuple[str, ...], extra: Hashable,
+                    compute: Callable[[], Any]) -> Any:
+    """``compute()``, memoised in the active session's memo `table` for this very `config` object (and `extra`).
+
+    For the hot path, which sees the same parsed config objects call after call: the entry is found by the
+    config's identity and served only while `config` holds the very same objects under `keys` (a list value: the
+    same list holding the same items), all of them immutable - so a mutated config is computed afresh, and a config
+    holding a mutable value under `keys` (a dict, a nested list) is never stored.  `compute` must depend only on
+    `config`'s values under `keys` and on `extra`; going itself through the content-keyed `memoized`, it returns the
+    same object either way.  Without an active session it is simply called; a call that raises stores nothing.
+    """
+    current = debug_api.DEBUG_MANAGER
+    if current is None:
+        return compute()
+    memo = current.memo(table)
+    values = tuple(map(config.get, keys))
+    key = (id(config), extra)
+    entry = memo.get(key)
+    if (entry is not None and entry[0] is config and all(map(operator.is_, values, entry[1]))
+            and all(map(_same_items, entry[2]))):
+        return entry[3]
+    value = compute()
+    lists = _identity_checkable(values)
+    if lists is not None:
+        if len(memo) >= CONFIG_MEMO_SIZE:
+            memo.clear()
+        memo[key] = (config, values, lists, value)  # holds `config`: its id is not reused while the entry lives
+    return value
+
+
 def log_once(message: str, layer_name: Optional[str] = None, level: int = logging.INFO) -> None:
     """Write `message` to the main log once per (layer, message) in this session."""
     session().log_message(message, layer_name, level)
@@ -282,7 +343,12 @@ def _schedule_values(config: dict) -> tuple:
 
 
 def cached_schedule(config: dict) -> Schedule:
-    """`Schedule.from_config(config)`, parsed once per session for each distinct set of schedule values."""
+    """`Schedule.from_config(config)`, parsed once per session for each distinct set of schedule values (and found
+    by the config object's identity while it holds the same values)."""
+    return config_memoized("schedule.by_config", config, SCHEDULE_KEYS, None, lambda: _content_schedule(config))
+
+
+def _content_schedule(config: dict) -> Schedule:
     return memoized("schedule", _schedule_values(config), lambda: Schedule.from_config(config))
 
 
@@ -304,12 +370,17 @@ class ReductionParams:
 def reduction_params(tensor_name: str, tp_group: Any, tp_size: Optional[int]) -> ReductionParams:
     """Non-weight tensors: the session's reduction group (None = world).  Weights: the layer's TP group when
     `weight_tensor_tp_group_reduce` is on and tp_size > 1 (no group -> no reduction); otherwise no reduction."""
-    current = session()
+    return ReductionParams(*reduction_args(session(), tensor_name, tp_group, tp_size))
+
+
+def reduction_args(current: Any, tensor_name: str, tp_group: Any, tp_size: Optional[int]) -> Tuple[Any, bool, bool]:
+    """`reduction_params` of session `current` as a plain ``(reduction_group, skip_reduction, is_weight)`` tuple
+    (the hot path's form)."""
     if tensor_name != "weight":
-        return ReductionParams(current.reduction_group, False, False)
+        return current.reduction_group, False, False
     if current.weight_tensor_tp_group_reduce and (tp_size or 1) > 1 and tp_group is not None:
-        return ReductionParams(tp_group, False, True)
-    return ReductionParams(None, True, True)
+        return tp_group, False, True
+    return None, True, True
 
 
 # ------------------------------------------------------------------------------------------------ quantized stats

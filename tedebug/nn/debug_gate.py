@@ -81,15 +81,18 @@ class LayerDebugState:
 
     def _build(self, layer_name: str, quantizers: Mapping[str, object], tp_group,
                tp_size: int) -> Optional[Dict[str, DebugQuantizer]]:
-        unknown = set(quantizers) - _ROLES
-        if unknown:
+        if not _ROLES.issuperset(quantizers):
+            unknown = set(quantizers) - _ROLES
             raise KeyError(f"LayerDebugState for layer {layer_name!r}: unknown quantizer roles {sorted(unknown)}; "
                            f"expected a subset of {sorted(_ROLES)}")
-        result = {role: DebugQuantizer(layer_name, tensor, quantizers.get(role), tp_group, tp_size)
-                  for role, tensor in ROLE_TO_TENSOR}
-        nexts = [q.get_next_debug_iter() for q in result.values()]
-        nexts = [n for n in nexts if n is not None]
-        self.next_iter = min(nexts) if nexts else None
+        result = {}
+        next_iter = None
+        for role, tensor in ROLE_TO_TENSOR:
+            q = result[role] = DebugQuantizer(layer_name, tensor, quantizers.get(role), tp_group, tp_size)
+            nxt = q.get_next_debug_iter()
+            if nxt is not None and (next_iter is None or nxt < next_iter):
+                next_iter = nxt
+        self.next_iter = next_iter
         if not any(q.any_feature_enabled() for q in result.values()):
             return None
         return result
