@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import weakref
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
@@ -281,7 +282,27 @@ def scale_inv_partials(q, usage):
     return torch_ref.scale_inv_partials(q, usage)
 
 
-def _attach_fused(q, x: torch.Tensor, per_usage: Dict[str, Dict[str, torch.Tensor]]) -> None:
+class FusedStats(Mapping):
+    """Statistic name -> 0-d view of a kernel's float64 statistics vector, made only when a statistic is read (most
+    quantizations are never measured, and a view costs a tensor op)."""
+
+    __slots__ = ("_vector", "_index")
+
+    def __init__(self, vector: torch.Tensor, index: Dict[str, int]) -> None:
+        self._vector = vector
+        self._index = index
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self._vector[self._index[key]]
+
+    def __iter__(self):
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+
+def _attach_fused(q, x: torch.Tensor, per_usage: Dict[str, Mapping]) -> None:
     q._fused_error_stats = {"source": weakref.ref(x), "version": x._version, **per_usage}
 
 
@@ -360,6 +381,10 @@ def _mxfp8_quantize16(x2d: torch.Tensor, fp8_format: str, rowwise: bool, columnw
     return row_codes, row_scales, col_codes, col_scales, stats
 
 
+_MX_ROW_STATS = {"underflows_num": 0, "sq_err": 1}
+_MX_COL_STATS = {"underflows_num": 2, "sq_err": 3}
+
+
 def mxfp8_quantize(quantizer, tensor: torch.Tensor):
     """Kernel version of `MXFP8Quantizer._quantize` (same MXFP8Tensor fields, bit for bit)."""
     from tedebug.quantization.mxfp8 import MXFP8Tensor, _check_input, check_mxfp8_shape
@@ -374,10 +399,10 @@ def mxfp8_quantize(quantizer, tensor: torch.Tensor):
     fused = {}
     if quantizer.rowwise_usage:
         out.rowwise_data, out.rowwise_scale_inv = rc.reshape(tensor.shape), rs
-        fused["rowwise"] = {"underflows_num": stats[0], "sq_err": stats[1]}
+        fused["rowwise"] = FusedStats(stats, _MX_ROW_STATS)
     if quantizer.columnwise_usage:
         out.columnwise_data, out.columnwise_scale_inv = cc.reshape(tensor.shape), cs
-        fused["columnwise"] = {"underflows_num": stats[2], "sq_err": stats[3]}
+        fused["columnwise"] = FusedStats(stats, _MX_COL_STATS)
     _attach_fused(out, tensor, fused)
     return out
 
@@ -450,51 +475,55 @@ def fp8_scale_inv(scale: torch.Tensor) -> torch.Tensor:
 def fp8_cast_transpose_raw(x2d: torch.Tensor, scale: torch.Tensor, scale_inv: torch.Tensor, fp8_format: str,
                            rowwise: bool, columnwise: bool):
     """(row codes [M, K] or None, col codes [K, M] or None, stats float64[3] = (underflows, Σerr², overflows))."""
+    x2d = prepare_input(x2d)
+    return _cast_transpose(x2d, scale.data_ptr(), scale_inv.data_ptr(), fp8_format, rowwise, columnwise)
+
+
+def _cast_transpose(x2d: torch.Tensor, scale_ptr: int, scale_inv_ptr: int, fp8_format: str, rowwise: bool,
+                    columnwise: bool):
+    """`fp8_cast_transpose_raw` of a prepared (contiguous, aligned) [M, K] tensor, with device addresses of the fp32
+    scale and scale_inv: the single-launch bf16 / fp16 kernel when M % 64 == 0 and K % 128 == 0, else the general
+    kernel (per-block partials summed by a second launch)."""
     from tedebug.quantization.formats import FP8_MAX
 
-    x2d = prepare_input(x2d)
     m, k = x2d.shape
     dev = x2d.device
-    if x2d.dtype in _SIXTEEN_BIT and m % 64 == 0 and k % 128 == 0 and m > 0 and k > 0:
-        return _cast_transpose16(x2d, scale, scale_inv, fp8_format, rowwise, columnwise)
-    tiles = ((m + 63) // 64) * ((k + 63) // 64)
-    grid = max(1, min(BLOCKS_PER_SM * _sm_count(dev.index), tiles))
     row = torch.empty((m, k), dtype=torch.uint8, device=dev) if rowwise else None
     col = torch.empty((k, m), dtype=torch.uint8, device=dev) if columnwise else None
-    partial = torch.empty((grid, 3), dtype=torch.float64, device=dev)
     stats = torch.empty(3, dtype=torch.float64, device=dev)
+    codes = (row.data_ptr() if row is not None else 0, col.data_ptr() if col is not None else 0)
+    head = (x2d.data_ptr(), np.int64(m), np.int64(k), scale_ptr, scale_inv_ptr, np.float32(FP8_MAX[fp8_format]),
+            np.int32(rowwise), np.int32(columnwise)) + codes
+    if x2d.dtype in _SIXTEEN_BIT and m % 64 == 0 and k % 128 == 0 and m > 0 and k > 0:
+        grid = max(1, min(CT_BLOCKS_PER_SM * _sm_count(_device_index(dev)), (m // 64) * (k // 128)))
+        partials, tickets = _workspace(dev)
+        kernel = get_kernel("fp8_tensor.cu", "ted_fp8_cast_transpose16", _dtype_options(x2d, fp8_format))
+        _launch(kernel, grid, THREADS, head + (partials, _ticket(tickets, "cast"), stats.data_ptr()), dev)
+        return row, col, stats
+    grid = max(1, min(BLOCKS_PER_SM * _sm_count(_device_index(dev)), ((m + 63) // 64) * ((k + 63) // 64)))
+    partial = torch.empty((grid, 3), dtype=torch.float64, device=dev)
     kernel = get_kernel("fp8_tensor.cu", "ted_fp8_cast_transpose", _dtype_options(x2d, fp8_format))
-    args = (
-        x2d.data_ptr(), np.int64(m), np.int64(k), scale.data_ptr(), scale_inv.data_ptr(),
-        np.float32(FP8_MAX[fp8_format]), np.int32(rowwise), np.int32(columnwise),
-        row.data_ptr() if row is not None else 0, col.data_ptr() if col is not None else 0, partial.data_ptr(),
-    )
-    _launch(kernel, grid, THREADS, args, dev)
+    _launch(kernel, grid, THREADS, head + (partial.data_ptr(),), dev)
     _sum_columns(partial, stats)
     return row, col, stats
 
 
-def _cast_transpose16(x2d, scale, scale_inv, fp8_format: str, rowwise: bool, columnwise: bool):
-    """The single-launch bf16 / fp16 cast + transpose (M % 64 == 0, K % 128 == 0)."""
-    from tedebug.quantization.formats import FP8_MAX
+_FP8_STATS = {"underflows_num": 0, "sq_err": 1, "overflows_num": 2}
 
-    m, k = x2d.shape
-    dev = x2d.device
-    tiles = (m // 64) * (k // 128)
-    grid = max(1, min(CT_BLOCKS_PER_SM * _sm_count(_device_index(dev)), tiles))
-    row = torch.empty((m, k), dtype=torch.uint8, device=dev) if rowwise else None
-    col = torch.empty((k, m), dtype=torch.uint8, device=dev) if columnwise else None
-    stats = torch.empty(3, dtype=torch.float64, device=dev)
-    partials, tickets = _workspace(dev)
-    kernel = get_kernel("fp8_tensor.cu", "ted_fp8_cast_transpose16", _dtype_options(x2d, fp8_format))
-    args = (
-        x2d.data_ptr(), np.int64(m), np.int64(k), scale.data_ptr(), scale_inv.data_ptr(),
-        np.float32(FP8_MAX[fp8_format]), np.int32(rowwise), np.int32(columnwise),
-        row.data_ptr() if row is not None else 0, col.data_ptr() if col is not None else 0,
-        partials, _ticket(tickets, "cast"), stats.data_ptr(),
+
+def _float8_result(quantizer, tensor: torch.Tensor, row, col, stats: torch.Tensor, scale_inv: torch.Tensor):
+    """The Float8Tensor of a cast + transpose, with its fused statistics attached."""
+    from tedebug.quantization.float8 import Float8Tensor
+
+    out = Float8Tensor(
+        tensor.shape, tensor.dtype, tensor.device, quantizer, fp8_format=quantizer.fp8_format,
+        scale_inv=scale_inv, rowwise_data=row.reshape(tensor.shape) if row is not None else None,
+        columnwise_data=col,
     )
-    _launch(kernel, grid, THREADS, args, dev)
-    return row, col, stats
+    per = FusedStats(stats, _FP8_STATS)
+    _attach_fused(out, tensor, {u: per for u, on in (("rowwise", quantizer.rowwise_usage),
+                                                     ("columnwise", quantizer.columnwise_usage)) if on})
+    return out
 
 
 def fp8_quantize(quantizer, tensor: torch.Tensor, scale: torch.Tensor, scale_inv: Optional[torch.Tensor] = None):
@@ -502,33 +531,38 @@ def fp8_quantize(quantizer, tensor: torch.Tensor, scale: torch.Tensor, scale_inv
 
     `scale_inv` (0-d fp32 on the device, = 1 / scale) is computed here when not given.
     """
-    from tedebug.quantization.float8 import Float8Tensor
     from tedebug.quantization.tensor import matrix_shape
 
     m, k = matrix_shape(tensor.shape)
-    scale = scale.detach().float().reshape(()).to(tensor.device).contiguous()
+    if not (scale.dtype is torch.float32 and scale.dim() == 0 and scale.device == tensor.device
+            and not scale.requires_grad and scale.is_contiguous()):
+        scale = scale.detach().float().reshape(()).to(tensor.device).contiguous()
     if scale_inv is None:
         scale_inv = fp8_scale_inv(scale)
-    row, col, stats = fp8_cast_transpose_raw(
-        tensor.detach().reshape(m, k), scale, scale_inv, quantizer.fp8_format,
-        quantizer.rowwise_usage, quantizer.columnwise_usage,
-    )
-    out = Float8Tensor(
-        tensor.shape, tensor.dtype, tensor.device, quantizer, fp8_format=quantizer.fp8_format,
-        scale_inv=scale_inv, rowwise_data=row.reshape(tensor.shape) if row is not None else None,
-        columnwise_data=col,
-    )
-    per = {"underflows_num": stats[0], "sq_err": stats[1], "overflows_num": stats[2]}
-    _attach_fused(out, tensor, {u: per for u, on in (("rowwise", quantizer.rowwise_usage),
-                                                     ("columnwise", quantizer.columnwise_usage)) if on})
-    return out
+    x2d = prepare_input(tensor).view(m, k)
+    row, col, stats = _cast_transpose(x2d, scale.data_ptr(), scale_inv.data_ptr(), quantizer.fp8_format,
+                                      quantizer.rowwise_usage, quantizer.columnwise_usage)
+    return _float8_result(quantizer, tensor, row, col, stats, scale_inv)
 
 
 def fp8_current_quantize(quantizer, tensor: torch.Tensor):
-    """Kernel version of `Float8CurrentScalingQuantizer._quantize`: amax + scale (one launch), cast + transpose."""
-    _, scale, scale_inv = fp8_amax_scale(tensor, quantizer.fp8_format, quantizer.amax_epsilon,
-                                         quantizer.force_pow_2_scales)
-    return fp8_quantize(quantizer, tensor, scale, scale_inv)
+    """Kernel version of `Float8CurrentScalingQuantizer._quantize`: amax + scale (one launch), cast + transpose.
+
+    The cast reads the scale and scale_inv the first launch wrote, by address: no tensor op in between."""
+    from tedebug.quantization.tensor import matrix_shape
+
+    x = prepare_input(tensor)
+    if x.numel() == 0:
+        _, scale, scale_inv = fp8_amax_scale(tensor, quantizer.fp8_format, quantizer.amax_epsilon,
+                                             quantizer.force_pow_2_scales)
+        return fp8_quantize(quantizer, tensor, scale, scale_inv)
+    vec = torch.empty(3, dtype=torch.float32, device=x.device)  # amax, scale, scale_inv
+    _amax_launch(x, vec, quantizer.fp8_format, quantizer.amax_epsilon, quantizer.force_pow_2_scales)
+    m, k = matrix_shape(tensor.shape)
+    base = vec.data_ptr()
+    row, col, stats = _cast_transpose(x.view(m, k), base + 4, base + 8, quantizer.fp8_format,
+                                      quantizer.rowwise_usage, quantizer.columnwise_usage)
+    return _float8_result(quantizer, tensor, row, col, stats, vec[2])
 
 
 def fp8_delayed_quantize(quantizer, tensor: torch.Tensor):
