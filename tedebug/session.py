@@ -21,10 +21,11 @@ by `debug_api.add_statistics_sink` before initialize, the default text statistic
 `statistics_logger` is given; tedebug attaches both.)
 
 Background logging (`background_logging`, default True): the session's `MetricLogger` writes tedebug's own sinks
-(text statistics file, JSONL, TensorBoard) on one writer thread (`tedebug.sinks.background`), so `step()` only
-hands the finished iteration's statistics over.  Guarantee: after `debug_api.step()` returns for iteration N,
-iteration N-1 (and everything before it) is on disk; iteration N is on disk within the writer's time, or at the
-latest at `end_debug()` / `flush()` / interpreter exit (the atexit handler of `tedebug.debug_api` calls `flush()`,
+(text statistics file, JSONL, TensorBoard) on one writer thread (`tedebug.sinks.background`): `step()` for
+iteration N hands iteration N-1's statistics to it first and lets it write them while the statistics engine waits
+for iteration N's GPU work (the GIL released), so the writer does not compete with the training loop.  Guarantee:
+after `debug_api.step()` returns for iteration N, iteration N-1 (and everything before it) is on disk; iteration N
+is written during the next `step()`, or at `end_debug()` / `flush()` / interpreter exit (the atexit handler of `tedebug.debug_api` calls `flush()`,
 which drains the writer; an uncaught exception in iteration N+1 therefore still leaves iteration N on disk; a
 fatal signal or ``os._exit`` does not run it).  Sinks supplied by the user (`statistics_logger`, queued sinks) are
 called in the caller's thread unless they are `Sink` subclasses declaring ``thread_safe = True``.  With
@@ -126,13 +127,23 @@ class DebugSession:
 
     # ------------------------------------------------------------------ lifecycle
     def step(self) -> None:
-        """Advance the iteration, then let each namespace finish the previous one (stats emitted), then flush (in
-        background mode: hand the statistics to the writer thread)."""
+        """Advance the iteration, then let each namespace finish the previous one (stats emitted), then flush.
+
+        Background mode: the previous step's statistics go to the writer thread first, so it writes them while the
+        statistics engine waits for this step's GPU work (with the GIL released) rather than competing with the
+        training loop for the GIL; this step's statistics wait for the next step() (or `flush()` / `end_debug()` /
+        exit).  When step() returns, the previous step's statistics are on disk."""
         finished = self.iteration
         self.iteration += 1
+        background = self.metric_logger.background
+        if background:
+            self.metric_logger.flush()
         for namespace in self.namespaces.values():
             namespace.step(finished)
-        self.metric_logger.flush()
+        if background:
+            self.metric_logger.wait_written()
+        else:
+            self.metric_logger.flush()
         self.text_log.flush()
 
     def flush(self) -> None:

@@ -244,18 +244,8 @@ def test_close_drains_the_batch_in_flight(tmp_path):
 # ------------------------------------------------------------------------------------------------ exit drain
 CRASH_SCRIPT = textwrap.dedent("""
     import atexit, json, os, sys, threading
+    import torch
     from tedebug import debug_api
-    from tedebug.sinks import Sink
-
-    gate = threading.Event()
-
-    class Gate(Sink):  # holds the writer on iteration 2 until interpreter exit
-        thread_safe = True
-        def log_scalar(self, *args, **kwargs):
-            pass
-        def log_scalars(self, records):
-            if any(r[2] == 2 for r in records):
-                gate.wait()
 
     def report():  # registered before tedebug's handler, so it runs after it: is everything on disk by then?
         with open(os.path.join(sys.argv[1], "tedebug_statistics", "metrics_globalrank-0.jsonl")) as f:
@@ -264,13 +254,13 @@ CRASH_SCRIPT = textwrap.dedent("""
         print("AT EXIT", json.dumps({"iterations": iterations, "writer_threads": writers}))
 
     atexit.register(report)
-    debug_api.add_statistics_sink(Gate())  # queued sinks come before the text and JSONL files
     debug_api.initialize("", log_dir=sys.argv[1])
-    atexit.register(gate.set)  # registered after tedebug's handler, so it runs before it
-    logger = debug_api.session().metric_logger
+    session = debug_api.session()
     for it in range(3):
-        logger.log_scalars([("L_activation_max", it + 0.5, it, "L", "activation", "max")])
+        session.stats.feed("L", "activation", ["max"], torch.tensor([1.0, 2.0]) + it, iteration=it)
         debug_api.step()
+    with open(os.path.join(sys.argv[1], "tedebug_statistics", "metrics_globalrank-0.jsonl")) as f:
+        print("AFTER STEP 2", json.dumps([json.loads(line)["iteration"] for line in f]))
     raise RuntimeError("crash in iteration 3")
 """)
 
@@ -280,14 +270,16 @@ def test_crash_after_step_leaves_the_stepped_iterations_on_disk(tmp_path):
     done = subprocess.run([sys.executable, "-c", CRASH_SCRIPT, str(tmp_path)], env=env, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 1 and "RuntimeError: crash in iteration 3" in done.stderr, done.stderr
+    after_step = json.loads(done.stdout.split("AFTER STEP 2 ", 1)[1].splitlines()[0])
+    assert after_step[:2] == [0, 1]  # when step() returned for iteration 2, iteration 1 was on disk
     at_exit = json.loads(done.stdout.split("AT EXIT ", 1)[1])
     assert at_exit == {"iterations": [0, 1, 2], "writer_threads": []}  # drained and joined by tedebug's handler
     with open(tmp_path / "tedebug_statistics" / "metrics_globalrank-0.jsonl", encoding="utf-8") as f:
-        assert [(r["iteration"], r["value"]) for r in map(json.loads, f)] == [(0, 0.5), (1, 1.5), (2, 2.5)]
+        assert [(r["iteration"], r["value"]) for r in map(json.loads, f)] == [(0, 2.0), (1, 3.0), (2, 4.0)]
     with open(tmp_path / "nvdlfw_inspect_statistics_logs" / "nvdlfw_inspect_globalrank-0.log",
               encoding="utf-8") as f:
         assert [line.split(" - INFO - ")[1] for line in f.read().splitlines()] == [
-            f"L_activation_max \t\t\t\t iteration={it:06d} \t\t\t\t value={it + 0.5:.4f}" for it in range(3)]
+            f"L_activation_max \t\t\t\t iteration={it:06d} \t\t\t\t value={it + 2.0:.4f}" for it in range(3)]
 
 
 # ------------------------------------------------------------------------------------------------ sync == background

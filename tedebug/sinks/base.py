@@ -187,6 +187,13 @@ class MetricLogger:
             self._hand_over()
         self._raise_writer_error()
 
+    def wait_written(self) -> None:
+        """Background mode: block until the batch handed to the writer is written and flushed (errors re-raised).
+        Synchronous mode: nothing to wait for."""
+        if self._writer is not None:
+            self._writer.wait()
+        self._raise_writer_error()
+
     def drain(self) -> None:
         """`flush()`, then wait until the writer has written and flushed everything and end its thread (a later
         batch starts a new one).  Synchronous mode: the same as `flush()`."""
