@@ -22,8 +22,9 @@ by `debug_api.add_statistics_sink` before initialize, the default text statistic
 
 Background logging (`background_logging`, default True): the session's `MetricLogger` writes tedebug's own sinks
 (text statistics file, JSONL, TensorBoard) on one writer thread (`tedebug.sinks.background`): `step()` for
-iteration N hands iteration N-1's statistics to it first and lets it write them while the statistics engine waits
-for iteration N's GPU work (the GIL released), so the writer does not compete with the training loop.  Guarantee:
+iteration N first has it write iteration N-1's statistics (waiting with the GIL released) while the GPU still runs
+iteration N's kernels, then reads iteration N's statistics back, so the writing overlaps GPU work and never
+competes with the training loop.  Guarantee:
 after `debug_api.step()` returns for iteration N, iteration N-1 (and everything before it) is on disk; iteration N
 is written during the next `step()`, or at `end_debug()` / `flush()` / interpreter exit (the atexit handler of `tedebug.debug_api` calls `flush()`,
 which drains the writer; an uncaught exception in iteration N+1 therefore still leaves iteration N on disk; a
@@ -129,20 +130,20 @@ class DebugSession:
     def step(self) -> None:
         """Advance the iteration, then let each namespace finish the previous one (stats emitted), then flush.
 
-        Background mode: the previous step's statistics go to the writer thread first, so it writes them while the
-        statistics engine waits for this step's GPU work (with the GIL released) rather than competing with the
-        training loop for the GIL; this step's statistics wait for the next step() (or `flush()` / `end_debug()` /
-        exit).  When step() returns, the previous step's statistics are on disk."""
+        Background mode: the previous step's statistics are written first (by the writer thread while this thread
+        waits with the GIL released), which overlaps the GPU still running this step's kernels; then the statistics
+        engine reads this step's rows back and queues them for the next step() (or `flush()` / `end_debug()` /
+        exit).  So the writing neither competes with the training loop for the GIL nor adds to the step when the GPU
+        has that much work queued.  When step() returns, the previous step's statistics are on disk."""
         finished = self.iteration
         self.iteration += 1
         background = self.metric_logger.background
         if background:
             self.metric_logger.flush()
+            self.metric_logger.wait_written()
         for namespace in self.namespaces.values():
             namespace.step(finished)
-        if background:
-            self.metric_logger.wait_written()
-        else:
+        if not background:
             self.metric_logger.flush()
         self.text_log.flush()
 
