@@ -331,19 +331,11 @@ def _read_back(fed: Sequence[StatBuffer]) -> Dict[BufferKey, List[float]]:
     rows, one transfer per slab chunk in use for slab rows; several rows of one buffer are merged here."""
     by_device: Dict[torch.device, List[StatBuffer]] = {}
     slabs: Dict[RowSlab, Optional[List[List[float]]]] = {}
-    devices = set()
     for buffer in fed:
         if buffer.row is not None:
             by_device.setdefault(buffer.row.device, []).append(buffer)
-            devices.add(buffer.row.device)
         for slab, _ in buffer.slab_rows:
             slabs.setdefault(slab, None)
-            devices.add(slab.device)
-    for device in devices:
-        if device.type == "cuda":
-            # Wait for the step's kernels without holding the GIL (torch releases it here), so the background
-            # statistics writer can finish the previous step meanwhile; the copies below then return at once.
-            torch.cuda.current_stream(device).synchronize()
     for slab in slabs:
         slabs[slab] = slab.host_rows()
     host: Dict[BufferKey, List[float]] = {}
