@@ -9,8 +9,8 @@ The switch, in priority order:
 
 Names: ``"auto"`` (kernels for CUDA tensors when CuPy imports, torch otherwise), ``"torch"`` (always the torch
 reference), ``"cupy"`` (always the kernels; a CPU tensor or a missing CuPy is a clear error, never a silent
-fallback).  Formats without a kernel (NVFP4, FP8 block scaling) and inputs the kernels do not take (empty tensors)
-always use the torch reference.
+fallback).  Inputs the kernels do not take (empty tensors, float64, NVFP4 with the random Hadamard transform or a
+shape NVFP4 rejects) always use the torch reference.
 """
 
 from __future__ import annotations
