@@ -76,7 +76,7 @@ class DebugSession:
         self.iteration = iteration
         self.reduction_group = None
         self.weight_tensor_tp_group_reduce = weight_tensor_tp_group_reduce
-        self.stats = StatsEngine(metric_logger, log_message=self.log_message)
+        self.stats = StatsEngine(metric_logger, log_message=self.log_message, flush_at_step=False)
         self.namespaces: Dict[str, Any] = {
             TransformerEngineNamespace.name: TransformerEngineNamespace(self),
             BaseNamespace.name: BaseNamespace(self),

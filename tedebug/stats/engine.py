@@ -36,8 +36,12 @@ _NUMEL_CACHE_SIZE = 1024
 class StatsEngine:
     """Buffers, reduction and emission of statistics for one debug session."""
 
-    def __init__(self, metric_logger, *, log_message: Optional[Callable[..., Any]] = None) -> None:
+    def __init__(self, metric_logger, *, log_message: Optional[Callable[..., Any]] = None,
+                 flush_at_step: bool = True) -> None:
         self.metric_logger = metric_logger
+        #: flush the logger at the end of `step`; False when the owner flushes it itself (`DebugSession.step`
+        #: decides when the background writer runs)
+        self.flush_at_step = flush_at_step
         self.log_message = log_message
         self._store = BufferStore()
         self._next_iter: Dict[str, int] = {}
@@ -235,7 +239,7 @@ class StatsEngine:
             for name, value, iteration, layer, tensor_name, stat in records():
                 self.metric_logger.log_scalar(name, value, iteration, layer=layer, tensor=tensor_name, stat=stat)
         flush = getattr(self.metric_logger, "flush", None)
-        if callable(flush):
+        if self.flush_at_step and callable(flush):
             flush()
 
     def _report_nonfinite(self, buffer: StatBuffer, values: Mapping[Column, float]) -> None:
