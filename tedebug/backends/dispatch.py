@@ -53,11 +53,19 @@ class use_backend:  # noqa: N801 - reads as a function at call sites
         _override = self._previous
 
 
+_env_parsed = ("auto", "auto")  # (raw value of $TEDEBUG_BACKEND, checked name): re-checked only when it changes
+
+
 def requested_backend() -> str:
-    """The backend name in force: `use_backend`'s choice, else ``$TEDEBUG_BACKEND``, else ``"auto"``."""
+    """The backend name in force: `use_backend`'s choice, else ``$TEDEBUG_BACKEND`` (read at every call), else
+    ``"auto"``."""
+    global _env_parsed
     if _override is not None:
         return _override
-    return _check_name(os.environ.get(ENV_VAR, "auto") or "auto", f"environment variable {ENV_VAR}")
+    raw = os.environ.get(ENV_VAR, "auto") or "auto"
+    if raw != _env_parsed[0]:
+        _env_parsed = (raw, _check_name(raw, f"environment variable {ENV_VAR}"))
+    return _env_parsed[1]
 
 
 def cupy_available() -> bool:

@@ -82,7 +82,10 @@ class Schedule:
     def is_active(self, iteration: int) -> bool:
         if iteration % self.freq:
             return False
-        return any(start <= iteration and (end is None or iteration <= end) for start, end in self.intervals)
+        for start, end in self.intervals:  # a plain loop: this runs for every logged tensor
+            if start <= iteration and (end is None or iteration <= end):
+                return True
+        return False
 
     def next_active(self, iteration: int) -> Optional[int]:
         """The first active iteration strictly after `iteration`, or None when there is none."""

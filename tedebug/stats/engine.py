@@ -72,7 +72,8 @@ class StatsEngine:
         requested.  `quantized`: recipe name (``""`` = training recipe) -> QuantizedTensor for quantized stats.
         Empty tensors are ignored; a weight buffer keeps its first feed of the step.
         """
-        key = BufferKey(layer, tensor_name, options if type(options) is tuple else tuple(options))
+        # a plain tuple finds the BufferKey entry (a NamedTuple hashes and compares as its fields)
+        key = (layer, tensor_name, options if type(options) is tuple else tuple(options))
         buffer = self._store.get(key)
         if buffer is not None and stats is buffer.stats_source:
             requests = buffer.requests  # the same immutable stats object as the last feed: already parsed
@@ -84,7 +85,7 @@ class StatsEngine:
         if numel == 0:
             return
         if buffer is None or requests is not buffer.requests:
-            buffer = self._store.get_or_create(key, requests, is_weight=is_weight)
+            buffer = self._store.get_or_create(BufferKey(*key), requests, is_weight=is_weight)
             buffer.stats_source = stats if _immutable_entries(stats) else None
         buffer.is_weight = is_weight
         buffer.iteration = iteration
