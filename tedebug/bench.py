@@ -13,7 +13,7 @@ fraction of copy bandwidth (or, for statistics, the time relative to the x.sum()
 8 x 1024 tokens, bf16, 48 linear GEMMs, high-precision GEMMs so only tedebug's own cost is measured), step time
 (forward, backward, SGD) without debug_api, with an initialised config where nothing is active, and with
 LogTensorStats (min, max, mean, std, l1_norm, l2_norm, cur_amax, dynamic_range) on all six tensors of every layer at
-freq 1.
+freq 1; the three settings are measured in interleaved rounds and reported as medians with their range.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
+import time
 from typing import Callable, Dict, List, Sequence
 
 import torch
@@ -163,35 +164,57 @@ class _Block(torch.nn.Module):
 
 
 def bench_end_to_end(layers: int = 12, hidden: int = 2048, heads: int = 16, batch: int = 8, seq: int = 1024,
-                     iters: int = 10, warmup: int = 3) -> List[Dict[str, object]]:
-    """ms per training step of the GPT-style stack in three debug settings (see the module docstring)."""
+                     iters: int = 10, warmup: int = 3, rounds: int = 3, device: str = "cuda",
+                     dtype: torch.dtype = torch.bfloat16) -> List[Dict[str, object]]:
+    """ms per training step of the GPT-style stack in three debug settings (see the module docstring).
+
+    The settings are measured in turn, `rounds` times (interleaved, so that a drift of the machine hits all of
+    them alike); each row gives the median and the range of its rounds, and the overhead of the medians against
+    the baseline's.  `device="cpu"` (float32, small shapes) exercises the same code without a GPU."""
+    import statistics
     import tempfile
 
     from tedebug import debug_api
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(*[_Block(hidden, heads, i) for i in range(layers)]).cuda().to(torch.bfloat16)
+    model = torch.nn.Sequential(*[_Block(hidden, heads, i) for i in range(layers)]).to(device=device, dtype=dtype)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    x = torch.randn(batch, seq, hidden, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(batch, seq, hidden, device=device, dtype=dtype)
+    on_gpu = torch.device(device).type == "cuda"
+
+    def one() -> None:
+        model(x).float().square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if debug_api.is_enabled():
+            debug_api.step()
 
     def step_ms() -> float:
-        def one():
-            model(x).float().square().mean().backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            if debug_api.is_enabled():
-                debug_api.step()
-
         for _ in range(warmup):
             one()
+        if not on_gpu:
+            start = time.perf_counter()
+            for _ in range(iters):
+                one()
+            return (time.perf_counter() - start) * 1e3 / iters
         torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
         for _ in range(iters):
             one()
         end.record()
         torch.cuda.synchronize()
-        return start.elapsed_time(end) / iters
+        return begin.elapsed_time(end) / iters
+
+    def debug_ms(cfg) -> float:
+        if cfg is None:
+            return step_ms()
+        with tempfile.TemporaryDirectory() as log_dir:
+            debug_api.initialize(cfg, log_dir=log_dir)
+            try:
+                return step_ms()
+            finally:
+                debug_api.end_debug()
 
     stats = ["min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range"]
     tensors = ["activation", "weight", "gradient", "output", "wgrad", "dgrad"]
@@ -199,24 +222,25 @@ def bench_end_to_end(layers: int = 12, hidden: int = 2048, heads: int = 16, batc
         "LogTensorStats": {"enabled": True, "stats": stats, "tensors": tensors, "start_step": 10 ** 9}}}}
     full = {"all": {"enabled": True, "layers": {"layer_types": ["all"]}, "transformer_engine": {
         "LogTensorStats": {"enabled": True, "stats": stats, "tensors": tensors, "freq": 1}}}}
-    base = step_ms()
-    rows = [{"setting": "no debug_api (baseline)", "ms": base}]
-    for label, cfg in (("initialised, nothing active", idle), ("LogTensorStats, 6 tensors x 48 GEMMs, freq 1", full)):
-        with tempfile.TemporaryDirectory() as log_dir:
-            debug_api.initialize(cfg, log_dir=log_dir)
-            try:
-                rows.append({"setting": label, "ms": step_ms()})
-            finally:
-                debug_api.end_debug()
+    settings = (("no debug_api (baseline)", None), ("initialised, nothing active", idle),
+                (f"LogTensorStats, 6 tensors x {4 * layers} GEMMs, freq 1", full))
+    samples: Dict[str, List[float]] = {label: [] for label, _ in settings}
+    for _ in range(max(1, rounds)):
+        for label, cfg in settings:
+            samples[label].append(debug_ms(cfg))
+    rows = [{"setting": label, "ms": statistics.median(samples[label]), "min_ms": min(samples[label]),
+             "max_ms": max(samples[label])} for label, _ in settings]
+    base = rows[0]["ms"]
     for row in rows:
         row["overhead"] = row["ms"] / base - 1.0
     return rows
 
 
 def format_e2e(rows: List[Dict[str, object]]) -> str:
-    lines = [f"{'setting':<48} | {'ms/step':>8} | {'overhead':>8}", "-" * 70]
+    lines = [f"{'setting':<48} | {'ms/step':>8} | {'range (rounds)':>17} | {'overhead':>8}", "-" * 92]
     for r in rows:
-        lines.append(f"{r['setting']:<48} | {r['ms']:>8.2f} | {100 * r['overhead']:>7.1f}%")
+        spread = f"{r['min_ms']:.2f}-{r['max_ms']:.2f}"
+        lines.append(f"{r['setting']:<48} | {r['ms']:>8.2f} | {spread:>17} | {100 * r['overhead']:>7.1f}%")
     return "\n".join(lines)
 
 
@@ -255,7 +279,8 @@ def run(args: argparse.Namespace) -> int:
           f"{args.iters} iterations, {args.buffers} rotating buffers")
     print(format_table(rows))
     if args.e2e:
-        print("\nend to end: 12-block GPT-style stack of tedebug layers, hidden 2048, 8 x 1024 tokens, bf16")
+        print("\nend to end: 12-block GPT-style stack of tedebug layers, hidden 2048, 8 x 1024 tokens, bf16 "
+              "(median of 3 interleaved rounds)")
         print(format_e2e(bench_end_to_end()))
     return 0
 
