@@ -21,16 +21,21 @@ by `debug_api.add_statistics_sink` before initialize, the default text statistic
 `statistics_logger` is given; tedebug attaches both.)
 
 Background logging (`background_logging`, default True): the session's `MetricLogger` writes tedebug's own sinks
-(text statistics file, JSONL, TensorBoard) on one writer thread (`tedebug.sinks.background`): `step()` for
-iteration N first has it write iteration N-1's statistics (waiting with the GIL released) while the GPU still runs
-iteration N's kernels, then reads iteration N's statistics back, so the writing overlaps GPU work and never
-competes with the training loop.  Guarantee:
-after `debug_api.step()` returns for iteration N, iteration N-1 (and everything before it) is on disk; iteration N
-is written during the next `step()`, or at `end_debug()` / `flush()` / interpreter exit (the atexit handler of `tedebug.debug_api` calls `flush()`,
-which drains the writer; an uncaught exception in iteration N+1 therefore still leaves iteration N on disk; a
-fatal signal or ``os._exit`` does not run it).  Sinks supplied by the user (`statistics_logger`, queued sinks) are
-called in the caller's thread unless they are `Sink` subclasses declaring ``thread_safe = True``.  With
-``background_logging=False`` every write happens inside `step()`, as before.
+(text statistics file, JSONL, TensorBoard) on one writer thread (`tedebug.sinks.background`).  When every sink is
+one of those (no `statistics_logger` or other caller-thread sink) and torch.distributed is not initialised, the
+statistics engine also defers its read-back (`tedebug.stats.engine`): `step()` for iteration N enqueues the
+transfer of iteration N's rows and returns without waiting for the GPU, after reducing iteration N-1 and having the
+writer write it; a training loop that never synchronises keeps its GPU queue full across steps.  Otherwise `step()`
+first has the writer write iteration N-1 (waiting with the GIL released while the GPU still runs iteration N's
+kernels), then reads iteration N back.  Either way the records reach every sink in the order of a synchronous run.
+Guarantee: after `debug_api.step()` returns for iteration N, iteration N-1 (and everything before it) is on disk;
+iteration N is written during the next `step()`, or at `end_debug()` / `flush()` / interpreter exit (the atexit
+handler of `tedebug.debug_api` calls `flush()`, which emits the iteration in flight and drains the writer; an
+uncaught exception in iteration N+1 therefore still leaves iteration N on disk; a fatal signal, ``os._exit`` or a
+CUDA error that destroys the context before the exit can lose it).  Sinks supplied by the user
+(`statistics_logger`, queued sinks) are called in the caller's thread unless they are `Sink` subclasses declaring
+``thread_safe = True``.  With ``background_logging=False`` every write happens inside `step()`: iteration N is on
+disk when it returns.
 """
 
 from __future__ import annotations
@@ -128,30 +133,47 @@ class DebugSession:
 
     # ------------------------------------------------------------------ lifecycle
     def step(self) -> None:
-        """Advance the iteration, then let each namespace finish the previous one (stats emitted), then flush.
-
-        Background mode: the previous step's statistics are written first (by the writer thread while this thread
-        waits with the GIL released), which overlaps the GPU still running this step's kernels; then the statistics
-        engine reads this step's rows back and queues them for the next step() (or `flush()` / `end_debug()` /
-        exit).  So the writing neither competes with the training loop for the GIL nor adds to the step when the GPU
-        has that much work queued.  When step() returns, the previous step's statistics are on disk."""
+        """Advance the iteration, let each namespace finish the previous one (statistics emitted), flush (see the
+        module docstring for the order in background mode)."""
         finished = self.iteration
         self.iteration += 1
-        background = self.metric_logger.background
-        if background:
-            self.metric_logger.flush()
-            self.metric_logger.wait_written()
-        for namespace in self.namespaces.values():
-            namespace.step(finished)
-        if not background:
-            self.metric_logger.flush()
+        logger = self.metric_logger
+        if not logger.background:
+            for namespace in self.namespaces.values():
+                namespace.step(finished)
+            logger.flush()
+        else:
+            self.stats.defer_read_back = logger.defers_builds
+            if self.stats.defers():
+                with logger.one_step_behind():
+                    for namespace in self.namespaces.values():
+                        namespace.step(finished)
+                logger.flush()
+                logger.wait_written()
+            else:
+                self._catch_up()
+                logger.flush()
+                logger.wait_written()
+                for namespace in self.namespaces.values():
+                    namespace.step(finished)
         self.text_log.flush()
 
+    def _catch_up(self) -> None:
+        """Emit the iteration whose rows are still in flight (deferred read-back) and queue the records held back
+        with it, so that the next flush writes them in order."""
+        if self.stats.has_in_flight:
+            with self.metric_logger.one_step_behind():
+                self.stats.finish_pending()
+        self.metric_logger.release_held()
+
     def flush(self) -> None:
-        """Write everything logged so far to disk: drain the background writer (wait for it, end its thread) and
-        flush the main log.  Called by the atexit handler."""
-        self.metric_logger.drain()
-        self.text_log.flush()
+        """Write everything logged so far to disk: emit the iteration still in flight, drain the background writer
+        (wait for it, end its thread) and flush the main log.  Called by the atexit handler."""
+        try:
+            self._catch_up()
+        finally:
+            self.metric_logger.drain()
+            self.text_log.flush()
 
     def close(self) -> None:
         """Reset the namespaces, flush and close every sink, remove the log handlers (each step runs even if an
@@ -161,8 +183,8 @@ class DebugSession:
         self.closed = True
         self._memos.clear()
         errors = []
-        for action in [ns.end_debug for ns in self.namespaces.values()] + [self.metric_logger.close,
-                                                                            self.text_log.close]:
+        for action in [self._catch_up] + [ns.end_debug for ns in self.namespaces.values()] + [
+                self.metric_logger.close, self.text_log.close]:
             try:
                 action()
             except Exception as exc:  # keep closing the rest; re-raised below

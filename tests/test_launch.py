@@ -1,5 +1,6 @@
 """`tedebug.backends.launch`: argument typing and mode selection on any machine; on a GPU, the driver launch and
-CuPy's own launch give identical results, and statistics reach the engine's slab through the driver launch."""
+CuPy's own launch give identical results, and statistics reach the engine's slab through the driver launch (read back
+at the step or, deferred, at the next one)."""
 
 import numpy as np
 import pytest
@@ -70,18 +71,25 @@ def test_engine_slab_rows_on_the_gpu_equal_the_torch_path():
     g = torch.Generator().manual_seed(2)
     xs = [(torch.randn(300, 257, generator=g) * s).to("cuda", dt)
           for s, dt in ((1.0, torch.bfloat16), (1e-3, torch.float16), (50.0, torch.float32))]
+    blockwise = ({"max_blockwise_dynamic_range": {"block_size": 4, "dims": 1}},)  # a row tensor, not a slab row
     emitted = {}
-    for backend in ("torch", "cupy"):
+    for name, backend, defer in (("torch", "torch", False), ("cupy", "cupy", False), ("deferred", "cupy", True)):
         sink = RecordingSink()
-        engine = StatsEngine(sink)
+        engine = StatsEngine(sink, defer_read_back=defer)
         with dispatch.use_backend(backend):
-            for step in range(2):
+            for step in range(3):
                 for i, x in enumerate(xs):
-                    engine.feed(f"l{i}", "activation", stats, x, iteration=step)
+                    engine.feed(f"l{i}", "activation", stats, x * (step + 1), iteration=step)
                     engine.feed(f"l{i}", "activation", stats, x[:7], iteration=step)  # a second microbatch
+                    engine.feed(f"l{i}", "weight", blockwise, x.float() - step, iteration=step)
                 engine.step(step)
-        emitted[backend] = sink.rows
-    assert len(emitted["torch"]) == len(emitted["cupy"]) == 2 * 3 * len(stats)
+            engine.finish_pending()
+        emitted[name] = [r for r in sink.rows if "blockwise" not in r[0]]
+        emitted[name + " blockwise"] = [r for r in sink.rows if "blockwise" in r[0]]
+    assert repr(emitted["deferred"]) == repr(emitted["cupy"])  # the deferred read-back changes nothing
+    assert emitted["deferred blockwise"] == emitted["cupy blockwise"] == emitted["torch blockwise"]
+    assert len(emitted["cupy blockwise"]) == 3 * 3
+    assert len(emitted["torch"]) == len(emitted["cupy"]) == 3 * 3 * len(stats)
     for (name, ref, it), (name2, got, it2) in zip(emitted["torch"], emitted["cupy"]):
         assert (name, it) == (name2, it2)
         if name.endswith(("_min", "_max", "_cur_amax", "_nan_count", "_dynamic_range")):

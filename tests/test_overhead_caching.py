@@ -346,18 +346,25 @@ def test_slab_rows_equal_the_reference_rows_with_microbatches_and_weights(monkey
              ("l3", "dgrad", torch.tensor([0.0, 0.0]), False)]
     results = {}
     calls = []
-    for name, backend in (("reference", None), ("slab", _slab_backend(keys, calls))):
+    steps = 3
+    for name, backend, defer in (("reference", None, False), ("slab", _slab_backend(keys, calls), False),
+                                 ("deferred", _slab_backend(keys, calls), True)):
         if backend is not None:
             monkeypatch.setattr(engine_module, "backend_for", lambda x, b=backend: b)
         sink = RecordingSink()
-        engine = StatsEngine(sink)
-        for step in range(2):
+        engine = StatsEngine(sink, defer_read_back=defer)
+        for step in range(steps):
             for layer, tensor, x, is_weight in feeds:
                 engine.feed(layer, tensor, stats, x * (step + 1), iteration=step, is_weight=is_weight)
             engine.step(step)
+            # deferred: a step's rows stay in their slab (not overwritten by the next step's) until the next step
+            assert len(sink.rows) == (step + (not defer)) * 5 * len(stats)
+        engine.finish_pending()
         results[name] = sink.rows
-    assert len(calls) == 2 * (len(feeds) - 1)  # the second weight feed is never computed
-    assert len(results["slab"]) == len(results["reference"]) == 2 * 5 * len(stats)
+    assert len(engine._slabs) == len(engine._spare_slabs) == 1  # two alternating sets, not one per step
+    assert len(calls) == 2 * steps * (len(feeds) - 1)  # the second weight feed is never computed
+    assert len(results["slab"]) == len(results["reference"]) == steps * 5 * len(stats)
+    assert repr(results["deferred"]) == repr(results["slab"])  # repr: NaN equals NaN
     for ref, got in zip(results["reference"], results["slab"]):
         assert ref[0] == got[0] and ref[2] == got[2]
         assert _same_float(ref[1], got[1]) or abs(ref[1] - got[1]) <= 1e-12 * abs(ref[1]), (ref, got)

@@ -295,6 +295,7 @@ def run_session(log_dir, background):
                          background_logging=background)
     session = debug_api.session()
     assert session.metric_logger.background is background
+    in_flight = []
     x = torch.tensor([[1.0, -2.0, 0.0], [0.5, 4.0, 3.0e-5]])
     for it in range(3):
         session.stats.feed("enc.0.fc1", "activation", ["min", "max", "mean", "std", "l1_norm"], x * (it + 1),
@@ -304,6 +305,8 @@ def run_session(log_dir, background):
                            iteration=it)
         session.metric_logger.log_scalar(f"custom_{it}", 2.0 ** 130, it)  # no structured keywords; float32 inf in TB
         debug_api.step()
+        in_flight.append(session.stats.has_in_flight)
+    assert in_flight == [background] * 3  # background: the deferred read-back (records held back to keep the order)
     jsonl = os.path.join(log_dir, "tedebug_statistics", "metrics_globalrank-0.jsonl")
     with open(jsonl, encoding="utf-8") as f:
         on_disk_at_step = any(json.loads(line)["iteration"] == 2 for line in f)
@@ -461,3 +464,63 @@ def test_a_failing_deferred_build_is_reraised_in_the_caller():
     assert isinstance(info.value.__cause__, ZeroDivisionError)
     assert [c for c in sink.calls if c[0] == "log"] == []
     logger.close()
+
+
+# ------------------------------------------------------------------------------------------------ deferred read-back
+class StatsRecorder(Sink):
+    """A caller-thread sink keeping (name, value, iteration)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def log_scalar(self, name, value, iteration, *, layer=None, tensor=None, stat=None):
+        self.calls.append((name, value, iteration))
+
+
+def jsonl_iterations(log_dir):
+    with open(os.path.join(log_dir, "tedebug_statistics", "metrics_globalrank-0.jsonl"), encoding="utf-8") as f:
+        return [(r["name"], r["iteration"], r["value"]) for r in map(json.loads, f)]
+
+
+def test_a_caller_thread_sink_gets_each_iteration_at_its_own_step(tmp_path):
+    """Deferred read-back holds a step's statistics until the next step, so it is used only while every sink runs
+    on the writer thread: with a caller-thread sink the statistics of iteration N reach it during step N (as in
+    TransformerEngine).  Adding such a sink mid-run catches up: the iteration in flight is emitted first, in order."""
+    debug_api.initialize("", log_dir=str(tmp_path))
+    session = debug_api.session()
+    x = torch.tensor([1.0, -3.0])
+    for it in range(2):
+        session.stats.feed("L", "activation", ["max"], x + it, iteration=it)
+        debug_api.step()
+        assert session.stats.has_in_flight
+    late = StatsRecorder()
+    debug_api.add_statistics_sink(late)
+    assert not session.metric_logger.defers_builds
+    session.stats.feed("L", "activation", ["max"], x + 2, iteration=2)
+    debug_api.step()
+    assert not session.stats.has_in_flight
+    assert late.calls == [("L_activation_max", 2.0, 1), ("L_activation_max", 3.0, 2)]  # 1 caught up, then 2
+    debug_api.end_debug()
+    assert jsonl_iterations(str(tmp_path)) == [("L_activation_max", 0, 1.0), ("L_activation_max", 1, 2.0),
+                                              ("L_activation_max", 2, 3.0)]
+
+    early = StatsRecorder()
+    debug_api.initialize("", log_dir=str(tmp_path / "again"), statistics_logger=early)
+    session = debug_api.session()
+    session.stats.feed("L", "activation", ["max"], x, iteration=0)
+    debug_api.step()
+    assert early.calls == [("L_activation_max", 1.0, 0)] and not session.stats.has_in_flight
+
+
+def test_the_iteration_in_flight_is_written_by_flush_and_end_debug(tmp_path):
+    debug_api.initialize("", log_dir=str(tmp_path))
+    session = debug_api.session()
+    session.stats.feed("L", "gradient", ["min"], torch.tensor([4.0, 0.5]), iteration=0)
+    debug_api.step()
+    assert jsonl_iterations(str(tmp_path)) == []
+    session.flush()
+    assert jsonl_iterations(str(tmp_path)) == [("L_gradient_min", 0, 0.5)] and not session.stats.has_in_flight
+    session.stats.feed("L", "gradient", ["min"], torch.tensor([4.0, -0.5]), iteration=1)
+    debug_api.step()
+    debug_api.end_debug()
+    assert jsonl_iterations(str(tmp_path)) == [("L_gradient_min", 0, 0.5), ("L_gradient_min", 1, -0.5)]

@@ -252,26 +252,27 @@ def test_scale_stats_without_hp_tensor():
 
 
 def test_single_readback_and_no_item_calls(monkeypatch):
+    """Every fed row reaches the host as one list (one transfer per device), never scalar by scalar."""
     log = Capture()
     engine = StatsEngine(log)
     for i in range(3):
         engine.feed(f"L{i}", "activation", list(HP_KINDS), torch.randn(8, 8), iteration=0)
         engine.feed(f"L{i}", "activation", list(HP_KINDS), torch.randn(8, 8), iteration=0)
-    counts = {"cpu": 0, "item": 0}
-    real_cpu, real_item = torch.Tensor.cpu, torch.Tensor.item
+    counts = {"tolist": 0, "item": 0}
+    real_tolist, real_item = torch.Tensor.tolist, torch.Tensor.item
 
-    def cpu(self, *a, **k):
-        counts["cpu"] += 1
-        return real_cpu(self, *a, **k)
+    def tolist(self, *a, **k):
+        counts["tolist"] += 1
+        return real_tolist(self, *a, **k)
 
     def item(self):
         counts["item"] += 1
         return real_item(self)
 
-    monkeypatch.setattr(torch.Tensor, "cpu", cpu)
+    monkeypatch.setattr(torch.Tensor, "tolist", tolist)
     monkeypatch.setattr(torch.Tensor, "item", item)
     engine.step(0)
-    assert counts == {"cpu": 1, "item": 0}
+    assert counts == {"tolist": 1, "item": 0}
     assert len(log.records) == 3 * len(HP_KINDS)
 
 

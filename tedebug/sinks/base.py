@@ -30,6 +30,7 @@ caller's thread (as `BackgroundSinkError`, naming the sink) at the next `log_sca
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from tedebug.sinks.background import BackgroundSinkError, BackgroundWriter
@@ -114,6 +115,7 @@ class MetricLogger:
         self._pending: List[List[Record]] = []  # batches queued for the writer since the last hand-over
         self._loose: List[Record] = []  # the last pending chunk when it collects single log_scalar records
         self._writer: Optional[BackgroundWriter] = BackgroundWriter() if self.background else None
+        self._held: List[Any] = []  # chunks held back by `one_step_behind` until the next one
 
     def add_sink(self, sink: Any) -> Any:
         """Attach `sink` (a `Sink` or any object with ``log_scalar(name, value, iteration)``); returns it."""
@@ -167,6 +169,33 @@ class MetricLogger:
         self._pending.append(build)
         self._raise_writer_error()
 
+    @property
+    def defers_builds(self) -> bool:
+        """True when `log_deferred` builds its records on the writer thread (background mode, writer sinks only)."""
+        return self._writer is not None and bool(self._writer_sinks) and not self._caller_sinks
+
+    @contextlib.contextmanager
+    def one_step_behind(self):
+        """For a statistics engine that emits iteration N-1 during step N (deferred read-back): the chunks queued
+        before the block (logged during iteration N) are held back until the next block or `release_held()`, and
+        the ones the block queues (iteration N-1's statistics) go after the chunks held back by the previous block
+        (logged during iteration N-1).  So every sink receives the records in the order of a synchronous run."""
+        current, self._pending, self._loose = self._pending, [], []
+        try:
+            yield
+        finally:
+            self._pending = self._held + self._pending
+            self._held = current
+            self._dirty = self._dirty or bool(self._pending)
+
+    def release_held(self) -> None:
+        """Queue the chunks `one_step_behind` holds back (after everything queued so far)."""
+        if self._held:
+            held, self._held = self._held, []
+            self._pending = self._pending + held
+            self._loose = []
+            self._dirty = True
+
     # Instance call: this logger.  Class call (nvdlfw style): the active session's logger.
     log_scalar = _SessionOrInstance("_log_scalar", _class_log_scalar)
     add_logger = _SessionOrInstance("add_sink", _class_add_logger)
@@ -196,7 +225,9 @@ class MetricLogger:
 
     def drain(self) -> None:
         """`flush()`, then wait until the writer has written and flushed everything and end its thread (a later
-        batch starts a new one).  Synchronous mode: the same as `flush()`."""
+        batch starts a new one).  Synchronous mode: the same as `flush()`.  Chunks held back by `one_step_behind` are
+        written too."""
+        self.release_held()
         self.flush()
         if self._writer is not None:
             self._writer.stop()
@@ -208,6 +239,7 @@ class MetricLogger:
         errors = []
         if self._writer is not None:
             try:
+                self.release_held()
                 self._hand_over()
                 self._writer.stop()
             except Exception as exc:  # collected and re-raised below, after every sink had its turn

@@ -2,11 +2,18 @@
 
 `feed` computes the per-feed partials of the requested statistics (through `tedebug.backends`) and merges them
 into the buffer's row on the tensor's device — no host synchronisation.  `step(finished_iteration)` reads every
-fed row back in one transfer, runs one collective per reduction group (`tedebug.stats.reduce`), evaluates the
-final formulas as Python floats and emits ``metric_logger.log_scalar("<layer>_<tensor>_<stat>", value,
+fed row back (`tedebug.stats.readback`: all copies enqueued at once), runs one collective per reduction group
+(`tedebug.stats.reduce`), evaluates the final formulas as Python floats and emits ``metric_logger.log_scalar("<layer>_<tensor>_<stat>", value,
 iteration, layer=, tensor=, stat=)`` in buffer-creation order, statistics in request order (as one
 ``metric_logger.log_scalars(records)`` batch when the logger has that method; `tedebug.sinks.MetricLogger` gets a
 ``log_deferred(build)`` callable instead, so that a background writer evaluates the final formulas).
+
+Deferred read-back (`defer_read_back`, set by a background-logging session whose sinks all run on the writer
+thread; never while torch.distributed is initialised, whose reduction is a collective at the step): `step(N)`
+enqueues iteration N's copies and returns without waiting for the GPU, after reducing and emitting iteration N-1,
+whose copies finished long ago.  So a training loop that never synchronises keeps the GPU's queue full across
+steps.  `finish_pending()` emits the iteration still in flight (the session calls it when it flushes or closes).
+Two sets of slabs alternate, so that the next step's kernels never write rows that are still being copied.
 
 Participation rule (te_debug_reference F.6): a rank that fed nothing this step joins the collectives only if some
 layer's noted next enabled iteration is ≤ the finished iteration; otherwise it performs no communication at all.
@@ -25,7 +32,8 @@ from tedebug.backends import backend_for
 from tedebug.config.parsing import GEMMS_OF_TENSOR
 from tedebug.stats import reduce as _reduce
 from tedebug.stats.buffers import BufferKey, BufferStore, StatBuffer
-from tedebug.stats.definitions import NONFINITE_COLUMNS, Column, StatRequest, combine_rows
+from tedebug.stats.definitions import NONFINITE_COLUMNS, Column, StatRequest
+from tedebug.stats.readback import FedRow, RowsInFlight
 from tedebug.stats.slab import RowSlab
 
 
@@ -37,18 +45,22 @@ class StatsEngine:
     """Buffers, reduction and emission of statistics for one debug session."""
 
     def __init__(self, metric_logger, *, log_message: Optional[Callable[..., Any]] = None,
-                 flush_at_step: bool = True) -> None:
+                 flush_at_step: bool = True, defer_read_back: bool = False) -> None:
         self.metric_logger = metric_logger
         #: flush the logger at the end of `step`; False when the owner flushes it itself (`DebugSession.step`
         #: decides when the background writer runs)
         self.flush_at_step = flush_at_step
+        #: leave each step's rows in flight until the next step (see the module docstring)
+        self.defer_read_back = defer_read_back
         self.log_message = log_message
         self._store = BufferStore()
         self._next_iter: Dict[str, int] = {}
         self._nonfinite_reported = False
         self._request_cache: Dict[tuple, Tuple[StatRequest, ...]] = {}
         self._numel_tensors: Dict[Tuple[int, torch.device], torch.Tensor] = {}
-        self._slabs: Dict[torch.device, RowSlab] = {}
+        self._slabs: Dict[torch.device, RowSlab] = {}  # this step's slabs
+        self._spare_slabs: Dict[torch.device, RowSlab] = {}  # the other set (deferred read-back alternates them)
+        self._in_flight: Optional[Tuple[RowsInFlight, Dict[torch.device, RowSlab]]] = None
 
     # ------------------------------------------------------------------------------------------------ feeding
     def feed(
@@ -177,26 +189,71 @@ class StatsEngine:
             self._next_iter[layer] = int(next_iter)
 
     # ------------------------------------------------------------------------------------------------ step
+    def defers(self) -> bool:
+        """True when `step` leaves the rows of its iteration in flight until the next step."""
+        return self.defer_read_back and not _reduce.distributed_ready()
+
+    @property
+    def has_in_flight(self) -> bool:
+        """True when an iteration's rows are still in flight (deferred read-back; emitted by `finish_pending`)."""
+        return self._in_flight is not None
+
     def step(self, finished_iteration: int) -> None:
-        """Reduce the buffers fed since the last step, emit their statistics, and clear them."""
+        """Reduce the buffers fed since the last step, emit their statistics, and clear them (deferred read-back:
+        start their transfer and emit the previous step's instead)."""
         fed = self._store.fed()
+        if self.defers():
+            try:
+                started = RowsInFlight(fed) if fed else None
+            except BaseException:
+                for slab in self._slabs.values():
+                    slab.reset()
+                raise
+            finally:
+                self._store.clear_step()
+            previous, self._in_flight = self._in_flight, None
+            try:
+                if previous is not None:
+                    self._finish(*previous)  # its slabs become the spare set
+            finally:
+                if started is not None:
+                    self._in_flight = (started, self._slabs)
+                    self._slabs, self._spare_slabs = self._spare_slabs, {}
+            return
+        self.finish_pending()
         due = any(n <= finished_iteration for n in self._next_iter.values())
         try:
             if not fed and not due:
                 return
-            host = _read_back(fed)
-            merged = self._reduce(fed, host)
-            self._emit(fed, merged)
+            rows = RowsInFlight(fed)
+            host = rows.host_rows()
+            merged = self._reduce(rows.entries, host, _reduce.distributed_ready())
+            self._emit(rows.entries, merged)
         finally:
             self._store.clear_step()
             for slab in self._slabs.values():
                 slab.reset()
 
+    def finish_pending(self) -> None:
+        """Reduce and emit the iteration whose rows are still in flight, if any (deferred read-back)."""
+        if self._in_flight is not None:
+            previous, self._in_flight = self._in_flight, None
+            self._finish(*previous)
+
+    def _finish(self, rows: RowsInFlight, slabs: Dict[torch.device, RowSlab]) -> None:
+        try:
+            host = rows.host_rows()
+        finally:
+            for slab in slabs.values():
+                slab.reset()
+            if not self._spare_slabs:
+                self._spare_slabs = slabs
+        self._emit(rows.entries, self._reduce(rows.entries, host, False))
+
     def _reduce(
-        self, fed: List[StatBuffer], host: Dict[BufferKey, List[float]]
+        self, fed: List[FedRow], host: Dict[BufferKey, List[float]], communicate: bool
     ) -> Dict[BufferKey, Dict[Column, float]]:
         merged: Dict[BufferKey, Dict[Column, float]] = {}
-        communicate = _reduce.distributed_ready()
         for buffer in fed:
             if buffer.skip_reduction or not communicate:
                 merged[buffer.key] = dict(zip(buffer.columns, host[buffer.key]))
@@ -214,7 +271,7 @@ class StatsEngine:
                 merged[key] = _reduce.merge_host_rows(key, rows)
         return merged
 
-    def _emit(self, fed: List[StatBuffer], merged: Dict[BufferKey, Dict[Column, float]]) -> None:
+    def _emit(self, fed: List[FedRow], merged: Dict[BufferKey, Dict[Column, float]]) -> None:
         rows: List[tuple] = []
         for buffer in fed:
             values = merged[buffer.key]
@@ -243,7 +300,7 @@ class StatsEngine:
         if self.flush_at_step and callable(flush):
             flush()
 
-    def _report_nonfinite(self, buffer: StatBuffer, values: Mapping[Column, float]) -> None:
+    def _report_nonfinite(self, buffer: FedRow, values: Mapping[Column, float]) -> None:
         if self._nonfinite_reported or self.log_message is None:
             return
         nan_col, inf_col = NONFINITE_COLUMNS
@@ -270,6 +327,8 @@ class StatsEngine:
         self._request_cache.clear()
         self._numel_tensors.clear()
         self._slabs.clear()
+        self._spare_slabs.clear()
+        self._in_flight = None
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -329,37 +388,3 @@ def _family_partials(backend, family: str, qualifier: Tuple[Any, ...], x, quanti
     if family == "scale_inv":
         return backend.scale_inv_partials(q, usage)
     raise ValueError(f"unknown partial family {family!r}")
-
-
-def _read_back(fed: Sequence[StatBuffer]) -> Dict[BufferKey, List[float]]:
-    """All fed rows to the host in `columns` order: one concatenation and one transfer per device for tensor
-    rows, one transfer per slab chunk in use for slab rows; several rows of one buffer are merged here."""
-    by_device: Dict[torch.device, List[StatBuffer]] = {}
-    slabs: Dict[RowSlab, Optional[List[List[float]]]] = {}
-    for buffer in fed:
-        if buffer.row is not None:
-            by_device.setdefault(buffer.row.device, []).append(buffer)
-        for slab, _ in buffer.slab_rows:
-            slabs.setdefault(slab, None)
-    for slab in slabs:
-        slabs[slab] = slab.host_rows()
-    host: Dict[BufferKey, List[float]] = {}
-    for buffers in by_device.values():
-        flat = torch.cat([b.row for b in buffers]).cpu().tolist()
-        offset = 0
-        for b in buffers:
-            host[b.key] = flat[offset: offset + len(b.columns)]
-            offset += len(b.columns)
-    for buffer in fed:
-        if not buffer.slab_rows:
-            continue
-        positions = buffer.row_positions(buffer.slab_keys)
-        parts = [host[buffer.key]] if buffer.row is not None else []
-        for slab, index in buffer.slab_rows:
-            full = slabs[slab][index]
-            parts.append([full[p] for p in positions])
-        if len(parts) == 1:
-            host[buffer.key] = parts[0]
-        else:
-            host[buffer.key] = combine_rows(buffer.columns, torch.tensor(parts, dtype=torch.float64)).tolist()
-    return host

@@ -4,7 +4,9 @@ A kernel backend that can write a whole statistics row to a device address (``ba
 from here instead of allocating, gathering and merging small tensors per feed: a feed costs one kernel launch.
 Rows are handed out in order from chunks of `CHUNK_ROWS` rows (a new chunk when the step needs more; chunks are
 kept for the next steps), `host_rows()` reads every row handed out this step back with one transfer per chunk in
-use, and `reset()` makes the rows available again for the next step.
+use, and `reset()` makes the rows available again for the next step.  `start_host_copy()` enqueues those
+transfers without waiting (into pinned host mirrors of the chunks; the caller records an event and waits on it
+before `host_rows()`), so the read-back can finish a step later (`tedebug.stats.readback`).
 
 Rows are written on the stream current at the feed and read back on the stream current at the step; both are
 the same stream in ordinary training (tedebug's own kernels launch on torch's current stream).
@@ -31,6 +33,8 @@ class RowSlab:
         self._bases: List[int] = []
         self._used = 0
         self._row_bytes = 8 * width
+        self._mirrors: List[torch.Tensor] = []  # pinned host copies of the chunks (CUDA slabs only)
+        self._copied = 0  # rows `start_host_copy` enqueued into the mirrors since the last `reset`
 
     @property
     def used(self) -> int:
@@ -55,18 +59,38 @@ class RowSlab:
         """Row `index` as a float64 view (for callers that need a tensor)."""
         return self._chunks[index // CHUNK_ROWS][index % CHUNK_ROWS]
 
-    def host_rows(self) -> List[List[float]]:
-        """Every row handed out this step, as Python floats (one device-to-host copy per chunk in use)."""
-        rows: List[List[float]] = []
+    def _in_use(self):
+        """(chunk index, rows in use) of every chunk in use."""
         remaining = self._used
-        for chunk in self._chunks:
+        for index in range(len(self._chunks)):
             if remaining <= 0:
-                break
+                return
             count = min(remaining, CHUNK_ROWS)
-            rows.extend(chunk[:count].cpu().tolist())
+            yield index, count
             remaining -= count
+
+    def start_host_copy(self) -> None:
+        """Enqueue the copy of every row handed out this step to pinned host memory on the current stream, without
+        waiting (CUDA slabs; a CPU slab is read in place).  Record an event after it and wait on that event before
+        `host_rows()`; take no more rows until `reset()`."""
+        if self.device.type != "cuda":
+            return
+        for index, count in self._in_use():
+            if index == len(self._mirrors):
+                self._mirrors.append(torch.empty((CHUNK_ROWS, self.width), dtype=torch.float64, pin_memory=True))
+            self._mirrors[index][:count].copy_(self._chunks[index][:count], non_blocking=True)
+        self._copied = self._used
+
+    def host_rows(self) -> List[List[float]]:
+        """Every row handed out this step, as Python floats: from the host mirrors after `start_host_copy` (whose
+        event the caller waited on), else with one blocking device-to-host copy per chunk in use."""
+        rows: List[List[float]] = []
+        mirrored = self._copied == self._used and self._used > 0
+        for index, count in self._in_use():
+            rows.extend((self._mirrors[index][:count] if mirrored else self._chunks[index][:count].cpu()).tolist())
         return rows
 
     def reset(self) -> None:
         """Make every row available again (call after `host_rows`)."""
         self._used = 0
+        self._copied = 0

@@ -1,0 +1,96 @@
+"""`RowsInFlight`: one step's fed statistic rows on their way to the host.
+
+`RowsInFlight(fed)` snapshots what the reduction and the emission need from every fed buffer (`FedRow`: key,
+columns, emitters, iteration and reduction settings, which the next step may change) and enqueues every
+device-to-host copy at once, without waiting: slab rows into the slabs' pinned mirrors (`RowSlab.start_host_copy`),
+the buffers' own rows (one concatenation per device) with a non-blocking copy, then one event per CUDA device.
+`host_rows()` waits for those events and returns each buffer's row as Python floats in `columns` order; several rows
+of one buffer (microbatches, slab rows next to a tensor row) are merged there with the exact combiners.
+
+`tedebug.stats.engine.StatsEngine` calls both at once (a synchronous read-back), or calls `host_rows()` at the next
+step (deferred read-back: the step returns without waiting for the GPU).  The slabs named by the snapshot must not
+hand out rows again until `host_rows()` has returned; the engine alternates two sets of slabs for that.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from tedebug.stats.buffers import BufferKey, StatBuffer
+from tedebug.stats.definitions import Column, combine_rows
+from tedebug.stats.slab import RowSlab
+
+
+class FedRow:
+    """What the reduction and the emission read from one fed buffer, fixed when its step ended."""
+
+    __slots__ = ("key", "columns", "emitters", "iteration", "reduction_group", "skip_reduction", "row",
+                 "slab_rows", "positions")
+
+    def __init__(self, buffer: StatBuffer) -> None:
+        self.key: BufferKey = buffer.key
+        self.columns: Tuple[Column, ...] = buffer.columns
+        self.emitters: Tuple[Tuple[str, str, Callable[[Sequence[float]], float]], ...] = buffer.emitters
+        self.iteration: Optional[int] = buffer.iteration
+        self.reduction_group: Any = buffer.reduction_group
+        self.skip_reduction: bool = buffer.skip_reduction
+        self.row: Optional[torch.Tensor] = buffer.row
+        self.slab_rows: List[Tuple[RowSlab, int]] = buffer.slab_rows
+        self.positions: Tuple[int, ...] = buffer.row_positions(buffer.slab_keys) if buffer.slab_rows else ()
+
+
+class RowsInFlight:
+    """The rows of one finished step, copied to the host asynchronously (see the module docstring)."""
+
+    def __init__(self, fed: Sequence[StatBuffer]) -> None:
+        self.entries: List[FedRow] = [FedRow(buffer) for buffer in fed]
+        by_device: Dict[torch.device, List[FedRow]] = {}
+        slabs: Dict[RowSlab, None] = {}
+        for entry in self.entries:
+            if entry.row is not None:
+                by_device.setdefault(entry.row.device, []).append(entry)
+            for slab, _ in entry.slab_rows:
+                slabs.setdefault(slab, None)
+        self._slabs = list(slabs)
+        self._row_groups: List[Tuple[List[FedRow], torch.Tensor]] = []
+        cuda_devices = {slab.device for slab in self._slabs if slab.device.type == "cuda"}
+        for slab in self._slabs:
+            slab.start_host_copy()
+        for device, entries in by_device.items():
+            flat = torch.cat([e.row for e in entries])
+            if device.type == "cuda":
+                flat = flat.to("cpu", non_blocking=True)  # into pinned memory: returns at once
+                cuda_devices.add(device)
+            self._row_groups.append((entries, flat))
+        self._events = []
+        for device in cuda_devices:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(device))
+            self._events.append(event)
+
+    def host_rows(self) -> Dict[BufferKey, List[float]]:
+        """Wait for the copies, then every entry's row as Python floats in `columns` order."""
+        for event in self._events:
+            event.synchronize()
+        slab_rows = {slab: slab.host_rows() for slab in self._slabs}
+        host: Dict[BufferKey, List[float]] = {}
+        for entries, flat in self._row_groups:
+            values = flat.tolist()
+            offset = 0
+            for entry in entries:
+                host[entry.key] = values[offset: offset + len(entry.columns)]
+                offset += len(entry.columns)
+        for entry in self.entries:
+            if not entry.slab_rows:
+                continue
+            parts = [host[entry.key]] if entry.row is not None else []
+            for slab, index in entry.slab_rows:
+                full = slab_rows[slab][index]
+                parts.append([full[p] for p in entry.positions])
+            if len(parts) == 1:
+                host[entry.key] = parts[0]
+            else:
+                host[entry.key] = combine_rows(entry.columns, torch.tensor(parts, dtype=torch.float64)).tolist()
+        return host
