@@ -126,6 +126,23 @@ __device__ __forceinline__ double ted_block_sum(double v, double* scratch) {
     return r;
 }
 
+// The four error statistics of a row + column quantize kernel (row underflows, row squared error, column
+// underflows, column squared error): block sums in a fixed order, stored by thread 0 as partial[blockIdx.x][0..3].
+// Call from all threads; the caller then finishes the columns (ted_last_block + ted_finish_columns, or a launch of
+// ted_sum_columns).
+__device__ __forceinline__ void ted_store_dir_stats(double row_uf, double row_err, double col_uf, double col_err,
+                                                    double* __restrict__ partial) {
+    __shared__ double scratch[32];
+    const double t0 = ted_block_sum(row_uf, scratch);
+    const double t1 = ted_block_sum(row_err, scratch);
+    const double t2 = ted_block_sum(col_uf, scratch);
+    const double t3 = ted_block_sum(col_err, scratch);
+    if (threadIdx.x == 0) {
+        double* p = partial + (long long)blockIdx.x * 4;
+        p[0] = t0; p[1] = t1; p[2] = t2; p[3] = t3;
+    }
+}
+
 // Sum each of `ncols` columns of a [nrows, ncols] double array in a fixed order (one block, any size).
 extern "C" __global__ void ted_sum_columns(const double* __restrict__ part, int nrows, int ncols,
                                            double* __restrict__ out) {

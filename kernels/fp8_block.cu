@@ -317,15 +317,7 @@ __device__ __forceinline__ float fb_row_amax(float (&v)[FB_R], int lane) {
 __device__ __forceinline__ void fb_finish(unsigned long long nzx, unsigned long long nz_row, double row_err,
                                           unsigned long long nz_col, double col_err, double* __restrict__ partial,
                                           unsigned int* __restrict__ ticket, double* __restrict__ out) {
-    __shared__ double scratch[32];
-    const double t0 = ted_block_sum((double)nzx - (double)nz_row, scratch);
-    const double t1 = ted_block_sum(row_err, scratch);
-    const double t2 = ted_block_sum((double)nzx - (double)nz_col, scratch);
-    const double t3 = ted_block_sum(col_err, scratch);
-    if (threadIdx.x == 0) {
-        double* p = partial + (long long)blockIdx.x * 4;
-        p[0] = t0; p[1] = t1; p[2] = t2; p[3] = t3;
-    }
+    ted_store_dir_stats((double)nzx - (double)nz_row, row_err, (double)nzx - (double)nz_col, col_err, partial);
     if (ted_last_block(ticket)) ted_finish_columns(partial, gridDim.x, 4, out, ticket);
 }
 

@@ -53,7 +53,6 @@ ted_mxfp8_quantize(const ted_raw_t* __restrict__ x, long long M, long long K, fl
                    unsigned char* __restrict__ row_codes, unsigned char* __restrict__ row_scales,
                    unsigned char* __restrict__ col_codes, unsigned char* __restrict__ col_scales,
                    double* __restrict__ partial) {
-    __shared__ double scratch[32];
     const int lane = threadIdx.x & 31;
     const long long warps_total = (long long)gridDim.x * (blockDim.x >> 5);
     const long long warp_id = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -168,14 +167,7 @@ ted_mxfp8_quantize(const ted_raw_t* __restrict__ x, long long M, long long K, fl
         row_uf += ruf;
         col_uf += cuf;
     }
-    double t0 = ted_block_sum((double)row_uf, scratch);
-    double t1 = ted_block_sum(row_err, scratch);
-    double t2 = ted_block_sum((double)col_uf, scratch);
-    double t3 = ted_block_sum(col_err, scratch);
-    if (threadIdx.x == 0) {
-        double* p = partial + (long long)blockIdx.x * 4;
-        p[0] = t0; p[1] = t1; p[2] = t2; p[3] = t3;
-    }
+    ted_store_dir_stats((double)row_uf, row_err, (double)col_uf, col_err, partial);
 }
 
 
@@ -372,7 +364,6 @@ ted_mxfp8_quantize16(const ted_raw_t* __restrict__ x, long long M, long long K, 
     __shared__ __align__(16) unsigned int col_part[8][MX_K / 2];  // per warp: packed column max of its 4 rows
     __shared__ __align__(16) float4 col_sc[4][32];                // [j][lane]: (mult, sinv) of columns 8 lane + 2j, +1
     __shared__ __align__(8) unsigned char col_code[MX_K];
-    __shared__ double scratch[32];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     // Tiles (tm, tk) in row-major order, block b takes b, b + G, ...; n_tiles < 2^31 (checked by the host).
     const unsigned int n_tk = (unsigned int)((K + MX_K - 1) / MX_K);
@@ -485,14 +476,7 @@ ted_mxfp8_quantize16(const ted_raw_t* __restrict__ x, long long M, long long K, 
         ntk += step_k;
         if (ntk >= n_tk) { ntk -= n_tk; ++ntm; }
     }
-    const double t0 = ted_block_sum((double)uf_row, scratch);
-    const double t1 = ted_block_sum(row_err, scratch);
-    const double t2 = ted_block_sum((double)uf_col, scratch);
-    const double t3 = ted_block_sum(col_err, scratch);
-    if (threadIdx.x == 0) {
-        double* p = partial + (long long)blockIdx.x * 4;
-        p[0] = t0; p[1] = t1; p[2] = t2; p[3] = t3;
-    }
+    ted_store_dir_stats((double)uf_row, row_err, (double)uf_col, col_err, partial);
     if (ted_last_block(ticket)) ted_finish_columns(partial, gridDim.x, 4, out, ticket);
 }
 #endif

@@ -269,7 +269,6 @@ ted_nvfp4_quantize(const ted_raw_t* __restrict__ x, long long M, long long K, co
     __shared__ __align__(16) uint4 stage[2][NV_TM * NV_CPR];
     __shared__ float s_camax[NV_TM / 16][NV_TK];  // 2D: column amax of each 16-row group
     __shared__ float s_tamax[NV_TM / 16][NV_BPR];  // 2D: 16x16 tile amax
-    __shared__ double scratch[32];
     const NvDir rdir = nv_dir(amax[0], inv6);
     const NvDir cdir = nv_dir(amax[1], inv6);
     const long long n_tk = (K + NV_TK - 1) / NV_TK;
@@ -392,14 +391,7 @@ ted_nvfp4_quantize(const ted_raw_t* __restrict__ x, long long M, long long K, co
 
     }
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-    const double t0 = ted_block_sum((double)nzx - (double)nz_row, scratch);
-    const double t1 = ted_block_sum(row_err, scratch);
-    const double t2 = ted_block_sum((double)nzx - (double)nz_col, scratch);
-    const double t3 = ted_block_sum(col_err, scratch);
-    if (threadIdx.x == 0) {
-        double* p = partial + (long long)blockIdx.x * 4;
-        p[0] = t0; p[1] = t1; p[2] = t2; p[3] = t3;
-    }
+    ted_store_dir_stats((double)nzx - (double)nz_row, row_err, (double)nzx - (double)nz_col, col_err, partial);
     if (ted_last_block(ticket)) ted_finish_columns(partial, gridDim.x, 4, out, ticket);
 }
 
@@ -532,7 +524,6 @@ ted_nvfp4_quantize16(const ted_raw_t* __restrict__ x, long long M, long long K, 
                      unsigned char* __restrict__ col_data, unsigned char* __restrict__ col_scales,
                      double* __restrict__ partial, unsigned int* __restrict__ ticket, double* __restrict__ out) {
     __shared__ __align__(16) uint4 stage[2][NQ_TM * 16];
-    __shared__ double scratch[32];
     const NvDir rdir = nv_dir(amax[0], inv6);
     const NvDir cdir = nv_dir(amax[1], inv6);
     // Tiles in the banded order of nq_tile; block b takes b, b + G, ...; n_tiles < 2^31 (checked by the host).
@@ -625,14 +616,7 @@ ted_nvfp4_quantize16(const ted_raw_t* __restrict__ x, long long M, long long K, 
         tk = ntk;
     }
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-    const double t0 = ted_block_sum((double)nzx - (double)nz_row, scratch);
-    const double t1 = ted_block_sum(row_err, scratch);
-    const double t2 = ted_block_sum((double)nzx - (double)nz_col, scratch);
-    const double t3 = ted_block_sum(col_err, scratch);
-    if (threadIdx.x == 0) {
-        double* p = partial + (long long)blockIdx.x * 4;
-        p[0] = t0; p[1] = t1; p[2] = t2; p[3] = t3;
-    }
+    ted_store_dir_stats((double)nzx - (double)nz_row, row_err, (double)nzx - (double)nz_col, col_err, partial);
     if (ted_last_block(ticket)) ted_finish_columns(partial, gridDim.x, 4, out, ticket);
 }
 #endif
