@@ -1,6 +1,6 @@
 // Basic statistics of one tensor in one read pass (tedebug.backends.torch_ref.basic_partials, bit-compatible).
 // `ted_stats` (one launch): a grid-stride loop that keeps four 16-byte loads in flight per thread.  For bf16 / fp16
-// the extrema work on packed bf16x2 / f16x2 words (min / max / amax with packed NaN-dropping min/max; the minimum
+// the extrema work on packed bf16x2 / f16x2 words (min / max with packed NaN-dropping min/max; the minimum
 // non-zero |x| as the packed max of -(|h| - 1), where a zero element becomes NaN and drops out; the non-zero count
 // from bit 15 of |h| + 0x7FFF); fp32 inputs use per-element fp32 code.  The sums (x, |x|, x^2 and the shifted
 // d = x - K, d^2 with K the block's first element, shared by its threads) are taken in fp32 over 16 elements and
@@ -10,17 +10,18 @@
 // bad shift, e.g. a huge first element, so spoils at most one block's share); the last block to finish (atomic
 // ticket) merges the block partials and writes
 // 13 float64: numel, then the 12 results in torch_ref order (the statistics engine's row layout).
+// amax is not tracked: max |x| = max(max x, -min x) (and 0 for no element) is exact, so it comes from the extrema.
 #include "common.cuh"
 
 struct Acc {
     double n, mean, m2, sum, abs_sum, sq_sum;
-    float mn, mx, amax, nzmin;
+    float mn, mx, nzmin;
     unsigned long long nz, nan, inf;
 };
 
 __device__ __forceinline__ void acc_identity(Acc& a) {
     a.n = 0.0; a.mean = 0.0; a.m2 = 0.0; a.sum = 0.0; a.abs_sum = 0.0; a.sq_sum = 0.0;
-    a.mn = INFINITY; a.mx = -INFINITY; a.amax = 0.0f; a.nzmin = INFINITY;
+    a.mn = INFINITY; a.mx = -INFINITY; a.nzmin = INFINITY;
     a.nz = 0ull; a.nan = 0ull; a.inf = 0ull;
 }
 
@@ -43,7 +44,7 @@ __device__ __forceinline__ void acc_merge(Acc& a, const Acc& b) {
     }
     a.sum += b.sum; a.abs_sum += b.abs_sum; a.sq_sum += b.sq_sum;
     a.mn = ted_min(a.mn, b.mn); a.mx = ted_max(a.mx, b.mx);
-    a.amax = ted_max(a.amax, b.amax); a.nzmin = ted_min(a.nzmin, b.nzmin);
+    a.nzmin = ted_min(a.nzmin, b.nzmin);
     a.nz += b.nz; a.nan += b.nan; a.inf += b.inf;
 }
 
@@ -54,7 +55,7 @@ __device__ __forceinline__ Acc acc_shfl_down(const Acc& a, int off) {
     b.m2 = __shfl_down_sync(m, a.m2, off); b.sum = __shfl_down_sync(m, a.sum, off);
     b.abs_sum = __shfl_down_sync(m, a.abs_sum, off); b.sq_sum = __shfl_down_sync(m, a.sq_sum, off);
     b.mn = __shfl_down_sync(m, a.mn, off); b.mx = __shfl_down_sync(m, a.mx, off);
-    b.amax = __shfl_down_sync(m, a.amax, off); b.nzmin = __shfl_down_sync(m, a.nzmin, off);
+    b.nzmin = __shfl_down_sync(m, a.nzmin, off);
     b.nz = __shfl_down_sync(m, a.nz, off); b.nan = __shfl_down_sync(m, a.nan, off);
     b.inf = __shfl_down_sync(m, a.inf, off);
     return b;
@@ -79,7 +80,7 @@ __device__ __forceinline__ Acc acc_block_reduce(Acc a) {
 
 // Per-thread state while streaming.
 struct ThreadStats {
-    float mn, mx, amax, nzmin, K;
+    float mn, mx, nzmin, K;
     unsigned long long nz, nan, inf, count;
     double S, A, Q, D, DD;
 };
@@ -94,7 +95,6 @@ __device__ __forceinline__ void ts_elems(ThreadStats& t, const float* f, int cnt
         const bool nonzero = ted_nonzero(v);  // NaN counts as non-zero (torch.count_nonzero)
         t.mn = ted_min(t.mn, v);
         t.mx = ted_max(t.mx, v);
-        t.amax = ted_max(t.amax, a);
         t.nzmin = ted_min(t.nzmin, nonzero ? a : INFINITY);
         nz += nonzero ? 1u : 0u;
         cs = ted_add(cs, v);
@@ -128,7 +128,7 @@ __device__ __forceinline__ Acc acc_load_cg(const Acc* p) {
     Acc a;
     a.n = __ldcg(&p->n); a.mean = __ldcg(&p->mean); a.m2 = __ldcg(&p->m2); a.sum = __ldcg(&p->sum);
     a.abs_sum = __ldcg(&p->abs_sum); a.sq_sum = __ldcg(&p->sq_sum);
-    a.mn = __ldcg(&p->mn); a.mx = __ldcg(&p->mx); a.amax = __ldcg(&p->amax); a.nzmin = __ldcg(&p->nzmin);
+    a.mn = __ldcg(&p->mn); a.mx = __ldcg(&p->mx); a.nzmin = __ldcg(&p->nzmin);
     a.nz = __ldcg(&p->nz); a.nan = __ldcg(&p->nan); a.inf = __ldcg(&p->inf);
     return a;
 }
@@ -136,15 +136,16 @@ __device__ __forceinline__ Acc acc_load_cg(const Acc* p) {
 __device__ __forceinline__ void acc_write_results(const Acc& a, double* out) {
     const double qnan = __longlong_as_double(0x7FF8000000000000ll);
     const bool has_nan = a.nan > 0ull;
+    const float amax = ted_abs(ted_max(0.0f, ted_max(a.mx, -a.mn)));  // +0 for no element or only zeros
     out[0] = has_nan ? qnan : ted_f2d(a.mn);
     out[1] = has_nan ? qnan : ted_f2d(a.mx);
     out[2] = a.sum;
     out[3] = (a.nan + a.inf > 0ull) ? qnan : a.m2;
     out[4] = a.abs_sum;
     out[5] = a.sq_sum;
-    out[6] = has_nan ? qnan : ted_f2d(a.amax);
+    out[6] = has_nan ? qnan : ted_f2d(amax);
     out[7] = has_nan ? qnan : ted_f2d(a.nzmin);
-    out[8] = has_nan ? qnan : ted_f2d(a.amax);
+    out[8] = has_nan ? qnan : ted_f2d(amax);
     out[9] = (double)a.nz;
     out[10] = (double)a.nan;
     out[11] = (double)a.inf;
@@ -196,13 +197,12 @@ __device__ __forceinline__ void ts_sums(ThreadStats& t, const float* f) {
 #if TED_DTYPE != 0
 // Packed extrema / non-zero state of one thread (bf16x2 or f16x2 words).
 struct PackedStats {
-    unsigned int mn, mx, amax, nzneg, cnt;
+    unsigned int mn, mx, nzneg, cnt;
 };
 
 __device__ __forceinline__ void pk_init(PackedStats& p) {
     p.mn = (TED_HINF << 16) | TED_HINF;                        // +Inf, +Inf
     p.mx = ((TED_HINF | 0x8000u) << 16) | (TED_HINF | 0x8000u);  // -Inf, -Inf
-    p.amax = 0u;
     p.nzneg = 0x7FFF7FFFu;                                     // NaN, NaN: "no non-zero element yet"
     p.cnt = 0u;
 }
@@ -212,7 +212,6 @@ __device__ __forceinline__ void pk_word(PackedStats& p, unsigned int w) {
     const unsigned int neg = a + 0x7FFF7FFFu;  // per half: 0x8000 | (|h| - 1) for h != 0, NaN (0x7FFF) for h == 0
     p.mn = ted_pmin(p.mn, w);
     p.mx = ted_pmax(p.mx, w);
-    p.amax = ted_pmax(p.amax, a);
     p.nzneg = ted_pmax(p.nzneg, neg);
     p.cnt += (neg >> 15) & 0x00010001u;
 }
@@ -227,7 +226,6 @@ __device__ __forceinline__ float pk_nzmin_half(unsigned int h) {
 __device__ __forceinline__ void pk_fold(ThreadStats& t, const PackedStats& p) {
     t.mn = ted_min(t.mn, ted_min(ted_lo(p.mn), ted_hi(p.mn)));
     t.mx = ted_max(t.mx, ted_max(ted_lo(p.mx), ted_hi(p.mx)));
-    t.amax = ted_max(t.amax, ted_max(ted_lo(p.amax), ted_hi(p.amax)));
     t.nzmin = ted_min(t.nzmin, ted_min(pk_nzmin_half(p.nzneg & 0xFFFFu), pk_nzmin_half(p.nzneg >> 16)));
 }
 
@@ -254,7 +252,7 @@ ted_stats(const ted_raw_t* __restrict__ x, long long n, Acc* __restrict__ partia
     const long long stride = (long long)gridDim.x * blockDim.x;
 
     ThreadStats t;
-    t.mn = INFINITY; t.mx = -INFINITY; t.amax = 0.0f; t.nzmin = INFINITY;
+    t.mn = INFINITY; t.mx = -INFINITY; t.nzmin = INFINITY;
     t.nz = 0ull; t.nan = 0ull; t.inf = 0ull; t.count = 0ull;
     t.S = 0.0; t.A = 0.0; t.Q = 0.0; t.D = 0.0; t.DD = 0.0;
     long long k_index = (long long)blockIdx.x * blockDim.x * VEC;  // the block's shift: its first element
@@ -317,7 +315,7 @@ ted_stats(const ted_raw_t* __restrict__ x, long long n, Acc* __restrict__ partia
     Acc a;  // (n, mean, m2) hold (n, Σd, Σd²) of the block's shift until thread 0 converts them
     a.n = (double)t.count; a.mean = t.D; a.m2 = t.DD;
     a.sum = t.S; a.abs_sum = t.A; a.sq_sum = t.Q;
-    a.mn = t.mn; a.mx = t.mx; a.amax = t.amax; a.nzmin = t.nzmin;
+    a.mn = t.mn; a.mx = t.mx; a.nzmin = t.nzmin;
     a.nz = t.nz; a.nan = t.nan; a.inf = t.inf;
     a = acc_block_reduce<true>(a);
     if (threadIdx.x == 0) {
