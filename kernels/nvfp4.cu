@@ -1,7 +1,8 @@
 // NVFP4 quantize (tedebug.quantization.nvfp4, bit-identical): rowwise 1x16 blocks along K and columnwise 1x16
 // blocks along M of the transposed view, from one read of x [M, K], with fused error statistics per direction.
-// The global amaxes come from a separate pass (ted_fp8_amax_scale in fp8_tensor.cu, or ted_nvfp4_rht_amax below
-// for the RHT columnwise amax); this kernel reads them from device memory.
+// The global amaxes come from a separate pass (ted_fp8_amax_scale in fp8_tensor.cu); the kernels read them from
+// device memory.  The columnwise direction with the random Hadamard transform has its own kernels at the end of
+// this file (ted_nvfp4_rht_amax: amax of the rotated values; ted_nvfp4_rht_col: rotate + quantize + statistics).
 //
 // `ted_nvfp4_quantize`: a block of 256 threads owns a tile of 64 rows x NV_TK columns (128 for 16-bit inputs, 64
 // for fp32: 16 KB either way), staged in shared memory by cp.async (double-buffered: the next tile streams in while
@@ -620,3 +621,202 @@ ted_nvfp4_quantize16(const ted_raw_t* __restrict__ x, long long M, long long K, 
     if (ted_last_block(ticket)) ted_finish_columns(partial, gridDim.x, 4, out, ticket);
 }
 #endif
+
+
+// ---------------------------------------------------------------------------------------------- RHT columnwise
+// NVFP4 columnwise with the random Hadamard transform (tedebug.quantization.nvfp4: `apply_rht` of the transposed
+// view, bit-identical).  For column k of x [M, K] and 16-row group g:
+//   y[16g + j, k] = sum_i x[16g + i, k] * s_i * (-1)^popc(i & j) / 4,
+// every term exact in fp64, summed in order i = 0..15 from +0 (the reference's fp64 matmul; for 16-bit inputs the
+// sum is exact whenever the group spans < ~40 binades, so the order does not matter there), rounded fp64 -> fp32 ->
+// x's dtype (round to nearest even, subnormals kept); a NaN y is a positive NaN.  Bit i of `sign_mask` is set iff
+// s_i = -1 (the host derives it from RHT_SIGNS).  One thread per (16-row group, column), tiles of NR_COLS columns x
+// NR_GROUPS groups per 256-thread block (a column's NR_GROUPS groups: 32 contiguous bytes of column data).
+//   ted_nvfp4_rht_amax: *amax_bits (fp32 bits, 0 before the launch) = max |y| (NaN ignored), by atomicMax.
+//   ted_nvfp4_rht_col: the columnwise data / scales of y (the 1x16 rule of the kernels above: nv_block, nv_round,
+//   a NaN scaled value -> code 7) with global amax amax[1], and per block partial[b][0..1] = (count_nonzero(y) -
+//   non-zero codes, squared error) where the squared error is the torch path's: sum (x - z)^2 in fp64 against the
+//   ORIGINAL x, z_i = fp32(sum_j deq_j * s_i * (-1)^popc(i & j) / 4) the inverse transform of the dequantized block
+//   (NVFP4Tensor.dequantize("columnwise")).  That fp64 sum is exact in any order (the deq_j of a block are fp32
+//   multiples of one power of two spanning < 8 binades), so it runs as a 4-stage butterfly.  The host sums the
+//   partials (ted_sum_columns).
+#define NR_COLS 64
+#define NR_GROUPS (256 / NR_COLS)
+#if TED_DTYPE == 0
+#define NR_QNAN 0x7FC00000u
+#define NR_ABS 0x7FFFFFFFu
+#elif TED_DTYPE == 1
+#define NR_QNAN 0x7FC0u
+#define NR_ABS 0x7FFFu
+#else
+#define NR_QNAN 0x7E00u
+#define NR_ABS 0x7FFFu
+#endif
+
+__device__ __forceinline__ constexpr int nr_parity(int v) { return (v ^ (v >> 1) ^ (v >> 2) ^ (v >> 3)) & 1; }
+
+__device__ __forceinline__ float nr_d2f(double d) {  // fp64 -> fp32, RN, no flush
+    float r;
+    asm("cvt.rn.f32.f64 %0, %1;" : "=f"(r) : "d"(d));
+    return r;
+}
+
+// fp64 -> fp32 -> x's dtype (both RN, subnormals kept) as raw bits; NaN -> positive quiet NaN.
+__device__ __forceinline__ unsigned int nr_round(double d) {
+    if (d != d) return NR_QNAN;
+    const float f = nr_d2f(d);
+#if TED_DTYPE == 0
+    return __float_as_uint(f);
+#elif TED_DTYPE == 1
+    const unsigned int u = __float_as_uint(f);  // finite or +-Inf: round to nearest even on the bits
+    return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+#else
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+#endif
+}
+
+// The (group g, column k) item of tile `tile` for this thread; false when it lies outside x.
+__device__ __forceinline__ bool nr_item(long long tile, long long M, long long K, long long& g, long long& k) {
+    const long long n_tk = (K + NR_COLS - 1) / NR_COLS;
+    g = (tile / n_tk) * NR_GROUPS + threadIdx.x / NR_COLS;
+    k = (tile % n_tk) * NR_COLS + threadIdx.x % NR_COLS;
+    return 16 * g < M && k < K;
+}
+
+// v[i] = x[16g + i, k] as fp32.
+__device__ __forceinline__ void nr_load(const ted_raw_t* __restrict__ x, long long K, long long g, long long k,
+                                        float (&v)[16]) {
+    const ted_raw_t* p = x + 16 * g * K + k;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) v[i] = ted_to_float((unsigned int)__ldg(p + i * K));
+}
+
+// raw[j]: the bits of y_j in x's dtype.
+__device__ __forceinline__ void nr_forward(const float (&v)[16], unsigned int sign_mask, unsigned int (&raw)[16]) {
+    double t[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) t[i] = ted_f2d(v[i]) * (((sign_mask >> i) & 1u) ? -0.25 : 0.25);  // exact
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        double acc = 0.0;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) acc = nr_parity(i & j) ? acc - t[i] : acc + t[i];
+        raw[j] = nr_round(acc);
+    }
+}
+
+// z[i] = fp32(sum_j d[j] * s_i * (-1)^popc(i & j) / 4) (exact fp64 sums: butterfly order).
+__device__ __forceinline__ void nr_inverse(const float (&d)[16], unsigned int sign_mask, float (&z)[16]) {
+    double t[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) t[j] = ted_f2d(d[j]);
+#pragma unroll
+    for (int h = 1; h < 16; h <<= 1) {
+#pragma unroll
+        for (int a = 0; a < 16; ++a) {
+            if (a & h) continue;
+            const double u = t[a], w = t[a + h];
+            t[a] = u + w;
+            t[a + h] = u - w;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) z[i] = nr_d2f(t[i] * (((sign_mask >> i) & 1u) ? -0.25 : 0.25));
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+ted_nvfp4_rht_amax(const ted_raw_t* __restrict__ x, long long M, long long K, unsigned int sign_mask,
+                   unsigned int* __restrict__ amax_bits) {
+    __shared__ float warp_max[8];
+    const long long n_tiles = ((M / 16 + NR_GROUPS - 1) / NR_GROUPS) * ((K + NR_COLS - 1) / NR_COLS);
+    float am = 0.0f;
+    for (long long tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
+        long long g, k;
+        if (!nr_item(tile, M, K, g, k)) continue;
+        float v[16];
+        unsigned int raw[16];
+        nr_load(x, K, g, k, v);
+        nr_forward(v, sign_mask, raw);
+#pragma unroll
+        for (int j = 0; j < 16; ++j) am = ted_max(am, ted_abs(ted_to_float(raw[j])));  // max drops NaN
+    }
+    for (int off = 16; off > 0; off >>= 1) am = ted_max(am, __shfl_down_sync(0xFFFFFFFFu, am, off));
+    if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = am;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < 8; ++w) am = ted_max(am, warp_max[w]);
+        atomicMax(amax_bits, __float_as_uint(am));  // non-negative floats order like their bits
+    }
+}
+
+// amax[1]: the columnwise (rotated) global amax.  col_bits (NV_SR only): uint8 [K, M].  partial: gridDim.x * 2.
+#ifndef NR_MIN_BLOCKS
+#define NR_MIN_BLOCKS 3  // resident blocks per SM (register cap); cupy_nvfp4.RHT_BLOCKS_PER_SM must match
+#endif
+extern "C" __global__ void __launch_bounds__(256, NR_MIN_BLOCKS)
+ted_nvfp4_rht_col(const ted_raw_t* __restrict__ x, long long M, long long K, unsigned int sign_mask,
+                  const float* __restrict__ amax, float inv6, float inv2688,
+                  const unsigned char* __restrict__ col_bits, unsigned char* __restrict__ col_data,
+                  unsigned char* __restrict__ col_scales, double* __restrict__ partial) {
+    __shared__ double scratch[32];
+    const NvDir cdir = nv_dir(amax[1], inv6);
+    const long long n_tiles = ((M / 16 + NR_GROUPS - 1) / NR_GROUPS) * ((K + NR_COLS - 1) / NR_COLS);
+    double err = 0.0;
+    unsigned int nz_y = 0u, nz_q = 0u;  // per thread: far below 2^32
+    for (long long tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
+        long long g, k;
+        if (!nr_item(tile, M, K, g, k)) continue;
+        float v[16], y[16], deq[16], z[16];
+        unsigned int raw[16];
+        nr_load(x, K, g, k, v);
+        nr_forward(v, sign_mask, raw);
+        float bam = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            y[j] = ted_to_float(raw[j]);
+            bam = ted_max(bam, ted_abs(y[j]));
+            nz_y += (raw[j] & NR_ABS) != 0u ? 1u : 0u;
+        }
+        const NvBlock blk = nv_block(bam, cdir, inv2688);
+        col_scales[k * (M / 16) + g] = (unsigned char)blk.code;
+        uint4 rb = make_uint4(0u, 0u, 0u, 0u);
+#if NV_SR
+        rb = __ldg(reinterpret_cast<const uint4*>(col_bits + k * M + 16 * g));
+#else
+        (void)col_bits;
+#endif
+        unsigned int lo = 0u, hi = 0u;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            const float q = ted_mul(y[j], blk.mult);
+            unsigned int c;
+            float r;
+            if (isnan(q)) {
+                c = 7u;
+                r = 6.0f;
+            } else {
+                c = nv_round(q, nv_byte(rb, j), r) | ((__float_as_uint(y[j]) >> 28) & 8u);
+            }
+            if (j < 8) lo |= c << (4 * j);
+            else hi |= c << (4 * (j - 8));
+            // the code's sign on r * dscale (>= 0 or NaN) by its sign bit: a C negation would flush subnormals
+            deq[j] = __uint_as_float(__float_as_uint(ted_mul(r, blk.dscale)) | ((c & 8u) << 28));
+        }
+        nz_q += nv_nonzero8(lo) + nv_nonzero8(hi);
+        *reinterpret_cast<uint2*>(col_data + k * (M / 2) + 8 * g) = make_uint2(lo, hi);
+        nr_inverse(deq, sign_mask, z);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            const double e = ted_f2d(v[i]) - ted_f2d(z[i]);
+            err += e * e;
+        }
+    }
+    const double uf = ted_block_sum((double)nz_y - (double)nz_q, scratch);
+    const double se = ted_block_sum(err, scratch);
+    if (threadIdx.x == 0) {
+        partial[2 * (long long)blockIdx.x] = uf;
+        partial[2 * (long long)blockIdx.x + 1] = se;
+    }
+}

@@ -1,12 +1,18 @@
-"""CuPy launcher of the NVFP4 quantize kernel (``kernels/nvfp4.cu``): `nvfp4_quantize(quantizer, tensor)`.
+"""CuPy launchers of the NVFP4 quantize kernels (``kernels/nvfp4.cu``): `nvfp4_quantize(quantizer, tensor)`.
 
 Returns the same `NVFP4Tensor` fields as `NVFP4Quantizer._quantize`, bit for bit, plus the fused error statistics
 (underflows, squared error per direction) handed to the statistics backend with `cupy_kernels._attach_fused`.
-Two launches: the global amax (`cupy_kernels._amax_launch`, NaN ignored, written to both amax slots) and the
-quantize kernel, which finishes its statistics in its last block; no host synchronisation.  The quantize kernel is
-`ted_nvfp4_quantize16` (fast path: bf16 / fp16, round to nearest, 1D, M % 64 == 0, K % 128 == 0) or the general
-`ted_nvfp4_quantize` (everything else).  `supports(quantizer, tensor)` says which calls the kernel
-takes; `tedebug.backends.dispatch.quantize_nvfp4` sends every other call to the torch reference.
+Without RHT: two launches, the global amax (`cupy_kernels._amax_launch`, NaN ignored, written to both amax slots)
+and the quantize kernel, which finishes its statistics in its last block; no host synchronisation.  The quantize
+kernel is `ted_nvfp4_quantize16` (fast path: bf16 / fp16, round to nearest, 1D, M % 64 == 0, K % 128 == 0) or the
+general `ted_nvfp4_quantize` (everything else).
+With RHT (`quantizer.with_rht`, columnwise only): the rowwise direction is quantized as above from the amax of x;
+the columnwise direction by `ted_nvfp4_rht_amax` (max |y| of the rotated values y, recomputed on the fly, never
+stored) and `ted_nvfp4_rht_col` (rotation again, 1x16 quantization of y, statistics per block: underflows against
+y, the squared error against x through the inverse rotation of the dequantized values, as the torch path measures
+it), whose per-block partials `ted_sum_columns` adds up.
+`supports(quantizer, tensor)` says which calls the kernels take; `tedebug.backends.dispatch.quantize_nvfp4` sends
+every other call to the torch reference.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from tedebug.backends.cupy_kernels import (
     _dtype_options,
     _launch,
     _sm_count,
+    _sum_columns,
     _ticket,
     _workspace,
     get_kernel,
@@ -34,14 +41,16 @@ NQ_BLOCKS_PER_SM = 4  # NQ_MIN_BLOCKS in kernels/nvfp4.cu (ted_nvfp4_quantize16,
 NQ_TILE = (64, 128)   # ted_nvfp4_quantize16's tile: rows, columns
 NV_THREADS = 256
 NV_TILE_ROWS = 64
+RHT_TILE = (4, 64)     # ted_nvfp4_rht_*'s tile: 16-row groups (NR_GROUPS), columns (NR_COLS)
+RHT_BLOCKS_PER_SM = 3  # NR_MIN_BLOCKS in kernels/nvfp4.cu (ted_nvfp4_rht_col: __launch_bounds__(256, 3))
 _INV6 = np.float32(1.0 / 6.0)        # fp32(1/6), as the reference's `_f32(1 / E2M1_MAX)`
 _INV2688 = np.float32(1.0 / 2688.0)  # fp32(1/2688), as the reference's `_f32(1 / NVFP4_GLOBAL_MAX)`
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def supports(quantizer, tensor: torch.Tensor) -> bool:
-    """Whether the kernel takes this call: a non-empty fp32/bf16/fp16 tensor of a valid NVFP4 shape, no RHT."""
-    if quantizer.with_rht or tensor.dtype not in _KERNEL_DTYPES or tensor.numel() == 0 or tensor.dim() < 2:
+    """Whether the kernels take this call: a non-empty fp32/bf16/fp16 tensor of a valid NVFP4 shape (any options)."""
+    if tensor.dtype not in _KERNEL_DTYPES or tensor.numel() == 0 or tensor.dim() < 2:
         return False
     if not (quantizer.rowwise_usage or quantizer.columnwise_usage):
         return False
@@ -59,6 +68,26 @@ def uses_fast_kernel(m: int, k: int, dtype: torch.dtype, two_d: bool, sr: bool) 
 
 def _tile_cols(dtype: torch.dtype) -> int:
     return 64 if dtype == torch.float32 else 128  # NV_TK in kernels/nvfp4.cu
+
+
+def _general_options(x2d: torch.Tensor, sr: bool) -> Tuple[str, ...]:
+    """NVRTC options of nvfp4.cu (one compiled module per dtype and SR holds every kernel of the file)."""
+    return _dtype_options(x2d) + ("-DTED_FP8=0", f"-DNV_SR={int(sr)}", f"-DNV_MIN_BLOCKS={NV_BLOCKS_PER_SM}",
+                                  f"-DNQ_MIN_BLOCKS={NQ_BLOCKS_PER_SM}", f"-DNR_MIN_BLOCKS={RHT_BLOCKS_PER_SM}")
+
+
+def rht_sign_mask() -> int:
+    """`RHT_SIGNS` as the RHT kernels take it: bit i is set iff sign i is -1."""
+    from tedebug.quantization.nvfp4 import RHT_SIGNS
+
+    return sum(1 << i for i, sign in enumerate(RHT_SIGNS) if sign < 0)
+
+
+def _check_bits(name: str, bits: Optional[torch.Tensor], shape: Tuple[int, int], dev: torch.device) -> None:
+    if bits is not None and (bits.dtype != torch.uint8 or tuple(bits.shape) != shape or not bits.is_contiguous()
+                             or bits.device != dev):
+        raise ValueError(f"cupy_nvfp4: {name} must be a contiguous uint8 {shape} tensor on {dev}, got "
+                         f"{bits.dtype} {tuple(bits.shape)} on {bits.device}")
 
 
 def nvfp4_quantize_raw(
@@ -82,11 +111,8 @@ def nvfp4_quantize_raw(
     sr = row_bits is not None or col_bits is not None
     if sr and ((rowwise and row_bits is None) or (columnwise and col_bits is None)):
         raise ValueError("nvfp4_quantize_raw: stochastic rounding needs random bits for every requested direction")
-    for name, bits, shape in (("row_bits", row_bits, (m, k)), ("col_bits", col_bits, (k, m))):
-        if bits is not None and (bits.dtype != torch.uint8 or tuple(bits.shape) != shape or not bits.is_contiguous()
-                                 or bits.device != dev):
-            raise ValueError(f"nvfp4_quantize_raw: {name} must be a contiguous uint8 {shape} tensor on {dev}, got "
-                             f"{bits.dtype} {tuple(bits.shape)} on {bits.device}")
+    _check_bits("row_bits", row_bits, (m, k), dev)
+    _check_bits("col_bits", col_bits, (k, m), dev)
     row_data = torch.empty((m, k // 2), dtype=torch.uint8, device=dev) if rowwise else None
     row_scales = torch.empty((m, k // 16), dtype=torch.uint8, device=dev) if rowwise else None
     col_data = torch.empty((k, m // 2), dtype=torch.uint8, device=dev) if columnwise else None
@@ -100,9 +126,7 @@ def nvfp4_quantize_raw(
     if uses_fast_kernel(m, k, x2d.dtype, two_d, sr):
         tiles = (m // NQ_TILE[0]) * (k // NQ_TILE[1])
         grid = max(1, min(NQ_BLOCKS_PER_SM * _sm_count(_device_index(dev)), tiles))
-        opts = _dtype_options(x2d) + ("-DTED_FP8=0", "-DNV_SR=0", f"-DNV_MIN_BLOCKS={NV_BLOCKS_PER_SM}",
-                                      f"-DNQ_MIN_BLOCKS={NQ_BLOCKS_PER_SM}")
-        kernel = get_kernel("nvfp4.cu", "ted_nvfp4_quantize16", opts)
+        kernel = get_kernel("nvfp4.cu", "ted_nvfp4_quantize16", _general_options(x2d, False))
         args = (
             x2d.data_ptr(), np.int64(m), np.int64(k), amax.data_ptr(), _INV6, _INV2688,
             np.int32(rowwise), np.int32(columnwise), ptr(row_data), ptr(row_scales), ptr(col_data), ptr(col_scales),
@@ -112,9 +136,7 @@ def nvfp4_quantize_raw(
         return row_data, row_scales, col_data, col_scales, stats
     tiles = ((m + NV_TILE_ROWS - 1) // NV_TILE_ROWS) * ((k + _tile_cols(x2d.dtype) - 1) // _tile_cols(x2d.dtype))
     grid = max(1, min(NV_BLOCKS_PER_SM * _sm_count(_device_index(dev)), tiles))
-    opts = _dtype_options(x2d) + ("-DTED_FP8=0", f"-DNV_SR={int(sr)}", f"-DNV_MIN_BLOCKS={NV_BLOCKS_PER_SM}",
-                                  f"-DNQ_MIN_BLOCKS={NQ_BLOCKS_PER_SM}")
-    kernel = get_kernel("nvfp4.cu", "ted_nvfp4_quantize", opts)
+    kernel = get_kernel("nvfp4.cu", "ted_nvfp4_quantize", _general_options(x2d, sr))
     args = (
         x2d.data_ptr(), np.int64(m), np.int64(k), amax.data_ptr(), _INV6, _INV2688,
         np.int32(rowwise), np.int32(columnwise), np.int32(two_d), ptr(row_bits), ptr(col_bits),
@@ -123,6 +145,46 @@ def nvfp4_quantize_raw(
     )
     _launch(kernel, grid, NV_THREADS, args, dev)
     return row_data, row_scales, col_data, col_scales, stats
+
+
+def nvfp4_rht_columnwise(
+    x2d: torch.Tensor, amax: torch.Tensor, col_bits: Optional[torch.Tensor] = None
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Columnwise NVFP4 of the RHT-rotated transposed view of a contiguous CUDA [M, K] tensor (M % 16 == 0).
+
+    Sets amax[1] (fp32 [2], the columnwise slot) to max|y| of the rotated values y (NaN ignored) and returns
+    (col data [K, M/2], col scales [K, M/16], stats) with `stats` float64[2] = (underflows against y, Σ(x - deq)²
+    against x where deq is the inverse rotation of the dequantized values).  `col_bits` (uint8 [K, M]) switches to
+    stochastic rounding.  Four launches (zero the slot, amax, quantize, sum of the per-block partials), no sync.
+    """
+    m, k = x2d.shape
+    dev = x2d.device
+    if m % 16 or k % 16 or x2d.dtype not in _KERNEL_DTYPES or not x2d.is_contiguous():
+        raise ValueError(f"nvfp4_rht_columnwise: needs a contiguous fp32/bf16/fp16 [M, K] tensor with M and K "
+                         f"divisible by 16, got {x2d.dtype} {tuple(x2d.shape)}")
+    if amax.dtype != torch.float32 or amax.numel() != 2 or amax.device != dev:
+        raise ValueError(f"nvfp4_rht_columnwise: amax must be a float32 [2] tensor on {dev}, got {amax.dtype} "
+                         f"{tuple(amax.shape)} on {amax.device}")
+    _check_bits("col_bits", col_bits, (k, m), dev)
+    col_data = torch.empty((k, m // 2), dtype=torch.uint8, device=dev)
+    col_scales = torch.empty((k, m // 16), dtype=torch.uint8, device=dev)
+    stats = torch.empty(2, dtype=torch.float64, device=dev)
+    tiles = -(-(m // 16) // RHT_TILE[0]) * -(-k // RHT_TILE[1])
+    grid = max(1, min(RHT_BLOCKS_PER_SM * _sm_count(_device_index(dev)), tiles))
+    opts = _general_options(x2d, col_bits is not None)
+    mask = np.uint32(rht_sign_mask())
+    amax[1:].zero_()  # ted_nvfp4_rht_amax takes the atomic max of the fp32 bits into it
+    _launch(get_kernel("nvfp4.cu", "ted_nvfp4_rht_amax", opts), grid, NV_THREADS,
+            (x2d.data_ptr(), np.int64(m), np.int64(k), mask, amax.data_ptr() + 4), dev)
+    partial = torch.empty((grid, 2), dtype=torch.float64, device=dev)
+    args = (
+        x2d.data_ptr(), np.int64(m), np.int64(k), mask, amax.data_ptr(), _INV6, _INV2688,
+        col_bits.data_ptr() if col_bits is not None else 0, col_data.data_ptr(), col_scales.data_ptr(),
+        partial.data_ptr(),
+    )
+    _launch(get_kernel("nvfp4.cu", "ted_nvfp4_rht_col", opts), grid, NV_THREADS, args, dev)
+    _sum_columns(partial, stats)
+    return col_data, col_scales, stats
 
 
 def nvfp4_quantize(quantizer, tensor: torch.Tensor):
@@ -136,16 +198,29 @@ def nvfp4_quantize(quantizer, tensor: torch.Tensor):
     m, k = check_nvfp4_shape(tensor.shape, who, need_rows=quantizer.columnwise_usage or
                              quantizer.with_2d_quantization)
     x2d = prepare_input(tensor.reshape(m, k))
+    rht = quantizer.with_rht and quantizer.columnwise_usage
     amaxes = torch.empty(2, dtype=torch.float32, device=x2d.device)
-    _amax_launch(x2d, amaxes)  # amaxes[0] = amaxes[1] = max|x| (NaN ignored)
+    if not rht:
+        _amax_launch(x2d, amaxes)  # amaxes[0] = amaxes[1] = max|x| (NaN ignored)
+    elif quantizer.rowwise_usage:
+        _amax_launch(x2d, amaxes[:1])  # amaxes[0] = max|x|; amaxes[1] comes from the rotated values
     # Random bits drawn in the reference's order (rowwise first) from the quantizer's generator.
     row_bits = quantizer._random_bits((m, k), x2d.device) if quantizer.rowwise_usage else None
     col_bits = quantizer._random_bits((k, m), x2d.device) if quantizer.columnwise_usage else None
-    rd, rs, cd, cs, stats = nvfp4_quantize_raw(
-        x2d, amaxes, quantizer.rowwise_usage, quantizer.columnwise_usage, quantizer.with_2d_quantization,
-        row_bits.contiguous() if row_bits is not None else None,
-        col_bits.contiguous() if col_bits is not None else None,
-    )
+    row_bits = row_bits.contiguous() if row_bits is not None else None
+    col_bits = col_bits.contiguous() if col_bits is not None else None
+    if rht:
+        rd = rs = None
+        if quantizer.rowwise_usage:
+            rd, rs, _, _, row_stats = nvfp4_quantize_raw(x2d, amaxes, True, False, False, row_bits, None)
+        cd, cs, col_stats = nvfp4_rht_columnwise(x2d, amaxes, col_bits)
+        stats = (row_stats[0], row_stats[1]) if quantizer.rowwise_usage else (None, None)
+        stats += (col_stats[0], col_stats[1])
+    else:
+        rd, rs, cd, cs, stats = nvfp4_quantize_raw(
+            x2d, amaxes, quantizer.rowwise_usage, quantizer.columnwise_usage, quantizer.with_2d_quantization,
+            row_bits, col_bits,
+        )
     out = NVFP4Tensor(tensor.shape, tensor.dtype, tensor.device, quantizer, columnwise_rht=quantizer.with_rht)
     fused = {}
     if quantizer.rowwise_usage:
