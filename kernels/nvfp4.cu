@@ -400,16 +400,17 @@ ted_nvfp4_quantize(const ted_raw_t* __restrict__ x, long long M, long long K, co
 // ---------------------------------------------------------------------------------------------- fast kernel
 // `ted_nvfp4_quantize16`: bf16 / fp16, round to nearest, 1D blocks, M % 64 == 0 and K % 128 == 0 (the host picks
 // it; every other call takes `ted_nvfp4_quantize`).  Same results bit for bit, less work per element:
-//   - tiles walked in bands of NQ_BAND tile rows, column by column (nq_tile: 32-bit arithmetic, no 64-bit
-//     division), 4 resident blocks per SM (64 registers);
+//   - tiles walked in bands of NQ_BAND tile rows, column by column (nq_walk / nq_tile: 32-bit arithmetic, no
+//     division per tile), 4 resident blocks per SM (64 registers);
 //   - column units numbered so that the 4 lanes of one column pair hold its 4 16-row groups: one 8-byte store
 //     instruction writes 32 contiguous bytes per column (full sectors) instead of 64 scattered 8-byte pieces;
 //     swizzle NQ_SWZ also spreads those 4 row groups over distinct banks;
 //   - per element: |x| * mult and min(., 6) in two instructions, the sign OR-ed in with one shift + LOP3, no
 //     NaN special case (a non-finite fp32 block error redoes the block exactly from shared memory, `nq_redo`).
-// Measured (H200, bf16, row+col): 145 us at 8192^2 (general kernel 186 us), 546 us at 16384^2.  Fewer
-// instructions per element (the fma form of the rounding, -5 % SASS) did not move the 8192^2 time: the kernel is
-// bound by latency / issue efficiency rather than by its instruction count.
+// Profile (ncu, H200, bf16 8192^2, row+col): issue-bound, 80 % of the issue slots busy, stalls mostly "not
+// selected" and "math pipe throttle", ~26 warp-instructions per element and direction; so time follows the
+// instruction count.  Walking the tiles without per-tile divisions (nq_walk) and packing codes with shift-adds
+// took 112.5 M -> 109.1 M instructions and 192.8 -> 184.6 us under ncu.
 #if TED_DTYPE != 0
 #define NQ_TM 64
 #define NQ_TK 128
@@ -494,16 +495,44 @@ __device__ __forceinline__ uint2 nq_finish(uint2 packed, float e, const unsigned
 // Non-zero elements of a 16-bit word pair, packed (0 or 1 per half).
 __device__ __forceinline__ unsigned int nq_nz2(unsigned int w) { return ted_pk_nonzero(w); }
 
-// Tile t of the banded order: bands of NQ_BAND tile rows (the last may be shorter), each walked column by column
-// (tm fastest), so the tiles in flight at once write runs of NQ_BAND * 32 contiguous bytes of every column of
-// column data while the input rows and row data they touch stay long contiguous runs.
-__device__ __forceinline__ void nq_tile(unsigned int t, unsigned int n_tm, unsigned int n_tk, unsigned int& tm,
-                                        unsigned int& tk) {
-    const unsigned int band = t / (NQ_BAND * n_tk);
-    const unsigned int rest = t - band * (NQ_BAND * n_tk);
-    const unsigned int h = min((unsigned int)NQ_BAND, n_tm - band * NQ_BAND);  // tile rows of this band
-    tk = rest / h;
-    tm = band * NQ_BAND + (rest - tk * h);
+// The banded tile order: bands of NQ_BAND tile rows (the last may be shorter), each walked column by column (tm
+// fastest), so the tiles in flight at once write runs of NQ_BAND * 32 contiguous bytes of every column of column
+// data while the input rows and row data they touch stay long contiguous runs.  Tile t is (band, rest) with
+// t = band * (NQ_BAND * n_tk) + rest; a block walks t = blockIdx.x, + G, ... by adding G's (band, rest) (divisions
+// once per kernel, none per tile but for the last, shorter band).
+struct NqWalk {
+    unsigned int band, rest;          // the current tile
+    unsigned int g_band, g_rest, bn;  // G as (band, rest); tiles per full band
+};
+
+__device__ __forceinline__ NqWalk nq_walk(unsigned int t, unsigned int G, unsigned int n_tk) {
+    NqWalk w;
+    w.bn = NQ_BAND * n_tk;
+    w.band = t / w.bn;
+    w.rest = t - w.band * w.bn;
+    w.g_band = G / w.bn;
+    w.g_rest = G - w.g_band * w.bn;
+    return w;
+}
+
+__device__ __forceinline__ void nq_advance(NqWalk& w) {
+    w.band += w.g_band;
+    w.rest += w.g_rest;
+    if (w.rest >= w.bn) {
+        w.rest -= w.bn;
+        ++w.band;
+    }
+}
+
+__device__ __forceinline__ void nq_tile(const NqWalk& w, unsigned int n_tm, unsigned int& tm, unsigned int& tk) {
+    const unsigned int h = min((unsigned int)NQ_BAND, n_tm - w.band * NQ_BAND);  // tile rows of this band
+    if (h == NQ_BAND) {
+        tk = w.rest / NQ_BAND;
+        tm = w.band * NQ_BAND + w.rest % NQ_BAND;
+    } else {
+        tk = w.rest / h;
+        tm = w.band * NQ_BAND + (w.rest - tk * h);
+    }
 }
 
 __device__ __forceinline__ void nq_prefetch(const ted_raw_t* x, long long K, unsigned int tm, unsigned int tk,
@@ -532,7 +561,8 @@ ted_nvfp4_quantize16(const ted_raw_t* __restrict__ x, long long M, long long K, 
     const unsigned int n_tiles = n_tm * n_tk;
     const unsigned int G = gridDim.x;
     unsigned int tm, tk, ntm = 0u, ntk = 0u;
-    nq_tile(blockIdx.x, n_tm, n_tk, tm, tk);
+    NqWalk walk = nq_walk(blockIdx.x, G, n_tk);
+    nq_tile(walk, n_tm, tm, tk);
     const int cg = threadIdx.x & 3, cp = threadIdx.x >> 2;  // column unit: 16-row group, word column
 
     double row_err = 0.0, col_err = 0.0;
@@ -543,7 +573,8 @@ ted_nvfp4_quantize16(const ted_raw_t* __restrict__ x, long long M, long long K, 
     for (unsigned int tile = blockIdx.x; tile < n_tiles; tile += G, buf ^= 1) {
         __syncthreads();  // the previous tile's readers of stage[buf ^ 1] are done
         if (tile + G < n_tiles) {
-            nq_tile(tile + G, n_tm, n_tk, ntm, ntk);
+            nq_advance(walk);
+            nq_tile(walk, n_tm, ntm, ntk);
             nq_prefetch(x, K, ntm, ntk, stage[buf ^ 1]);
         }
         asm volatile("cp.async.commit_group;\n" ::);
@@ -574,8 +605,8 @@ ted_nvfp4_quantize16(const ted_raw_t* __restrict__ x, long long M, long long K, 
 #pragma unroll
                 for (int i = 0; i < 16; ++i) {
                     const unsigned int c = nq_elem(e ? ted_hi(cw[i]) : ted_lo(cw[i]), blk.mult, blk.dscale, ef);
-                    if (i < 8) lo |= c << (4 * i);
-                    else hi |= c << (4 * (i - 8));
+                    if (i < 8) lo += c << (4 * i);  // disjoint nibbles: + is |, one shift-add
+                    else hi += c << (4 * (i - 8));
                 }
                 const uint2 packed = nq_finish(make_uint2(lo, hi), ef, sw, 0, 16 * cg, cp, e, blk, col_err, nz_col);
                 *reinterpret_cast<uint2*>(col_data + kc * (M / 2) + mg / 2) = packed;
@@ -606,8 +637,8 @@ ted_nvfp4_quantize16(const ted_raw_t* __restrict__ x, long long M, long long K, 
                 for (int j = 0; j < 16; ++j) {
                     const unsigned int c = nq_elem((j & 1) ? ted_hi(w[j >> 1]) : ted_lo(w[j >> 1]), blk.mult,
                                                    blk.dscale, ef);
-                    if (j < 8) lo |= c << (4 * j);
-                    else hi |= c << (4 * (j - 8));
+                    if (j < 8) lo += c << (4 * j);
+                    else hi += c << (4 * (j - 8));
                 }
                 const uint2 packed = nq_finish(make_uint2(lo, hi), ef, sw, 1, r, 8 * b, 0, blk, row_err, nz_row);
                 *reinterpret_cast<uint2*>(row_data + m * (K / 2) + k / 2) = packed;
