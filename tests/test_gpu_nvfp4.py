@@ -31,6 +31,7 @@ gpu = [pytest.mark.gpu, pytest.mark.skipif(not (HAS_GPU and HAS_CUPY), reason="n
 DEV = torch.device("cuda") if HAS_GPU else None
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 U = 2.0 ** -24        # fp32 unit roundoff
+U64 = 2.0 ** -53      # fp64 unit roundoff
 ERR_CHUNK = 32        # fp32 |x| - |deq|, square and 16-term fp32 sum per block before fp64 (nvfp4.cu): < 32 U
 TINY_SQ = 2.0 ** -126  # squared errors below the fp32 normal range are lost by the fp32 per-element squares
 FIELDS = ("rowwise_data", "rowwise_scale_inv", "amax_rowwise", "columnwise_data", "columnwise_scale_inv",
@@ -84,8 +85,11 @@ def check_fields(got, ref):
                 (field, (a != b).sum().item())
 
 
-def check_stats(x, got, ref):
-    """Fused statistics: underflows exact, squared error within the bound of the fp32 per-block sums."""
+def check_stats(x, got, ref, *, rht=False):
+    """Fused statistics: underflows exact, squared error within the bound of the fp32 per-block sums.  With `rht`
+    the columnwise squared error is computed per element in fp64 exactly as torch_ref's (x - inverse-rotated
+    dequantization)^2 and summed in another order: both sums of n non-negative terms are within (n - 1) U64 of the
+    exact sum, each term within U64 of its own."""
     assert getattr(got, "_fused_error_stats", None), "the kernel path must attach fused statistics"
     from tedebug.backends import cupy_kernels
 
@@ -97,10 +101,15 @@ def check_stats(x, got, ref):
         uf = cupy_kernels.underflow_partials(x, got, usage)["underflows_num"]
         assert uf is fused["underflows_num"]
         assert uf.item() == torch_ref.underflow_partials(x, ref, usage)["underflows_num"].item(), usage
-        err = cupy_kernels.mse_partials(x, got, usage)["sq_err"].item()
+        err_partial = cupy_kernels.mse_partials(x, got, usage)["sq_err"]
+        assert err_partial is fused["sq_err"]
+        err = err_partial.item()
         want = torch_ref.mse_partials(x, ref, usage)["sq_err"].item()
-        assert (math.isnan(err) and math.isnan(want)) or err == want or \
-            abs(err - want) <= ERR_CHUNK * U * abs(want) + x.numel() * TINY_SQ, (usage, err, want)
+        if rht and usage == "columnwise":
+            bound = 2 * (x.numel() + 1) * U64 * abs(want)
+        else:
+            bound = ERR_CHUNK * U * abs(want) + x.numel() * TINY_SQ
+        assert (math.isnan(err) and math.isnan(want)) or err == want or abs(err - want) <= bound, (usage, err, want)
 
 
 # ================================================================================================ GPU
@@ -304,32 +313,6 @@ def test_supports_picks_the_calls_the_kernel_takes():
 RHT_SHAPES = [(16, 16), (64, 128), (48, 272), (2, 40, 96), (256, 1024), (1040, 2064), (1024, 8192)]
 RHT_SPECIAL_SHAPES = [(16, 16), (64, 128), (48, 272), (256, 1024)]
 RHT_SR_SHAPES = [(16, 32), (64, 128), (48, 272), (256, 1024)]
-U64 = 2.0 ** -53  # fp64 unit roundoff
-
-
-def check_rht_stats(x, got, ref):
-    """Underflows exactly torch_ref's (against the rotated values); the columnwise squared error is computed per
-    element in fp64 exactly as torch_ref's (x - inverse-rotated dequantization)^2, summed in another order: both
-    sums of n non-negative terms are within (n - 1) U64 of the exact sum, each term within U64 of its own."""
-    assert getattr(got, "_fused_error_stats", None), "the kernel path must attach fused statistics"
-    from tedebug.backends import cupy_kernels
-
-    for usage in ("rowwise", "columnwise"):
-        if getattr(got, f"{usage}_data") is None:
-            assert usage not in got._fused_error_stats
-            continue
-        fused = got._fused_error_stats[usage]
-        uf = cupy_kernels.underflow_partials(x, got, usage)["underflows_num"]
-        assert uf is fused["underflows_num"]
-        assert uf.item() == torch_ref.underflow_partials(x, ref, usage)["underflows_num"].item(), usage
-        err = cupy_kernels.mse_partials(x, got, usage)["sq_err"].item()
-        assert cupy_kernels.mse_partials(x, got, usage)["sq_err"] is fused["sq_err"]
-        want = torch_ref.mse_partials(x, ref, usage)["sq_err"].item()
-        if usage == "rowwise":
-            bound = ERR_CHUNK * U * abs(want) + x.numel() * TINY_SQ
-        else:
-            bound = 2 * (x.numel() + 1) * U64 * abs(want)
-        assert (math.isnan(err) and math.isnan(want)) or err == want or abs(err - want) <= bound, (usage, err, want)
 
 
 def rht_specials(shape, dtype, seed):
@@ -373,7 +356,7 @@ def test_rht_bit_identical_with_fused_stats(shape, dtype, usage):
         got, ref = pair(x, with_rht=True, **kw)
         assert got.columnwise_rht and ref.columnwise_rht
         check_fields(got, ref)
-        check_rht_stats(x, got, ref)
+        check_stats(x, got, ref, rht=True)
 
 
 @_gpu
@@ -389,10 +372,10 @@ def test_rht_special_groups(shape, dtype):
         assert y.isinf().any() and y.isnan().any()  # the inputs reach the intended cases
         got, ref = pair(x, with_rht=True)
         check_fields(got, ref)
-        check_rht_stats(x, got, ref)
+        check_stats(x, got, ref, rht=True)
         got, ref = pair(x, with_rht=True, rowwise=False)
         check_fields(got, ref)
-        check_rht_stats(x, got, ref)
+        check_stats(x, got, ref, rht=True)
 
 
 @_gpu
@@ -408,7 +391,7 @@ def test_rht_subnormal_rotations(dtype):
     assert ((y != 0) & (y.abs() < tiny)).any()
     got, ref = pair(x, with_rht=True)
     check_fields(got, ref)
-    check_rht_stats(x, got, ref)
+    check_stats(x, got, ref, rht=True)
 
 
 @_gpu
@@ -420,7 +403,7 @@ def test_rht_stochastic_rounding_bit_identical(shape, dtype):
         for x in (random_input(shape, dtype, 36), rht_specials(shape, dtype, 37)):
             got, ref = pair(x, with_rht=True, stochastic_rounding=True, seed=4321, **kw)
             check_fields(got, ref)
-            check_rht_stats(x, got, ref)
+            check_stats(x, got, ref, rht=True)
 
 
 @_gpu
@@ -433,7 +416,7 @@ def test_rht_degenerate_amaxes(dtype):
     for x in (zeros, tiny):
         got, ref = pair(x, with_rht=True)
         check_fields(got, ref)
-        check_rht_stats(x, got, ref)
+        check_stats(x, got, ref, rht=True)
 
 
 @_gpu
