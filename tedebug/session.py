@@ -22,7 +22,7 @@ by `debug_api.add_statistics_sink` before initialize, the default text statistic
 
 Background logging (`background_logging`, default True): the session's `MetricLogger` writes tedebug's own sinks
 (text statistics file, JSONL, TensorBoard) on one writer thread (`tedebug.sinks.background`).  When every sink is
-one of those (no `statistics_logger` or other caller-thread sink) and torch.distributed is not initialised, the
+one of those (no `statistics_logger` or other caller-thread sink) and torch.distributed runs at most one rank, the
 statistics engine also defers its read-back (`tedebug.stats.engine`): `step()` for iteration N enqueues the
 transfer of iteration N's rows and returns without waiting for the GPU, after reducing iteration N-1 and having the
 writer write it; a training loop that never synchronises keeps its GPU queue full across steps.  Otherwise `step()`

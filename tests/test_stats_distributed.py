@@ -175,3 +175,28 @@ def test_collective_count(results):
     shard0 = full_tensor().chunk(WORLD)[0]
     assert r0_due["L_activation_max"] == shard0.double().max().item()
     assert r0_due["L_activation_std"] == pytest.approx(shard0.double().std().item(), rel=1e-12)
+
+
+def test_a_single_rank_group_keeps_the_deferred_read_back(monkeypatch):
+    """torch.distributed with one rank (torchrun on one GPU) reduces locally, so the engine may still defer its
+    read-back; with more ranks the reduction is a collective at the step and it does not."""
+    from tedebug.stats import reduce as reduce_module
+
+    engine = StatsEngine(Capture(), defer_read_back=True)
+    assert engine.defers()  # not initialised
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    try:
+        assert reduce_module.distributed_ready() and not reduce_module.needs_communication()
+        assert engine.defers()
+        x = torch.tensor([1.0, -4.0, 2.5])
+        engine.feed("L", "activation", ["min", "max"], x, iteration=0)
+        engine.step(0)
+        assert engine.has_in_flight and engine.metric_logger.records == []
+        engine.finish_pending()
+        assert engine.metric_logger.records == [("L_activation_min", -4.0, 0), ("L_activation_max", 2.5, 0)]
+        monkeypatch.setattr(dist, "get_world_size", lambda *a, **k: 2)
+        assert reduce_module.needs_communication() and not engine.defers()
+        assert not StatsEngine(Capture(), defer_read_back=False).defers()
+    finally:
+        dist.destroy_process_group()

@@ -9,7 +9,7 @@ iteration, layer=, tensor=, stat=)`` in buffer-creation order, statistics in req
 ``log_deferred(build)`` callable instead, so that a background writer evaluates the final formulas).
 
 Deferred read-back (`defer_read_back`, set by a background-logging session whose sinks all run on the writer
-thread; never while torch.distributed is initialised, whose reduction is a collective at the step): `step(N)`
+thread; never while torch.distributed runs more than one rank, whose reduction is a collective at the step): `step(N)`
 enqueues iteration N's copies and returns without waiting for the GPU, after reducing and emitting iteration N-1,
 whose copies finished long ago.  So a training loop that never synchronises keeps the GPU's queue full across
 steps.  `finish_pending()` emits the iteration still in flight (the session calls it when it flushes or closes).
@@ -191,7 +191,7 @@ class StatsEngine:
     # ------------------------------------------------------------------------------------------------ step
     def defers(self) -> bool:
         """True when `step` leaves the rows of its iteration in flight until the next step."""
-        return self.defer_read_back and not _reduce.distributed_ready()
+        return self.defer_read_back and not _reduce.needs_communication()
 
     @property
     def has_in_flight(self) -> bool:

@@ -25,6 +25,11 @@ def distributed_ready() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+def needs_communication() -> bool:
+    """True when torch.distributed is initialised with more than one rank (a single rank reduces locally)."""
+    return distributed_ready() and dist.get_world_size() > 1
+
+
 def group_order_key(group: Any) -> Tuple[Tuple[int, ...], str]:
     """A rank-independent sort key of a reduction group (None = the default / world group)."""
     if group is None or group is dist.group.WORLD:
