@@ -372,3 +372,21 @@ def test_overflows_threshold_is_strict():
     q = Float8Quantizer(torch.tensor(1.0), torch.zeros(1), "E4M3").quantize(x)
     got = run([x], [StatRequest("overflows%", "overflows%")], quantized_for=lambda _: {"": q})
     assert got["overflows%"] == 50.0
+
+
+def test_deferred_read_back_emits_what_the_finished_step_was_fed():
+    """A deferred step keeps a snapshot of each fed buffer: the next step may change the buffer's statistics,
+    iteration or reduction settings without changing what the finished step emits (and in which order)."""
+    log = Capture()
+    engine = StatsEngine(log, defer_read_back=True)
+    engine.feed("L", "activation", ["min", "max"], torch.tensor([3.0, -1.0, 2.0]), iteration=0)
+    engine.feed("L", "weight", ["max"], torch.tensor([0.5, 4.0]), iteration=0, is_weight=True)
+    engine.step(0)
+    assert engine.has_in_flight and log.records == []
+    engine.feed("L", "activation", ["std"], torch.tensor([1.0, 3.0]), iteration=1, skip_reduction=True)
+    engine.step(1)
+    assert [(r[0], r[1], r[2]) for r in log.records] == [
+        ("L_activation_min", -1.0, 0), ("L_activation_max", 3.0, 0), ("L_weight_max", 4.0, 0)]
+    engine.finish_pending()
+    assert (log.records[-1][0], log.records[-1][1], log.records[-1][2]) == ("L_activation_std", math.sqrt(2.0), 1)
+    assert not engine.has_in_flight and len(log.records) == 4
