@@ -184,28 +184,47 @@ __device__ __forceinline__ void current_scale(float amax, float fp8_max, float e
     scale_inv = ted_div(1.0f, scale);
 }
 
-// ws[0]: running amax bits (0 between launches), ws[1]: ticket.  mode 0: write amax_out[0] only; mode 1: also the
-// current-scaling scale / scale_inv; mode 2: amax_out[0] = amax_out[1] = amax (NVFP4's rowwise and columnwise
-// global amaxes).  Each thread keeps AM_ILP 16-byte loads in flight (predicated, so the last round is as parallel
-// as the others); packed bf16x2 / f16x2 maxima of |x| drop NaN.
+// ws[0]: running amax bits (0 between launches), ws[1]: ticket, ws[2..3]: running 64-bit non-zero count (0 between
+// launches).  mode 0: write amax_out[0] only; mode 1: also the current-scaling scale / scale_inv; mode 2:
+// amax_out[0] = amax_out[1] = amax (NVFP4's rowwise and columnwise global amaxes).  Each thread keeps AM_ILP
+// 16-byte loads in flight (predicated, so the last round is as parallel as the others); packed bf16x2 / f16x2
+// maxima of |x| drop NaN.  `ted_amax_count` (NVFP4's fast kernel) also writes *nz_out = count_nonzero(x) (NaN
+// counts, -0 does not), which the NVFP4 kernel needs for its underflow counts: counted here, in a pass that waits
+// on memory, it costs nothing, while the quantize pass is bound by instruction issue.
 #define AM_ILP 8
 #if TED_DTYPE != 0
 #define AM_FOLD(v) pk = ted_pmax(pk, ted_pmax(ted_pmax((v).x & 0x7FFF7FFFu, (v).y & 0x7FFF7FFFu), \
                                           ted_pmax((v).z & 0x7FFF7FFFu, (v).w & 0x7FFF7FFFu)))
+#define AM_COUNT(v) (ted_pk_nonzero((v).x) + ted_pk_nonzero((v).y) + ted_pk_nonzero((v).z) + ted_pk_nonzero((v).w))
 #else
 #define AM_FOLD(v) am = ted_max(am, ted_max(ted_max(ted_abs(__uint_as_float((v).x)), ted_abs(__uint_as_float((v).y))), \
                                         ted_max(ted_abs(__uint_as_float((v).z)), ted_abs(__uint_as_float((v).w)))))
+#define AM_COUNT(v) (((v).x & 0x7FFFFFFFu ? 1u : 0u) + ((v).y & 0x7FFFFFFFu ? 1u : 0u) + \
+                     ((v).z & 0x7FFFFFFFu ? 1u : 0u) + ((v).w & 0x7FFFFFFFu ? 1u : 0u))
 #endif
-extern "C" __global__ void __launch_bounds__(256, 4)  // 4 blocks/SM (cupy_kernels._grid_for): 8 loads in flight
-ted_fp8_amax_scale(const ted_raw_t* __restrict__ x, long long n, unsigned int* __restrict__ ws,
-                   float* __restrict__ amax_out, int mode, float fp8_max, float epsilon, int pow2,
-                   float* __restrict__ scale_out, float* __restrict__ scale_inv_out) {
+
+// Non-zero elements counted by AM_COUNT (a packed per-half count for 16-bit inputs) as one number.
+__device__ __forceinline__ unsigned int am_total(unsigned int c) {
+#if TED_DTYPE != 0
+    return ted_pk_total(c);
+#else
+    return c;
+#endif
+}
+
+template <bool COUNT>
+__device__ __forceinline__ void am_run(const ted_raw_t* __restrict__ x, long long n, unsigned int* __restrict__ ws,
+                                       float* __restrict__ amax_out, int mode, float fp8_max, float epsilon,
+                                       int pow2, float* __restrict__ scale_out, float* __restrict__ scale_inv_out,
+                                       unsigned long long* __restrict__ nz_out) {
     __shared__ float warp_max[32];
+    __shared__ unsigned int warp_nz[32];
     const long long nvec = n / (16 / TED_ELEM_BYTES);
     const long long gtid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const long long stride = (long long)gridDim.x * blockDim.x;
     const uint4* xv = reinterpret_cast<const uint4*>(x);
     float am = 0.0f;
+    unsigned int nz = 0u;  // per thread: < 2^32 for any tensor below 2^40 elements
 #if TED_DTYPE != 0
     unsigned int pk = 0u;
 #endif
@@ -214,29 +233,54 @@ ted_fp8_amax_scale(const ted_raw_t* __restrict__ x, long long n, unsigned int* _
         uint4 v[AM_ILP];
 #pragma unroll
         for (int u = 0; u < AM_ILP; ++u) v[u] = __ldcs(xv + i + u * stride);
+        unsigned int c = 0u;  // <= 4 * AM_ILP per half
 #pragma unroll
-        for (int u = 0; u < AM_ILP; ++u) AM_FOLD(v[u]);
+        for (int u = 0; u < AM_ILP; ++u) {
+            AM_FOLD(v[u]);
+            if (COUNT) c += AM_COUNT(v[u]);
+        }
+        if (COUNT) nz += am_total(c);
     }
     if (i < nvec) {  // the last, partial round (loads still issued together)
         uint4 v[AM_ILP - 1];
 #pragma unroll
         for (int u = 0; u < AM_ILP - 1; ++u) {
             const long long j = i + u * stride;
-            v[u] = __ldcs(xv + (j < nvec ? j : i));  // re-reading element i does not change the max
+            v[u] = __ldcs(xv + (j < nvec ? j : i));  // re-reading element i does not change the max (nor the count)
         }
+        unsigned int c = 0u;
 #pragma unroll
-        for (int u = 0; u < AM_ILP - 1; ++u) AM_FOLD(v[u]);
+        for (int u = 0; u < AM_ILP - 1; ++u) {
+            AM_FOLD(v[u]);
+            if (COUNT && i + u * stride < nvec) c += AM_COUNT(v[u]);
+        }
+        if (COUNT) nz += am_total(c);
     }
 #if TED_DTYPE != 0
     am = ted_max(ted_lo(pk), ted_hi(pk));
 #endif
-    for (long long j = nvec * (16 / TED_ELEM_BYTES) + gtid; j < n; j += stride) am = ted_max(am, ted_abs(ted_load(x, j)));
-    for (int off = 16; off > 0; off >>= 1) am = ted_max(am, __shfl_down_sync(0xFFFFFFFFu, am, off));
-    if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = am;
+    for (long long j = nvec * (16 / TED_ELEM_BYTES) + gtid; j < n; j += stride) {
+        const float v = ted_load(x, j);
+        am = ted_max(am, ted_abs(v));
+        if (COUNT) nz += (v != 0.0f || isnan(v)) ? 1u : 0u;
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+        am = ted_max(am, __shfl_down_sync(0xFFFFFFFFu, am, off));
+        if (COUNT) nz += __shfl_down_sync(0xFFFFFFFFu, nz, off);
+    }
+    if ((threadIdx.x & 31) == 0) {
+        warp_max[threadIdx.x >> 5] = am;
+        if (COUNT) warp_nz[threadIdx.x >> 5] = nz;
+    }
     __syncthreads();
     if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)(blockDim.x >> 5); ++w) am = ted_max(am, warp_max[w]);
+        unsigned long long total = nz;
+        for (int w = 1; w < (int)(blockDim.x >> 5); ++w) {
+            am = ted_max(am, warp_max[w]);
+            if (COUNT) total += warp_nz[w];
+        }
         atomicMax(ws, __float_as_uint(am));  // non-negative floats order like their bits
+        if (COUNT) atomicAdd(reinterpret_cast<unsigned long long*>(ws + 2), total);
     }
     if (!ted_last_block(ws + 1)) return;
     if (threadIdx.x == 0) {
@@ -250,8 +294,23 @@ ted_fp8_amax_scale(const ted_raw_t* __restrict__ x, long long n, unsigned int* _
         } else if (mode == 2) {
             amax_out[1] = amax;
         }
+        if (COUNT) *nz_out = atomicExch(reinterpret_cast<unsigned long long*>(ws + 2), 0ull);
         ws[1] = 0u;
     }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 4)  // 4 blocks/SM (cupy_kernels._grid_for): 8 loads in flight
+ted_fp8_amax_scale(const ted_raw_t* __restrict__ x, long long n, unsigned int* __restrict__ ws,
+                   float* __restrict__ amax_out, int mode, float fp8_max, float epsilon, int pow2,
+                   float* __restrict__ scale_out, float* __restrict__ scale_inv_out) {
+    am_run<false>(x, n, ws, amax_out, mode, fp8_max, epsilon, pow2, scale_out, scale_inv_out, nullptr);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 4)
+ted_amax_count(const ted_raw_t* __restrict__ x, long long n, unsigned int* __restrict__ ws,
+               float* __restrict__ amax_out, int mode, float fp8_max, float epsilon, int pow2,
+               float* __restrict__ scale_out, float* __restrict__ scale_inv_out, unsigned long long* __restrict__ nz_out) {
+    am_run<true>(x, n, ws, amax_out, mode, fp8_max, epsilon, pow2, scale_out, scale_inv_out, nz_out);
 }
 
 #if TED_DTYPE != 0

@@ -81,13 +81,24 @@ __device__ __forceinline__ NvDir nv_dir(float amax, float inv6) {
 
 struct NvBlock { float mult, dscale; unsigned int code; };
 
-__device__ __forceinline__ NvBlock nv_block(float bamax, const NvDir& d, float inv2688) {
+// E4M3 scale code of a block with amax `bamax` (>= 0, never NaN: the maxima drop NaN): 0 .. 0x7E.
+__device__ __forceinline__ unsigned int nv_code(float bamax, const NvDir& d) {
+    return (unsigned int)__nv_cvt_float_to_fp8(ted_min(ted_mul(bamax, d.factor), NV_FLT_MAX), __NV_SATFINITE,
+                                               TED_FP8_INTERP);
+}
+
+// Multiplier and decode scale of scale code `code` in direction d.
+__device__ __forceinline__ NvBlock nv_block_of(unsigned int code, const NvDir& d, float inv2688) {
     NvBlock b;
-    b.code = ted_encode_fp8(ted_min(ted_mul(bamax, d.factor), NV_FLT_MAX));  // never NaN: bamax >= 0
-    const float sdec_b = ted_decode_fp8(b.code);
+    b.code = code;
+    const float sdec_b = ted_decode_fp8(code);
     b.mult = ted_min(nv_rcp(ted_mul(sdec_b, d.s_dec)), NV_FLT_MAX);
     b.dscale = ted_mul(ted_mul(sdec_b, d.amax), inv2688);
     return b;
+}
+
+__device__ __forceinline__ NvBlock nv_block(float bamax, const NvDir& d, float inv2688) {
+    return nv_block_of(nv_code(bamax, d), d, inv2688);
 }
 
 // ---------------------------------------------------------------------------------------------- element rounding
@@ -407,10 +418,14 @@ ted_nvfp4_quantize(const ted_raw_t* __restrict__ x, long long M, long long K, co
 //     swizzle NQ_SWZ also spreads those 4 row groups over distinct banks;
 //   - per element: |x| * mult and min(., 6) in two instructions, the sign OR-ed in with one shift + LOP3, no
 //     NaN special case (a non-finite fp32 block error redoes the block exactly from shared memory, `nq_redo`).
-// Profile (ncu, H200, bf16 8192^2, row+col): issue-bound, 80 % of the issue slots busy, stalls mostly "not
-// selected" and "math pipe throttle", ~26 warp-instructions per element and direction; so time follows the
-// instruction count.  Walking the tiles without per-tile divisions (nq_walk) and packing codes with shift-adds
-// took 112.5 M -> 109.1 M instructions and 192.8 -> 184.6 us under ncu.
+//   - count_nonzero(x) comes from the amax pass (`ted_amax_count`, memory-bound, +2 us), not from this kernel;
+//   - block scales from a shared table (mult, dscale) per E4M3 code and direction, built once per block (no
+//     reciprocal per block); every address a per-thread constant (NqThread) plus a per-tile base.
+// Profile (ncu, H200, bf16 8192^2, row+col): issue-bound (83 % of the issue slots busy), the ALU pipe at 72 % of
+// its peak (LOP3 / shifts / integer min-max are half-rate), so time follows the instruction count.  Walking the
+// tiles without per-tile divisions (nq_walk) and packing codes with shift-adds: 112.5 M -> 109.1 M instructions,
+// 192.8 -> 184.6 us under ncu; the count in the amax pass, the scale table and the per-thread address constants:
+// 109.1 M -> 91.6 M instructions, 180.8 -> 151.0 us.
 #if TED_DTYPE != 0
 #define NQ_TM 64
 #define NQ_TK 128
@@ -480,20 +495,18 @@ __device__ __noinline__ NvRedo nq_redo(const unsigned int* sw, int by_row, int r
 
 // Finish a block: exact redo when its fp32 error is not finite, fp64 error and non-zero code count.
 __device__ __forceinline__ uint2 nq_finish(uint2 packed, float e, const unsigned int* sw, int by_row, int row0,
-                                           int wc0, int half, const NvBlock& b, double& err, unsigned int& nz) {
+                                           int wc0, int half, float mult, float dscale, double& err,
+                                           unsigned int& nz) {
     if (isfinite(e)) {
         err += ted_f2d(e);
     } else {
-        const NvRedo o = nq_redo(sw, by_row, row0, wc0, half, b.mult, b.dscale);
+        const NvRedo o = nq_redo(sw, by_row, row0, wc0, half, mult, dscale);
         packed = o.packed;
         err += o.err;
     }
     nz += nv_nonzero8(packed.x) + nv_nonzero8(packed.y);
     return packed;
 }
-
-// Non-zero elements of a 16-bit word pair, packed (0 or 1 per half).
-__device__ __forceinline__ unsigned int nq_nz2(unsigned int w) { return ted_pk_nonzero(w); }
 
 // The banded tile order: bands of NQ_BAND tile rows (the last may be shorter), each walked column by column (tm
 // fastest), so the tiles in flight at once write runs of NQ_BAND * 32 contiguous bytes of every column of column
@@ -535,121 +548,172 @@ __device__ __forceinline__ void nq_tile(const NqWalk& w, unsigned int n_tm, unsi
     }
 }
 
-__device__ __forceinline__ void nq_prefetch(const ted_raw_t* x, long long K, unsigned int tm, unsigned int tk,
-                                            uint4* dst) {
-    const ted_raw_t* src = x + (long long)tm * NQ_TM * K + (long long)tk * NQ_TK;
+// Per-thread constants of the tile walk (byte offsets; the host keeps M, K < 2^24 so that they fit 32 bits).
+//   cp.async: chunk tid + 256 j is tile row (tid >> 4) + 16 j, chunk tid & 15: source tile + p_src + 32 K j,
+//     destination p_dst ^ 4128 j (rows 16 j .. 16 j + 15 flip bit 1 of the swizzled chunk, bits 12-13 of the row);
+//   columns: word column cp = tid >> 2, 16-row group cg = tid & 3; word i of the unit at c_off + 256 i;
+//   rows: row blocks (tid >> 3) + 32 n, 16 elements from word column 8 (tid & 7): chunks at r_off and r_off ^ 16,
+//     r_off ^ 0x2040 for n = 1 (32 rows further, bit 2 of the swizzled chunk flipped);
+//   stores: column data at tile + c_st (+ M / 2 for the odd column), scales at c_st / 8; row data at tile + r_st
+//     (+ 16 K for n = 1), scales at r_st / 8.
+struct NqThread { unsigned int p_src, p_dst, c_off, r_off, c_st, r_st; };
+
+__device__ __forceinline__ NqThread nq_thread(unsigned int M, unsigned int K) {
+    const unsigned int t = threadIdx.x;
+    NqThread o;
+    const unsigned int pc = t & 15u, prow = t >> 4;
+    o.p_src = prow * K * 2u + pc * 16u;
+    o.p_dst = prow * 256u + 16u * (unsigned int)nq_swz((int)prow, (int)pc);
+    const unsigned int cg = t & 3u, cp = t >> 2;
+    o.c_off = cg * 4096u + 16u * (unsigned int)nq_swz((int)(16u * cg), (int)(cp >> 2)) + 4u * (cp & 3u);
+    const unsigned int r0 = t >> 3, b = t & 7u;
+    o.r_off = r0 * 256u + 16u * (unsigned int)nq_swz((int)r0, (int)(2u * b));
+    o.c_st = cp * M + 8u * cg;
+    o.r_st = r0 * (K / 2u) + 8u * b;
+    return o;
+}
+
+__device__ __forceinline__ void nq_prefetch(const char* tile, unsigned int K, const NqThread& th, unsigned int sbase) {
 #pragma unroll
-    for (int j = 0; j < NQ_TM * 16 / 256; ++j) {
-        const int i = threadIdx.x + 256 * j;
-        const int row = i >> 4, c = i & 15;
-        const unsigned int saddr = (unsigned int)__cvta_generic_to_shared(dst + row * 16 + nq_swz(row, c));
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(saddr), "l"(src + row * K + 8 * c) : "memory");
+    for (unsigned int j = 0; j < 4; ++j) {
+        const unsigned int saddr = sbase + (th.p_dst ^ (4128u * j));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n"
+                     :: "r"(saddr), "l"(tile + th.p_src + 32u * K * j) : "memory");
     }
 }
 
+__device__ __forceinline__ unsigned int nq_lds32(unsigned int addr) {
+    unsigned int v;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr));
+    return v;
+}
+
+__device__ __forceinline__ uint4 nq_lds128(unsigned int addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+    return v;
+}
+
+// nonzero: count_nonzero(x) (int64, from the amax pass `ted_amax_count`), subtracted from by the code counts.
 extern "C" __global__ void __launch_bounds__(256, NQ_MIN_BLOCKS)
 ted_nvfp4_quantize16(const ted_raw_t* __restrict__ x, long long M, long long K, const float* __restrict__ amax,
-                     float inv6, float inv2688, int do_row, int do_col,
-                     unsigned char* __restrict__ row_data, unsigned char* __restrict__ row_scales,
+                     const unsigned long long* __restrict__ nonzero, float inv6, float inv2688, int do_row,
+                     int do_col, unsigned char* __restrict__ row_data, unsigned char* __restrict__ row_scales,
                      unsigned char* __restrict__ col_data, unsigned char* __restrict__ col_scales,
                      double* __restrict__ partial, unsigned int* __restrict__ ticket, double* __restrict__ out) {
     __shared__ __align__(16) uint4 stage[2][NQ_TM * 16];
+    __shared__ float2 tab[2][128];  // (mult, dscale) of every E4M3 scale code, rowwise / columnwise
     const NvDir rdir = nv_dir(amax[0], inv6);
     const NvDir cdir = nv_dir(amax[1], inv6);
+    {
+        const unsigned int d = threadIdx.x >> 7, c = threadIdx.x & 127u;
+        const NvBlock b = nv_block_of(c, nv_dir(amax[d], inv6), inv2688);
+        tab[d][c] = make_float2(b.mult, b.dscale);
+    }
+    const unsigned int Mu = (unsigned int)M, Ku = (unsigned int)K;
+    const NqThread th = nq_thread(Mu, Ku);
     // Tiles in the banded order of nq_tile; block b takes b, b + G, ...; n_tiles < 2^31 (checked by the host).
-    const unsigned int n_tk = (unsigned int)(K / NQ_TK), n_tm = (unsigned int)(M / NQ_TM);
+    const unsigned int n_tk = Ku / NQ_TK, n_tm = Mu / NQ_TM;
     const unsigned int n_tiles = n_tm * n_tk;
     const unsigned int G = gridDim.x;
     unsigned int tm, tk, ntm = 0u, ntk = 0u;
     NqWalk walk = nq_walk(blockIdx.x, G, n_tk);
     nq_tile(walk, n_tm, tm, tk);
-    const int cg = threadIdx.x & 3, cp = threadIdx.x >> 2;  // column unit: 16-row group, word column
+    const char* xb = reinterpret_cast<const char*>(x);
+    const unsigned int s0 = (unsigned int)__cvta_generic_to_shared(stage[0]);
+    const unsigned int s1 = (unsigned int)__cvta_generic_to_shared(stage[1]);
 
     double row_err = 0.0, col_err = 0.0;
-    unsigned int nzx = 0u, nz_row = 0u, nz_col = 0u;  // per thread: far below 2^32
+    unsigned int nz_row = 0u, nz_col = 0u;  // per thread: far below 2^32
     int buf = 0;
-    if (blockIdx.x < n_tiles) nq_prefetch(x, K, tm, tk, stage[0]);
+    if (blockIdx.x < n_tiles)
+        nq_prefetch(xb + ((long long)tm * NQ_TM * K + (long long)tk * NQ_TK) * 2, Ku, th, s0);
     asm volatile("cp.async.commit_group;\n" ::);
     for (unsigned int tile = blockIdx.x; tile < n_tiles; tile += G, buf ^= 1) {
-        __syncthreads();  // the previous tile's readers of stage[buf ^ 1] are done
+        __syncthreads();  // the previous tile's readers of stage[buf ^ 1] are done (and, first, tab is written)
         if (tile + G < n_tiles) {
             nq_advance(walk);
             nq_tile(walk, n_tm, ntm, ntk);
-            nq_prefetch(x, K, ntm, ntk, stage[buf ^ 1]);
+            nq_prefetch(xb + ((long long)ntm * NQ_TM * K + (long long)ntk * NQ_TK) * 2, Ku, th, buf ? s0 : s1);
         }
         asm volatile("cp.async.commit_group;\n" ::);
         asm volatile("cp.async.wait_group 1;\n" ::: "memory");
         __syncthreads();  // this tile is in stage[buf]
-        const long long m0 = (long long)tm * NQ_TM, k0 = (long long)tk * NQ_TK;
+        const unsigned int sb = buf ? s1 : s0;
         const unsigned int* sw = reinterpret_cast<const unsigned int*>(stage[buf]);
+        const long long m0 = (long long)tm * NQ_TM, k0 = (long long)tk * NQ_TK;
 
         // ---- columns: 16 rows x 2 columns per thread
         if (do_col) {
             unsigned int cw[16];
-            unsigned int pm = 0u, pnz = 0u;
+            unsigned int pm = 0u;
 #pragma unroll
             for (int i = 0; i < 16; ++i) {
-                cw[i] = nq_word(sw, 16 * cg + i, cp);
+                cw[i] = nq_lds32(sb + th.c_off + 256u * i);
                 pm = ted_pmax(pm, cw[i] & 0x7FFF7FFFu);
-                if (!do_row) pnz += nq_nz2(cw[i]);
             }
-            nzx += ted_pk_total(pnz);
-            const long long mg = m0 + 16 * cg;
+            unsigned char* cdata = col_data + k0 * (M / 2) + m0 / 2 + th.c_st;
+            unsigned char* cscale = col_scales + k0 * (M / 16) + m0 / 16 + (th.c_st >> 3);
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                const long long kc = k0 + 2 * cp + e;
-                const NvBlock blk = nv_block(e ? ted_hi(pm) : ted_lo(pm), cdir, inv2688);
-                col_scales[kc * (M / 16) + mg / 16] = (unsigned char)blk.code;
+                const unsigned int code = nv_code(e ? ted_hi(pm) : ted_lo(pm), cdir);
+                const float2 md = tab[1][code];
+                cscale[e * (M / 16)] = (unsigned char)code;
                 unsigned int lo = 0u, hi = 0u;
                 float ef = 0.0f;
 #pragma unroll
                 for (int i = 0; i < 16; ++i) {
-                    const unsigned int c = nq_elem(e ? ted_hi(cw[i]) : ted_lo(cw[i]), blk.mult, blk.dscale, ef);
+                    const unsigned int c = nq_elem(e ? ted_hi(cw[i]) : ted_lo(cw[i]), md.x, md.y, ef);
                     if (i < 8) lo += c << (4 * i);  // disjoint nibbles: + is |, one shift-add
                     else hi += c << (4 * (i - 8));
                 }
-                const uint2 packed = nq_finish(make_uint2(lo, hi), ef, sw, 0, 16 * cg, cp, e, blk, col_err, nz_col);
-                *reinterpret_cast<uint2*>(col_data + kc * (M / 2) + mg / 2) = packed;
+                const uint2 packed = nq_finish(make_uint2(lo, hi), ef, sw, 0, 16 * (threadIdx.x & 3),
+                                               threadIdx.x >> 2, e, md.x, md.y, col_err, nz_col);
+                *reinterpret_cast<uint2*>(cdata + e * (M / 2)) = packed;
             }
         }
         // ---- rows: two 1x16 blocks per thread
         if (do_row) {
+            unsigned char* rdata = row_data + m0 * (K / 2) + k0 / 2 + th.r_st;
+            unsigned char* rscale = row_scales + m0 * (K / 16) + k0 / 16 + (th.r_st >> 3);
 #pragma unroll 1
             for (int n = 0; n < 2; ++n) {
-                const int u = threadIdx.x + 256 * n;
-                const int r = u >> 3, b = u & 7;
-                const long long m = m0 + r, k = k0 + 16 * b;
-                const uint4 c0 = stage[buf][r * 16 + nq_swz(r, 2 * b)];
-                const uint4 c1 = stage[buf][r * 16 + nq_swz(r, 2 * b + 1)];
+                const unsigned int roff = n ? (th.r_off ^ 0x2040u) : th.r_off;
+                const uint4 c0 = nq_lds128(sb + roff);
+                const uint4 c1 = nq_lds128(sb + (roff ^ 16u));
                 const unsigned int w[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
-                unsigned int pm = 0u, pnz = 0u;
+                unsigned int pm = 0u;
 #pragma unroll
-                for (int i = 0; i < 8; ++i) {
-                    pm = ted_pmax(pm, w[i] & 0x7FFF7FFFu);
-                    pnz += nq_nz2(w[i]);
-                }
-                nzx += ted_pk_total(pnz);
-                const NvBlock blk = nv_block(ted_max(ted_lo(pm), ted_hi(pm)), rdir, inv2688);
-                row_scales[m * (K / 16) + k / 16] = (unsigned char)blk.code;
+                for (int i = 0; i < 8; ++i) pm = ted_pmax(pm, w[i] & 0x7FFF7FFFu);
+                const unsigned int code = nv_code(ted_max(ted_lo(pm), ted_hi(pm)), rdir);
+                const float2 md = tab[0][code];
+                rscale[n * 2 * K] = (unsigned char)code;
                 unsigned int lo = 0u, hi = 0u;
                 float ef = 0.0f;
 #pragma unroll
                 for (int j = 0; j < 16; ++j) {
-                    const unsigned int c = nq_elem((j & 1) ? ted_hi(w[j >> 1]) : ted_lo(w[j >> 1]), blk.mult,
-                                                   blk.dscale, ef);
+                    const unsigned int c = nq_elem((j & 1) ? ted_hi(w[j >> 1]) : ted_lo(w[j >> 1]), md.x, md.y, ef);
                     if (j < 8) lo += c << (4 * j);
                     else hi += c << (4 * (j - 8));
                 }
-                const uint2 packed = nq_finish(make_uint2(lo, hi), ef, sw, 1, r, 8 * b, 0, blk, row_err, nz_row);
-                *reinterpret_cast<uint2*>(row_data + m * (K / 2) + k / 2) = packed;
+                const uint2 packed = nq_finish(make_uint2(lo, hi), ef, sw, 1, (threadIdx.x >> 3) + 32 * n,
+                                               8 * (threadIdx.x & 7), 0, md.x, md.y, row_err, nz_row);
+                *reinterpret_cast<uint2*>(rdata + n * 16 * K) = packed;
             }
         }
         tm = ntm;
         tk = ntk;
     }
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-    ted_store_dir_stats((double)nzx - (double)nz_row, row_err, (double)nzx - (double)nz_col, col_err, partial);
-    if (ted_last_block(ticket)) ted_finish_columns(partial, gridDim.x, 4, out, ticket);
+    ted_store_dir_stats(-(double)nz_row, row_err, -(double)nz_col, col_err, partial);
+    if (ted_last_block(ticket)) {
+        ted_finish_columns(partial, gridDim.x, 4, out, ticket);
+        if (threadIdx.x == 0) {  // underflows = count_nonzero(x) - non-zero codes
+            const double nzx = (double)*nonzero;
+            out[0] += nzx;
+            out[2] += nzx;
+        }
+    }
 }
 #endif
 

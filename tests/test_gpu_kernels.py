@@ -244,6 +244,30 @@ def test_fp8_current_scaling_tiny_and_zero_amax():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 7, 8 * 256 * 7 + 5, 3 * 2 ** 20 + 3])
+def test_amax_count_pass(dtype, n):
+    """ted_amax_count (NVFP4's amax pass): max|x| (NaN ignored) in both slots and count_nonzero(x) (NaN counts,
+    -0 does not), for sizes that end in the partial last round and in the scalar tail; the plain amax launch
+    beside it gives the same amax."""
+    x = adversarial((n,), dtype, 41 + n)
+    if n >= 8:
+        x[1::3] = 0.0
+        x[2::5] = -0.0
+    amaxes = torch.empty(2, dtype=torch.float32, device=DEV)
+    count = torch.full((1,), -1, dtype=torch.int64, device=DEV)
+    cupy_kernels._amax_launch(x, amaxes, count_out=count)
+    plain = torch.empty(1, dtype=torch.float32, device=DEV)
+    cupy_kernels._amax_launch(x, plain)
+    ref = x.float().abs().nan_to_num(nan=0.0, posinf=float("inf")).max()
+    assert amaxes[0].item() == amaxes[1].item() == plain[0].item() == ref.item()
+    assert count.item() == torch.count_nonzero(x).item()
+    cupy_kernels._amax_launch(x, amaxes, count_out=count)  # the running count was reset by the last block
+    assert count.item() == torch.count_nonzero(x).item()
+    with pytest.raises(ValueError, match="int64"):
+        cupy_kernels._amax_launch(x, amaxes, count_out=count.int())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(70, 130), (128, 256)])
 def test_fp8_delayed_scaling_bit_identical(dtype, shape):
     x = adversarial(shape, dtype, 31)

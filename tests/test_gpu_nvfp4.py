@@ -228,6 +228,16 @@ def test_fast_kernel_degenerate_amaxes(dtype):
 
 
 @_gpu
+def test_fast_kernel_needs_the_nonzero_count():
+    from tedebug.backends import cupy_nvfp4
+
+    x = random_input((64, 128), torch.bfloat16, 25)
+    amaxes = torch.full((2,), 4.0, dtype=torch.float32, device=DEV)
+    with pytest.raises(ValueError, match="nonzero"):
+        cupy_nvfp4.nvfp4_quantize_raw(x, amaxes, True, True)
+
+
+@_gpu
 def test_deterministic():
     x = adversarial((256, 1024), torch.bfloat16, 11)
     with dispatch.use_backend("cupy"):
@@ -287,6 +297,8 @@ def test_fast_kernel_selection():
     assert not uses_fast_kernel(64, 128, torch.bfloat16, False, True)  # stochastic rounding
     assert not uses_fast_kernel(48, 128, torch.bfloat16, False, False)  # M % 64
     assert not uses_fast_kernel(64, 144, torch.bfloat16, False, False)  # K % 128
+    assert not uses_fast_kernel(64, 2 ** 24, torch.bfloat16, False, False)  # 32-bit offsets inside the kernel
+    assert not uses_fast_kernel(2 ** 24, 128, torch.bfloat16, False, False)
 
 
 def test_supports_picks_the_calls_the_kernel_takes():

@@ -40,7 +40,8 @@ MX_BLOCKS_PER_SM = 4     # ted_mxfp8_quantize16: __launch_bounds__(256, MX_MIN_B
 CT_BLOCKS_PER_SM = 4     # ted_fp8_cast_transpose16 (48 registers)
 _MAX_BLOCKS_PER_SM = 4
 _PARTIAL_ROW_BYTES = 128  # >= sizeof(Acc) = 88 and 4 doubles
-_TICKETS = {"stats": 0, "mxfp8": 1, "cast": 2, "amax": 4, "fp8_block": 8, "nvfp4": 12}  # uint32 slots; "amax": 4, 5
+# uint32 slots; "amax": 4 (amax bits), 5 (ticket), 6-7 (64-bit non-zero count of ted_amax_count)
+_TICKETS = {"stats": 0, "mxfp8": 1, "cast": 2, "amax": 4, "fp8_block": 8, "nvfp4": 12}
 _TICKET_BYTES = 256
 _SIXTEEN_BIT = (torch.bfloat16, torch.float16)
 
@@ -409,9 +410,11 @@ def mxfp8_quantize(quantizer, tensor: torch.Tensor):
 
 # ------------------------------------------------------------------------------------------------ per-tensor FP8
 def _amax_launch(x: torch.Tensor, out: torch.Tensor, fp8_format: Optional[str] = None, epsilon: float = 0.0,
-                 pow2: bool = False) -> None:
+                 pow2: bool = False, count_out: Optional[torch.Tensor] = None) -> None:
     """One launch of ted_fp8_amax_scale: out[0] = amax; with `fp8_format` also out[1] = scale, out[2] = scale_inv;
-    without `fp8_format` and a 2-element `out`, out[0] = out[1] = amax (NVFP4's rowwise and columnwise amaxes)."""
+    without `fp8_format` and a 2-element `out`, out[0] = out[1] = amax (NVFP4's rowwise and columnwise amaxes).
+    With `count_out` (int64 [1] on x's device) the launch is `ted_amax_count`, which also writes
+    count_out[0] = count_nonzero(x)."""
     from tedebug.quantization.formats import FP8_MAX
 
     n = x.numel()
@@ -421,9 +424,16 @@ def _amax_launch(x: torch.Tensor, out: torch.Tensor, fp8_format: Optional[str] =
     base = out.data_ptr()
     mode = 1 if fp8_format is not None else (2 if out.numel() == 2 else 0)
     fp8_max = FP8_MAX[fp8_format] if fp8_format is not None else 0.0
-    kernel = get_kernel("fp8_tensor.cu", "ted_fp8_amax_scale", _dtype_options(x))
     args = (x.data_ptr(), np.int64(n), _ticket(tickets, "amax"), base, np.int32(mode), np.float32(fp8_max),
             np.float32(epsilon), np.int32(pow2), base + 4 * (mode == 1), base + 8 * (mode == 1))
+    if count_out is None:
+        kernel = get_kernel("fp8_tensor.cu", "ted_fp8_amax_scale", _dtype_options(x))
+    else:
+        if count_out.dtype != torch.int64 or count_out.numel() < 1 or count_out.device != x.device:
+            raise ValueError(f"_amax_launch: count_out must be an int64 tensor on {x.device}, got "
+                             f"{count_out.dtype} {tuple(count_out.shape)} on {count_out.device}")
+        kernel = get_kernel("fp8_tensor.cu", "ted_amax_count", _dtype_options(x))
+        args += (count_out.data_ptr(),)
     _launch(kernel, grid, THREADS, args, x.device)
 
 

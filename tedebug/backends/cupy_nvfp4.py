@@ -2,8 +2,8 @@
 
 Returns the same `NVFP4Tensor` fields as `NVFP4Quantizer._quantize`, bit for bit, plus the fused error statistics
 (underflows, squared error per direction) handed to the statistics backend with `cupy_kernels._attach_fused`.
-Without RHT: two launches, the global amax (`cupy_kernels._amax_launch`, NaN ignored, written to both amax slots)
-and the quantize kernel, which finishes its statistics in its last block; no host synchronisation.  The quantize
+Without RHT: two launches, the global amax (`cupy_kernels._amax_launch`, NaN ignored, written to both amax slots;
+for the fast kernel also count_nonzero(x)) and the quantize kernel, which finishes its statistics in its last block; no host synchronisation.  The quantize
 kernel is `ted_nvfp4_quantize16` (fast path: bf16 / fp16, round to nearest, 1D, M % 64 == 0, K % 128 == 0) or the
 general `ted_nvfp4_quantize` (everything else).
 With RHT (`quantizer.with_rht`, columnwise only): the rowwise direction is quantized as above from the amax of x;
@@ -63,7 +63,7 @@ def supports(quantizer, tensor: torch.Tensor) -> bool:
 def uses_fast_kernel(m: int, k: int, dtype: torch.dtype, two_d: bool, sr: bool) -> bool:
     """Whether `nvfp4_quantize_raw` takes `ted_nvfp4_quantize16` for this call (else `ted_nvfp4_quantize`)."""
     return (dtype in (torch.bfloat16, torch.float16) and not two_d and not sr and m % NQ_TILE[0] == 0
-            and k % NQ_TILE[1] == 0 and (m // NQ_TILE[0]) * (k // NQ_TILE[1]) < 2 ** 31)
+            and k % NQ_TILE[1] == 0 and m < 2 ** 24 and k < 2 ** 24)  # 32-bit offsets within the kernel
 
 
 def _tile_cols(dtype: torch.dtype) -> int:
@@ -98,9 +98,14 @@ def nvfp4_quantize_raw(
     two_d: bool = False,
     row_bits: Optional[torch.Tensor] = None,
     col_bits: Optional[torch.Tensor] = None,
+    nonzero: Optional[torch.Tensor] = None,
 ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor],
            torch.Tensor]:
     """Quantize a contiguous CUDA [M, K] tensor with the global amaxes `amax` (fp32 [2]: rowwise, columnwise).
+
+    `nonzero`: count_nonzero(x) as an int64 [1] device tensor (`_amax_launch(..., count_out=)` computes it with
+    the amaxes); the fast kernel (`uses_fast_kernel`) needs it for the underflow counts, the general one counts
+    itself.
 
     Returns (row data [M, K/2], row scales [M, K/16], col data [K, M/2], col scales [K, M/16], stats) with None for
     an absent direction; `stats` is float64[4] = (row underflows, row Σ(x-deq)², col underflows, col Σ(x-deq)²).
@@ -124,11 +129,14 @@ def nvfp4_quantize_raw(
         return t.data_ptr() if t is not None else 0
 
     if uses_fast_kernel(m, k, x2d.dtype, two_d, sr):
+        if nonzero is None or nonzero.dtype != torch.int64 or nonzero.device != dev:
+            raise ValueError("nvfp4_quantize_raw: the fast kernel needs `nonzero`, count_nonzero(x) as an int64 "
+                             f"tensor on {dev} (from _amax_launch(..., count_out=))")
         tiles = (m // NQ_TILE[0]) * (k // NQ_TILE[1])
         grid = max(1, min(NQ_BLOCKS_PER_SM * _sm_count(_device_index(dev)), tiles))
         kernel = get_kernel("nvfp4.cu", "ted_nvfp4_quantize16", _general_options(x2d, False))
         args = (
-            x2d.data_ptr(), np.int64(m), np.int64(k), amax.data_ptr(), _INV6, _INV2688,
+            x2d.data_ptr(), np.int64(m), np.int64(k), amax.data_ptr(), nonzero.data_ptr(), _INV6, _INV2688,
             np.int32(rowwise), np.int32(columnwise), ptr(row_data), ptr(row_scales), ptr(col_data), ptr(col_scales),
             partials, _ticket(tickets, "nvfp4"), stats.data_ptr(),
         )
@@ -200,10 +208,17 @@ def nvfp4_quantize(quantizer, tensor: torch.Tensor):
     x2d = prepare_input(tensor.reshape(m, k))
     rht = quantizer.with_rht and quantizer.columnwise_usage
     amaxes = torch.empty(2, dtype=torch.float32, device=x2d.device)
+    sr = quantizer.stochastic_rounding
+    # the fast kernel takes count_nonzero(x) from the amax pass; with RHT it only runs for the rowwise direction
+    # (and in 1D: the RHT path quantizes rows with two_d=False)
+    fast = (quantizer.rowwise_usage or not rht) and uses_fast_kernel(
+        m, k, x2d.dtype, quantizer.with_2d_quantization and not rht, sr)
+    nonzero = torch.empty(1, dtype=torch.int64, device=x2d.device) if fast else None
     if not rht:
-        _amax_launch(x2d, amaxes)  # amaxes[0] = amaxes[1] = max|x| (NaN ignored)
+        _amax_launch(x2d, amaxes, count_out=nonzero)  # amaxes[0] = amaxes[1] = max|x| (NaN ignored)
     elif quantizer.rowwise_usage:
-        _amax_launch(x2d, amaxes[:1])  # amaxes[0] = max|x|; amaxes[1] comes from the rotated values
+        # amaxes[0] = max|x|; amaxes[1] comes from the rotated values
+        _amax_launch(x2d, amaxes[:1], count_out=nonzero)
     # Random bits drawn in the reference's order (rowwise first) from the quantizer's generator.
     row_bits = quantizer._random_bits((m, k), x2d.device) if quantizer.rowwise_usage else None
     col_bits = quantizer._random_bits((k, m), x2d.device) if quantizer.columnwise_usage else None
@@ -212,14 +227,14 @@ def nvfp4_quantize(quantizer, tensor: torch.Tensor):
     if rht:
         rd = rs = None
         if quantizer.rowwise_usage:
-            rd, rs, _, _, row_stats = nvfp4_quantize_raw(x2d, amaxes, True, False, False, row_bits, None)
+            rd, rs, _, _, row_stats = nvfp4_quantize_raw(x2d, amaxes, True, False, False, row_bits, None, nonzero)
         cd, cs, col_stats = nvfp4_rht_columnwise(x2d, amaxes, col_bits)
         stats = (row_stats[0], row_stats[1]) if quantizer.rowwise_usage else (None, None)
         stats += (col_stats[0], col_stats[1])
     else:
         rd, rs, cd, cs, stats = nvfp4_quantize_raw(
             x2d, amaxes, quantizer.rowwise_usage, quantizer.columnwise_usage, quantizer.with_2d_quantization,
-            row_bits, col_bits,
+            row_bits, col_bits, nonzero,
         )
     out = NVFP4Tensor(tensor.shape, tensor.dtype, tensor.device, quantizer, columnwise_rht=quantizer.with_rht)
     fused = {}
