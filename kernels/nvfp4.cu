@@ -459,6 +459,37 @@ __device__ __forceinline__ unsigned int nq_elem(float f, float mult, float dscal
     return c | ((__float_as_uint(f) >> 28) & 8u);
 }
 
+// The same element in a block whose scale code is >= 8 (E4M3 normal, nq_fast): there the block scale rounds by at
+// most 2^-4, so |x| * mult <= 6.4 < 7 for every finite x of the block and min(., 6) is not needed (an infinite or
+// NaN element makes the block's error sum non-finite: the block is redone by nq_redo, as on the general path).
+// The nibble bits(t) - E - 0x0B000000 + (E >> 22) - 254 + 8 s (s: sign of f) is added into `acc` times 16^i
+// on the integer multiply-add pipe (the shift / LOP3 pipe is the kernel's bottleneck); the constant part is
+// taken off once per word (nq_unbias).  s * 2^(4i + 3) is the high half of bits(f * 0) * 2^(4i + 4): f * 0 is +-0,
+// the sign bit alone.
+__device__ __forceinline__ void nq_elem_fast(float f, float mult, float dscale, float& e, unsigned int& acc, int i) {
+    float a;
+    asm("{.reg .f32 t; abs.f32 t, %1; mul.rn.f32 %0, t, %2;}" : "=f"(a) : "f"(f), "f"(mult));  // one FMUL |f|
+    const unsigned int E = max(__float_as_uint(a) & 0x7F800000u, 0x3F800000u);
+    const float t = ted_fma(__uint_as_float(E), 4194304.0f, a);
+    const float r = ted_fma(__uint_as_float(E), -4194304.0f, t);
+    const float d = ted_abs_sub(f, ted_mul(r, dscale));
+    e = ted_fma(d, d, e);
+    const unsigned int z = __float_as_uint(ted_mul(f, 0.0f));
+    acc += __float_as_uint(t) * (1u << (4 * i));
+    if (i < 6) {
+        acc -= E * (1u << (4 * i));
+        acc += __umulhi(E, 1u << (10 + 4 * i));
+    } else {
+        acc += E * ((1u << (4 * i - 22)) - (1u << (4 * i)));
+    }
+    acc += i < 7 ? __umulhi(z, 1u << (4 * i + 4)) : z;
+}
+
+// sum over the 8 nibbles of a word of 16^i * (0x0B000000 + 254), mod 2^32: what nq_elem_fast's sums carry extra.
+#define NQ_BIAS ((0x0B000000u + 254u) * 0x11111111u)
+
+__device__ __forceinline__ bool nq_fast(unsigned int code) { return code >= 8u; }
+
 // Element j of a block in shared memory: row blocks (by_row) run along the words of row `row0` from word column
 // wc0; column blocks down rows row0 .. row0 + 15 of word column wc0, half `half`.
 __device__ __forceinline__ float nq_elem_at(const unsigned int* sw, int by_row, int row0, int wc0, int half, int j) {
@@ -661,11 +692,19 @@ ted_nvfp4_quantize16(const ted_raw_t* __restrict__ x, long long M, long long K, 
                 cscale[e * (M / 16)] = (unsigned char)code;
                 unsigned int lo = 0u, hi = 0u;
                 float ef = 0.0f;
+                if (nq_fast(code)) {
 #pragma unroll
-                for (int i = 0; i < 16; ++i) {
-                    const unsigned int c = nq_elem(e ? ted_hi(cw[i]) : ted_lo(cw[i]), md.x, md.y, ef);
-                    if (i < 8) lo += c << (4 * i);  // disjoint nibbles: + is |, one shift-add
-                    else hi += c << (4 * (i - 8));
+                    for (int i = 0; i < 16; ++i)
+                        nq_elem_fast(e ? ted_hi(cw[i]) : ted_lo(cw[i]), md.x, md.y, ef, i < 8 ? lo : hi, i & 7);
+                    lo -= NQ_BIAS;
+                    hi -= NQ_BIAS;
+                } else {
+#pragma unroll
+                    for (int i = 0; i < 16; ++i) {
+                        const unsigned int c = nq_elem(e ? ted_hi(cw[i]) : ted_lo(cw[i]), md.x, md.y, ef);
+                        if (i < 8) lo += c << (4 * i);  // disjoint nibbles: + is |, one shift-add
+                        else hi += c << (4 * (i - 8));
+                    }
                 }
                 const uint2 packed = nq_finish(make_uint2(lo, hi), ef, sw, 0, 16 * (threadIdx.x & 3),
                                                threadIdx.x >> 2, e, md.x, md.y, col_err, nz_col);
@@ -690,11 +729,21 @@ ted_nvfp4_quantize16(const ted_raw_t* __restrict__ x, long long M, long long K, 
                 rscale[n * 2 * K] = (unsigned char)code;
                 unsigned int lo = 0u, hi = 0u;
                 float ef = 0.0f;
+                if (nq_fast(code)) {
 #pragma unroll
-                for (int j = 0; j < 16; ++j) {
-                    const unsigned int c = nq_elem((j & 1) ? ted_hi(w[j >> 1]) : ted_lo(w[j >> 1]), md.x, md.y, ef);
-                    if (j < 8) lo += c << (4 * j);
-                    else hi += c << (4 * (j - 8));
+                    for (int j = 0; j < 16; ++j)
+                        nq_elem_fast((j & 1) ? ted_hi(w[j >> 1]) : ted_lo(w[j >> 1]), md.x, md.y, ef,
+                                     j < 8 ? lo : hi, j & 7);
+                    lo -= NQ_BIAS;
+                    hi -= NQ_BIAS;
+                } else {
+#pragma unroll
+                    for (int j = 0; j < 16; ++j) {
+                        const unsigned int c = nq_elem((j & 1) ? ted_hi(w[j >> 1]) : ted_lo(w[j >> 1]), md.x, md.y,
+                                                       ef);
+                        if (j < 8) lo += c << (4 * j);
+                        else hi += c << (4 * (j - 8));
+                    }
                 }
                 const uint2 packed = nq_finish(make_uint2(lo, hi), ef, sw, 1, (threadIdx.x >> 3) + 32 * n,
                                                8 * (threadIdx.x & 7), 0, md.x, md.y, row_err, nz_row);
