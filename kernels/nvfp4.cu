@@ -412,27 +412,30 @@ ted_nvfp4_quantize(const ted_raw_t* __restrict__ x, long long M, long long K, co
 // `ted_nvfp4_quantize16`: bf16 / fp16, round to nearest, 1D blocks, M % 64 == 0 and K % 128 == 0 (the host picks
 // it; every other call takes `ted_nvfp4_quantize`).  Same results bit for bit, less work per element:
 //   - tiles walked in bands of NQ_BAND tile rows, column by column (nq_walk / nq_tile: 32-bit arithmetic, no
-//     division per tile), 4 resident blocks per SM (64 registers);
+//     division per tile), 3 resident blocks per SM (80 registers);
 //   - column units numbered so that the 4 lanes of one column pair hold its 4 16-row groups: one 8-byte store
 //     instruction writes 32 contiguous bytes per column (full sectors) instead of 64 scattered 8-byte pieces;
 //     swizzle NQ_SWZ also spreads those 4 row groups over distinct banks;
 //   - per element: |x| * mult and min(., 6) in two instructions, the sign OR-ed in with one shift + LOP3, no
-//     NaN special case (a non-finite fp32 block error redoes the block exactly from shared memory, `nq_redo`).
+//     NaN special case (a non-finite fp32 block error redoes the block exactly from shared memory, `nq_redo`);
+//     blocks with a normal E4M3 scale code (nearly all) skip the min and pack on the multiply-add pipe
+//     (nq_elem_fast);
 //   - count_nonzero(x) comes from the amax pass (`ted_amax_count`, memory-bound, +2 us), not from this kernel;
 //   - block scales from a shared table (mult, dscale) per E4M3 code and direction, built once per block (no
 //     reciprocal per block); every address a per-thread constant (NqThread) plus a per-tile base.
-// Profile (ncu, H200, bf16 8192^2, row+col): issue-bound (83 % of the issue slots busy), the ALU pipe at 72 % of
-// its peak (LOP3 / shifts / integer min-max are half-rate), so time follows the instruction count.  Walking the
-// tiles without per-tile divisions (nq_walk) and packing codes with shift-adds: 112.5 M -> 109.1 M instructions,
-// 192.8 -> 184.6 us under ncu; the count in the amax pass, the scale table and the per-thread address constants:
-// 109.1 M -> 91.6 M instructions, 180.8 -> 151.0 us.
+// Profile (ncu, H200, bf16 8192^2, row+col): issue-bound (85 % of the issue slots busy, the ALU pipe at 62 % of
+// its peak), so time follows the instruction count.  Under ncu: walking the tiles without per-tile divisions and
+// packing with shift-adds: 112.5 M -> 109.1 M instructions, 192.8 -> 184.6 us; the count in the amax pass, the
+// scale table and the address constants: 91.6 M, 151.0 us (the ALU pipe, LOP3 / shifts / integer min-max at half
+// rate, was at 72 % of its peak); nq_elem_fast: 87.5 M, 142.1 us; the row loop unrolled with 3 blocks per SM
+// (80 registers, no rematerialised addresses): 82.3 M, 136.6 us.
 #if TED_DTYPE != 0
 #define NQ_TM 64
 #define NQ_TK 128
 #define NQ_WPR 64  // 32-bit words per tile row
 #define NQ_BAND 8  // tile rows per band of the tile order (see nq_tile)
 #ifndef NQ_MIN_BLOCKS
-#define NQ_MIN_BLOCKS 4  // resident blocks per SM (64 registers); cupy_nvfp4.NQ_BLOCKS_PER_SM must match
+#define NQ_MIN_BLOCKS 3  // resident blocks per SM (80 registers); cupy_nvfp4.NQ_BLOCKS_PER_SM must match
 #endif
 
 // Physical 16-byte chunk of logical chunk c of tile row `row`: conflict-free cp.async writes, row-block reads
@@ -715,7 +718,7 @@ ted_nvfp4_quantize16(const ted_raw_t* __restrict__ x, long long M, long long K, 
         if (do_row) {
             unsigned char* rdata = row_data + m0 * (K / 2) + k0 / 2 + th.r_st;
             unsigned char* rscale = row_scales + m0 * (K / 16) + k0 / 16 + (th.r_st >> 3);
-#pragma unroll 1
+#pragma unroll
             for (int n = 0; n < 2; ++n) {
                 const unsigned int roff = n ? (th.r_off ^ 0x2040u) : th.r_off;
                 const uint4 c0 = nq_lds128(sb + roff);

@@ -37,7 +37,7 @@ from tedebug.backends.cupy_kernels import (
 )
 
 NV_BLOCKS_PER_SM = 3  # NV_MIN_BLOCKS in kernels/nvfp4.cu (__launch_bounds__(256, 3))
-NQ_BLOCKS_PER_SM = 4  # NQ_MIN_BLOCKS in kernels/nvfp4.cu (ted_nvfp4_quantize16, 64 registers)
+NQ_BLOCKS_PER_SM = 3  # NQ_MIN_BLOCKS in kernels/nvfp4.cu (ted_nvfp4_quantize16, 80 registers)
 NQ_TILE = (64, 128)   # ted_nvfp4_quantize16's tile: rows, columns
 NV_THREADS = 256
 NV_TILE_ROWS = 64
