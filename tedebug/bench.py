@@ -2,6 +2,8 @@
 
 For each size (square bf16 matrices, default 8192 and 16384) and in the same run: the torch path, the kernel path,
 a plain ``x.sum(dtype=float32)`` read pass and a device-to-device copy (bandwidth = bytes read + written / time).
+Times are GPU time per call: the timed calls of the kernels, the copy and the sum are queued behind a GPU wait
+(`time_us`), so the host's launch cost does not count (the end-to-end rows below do include it).
 Rows: basic statistics; MXFP8 rowwise + columnwise quantize with error statistics; per-tensor FP8 current scaling
 (amax + cast + transpose, with underflow / error / overflow statistics); NVFP4 rowwise + columnwise (global amax +
 quantize, round-to-nearest, no RHT); FP8 block scaling 1x128 and 128x128 rowwise + columnwise.  A format with a
@@ -29,17 +31,50 @@ import torch
 from tedebug.backends import dispatch, torch_ref
 
 
-def time_us(fn: Callable[[torch.Tensor], object], buffers: Sequence[torch.Tensor], iters: int, warmup: int) -> float:
-    """Mean microseconds per call of fn(buffer), rotating over `buffers`."""
+@functools.lru_cache(maxsize=None)
+def _sleep_cycles_per_ms() -> float:
+    """GPU clock cycles of `torch.cuda._sleep` per millisecond (measured once)."""
+    cycles = 10 ** 7
+    torch.cuda._sleep(cycles // 10)  # wake the clocks up
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    torch.cuda.synchronize()
+    return cycles / max(start.elapsed_time(end), 1e-3)
+
+
+def time_us(fn: Callable[[torch.Tensor], object], buffers: Sequence[torch.Tensor], iters: int, warmup: int,
+            queue: bool = True) -> float:
+    """Mean GPU microseconds per call of fn(buffer), rotating over `buffers`.
+
+    With `queue` the timed calls are enqueued behind a GPU spin-wait (`torch.cuda._sleep`) that lasts longer
+    than the host takes to enqueue them all, so the events time the GPU running them back to back: a kernel of
+    100 us is measured as such even on a host whose launch path takes longer than that.  If the host was not done
+    before the wait ended, the wait doubles and the measurement is repeated (at most 4 times).  Calls that
+    synchronise with the device (or take milliseconds each, like the torch reference) use `queue=False`."""
     for i in range(warmup):
         fn(buffers[i % len(buffers)])
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for i in range(iters):
-        fn(buffers[i % len(buffers)])
-    end.record()
+    t0 = time.perf_counter()
+    fn(buffers[0])
+    host_ms = (time.perf_counter() - t0) * 1e3  # host time to enqueue one call
     torch.cuda.synchronize()
+    wait_ms = max(1.0, 3.0 * host_ms * iters)
+    for _ in range(4):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if queue:
+            torch.cuda._sleep(int(wait_ms * _sleep_cycles_per_ms()))
+        t0 = time.perf_counter()
+        start.record()
+        for i in range(iters):
+            fn(buffers[i % len(buffers)])
+        end.record()
+        enqueue_ms = (time.perf_counter() - t0) * 1e3
+        torch.cuda.synchronize()
+        if not queue or enqueue_ms < 0.8 * wait_ms:
+            break
+        wait_ms *= 2
     return start.elapsed_time(end) * 1000.0 / iters
 
 
@@ -135,7 +170,7 @@ def bench_size(n: int, iters: int, warmup: int, nbuf: int) -> List[Dict[str, obj
          _quantizer_pair(_fp8_block(2), "cupy"), in_bytes + 2 * numel + 8 * numel // (128 * 128)),
     ]
     for name, torch_fn, kernel_fn, nbytes in cases:
-        t_us = time_us(torch_fn, bufs, torch_iters, 1)
+        t_us = time_us(torch_fn, bufs, torch_iters, 1, queue=False)
         k_us = time_us(kernel_fn, bufs, iters, warmup)
         rows.append({"size": n, "op": name, "torch_us": t_us, "kernel_us": k_us, "bytes": nbytes})
     for row in rows:
@@ -276,7 +311,7 @@ def run(args: argparse.Namespace) -> int:
     for n in args.sizes:
         rows.extend(bench_size(n, args.iters, args.warmup, args.buffers))
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  bf16 inputs, "
-          f"{args.iters} iterations, {args.buffers} rotating buffers")
+          f"{args.iters} iterations, {args.buffers} rotating buffers, GPU time per call (launch cost excluded)")
     print(format_table(rows))
     if args.e2e:
         print("\nend to end: 12-block GPT-style stack of tedebug layers, hidden 2048, 8 x 1024 tokens, bf16 "
