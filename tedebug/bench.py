@@ -199,7 +199,7 @@ class _Block(torch.nn.Module):
 
 
 def bench_end_to_end(layers: int = 12, hidden: int = 2048, heads: int = 16, batch: int = 8, seq: int = 1024,
-                     iters: int = 10, warmup: int = 3, rounds: int = 3, device: str = "cuda",
+                     iters: int = 10, warmup: int = 3, rounds: int = 5, device: str = "cuda",
                      dtype: torch.dtype = torch.bfloat16) -> List[Dict[str, object]]:
     """ms per training step of the GPT-style stack in three debug settings (see the module docstring).
 
@@ -315,8 +315,8 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(rows))
     if args.e2e:
         print("\nend to end: 12-block GPT-style stack of tedebug layers, hidden 2048, 8 x 1024 tokens, bf16 "
-              "(median of 3 interleaved rounds)")
-        print(format_e2e(bench_end_to_end()))
+              f"(median of {args.rounds} interleaved rounds)")
+        print(format_e2e(bench_end_to_end(rounds=args.rounds)))
     return 0
 
 
@@ -327,3 +327,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--buffers", type=int, default=2, help="rotating input buffers (>= 2 defeats the L2)")
     parser.add_argument("--e2e", action="store_true",
                         help="also time training steps of a GPT-style stack with and without debug logging")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="--e2e: interleaved rounds of the three settings (the median is reported)")
