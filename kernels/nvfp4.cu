@@ -463,11 +463,13 @@ __device__ __forceinline__ unsigned int nq_elem(float f, float mult, float dscal
 }
 
 // The same element in a block whose scale code is >= 8 (E4M3 normal, nq_fast): there the block scale rounds by at
-// most 2^-4, so |x| * mult <= 6.4 < 7 for every finite x of the block and min(., 6) is not needed (an infinite or
-// NaN element makes the block's error sum non-finite: the block is redone by nq_redo, as on the general path).
-// The nibble bits(t) - E - 0x0B000000 + (E >> 22) - 254 + 8 s (s: sign of f) is added into `acc` times 16^i
-// on the integer multiply-add pipe (the shift / LOP3 pipe is the kernel's bottleneck); the constant part is
-// taken off once per word (nq_unbias).  s * 2^(4i + 3) is the high half of bits(f * 0) * 2^(4i + 4): f * 0 is +-0,
+// most 2^-4 (relative), so |x| * mult <= 6.4 < 7 for every finite x of the block and min(., 6) is not needed.  An
+// infinite or NaN element makes the block's error sum non-finite, so the block is redone by nq_redo, as on the
+// clamped path; and when the global amax is Inf (S_enc = 1, where a saturated scale code could leave |x| * mult
+// above 7) the decode scale is Inf, so every block's error is non-finite and every block is redone.
+// The nibble bits(t) - E - 0x0B000000 + (E >> 22) - 254 + 8 s (s: sign of f) is added into `acc` times 16^i,
+// mostly with integer multiply-adds (the shift / LOP3 pipe was the kernel's bottleneck); the constant part is
+// taken off once per word (NQ_BIAS).  s * 2^(4i + 3) is the high half of bits(f * 0) * 2^(4i + 4): f * 0 is +-0,
 // the sign bit alone.
 __device__ __forceinline__ void nq_elem_fast(float f, float mult, float dscale, float& e, unsigned int& acc, int i) {
     float a;
