@@ -146,27 +146,32 @@ __device__ __forceinline__ unsigned int nv_byte(const uint4& b, int j) {
 struct NvVals { float v[16]; };
 struct NvRedo { uint2 packed; double err; };
 
+// Element j of an exact redo: its code (NaN -> +6, code 7; `sr`: nv_round with the random byte, else round to
+// nearest) packed into o.packed and its fp64 squared error added to o.err.
+__device__ __forceinline__ void nv_redo_elem(NvRedo& o, int j, float f, float mult, float dscale, unsigned int bits8,
+                                             bool sr) {
+    const float v = ted_mul(f, mult);
+    unsigned int c;
+    float r;
+    if (isnan(v)) {
+        c = 7u;
+        r = 6.0f;
+    } else {
+        c = (sr ? nv_round(v, bits8, r) : nv_rn(v, r)) | ((__float_as_uint(f) >> 28) & 8u);
+    }
+    if (j < 8) o.packed.x |= c << (4 * j);
+    else o.packed.y |= c << (4 * (j - 8));
+    const double deq = ted_f2d(ted_mul(r, dscale));
+    const double d = ted_f2d(f) - ((c & 8u) ? -deq : deq);
+    o.err += d * d;
+}
+
 // Exact codes (NaN -> +6, code 7) and fp64 squared error of a block whose fp32 error sum was not finite.
 __device__ __noinline__ NvRedo nv_redo(const NvVals f, float mult, float dscale, uint4 rb) {
     NvRedo o;
     o.packed = make_uint2(0u, 0u);
     o.err = 0.0;
-    for (int j = 0; j < 16; ++j) {
-        const float v = ted_mul(f.v[j], mult);
-        unsigned int c;
-        float r;
-        if (isnan(v)) {
-            c = 7u;
-            r = 6.0f;
-        } else {
-            c = nv_round(v, nv_byte(rb, j), r) | ((__float_as_uint(f.v[j]) >> 28) & 8u);
-        }
-        if (j < 8) o.packed.x |= c << (4 * j);
-        else o.packed.y |= c << (4 * (j - 8));
-        const double deq = ted_f2d(ted_mul(r, dscale));
-        const double d = ted_f2d(f.v[j]) - ((c & 8u) ? -deq : deq);
-        o.err += d * d;
-    }
+    for (int j = 0; j < 16; ++j) nv_redo_elem(o, j, f.v[j], mult, dscale, nv_byte(rb, j), true);
     return o;
 }
 
@@ -509,23 +514,8 @@ __device__ __noinline__ NvRedo nq_redo(const unsigned int* sw, int by_row, int r
     NvRedo o;
     o.packed = make_uint2(0u, 0u);
     o.err = 0.0;
-    for (int j = 0; j < 16; ++j) {
-        const float f = nq_elem_at(sw, by_row, row0, wc0, half, j);
-        const float v = ted_mul(f, mult);
-        unsigned int c;
-        float r;
-        if (isnan(v)) {
-            c = 7u;
-            r = 6.0f;
-        } else {
-            c = nv_rn(v, r) | ((__float_as_uint(f) >> 28) & 8u);
-        }
-        if (j < 8) o.packed.x |= c << (4 * j);
-        else o.packed.y |= c << (4 * (j - 8));
-        const double deq = ted_f2d(ted_mul(r, dscale));
-        const double d = ted_f2d(f) - ((c & 8u) ? -deq : deq);
-        o.err += d * d;
-    }
+    for (int j = 0; j < 16; ++j)
+        nv_redo_elem(o, j, nq_elem_at(sw, by_row, row0, wc0, half, j), mult, dscale, 0u, false);
     return o;
 }
 
