@@ -9,14 +9,46 @@ import torch
 from tedebug.backends import launch
 
 
+def test_arguments_are_packed_one_slot_each_where_the_params_point():
+    import ctypes
+    import struct
+
+    args = (0x7F0012345670, np.int64(-5), np.int32(-3), np.uint32(4000000000), np.float32(0.1), np.float64(2.5),
+            np.uint64(2**64 - 1))
+    block = launch._arg_block(args, "k")
+    base = ctypes.addressof(block.slots)
+    assert [block.params[i] for i in range(len(args))] == [base + 8 * i for i in range(len(args))]
+    raw = bytes(block.slots)
+    assert struct.unpack_from("<Q", raw, 0)[0] == 0x7F0012345670  # a device pointer: 64 bits
+    assert struct.unpack_from("<q", raw, 8)[0] == -5
+    assert struct.unpack_from("<i", raw, 16)[0] == -3  # 4-byte values in the low half of their slot
+    assert struct.unpack_from("<I", raw, 24)[0] == 4000000000
+    assert struct.unpack_from("<f", raw, 32)[0] == float(np.float32(0.1))
+    assert struct.unpack_from("<d", raw, 40)[0] == 2.5
+    assert struct.unpack_from("<Q", raw, 48)[0] == 2**64 - 1
+    again = launch._arg_block((1, np.int64(2), np.int32(3), np.uint32(4), np.float32(5), np.float64(6),
+                               np.uint64(7)), "k")
+    assert again is block  # one block per signature and thread, repacked
+    assert struct.unpack_from("<Qqi4xI4xf4xdQ", bytes(block.slots)) == (1, 2, 3, 4, 5.0, 6.0, 7)
+
+
 def test_arguments_need_a_fixed_c_type():
-    assert launch._ctype_value(7, "k", 0).value == 7  # a device pointer
-    assert launch._ctype_value(np.int32(-3), "k", 1).value == -3
-    assert launch._ctype_value(np.float32(0.1), "k", 2).value == pytest.approx(np.float32(0.1), abs=0)
-    with pytest.raises(TypeError, match=r"kernel 'ted_x', argument 3: float has no fixed C type"):
-        launch._ctype_value(0.5, "ted_x", 3)
-    with pytest.raises(TypeError, match="bool"):
-        launch._ctype_value(True, "ted_x", 0)
+    with pytest.raises(TypeError, match=r"kernel 'ted_x', argument 1: float has no fixed C type"):
+        launch._arg_block((7, 0.5), "ted_x")
+    with pytest.raises(TypeError, match="argument 0: bool"):
+        launch._arg_block((True,), "ted_x")
+    with pytest.raises(ValueError, match="kernel 'ted_x': an argument does not fit its C type"):
+        launch._arg_block((-1,), "ted_x")  # a pointer is never negative
+
+
+def test_each_thread_packs_into_its_own_block():
+    import threading
+
+    blocks = []
+    worker = threading.Thread(target=lambda: blocks.append(launch._arg_block((1, 2), "k")))
+    worker.start()
+    worker.join()
+    assert launch._arg_block((1, 2), "k") is not blocks[0]
 
 
 def test_launch_mode_from_the_environment(monkeypatch):

@@ -15,13 +15,13 @@ shape NVFP4 rejects) always use the torch reference.
 
 from __future__ import annotations
 
-import os
 from types import ModuleType
 from typing import Optional
 
 import torch
 
 from tedebug.backends import torch_ref
+from tedebug.backends.environ import environ_reader
 
 BACKENDS = ("auto", "torch", "cupy")
 ENV_VAR = "TEDEBUG_BACKEND"
@@ -54,6 +54,7 @@ class use_backend:  # noqa: N801 - reads as a function at call sites
 
 
 _env_parsed = ("auto", "auto")  # (raw value of $TEDEBUG_BACKEND, checked name): re-checked only when it changes
+_read_env = environ_reader(ENV_VAR)
 
 
 def requested_backend() -> str:
@@ -62,7 +63,7 @@ def requested_backend() -> str:
     global _env_parsed
     if _override is not None:
         return _override
-    raw = os.environ.get(ENV_VAR, "auto") or "auto"
+    raw = _read_env() or "auto"
     if raw != _env_parsed[0]:
         _env_parsed = (raw, _check_name(raw, f"environment variable {ENV_VAR}"))
     return _env_parsed[1]
