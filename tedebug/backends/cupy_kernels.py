@@ -128,6 +128,8 @@ def _launch(kernel: Kernel, grid: int, block: int, args, device: torch.device) -
 
 
 _WORKSPACES: Dict[Tuple[int, int], torch.Tensor] = {}
+#: (device index, raw stream) -> (partials pointer, tickets pointer) of the workspace in `_WORKSPACES`
+_WORKSPACE_POINTERS: Dict[Tuple[int, int], Tuple[int, int]] = {}
 
 
 def _workspace(device: torch.device) -> Tuple[int, int]:
@@ -136,21 +138,26 @@ def _workspace(device: torch.device) -> Tuple[int, int]:
     The tickets start at 0 and every single-launch kernel leaves them at 0; kernels on one stream run in order,
     so they can share it.
     """
-    index = _device_index(device)
+    return _workspace_of(_device_index(device))
+
+
+def _workspace_of(index: int) -> Tuple[int, int]:
+    """`_workspace` of device `index`."""
     key = (index, raw_stream(index))
-    ws = _WORKSPACES.get(key)
-    if ws is None:
+    pointers = _WORKSPACE_POINTERS.get(key)
+    if pointers is None:
         nbytes = _TICKET_BYTES + _MAX_BLOCKS_PER_SM * _sm_count(index) * _PARTIAL_ROW_BYTES
-        ws = torch.zeros(nbytes, dtype=torch.uint8, device=torch.device("cuda", index))
-        _WORKSPACES[key] = ws
-    base = ws.data_ptr()
-    return base + _TICKET_BYTES, base
+        ws = _WORKSPACES[key] = torch.zeros(nbytes, dtype=torch.uint8, device=torch.device("cuda", index))
+        base = ws.data_ptr()
+        pointers = _WORKSPACE_POINTERS[key] = (base + _TICKET_BYTES, base)
+    return pointers
 
 
 def _ticket(tickets: int, name: str) -> int:
     return tickets + 4 * _TICKETS[name]
 
 
+@functools.lru_cache(maxsize=None)
 @functools.lru_cache(maxsize=None)
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -191,6 +198,7 @@ def _sum_columns(partial: torch.Tensor, out: torch.Tensor) -> None:
 #: the float64 row `basic_stats_into` writes: numel, then the basic partials in `BASIC_KEYS` order
 BASIC_ROW_KEYS = ("numel",) + BASIC_KEYS
 _ROW_BYTES = 8 * len(BASIC_ROW_KEYS)
+_STATS_TICKET_OFFSET = 4 * _TICKETS["stats"]
 
 
 def basic_stats_into(x: torch.Tensor, out_ptr: int) -> None:
@@ -215,8 +223,8 @@ def basic_stats_into(x: torch.Tensor, out_ptr: int) -> None:
         kernel = _STATS_KERNELS[key] = get_kernel("stats.cu", "ted_stats", _dtype_options(x))
     vec = 16 // x.element_size()
     grid = max(1, min(STATS_BLOCKS_PER_SM * _sm_count(index), (max(n // vec, 1) + THREADS - 1) // THREADS))
-    partials, tickets = _workspace(device)
-    launch(kernel, grid, THREADS, (x.data_ptr(), np.int64(n), partials, tickets + 4 * _TICKETS["stats"], out_ptr),
+    partials, tickets = _workspace_of(index)
+    launch(kernel, grid, THREADS, (x.data_ptr(), np.int64(n), partials, tickets + _STATS_TICKET_OFFSET, out_ptr),
            device)
 
 
