@@ -18,7 +18,12 @@ parent or not), every hook but `inspect_tensor_enabled` has a session-constant a
 first construction stores a *route template* in the session memo (`TEMPLATE_TABLE`); later constructions ask only
 `inspect_tensor_enabled` and copy the plans.  Features observe the same calls either way (the namespace never calls
 a feature for those constant answers); a hook overridden on the namespace instance, or a stand-in installed as
-``debug_api.transformer_engine``, disables templates, so it sees every call.
+``debug_api.transformer_engine``, disables templates, so it sees every call.  A quantizer routed that way
+(`from_template`) can also be *renewed* for a later call (`renew`: the iteration set and `inspect_tensor_enabled`
+asked again, exactly what a new construction from the template does), which `tedebug.nn.debug_gate` does instead of
+building six new quantizers per GEMM call.  `inspect_tensor` goes through the namespace once per quantizer; later
+calls go straight to the one feature method serving it (`TransformerEngineNamespace.direct_route`), which is what the
+namespace would do with them.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import torch
 
 from tedebug import debug_api
 from tedebug.config.parsing import GEMMS_OF_TENSOR
-from tedebug.namespace import HOOKS, TE_NAMESPACE
+from tedebug.namespace import HOOKS, TE_NAMESPACE, check_output
 from tedebug.quantization.tensor import QuantizedTensor, Quantizer
 
 #: plan constants; their values are the strings written in the plan log lines.
@@ -74,6 +79,7 @@ def _min_next(a: Optional[int], b: Optional[int]) -> Optional[int]:
 
 #: the one hook a route template still asks at every construction (schedule-driven: its answer varies)
 _LIVE_HOOK = "inspect_tensor_enabled"
+_INSPECT_HOOK = "inspect_tensor"
 #: the attributes `_route` fixes besides `inspect_tensor_enabled`, copied from a route template
 _TEMPLATE_ATTRS = ("rowwise_tensor_plan", "columnwise_tensor_plan", "rowwise_postquantize_enabled",
                    "columnwise_postquantize_enabled")
@@ -154,6 +160,12 @@ class DebugQuantizer(Quantizer):
         # the namespace's known-answer shortcut; absent on stand-ins (spies, wrappers), which see every call
         self._known_answer = getattr(type(api), "known_answer", None)
         self._next_debug_iter: Optional[int] = None
+        #: the feature route `_inspect` calls directly after its first call through the namespace (None: through
+        #: the namespace; see `TransformerEngineNamespace.direct_route`)
+        self._inspect_route = None
+        #: True when every hook but `inspect_tensor_enabled` has a session-constant answer here (a route template
+        #: exists for this tensor): `renew` may then stand in for a new construction
+        self.from_template = False
         if parent_quantizer is not None:
             # Full tensor objects in the usual layout: debug features may run any op on them.
             parent_quantizer.internal = False
@@ -166,12 +178,29 @@ class DebugQuantizer(Quantizer):
         template = templates.get(key)
         if template is not None:
             self._route_from(template)
+            self.from_template = True
             return
         asked: List[Tuple[str, Optional[str], Optional[str], Optional[int]]] = []
         self._route(asked)
         template = self._make_template(api, asked)
         if template is not None:
             templates[key] = template
+            self.from_template = True
+
+    def renew(self) -> None:
+        """Make this quantizer what a new construction with the same arguments would be now: the current iteration,
+        both usages on, `inspect_tensor_enabled` asked again (its next iteration recomputed).  Only for a quantizer
+        `from_template` while the session still uses route templates for its namespace (`renewable`); the plans
+        are session constants then."""
+        self.iteration = debug_api.get_iteration()
+        self.rowwise_usage = self.columnwise_usage = True
+        self._next_debug_iter = None
+        self.inspect_tensor_enabled = self._ask(_LIVE_HOOK, None, self.tensor_name)
+
+    def renewable(self) -> bool:
+        """True when `renew` may stand in for a new construction: routed from a template, and the active session's
+        namespace is still the one it asks and still allows templates (no hook overridden since)."""
+        return self.from_template and te_namespace() is self._api and route_templates(self._api) is not None
 
     # ------------------------------------------------------------------ construction-time routing
     @property
@@ -387,11 +416,25 @@ class DebugQuantizer(Quantizer):
     def _inspect(self, tensor: Optional[torch.Tensor], rowwise: GemmOperand, columnwise: GemmOperand) -> None:
         iteration = debug_api.get_iteration()
         if self.inspect_tensor_enabled:
-            self._api.inspect_tensor(
-                self.layer_name, tensor=tensor, tensor_name=self.tensor_name, iteration=iteration,
-                tp_group=self.tp_group, tp_size=self.tp_size, rowwise_quantized_tensor=rowwise,
-                columnwise_quantized_tensor=columnwise, quantizer=self.parent_quantizer,
-            )
+            api = self._api
+            route = self._inspect_route
+            if route is None or _INSPECT_HOOK in api.__dict__:
+                api.inspect_tensor(
+                    self.layer_name, tensor=tensor, tensor_name=self.tensor_name, iteration=iteration,
+                    tp_group=self.tp_group, tp_size=self.tp_size, rowwise_quantized_tensor=rowwise,
+                    columnwise_quantized_tensor=columnwise, quantizer=self.parent_quantizer,
+                )
+                direct_route = getattr(type(api), "direct_route", None)
+                if direct_route is not None:
+                    self._inspect_route = direct_route(api, _INSPECT_HOOK, self.layer_name, None, self.tensor_name)
+            else:  # what the namespace would do with this call (`TransformerEngineNamespace.direct_route`)
+                result = route.method(
+                    route.config, self.layer_name, tensor=tensor, tensor_name=self.tensor_name, iteration=iteration,
+                    tp_group=self.tp_group, tp_size=self.tp_size, rowwise_quantized_tensor=rowwise,
+                    columnwise_quantized_tensor=columnwise, quantizer=self.parent_quantizer,
+                )
+                if result is not None:
+                    check_output(HOOKS[_INSPECT_HOOK], route.feature, self.layer_name, {}, result)
         if not (self.rowwise_postquantize_enabled or self.columnwise_postquantize_enabled):
             return
         for operand, plan, enabled, is_rowwise in (

@@ -359,6 +359,25 @@ class TransformerEngineNamespace(_Dispatcher):
         spec = HOOKS[hook]
         return spec.default(layer_name, {}) if spec.kind == "enabled" else None
 
+    def direct_route(self, hook: str, layer_name: str, gemm: Optional[str], tensor_name: Optional[str]
+                     ) -> Optional[Route]:
+        """The one feature route serving inspect hook `hook` for this routing key, for a caller that makes the same
+        shape of call again and again (`DebugQuantizer`): after one call through the namespace, which checked the
+        kwargs and routed the key, calling ``route.method(route.config, layer_name, **kwargs)`` and rejecting a
+        non-None result (`check_output`) is that call.  None when the call must go through the namespace: the key is
+        not routed yet, no feature or several serve it, the hook is deprecated (its warning), the feature takes
+        fewer kwargs than the caller passes, or the hook is overridden on this instance."""
+        if hook in self.__dict__:
+            return None
+        routes = self._routes.get((layer_name, hook, gemm, tensor_name))
+        if routes is None or len(routes) != 1:
+            return None
+        spec = HOOKS[hook]
+        route = routes[0]
+        if spec.kind != "inspect" or spec.deprecated or route.drop:
+            return None
+        return route
+
     def known_answer(self, hook: str, layer_name: str, gemm: Optional[str], tensor_name: Optional[str],
                      iteration: int) -> Any:
         """`enabled` hook `hook`'s answer at `iteration` when it needs no feature call, else None.

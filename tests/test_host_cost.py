@@ -1,6 +1,7 @@
 """The host-cost shortcuts of the debug path never change an answer: route templates (`DebugQuantizer`), the
 identity-checked config memo (`feature_support.config_memoized`) behind `cached_schedule` and LogTensorStats'
-`inspect_plan`, the tuple form of the reduction parameters, the prebuilt log line, and the gate's next iteration.
+`inspect_plan`, the tuple form of the reduction parameters, the prebuilt log line, the gate's next iteration and its
+renewed quantizers, and `DebugQuantizer`'s direct inspect route.
 Each shortcut is compared with the path it replaces, and its invalidation (new session, changed config, patched
 hook, spy) is exercised."""
 
@@ -239,6 +240,165 @@ def test_gate_next_iteration_is_the_minimum_over_its_quantizers(start):
 
 
 # ------------------------------------------------------------------------------------------------ config memo
+def test_gate_renews_its_quantizers_and_they_equal_new_ones(start, route_calls):
+    """DebugInspect on a freq-3 schedule: from the second call on, the gate renews the six quantizers of the previous
+    call (no construction, the same dict) and every routed attribute, and every feature call, equals what six new
+    quantizers give at that iteration."""
+    module = start({"DebugInspect": {"enabled": True, "tensors": list(TENSORS), "freq": 3, "start_step": 2}})
+    state = LayerDebugState()
+    parents = {role: parent_for(tensor) for role, tensor in ROLE_TO_TENSOR}
+    built = []
+    real_init = DebugQuantizer.__init__
+
+    def counting_init(self, *args, **kwargs):
+        built.append(args[1])
+        real_init(self, *args, **kwargs)
+
+    previous = None
+    for iteration in range(12):
+        module.CALLS.clear()
+        built.clear()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(DebugQuantizer, "__init__", counting_init)
+            answer = state._build("L", parents, None, 1)
+        result = state._last[2]
+        active = iteration >= 2 and iteration % 3 == 0
+        assert answer is (result if active else None)  # None: nothing enabled in this iteration
+        gate_calls = list(module.CALLS)
+        if iteration:
+            assert built == [] and result is previous  # renewed, not rebuilt
+        else:
+            assert built == [tensor for _, tensor in ROLE_TO_TENSOR]
+        module.CALLS.clear()
+        fresh = {role: DebugQuantizer("L", tensor, parents[role], None) for role, tensor in ROLE_TO_TENSOR}
+        assert module.CALLS == gate_calls  # the features saw the same calls
+        for role, tensor in ROLE_TO_TENSOR:
+            assert routed(result[role]) == routed(fresh[role]), (iteration, tensor)
+            assert result[role].iteration == iteration and result[role].inspect_tensor_enabled is active
+            assert (result[role].rowwise_usage, result[role].columnwise_usage) == (True, True)
+            result[role].set_usage(rowwise=False, columnwise=True)  # renew restores the constructor's usage
+        previous = result
+        debug_api.step()
+    assert route_calls.count("activation") == 1  # one full routing per tensor: the gate's first build
+
+
+def test_gate_builds_new_quantizers_when_renewal_would_differ(start):
+    """A new layer name, other normal quantizers, another TP group, a hook patched on the namespace, a spy: the gate
+    builds six new quantizers."""
+    start({"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": list(TENSORS)}})
+    state = LayerDebugState()
+    parents = {role: parent_for(tensor) for role, tensor in ROLE_TO_TENSOR}
+    first = state._build("L", parents, None, 1)
+    assert state._build("L", parents, None, 1) is first
+    renamed = state._build("M", parents, None, 1)
+    assert renamed is not first and renamed["input"].layer_name == "M"
+    assert state._build("M", parents, None, 1) is renamed
+    other = dict(parents, weight=parent_for("weight"))
+    reparented = state._build("M", other, None, 1)
+    assert reparented is not renamed and reparented["weight"].parent_quantizer is other["weight"]
+    group = object()
+    grouped = state._build("M", other, group, 2)
+    assert grouped is not reparented and grouped["input"].tp_group is group and grouped["input"].tp_size == 2
+    assert state._build("M", other, group, 2) is grouped
+    api = debug_api.transformer_engine
+    api.inspect_tensor_enabled = lambda layer_name, **kwargs: (True, None)
+    try:
+        patched = state._build("M", other, group, 2)
+        assert patched is not grouped and not patched["input"].from_template
+    finally:
+        del api.inspect_tensor_enabled
+    again = state._build("M", other, group, 2)
+    assert again is not patched  # quantizers routed without templates are never renewed
+    assert state._build("M", other, group, 2) is again
+
+    class Spy:
+        def __getattr__(self, hook):
+            return getattr(api, hook)
+
+    debug_api.transformer_engine = Spy()
+    try:
+        assert state._build("M", other, group, 2) is not again
+    finally:
+        del debug_api.transformer_engine
+
+
+def test_inspect_goes_direct_after_one_call_and_the_feature_sees_the_same_calls(start, monkeypatch):
+    """After one call through the namespace, `DebugQuantizer._inspect` calls the routed feature method directly:
+    the feature receives exactly the kwargs of a namespace call; a hook patched on the namespace instance later
+    still sees every call."""
+    module = start({"DebugInspect": {"enabled": True, "tensors": ["activation", "output"]}})
+    api = debug_api.transformer_engine
+    through = []
+    real_call = type(api)._call
+
+    def counting_call(self, hook, layer_name, kwargs):
+        through.append(hook)
+        return real_call(self, hook, layer_name, kwargs)
+
+    monkeypatch.setattr(type(api), "_call", counting_call)
+    x = torch.randn(4, 8)
+    q = DebugQuantizer("L", "activation", None, None)
+    out = DebugQuantizer("L", "output", None, None)
+    rounds = []
+    for _ in range(3):
+        module.CALLS.clear()
+        through.clear()
+        q.quantize(x)
+        out.process_gemm_output(x)
+        assert [c[0] for c in module.CALLS] == ["inspect_tensor", "inspect_tensor"]
+        assert module.CALLS[0][2]["tensor"] is x and module.CALLS[0][2]["tensor_name"] == "activation"
+        assert module.CALLS[1][2]["rowwise_quantized_tensor"] is None and module.CALLS[1][2]["quantizer"] is None
+        rounds.append(list(through))
+    assert rounds == [["inspect_tensor", "inspect_tensor"], [], []]  # through the namespace once, then direct
+    direct = list(module.CALLS)
+    module.CALLS.clear()
+    api.inspect_tensor(
+        "L", tensor=x, tensor_name="activation", iteration=0, tp_group=None, tp_size=1, rowwise_quantized_tensor=x,
+        columnwise_quantized_tensor=x, quantizer=None)
+    assert module.CALLS[0] == direct[0]  # a namespace call gives the feature the very same kwargs
+    patched = []
+    api.inspect_tensor = lambda layer_name, **kwargs: patched.append(kwargs["tensor_name"])
+    try:
+        module.CALLS.clear()
+        q.quantize(x)
+        assert patched == ["activation"] and module.CALLS == []
+    finally:
+        del api.inspect_tensor
+
+
+def test_direct_route_only_for_a_single_plain_inspect_route(start):
+    start({"DebugInspect": {"enabled": True, "tensors": ["activation"]},
+           "DebugPostquantize": {"enabled": True, "tensors": ["activation"]}})
+    api = debug_api.transformer_engine
+    assert api.direct_route("inspect_tensor", "L", None, "activation") is None  # not routed yet
+    DebugQuantizer("L", "activation", None, None).quantize(torch.ones(2, 2))
+    route = api.direct_route("inspect_tensor", "L", None, "activation")
+    assert route is not None and route.feature == "DebugInspect"
+    assert api.direct_route("inspect_tensor_enabled", "L", None, "activation") is None  # not an inspect hook
+    assert api.direct_route("inspect_tensor", "L", None, "weight") is None  # routing key never called
+    api.inspect_tensor(
+        "L", tensor=torch.ones(2), tensor_name="weight", iteration=0, tp_group=None, tp_size=1,
+        rowwise_quantized_tensor=None, columnwise_quantized_tensor=None, quantizer=None)
+    assert api.direct_route("inspect_tensor", "L", None, "weight") is None  # no feature serves it
+
+
+def test_a_non_none_inspect_result_is_rejected_on_the_direct_path_too(start, monkeypatch):
+    module = start({"DebugInspect": {"enabled": True, "tensors": ["activation"]}})
+    q = DebugQuantizer("L", "activation", None, None)
+    q.quantize(torch.ones(2, 2))
+    assert q._inspect_route is not None
+    monkeypatch.setattr(type(q._inspect_route.method.__self__), "inspect_tensor",
+                        lambda self, config, layer_name, **kwargs: 5)
+    # the direct route holds the bound method of the old class attribute: rebind it as routing would
+    route = q._inspect_route
+    q._inspect_route = type(route)(route.feature, getattr(route.method.__self__, "inspect_tensor"), route.config,
+                                   route.drop)
+    with pytest.raises(TypeError, match="feature 'DebugInspect', hook 'inspect_tensor', layer 'L': inspect hooks "
+                                        "must return None, got int"):
+        q.quantize(torch.ones(2, 2))
+    assert module.CALLS[-1][0] == "inspect_tensor"  # the first, real call went through the namespace
+
+
 def test_config_memoized_serves_the_content_memos_object_and_notices_every_change(tmp_path):
     calls = []
 

@@ -10,8 +10,12 @@ named ``<name>.fc1`` and ``<name>.fc2``; GroupedLinear one per ``<name>.gemm_<i>
 * when active, six `DebugQuantizer`s are built from the layer's normal quantizers (roles input, weight, output,
   grad_input, grad_weight, grad_output -> tensors activation, weight, output, dgrad, wgrad, gradient, constructed
   in that order); ``next_iter`` becomes the minimum of their non-None next iterations (None: this GEMM never
-  enters debug again in the session); if none of them has a feature enabled, None is returned and no
-  DebugQuantizer is kept (the rest of the iteration then also returns None).
+  enters debug again in the session); if none of them has a feature enabled, None is returned (the rest of the
+  iteration then also returns None).
+* the six of the previous call are renewed (`DebugQuantizer.renew`) instead of built again when that is the same
+  thing: same layer name, the very same normal quantizers, and all six `renewable` (routing constant for the
+  session but for `inspect_tensor_enabled`, which `renew` asks again).  So a logged GEMM does not allocate six
+  quantizers per call; the returned dict is then the same object as the previous call's.
 
 Returning None means "use the normal quantizers and the normal fused path".  A role missing from `quantizers`
 (or mapped to None) gets parent None; for LayerNormMLP the GEMM-output roles (grad_input -> dgrad,
@@ -23,8 +27,9 @@ weak reference to the session object, and starts over (next_iter 0, no remembere
 
 from __future__ import annotations
 
+import operator
 import weakref
-from typing import Dict, Mapping, Optional
+from typing import Dict, Mapping, Optional, Tuple
 
 from tedebug import debug_api
 from tedebug.debug_quantization import DebugQuantizer
@@ -48,7 +53,7 @@ def _dead_session():
 class LayerDebugState:
     """Debug decision and next debug iteration of one GEMM, for the current debug session."""
 
-    __slots__ = ("next_iter", "_session_ref", "_decided_iteration", "_active")
+    __slots__ = ("next_iter", "_session_ref", "_decided_iteration", "_active", "_last")
 
     def __init__(self) -> None:
         self._session_ref = _dead_session
@@ -58,6 +63,8 @@ class LayerDebugState:
         self.next_iter: Optional[int] = 0
         self._decided_iteration: Optional[int] = None
         self._active = False
+        #: (layer name, parents in ROLE_TO_TENSOR order, role -> DebugQuantizer) of the last build, for `_renewed`
+        self._last: Optional[Tuple[str, tuple, Dict[str, DebugQuantizer]]] = None
 
     def debug_quantizers(self, layer_name: str, quantizers: Mapping[str, object], tp_group=None,
                          tp_size: int = 1) -> Optional[Dict[str, DebugQuantizer]]:
@@ -85,16 +92,37 @@ class LayerDebugState:
             unknown = set(quantizers) - _ROLES
             raise KeyError(f"LayerDebugState for layer {layer_name!r}: unknown quantizer roles {sorted(unknown)}; "
                            f"expected a subset of {sorted(_ROLES)}")
-        result = {}
+        parents = tuple(quantizers.get(role) for role, _ in ROLE_TO_TENSOR)
+        result = self._renewed(layer_name, parents, tp_group, tp_size)
+        if result is None:
+            result = {role: DebugQuantizer(layer_name, tensor, parent, tp_group, tp_size)
+                      for (role, tensor), parent in zip(ROLE_TO_TENSOR, parents)}
+            self._last = (layer_name, parents, result)
         next_iter = None
-        for role, tensor in ROLE_TO_TENSOR:
-            q = result[role] = DebugQuantizer(layer_name, tensor, quantizers.get(role), tp_group, tp_size)
+        for q in result.values():
             nxt = q.get_next_debug_iter()
             if nxt is not None and (next_iter is None or nxt < next_iter):
                 next_iter = nxt
         self.next_iter = next_iter
         if not any(q.any_feature_enabled() for q in result.values()):
             return None
+        return result
+
+    def _renewed(self, layer_name: str, parents: tuple, tp_group, tp_size: int
+                 ) -> Optional[Dict[str, DebugQuantizer]]:
+        """The previous call's quantizers, renewed, when that equals building new ones (see the module docstring);
+        else None."""
+        last = self._last
+        if last is None or last[0] != layer_name or not all(map(operator.is_, parents, last[1])):
+            return None
+        result = last[2]
+        first = result["input"]
+        if first.tp_group is not tp_group or first.tp_size != tp_size:
+            return None
+        if not all(q.renewable() for q in result.values()):
+            return None
+        for q in result.values():
+            q.renew()
         return result
 
     @property
