@@ -4,8 +4,9 @@
 columns, emitters, iteration and reduction settings, which the next step may change) and enqueues every
 device-to-host copy at once, without waiting: slab rows into the slabs' pinned mirrors (`RowSlab.start_host_copy`),
 the buffers' own rows (one concatenation per device) with a non-blocking copy, then one event per CUDA device.
-`host_rows()` waits for those events and returns each buffer's row as Python floats in `columns` order; several rows
-of one buffer (microbatches, slab rows next to a tensor row) are merged there with the exact combiners.
+`host_rows()` waits for those events and returns each buffer's row as Python floats in `columns` order (a buffer
+whose row is one slab row, the kernel path's usual case, is cut from one gather per slab and column layout); several
+rows of one buffer (microbatches, slab rows next to a tensor row) are merged there with the exact combiners.
 
 `tedebug.stats.engine.StatsEngine` calls both at once (a synchronous read-back), or calls `host_rows()` at the next
 step (deferred read-back: the step returns without waiting for the GPU).  The slabs named by the snapshot must not
@@ -74,7 +75,7 @@ class RowsInFlight:
         """Wait for the copies, then every entry's row as Python floats in `columns` order."""
         for event in self._events:
             event.synchronize()
-        slab_rows = {slab: slab.host_rows() for slab in self._slabs}
+        slab_tensors = {slab: slab.host_tensor() for slab in self._slabs}
         host: Dict[BufferKey, List[float]] = {}
         for entries, flat in self._row_groups:
             values = flat.tolist()
@@ -82,13 +83,30 @@ class RowsInFlight:
             for entry in entries:
                 host[entry.key] = values[offset: offset + len(entry.columns)]
                 offset += len(entry.columns)
+        # An entry whose row is exactly one slab row (one feed through a kernel: the common case) takes its columns
+        # from one gather per (slab, column positions); the others are merged below.
+        single: Dict[Tuple[RowSlab, Tuple[int, ...]], List[FedRow]] = {}
+        merged: List[FedRow] = []
         for entry in self.entries:
             if not entry.slab_rows:
                 continue
+            if entry.row is None and len(entry.slab_rows) == 1:
+                single.setdefault((entry.slab_rows[0][0], entry.positions), []).append(entry)
+            else:
+                merged.append(entry)
+        for (slab, positions), entries in single.items():
+            rows = torch.tensor([entry.slab_rows[0][1] for entry in entries], dtype=torch.long)
+            gathered = slab_tensors[slab].index_select(0, rows)[:, list(positions)].tolist()
+            for entry, row in zip(entries, gathered):
+                host[entry.key] = row
+        slab_lists: Dict[RowSlab, List[List[float]]] = {}
+        for entry in merged:
             parts = [host[entry.key]] if entry.row is not None else []
             for slab, index in entry.slab_rows:
-                full = slab_rows[slab][index]
-                parts.append([full[p] for p in entry.positions])
+                full = slab_lists.get(slab)
+                if full is None:
+                    full = slab_lists[slab] = slab_tensors[slab].tolist()
+                parts.append([full[index][p] for p in entry.positions])
             if len(parts) == 1:
                 host[entry.key] = parts[0]
             else:

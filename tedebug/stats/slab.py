@@ -81,14 +81,20 @@ class RowSlab:
             self._mirrors[index][:count].copy_(self._chunks[index][:count], non_blocking=True)
         self._copied = self._used
 
-    def host_rows(self) -> List[List[float]]:
-        """Every row handed out this step, as Python floats: from the host mirrors after `start_host_copy` (whose
-        event the caller waited on), else with one blocking device-to-host copy per chunk in use."""
-        rows: List[List[float]] = []
+    def host_tensor(self) -> torch.Tensor:
+        """Every row handed out this step as one float64 CPU tensor ``[used, width]``: from the host mirrors after
+        `start_host_copy` (whose event the caller waited on), else with one blocking device-to-host copy per chunk
+        in use (a CPU slab: its own rows)."""
         mirrored = self._copied == self._used and self._used > 0
-        for index, count in self._in_use():
-            rows.extend((self._mirrors[index][:count] if mirrored else self._chunks[index][:count].cpu()).tolist())
-        return rows
+        parts = [self._mirrors[index][:count] if mirrored else self._chunks[index][:count].cpu()
+                 for index, count in self._in_use()]
+        if not parts:
+            return torch.empty((0, self.width), dtype=torch.float64)
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def host_rows(self) -> List[List[float]]:
+        """`host_tensor` as Python floats, one list per row."""
+        return self.host_tensor().tolist()
 
     def reset(self) -> None:
         """Make every row available again (call after `host_rows`)."""
