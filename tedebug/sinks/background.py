@@ -17,8 +17,10 @@ iteration N (never N-1).  With ``background_logging=False`` nothing is deferred:
 Protocol (one job in flight, so memory stays bounded):
 
 * `submit(sinks, chunks)` first waits until the previous job is written and flushed, then hands over the new one:
-  every sink of `sinks`, in order, receives every chunk (a list of records, or a callable returning one, called
-  once on the writer thread) through `Sink.log_scalars`, in order, then `Sink.flush()`.  A sink that raises does not stop the others (they still get the batch).
+  every sink of `sinks`, in order, receives every chunk (a sequence of records, such as a list or a
+  `tedebug.sinks.batch.ScalarBatch`, or a callable returning one, called once on the writer thread) through
+  `Sink.log_scalars`, in order, then `Sink.flush()`.  A sink that raises does not stop the others (they still get
+  the batch).
 * `wait()` blocks until the job in flight is done.  `stop()` waits, then ends and joins the thread (a later
   `submit` starts a new one).
 * Errors raised by a sink in the thread are never swallowed: the first one of a job is kept and `take_error()`
@@ -63,7 +65,7 @@ def _iterations(chunks: Sequence[Sequence[Record]]) -> str:
     return ", ".join(map(str, seen)) or "none"
 
 
-Job = Tuple[Tuple[Any, ...], List[List[Record]]]
+Job = Tuple[Tuple[Any, ...], List[Any]]
 
 
 class BackgroundWriter:
@@ -82,7 +84,7 @@ class BackgroundWriter:
         self._errors: List[BackgroundSinkError] = []
 
     # ------------------------------------------------------------------------------------------- caller thread
-    def submit(self, sinks: Sequence[Any], chunks: List[List[Record]]) -> None:
+    def submit(self, sinks: Sequence[Any], chunks: List[Any]) -> None:
         """Wait for the job in flight, then hand over `chunks` for `sinks` (written and flushed on the thread)."""
         if os.getpid() != self._pid:  # forked child: the parent's thread does not exist here
             self._reset()

@@ -3,9 +3,11 @@
 Every statistic is emitted once, through `MetricLogger.log_scalar(name, value, iteration, *, layer, tensor, stat)`,
 and fanned out to every sink of the session.  `MetricLogger.log_scalars(records)` emits a batch (the statistics of
 one step): each `Sink` receives it through `Sink.log_scalars` (by default one `log_scalar` call per record, in
-order; the file sinks write a batch at once), any other object one ``log_scalar`` call per record.  Sinks derived
-from `Sink` receive the structured keywords; any other object with a ``log_scalar(name, value, iteration)`` method
-(an nvdlfw ``BaseLogger``, a W&B adapter) receives only the three positional values.
+order; the file sinks write a batch at once), any other object one ``log_scalar`` call per record.  A batch is any
+sequence of records; the statistics engine emits a `tedebug.sinks.batch.ScalarBatch` (immutable, so it is queued for
+the writer as it is, and its records are only built if a sink iterates them).  Sinks derived from `Sink` receive the
+structured keywords; any other object with a ``log_scalar(name, value, iteration)`` method (an nvdlfw
+``BaseLogger``, a W&B adapter) receives only the three positional values.
 
 nvdlfw compatibility: ``MetricLogger.add_logger(sink)`` and ``MetricLogger.log_scalar(name, value, iteration)``
 also work when called on the *class* (as frameworks and TE-style custom features do); they then act on the active
@@ -34,6 +36,7 @@ import contextlib
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from tedebug.sinks.background import BackgroundSinkError, BackgroundWriter
+from tedebug.sinks.batch import ScalarBatch
 
 #: one scalar of a batch: (name, value, iteration, layer, tensor, stat)
 Record = Tuple[str, Any, int, Optional[str], Optional[str], Optional[str]]
@@ -112,7 +115,8 @@ class MetricLogger:
         self._dirty = False  # something was logged since the last flush
         self._caller_sinks: List[Any] = []  # called in the caller's thread
         self._writer_sinks: List[Any] = []  # written by the background writer
-        self._pending: List[List[Record]] = []  # batches queued for the writer since the last hand-over
+        #: batches queued for the writer since the last hand-over (record lists, `ScalarBatch`es, or builders)
+        self._pending: List[Any] = []
         self._loose: List[Record] = []  # the last pending chunk when it collects single log_scalar records
         self._writer: Optional[BackgroundWriter] = BackgroundWriter() if self.background else None
         self._held: List[Any] = []  # chunks held back by `one_step_behind` until the next one
@@ -153,8 +157,8 @@ class MetricLogger:
                 else:
                     for name, value, iteration, _, _, _ in records:
                         sink.log_scalar(name, value, iteration)
-            if self._writer_sinks:
-                self._pending.append(list(records))  # our own copy: the caller may reuse its list
+            if self._writer_sinks:  # our own copy (the caller may reuse its list); a ScalarBatch never changes
+                self._pending.append(records if isinstance(records, ScalarBatch) else list(records))
         self._raise_writer_error()
 
     def log_deferred(self, build: Callable[[], Sequence[Record]]) -> None:

@@ -8,17 +8,23 @@ logged without the structured keywords).  The output is strict JSON: a NaN or ±
 
 Each line is exactly ``json.dumps(make_record(...), allow_nan=False)``; the encoded ``name`` / ``layer`` /
 ``tensor`` / ``stat`` part of a line is cached per sink (statistic names repeat every step), so only the iteration
-and the value are encoded per scalar.
+and the value are encoded per scalar.  A `tedebug.sinks.batch.ScalarBatch` of one iteration whose name parts are all
+plain strings (a step of `StatsEngine`) is encoded at once: the line pieces holding its names are cached per layout
+and joined with the iteration's opening and the values' reprs (the same bytes; ``%``-formatting a template of the
+whole batch costs more, the literal text being scanned character by character).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import operator
 import os
+from itertools import chain, compress, count
 from typing import Any, Dict, List, Optional, Sequence
 
 from tedebug.sinks.base import Record, Sink
+from tedebug.sinks.batch import ScalarBatch
 
 
 def nonfinite_label(value: float) -> Optional[str]:
@@ -48,6 +54,10 @@ def make_record(name: str, value: Any, iteration: int, *, layer: Optional[str], 
     return record
 
 
+#: what follows ``"value": `` in the line of a non-finite value, by its label (`nonfinite_label`, also its repr)
+_NONFINITE_TEXT = {label: f'null, "nonfinite": "{label}"' for label in ("nan", "inf", "-inf")}
+
+
 def _names_part(name: Any, layer: Any, tensor: Any, stat: Any) -> str:
     """The ``"name": ..., "layer": ..., "tensor": ..., "stat": ...`` part of a record line, as `json.dumps` writes it."""
     return ", ".join(f"{json.dumps(k)}: {json.dumps(v, allow_nan=False)}"
@@ -69,6 +79,9 @@ class JsonlSink(Sink):
         #: the same cache for names, layers, tensors and stats that are all exactly `str` (a str key equals only
         #: str keys, so the plain tuple is an exact key)
         self._str_names: Dict[tuple, str] = {}
+        #: the layout of the last `ScalarBatch` encoded and its lines' name pieces (None: a name part is not a str)
+        self._batch_layout: Optional[tuple] = None
+        self._batch_names: Optional[List[str]] = None
 
     def log_scalar(self, name: str, value: Any, iteration: int, *, layer: Optional[str] = None,
                    tensor: Optional[str] = None, stat: Optional[str] = None) -> None:
@@ -76,9 +89,15 @@ class JsonlSink(Sink):
 
     def log_scalars(self, records: Sequence[Record]) -> None:
         """`_line` of every record; records whose names are all plain strings (the statistics every step) and whose
-        value is finite take the cached-names line directly."""
+        value is finite take the cached-names line directly; a one-iteration `ScalarBatch` whose names are all plain
+        strings is encoded all at once (`_batch_text`)."""
         line, str_names, isfinite = self._line, self._str_names, math.isfinite
         pending = self._pending
+        if type(records) is ScalarBatch and records.iteration is not None:
+            names = self._names_for(records)
+            if names is not None:
+                pending.append(self._batch_text(names, records))
+                return
         heads: Dict[Any, str] = {}  # iteration -> the line's opening (equal iterations: equal text)
         for record in records:
             name, value, iteration, layer, tensor, stat = record
@@ -92,6 +111,38 @@ class JsonlSink(Sink):
                     pending.append(f'{head}{names}, "value": {value!r}}}')
                     continue
             pending.append(line(*record))
+
+    def _names_for(self, batch: ScalarBatch) -> Optional[List[str]]:
+        """The name piece ``<names part>, "value": `` of every line of `batch` (made when the layout changed); None
+        when a name part is not a plain str."""
+        if not batch.same_layout(self._batch_layout):
+            parts = batch.name_parts()
+            self._batch_names = None
+            if all(type(p) is str for p in chain.from_iterable(parts)):
+                str_names = self._str_names
+                pieces = []
+                for key in parts:
+                    names = str_names.get(key)
+                    if names is None:
+                        names = str_names[key] = _names_part(*key)
+                    pieces.append(f'{names}, "value": ')
+                self._batch_names = pieces
+            self._batch_layout = batch.layout
+        return self._batch_names
+
+    @staticmethod
+    def _batch_text(names: List[str], batch: ScalarBatch) -> str:
+        """The lines of a one-iteration `batch` (`names`: its `_names_for`), ``"\\n"``-joined as `flush` joins."""
+        values = batch.values
+        texts = list(map(repr, values))
+        if not all(map(math.isfinite, values)):
+            for i in compress(count(), map(operator.not_, map(math.isfinite, values))):
+                texts[i] = _NONFINITE_TEXT[texts[i]]  # repr of NaN / ±Inf: "nan", "inf", "-inf"
+        parts = [f'{{"iteration": {int(batch.iteration)!r}, ', None, None, "}\n"] * len(values)
+        parts[1::4] = names
+        parts[2::4] = texts
+        parts[-1] = "}"
+        return "".join(parts)
 
     def _line(self, name: Any, value: Any, iteration: Any, layer: Any, tensor: Any, stat: Any) -> str:
         """``json.dumps(make_record(...), allow_nan=False)``, with the name part cached per distinct names."""

@@ -6,7 +6,9 @@ fed row back (`tedebug.stats.readback`: all copies enqueued at once), runs one c
 (`tedebug.stats.reduce`), evaluates the final formulas as Python floats and emits ``metric_logger.log_scalar("<layer>_<tensor>_<stat>", value,
 iteration, layer=, tensor=, stat=)`` in buffer-creation order, statistics in request order (as one
 ``metric_logger.log_scalars(records)`` batch when the logger has that method; `tedebug.sinks.MetricLogger` gets a
-``log_deferred(build)`` callable instead, so that a background writer evaluates the final formulas).
+``log_deferred(build)`` callable instead, so that a background writer evaluates the final formulas).  A batch is a
+`tedebug.sinks.batch.ScalarBatch`: a sequence of records built from each buffer's emitters and merged row, whose
+values the file sinks read as one column (each formula evaluated once per step, whatever the number of sinks).
 
 Deferred read-back (`defer_read_back`, set by a background-logging session whose sinks all run on the writer
 thread; never while torch.distributed runs more than one rank, whose reduction is a collective at the step): `step(N)`
@@ -30,6 +32,7 @@ import torch
 
 from tedebug.backends import backend_for
 from tedebug.config.parsing import GEMMS_OF_TENSOR
+from tedebug.sinks.batch import ScalarBatch
 from tedebug.stats import reduce as _reduce
 from tedebug.stats.buffers import BufferKey, BufferStore, StatBuffer
 from tedebug.stats.definitions import NONFINITE_COLUMNS, Column, StatRequest
@@ -280,12 +283,8 @@ class StatsEngine:
                          tensor_name))
             self._report_nonfinite(buffer, values)
 
-        def records() -> List[tuple]:  # the final formulas; depends only on `rows` (may run on a writer thread)
-            out: List[tuple] = []
-            for emitters, row, iteration, layer, tensor_name in rows:
-                out.extend([(name, value_of(row), iteration, layer, tensor_name, stat)
-                            for name, stat, value_of in emitters])
-            return out
+        def records() -> ScalarBatch:  # the final formulas; depends only on `rows` (may run on a writer thread)
+            return ScalarBatch(rows).evaluate()  # a formula's error is the build's, not the first sink's
 
         log_deferred = getattr(self.metric_logger, "log_deferred", None)
         log_scalars = getattr(self.metric_logger, "log_scalars", None)

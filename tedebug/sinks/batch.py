@@ -1,0 +1,136 @@
+"""`ScalarBatch`: the statistics of one step in columnar form, as `tedebug.stats.engine.StatsEngine` emits them.
+
+A batch holds one row per emitted buffer: ``(emitters, row, iteration, layer, tensor)``, where `emitters` is the
+buffer's tuple of ``(name, stat, value_of)`` (one per statistic, in request order), `row` its merged row and
+``value_of(row)`` the statistic's final value.  It is a read-only ``Sequence[Record]`` (`tedebug.sinks.base.Record`):
+the records ``(name, value, iteration, layer, tensor, stat)`` are built on first use and cached, so any sink
+(`Sink.log_scalars`, a user object, TensorBoard) receives it as it would a list of records.  The file sinks
+(`tedebug.sinks.text`, `tedebug.sinks.jsonl`) read its columns instead, each computed once per batch whatever the
+number of sinks:
+
+* `values`: the value of every record as a Python float, in record order (every ``value_of`` runs once per batch);
+* `iteration`: the iteration of every record, or None when they differ;
+* `layout` / `same_layout`: a key of the sequence of (name, layer, tensor, stat): the rows' emitters, layer and
+  tensor objects, compared by identity.  A buffer keeps its emitters tuple while its requests stay the same, so
+  consecutive steps logging the same buffers have the same layout, and a sink can reuse the line pieces it made
+  for the last one.  The same layout implies the same names; a different one only means "make them again".
+
+A batch never changes once built: the rows must not be modified after they are handed over (the engine makes new
+ones every step), and `emitters` must be immutable (a tuple).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import chain
+from operator import is_, itemgetter
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple, Union, overload
+
+from tedebug.sinks.background import Record
+
+#: ``(name, stat, value_of)`` of one statistic of a buffer
+Emitter = Tuple[str, str, Callable[[Any], Any]]
+#: ``(emitters, row, iteration, layer, tensor)``: one buffer of a batch
+BatchRow = Tuple[Tuple[Emitter, ...], Any, Any, Any, Any]
+
+_EMITTERS = itemgetter(0)
+_LAYOUT_PARTS = itemgetter(0, 3, 4)
+_UNSET: Any = object()  # a column not computed yet (None is a valid `iteration`)
+
+
+class ScalarBatch(Sequence):
+    """One step's statistics: a read-only sequence of records with cached columns (see the module docstring)."""
+
+    __slots__ = ("_rows", "_len", "_raw", "_values", "_records", "_iteration", "_layout")
+
+    def __init__(self, rows: Iterable[BatchRow]) -> None:
+        self._rows: Tuple[BatchRow, ...] = tuple(rows)
+        self._len: Optional[int] = None
+        self._raw: Optional[List[Any]] = None  # value_of(row) of every record, as returned
+        self._values: Optional[List[float]] = None
+        self._records: Optional[List[Record]] = None
+        self._iteration: Any = _UNSET
+        self._layout: Optional[Tuple[Any, ...]] = None
+
+    # ------------------------------------------------------------------------------------------- sequence
+    def __len__(self) -> int:
+        if self._len is None:
+            self._len = sum(map(len, map(_EMITTERS, self._rows)))
+        return self._len
+
+    @overload
+    def __getitem__(self, index: int) -> Record: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> List[Record]: ...
+
+    def __getitem__(self, index: Union[int, slice]) -> Union[Record, List[Record]]:
+        return self.records[index]
+
+    def __iter__(self) -> Iterator[Record]:
+        return iter(self.records)
+
+    def __repr__(self) -> str:
+        return f"ScalarBatch({len(self)} records of {len(self._rows)} buffers)"
+
+    @property
+    def records(self) -> List[Record]:
+        """The ``(name, value, iteration, layer, tensor, stat)`` records, in order (built once; do not modify)."""
+        if self._records is None:
+            raw = iter(self._raw_values())
+            records: List[Record] = []
+            for emitters, _, iteration, layer, tensor in self._rows:
+                records.extend([(name, next(raw), iteration, layer, tensor, stat) for name, stat, _ in emitters])
+            self._records = records
+        return self._records
+
+    # ------------------------------------------------------------------------------------------- columns
+    def evaluate(self) -> "ScalarBatch":
+        """Run every ``value_of`` now (an error it raises is raised here); returns the batch."""
+        self._raw_values()
+        return self
+
+    def _raw_values(self) -> List[Any]:
+        """``value_of(row)`` of every statistic, in record order, as the emitters return them."""
+        if self._raw is None:  # (a comprehension: Python calls Python functions faster than map does)
+            self._raw = [value_of(row) for emitters, row, _, _, _ in self._rows for _, _, value_of in emitters]
+        return self._raw
+
+    @property
+    def values(self) -> List[float]:
+        """The value of every record as a Python float (``float(value)``), in record order (do not modify)."""
+        if self._values is None:
+            raw = self._raw_values()
+            self._values = raw if set(map(type, raw)) <= {float} else list(map(float, raw))
+        return self._values
+
+    @property
+    def iteration(self) -> Any:
+        """The iteration of every record, or None when they differ (or the batch is empty)."""
+        if self._iteration is _UNSET:
+            try:
+                iterations = {row[2] for row in self._rows if row[0]}
+            except TypeError:  # an unhashable iteration: treated as mixed
+                iterations = set()
+            self._iteration = iterations.pop() if len(iterations) == 1 else None
+        return self._iteration
+
+    @property
+    def layout(self) -> Tuple[Any, ...]:
+        """The emitters, layer and tensor objects of every row, flattened (see `same_layout`)."""
+        if self._layout is None:
+            self._layout = tuple(chain.from_iterable(map(_LAYOUT_PARTS, self._rows)))
+        return self._layout
+
+    def same_layout(self, layout: Optional[Tuple[Any, ...]]) -> bool:
+        """True when `layout` (another batch's `layout`) holds the same objects as this batch's, so both batches have
+        the same sequence of (name, layer, tensor, stat)."""
+        mine = self.layout
+        return layout is not None and len(layout) == len(mine) and all(map(is_, layout, mine))
+
+    def name_parts(self) -> List[Tuple[Any, Any, Any, Any]]:
+        """``(name, layer, tensor, stat)`` of every record, in order (what a sink makes its cached line pieces of)."""
+        parts: List[Tuple[Any, Any, Any, Any]] = []
+        for emitters, _, _, layer, tensor in self._rows:
+            parts.extend([(name, layer, tensor, stat) for name, stat, _ in emitters])
+        return parts
