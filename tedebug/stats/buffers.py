@@ -18,8 +18,8 @@ from typing import Any, Callable, Dict, Hashable, Iterator, List, NamedTuple, Op
 
 import torch
 
-from tedebug.stats.definitions import (NUMEL, Column, StatRequest, columns_for, combine_rows, family_of,
-                                       finalizer)
+from tedebug.stats.definitions import (NONFINITE_COLUMNS, NUMEL, Column, StatRequest, columns_for, combine_rows,
+                                       family_of, finalizer)
 from tedebug.stats.slab import RowSlab
 
 #: one partial family to compute for a row: (family, qualifier, ((partial name, column index), ...))
@@ -54,6 +54,10 @@ class StatBuffer:
         self.columns: Tuple[Column, ...] = columns_for(requests)
         self.families: Tuple[FamilySlots, ...] = family_slots(self.columns)
         self.numel_index = self.columns.index(NUMEL)
+        #: positions of the NaN and Inf count columns in `columns` (None unless both are there)
+        self.nonfinite_positions: Optional[Tuple[int, int]] = (
+            (self.columns.index(NONFINITE_COLUMNS[0]), self.columns.index(NONFINITE_COLUMNS[1]))
+            if all(column in self.columns for column in NONFINITE_COLUMNS) else None)
         self.stat_names: Tuple[str, ...] = tuple(f"{self.key.layer}_{self.key.tensor}_{r.name}" for r in requests)
         #: True when the basic family produces every column but numel (`StatsEngine`'s one-vector feed path)
         self.basic_only = len(self.families) == 1 and self.families[0][0] == "basic"

@@ -35,7 +35,7 @@ from tedebug.config.parsing import GEMMS_OF_TENSOR
 from tedebug.sinks.batch import ScalarBatch
 from tedebug.stats import reduce as _reduce
 from tedebug.stats.buffers import BufferKey, BufferStore, StatBuffer
-from tedebug.stats.definitions import NONFINITE_COLUMNS, Column, StatRequest
+from tedebug.stats.definitions import StatRequest
 from tedebug.stats.readback import FedRow, RowsInFlight
 from tedebug.stats.slab import RowSlab
 
@@ -255,11 +255,12 @@ class StatsEngine:
 
     def _reduce(
         self, fed: List[FedRow], host: Dict[BufferKey, List[float]], communicate: bool
-    ) -> Dict[BufferKey, Dict[Column, float]]:
-        merged: Dict[BufferKey, Dict[Column, float]] = {}
+    ) -> Dict[BufferKey, List[float]]:
+        """Every fed buffer's merged row, in its `columns` order (its host row when it is not reduced)."""
+        merged: Dict[BufferKey, List[float]] = {}
         for buffer in fed:
             if buffer.skip_reduction or not communicate:
-                merged[buffer.key] = dict(zip(buffer.columns, host[buffer.key]))
+                merged[buffer.key] = host[buffer.key]
         if not communicate:
             return merged
         known = [b.reduction_group for b in self._store if not b.skip_reduction]
@@ -271,17 +272,18 @@ class StatsEngine:
                 if not b.skip_reduction and _reduce.group_order_key(b.reduction_group) == gkey
             }
             for key, rows in _reduce.gather_rows(local, group).items():
-                merged[key] = _reduce.merge_host_rows(key, rows)
+                values = _reduce.merge_host_rows(key, rows)
+                merged[key] = [values[column] for column in local[key][0]]
         return merged
 
-    def _emit(self, fed: List[FedRow], merged: Dict[BufferKey, Dict[Column, float]]) -> None:
+    def _emit(self, fed: List[FedRow], merged: Dict[BufferKey, List[float]]) -> None:
         rows: List[tuple] = []
         for buffer in fed:
             values = merged[buffer.key]
             layer, tensor_name, _ = buffer.key
-            rows.append((buffer.emitters, [values[column] for column in buffer.columns], buffer.iteration, layer,
-                         tensor_name))
-            self._report_nonfinite(buffer, values)
+            rows.append((buffer.emitters, values, buffer.iteration, layer, tensor_name))
+            if not self._nonfinite_reported:
+                self._report_nonfinite(buffer, values)
 
         def records() -> ScalarBatch:  # the final formulas; depends only on `rows` (may run on a writer thread)
             return ScalarBatch(rows).evaluate()  # a formula's error is the build's, not the first sink's
@@ -299,13 +301,11 @@ class StatsEngine:
         if self.flush_at_step and callable(flush):
             flush()
 
-    def _report_nonfinite(self, buffer: FedRow, values: Mapping[Column, float]) -> None:
-        if self._nonfinite_reported or self.log_message is None:
+    def _report_nonfinite(self, buffer: FedRow, values: Sequence[float]) -> None:
+        if self._nonfinite_reported or self.log_message is None or buffer.nonfinite_positions is None:
             return
-        nan_col, inf_col = NONFINITE_COLUMNS
-        if nan_col not in values:
-            return
-        nans, infs = int(values[nan_col]), int(values[inf_col])
+        nan_at, inf_at = buffer.nonfinite_positions
+        nans, infs = int(values[nan_at]), int(values[inf_at])
         if nans == 0 and infs == 0:
             return
         self._nonfinite_reported = True

@@ -28,7 +28,7 @@ class FedRow:
     """What the reduction and the emission read from one fed buffer, fixed when its step ended."""
 
     __slots__ = ("key", "columns", "emitters", "iteration", "reduction_group", "skip_reduction", "row",
-                 "slab_rows", "positions")
+                 "slab_rows", "positions", "nonfinite_positions")
 
     def __init__(self, buffer: StatBuffer) -> None:
         self.key: BufferKey = buffer.key
@@ -40,6 +40,7 @@ class FedRow:
         self.row: Optional[torch.Tensor] = buffer.row
         self.slab_rows: List[Tuple[RowSlab, int]] = buffer.slab_rows
         self.positions: Tuple[int, ...] = buffer.row_positions(buffer.slab_keys) if buffer.slab_rows else ()
+        self.nonfinite_positions: Optional[Tuple[int, int]] = buffer.nonfinite_positions
 
 
 class RowsInFlight:
