@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from tedebug.backends import torch_ref
-from tedebug.backends.launch import Kernel, launch, raw_stream
+from tedebug.backends.launch import Kernel, launch, launch_on, raw_stream
 
 _DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _FP8_CODE = {"E4M3": 0, "E5M2": 1}
@@ -143,7 +143,12 @@ def _workspace(device: torch.device) -> Tuple[int, int]:
 
 def _workspace_of(index: int) -> Tuple[int, int]:
     """`_workspace` of device `index`."""
-    key = (index, raw_stream(index))
+    return _workspace_on(index, raw_stream(index))
+
+
+def _workspace_on(index: int, stream: int) -> Tuple[int, int]:
+    """`_workspace` of device `index` for raw stream `stream` (torch's current stream there)."""
+    key = (index, stream)
     pointers = _WORKSPACE_POINTERS.get(key)
     if pointers is None:
         nbytes = _TICKET_BYTES + _MAX_BLOCKS_PER_SM * _sm_count(index) * _PARTIAL_ROW_BYTES
@@ -206,26 +211,43 @@ def basic_stats_into(x: torch.Tensor, out_ptr: int) -> None:
 
     The statistics engine hands out rows of a per-step slab, so a logged tensor costs this launch and nothing
     else on the host or the device (no output allocation, no gather).  `x` must be a non-empty CUDA tensor of a
-    kernel dtype on the slab's device.
+    kernel dtype on the slab's device.  Every logged tensor comes through here, so the per-(device, dtype) launch
+    constants are looked up once (`_stats_launch`).
     """
-    if x.dtype not in _DTYPE_CODE:
-        raise TypeError(f"tedebug kernels: expected a float32/bfloat16/float16 tensor, got {x.dtype}")
-    if not x.is_contiguous() or x.data_ptr() % 16:
+    dtype = x.dtype
+    if dtype not in _DTYPE_CODE:
+        raise TypeError(f"tedebug kernels: expected a float32/bfloat16/float16 tensor, got {dtype}")
+    pointer = x.data_ptr()
+    if pointer % 16 or not x.is_contiguous():
         x = prepare_input(x)
+        pointer = x.data_ptr()
     n = x.numel()
     if n == 0:
         raise ValueError("basic statistics of an empty tensor")
-    device = x.device
-    index = _device_index(device)
+    index = x.get_device()
+    constants = _STATS_LAUNCH.get((index, dtype))
+    if constants is None:
+        constants = _stats_launch(x, index)
+    kernel, vec, max_grid = constants
+    grid = min(max_grid, (max(n // vec, 1) + THREADS - 1) // THREADS)
+    stream = raw_stream(index)
+    partials, tickets = _workspace_on(index, stream)
+    launch_on(kernel, index, stream, grid, THREADS,
+              (pointer, np.int64(n), partials, tickets + _STATS_TICKET_OFFSET, out_ptr))
+
+
+#: (device index, dtype) -> (kernel, elements per 16-byte load, largest grid) of `basic_stats_into`
+_STATS_LAUNCH: Dict[Tuple[int, torch.dtype], Tuple[Kernel, int, int]] = {}
+
+
+def _stats_launch(x: torch.Tensor, index: int) -> Tuple[Kernel, int, int]:
     key = (index, x.dtype)
     kernel = _STATS_KERNELS.get(key)
     if kernel is None:
         kernel = _STATS_KERNELS[key] = get_kernel("stats.cu", "ted_stats", _dtype_options(x))
-    vec = 16 // x.element_size()
-    grid = max(1, min(STATS_BLOCKS_PER_SM * _sm_count(index), (max(n // vec, 1) + THREADS - 1) // THREADS))
-    partials, tickets = _workspace_of(index)
-    launch(kernel, grid, THREADS, (x.data_ptr(), np.int64(n), partials, tickets + _STATS_TICKET_OFFSET, out_ptr),
-           device)
+    max_grid = max(1, STATS_BLOCKS_PER_SM * _sm_count(index))
+    constants = _STATS_LAUNCH[key] = (kernel, 16 // x.element_size(), max_grid)
+    return constants
 
 
 _STATS_KERNELS: Dict[Tuple[int, torch.dtype], Kernel] = {}

@@ -99,10 +99,16 @@ def use_kernels(tensor: torch.Tensor) -> bool:
     return tensor.is_cuda and _cupy_importable()
 
 
-def _cupy_importable() -> bool:
-    from tedebug.backends import cupy_kernels
+_cupy_found = False  # CuPy imported once: it stays importable for the rest of the process
 
-    return cupy_kernels.cupy_importable()
+
+def _cupy_importable() -> bool:
+    global _cupy_found
+    if not _cupy_found:
+        from tedebug.backends import cupy_kernels
+
+        _cupy_found = cupy_kernels.cupy_importable()
+    return _cupy_found
 
 
 def _kernel_input(tensor: torch.Tensor) -> bool:

@@ -224,11 +224,17 @@ def launch(kernel: Kernel, grid: int, block: int, args: Sequence[Any], device: t
            shared_mem: int = 0) -> None:
     """Launch `kernel` with a 1-D `grid` x `block` on torch's current stream of `device`."""
     index = _device_index(device)
-    handle = raw_stream(index)
+    launch_on(kernel, index, raw_stream(index), int(grid), int(block), args, shared_mem)
+
+
+def launch_on(kernel: Kernel, index: int, stream: int, grid: int, block: int, args: Sequence[Any],
+              shared_mem: int = 0) -> None:
+    """`launch` for a caller that already holds the device index and the raw stream (`raw_stream(index)`, torch's
+    current stream there): the per-tensor statistics launch.  `grid` and `block` must be ints."""
     if launch_mode() == "driver":
-        _launch_driver(kernel, index, int(grid), int(block), args, handle, shared_mem)
+        _launch_driver(kernel, index, grid, block, args, stream, shared_mem)
     else:
-        _launch_cupy(kernel, index, int(grid), int(block), args, handle, shared_mem)
+        _launch_cupy(kernel, index, grid, block, args, stream, shared_mem)
 
 
 def _launch_driver(kernel: Kernel, index: int, grid: int, block: int, args: Sequence[Any], stream: int,

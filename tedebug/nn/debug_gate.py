@@ -117,9 +117,10 @@ class LayerDebugState:
             return None
         result = last[2]
         first = result["input"]
-        if first.tp_group is not tp_group or first.tp_size != tp_size:
+        if first.tp_group is not tp_group or first.tp_size != tp_size or not first.renewable():
             return None
-        if not all(q.renewable() for q in result.values()):
+        api = first._api  # `renewable` for one quantizer; the others need the same namespace and a template
+        if not all(q.from_template and q._api is api for q in result.values()):
             return None
         for q in result.values():
             q.renew()
