@@ -96,7 +96,29 @@ class LogTensorStats(ScheduledInspectFeature):
                        tensor: Optional[torch.Tensor] = None, tp_group: Any = None, tp_size: int = 1,
                        rowwise_quantized_tensor: Any = None, columnwise_quantized_tensor: Any = None,
                        quantizer: Any = None) -> None:
+        self._feed(config, inspect_plan(config, tensor_name), layer_name, tensor_name, iteration, tensor, tp_group,
+                   tp_size, rowwise_quantized_tensor)
+
+    def prepare_inspect_tensor(self, config: dict, layer_name: str, tensor_name: str):
+        """`inspect_tensor` bound to one parsed route config, layer and tensor name for the rest of the session, as
+        ``call(iteration, tensor, tp_group, tp_size, rowwise_quantized_tensor, columnwise_quantized_tensor,
+        quantizer)`` (what `tedebug.debug_quantization.DebugQuantizer` calls after its first call through the
+        namespace).  The plan is looked up once: a route's parsed config does not change during its session.  None
+        when a subclass overrides `inspect_tensor` (then that method is what must run)."""
+        if type(self).inspect_tensor is not LogTensorStats.inspect_tensor:
+            return None
         plan = inspect_plan(config, tensor_name)
+        feed = self._feed
+
+        def call(iteration: int, tensor: Optional[torch.Tensor], tp_group: Any, tp_size: int,
+                 rowwise_quantized_tensor: Any, columnwise_quantized_tensor: Any, quantizer: Any) -> None:
+            feed(config, plan, layer_name, tensor_name, iteration, tensor, tp_group, tp_size, rowwise_quantized_tensor)
+
+        return call
+
+    def _feed(self, config: dict, plan: "InspectPlan", layer_name: str, tensor_name: str, iteration: int,
+              tensor: Optional[torch.Tensor], tp_group: Any, tp_size: int, rowwise_quantized_tensor: Any) -> None:
+        """The work of `inspect_tensor` once its plan is known."""
         if not plan.schedule.is_active(iteration):
             return
         x = high_precision_input(layer_name, tensor_name, tensor, rowwise_quantized_tensor)

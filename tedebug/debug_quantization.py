@@ -23,7 +23,8 @@ a feature for those constant answers); a hook overridden on the namespace instan
 asked again, exactly what a new construction from the template does), which `tedebug.nn.debug_gate` does instead of
 building six new quantizers per GEMM call.  `inspect_tensor` goes through the namespace once per quantizer; later
 calls go straight to the one feature method serving it (`TransformerEngineNamespace.direct_route`), which is what the
-namespace would do with them.
+namespace would do with them, or to the feature's own bound form of that call when it offers one
+(``prepare_inspect_tensor(config, layer_name, tensor_name)``, e.g. LogTensorStats: its plan looked up once).
 """
 
 from __future__ import annotations
@@ -163,6 +164,8 @@ class DebugQuantizer(Quantizer):
         #: the feature route `_inspect` calls directly after its first call through the namespace (None: through
         #: the namespace; see `TransformerEngineNamespace.direct_route`)
         self._inspect_route = None
+        #: the route feature's `prepare_inspect_tensor` result for this tensor (None: call `_inspect_route`)
+        self._inspect_prepared = None
         #: True when every hook but `inspect_tensor_enabled` has a session-constant answer here (a route template
         #: exists for this tensor): `renew` may then stand in for a new construction
         self.from_template = False
@@ -426,7 +429,14 @@ class DebugQuantizer(Quantizer):
                 )
                 direct_route = getattr(type(api), "direct_route", None)
                 if direct_route is not None:
-                    self._inspect_route = direct_route(api, _INSPECT_HOOK, self.layer_name, None, self.tensor_name)
+                    route = self._inspect_route = direct_route(api, _INSPECT_HOOK, self.layer_name, None,
+                                                               self.tensor_name)
+                    prepare = getattr(route.method.__self__, "prepare_inspect_tensor", None) if route else None
+                    self._inspect_prepared = (None if prepare is None else
+                                              prepare(route.config, self.layer_name, self.tensor_name))
+            elif self._inspect_prepared is not None:  # the feature's own bound form of the same call
+                self._inspect_prepared(iteration, tensor, self.tp_group, self.tp_size, rowwise, columnwise,
+                                       self.parent_quantizer)
             else:  # what the namespace would do with this call (`TransformerEngineNamespace.direct_route`)
                 result = route.method(
                     route.config, self.layer_name, tensor=tensor, tensor_name=self.tensor_name, iteration=iteration,

@@ -1,7 +1,7 @@
 """The host-cost shortcuts of the debug path never change an answer: route templates (`DebugQuantizer`), the
 identity-checked config memo (`feature_support.config_memoized`) behind `cached_schedule` and LogTensorStats'
 `inspect_plan`, the tuple form of the reduction parameters, the prebuilt log line, the gate's next iteration and its
-renewed quantizers, and `DebugQuantizer`'s direct inspect route.
+renewed quantizers, and `DebugQuantizer`'s direct inspect route and LogTensorStats' prepared form of it.
 Each shortcut is compared with the path it replaces, and its invalidation (new session, changed config, patched
 hook, spy) is exercised."""
 
@@ -28,6 +28,7 @@ from tedebug.feature_support import (
     reduction_params,
 )
 from tedebug.features.log_tensor_stats import feed_arguments, inspect_plan, look_message
+from tedebug.namespace import TransformerEngineNamespace
 from tedebug.nn.debug_gate import ROLE_TO_TENSOR, LayerDebugState
 from tedebug.quantization import Float8CurrentScalingQuantizer
 from tedebug.recipe import Float8CurrentScaling
@@ -399,6 +400,49 @@ def test_a_non_none_inspect_result_is_rejected_on_the_direct_path_too(start, mon
     assert module.CALLS[-1][0] == "inspect_tensor"  # the first, real call went through the namespace
 
 
+def test_log_tensor_stats_prepared_call_is_the_inspect_call(tmp_path, monkeypatch):
+    """Through a DebugQuantizer, LogTensorStats is called through the namespace once, then through its prepared form
+    (its plan looked up once); both give the statistics a namespace call gives, and a subclass overriding
+    inspect_tensor is never bypassed."""
+    plans = []
+    real_plan = log_tensor_stats.inspect_plan
+
+    def counting_plan(config, tensor_name):
+        plans.append(tensor_name)
+        return real_plan(config, tensor_name)
+
+    monkeypatch.setattr(log_tensor_stats, "inspect_plan", counting_plan)
+    sink = RecordingSink()
+    config = section({"LogTensorStats": {"enabled": True, "stats": ["min", "max", "l1_norm"],
+                                         "tensors": ["activation"], "freq": 2}})
+    xs = [torch.tensor([[1.5, -3.0], [0.25, 2.0]]) * (i + 1) for i in range(6)]
+    with debug_session(config, tmp_path, sink):
+        q = DebugQuantizer("L", "activation", None, None)
+        for i, x in enumerate(xs):
+            q.iteration = debug_api.get_iteration()
+            q.inspect_tensor_enabled = True
+            q.quantize(x)
+            if i == 0:
+                assert plans == ["activation", "activation"]  # the namespace call, then the preparation
+                assert q._inspect_prepared is not None
+            debug_api.step()
+        assert plans == ["activation", "activation"]  # never again
+        feature = q._inspect_route.method.__self__
+        assert type(feature).__name__ == "LogTensorStats"
+    expected = {}
+    for i in (0, 2, 4):  # freq 2: the feature re-checks its own schedule on every call
+        ref = hand_stats(xs[i])
+        expected.update({("L_activation_min", i): ref["min"], ("L_activation_max", i): ref["max"],
+                         ("L_activation_l1_norm", i): ref["l1_norm"]})
+    assert sink.values() == expected
+
+    class Custom(log_tensor_stats.LogTensorStats):
+        def inspect_tensor(self, config, layer_name, **kwargs):
+            return super().inspect_tensor(config, layer_name, **kwargs)
+
+    assert Custom().prepare_inspect_tensor({"stats": ["min"]}, "L", "activation") is None
+
+
 def test_config_memoized_serves_the_content_memos_object_and_notices_every_change(tmp_path):
     calls = []
 
@@ -576,5 +620,6 @@ def test_whole_runs_equal_the_uncached_path(tmp_path, monkeypatch):
     monkeypatch.setattr(feature_support, "config_memoized",
                         lambda table, config, keys, extra, compute: compute())
     monkeypatch.setattr(log_tensor_stats, "config_memoized", lambda table, config, keys, extra, compute: compute())
+    monkeypatch.setattr(TransformerEngineNamespace, "direct_route", lambda self, hook, layer_name, gemm, tensor: None)
     slow = _run_model(tmp_path / "slow", config)
     assert fast == slow
