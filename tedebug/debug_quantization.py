@@ -166,6 +166,7 @@ class DebugQuantizer(Quantizer):
         self._inspect_route = None
         #: the route feature's `prepare_inspect_tensor` result for this tensor (None: call `_inspect_route`)
         self._inspect_prepared = None
+        self._inspect_asked = False  # `direct_route` was asked (its None answer is not asked again)
         #: True when every hook but `inspect_tensor_enabled` has a session-constant answer here (a route template
         #: exists for this tensor): `renew` may then stand in for a new construction
         self.from_template = False
@@ -427,7 +428,8 @@ class DebugQuantizer(Quantizer):
                     tp_group=self.tp_group, tp_size=self.tp_size, rowwise_quantized_tensor=rowwise,
                     columnwise_quantized_tensor=columnwise, quantizer=self.parent_quantizer,
                 )
-                direct_route = getattr(type(api), "direct_route", None)
+                direct_route = None if self._inspect_asked else getattr(type(api), "direct_route", None)
+                self._inspect_asked = True  # routing is fixed for the session: ask for a direct route once
                 if direct_route is not None:
                     route = self._inspect_route = direct_route(api, _INSPECT_HOOK, self.layer_name, None,
                                                                self.tensor_name)
