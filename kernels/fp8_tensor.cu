@@ -63,6 +63,42 @@ extern "C" __global__ void ted_fp8_scale_inv(const float* __restrict__ scale, fl
     scale_inv_out[0] = ted_div(1.0f, scale[0]);
 }
 
+// Delayed scaling's end-of-use update (Float8Quantizer.update_scale), one block of 256 threads, in one launch:
+// amax = max over the history (`algo` 0; NaN if any entry is NaN, as torch's max) or history[0] (`algo` 1), then
+// the roll (entry i <- entry i+1, last <- old entry 0, entry 0 <- 0), then scale = scaled_max / amax (IEEE, an
+// infinite quotient -> FLT_MAX) when amax is finite and > 0, else the scale is kept.  `scaled_max` is the fp32
+// fp8_max * 2^-margin.  History entries are non-negative amaxes, NaN or +Inf: their maximum is taken on the bits.
+extern "C" __global__ void __launch_bounds__(256)
+ted_fp8_delayed_update(float* __restrict__ history, int len, float* __restrict__ scale, float scaled_max, int algo) {
+    __shared__ unsigned int s_max;
+    __shared__ int s_nan;
+    if (threadIdx.x == 0) { s_max = 0u; s_nan = 0; }
+    __syncthreads();
+    const float first = history[0];
+    unsigned int local = 0u;
+    int nan = 0;
+    for (int i = threadIdx.x; i < len; i += blockDim.x) {
+        const float h = history[i];
+        if (isnan(h)) nan = 1; else local = max(local, __float_as_uint(h) & 0x7FFFFFFFu);
+    }
+    atomicMax(&s_max, local);
+    if (nan) atomicOr(&s_nan, 1);
+    __syncthreads();
+    float amax = algo == 0 ? (s_nan ? __uint_as_float(0x7FC00000u) : __uint_as_float(s_max)) : first;
+    // roll: read the entries this thread rewrites before any write (entry i reads i + 1, a stride-256 walk)
+    // (len <= 8 * 256: the caller checks)
+    float next[8];
+    for (int k = 0, i = threadIdx.x; k < 8 && i < len; ++k, i += blockDim.x) next[k] = (i + 1 < len) ? history[i + 1] : first;
+    __syncthreads();
+    for (int k = 0, i = threadIdx.x; k < 8 && i < len; ++k, i += blockDim.x) history[i] = (i == 0) ? 0.0f : next[k];
+    if (threadIdx.x == 0) {
+        if (isfinite(amax) && ted_nonzero(amax)) {
+            float q = ted_div(scaled_max, amax);
+            scale[0] = isinf(q) ? 3.402823466e+38f : q;
+        }
+    }
+}
+
 #define TM 64   // tile rows (M)
 #define TK 64   // tile columns (K)
 

@@ -272,6 +272,99 @@ def bench_end_to_end(layers: int = 12, hidden: int = 2048, heads: int = 16, batc
     return rows
 
 
+class _TorchBlock(torch.nn.Module):
+    """One pre-norm GPT block of plain torch modules (`torch.nn.Linear` with bias): what a user brings, converted
+    with `tedebug.convert_model` for the recipe rows."""
+
+    def __init__(self, hidden: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = torch.nn.LayerNorm(hidden), torch.nn.LayerNorm(hidden)
+        self.qkv = torch.nn.Linear(hidden, 3 * hidden)
+        self.proj = torch.nn.Linear(hidden, hidden)
+        self.fc1 = torch.nn.Linear(hidden, 4 * hidden)
+        self.fc2 = torch.nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, h = x.shape                                                   # [batch, seq, hidden]
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # [b, heads, t, h/heads]
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, h))
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln2(x))))
+
+
+#: The recipes `bench_recipes` times, by the name its table prints (each built with its defaults).
+RECIPES = ("Float8CurrentScaling", "DelayedScaling", "Float8BlockScaling", "MXFP8BlockScaling", "NVFP4BlockScaling")
+
+
+def bench_recipes(layers: int = 12, hidden: int = 2048, heads: int = 16, batch: int = 8, seq: int = 1024,
+                  iters: int = 20, warmup: int = 3, rounds: int = 5, device: str = "cuda",
+                  dtype: torch.dtype = torch.bfloat16, recipes: Sequence[str] = RECIPES) -> List[Dict[str, object]]:
+    """ms per training step of a GPT stack of plain torch modules under each recipe (no debug_api).
+
+    Rows: the plain torch model (the baseline), the same weights converted with `tedebug.convert_model` run in high
+    precision, and the converted model under ``tedebug.autocast(recipe=R())`` for each name in `recipes` (backward
+    outside the autocast block, as in TransformerEngine).  Settings are measured in `rounds` interleaved rounds of
+    `iters` timed steps (forward, backward, SGD); each row gives the median and range over rounds and the ratio of
+    the medians to the baseline.  `device="cpu"` (float32, small shapes) runs the same code without a GPU."""
+    import copy
+    import statistics
+
+    import tedebug
+    from tedebug import recipe as recipe_module
+
+    torch.manual_seed(0)
+    plain = torch.nn.Sequential(*[_TorchBlock(hidden, heads) for _ in range(layers)]).to(device=device, dtype=dtype)
+    converted = tedebug.convert_model(copy.deepcopy(plain))
+    x = torch.randn(batch, seq, hidden, device=device, dtype=dtype)
+    on_gpu = torch.device(device).type == "cuda"
+    optims = {id(m): torch.optim.SGD(m.parameters(), lr=1e-4) for m in (plain, converted)}
+
+    def one(model, recipe) -> None:
+        with tedebug.autocast(enabled=recipe is not None, recipe=recipe):
+            y = model(x)
+        y.float().square().mean().backward()
+        optims[id(model)].step()
+        optims[id(model)].zero_grad(set_to_none=True)
+
+    def step_ms(model, recipe) -> float:
+        for _ in range(warmup):
+            one(model, recipe)
+        if not on_gpu:
+            start = time.perf_counter()
+            for _ in range(iters):
+                one(model, recipe)
+            return (time.perf_counter() - start) * 1e3 / iters
+        torch.cuda.synchronize()
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        for _ in range(iters):
+            one(model, recipe)
+        end.record()
+        torch.cuda.synchronize()
+        return begin.elapsed_time(end) / iters
+
+    settings = [("plain torch (baseline)", plain, None), ("converted, high precision", converted, None)]
+    settings += [(name, converted, getattr(recipe_module, name)()) for name in recipes]
+    samples: Dict[str, List[float]] = {label: [] for label, _, _ in settings}
+    for _ in range(max(1, rounds)):
+        for label, model, recipe in settings:
+            samples[label].append(step_ms(model, recipe))
+    rows = [{"setting": label, "ms": statistics.median(samples[label]), "min_ms": min(samples[label]),
+             "max_ms": max(samples[label])} for label, _, _ in settings]
+    for row in rows:
+        row["ratio"] = row["ms"] / rows[0]["ms"]
+    return rows
+
+
+def format_recipes(rows: List[Dict[str, object]]) -> str:
+    lines = [f"{'setting':<28} | {'ms/step':>9} | {'range (rounds)':>19} | {'x baseline':>10}", "-" * 76]
+    for r in rows:
+        spread = f"{r['min_ms']:.2f}-{r['max_ms']:.2f}"
+        lines.append(f"{r['setting']:<28} | {r['ms']:>9.2f} | {spread:>19} | {r['ratio']:>9.2f}x")
+    return "\n".join(lines)
+
+
 def format_e2e(rows: List[Dict[str, object]]) -> str:
     lines = [f"{'setting':<48} | {'ms/step':>8} | {'range (rounds)':>17} | {'overhead':>8}", "-" * 92]
     for r in rows:
@@ -300,8 +393,40 @@ def _f(v, digits: int, suffix: str = "") -> str:
     return "-" if v is None else f"{v:.{digits}f}{suffix}"
 
 
+def run_recipes(args: argparse.Namespace) -> int:
+    """``tedebug bench --e2e --recipes``: the recipe table alone (on `--device cpu` a tiny float32 model)."""
+    device = args.device
+    if device == "cuda" and not torch.cuda.is_available():
+        print("tedebug bench: error: --device cuda needs a CUDA GPU; use --device cpu for the tiny CPU version",
+              file=sys.stderr)
+        return 1
+    shape = dict(layers=args.layers, hidden=args.hidden, heads=args.heads, batch=args.batch, seq=args.seq)
+    if device == "cpu":
+        shape = {k: v for k, v in shape.items() if v is not None}
+        shape = {**dict(layers=2, hidden=64, heads=2, batch=2, seq=32), **shape}
+        dtype = torch.float32
+    else:
+        shape = {**dict(layers=12, hidden=2048, heads=16, batch=8, seq=1024),
+                 **{k: v for k, v in shape.items() if v is not None}}
+        dtype = torch.bfloat16
+    rows = bench_recipes(**shape, iters=args.steps, rounds=args.rounds, device=device, dtype=dtype,
+                         recipes=args.only or RECIPES)
+    where = torch.cuda.get_device_name() if device == "cuda" else "CPU"
+    print(f"recipes: {where}, torch {torch.__version__}, {shape['layers']}-block GPT stack of torch.nn.Linear "
+          f"(with bias), hidden {shape['hidden']}, {shape['heads']} heads, {shape['batch']} x {shape['seq']} "
+          f"tokens, {str(dtype).replace('torch.', '')}, SGD; ms per training step, median of {args.rounds} "
+          f"interleaved rounds of {args.steps} steps")
+    print(format_recipes(rows))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Body of ``tedebug bench``; returns the exit code."""
+    if args.recipes:
+        if not args.e2e:
+            print("tedebug bench: error: --recipes goes with --e2e", file=sys.stderr)
+            return 2
+        return run_recipes(args)
     if not torch.cuda.is_available():
         print("tedebug bench: error: needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 1
@@ -329,4 +454,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--e2e", action="store_true",
                         help="also time training steps of a GPT-style stack with and without debug logging")
     parser.add_argument("--rounds", type=int, default=5,
-                        help="--e2e: interleaved rounds of the three settings (the median is reported)")
+                        help="--e2e: interleaved rounds of the settings (the median is reported)")
+    parser.add_argument("--recipes", action="store_true",
+                        help="with --e2e: ms/step of a plain-torch GPT stack under each recipe (no debug) instead")
+    parser.add_argument("--only", nargs="+", choices=RECIPES, metavar="RECIPE",
+                        help=f"--recipes: time only these recipes (default: all of {', '.join(RECIPES)})")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="--recipes: cuda (the full model) or cpu (a tiny float32 version, for tests)")
+    parser.add_argument("--steps", type=int, default=20, help="--recipes: timed steps per round")
+    for flag in ("layers", "hidden", "heads", "batch", "seq"):
+        parser.add_argument(f"--{flag}", type=int, default=None,
+                            help=f"--recipes: model {flag} (default 12/2048/16/8/1024 on cuda, 2/64/2/2/32 on cpu)")

@@ -440,8 +440,9 @@ def mxfp8_quantize(quantizer, tensor: torch.Tensor):
 
 # ------------------------------------------------------------------------------------------------ per-tensor FP8
 def _amax_launch(x: torch.Tensor, out: torch.Tensor, fp8_format: Optional[str] = None, epsilon: float = 0.0,
-                 pow2: bool = False, count_out: Optional[torch.Tensor] = None) -> None:
-    """One launch of ted_fp8_amax_scale: out[0] = amax; with `fp8_format` also out[1] = scale, out[2] = scale_inv;
+                 pow2: bool = False, count_out: Optional[torch.Tensor] = None, scale_inv_slot: int = 2) -> None:
+    """One launch of ted_fp8_amax_scale: out[0] = amax; with `fp8_format` also out[1] = scale, out[scale_inv_slot]
+    = scale_inv (slot 4 puts it 16-byte aligned, as cuBLASLt wants a scale);
     without `fp8_format` and a 2-element `out`, out[0] = out[1] = amax (NVFP4's rowwise and columnwise amaxes).
     With `count_out` (int64 [1] on x's device) the launch is `ted_amax_count`, which also writes
     count_out[0] = count_nonzero(x)."""
@@ -455,7 +456,7 @@ def _amax_launch(x: torch.Tensor, out: torch.Tensor, fp8_format: Optional[str] =
     mode = 1 if fp8_format is not None else (2 if out.numel() == 2 else 0)
     fp8_max = FP8_MAX[fp8_format] if fp8_format is not None else 0.0
     args = (x.data_ptr(), np.int64(n), _ticket(tickets, "amax"), base, np.int32(mode), np.float32(fp8_max),
-            np.float32(epsilon), np.int32(pow2), base + 4 * (mode == 1), base + 8 * (mode == 1))
+            np.float32(epsilon), np.int32(pow2), base + 4 * (mode == 1), base + 4 * scale_inv_slot * (mode == 1))
     if count_out is None:
         kernel = get_kernel("fp8_tensor.cu", "ted_fp8_amax_scale", _dtype_options(x))
     else:
@@ -596,21 +597,48 @@ def fp8_current_quantize(quantizer, tensor: torch.Tensor):
         _, scale, scale_inv = fp8_amax_scale(tensor, quantizer.fp8_format, quantizer.amax_epsilon,
                                              quantizer.force_pow_2_scales)
         return fp8_quantize(quantizer, tensor, scale, scale_inv)
-    vec = torch.empty(3, dtype=torch.float32, device=x.device)  # amax, scale, scale_inv
-    _amax_launch(x, vec, quantizer.fp8_format, quantizer.amax_epsilon, quantizer.force_pow_2_scales)
+    # amax, scale, -, -, scale_inv: scale_inv 16-byte aligned, so that torch._scaled_mm takes it without a copy
+    vec = torch.empty(8, dtype=torch.float32, device=x.device)
+    _amax_launch(x, vec, quantizer.fp8_format, quantizer.amax_epsilon, quantizer.force_pow_2_scales,
+                 scale_inv_slot=4)
     m, k = matrix_shape(tensor.shape)
     base = vec.data_ptr()
-    row, col, stats = _cast_transpose(x.view(m, k), base + 4, base + 8, quantizer.fp8_format,
+    row, col, stats = _cast_transpose(x.view(m, k), base + 4, base + 16, quantizer.fp8_format,
                                       quantizer.rowwise_usage, quantizer.columnwise_usage)
-    return _float8_result(quantizer, tensor, row, col, stats, vec[2])
+    return _float8_result(quantizer, tensor, row, col, stats, vec[4])
+
+
+DELAYED_UPDATE_MAX_LEN = 8 * THREADS  # ted_fp8_delayed_update keeps 8 history entries per thread
+
+
+def fp8_delayed_update(history: torch.Tensor, scale: torch.Tensor, scaled_max: float, most_recent: bool) -> None:
+    """`Float8Quantizer.update_scale` in one launch (roll the contiguous fp32 `history`, refresh the 1-element
+    fp32 `scale` in place); the caller checks devices, dtypes and len(history) <= DELAYED_UPDATE_MAX_LEN."""
+    kernel = get_kernel("fp8_tensor.cu", "ted_fp8_delayed_update", ())
+    args = (history.data_ptr(), np.int32(history.numel()), scale.data_ptr(), np.float32(scaled_max),
+            np.int32(most_recent))
+    _launch(kernel, 1, THREADS, args, history.device)
 
 
 def fp8_delayed_quantize(quantizer, tensor: torch.Tensor):
     """Kernel version of `Float8Quantizer._quantize`: records the amax into history[0], casts with `scale`."""
-    amax = fp8_amax(tensor).to(quantizer.amax_history.device)
-    history = quantizer._history
-    history[0] = torch.maximum(history[0], amax)
+    quantizer.state_to(tensor.device)
+    amax = fp8_amax(tensor)
+    recorded = quantizer.amax  # history entry 0, a 1-element view
+    torch.maximum(recorded, amax, out=recorded)
     return fp8_quantize(quantizer, tensor, quantizer.scale)
+
+
+# ------------------------------------------------------------------------------------------------ random bytes
+def philox_bytes(seed: int, offset: int, n: int, device: torch.device) -> torch.Tensor:
+    """`n` Philox4x32-10 bytes of (seed, offset) on a CUDA device (`tedebug.quantization.philox`, same bytes)."""
+    out = torch.empty(n, dtype=torch.uint8, device=device)
+    blocks = (n + 15) // 16
+    grid = max(1, min(BLOCKS_PER_SM * _sm_count(_device_index(device)), (blocks + THREADS - 1) // THREADS))
+    args = (out.data_ptr(), np.int64(n), np.uint32(seed & 0xFFFFFFFF), np.uint32(seed >> 32),
+            np.uint32(offset & 0xFFFFFFFF), np.uint32(offset >> 32))
+    _launch(get_kernel("philox.cu", "ted_philox_bytes", ()), grid, THREADS, args, device)
+    return out
 
 
 def cupy_importable() -> bool:

@@ -219,7 +219,7 @@ def nvfp4_quantize(quantizer, tensor: torch.Tensor):
     elif quantizer.rowwise_usage:
         # amaxes[0] = max|x|; amaxes[1] comes from the rotated values
         _amax_launch(x2d, amaxes[:1], count_out=nonzero)
-    # Random bits drawn in the reference's order (rowwise first) from the quantizer's generator.
+    # Random bits drawn in the reference's order (rowwise first): Philox bytes generated on the device.
     row_bits = quantizer._random_bits((m, k), x2d.device) if quantizer.rowwise_usage else None
     col_bits = quantizer._random_bits((k, m), x2d.device) if quantizer.columnwise_usage else None
     row_bits = row_bits.contiguous() if row_bits is not None else None

@@ -170,3 +170,38 @@ def quantize_nvfp4(quantizer, tensor: torch.Tensor):
     if not cupy_nvfp4.supports(quantizer, tensor):
         return None
     return cupy_nvfp4.nvfp4_quantize(quantizer, tensor)
+
+
+def philox_bytes(seed: int, offset: int, n: int, device: torch.device) -> Optional[torch.Tensor]:
+    """Philox random bytes on a CUDA `device` from the kernel, or None for the torch reference
+    (`tedebug.quantization.philox`)."""
+    if n <= 0 or device.type != "cuda" or requested_backend() == "torch" or not _cupy_importable():
+        return None
+    from tedebug.backends import cupy_kernels
+
+    return cupy_kernels.philox_bytes(seed, offset, n, device)
+
+
+def gemm_kernels(tensor: torch.Tensor) -> Optional[ModuleType]:
+    """`tedebug.backends.cupy_dequant` when the kernels take `tensor`'s operands (a CUDA tensor under the current
+    backend choice), else None for the torch path of `tedebug.quantization.gemm_values`."""
+    if not use_kernels(tensor):
+        return None
+    from tedebug.backends import cupy_dequant
+
+    return cupy_dequant
+
+
+def fp8_delayed_update(quantizer, scaled_max: float) -> bool:
+    """Run `quantizer.update_scale()` as one kernel when it applies (CUDA state under the current backend choice,
+    "max" / "most_recent", contiguous fp32 history of at most 2048 entries); False for the torch path."""
+    history, scale = quantizer._history, quantizer.scale
+    if quantizer.amax_compute_algo not in ("max", "most_recent") or not use_kernels(history):
+        return False
+    from tedebug.backends import cupy_kernels
+
+    if (history.numel() > cupy_kernels.DELAYED_UPDATE_MAX_LEN or not history.is_contiguous()
+            or scale.device != history.device or scale.numel() != 1 or not scale.is_contiguous()):
+        return False
+    cupy_kernels.fp8_delayed_update(history, scale, scaled_max, quantizer.amax_compute_algo == "most_recent")
+    return True

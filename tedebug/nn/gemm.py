@@ -23,12 +23,12 @@ from typing import Optional, Tuple, Union
 
 import torch
 
+from tedebug.backends import dispatch
 from tedebug.quantization.float8 import Float8Tensor
-from tedebug.quantization.float8_block import Float8BlockwiseTensor
 from tedebug.quantization.formats import TORCH_FP8_DTYPE
+from tedebug.quantization.gemm_values import GemmValues
 from tedebug.quantization.hybrid import HybridQuantizedTensor
 from tedebug.quantization.identity import IdentityTensor
-from tedebug.quantization.mxfp8 import MXFP8Tensor
 from tedebug.quantization.tensor import QuantizedTensor
 
 __all__ = ["gemm", "gemm_operand", "LAYOUTS"]
@@ -116,7 +116,8 @@ def _aligned_scale(scale_inv: torch.Tensor) -> torch.Tensor:
     return scale if scale.data_ptr() % 16 == 0 else scale.clone()
 
 
-def _try_scaled_mm(a, b, a_usage: str, b_usage: str, out_dtype: torch.dtype) -> Optional[torch.Tensor]:
+def _try_scaled_mm(a, b, a_usage: str, b_usage: str, out_dtype: torch.dtype,
+                   bias: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
     """``torch._scaled_mm`` for two per-tensor FP8 operands; None when this case must be emulated.
 
     ``_scaled_mm(mat1, mat2)`` wants mat1 row-major ``[M, K]`` and mat2 column-major ``[K, N]``.  mat1 = op_B(B):
@@ -134,39 +135,95 @@ def _try_scaled_mm(a, b, a_usage: str, b_usage: str, out_dtype: torch.dtype) -> 
     mat2 = _fp8_data(a, a_usage).t()
     if any(d % 16 for d in (*mat1.shape, mat2.shape[1])):
         return None
-    res = torch._scaled_mm(
-        mat1,
-        mat2,
-        scale_a=_aligned_scale(b.scale_inv),
-        scale_b=_aligned_scale(a.scale_inv),
-        out_dtype=out_dtype,
-    )
+    if bias is not None and (out_dtype not in (torch.bfloat16, torch.float16) or bias.dtype != out_dtype):
+        # cuBLASLt's bias epilogue takes a bias of the (16-bit) output type: add it to an fp32 result instead
+        res = torch._scaled_mm(mat1, mat2, scale_a=_aligned_scale(b.scale_inv), scale_b=_aligned_scale(a.scale_inv),
+                               out_dtype=torch.float32)
+        res = res[0] if isinstance(res, tuple) else res
+        return (res + bias.float()).to(out_dtype)
+    # the bias (if any) is added to the fp32 result in the GEMM's epilogue, before the one rounding
+    res = torch._scaled_mm(mat1, mat2, scale_a=_aligned_scale(b.scale_inv), scale_b=_aligned_scale(a.scale_inv),
+                           bias=bias, out_dtype=out_dtype)
     return res[0] if isinstance(res, tuple) else res
 
 
 # ------------------------------------------------------------------------------------------------ emulation
-def _bf16_exact(op) -> bool:
-    """True when the dequantized values are FP8 codes times power-of-two scales (exact in bf16)."""
-    if isinstance(op, MXFP8Tensor):
-        return True
-    if isinstance(op, (Float8Tensor, Float8BlockwiseTensor)):
-        for usage in ("rowwise", "columnwise"):
-            present = op.has_rowwise if usage == "rowwise" else op.has_columnwise
-            if present:
-                scales = op.scale_inv_values(usage)
-                mantissa, _ = torch.frexp(scales)
-                return bool(((mantissa == 0.5) | (scales == 0)).all())
-    return False
+#: ``torch.mm(a, b, out_dtype=torch.float32)`` for bf16 operands (aten::mm.dtype, torch >= 2.8 on CUDA)
+_MM_OUT_DTYPE = hasattr(torch.ops.aten.mm, "dtype")
+
+
+def _gemm_values(op, usage: str):
+    """`op` as exact bf16 values and a factor (`GemmValues`), or None when it has no such form."""
+    if isinstance(op, torch.Tensor):
+        return GemmValues(_as_2d(op), 1.0) if op.dtype == torch.bfloat16 else None
+    return op.gemm_values(usage)
+
+
+def _on_tensor_cores(a, b, a_usage, b_usage, layout, out_dtype, bias) -> Optional[torch.Tensor]:
+    """The emulated GEMM as one bf16 tensor-core GEMM with fp32 accumulation, or None when the pair has no exact
+    bf16 form (then `_emulated` computes in fp32).
+
+    Both operands are exact in bf16 (`tedebug.quantization.gemm_values`), so the sums are those of the fp32 GEMM
+    of the dequantized operands up to the order of the fp32 additions.  The factors left over are applied to the
+    fp32 result before the one rounding to `out_dtype`: Python-float factors (powers of two) and the bias inside
+    the GEMM (``alpha`` and cuBLASLt's bias epilogue), device factors (NVFP4's global scales, per-tensor FP8) and
+    outputs other than bf16 on an fp32 result (``torch.mm(..., out_dtype=torch.float32)``).  bf16
+    reduced-precision split-K reductions are switched off for the call, so that the accumulation stays fp32.
+    """
+    ga = _gemm_values(a, a_usage)
+    gb = _gemm_values(b, b_usage) if ga is not None else None
+    if gb is None or ga.rotated != gb.rotated:
+        return None  # no exact form, or one operand rotated by the RHT and the other not: dequantize to fp32
+    op_a = ga.values.t() if layout[0] == "T" else ga.values  # [K, N]
+    op_b = gb.values if layout[1] == "N" else gb.values.t()  # [M, K]
+    host_factor = isinstance(ga.scale, float) and isinstance(gb.scale, float)
+    if host_factor and out_dtype == torch.bfloat16:
+        alpha = ga.scale * gb.scale
+        with _fp32_reduction():
+            if bias is not None:
+                return torch.addmm(bias.to(torch.bfloat16), op_b, op_a, alpha=alpha)
+            if alpha == 1.0:
+                return torch.mm(op_b, op_a)
+            out = torch.empty(op_b.shape[0], op_a.shape[1], dtype=torch.bfloat16, device=op_b.device)
+            return out.addmm_(op_b, op_a, beta=0, alpha=alpha)
+    if not _MM_OUT_DTYPE:
+        return None
+    out = torch.mm(op_b, op_a, out_dtype=torch.float32)  # [M, N] fp32
+    kernels = dispatch.gemm_kernels(out) if out_dtype == torch.bfloat16 and out.numel() % 4 == 0 else None
+    if (kernels is not None and isinstance(ga.scale, torch.Tensor) and isinstance(gb.scale, torch.Tensor)
+            and (bias is None or bias.dtype == torch.bfloat16)):
+        return kernels.epilogue_bf16(out, ga.scale, gb.scale, bias)  # the lines below, in one pass
+    factor = ga.scale * gb.scale
+    if not (isinstance(factor, float) and factor == 1.0):
+        out.mul_(factor)
+    if bias is not None:
+        out.add_(bias.float())
+    return out.to(out_dtype)
+
+
+class _fp32_reduction:  # noqa: N801 - used as a `with` block
+    """Switch off cuBLAS's bf16 reduced-precision reductions for the block (restored on exit)."""
+
+    __slots__ = ("_saved",)
+
+    def __enter__(self) -> None:
+        self._saved = torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
+        if self._saved:
+            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+
+    def __exit__(self, *exc) -> None:
+        if self._saved:
+            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True
 
 
 def _emulated(a, b, a_usage, b_usage, layout, out_dtype, bias) -> torch.Tensor:
-    device = a.device
-    compute = torch.float32
-    if device.type == "cuda" and out_dtype == torch.bfloat16 and bias is None:
-        if all(not isinstance(op, torch.Tensor) and _bf16_exact(op) for op in (a, b)):
-            compute = torch.bfloat16  # exact operands; cuBLAS accumulates in fp32 and rounds once to bf16
-    a2 = _dequantized_2d(a, a_usage, compute)
-    b2 = _dequantized_2d(b, b_usage, compute)
+    """Dequantize and multiply: on tensor cores where the operands are exact in bf16 (CUDA), else in fp32."""
+    if a.device.type == "cuda":
+        out = _on_tensor_cores(a, b, a_usage, b_usage, layout, out_dtype, bias)
+        if out is not None:
+            return out
+    a2 = _dequantized_2d(a, a_usage, torch.float32)
+    b2 = _dequantized_2d(b, b_usage, torch.float32)
     op_a = a2.t() if layout[0] == "T" else a2
     op_b = b2 if layout[1] == "N" else b2.t()
     out = op_b @ op_a
@@ -217,9 +274,9 @@ def gemm(
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype:
         return _plain(a, b, layout, bias).to(out_dtype)
     if use_native:
-        out = _try_scaled_mm(a, b, a_usage, b_usage, out_dtype if bias is None else torch.float32)
+        out = _try_scaled_mm(a, b, a_usage, b_usage, out_dtype, bias)
         if out is not None:
-            return out if bias is None else (out + bias.float()).to(out_dtype)
+            return out
     return _emulated(a, b, a_usage, b_usage, layout, out_dtype, bias)
 
 

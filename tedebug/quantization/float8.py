@@ -18,6 +18,7 @@ same codes of the 2-D view `[M, K]` (M = product of the leading dims) transposed
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Iterable, Optional, Tuple, Union
 
 import torch
@@ -32,6 +33,7 @@ from .formats import (
     fp8_is_zero,
     tensor_amax,
 )
+from .gemm_values import GemmValues, fp8_codes_to_bf16
 from .tensor import QuantizedTensor, Quantizer, check_high_precision_input, matrix_shape
 
 AMAX_ALGOS = ("max", "most_recent")
@@ -83,6 +85,12 @@ class Float8Tensor(QuantizedTensor):
     def _dequantize(self, usage: str) -> torch.Tensor:
         values = decode_fp8(self._codes_2d(usage), self.fp8_format) * self.scale_inv.float().reshape(())
         return values.reshape(self._shape)
+
+    def gemm_values(self, usage: str) -> GemmValues:
+        """The codes as bf16 (exact) with the 0-d fp32 scale_inv as the factor: see `gemm_values`."""
+        self._require(usage)
+        return GemmValues(fp8_codes_to_bf16(self._codes_2d(usage), self.fp8_format),
+                          self.scale_inv.float().reshape(()))
 
     def _create(self, usage: str) -> None:
         m, k = self._mk
@@ -270,10 +278,22 @@ class Float8Quantizer(Quantizer):
         """History row 0, the amax being accumulated for the current step (a 1-element view)."""
         return self._history[:1]
 
+    def state_to(self, device) -> None:
+        """Move `scale` and `amax_history` to `device` (no-op when they are there).
+
+        A recipe builds the state on the CPU; the first quantization moves it to the tensor's device, so that
+        recording the amax and `update_scale` never cross between host and device.  Quantizers that share state
+        (`copy`) each move their own reference."""
+        if self.scale.device != device:
+            self.scale = self.scale.to(device)
+        if self.amax_history.device != device:
+            self.amax_history = self.amax_history.to(device)
+
     def _quantize(self, tensor: torch.Tensor) -> Float8Tensor:
         check_high_precision_input(tensor, type(self).__name__)
         from tedebug.backends import dispatch  # GPU dispatch hook: CuPy kernel when it applies, else torch below
 
+        self.state_to(tensor.device)
         fast = dispatch.quantize_fp8_delayed(self, tensor)
         if fast is not None:
             return fast
@@ -296,17 +316,20 @@ class Float8Quantizer(Quantizer):
         scale = fp32(fp8_max · 2^-margin) / amax; the previous scale is kept when amax is 0 or not finite, and an
         infinite quotient becomes FLT_MAX.
         """
-        old = self._history.clone()
-        amax = self.compute_amax(old).to(device=self.scale.device, dtype=torch.float32)
-        rolled = torch.roll(old, -1)
-        rolled[0] = 0.0
-        self._history.copy_(rolled)
+        # fp32(fp8_max · 2^-margin) is exact in a Python float, which a fp32 tensor op uses as that fp32 value
+        scaled_max = _scaled_max(FP8_MAX[self.fp8_format], self.margin)
+        from tedebug.backends import dispatch  # GPU: the whole update in one kernel (same values)
 
-        scaled_max = torch.tensor(FP8_MAX[self.fp8_format], dtype=torch.float32, device=amax.device)
-        scaled_max = scaled_max * torch.exp2(torch.tensor(-float(self.margin), dtype=torch.float32))
+        if dispatch.fp8_delayed_update(self, scaled_max):
+            return
+        history = self._history
+        amax = self.compute_amax(history.clone()).to(device=self.scale.device, dtype=torch.float32)
+        rolled = torch.roll(history, -1)
+        rolled[0] = 0.0
+        history.copy_(rolled)
         usable = torch.isfinite(amax) & (amax > 0)
-        quotient = scaled_max / torch.where(usable, amax, torch.ones_like(amax))
-        quotient = torch.where(torch.isinf(quotient), torch.full_like(quotient, FLT_MAX), quotient)
+        # (full_like, not `scaled_max / amax`: torch divides a scalar by a tensor as reciprocal times scalar)
+        quotient = torch.clamp(torch.full_like(amax, scaled_max) / amax, max=FLT_MAX)  # Inf becomes FLT_MAX
         previous = self.scale.float().reshape(())
         self.scale.copy_(torch.where(usable, quotient, previous).reshape(self.scale.shape))
 
@@ -320,6 +343,13 @@ class Float8Quantizer(Quantizer):
             f"amax_compute_algo={self.amax_compute_algo!r}, rowwise={self.rowwise_usage}, "
             f"columnwise={self.columnwise_usage})"
         )
+
+
+@functools.lru_cache(maxsize=None)
+def _scaled_max(fp8_max: float, margin: float) -> float:
+    """fp32(fp8_max · 2^-margin), computed in fp32 as TE does."""
+    return float(torch.tensor(fp8_max, dtype=torch.float32) * torch.exp2(torch.tensor(-float(margin),
+                                                                                     dtype=torch.float32)))
 
 
 def _check_state(t, name: str, ok: Callable[[torch.Tensor], bool], want: str) -> torch.Tensor:

@@ -33,6 +33,7 @@ from .formats import (
     fp8_format_of,
     fp8_is_zero,
 )
+from .gemm_values import MXFP8_LIFT, GemmValues, fp8_block_values_bf16
 from .tensor import QuantizedTensor, Quantizer, check_high_precision_input, matrix_shape
 
 BLOCK = 128
@@ -156,6 +157,19 @@ class Float8BlockwiseTensor(QuantizedTensor):
                 self.columnwise_data, self.columnwise_scale_inv, self._block_rows, self.fp8_format
             ).t()
         return values.reshape(self._shape)
+
+    def gemm_values(self, usage: str) -> Optional[GemmValues]:
+        """With power-of-two scales (the quantizer's `force_pow_2_scales`, on by default): codes x scale_inv x 2^L in
+        bf16 (exact, L as for MXFP8) and the factor 2^-L; otherwise None.  See `gemm_values`."""
+        self._require(usage)
+        if not getattr(self.quantizer, "force_pow_2_scales", False):
+            return None
+        m, k = self._mk
+        codes, scale_inv = getattr(self, f"{usage}_data"), getattr(self, f"{usage}_scale_inv")
+        rows, cols = (m, k) if usage == "rowwise" else (k, m)
+        lift = MXFP8_LIFT[self.fp8_format]
+        values = fp8_block_values_bf16(codes.reshape(rows, cols), scale_inv, self._block_rows, self.fp8_format, lift)
+        return GemmValues(values if usage == "rowwise" else values.t(), 2.0 ** -lift)
 
     def _create(self, usage: str) -> None:
         """128x128 tiles: each direction is the transpose of the other; 1x128 blocks cannot be derived."""

@@ -93,8 +93,14 @@ def encode_e2m1(x: torch.Tensor) -> torch.Tensor:
 
 def decode_e2m1(codes: torch.Tensor) -> torch.Tensor:
     """E2M1 codes 0..15 (uint8, unpacked) to fp32 values."""
-    table = torch.tensor(E2M1_VALUES + tuple(-v for v in E2M1_VALUES), dtype=torch.float32, device=codes.device)
+    table = _E2M1_FP32.get(codes.device)
+    if table is None:  # one host-to-device copy per device, not one per call
+        values = E2M1_VALUES + tuple(-v for v in E2M1_VALUES)
+        table = _E2M1_FP32[codes.device] = torch.tensor(values, dtype=torch.float32).to(codes.device)
     return table[codes.long()]
+
+
+_E2M1_FP32: dict = {}
 
 
 def pack_fp4(codes: torch.Tensor) -> torch.Tensor:

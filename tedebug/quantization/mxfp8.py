@@ -34,6 +34,7 @@ from .formats import (
     fp8_format_of,
     fp8_is_zero,
 )
+from .gemm_values import MXFP8_LIFT, GemmValues, mxfp8_values_bf16
 from .tensor import USAGES, QuantizedTensor, Quantizer
 
 MXFP8_BLOCK = 32
@@ -117,6 +118,14 @@ class MXFP8Tensor(QuantizedTensor):
             values = decode_fp8(self.columnwise_data.reshape(m // MXFP8_BLOCK, MXFP8_BLOCK, k), self.fp8_format)
             scales = e8m0_to_float(self.columnwise_scale_inv).unsqueeze(1)
         return (values * scales).reshape(self.shape)
+
+    def gemm_values(self, usage: str) -> GemmValues:
+        """Codes x 2^(E-127+L) in bf16 (exact; L = `MXFP8_LIFT`), scale 2^-L: see `gemm_values`."""
+        data, scale_codes = self._fields_of(usage)
+        m, k = self._view2d()
+        lift = MXFP8_LIFT[self.fp8_format]
+        values = mxfp8_values_bf16(data.reshape(m, k), scale_codes, usage == "rowwise", self.fp8_format, lift)
+        return GemmValues(values, 2.0 ** -lift)
 
     def _fields_of(self, usage: str) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
         if usage not in USAGES:

@@ -18,7 +18,8 @@ even element in the low nibble), scales `[M, K/16]` E4M3 codes, `amax_rowwise` 0
 Options: `with_2d_quantization` (one scale per 16x16 tile of the 2-D view, written for every row of the tile, so
 rowwise and columnwise are numerically identical); `with_rht` (columnwise only: random Hadamard transform of each
 row of 16 consecutive elements of the transposed tensor, global amax taken after it; `dequantize("columnwise")`
-undoes it); `stochastic_rounding` (8 random bits per element from a `torch.Generator` seeded with `seed`).
+undoes it); `stochastic_rounding` (8 random bits per element from Philox4x32-10 keyed by `seed`: the same bytes
+on CPU and GPU).
 """
 
 from __future__ import annotations
@@ -41,11 +42,16 @@ from .formats import (
     pack_fp4,
     unpack_fp4,
 )
+from .gemm_values import GemmValues, nvfp4_values_bf16
+from .philox import philox_bytes
 from .tensor import USAGES, QuantizedTensor, Quantizer, matrix_shape
 
 NVFP4_BLOCK = 16
 NVFP4_GLOBAL_MAX = FP8_MAX[E4M3] * E2M1_MAX  # 2688 = 448 * 6, exact in fp32
 _HIGH_PRECISION = (torch.float32, torch.bfloat16, torch.float16)
+
+#: fp32(1/2688) as a Python float (a tensor times it multiplies in fp32, as the reference's `_f32(1/2688)`)
+_INV_GLOBAL_MAX = float(torch.tensor(1.0 / NVFP4_GLOBAL_MAX, dtype=torch.float32))
 
 #: TE's fixed RHT sign vector (applied to the rows of the Hadamard matrix).
 RHT_SIGNS = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
@@ -116,10 +122,18 @@ def sylvester_hadamard(n: int = NVFP4_BLOCK) -> torch.Tensor:
 
 
 def rht_matrix(device=None) -> torch.Tensor:
-    """TE's 16x16 RHT matrix diag(signs) · H16 / 4 in float64 (orthogonal, so its inverse is its transpose)."""
-    signs = torch.tensor(RHT_SIGNS, dtype=torch.float64)
-    matrix = signs.unsqueeze(1) * sylvester_hadamard(NVFP4_BLOCK) / 4.0
-    return matrix.to(device) if device is not None else matrix
+    """TE's 16x16 RHT matrix diag(signs) · H16 / 4 in float64 (orthogonal, so its inverse is its transpose).
+
+    One copy per device is kept (callers must not modify it), so the GPU path copies it to the device once."""
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    matrix = _RHT_MATRICES.get(device)
+    if matrix is None:
+        signs = torch.tensor(RHT_SIGNS, dtype=torch.float64)
+        matrix = _RHT_MATRICES[device] = (signs.unsqueeze(1) * sylvester_hadamard(NVFP4_BLOCK) / 4.0).to(device)
+    return matrix
+
+
+_RHT_MATRICES: dict = {}
 
 
 def apply_rht(rows: torch.Tensor, *, inverse: bool = False, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -239,6 +253,16 @@ class NVFP4Tensor(QuantizedTensor):
             values = apply_rht(values, inverse=True)
         return values.t().reshape(self.shape)
 
+    def gemm_values(self, usage: str) -> GemmValues:
+        """E2M1 values x E4M3 block scales in bf16 (exact), the factor amax · fp32(1/2688) as a 0-d device tensor;
+        the columnwise values stay rotated when quantized after the RHT.  See `gemm_values`."""
+        data, scale_codes, amax = self._fields_of(usage)
+        m, k = matrix_shape(self.shape)
+        factor = amax.float().reshape(()) * _INV_GLOBAL_MAX
+        if usage == "rowwise":
+            return GemmValues(nvfp4_values_bf16(data, scale_codes, m, k), factor)
+        return GemmValues(nvfp4_values_bf16(data, scale_codes, k, m).t(), factor, rotated=self.columnwise_rht)
+
     def nonzero_code_count(self, usage: str) -> torch.Tensor:
         """Number of elements whose E2M1 code is not +-0 (nibbles other than 0x0 and 0x8)."""
         data, _, _ = self._fields_of(usage)
@@ -299,20 +323,19 @@ class NVFP4Quantizer(Quantizer):
         self.with_rht = bool(with_rht)
         self.stochastic_rounding = bool(stochastic_rounding)
         self.seed = seed
-        self.generator: Optional[torch.Generator] = None
-        if self.stochastic_rounding:
-            self.generator = torch.Generator(device="cpu")
-            if seed is None:
-                self.generator.seed()
-            else:
-                self.generator.manual_seed(int(seed))
+        #: the Philox key of the stochastic-rounding bits: `seed`, or one drawn from torch's default CPU generator
+        #: (so `torch.manual_seed` makes it reproducible)
+        self.sr_seed: int = int(seed) if seed is not None else int(torch.randint(0, 2 ** 62, ()).item())
+        #: Philox offset of the next draw (one per direction quantized with stochastic rounding)
+        self.sr_offset = 0
 
     def _random_bits(self, shape: Tuple[int, int], device) -> Optional[torch.Tensor]:
-        """8 random bits per element (drawn on CPU so every device sees the same stream), or None without SR."""
+        """8 random bits per element from Philox4x32-10 (`tedebug.quantization.philox`: the same bytes on every
+        device, drawn where the tensor lives), or None without SR; each draw advances `sr_offset`."""
         if not self.stochastic_rounding:
             return None
-        bits = torch.randint(0, 256, shape, generator=self.generator, dtype=torch.uint8)
-        return bits.to(device)
+        offset, self.sr_offset = self.sr_offset, self.sr_offset + 1
+        return philox_bytes(self.sr_seed, offset, shape[0] * shape[1], device).view(shape)
 
     def _quantize(self, tensor: torch.Tensor) -> NVFP4Tensor:
         from tedebug.backends import dispatch  # GPU dispatch hook: CuPy kernel when it applies, else torch below

@@ -193,6 +193,12 @@ class QuantizedTensor(abc.ABC):
             raise RuntimeError(f"{type(self).__name__}: the {usage} representation is not available")
         return usage
 
+    def gemm_values(self, usage: str):
+        """The `usage` representation as an exact bf16 matrix and a factor (`gemm_values.GemmValues`), or None
+        when the format has no such form (then an emulated GEMM dequantizes to fp32).  Formats override this."""
+        self._require(usage)
+        return None
+
     # ---------------------------------------------------------------- statistics helpers
     @abc.abstractmethod
     def nonzero_code_count(self, usage: str) -> torch.Tensor:

@@ -1,0 +1,128 @@
+// Exact bf16 operands for the emulated block-scaled GEMMs, and the fp32 -> bf16 epilogue of the GEMMs that carry a
+// device factor.  Bit-identical to the torch path of tedebug/quantization/gemm_values.py (see its docstring for why
+// the values are exact in bf16).
+//
+// Dequantize kernels: one thread per group of 8 (MXFP8, FP8 block) or 16 (NVFP4) consecutive elements of a row of
+// the stored [rows, cols] matrix (cols a multiple of 8 / 16), grid-stride; codes are read as one 8-byte load, the
+// output written as 16 / 32 bytes.  value = decode(code) * scale with an IEEE fp32 multiply that does not flush
+// subnormals (CuPy compiles with -ftz=true; the lifted MXFP8 values reach 2^-133); the product is a bf16 value, so
+// its bf16 bits are the top 16 bits of the fp32 bits (no rounding happens).
+//   MXFP8: scale = 2^(E - 127 + lift) from the E8M0 code E (code + lift > 254: +Inf; code 255: NaN), per 1x32
+//          block along the row (`row_blocks` = 1, scales [rows, cols/32]) or 32x1 block down the column
+//          (`row_blocks` = 0, scales [rows/32, cols]).
+//   FP8 block: scale = scale_inv * 2^lift (a power of two, exact), per `block_rows` x 128 block, scales
+//          [ceil(rows/block_rows), ceil(cols/128)].
+//   NVFP4: E2M1 value (table) * E4M3 block scale per 1x16 block, scales [rows, cols/16]; even element in the low
+//          nibble.
+// Epilogue: out = bf16_rne((acc * (fa * fb)) + bias) in fp32, as the torch path (`factor = fa * fb`, `mul_`,
+// `add_`, `.to(bfloat16)`): round to nearest even on the bits, subnormals kept, NaN -> 0x7FC0 (torch's rule).
+#include "common.cuh"
+
+__device__ __forceinline__ unsigned int ted_bf16_bits_exact(float v) { return __float_as_uint(v) >> 16; }
+
+__device__ __forceinline__ unsigned int ted_bf16_bits_rne(float v) {
+    const unsigned int b = __float_as_uint(v);
+    if ((b & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0u;
+    return (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;
+}
+
+__device__ __forceinline__ float ted_pow2_biased(unsigned int biased) {  // 2^(biased - 127), biased in [1, 254]
+    return __uint_as_float(biased << 23);
+}
+
+__device__ __forceinline__ void ted_store8(unsigned short* out, const unsigned int* h) {  // 8 bf16 from 8 halves
+    *reinterpret_cast<uint4*>(out) = make_uint4(h[0] | (h[1] << 16), h[2] | (h[3] << 16), h[4] | (h[5] << 16),
+                                                h[6] | (h[7] << 16));
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+ted_dequant_mxfp8(const unsigned char* __restrict__ codes, const unsigned char* __restrict__ scales,
+                  long long rows, long long cols, int row_blocks, int lift, unsigned short* __restrict__ out) {
+    const long long groups_per_row = cols / 8, groups = rows * groups_per_row;
+    for (long long g = blockIdx.x * (long long)blockDim.x + threadIdx.x; g < groups;
+         g += (long long)gridDim.x * blockDim.x) {
+        const long long r = g / groups_per_row, c = (g - r * groups_per_row) * 8;
+        const uint2 packed = *reinterpret_cast<const uint2*>(codes + r * cols + c);
+        unsigned int sc[8];
+        if (row_blocks) {
+            const unsigned int s = scales[r * (cols / 32) + c / 32];
+            for (int i = 0; i < 8; ++i) sc[i] = s;
+        } else {
+            const uint2 s = *reinterpret_cast<const uint2*>(scales + (r / 32) * cols + c);
+            for (int i = 0; i < 4; ++i) { sc[i] = (s.x >> (8 * i)) & 0xFFu; sc[4 + i] = (s.y >> (8 * i)) & 0xFFu; }
+        }
+        unsigned int h[8];
+        for (int i = 0; i < 8; ++i) {
+            const unsigned int code = ((i < 4 ? packed.x : packed.y) >> (8 * (i & 3))) & 0xFFu;
+            const unsigned int biased = sc[i] + (unsigned int)lift;
+            const float scale = sc[i] == 255u ? __uint_as_float(0x7FC00000u)
+                              : (biased > 254u ? INFINITY : ted_pow2_biased(biased));
+            h[i] = ted_bf16_bits_exact(ted_mul(ted_decode_fp8(code), scale));
+        }
+        ted_store8(out + r * cols + c, h);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+ted_dequant_fp8_block(const unsigned char* __restrict__ codes, const float* __restrict__ scale_inv,
+                      long long rows, long long cols, int block_rows, float lift_factor,
+                      unsigned short* __restrict__ out) {
+    const long long groups_per_row = cols / 8, groups = rows * groups_per_row;
+    const long long scale_cols = (cols + 127) / 128;
+    for (long long g = blockIdx.x * (long long)blockDim.x + threadIdx.x; g < groups;
+         g += (long long)gridDim.x * blockDim.x) {
+        const long long r = g / groups_per_row, c = (g - r * groups_per_row) * 8;
+        const uint2 packed = *reinterpret_cast<const uint2*>(codes + r * cols + c);
+        const float scale = ted_mul(scale_inv[(r / block_rows) * scale_cols + c / 128], lift_factor);
+        unsigned int h[8];
+        for (int i = 0; i < 8; ++i) {
+            const unsigned int code = ((i < 4 ? packed.x : packed.y) >> (8 * (i & 3))) & 0xFFu;
+            h[i] = ted_bf16_bits_exact(ted_mul(ted_decode_fp8(code), scale));
+        }
+        ted_store8(out + r * cols + c, h);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+ted_dequant_nvfp4(const unsigned char* __restrict__ packed, const unsigned char* __restrict__ scales,
+                  long long rows, long long cols, unsigned short* __restrict__ out) {
+    const float e2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    const long long groups_per_row = cols / 16, groups = rows * groups_per_row;
+    for (long long g = blockIdx.x * (long long)blockDim.x + threadIdx.x; g < groups;
+         g += (long long)gridDim.x * blockDim.x) {
+        const long long r = g / groups_per_row, c = (g - r * groups_per_row) * 16;
+        const uint2 bytes = *reinterpret_cast<const uint2*>(packed + r * (cols / 2) + c / 2);
+        const __half_raw sh = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)scales[r * groups_per_row + c / 16],
+                                                      __NV_E4M3);
+        const float scale = __half2float(__half(sh));
+        unsigned int h[16];
+        for (int i = 0; i < 16; ++i) {
+            const unsigned int word = i < 8 ? bytes.x : bytes.y;
+            const unsigned int nibble = (word >> (4 * (i & 7))) & 0xFu;
+            const float v = (nibble & 8u) ? -e2m1[nibble & 7u] : e2m1[nibble & 7u];
+            h[i] = ted_bf16_bits_exact(ted_mul(v, scale));
+        }
+        ted_store8(out + r * cols + c, h);
+        ted_store8(out + r * cols + c + 8, h + 8);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+ted_epilogue_bf16(const float* __restrict__ acc, long long n, long long cols, const float* __restrict__ fa,
+                  const float* __restrict__ fb, const unsigned short* __restrict__ bias,
+                  unsigned short* __restrict__ out) {
+    const float f = ted_mul(fa[0], fb[0]);
+    const long long groups = n / 4;
+    for (long long g = blockIdx.x * (long long)blockDim.x + threadIdx.x; g < groups;
+         g += (long long)gridDim.x * blockDim.x) {
+        const float4 a = *reinterpret_cast<const float4*>(acc + 4 * g);
+        const float v[4] = {a.x, a.y, a.z, a.w};
+        unsigned int h[4];
+        for (int i = 0; i < 4; ++i) {
+            float y = ted_mul(v[i], f);
+            if (bias != nullptr) y = ted_add(y, __uint_as_float((unsigned int)bias[(4 * g + i) % cols] << 16));
+            h[i] = ted_bf16_bits_rne(y);
+        }
+        *reinterpret_cast<uint2*>(out + 4 * g) = make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
+    }
+}
