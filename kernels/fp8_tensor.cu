@@ -222,7 +222,8 @@ __device__ __forceinline__ void current_scale(float amax, float fp8_max, float e
 
 // ws[0]: running amax bits (0 between launches), ws[1]: ticket, ws[2..3]: running 64-bit non-zero count (0 between
 // launches).  mode 0: write amax_out[0] only; mode 1: also the current-scaling scale / scale_inv; mode 2:
-// amax_out[0] = amax_out[1] = amax (NVFP4's rowwise and columnwise global amaxes).  Each thread keeps AM_ILP
+// amax_out[0] = amax_out[1] = amax (NVFP4's rowwise and columnwise global amaxes); mode 3 (delayed scaling):
+// amax_out[0] = maximum(amax_out[0], amax) and scale_inv_out[0] = 1 / scale_out[0].  Each thread keeps AM_ILP
 // 16-byte loads in flight (predicated, so the last round is as parallel as the others); packed bf16x2 / f16x2
 // maxima of |x| drop NaN.  `ted_amax_count` (NVFP4's fast kernel) also writes *nz_out = count_nonzero(x) (NaN
 // counts, -0 does not), which the NVFP4 kernel needs for its underflow counts: counted here, in a pass that waits
@@ -321,7 +322,7 @@ __device__ __forceinline__ void am_run(const ted_raw_t* __restrict__ x, long lon
     if (!ted_last_block(ws + 1)) return;
     if (threadIdx.x == 0) {
         const float amax = __uint_as_float(atomicExch(ws, 0u));
-        amax_out[0] = amax;
+        if (mode != 3) amax_out[0] = amax;
         if (mode == 1) {
             float scale, scale_inv;
             current_scale(amax, fp8_max, epsilon, pow2, scale, scale_inv);
@@ -329,6 +330,10 @@ __device__ __forceinline__ void am_run(const ted_raw_t* __restrict__ x, long lon
             scale_inv_out[0] = scale_inv;
         } else if (mode == 2) {
             amax_out[1] = amax;
+        } else if (mode == 3) {  // delayed scaling: record into history[0] as torch.maximum (NaN kept), and
+            const float old = amax_out[0];  // scale_inv = 1 / scale of the (stale) scale read from scale_out
+            amax_out[0] = isnan(old) ? old : ted_max(old, amax);
+            scale_inv_out[0] = ted_div(1.0f, scale_out[0]);
         }
         if (COUNT) *nz_out = atomicExch(reinterpret_cast<unsigned long long*>(ws + 2), 0ull);
         ws[1] = 0u;

@@ -622,11 +622,32 @@ def fp8_delayed_update(history: torch.Tensor, scale: torch.Tensor, scaled_max: f
 
 def fp8_delayed_quantize(quantizer, tensor: torch.Tensor):
     """Kernel version of `Float8Quantizer._quantize`: records the amax into history[0], casts with `scale`."""
+    from tedebug.quantization.tensor import matrix_shape
+
     quantizer.state_to(tensor.device)
-    amax = fp8_amax(tensor)
-    recorded = quantizer.amax  # history entry 0, a 1-element view
-    torch.maximum(recorded, amax, out=recorded)
-    return fp8_quantize(quantizer, tensor, quantizer.scale)
+    x = prepare_input(tensor)
+    history, scale = quantizer._history, quantizer.scale
+    if x.numel() == 0 or not (scale.dtype == torch.float32 and scale.numel() == 1 and scale.is_contiguous()):
+        recorded = quantizer.amax  # history entry 0, a 1-element view
+        torch.maximum(recorded, fp8_amax(tensor), out=recorded)
+        return fp8_quantize(quantizer, tensor, quantizer.scale)
+    # one launch: amax of x recorded into history[0] (torch.maximum) and scale_inv = 1 / scale, then the cast
+    scale_inv = torch.empty(4, dtype=torch.float32, device=x.device)
+    _amax_record_launch(x, history, scale, scale_inv)
+    m, k = matrix_shape(tensor.shape)
+    row, col, stats = _cast_transpose(x.view(m, k), scale.data_ptr(), scale_inv.data_ptr(), quantizer.fp8_format,
+                                      quantizer.rowwise_usage, quantizer.columnwise_usage)
+    return _float8_result(quantizer, tensor, row, col, stats, scale_inv[0])
+
+
+def _amax_record_launch(x: torch.Tensor, history: torch.Tensor, scale: torch.Tensor, scale_inv: torch.Tensor) -> None:
+    """ted_fp8_amax_scale mode 3: history[0] = maximum(history[0], max|x|), scale_inv[0] = 1 / scale[0]."""
+    n = x.numel()
+    grid = _grid_for(x.device, max(n // (16 // x.element_size()), 1))
+    partials, tickets = _workspace(x.device)
+    args = (x.data_ptr(), np.int64(n), _ticket(tickets, "amax"), history.data_ptr(), np.int32(3), np.float32(0.0),
+            np.float32(0.0), np.int32(0), scale.data_ptr(), scale_inv.data_ptr())
+    _launch(get_kernel("fp8_tensor.cu", "ted_fp8_amax_scale", _dtype_options(x)), grid, THREADS, args, x.device)
 
 
 # ------------------------------------------------------------------------------------------------ random bytes
