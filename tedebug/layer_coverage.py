@@ -9,7 +9,8 @@ after) training:
   file is accepted too.  Only layers that logged at least one statistic appear.
 - `layers_from_model("module:factory")`: imports ``module`` (a dotted module name importable from the current
   directory, or a path to a ``.py`` file), calls ``factory()`` (a dotted attribute path; a module instance is used
-  as is), converts the model with `tedebug.convert_model` and returns the names of its tedebug layers.
+  as is), converts the model with `tedebug.convert_model` (unless it already contains tedebug layers: then the
+  factory chose which layers to convert) and returns the names of its tedebug layers.
 - `coverage(config, layers)`: per enabled section, the layers it selects; the sections that select nothing; the
   layers no section selects; the layers two or more sections select (an error once training calls a hook).
 
@@ -166,11 +167,14 @@ def layers_from_model(spec: str) -> Tuple[List[str], str]:
     if not isinstance(model, torch.nn.Module):
         raise LayerSourceError(f"--model {spec}: {attribute}() returned a {type(model).__name__}, expected a "
                                f"torch.nn.Module")
-    convert_model(model)
+    converted = not any(isinstance(m, BaseLayer) for m in model.modules())
+    if converted:  # a factory that returns tedebug layers already chose which layers to convert
+        convert_model(model)
     layers = list(dict.fromkeys(m.name for m in model.modules() if isinstance(m, BaseLayer)))
     if not layers:
         raise LayerSourceError(f"--model {spec}: the model has no torch.nn.Linear (or tedebug) layer to debug")
-    return layers, f"{len(layers)} tedebug layer(s) of {spec} after tedebug.convert_model"
+    how = "after tedebug.convert_model" if converted else "(the factory's own conversion)"
+    return layers, f"{len(layers)} tedebug layer(s) of {spec} {how}"
 
 
 # ------------------------------------------------------------------------------------------------- coverage
