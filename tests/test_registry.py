@@ -43,8 +43,10 @@ def test_decorators_only_tag():
 
     assert A._tedebug_namespace == "base" and B._tedebug_namespace == "transformer_engine"
     assert A.log_tensor_stats.is_api is True
-    with pytest.raises(ValueError, match="unknown namespace 'tensorflow'"):
-        register_feature(namespace="tensorflow")
+    assert register_feature(namespace="my_framework")(type("C", (), {}))._tedebug_namespace == "my_framework"
+    for bad in ("my-framework", "_private", "class", 3):
+        with pytest.raises(ValueError, match="invalid namespace"):
+            register_feature(namespace=bad)
 
 
 def test_registry_is_per_instance():
