@@ -232,7 +232,10 @@ def statistic_names(registry) -> Dict[str, List[str]]:
     for info in registry.all_features():
         declared = getattr(info.cls, "statistic_names", None)
         if callable(declared):
-            names[info.qualified_name] = list(declared())
+            try:
+                names[info.qualified_name] = list(declared())
+            except Exception as err:  # a feature's own code: report it, list the others
+                names[info.qualified_name] = [f"(statistic_names() failed: {type(err).__name__}: {err})"]
         elif info.qualified_name in builtin and info.cls.__module__.startswith("tedebug.features."):
             names[info.qualified_name] = builtin[info.qualified_name]()
     return dict(sorted(names.items()))

@@ -25,8 +25,11 @@ feature method declares neither them nor ``**kwargs``.  Calling a feature's `ins
 DeprecationWarning.
 
 The `base` namespace routes the APIs implemented by section-level (namespace ``base``) features, e.g. nvdlfw's
-``debug_api.log_tensor_stats(layer, tensor=, tensor_name=)`` when a base ``LogTensorStats`` feature is registered.
-When none is, a section-level block in the config is accepted and inert.
+``debug_api.log_tensor_stats(layer, tensor=, tensor_name=)`` served by the built-in generic ``LogTensorStats``
+(`tedebug.compat.nvdlfw_inspect.debug_features.log_tensor_stats`, replaceable by a feature file).
+
+Custom namespaces (`CustomNamespace`, at the end of this module) route ``debug_api.<namespace>.<api>(...)`` with the
+hooks of a namespace API class registered by a feature file (nvdlfw-inspect's `BaseNamespaceAPI` contract).
 """
 
 from __future__ import annotations

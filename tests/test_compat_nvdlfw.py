@@ -294,3 +294,29 @@ def test_base_classes_and_helpers(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert "base.LogTensorStats" in nv_api.list_features()
+
+
+def test_te_style_subclass_of_the_generic_feature(tmp_path, capsys):
+    """TE's statistics features subclass nvdlfw's generic LogTensorStats and extend its statistics; such a subclass
+    is not held to the generic feature's parameters and lists its own statistics in `tedebug schema --stats`."""
+    (tmp_path / "spread.py").write_text(
+        "from nvdlfw_inspect.debug_features.log_tensor_stats import LogTensorStats as Generic\n"
+        "from nvdlfw_inspect.registry import Registry, api_method\n"
+        "@Registry.register_feature(namespace='transformer_engine')\n"
+        "class SpreadStats(Generic):\n"
+        "    def _get_supported_stats_list(self):\n"
+        "        return Generic._get_supported_stats_list(None) | {'spread'}\n"
+        "    @api_method\n"
+        "    def inspect_tensor(self, config, layer_name, tensor_name, tensor=None, iteration=0, **kw):\n"
+        "        return None\n")
+    debug_api.initialize({"s": {"enabled": True, "layers": {"layer_types": ["fc1"]}, "transformer_engine": {
+        "SpreadStats": {"enabled": True, "tensors": ["activation"], "stats": ["spread"], "margin": 2}}}},
+        feature_dirs=str(tmp_path), log_dir=str(tmp_path / "logs"))
+    te = debug_api.transformer_engine
+    assert te.inspect_tensor("m.fc1", tensor_name="activation", tensor=torch.ones(2), iteration=0) is None
+    debug_api.end_debug()
+    from tedebug.cli import main
+
+    assert main(["schema", "--stats", "--feature-dirs", str(tmp_path)]) == 0
+    assert ("transformer_engine.SpreadStats: l1_norm, l2_norm, max, mean, min, spread, std"
+            in capsys.readouterr().out.splitlines())

@@ -60,23 +60,25 @@ class LogTensorStats(GenericConfigAPIMapper):
 
     @classmethod
     def statistic_names(cls) -> list:
+        """The names `tedebug schema --stats` lists (a subclass's extended `_get_supported_stats_list` included)."""
         return sorted(cls._get_supported_stats_list(None))
 
     @classmethod
     def validate_feature_config(cls, cfg: dict) -> None:
-        """Config-load checks: known keys (this class only; subclasses may add parameters), ``stats`` names from
-        ``_get_supported_stats_list``, tensors given, schedule values valid."""
-        if cls is LogTensorStats:
-            for key in cfg:
-                if key not in CONFIG_KEYS:
-                    error = ValueError(f"LogTensorStats (section level): unknown key {key!r}; expected one of "
-                                       f"{', '.join(CONFIG_KEYS)}")
-                    error.key_path = (key,)
-                    raise error
+        """Config-load checks of this class (subclasses, e.g. TE-style features, are not checked: they define their
+        own parameters and statistics): known keys, ``stats`` names, tensors given, schedule values valid."""
+        if cls is not LogTensorStats:
+            return
+        for key in cfg:
+            if key not in CONFIG_KEYS:
+                error = ValueError(f"LogTensorStats (section level): unknown key {key!r}; expected one of "
+                                   f"{', '.join(CONFIG_KEYS)}")
+                error.key_path = (key,)
+                raise error
         if "tensors" not in cfg and "tensors_struct" not in cfg:
             raise ValueError("Provide 'tensors_struct: List[Dict]' or 'tensors: List[str]' (the tensors whose "
                              "statistics debug_api.log_tensor_stats logs)")
-        supported = cls._get_supported_stats_list(None)
+        supported = set(GENERIC_STATS)
         levels = [((), cfg)] + [(("tensors_struct", i), entry) for i, entry in enumerate(cfg.get("tensors_struct")
                                                                                          or ()) if
                                 isinstance(entry, dict)]
