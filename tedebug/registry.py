@@ -13,8 +13,9 @@ Each `debug_api.initialize()` builds a fresh `Registry` from the modules it load
    fresh module under a unique name, with its own directory temporarily first on ``sys.path`` so sibling imports
    work.  An import error raises `FeatureLoadError` naming the file (the original exception is chained); a missing
    directory raises `FeatureLoadError` naming it.  TransformerEngine's own feature directory
-   (``.../transformer_engine/debug/features``, which TE's docs tell users to pass) is skipped with a log line:
-   tedebug ships its own implementations of those features.  While a user file executes, the nvdlfw-inspect module
+   (``.../transformer_engine/debug/features``, which TE's docs tell users to pass) and nvdlfw-inspect's
+   (``.../nvdlfw_inspect/debug_features``, which Megatron passes) are skipped with a log line: tedebug ships its own
+   implementations of those features.  While a user file executes, the nvdlfw-inspect module
    names (``nvdlfw_inspect.registry``, ``.api``, ``.base``, ...) and ``transformer_engine.debug.features.api`` resolve
    to tedebug's compatibility modules (`tedebug.compat.aliases`), so features written for nvdlfw-inspect / TE load
    unchanged.
@@ -51,6 +52,7 @@ REPLACEABLE_PACKAGE = "tedebug.compat.nvdlfw_inspect.debug_features"  # a featur
 BUILTIN_PACKAGES = (BUILTIN_PACKAGE, REPLACEABLE_PACKAGE)
 USER_MODULE_PREFIX = "tedebug_user_features"
 TE_FEATURE_DIR_TAIL = ("transformer_engine", "debug", "features")
+NVDLFW_FEATURE_DIR_TAIL = ("nvdlfw_inspect", "debug_features")
 # nvdlfw's generic section-level features: accepted by the config loader even when not registered (then inert).
 INERT_BASE_FEATURES = ("LogTensorStats",)
 
@@ -266,7 +268,7 @@ class Registry:
         for directory in normalize_feature_dirs(feature_dirs):
             if not os.path.isdir(directory):
                 raise FeatureLoadError(f"feature directory not found: {directory!r} (from feature_dirs)")
-            if is_te_feature_dir(directory):
+            if is_te_feature_dir(directory) or is_nvdlfw_feature_dir(directory):
                 self.skipped_dirs.append(directory)
                 continue
             for path in walk_python_files(directory):
@@ -351,6 +353,13 @@ def is_te_feature_dir(directory: str) -> bool:
     """True for TransformerEngine's own ``transformer_engine/debug/features`` directory."""
     parts = os.path.normpath(os.path.realpath(directory)).split(os.sep)
     return tuple(parts[-3:]) == TE_FEATURE_DIR_TAIL
+
+
+def is_nvdlfw_feature_dir(directory: str) -> bool:
+    """True for nvdlfw-inspect's own ``nvdlfw_inspect/debug_features`` directory (tedebug's is not skipped: it is
+    loaded as a package, never as a feature directory)."""
+    parts = os.path.normpath(os.path.realpath(directory)).split(os.sep)
+    return tuple(parts[-2:]) == NVDLFW_FEATURE_DIR_TAIL
 
 
 def walk_python_files(directory: str) -> Iterable[str]:

@@ -254,7 +254,8 @@ def open_session(config_file: Any = "", feature_dirs: Any = None, statistics_log
     try:
         registry = build_registry(feature_dirs)
         for skipped in registry.skipped_dirs:
-            text_log.log(f"Skipping feature directory {skipped}: it is TransformerEngine's own feature directory; "
+            text_log.log(f"Skipping feature directory {skipped}: it is TransformerEngine's or nvdlfw-inspect's own "
+                         f"feature directory; "
                          f"tedebug provides these features itself.")
         for replaced in registry.replaced + [f"{api} ignored: tedebug implements this namespace itself"
                                              for api in registry.ignored_apis]:

@@ -115,6 +115,14 @@ def test_te_feature_dir_is_skipped(tmp_path):
     assert "GemmSwitch" in registry.feature_names()["transformer_engine"]
 
 
+def test_nvdlfw_feature_dir_is_skipped(tmp_path):
+    nv_dir = tmp_path / "nvdlfw_inspect" / "debug_features"
+    write(nv_dir / "log_tensor_stats.py", "raise RuntimeError('nvdlfw internals are not loaded')\n")
+    registry = build_registry([str(nv_dir)])
+    assert registry.skipped_dirs == [str(nv_dir)]
+    assert registry.get("base", "LogTensorStats").cls.__module__.startswith("tedebug.compat.")
+
+
 def test_same_dir_twice_loads_each_file_once():
     registry = Registry()
     registry.load_dirs([ROUTING, ROUTING, os.path.join(ROUTING, "nested")])
