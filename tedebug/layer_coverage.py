@@ -120,9 +120,13 @@ def _import_module(module_part: str):
         name = "tedebug_model_" + re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses and pickling look their module up there
         sys.path.insert(0, os.path.dirname(path))  # sibling imports of the model file
         try:
             spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules.pop(name, None)
+            raise
         finally:
             sys.path.remove(os.path.dirname(path))
         return module

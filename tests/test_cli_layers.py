@@ -138,6 +138,20 @@ def test_validate_model_and_overlapping_sections(tmp_path, capsys):
     assert "OK:" not in out
 
 
+def test_model_file_with_a_dataclass_and_a_sibling_import(tmp_path):
+    (tmp_path / "sizes.py").write_text("WIDTH = 4\n")
+    (tmp_path / "net.py").write_text(
+        "import dataclasses\n"
+        "import torch\n"
+        "from sizes import WIDTH\n"
+        "@dataclasses.dataclass\n"
+        "class Cfg:\n"
+        "    n: int = 3\n"
+        "def build():\n"
+        "    return torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(Cfg().n)])\n")
+    assert layers_from_model(f"{tmp_path / 'net.py'}:build")[0] == ["0", "1", "2"]
+
+
 def test_layers_from_model_sources(tmp_path, monkeypatch):
     layers, source = layers_from_model(f"{MODELS}:megatron_gpt")
     assert layers == [f"decoder.layers.{i}.{kind}" for i in range(2) for kind in (
