@@ -35,9 +35,9 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import keyword
 import importlib.util
 import inspect
+import keyword
 import os
 import pkgutil
 import sys

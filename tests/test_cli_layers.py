@@ -1,7 +1,6 @@
 """`tedebug validate` / `plan` with real layer names (--layers-from RUN_DIR, --model MODULE:FACTORY) and
 `tedebug schema` on a closed pipe."""
 
-import json
 import os
 import subprocess
 import sys
