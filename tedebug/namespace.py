@@ -25,8 +25,11 @@ feature method declares neither them nor ``**kwargs``.  Calling a feature's `ins
 DeprecationWarning.
 
 The `base` namespace routes the APIs implemented by section-level (namespace ``base``) features, e.g. nvdlfw's
-``debug_api.log_tensor_stats(layer, tensor=, tensor_name=)`` when a base ``LogTensorStats`` feature is registered.
-When none is, a section-level block in the config is accepted and inert.
+``debug_api.log_tensor_stats(layer, tensor=, tensor_name=)`` served by the built-in generic ``LogTensorStats``
+(`tedebug.compat.nvdlfw_inspect.debug_features.log_tensor_stats`, replaceable by a feature file).
+
+Custom namespaces (`CustomNamespace`, at the end of this module) route ``debug_api.<namespace>.<api>(...)`` with the
+hooks of a namespace API class registered by a feature file (nvdlfw-inspect's `BaseNamespaceAPI` contract).
 """
 
 from __future__ import annotations
@@ -487,3 +490,140 @@ class BaseNamespace(_Dispatcher):
         if self.has_api(name):
             return lambda layer_name, **kwargs: self.call(name, layer_name, **kwargs)
         raise AttributeError(f"no section-level (base) feature implements {name!r}")
+
+
+# ------------------------------------------------------------------------------------------------- custom namespaces
+_NOTHING = ("", None, None)  # cached route of an API that neither a feature nor the default implementation serves
+
+
+def _cache_value(value: Any) -> Any:
+    hash(value)  # TypeError for an unhashable kwarg value: that call is not cached
+    return value
+
+
+class CustomNamespace:
+    """``debug_api.<namespace>`` for a namespace registered with ``register_namespace_api`` (nvdlfw-inspect's
+    routing, nvdlfw_inspect_reference.md C.4, driven by the namespace's `BaseNamespaceAPI` object ``api``).
+
+    ``debug_api.<namespace>.<api>(layer_name, **kwargs)`` (every attribute not starting with ``_`` routes an API):
+
+    1. ``api.input_assertions_hook(api_name, **kwargs)``;
+    2. the features of the namespace (registration order) that implement ``api_name`` and have a non-empty, enabled
+       config in the layer's section (a config without ``enabled`` is a ValueError) are asked
+       ``api.routing_condition(api_name, config, layer_name, feature, **kwargs)`` -> ``(applies, config')``;
+    3. no feature applies: the method of ``api._default_api_impl`` named ``api_name`` answers
+       (``method({}, layer_name, **kwargs)``), or the call returns ``{}``; one feature: it answers and
+       ``api.output_assertions_hook`` checks the result; several: allowed only if
+       ``api.is_multiple_feature_invocation_allowed(api_name)`` (else ValueError "Only 1 operation permitted per
+       API call"), every result is checked and ``api.handle_multi_feature_output`` combines them.
+       Feature and default methods are called through ``api.call_feature``.
+    4. The decision of steps 2-3 is cached per (layer, api, values of ``api._cacheable_api_kwargs_map[api_name]``)
+       when the API is listed there (multi-feature decisions are not cached, as in nvdlfw); the cache lives until
+       ``end_debug()``.  Unlike nvdlfw the key has no call site, and output checks also run on cached routes.
+
+    ``step`` / ``end_debug`` of the session call ``api.step()`` / ``api.end_debug()``.
+    """
+
+    def __init__(self, session: Any, name: str, api_class: type):
+        self._session = session
+        self.name = name
+        self.api = api_class()
+        if not hasattr(self.api, "_cacheable_api_kwargs_map"):
+            raise TypeError(f"the API class {api_class.__qualname__} of namespace {name!r} did not set up "
+                            f"BaseNamespaceAPI (call super().__init__() in its __init__)")
+        self.api.name = name
+        self._routes: Dict[tuple, tuple] = {}
+
+    @property
+    def cache_size(self) -> int:
+        return len(self._routes)
+
+    def _cache_key(self, api_name: str, layer_name: str, kwargs: dict) -> Optional[tuple]:
+        listed = (self.api._cacheable_api_kwargs_map or {}).get(api_name)
+        if listed is None:
+            return None
+        try:
+            return (layer_name, api_name) + tuple(_cache_value(kwargs.get(k, 0)) for k in listed)
+        except TypeError:
+            return None
+
+    def _select(self, api_name: str, layer_name: str, kwargs: dict) -> list:
+        import copy
+
+        block = self._session.config.layer_config(layer_name).get(self.name) or {}
+        selected = []
+        for info in self._session.registry.features.get(self.name, {}).values():
+            cfg = block.get(info.name)
+            if api_name not in info.hooks or not cfg:
+                continue
+            if "enabled" not in cfg:
+                raise ValueError(f"layer {layer_name!r}: missing required config field 'enabled' under "
+                                 f"{self.name}.{info.name}")
+            if not cfg["enabled"]:
+                continue
+            feature = info.instance()
+            applies, modified = self.api.routing_condition(api_name, copy.deepcopy(cfg), layer_name, feature,
+                                                           **kwargs)
+            if applies:
+                selected.append((info.name, getattr(feature, api_name), cfg if modified is None else modified))
+        return selected
+
+    def _default_route(self, api_name: str) -> tuple:
+        impl = self.api._default_api_impl
+        method = getattr(impl, api_name, None) if impl is not None and not api_name.startswith("_") else None
+        return ("", method, {}) if callable(method) else _NOTHING
+
+    def route(self, api_name: str, layer_name: str, **kwargs: Any) -> Any:
+        api = self.api
+        api.input_assertions_hook(api_name, **kwargs)
+        key = self._cache_key(api_name, layer_name, kwargs)
+        route = self._routes.get(key) if key is not None else None
+        if route is None:
+            selected = self._select(api_name, layer_name, kwargs)
+            if len(selected) > 1:
+                names = [name for name, _, _ in selected]
+                if not api.is_multiple_feature_invocation_allowed(api_name):
+                    raise ValueError(f"Only 1 operation permitted per API call. Found {len(selected)} features "
+                                     f"{names} enabled for {self.name}.{api_name} on layer {layer_name!r}")
+                outputs = []
+                for _, method, cfg in selected:
+                    result = api.call_feature(method, cfg, layer_name, **kwargs)
+                    api.output_assertions_hook(api_name, result, **kwargs)
+                    outputs.append(result)
+                return api.handle_multi_feature_output(api_name, outputs, names, **kwargs)
+            route = selected[0] if selected else self._default_route(api_name)
+            if key is not None:
+                self._routes[key] = route
+            if route[0]:
+                self._session.log_message(f"Debug API call '{self.name}.{api_name}' routed to feature "
+                                          f"'{route[0]}'.", layer_name, logging.DEBUG)
+        feature, method, cfg = route
+        if method is None:
+            return {}
+        result = api.call_feature(method, cfg, layer_name, **kwargs)
+        if feature:
+            api.output_assertions_hook(api_name, result, **kwargs)
+        return result
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+
+        def call(layer_name: str, **kwargs: Any) -> Any:
+            return self.route(name, layer_name, **kwargs)
+
+        call.__name__ = name
+        return call
+
+    def step(self, finished_iteration: int) -> None:
+        self.api.step()
+
+    def end_debug(self) -> None:
+        self._routes.clear()
+        self.api.end_debug()
+
+
+def custom_namespaces(session: Any) -> Dict[str, CustomNamespace]:
+    """The session's custom namespaces (one per API class in its registry), by name."""
+    return {name: CustomNamespace(session, name, api_class)
+            for name, (api_class, _source) in session.registry.namespace_apis.items()}

@@ -1,20 +1,33 @@
 """Feature registration and loading: `register_feature`, `api_method`, `FeatureMapper`, and the per-session `Registry`.
 
 There is no process-global registry.  `register_feature(namespace=...)` only *tags* a class with its namespace;
-`api_method` only marks a method as a hook implementation.  Each `debug_api.initialize()` builds a fresh `Registry`
-from the modules it loads:
+`register_namespace_api(namespace=...)` tags the API class of a custom namespace (nvdlfw's `BaseNamespaceAPI`
+contract, see `tedebug.namespace.CustomNamespace`); `api_method` only marks a method as a hook implementation.
+Each `debug_api.initialize()` builds a fresh `Registry` from the modules it loads:
 
-1. the built-in features: every module of the package `tedebug.features`;
+1. the built-in features: every module of the packages `tedebug.features` and
+   `tedebug.compat.nvdlfw_inspect.debug_features` (nvdlfw's generic section-level `LogTensorStats`; a feature file
+   may define its own ``base.LogTensorStats``, which then replaces it);
 2. the user's `feature_dirs` (a str or a list; None / "" / [] = none), walked recursively in sorted order; every
    ``*.py`` file (except ``__init__.py``, and except files already loaded, e.g. the built-in ones) is executed as a
    fresh module under a unique name, with its own directory temporarily first on ``sys.path`` so sibling imports
    work.  An import error raises `FeatureLoadError` naming the file (the original exception is chained); a missing
    directory raises `FeatureLoadError` naming it.  TransformerEngine's own feature directory
-   (``.../transformer_engine/debug/features``, which TE's docs tell users to pass) is skipped with a log line:
-   tedebug ships its own implementations of those features.
+   (``.../transformer_engine/debug/features``, which TE's docs tell users to pass) and nvdlfw-inspect's
+   (``.../nvdlfw_inspect/debug_features``, which Megatron passes) are skipped with a log line: tedebug ships its own
+   implementations of those features.  While a user file executes, the nvdlfw-inspect module
+   names (``nvdlfw_inspect.registry``, ``.api``, ``.base``, ...) and ``transformer_engine.debug.features.api`` resolve
+   to tedebug's compatibility modules (`tedebug.compat.aliases`), so features written for nvdlfw-inspect / TE load
+   unchanged.
+
+Namespaces: ``transformer_engine`` and ``base`` are tedebug's own; any other identifier is a custom namespace, which
+needs exactly one class tagged by `register_namespace_api` among the loaded modules (a feature of a namespace without
+one is a `FeatureLoadError` once loading ends).  An API class registered for ``transformer_engine`` or ``base`` (as
+TE's and nvdlfw's own ``api.py`` files do) is ignored: tedebug implements those namespaces itself.
 
 A feature is a class defined in a loaded module and tagged by `register_feature`; it is registered under its class
-name (which is its YAML key).  It must have ``parse_config_and_api`` (derive from `FeatureMapper`).  Its hooks are
+name (which is its YAML key).  In the built-in namespaces it must have ``parse_config_and_api`` (derive from
+`FeatureMapper`); in a custom namespace the namespace's ``routing_condition`` decides what it needs.  Its hooks are
 the methods (inherited ones included) marked by `api_method`.  Instances are created lazily, once per session.
 """
 
@@ -24,17 +37,22 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import keyword
 import os
 import pkgutil
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-NAMESPACES = ("transformer_engine", "base")
+NAMESPACES = ("transformer_engine", "base")  # tedebug's own namespaces; any other identifier is a custom one
 NAMESPACE_ATTR = "_tedebug_namespace"
+NAMESPACE_API_ATTR = "_tedebug_namespace_api"
 BUILTIN_PACKAGE = "tedebug.features"
+REPLACEABLE_PACKAGE = "tedebug.compat.nvdlfw_inspect.debug_features"  # a feature file may redefine these
+BUILTIN_PACKAGES = (BUILTIN_PACKAGE, REPLACEABLE_PACKAGE)
 USER_MODULE_PREFIX = "tedebug_user_features"
 TE_FEATURE_DIR_TAIL = ("transformer_engine", "debug", "features")
+NVDLFW_FEATURE_DIR_TAIL = ("nvdlfw_inspect", "debug_features")
 # nvdlfw's generic section-level features: accepted by the config loader even when not registered (then inert).
 INERT_BASE_FEATURES = ("LogTensorStats",)
 
@@ -44,6 +62,25 @@ class FeatureLoadError(ImportError):
 
 
 # ------------------------------------------------------------------------------------------------- decorators
+def check_namespace_name(namespace: Any, what: str) -> str:
+    """`namespace` when it is a valid namespace name (a Python identifier: it is also an attribute of debug_api)."""
+    if not isinstance(namespace, str) or not namespace.isidentifier() or keyword.iskeyword(namespace) \
+            or namespace.startswith("_"):
+        raise ValueError(f"{what}: invalid namespace {namespace!r}; expected {' or '.join(map(repr, NAMESPACES))} "
+                         f"or the name of a custom namespace (a Python identifier not starting with '_')")
+    return namespace
+
+
+def _class_tagger(attr: str, namespace: str, what: str) -> Callable[[type], type]:
+    def tag(cls: type) -> type:
+        if not isinstance(cls, type):
+            raise TypeError(f"{what} decorates classes, got {type(cls).__name__}")
+        setattr(cls, attr, namespace)
+        return cls
+
+    return tag
+
+
 def register_feature(namespace: Union[str, type] = "transformer_engine"):
     """Class decorator tagging a feature class with its namespace (``@register_feature(namespace="base")``).
 
@@ -51,16 +88,15 @@ def register_feature(namespace: Union[str, type] = "transformer_engine"):
     """
     if isinstance(namespace, type):  # used without parentheses
         return register_feature()(namespace)
-    if namespace not in NAMESPACES:
-        raise ValueError(f"register_feature: unknown namespace {namespace!r}; expected one of {list(NAMESPACES)}")
+    return _class_tagger(NAMESPACE_ATTR, check_namespace_name(namespace, "register_feature"), "register_feature")
 
-    def tag(cls: type) -> type:
-        if not isinstance(cls, type):
-            raise TypeError(f"register_feature decorates classes, got {type(cls).__name__}")
-        setattr(cls, NAMESPACE_ATTR, namespace)
-        return cls
 
-    return tag
+def register_namespace_api(namespace: str):
+    """Class decorator tagging the API class of custom namespace `namespace` (nvdlfw's
+    ``Registry.register_namespace_api``); the class follows the `BaseNamespaceAPI` contract of
+    `tedebug.compat.nvdlfw_inspect.base` and is instantiated once per session with no arguments."""
+    return _class_tagger(NAMESPACE_API_ATTR, check_namespace_name(namespace, "register_namespace_api"),
+                         "register_namespace_api")
 
 
 def api_method(func: Callable) -> Callable:
@@ -129,6 +165,9 @@ class Registry:
 
     def __init__(self) -> None:
         self.features: Dict[str, Dict[str, FeatureInfo]] = {ns: {} for ns in NAMESPACES}
+        self.namespace_apis: Dict[str, Tuple[type, str]] = {}  # custom namespace -> (API class, source file)
+        self.ignored_apis: List[str] = []  # "namespace (source)" of API classes for tedebug's own namespaces
+        self.replaced: List[str] = []  # "ns.Name: old source -> new source" of replaced nvdlfw generic features
         self.loaded_files: Dict[str, str] = {}  # real path -> module name
         self.skipped_dirs: List[str] = []
 
@@ -139,15 +178,18 @@ class Registry:
         if namespace is None:
             raise FeatureLoadError(f"{cls.__qualname__} ({source}) is not decorated with @register_feature")
         name = cls.__name__
-        existing = self.features[namespace].get(name)
+        existing = self.features.setdefault(namespace, {}).get(name)
         if existing is not None:
             if existing.cls is cls:
                 return existing
-            raise FeatureLoadError(
-                f"feature '{namespace}.{name}' is defined twice: in {existing.source} and in {source}; "
-                f"rename one of the classes"
-            )
-        if not callable(getattr(cls, "parse_config_and_api", None)):
+            if existing.cls.__module__.startswith(REPLACEABLE_PACKAGE + "."):
+                self.replaced.append(f"{namespace}.{name}: {existing.source} -> {source}")
+            else:
+                raise FeatureLoadError(
+                    f"feature '{namespace}.{name}' is defined twice: in {existing.source} and in {source}; "
+                    f"rename one of the classes"
+                )
+        if namespace in NAMESPACES and not callable(getattr(cls, "parse_config_and_api", None)):
             raise FeatureLoadError(
                 f"feature '{namespace}.{name}' ({source}) has no parse_config_and_api method; "
                 f"derive it from tedebug.registry.FeatureMapper"
@@ -156,18 +198,58 @@ class Registry:
         self.features[namespace][name] = info
         return info
 
+    def add_namespace_api(self, cls: type, source: str = "") -> None:
+        """Register the API class of a custom namespace (ignored for tedebug's own namespaces, see above)."""
+        namespace = cls.__dict__[NAMESPACE_API_ATTR]
+        if namespace in NAMESPACES:
+            self.ignored_apis.append(f"{namespace} ({source})")
+            return
+        existing = self.namespace_apis.get(namespace)
+        if existing is not None and existing[0] is not cls:
+            raise FeatureLoadError(f"namespace {namespace!r} has two API classes: {existing[0].__qualname__} in "
+                                   f"{existing[1]} and {cls.__qualname__} in {source}; keep one")
+        for hook in ("input_assertions_hook", "routing_condition", "output_assertions_hook",
+                     "is_multiple_feature_invocation_allowed"):
+            if not callable(getattr(cls, hook, None)):
+                raise FeatureLoadError(f"the API class {cls.__qualname__} of namespace {namespace!r} ({source}) has no "
+                                       f"method {hook}; derive it from nvdlfw_inspect.base.BaseNamespaceAPI "
+                                       f"(tedebug.compat.nvdlfw_inspect.base)")
+        self.namespace_apis[namespace] = (cls, source)
+        self.features.setdefault(namespace, {})
+
     def add_module(self, module: Any) -> List[FeatureInfo]:
         """Register every tagged class *defined in* `module` (imported or subclassed-but-untagged ones are not)."""
         source = getattr(module, "__file__", None) or module.__name__
         found = []
         for value in list(vars(module).values()):
-            if isinstance(value, type) and value.__module__ == module.__name__ and NAMESPACE_ATTR in value.__dict__:
+            if not isinstance(value, type) or value.__module__ != module.__name__:
+                continue
+            if NAMESPACE_API_ATTR in value.__dict__:
+                self.add_namespace_api(value, source)
+            if NAMESPACE_ATTR in value.__dict__:
                 found.append(self.add(value, source))
         return found
 
+    def check_namespaces(self) -> None:
+        """FeatureLoadError for features of a custom namespace that has no API class (after loading)."""
+        for namespace, features in self.features.items():
+            if namespace not in NAMESPACES and namespace not in self.namespace_apis and features:
+                raise FeatureLoadError(
+                    f"Found features {sorted(features)} for namespace {namespace!r} but API was not found: register "
+                    f"its API class with @Registry.register_namespace_api(namespace={namespace!r}) "
+                    f"({', '.join(sorted({info.source for info in features.values()}))})")
+
+    @property
+    def custom_namespaces(self) -> List[str]:
+        return list(self.namespace_apis)
+
     # ------------------------------------------------------------------ loading
-    def load_builtin(self, package: str = BUILTIN_PACKAGE) -> None:
-        """Import every module of the built-in feature package and register its features."""
+    def load_builtin(self, packages: Union[str, Sequence[str]] = BUILTIN_PACKAGES) -> None:
+        """Import every module of the built-in feature packages and register their features."""
+        for package in ([packages] if isinstance(packages, str) else packages):
+            self._load_package(package)
+
+    def _load_package(self, package: str) -> None:
         pkg = importlib.import_module(package)
         self._mark_loaded(pkg)
         for entry in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda e: e.name):
@@ -186,7 +268,7 @@ class Registry:
         for directory in normalize_feature_dirs(feature_dirs):
             if not os.path.isdir(directory):
                 raise FeatureLoadError(f"feature directory not found: {directory!r} (from feature_dirs)")
-            if is_te_feature_dir(directory):
+            if is_te_feature_dir(directory) or is_nvdlfw_feature_dir(directory):
                 self.skipped_dirs.append(directory)
                 continue
             for path in walk_python_files(directory):
@@ -231,7 +313,7 @@ class Registry:
                 if callable(getattr(info.cls, "validate_feature_config", None))}
 
     def all_features(self) -> List[FeatureInfo]:
-        return [info for ns in NAMESPACES for info in self.features[ns].values()]
+        return [info for features in self.features.values() for info in features.values()]
 
     def qualified_names(self) -> List[str]:
         """``["base.X", ..., "transformer_engine.Y", ...]`` sorted by namespace then name."""
@@ -246,6 +328,7 @@ def build_registry(feature_dirs=None) -> Registry:
     registry = Registry()
     registry.load_builtin()
     registry.load_dirs(feature_dirs)
+    registry.check_namespaces()
     return registry
 
 
@@ -272,6 +355,13 @@ def is_te_feature_dir(directory: str) -> bool:
     return tuple(parts[-3:]) == TE_FEATURE_DIR_TAIL
 
 
+def is_nvdlfw_feature_dir(directory: str) -> bool:
+    """True for nvdlfw-inspect's own ``nvdlfw_inspect/debug_features`` directory (tedebug's is not skipped: it is
+    loaded as a package, never as a feature directory)."""
+    parts = os.path.normpath(os.path.realpath(directory)).split(os.sep)
+    return tuple(parts[-2:]) == NVDLFW_FEATURE_DIR_TAIL
+
+
 def walk_python_files(directory: str) -> Iterable[str]:
     """Every ``*.py`` under `directory` (recursively, sorted; skips ``__init__.py``, hidden and cache dirs)."""
     for root, dirs, files in os.walk(directory):
@@ -295,12 +385,15 @@ def import_file(path: str) -> Any:
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise FeatureLoadError(f"cannot load feature file {path}: not a Python source file")
+    from tedebug.compat.aliases import compat_imports
+
     module = importlib.util.module_from_spec(spec)
     directory = os.path.dirname(path)
     sys.modules[name] = module
     sys.path.insert(0, directory)
     try:
-        spec.loader.exec_module(module)
+        with compat_imports():
+            spec.loader.exec_module(module)
     except BaseException as exc:
         sys.modules.pop(name, None)
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):

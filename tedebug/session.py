@@ -46,7 +46,7 @@ from typing import Any, Dict, Iterable, Optional
 
 from tedebug.config import load_config
 from tedebug.logging import TextLog, log_file_name
-from tedebug.namespace import BaseNamespace, TransformerEngineNamespace
+from tedebug.namespace import BaseNamespace, TransformerEngineNamespace, custom_namespaces
 from tedebug.registry import Registry, build_registry
 from tedebug.sinks.base import MetricLogger, check_sink
 from tedebug.sinks.text import TextStatsSink, stats_log_path
@@ -86,6 +86,7 @@ class DebugSession:
             TransformerEngineNamespace.name: TransformerEngineNamespace(self),
             BaseNamespace.name: BaseNamespace(self),
         }
+        self.namespaces.update(custom_namespaces(self))  # nvdlfw-style namespaces registered by feature files
         self.closed = False
         self._memos: Dict[str, dict] = {}
         self._logged: set = set()  # (layer, message, extra) keys already written by log_message
@@ -253,8 +254,12 @@ def open_session(config_file: Any = "", feature_dirs: Any = None, statistics_log
     try:
         registry = build_registry(feature_dirs)
         for skipped in registry.skipped_dirs:
-            text_log.log(f"Skipping feature directory {skipped}: it is TransformerEngine's own feature directory; "
+            text_log.log(f"Skipping feature directory {skipped}: it is TransformerEngine's or nvdlfw-inspect's own "
+                         f"feature directory; "
                          f"tedebug provides these features itself.")
+        for replaced in registry.replaced + [f"{api} ignored: tedebug implements this namespace itself"
+                                             for api in registry.ignored_apis]:
+            text_log.log(f"Feature registry: {replaced}")
         config = _load_config(config_file, registry, text_log)
         session = DebugSession(config=config, registry=registry, text_log=text_log,
                                metric_logger=MetricLogger(background=background_logging), log_dir=log_dir,

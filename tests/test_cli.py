@@ -88,7 +88,10 @@ def test_validate_custom_feature_example(capsys):
 def test_schema(capsys):
     assert main(["schema"]) == 0
     printed = json.loads(capsys.readouterr().out)
+    statistics = printed.pop("x-tedebug-statistics")
     assert printed == config_json_schema(build_registry().feature_names())
+    assert statistics["transformer_engine.LogNvfp4TensorStats"] == ["underflows%", "mse"]
+    assert "fp8_block_scaling_mse_columnwise" in statistics["transformer_engine.LogFp8TensorStats"]
     assert main(["schema", "--feature-dirs", ROUTING]) == 0
     with_routing = json.loads(capsys.readouterr().out)
     te_block = with_routing["$defs"]["SectionModel"]["properties"]["transformer_engine"]

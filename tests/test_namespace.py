@@ -255,15 +255,19 @@ def test_output_checks(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ base namespace
-def test_section_level_block_is_inert_without_a_base_feature(tmp_path):
+def test_section_level_log_tensor_stats_is_the_builtin_generic_feature(tmp_path):
     start(tmp_path, section_level={"LogTensorStats": {"enabled": True, "tensors": ["activation"],
-                                                      "stats": ["min"]}})
-    assert not hasattr(debug_api, "log_tensor_stats")
+                                                      "stats": ["min", "L2_Norm"]}})
+    x = torch.tensor([[3.0, -4.0], [0.0, 12.0]])
+    stats = debug_api.log_tensor_stats("fc1", tensor=x, tensor_name="activation")
+    assert {k: v.item() for k, v in stats.items()} == {"min": -4.0, "l2_norm": 13.0}  # sqrt(9 + 16 + 0 + 144)
+    assert all(v.dtype == torch.float32 and v.dim() == 0 for v in stats.values())
+    # TE never calls it: the transformer_engine hooks are unaffected
     assert debug_api.transformer_engine.inspect_tensor_enabled("fc1", tensor_name="activation",
                                                                iteration=0) == (False, None)
 
 
-def test_base_feature_routes_log_tensor_stats(tmp_path):
+def test_a_feature_file_replaces_the_generic_log_tensor_stats(tmp_path):
     start(tmp_path, feature_dirs=(BASE_NS,), section_level={"LogTensorStats": {
         "enabled": True, "tensors_struct": [{"tensor": "activation", "stats": ["min", "max"]}]}})
     x = torch.tensor([[3.0, -1.5], [0.5, 8.0]])
@@ -273,3 +277,8 @@ def test_base_feature_routes_log_tensor_stats(tmp_path):
     assert debug_api.base.log_tensor_stats("fc2", tensor=x, tensor_name="activation") == {}
     with pytest.raises(TypeError, match="tensor_name"):
         debug_api.log_tensor_stats("fc1", tensor=x)
+    registry = debug_api.session().registry
+    assert registry.get("base", "LogTensorStats").source == os.path.join(BASE_NS, "generic_stats.py")
+    builtin = os.path.join("tedebug", "compat", "nvdlfw_inspect", "debug_features", "log_tensor_stats.py")
+    assert len(registry.replaced) == 1 and registry.replaced[0].startswith("base.LogTensorStats: ")
+    assert registry.replaced[0].endswith(f"{builtin} -> {os.path.join(BASE_NS, 'generic_stats.py')}")

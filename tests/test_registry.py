@@ -43,8 +43,10 @@ def test_decorators_only_tag():
 
     assert A._tedebug_namespace == "base" and B._tedebug_namespace == "transformer_engine"
     assert A.log_tensor_stats.is_api is True
-    with pytest.raises(ValueError, match="unknown namespace 'tensorflow'"):
-        register_feature(namespace="tensorflow")
+    assert register_feature(namespace="my_framework")(type("C", (), {}))._tedebug_namespace == "my_framework"
+    for bad in ("my-framework", "_private", "class", 3):
+        with pytest.raises(ValueError, match="invalid namespace"):
+            register_feature(namespace=bad)
 
 
 def test_registry_is_per_instance():
@@ -111,6 +113,14 @@ def test_te_feature_dir_is_skipped(tmp_path):
     registry.load_dirs([str(te_dir), ROUTING])
     assert registry.skipped_dirs == [str(te_dir)]
     assert "GemmSwitch" in registry.feature_names()["transformer_engine"]
+
+
+def test_nvdlfw_feature_dir_is_skipped(tmp_path):
+    nv_dir = tmp_path / "nvdlfw_inspect" / "debug_features"
+    write(nv_dir / "log_tensor_stats.py", "raise RuntimeError('nvdlfw internals are not loaded')\n")
+    registry = build_registry([str(nv_dir)])
+    assert registry.skipped_dirs == [str(nv_dir)]
+    assert registry.get("base", "LogTensorStats").cls.__module__.startswith("tedebug.compat.")
 
 
 def test_same_dir_twice_loads_each_file_once():
