@@ -58,7 +58,16 @@ RHT_SIGNS = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
 
 
 def _f32(value: float, like: torch.Tensor) -> torch.Tensor:
-    return torch.tensor(value, dtype=torch.float32, device=like.device)
+    """The 0-d fp32 constant `value` on `like`'s device; one copy per (value, device), so that the torch path
+    copies no constant from the host per call (callers must not modify it)."""
+    key = (value, like.device)
+    constant = _CONSTANTS.get(key)
+    if constant is None:
+        constant = _CONSTANTS[key] = torch.tensor(value, dtype=torch.float32).to(like.device)
+    return constant
+
+
+_CONSTANTS: dict = {}
 
 
 # ------------------------------------------------------------------------------------------------ scale rule
