@@ -7,6 +7,8 @@ no host synchronisation; `dispatch.kernels_for(tensor)` decides whether they run
 
 from __future__ import annotations
 
+from typing import Dict, Optional, Tuple
+
 import numpy as np
 import torch
 
@@ -60,4 +62,78 @@ def epilogue_bf16(acc: torch.Tensor, fa: torch.Tensor, fb: torch.Tensor, bias) -
     args = (acc.data_ptr(), np.int64(acc.numel()), np.int64(acc.shape[-1]), fa.data_ptr(), fb.data_ptr(),
             bias.data_ptr() if bias is not None else 0, out.data_ptr())
     _launch(kernel, _grid(acc.device, acc.numel() // 4), THREADS, args, acc.device)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ cuBLAS, device alpha
+# cuBLAS enums (cublas_api.h, library_types.h)
+_OP_N, _OP_T = 0, 1
+_R_16BF, _R_32F = 14, 0
+_COMPUTE_32F = 68
+_GEMM_DEFAULT = -1
+_POINTER_MODE_DEVICE = 1
+_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION = 16
+
+_HANDLES: Dict[int, int] = {}
+_CONSTANTS: Dict[Tuple[int, float], torch.Tensor] = {}
+
+
+def _handle(index: int) -> int:
+    """A cuBLAS handle of device `index` that reads alpha / beta from device memory and never reduces in bf16."""
+    handle = _HANDLES.get(index)
+    if handle is None:
+        from cupy_backends.cuda.libs import cublas
+
+        with torch.cuda.device(index):
+            handle = cublas.create()
+        cublas.setPointerMode(handle, _POINTER_MODE_DEVICE)
+        cublas.setMathMode(handle, _MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)
+        _HANDLES[index] = handle
+    return handle
+
+
+def _constant(index: int, value: float) -> torch.Tensor:
+    key = (index, value)
+    t = _CONSTANTS.get(key)
+    if t is None:
+        t = _CONSTANTS[key] = torch.tensor(value, dtype=torch.float32).to(torch.device("cuda", index))
+    return t
+
+
+def _as_cublas(t: torch.Tensor) -> Optional[Tuple[int, int]]:
+    """(transpose flag, leading dimension) of a 2-D bf16 [r, c] view read as cuBLAS's column-major Tᵀ (row-major
+    storage: no transpose) or T (column-major storage: transpose); None for other strides."""
+    if t.stride(1) == 1 and t.stride(0) >= max(1, t.shape[1]):
+        return _OP_N, t.stride(0)
+    if t.stride(0) == 1 and t.stride(1) >= max(1, t.shape[0]):
+        return _OP_T, t.stride(1)
+    return None
+
+
+def gemm_device_alpha(op_b: torch.Tensor, op_a: torch.Tensor, alpha: torch.Tensor,
+                      bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """bf16 ``alpha · (op_b @ op_a) + bias`` of bf16 op_b [M, K] and op_a [K, N], alpha a 0-d fp32 device tensor, in
+    one cuBLAS GEMM: fp32 accumulation, alpha and the bias applied to the fp32 result (beta · C with C the bias
+    broadcast), one rounding; reduced-precision reductions disallowed.  None when a stride layout does not fit."""
+    from cupy_backends.cuda.libs import cublas
+
+    m, k = op_b.shape
+    n = op_a.shape[1]
+    layout_a, layout_b = _as_cublas(op_a), _as_cublas(op_b)
+    if layout_a is None or layout_b is None or min(m, n, k) == 0 or alpha.dtype != torch.float32:
+        return None
+    index = _device_index(op_b.device)
+    if bias is not None:
+        out = bias.to(torch.bfloat16).expand(m, n).contiguous()
+        beta = _constant(index, 1.0)
+    else:
+        out = torch.empty((m, n), dtype=torch.bfloat16, device=op_b.device)
+        beta = _constant(index, 0.0)
+    alpha = alpha.contiguous()
+    handle = _handle(index)
+    cublas.setStream(handle, torch.cuda.current_stream(op_b.device).cuda_stream)
+    # row-major out [M, N] is column-major outᵀ [N, M] = op_aᵀ [N, K] · op_bᵀ [K, M]
+    cublas.gemmEx(handle, layout_a[0], layout_b[0], n, m, k, alpha.data_ptr(), op_a.data_ptr(), _R_16BF, layout_a[1],
+                  op_b.data_ptr(), _R_16BF, layout_b[1], beta.data_ptr(), out.data_ptr(), _R_16BF, n, _COMPUTE_32F,
+                  _GEMM_DEFAULT)
     return out

@@ -166,8 +166,9 @@ def _on_tensor_cores(a, b, a_usage, b_usage, layout, out_dtype, bias) -> Optiona
     Both operands are exact in bf16 (`tedebug.quantization.gemm_values`), so the sums are those of the fp32 GEMM
     of the dequantized operands up to the order of the fp32 additions.  The factors left over are applied to the
     fp32 result before the one rounding to `out_dtype`: Python-float factors (powers of two) and the bias inside
-    the GEMM (``alpha`` and cuBLASLt's bias epilogue), device factors (NVFP4's global scales, per-tensor FP8) and
-    outputs other than bf16 on an fp32 result (``torch.mm(..., out_dtype=torch.float32)``).  bf16
+    the GEMM (``alpha`` and cuBLASLt's bias epilogue); device factors (NVFP4's global scales, per-tensor FP8) by a
+    cuBLAS GEMM that reads alpha from device memory (CuPy's cuBLAS binding, bf16 output directly), else, and for
+    outputs other than bf16, on an fp32 result (``torch.mm(..., out_dtype=torch.float32)``).  bf16
     reduced-precision split-K reductions are switched off for the call, so that the accumulation stays fp32.
     """
     ga = _gemm_values(a, a_usage)
@@ -188,9 +189,15 @@ def _on_tensor_cores(a, b, a_usage, b_usage, layout, out_dtype, bias) -> Optiona
             return out.addmm_(op_b, op_a, beta=0, alpha=alpha)
     if not _MM_OUT_DTYPE:
         return None
+    kernels = dispatch.gemm_kernels(op_b) if out_dtype == torch.bfloat16 else None
+    device_factors = isinstance(ga.scale, torch.Tensor) and isinstance(gb.scale, torch.Tensor)
+    if kernels is not None and device_factors:
+        # one cuBLAS GEMM reading its alpha (the product of the factors) from device memory: no fp32 output
+        out = kernels.gemm_device_alpha(op_b, op_a, ga.scale * gb.scale, bias)
+        if out is not None:
+            return out
     out = torch.mm(op_b, op_a, out_dtype=torch.float32)  # [M, N] fp32
-    kernels = dispatch.gemm_kernels(out) if out_dtype == torch.bfloat16 and out.numel() % 4 == 0 else None
-    if (kernels is not None and isinstance(ga.scale, torch.Tensor) and isinstance(gb.scale, torch.Tensor)
+    if (kernels is not None and device_factors and out.numel() % 4 == 0
             and (bias is None or bias.dtype == torch.bfloat16)):
         return kernels.epilogue_bf16(out, ga.scale, gb.scale, bias)  # the lines below, in one pass
     factor = ga.scale * gb.scale
