@@ -26,7 +26,7 @@ DeprecationWarning.
 
 The `base` namespace routes the APIs implemented by section-level (namespace ``base``) features, e.g. nvdlfw's
 ``debug_api.log_tensor_stats(layer, tensor=, tensor_name=)`` when a base ``LogTensorStats`` feature is registered.
-When none is, a section-level block in the config is accepted and inert.
+When none is, the config loader rejects a section-level block (it would do nothing).
 """
 
 from __future__ import annotations
@@ -240,7 +240,7 @@ class _Dispatcher:
         routes = []
         for feature, feature_cfg in block.items():
             info = registry.get(self.name, feature)
-            if info is None:  # only the inert section-level names can get here (the loader rejects the rest)
+            if info is None:  # the loader rejects unregistered names; kept as a guard
                 continue
             if hook not in info.hooks or not feature_cfg:
                 continue

@@ -255,12 +255,14 @@ def test_output_checks(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ base namespace
-def test_section_level_block_is_inert_without_a_base_feature(tmp_path):
-    start(tmp_path, section_level={"LogTensorStats": {"enabled": True, "tensors": ["activation"],
-                                                      "stats": ["min"]}})
-    assert not hasattr(debug_api, "log_tensor_stats")
-    assert debug_api.transformer_engine.inspect_tensor_enabled("fc1", tensor_name="activation",
-                                                               iteration=0) == (False, None)
+def test_section_level_block_without_a_base_feature_is_a_config_error(tmp_path):
+    from tedebug.config import ConfigError
+
+    with pytest.raises(ConfigError, match="'LogTensorStats' is a feature of namespace 'transformer_engine' and must "
+                                          "be placed inside its namespace block"):
+        start(tmp_path, section_level={"LogTensorStats": {"enabled": True, "tensors": ["activation"],
+                                                          "stats": ["min"]}})
+    assert not debug_api.is_enabled()
 
 
 def test_base_feature_routes_log_tensor_stats(tmp_path):
