@@ -147,6 +147,8 @@ def read_yaml(text: str, label: str):
     except yaml.YAMLError as err:
         problem = getattr(err, "problem", None) or str(err)
         raise ConfigError(f"invalid YAML: {problem}", file=label, line=_yaml_error_line(err, text)) from None
+    except (ValueError, OverflowError) as err:  # a scalar Python cannot build (e.g. an int of 5000 digits)
+        raise ConfigError(f"invalid YAML value: {err}", file=label) from None
     except RecursionError:  # a safety net: `_check_shape` refuses deep nesting first
         raise ConfigError("the YAML nests too deeply", file=label,
                           expected=f"at most {MAX_NESTING} nested levels") from None

@@ -226,6 +226,11 @@ class LayersModel(BaseModel):
         return self
 
 
+#: keys whose explicit null (``tensors:`` with its items commented out) is an error rather than "not given"
+_NOT_NULL_KEYS = ("freq", "start_step", "start_end_list", "gemm", "tensor", "gemms", "gemms_struct", "tensors",
+                  "tensors_struct")
+
+
 class ScheduleKeys(BaseModel):
     """`freq` / `start_step` / `end_step` / `start_end_list`, checked wherever they appear."""
 
@@ -507,6 +512,12 @@ class _SectionValidator:
                                            "in this section", path))
             return
         before = len(self.issues)
+        for null_path in _null_keys(cfg):
+            self.issues.append(ConfigIssue(f"{null_path[-1]} has no value (were its items commented out?)",
+                                           path + null_path, expected=f"a value, or remove '{null_path[-1]}'"))
+        if len(self.issues) > before:
+            block[feature] = copy.deepcopy(cfg)
+            return
         if "enabled" not in cfg:
             self.issues.append(ConfigIssue("Missing required config field `enabled`", path + ("enabled",),
                                            expected="enabled: True or False"))
@@ -529,6 +540,19 @@ class _SectionValidator:
                 if note is not None:
                     message = f"{message}; {note}"
             self.issues.append(ConfigIssue(message, path + sub_path, suggestion=suggestion))
+
+
+def _null_keys(cfg: dict, path: tuple = ()):
+    """Key paths (below a feature block) of the `_NOT_NULL_KEYS` given as null, in struct entries too."""
+    for key in _NOT_NULL_KEYS:
+        if key in cfg and cfg[key] is None:
+            yield path + (key,)
+    for struct in ("gemms_struct", "tensors_struct"):
+        entries = cfg.get(struct)
+        if isinstance(entries, list):
+            for index, entry in enumerate(entries):
+                if isinstance(entry, dict):
+                    yield from _null_keys(entry, path + (struct, index))
 
 
 def _value_at(data, key_path: tuple):
