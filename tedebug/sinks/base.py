@@ -197,6 +197,8 @@ class MetricLogger:
         mode the writer's sinks receive it after the next `flush()`."""
         if records:
             self._dirty = True
+            last = getattr(records, "iteration", None)  # a ScalarBatch knows it without building its records
+            self._last_iteration = last if last is not None else records[-1][2]
             for sink in self._caller_sinks:
                 try:
                     if isinstance(sink, Sink):
