@@ -162,6 +162,22 @@ def test_a_full_disk_sink_is_reported_once_and_training_goes_on(tmp_path, backgr
             f"[Errno 28] No space left on device (errno 28, ENOSPC); this sink is stopped") in warnings_[0]
 
 
+@pytest.mark.parametrize("background", [True, False])
+def test_training_goes_on_when_every_statistics_file_fails(tmp_path, monkeypatch, background):
+    def disk_full(self, text):
+        raise OSError(errno.ENOSPC, "No space left on device", self.path)
+
+    monkeypatch.setattr(RecordFile, "write", disk_full)
+    debug_api.initialize(STATS, log_dir=str(tmp_path), default_logging_enabled=True,
+                         background_logging=background)
+    run_steps("fc1", 5)
+    assert debug_api.get_iteration() == 5
+    debug_api.end_debug()
+    reports = [line for line in main_log(tmp_path).splitlines() if " - WARNING - " in line]
+    assert sorted(("TextStatsSink" in line, "JsonlSink" in line, "ENOSPC" in line) for line in reports) == [
+        (False, True, True), (True, False, True)]  # one report per sink, whichever failed first
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 def test_on_sink_error_raise_keeps_the_old_behaviour(tmp_path):
     debug_api.add_statistics_sink(JsonlSink("/dev/full"))

@@ -372,4 +372,6 @@ class MetricLogger:
         self.sinks = [s for s in self.sinks if s is not sink]
         self._caller_sinks = [s for s in self._caller_sinks if s is not sink]
         self._writer_sinks = [s for s in self._writer_sinks if s is not sink]
+        if not self._writer_sinks:  # nothing left to hand over: drop what was queued for the writer
+            self._pending, self._loose, self._held = [], [], []
         self._report(message)
