@@ -39,7 +39,6 @@ from tedebug.signal_guard import SignalGuard
 from tedebug.sinks.base import check_sink
 
 DEBUG_MANAGER: Optional[DebugSession] = None
-_SIGNAL_GUARD: Optional[SignalGuard] = None
 
 _queued_sinks: List[Any] = []
 _queued_settings: dict = {}
@@ -56,7 +55,7 @@ def initialize(config_file: Any = "", feature_dirs: Union[None, str, Sequence[st
                tb_writer: Any = None, default_logging_enabled: bool = False, background_logging: bool = True,
                on_sink_error: str = "warn") -> None:
     """Start a debug session: load features and config, open logs and sinks (see tedebug.session)."""
-    global DEBUG_MANAGER, _SIGNAL_GUARD
+    global DEBUG_MANAGER
     if DEBUG_MANAGER is not None:
         raise RuntimeError("tedebug is already initialized; call tedebug.debug_api.end_debug() before initializing "
                            "again")
@@ -67,15 +66,16 @@ def initialize(config_file: Any = "", feature_dirs: Union[None, str, Sequence[st
                            background_logging=background_logging, on_sink_error=on_sink_error)
     _queued_sinks.clear()
     _queued_settings.clear()
+    session.signal_guard = SignalGuard(session.flush)
     DEBUG_MANAGER = session
-    _SIGNAL_GUARD = SignalGuard(session.flush)
     _register_atexit()
 
 
 def step() -> None:
     """Advance the iteration by one, emit the statistics of the finished iteration, flush the sinks."""
-    current, guard = DEBUG_MANAGER, _SIGNAL_GUARD
+    current = DEBUG_MANAGER
     if current is not None:
+        guard = current.signal_guard
         if guard is None:
             current.step()
             return
@@ -88,12 +88,11 @@ def step() -> None:
 
 def end_debug() -> None:
     """Close the session: reset buffers and caches, flush and close sinks, remove log handlers."""
-    global DEBUG_MANAGER, _SIGNAL_GUARD
+    global DEBUG_MANAGER
     session, DEBUG_MANAGER = DEBUG_MANAGER, None
-    guard, _SIGNAL_GUARD = _SIGNAL_GUARD, None
-    if guard is not None:
-        guard.restore()
     if session is not None:
+        if session.signal_guard is not None:
+            session.signal_guard.restore()
         session.close()
 
 

@@ -96,6 +96,8 @@ class DebugSession:
         }
         self.closed = False
         self.lock = lock
+        #: the `tedebug.signal_guard.SignalGuard` that `debug_api.initialize` installs (None: no guard)
+        self.signal_guard: Any = None
         self._memos: Dict[str, dict] = {}
         self._logged: set = set()  # (layer, message, extra) keys already written by log_message
 

@@ -409,6 +409,7 @@ class _SectionValidator:
         self.validators = dict(feature_validators or {})
         self.namespaces = _namespaces(self.feature_names)
         self.issues: list = []
+        self._stat_answers: dict = {}  # stat_hints' cache for this load
 
     def section(self, name, raw) -> Optional[SectionSpec]:
         path = (name,)
@@ -536,7 +537,7 @@ class _SectionValidator:
             entry = _value_at(cfg, sub_path)
             suggestion = None
             if len(sub_path) >= 2 and sub_path[-2] == "stats" and isinstance(entry, str):
-                suggestion, note = stat_hint(entry, namespace, feature, self.validators)
+                suggestion, note = stat_hint(entry, namespace, feature, self.validators, self._stat_answers)
                 if note is not None:
                     message = f"{message}; {note}"
             self.issues.append(ConfigIssue(message, path + sub_path, suggestion=suggestion))

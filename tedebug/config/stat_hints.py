@@ -4,7 +4,8 @@
 vocabulary): a candidate statistic is "accepted by F" when F's validator passes a minimal block
 ``{enabled: True, tensors: [activation], stats: [candidate]}``.  Candidates are every statistic kind of
 `tedebug.stats.definitions` in its plain, recipe-prefixed (``mxfp8_mse``) and ``_columnwise`` forms; the answers
-are cached per (validator, name).  Runs only on the error path.
+are cached per (validator, name) in the `cache` dict the caller passes (one per config load).  Runs only on the
+error path.
 """
 
 from __future__ import annotations
@@ -15,9 +16,6 @@ from .errors import closest
 
 _RECIPE_PREFIXES = ("fp8_delayed_scaling", "fp8_current_scaling", "mxfp8", "fp8_block_scaling", "nvfp4")
 _COLUMNWISE = "_columnwise"
-
-_accepted: Dict[tuple, bool] = {}
-
 
 def candidate_stats() -> Tuple[str, ...]:
     """Every statistic name a built-in feature could accept (a superset; each feature's validator decides)."""
@@ -31,31 +29,31 @@ def candidate_stats() -> Tuple[str, ...]:
     return tuple(names)
 
 
-def accepts(validator: Callable[[dict], None], stat: str) -> bool:
-    """True when `validator` accepts a minimal block logging `stat`."""
+def accepts(validator: Callable[[dict], None], stat: str, cache: Dict[tuple, bool]) -> bool:
+    """True when `validator` accepts a minimal block logging `stat` (answers kept in `cache`)."""
     key = (validator, stat)
-    answer = _accepted.get(key)
+    answer = cache.get(key)
     if answer is None:
         try:
             validator({"enabled": True, "tensors": ["activation"], "stats": [stat]})
             answer = True
         except Exception:  # noqa: BLE001 - any failure means "not accepted"
             answer = False
-        _accepted[key] = answer
+        cache[key] = answer
     return answer
 
 
-def stat_hint(entry: str, namespace: str, feature: str,
-              validators: Mapping[tuple, Callable[[dict], None]]) -> Tuple[Optional[str], Optional[str]]:
+def stat_hint(entry: str, namespace: str, feature: str, validators: Mapping[tuple, Callable[[dict], None]],
+              cache: Dict[tuple, bool]) -> Tuple[Optional[str], Optional[str]]:
     """`(suggestion, note)`: the closest statistic `feature` accepts, or else a note naming the other features of
     `namespace` that accept `entry` as it is (``"'underflows%' belongs to LogFp8TensorStats"``)."""
     own = validators.get((namespace, feature))
     if own is not None:
-        suggestion = closest(entry, [name for name in candidate_stats() if accepts(own, name)])
+        suggestion = closest(entry, [name for name in candidate_stats() if accepts(own, name, cache)])
         if suggestion is not None and suggestion != entry:
             return suggestion, None
     owners = sorted(name for (ns, name), validator in validators.items()
-                    if ns == namespace and name != feature and accepts(validator, entry))
+                    if ns == namespace and name != feature and accepts(validator, entry, cache))
     if owners:
         return None, f"'{entry}' belongs to " + " or ".join(owners)
     return None, None
