@@ -403,3 +403,48 @@ def test_feature_validator_runs_for_disabled_features_with_parameters(tmp_path):
     load_config(write(tmp_path, bare + "    LogTensorStats: {enabled: True, tensors: [weight], stats: [min]}\n"),
                 feature_names=FEATURE_NAMES, feature_validators=validators)
     assert len(calls) == 1  # a bare `enabled: False` block has nothing to check
+
+
+# ---- summary and JSON Schema ------------------------------------------------------------------------------------
+
+
+def test_summary():
+    config = load_config(CONFIGS / "tensor_manipulation_transformer_engine.yaml", feature_names=FEATURE_NAMES)
+    text = config.summary()
+    assert text.splitlines()[:5] == [
+        f"config: {CONFIGS / 'tensor_manipulation_transformer_engine.yaml'}",
+        "section 'manipulate_fc1' (line 2)",
+        "  layers: layer_name_regex_pattern='.*(fc1)'",
+        "  transformer_engine:",
+        "    DisableFP8GEMM: enabled; gemms=['fprop']",
+    ]
+    assert "section 'manipulate_fc2' (line 23)" in text
+    with pytest.warns(UserWarning):
+        assert "no enabled section" in load_config("", feature_names=FEATURE_NAMES).summary()
+
+
+def test_json_schema():
+    schema = config_json_schema(FEATURE_NAMES)
+    json.dumps(schema)  # serialisable
+    defs = schema["$defs"]
+    assert schema["type"] == "object"
+    assert schema["additionalProperties"] == {"$ref": "#/$defs/SectionModel"}
+    assert set(defs["LayersModel"]["properties"]) == {
+        "layer_name_regex_pattern", "layer_types", "layer_numbers", "exact_layer_names"}
+    assert defs["LayersModel"]["additionalProperties"] is False
+    assert defs["GemmEntry"]["properties"]["gemm"] == {"enum": ["fprop", "dgrad", "wgrad"], "title": "Gemm"}
+    assert "enabled" not in defs["GemmEntry"]["properties"]
+    assert defs["FeatureBlock"]["required"] == ["enabled"]
+    assert defs["FeatureBlock"]["properties"]["freq"]["anyOf"][0] == {"type": "integer", "minimum": 1}
+    te = defs["SectionModel"]["properties"]["transformer_engine"]
+    assert sorted(te["properties"]) == sorted(FEATURE_NAMES["transformer_engine"])
+    assert "transformer_engine" in config_json_schema()["$defs"]["SectionModel"]["properties"]
+
+
+@pytest.mark.parametrize("stale, suggestion", [("DisableFp8Gemm", "DisableFP8GEMM"), ("FakeQuantFp8", "FakeQuant"),
+                                               ("logtensorstats", "LogTensorStats")])
+def test_stale_upstream_feature_names_get_suggestions(stale, suggestion):
+    err = load_error({"s": {"enabled": True, "layers": {"layer_types": ["fc1"]},
+                            "transformer_engine": {stale: {"enabled": True, "gemms": ["fprop"]}}}})
+    assert err.key_path == ("s", "transformer_engine", stale) and err.suggestion == suggestion
+    assert f"Could not find feature '{stale}' in namespace 'transformer_engine'; did you mean '{suggestion}'?" in str(err)
