@@ -3,18 +3,27 @@
 Params: ``high_precision_tensor`` (bool, default False), ``quantized_tensor`` (bool, default False), the tensor
 selection and the schedule keys.  One file per (iteration, layer, tensor):
 ``<log_dir>/tensor_dumps/rank_<R>/iter_<iteration:06d>/<layer>_<tensor>.pt`` (layer and tensor names with
-``/ \\ : * ? " < > |``, space and ``.`` replaced by ``_``) holding a dict with the keys ``high_precision`` (a
-detached clone of the high-precision tensor) and/or ``quantized`` (a detached clone of the quantized GEMM operand:
-the rowwise one, else the columnwise one; a plain tensor when that operand runs in high precision).  An existing
-file is overwritten (with a log line).  Rowwise and columnwise operands that are different objects are an error:
-one file cannot hold both without ambiguity.
+``/ \\ : * ? " < > |``, space and ``.`` replaced by ``_``, as TransformerEngine names them; see `dump_stem` for
+names that would not make a safe or unique file name) holding a dict with the keys ``high_precision`` (a detached
+clone of the high-precision tensor) and/or ``quantized`` (the quantized GEMM operand: the rowwise one, else the
+columnwise one; a plain tensor when that operand runs in high precision).  An existing file is overwritten (with a
+log line).  Rowwise and columnwise operands that are different objects are an error: one file cannot hold both
+without ambiguity.
+
+Safe artefacts: a file holds only tensors and plain containers, so it loads with
+``torch.load(path, weights_only=True)`` (no code runs at load).  A quantized operand is stored as a dict
+(`plain_quantized`): ``format`` (its class name), ``shape`` (list), ``dtype`` (e.g. ``"float32"``), the plain
+attributes of the tensor (``fp8_format``, ...), every data / scale tensor under its attribute name (None when that
+direction is absent), ``dequantized`` (its high-precision value) and, for a hybrid tensor, ``rowwise_sub_storage``
+/ ``columnwise_sub_storage`` in the same form.
 """
 
 from __future__ import annotations
 
-import copy
+import hashlib
 import logging
 import os
+import re
 from typing import Any, Optional
 
 import torch
@@ -34,27 +43,69 @@ FLAGS = ("high_precision_tensor", "quantized_tensor")
 DUMP_DIR = "tensor_dumps"
 
 
+#: the longest file-name stem of a layer name (bytes of UTF-8; file systems allow 255 for the whole name)
+MAX_STEM_BYTES = 120
+_HASH_CHARS = 12
+#: characters that never go into a file name: control characters and the Unicode line separators
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _digest(name: str) -> str:
+    return hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:_HASH_CHARS]
+
+
+def dump_stem(name: str) -> str:
+    """The file-name part of a layer or tensor name: TransformerEngine's `sanitize_name` for ordinary names; a name
+    with a control character (a NUL would cut the file name short) or longer than `MAX_STEM_BYTES` bytes has its
+    control characters replaced by ``_``, is cut to fit, and ends in ``-<12 hex digits of its SHA-256>``, so
+    different names never share a file and every file name stays within the file system's limit."""
+    name = str(name)
+    stem = sanitize_name(name)
+    if not _UNSAFE.search(stem) and len(stem.encode("utf-8", "surrogatepass")) <= MAX_STEM_BYTES:
+        return stem
+    stem = _UNSAFE.sub("_", stem)
+    budget = MAX_STEM_BYTES - _HASH_CHARS - 1
+    stem = stem.encode("utf-8", "surrogatepass")[:budget].decode("utf-8", "ignore")
+    return f"{stem}-{_digest(name)}"
+
+
 def dump_path(log_dir: str, rank: int, iteration: int, layer_name: str, tensor_name: str) -> str:
     """Where the dump of one (iteration, layer, tensor) goes."""
     return os.path.join(log_dir, DUMP_DIR, f"rank_{rank}", f"iter_{iteration:06d}",
-                        f"{sanitize_name(layer_name)}_{sanitize_name(tensor_name)}.pt")
+                        f"{dump_stem(layer_name)}_{dump_stem(tensor_name)}.pt")
+
+
+_PLAIN_ATTRIBUTE_TYPES = (str, int, float, bool)
+
+
+def plain_quantized(obj: QuantizedTensor) -> dict:
+    """A quantized tensor as a dict of tensors and plain values (see the module docstring); nothing is shared with
+    `obj`."""
+    entry: dict = {"format": type(obj).__name__, "shape": list(obj.shape),
+                   "dtype": str(obj.dtype).replace("torch.", "")}
+    for key, value in vars(obj).items():
+        if not key.startswith("_") and type(value) in _PLAIN_ATTRIBUTE_TYPES:
+            entry[key] = value
+        elif not key.startswith("_") and isinstance(value, str):  # str subclasses (enums): their value
+            entry[key] = str(value.value if hasattr(value, "value") else value)
+    for field in obj._tensor_fields():
+        value = getattr(obj, field)
+        entry[field] = None if value is None else value.detach().clone()
+    for field in ("rowwise_sub_storage", "columnwise_sub_storage"):  # hybrid: its sub-storages hold the data
+        sub = getattr(obj, field, None)
+        if isinstance(sub, QuantizedTensor):
+            entry[field] = plain_quantized(sub)
+    entry["dequantized"] = obj.dequantize().detach().clone()
+    return entry
 
 
 def detached_clone(obj: Any) -> Any:
-    """A detached copy of a tensor or quantized tensor that shares no storage with `obj` (quantizer dropped)."""
+    """What is dumped for `obj`: a detached copy of a tensor, or `plain_quantized` of a quantized tensor."""
     if isinstance(obj, torch.Tensor):
         return obj.detach().clone()
     if not isinstance(obj, QuantizedTensor):
         raise TypeError(f"DumpTensors: cannot dump an object of type {type(obj).__name__}")
-    clone = copy.copy(obj)
-    clone.quantizer = None
-    for field in obj._tensor_fields():
-        value = getattr(obj, field)
-        setattr(clone, field, None if value is None else value.detach().clone())
-    for field in ("rowwise_sub_storage", "columnwise_sub_storage"):  # hybrid: its sub-storages hold the data
-        if getattr(obj, field, None) is not None:
-            setattr(clone, field, detached_clone(getattr(obj, field)))
-    return clone
+    return plain_quantized(obj)
 
 
 @register_feature(namespace="transformer_engine")

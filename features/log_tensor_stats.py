@@ -5,10 +5,13 @@ entry ``{max_blockwise_dynamic_range: {block_size: int > 0 (default 32), dims: 1
 both orientations iff the tensor is activation or weight).  Scheduled by freq / start_step / end_step /
 start_end_list.  A weight that exists only in quantized form (``tensor=None``) is measured on the dequantized
 rowwise data.  Values are buffered in the stats engine and emitted at `debug_api.step()`.
+A blockwise entry whose block_size does not fit the tensor's 2-D view (numel, or for dims=2 both dims, not
+divisible) is skipped for that tensor shape with one warning in the main log; the other statistics go on.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Optional
 
 import torch
@@ -29,6 +32,7 @@ from tedebug.feature_support import (
 from tedebug.quantization.tensor import QuantizedTensor
 from tedebug.registry import api_method, register_feature
 from tedebug.stats import StatRequest
+from tedebug.stats.definitions import BLOCKWISE_KIND
 
 #: the config keys an `InspectPlan` depends on (with the tensor name)
 PLAN_KEYS = ("stats", "freq", "start_step", "end_step", "start_end_list")
@@ -52,11 +56,44 @@ class InspectPlan:
     """What `inspect_tensor` derives from one parsed config and tensor name: the schedule, and the feed arguments
     (`feed_arguments`, filled in at the first active call, so a bad ``stats`` entry fails where it always did)."""
 
-    __slots__ = ("schedule", "feed")
+    __slots__ = ("schedule", "feed", "fitting")
 
     def __init__(self, config: dict) -> None:
         self.schedule = cached_schedule(config)
         self.feed: Optional[tuple] = None
+        #: tensor shape -> the requests that fit it (only when a blockwise request exists; None otherwise)
+        self.fitting: Optional[dict] = None
+
+
+def blockwise_misfit(request: StatRequest, shape: torch.Size) -> Optional[str]:
+    """Why a blockwise request cannot be computed on a tensor of `shape` (its 2-D view), or None when it can."""
+    block_size, dims = request.params[0], request.params[1]
+    cols = shape[-1] if len(shape) else 1
+    rows = shape.numel() // cols if cols else 0
+    if dims == 1 and (rows * cols) % block_size:
+        return f"numel {rows * cols} is not divisible by block_size {block_size}"
+    if dims == 2 and (rows % block_size or cols % block_size):
+        return f"dims=2 needs both dims of the 2-D view {rows}x{cols} divisible by block_size {block_size}"
+    return None
+
+
+def fitting_requests(plan: InspectPlan, requests: tuple, x: torch.Tensor, layer_name: str, tensor_name: str,
+                     ) -> tuple:
+    """`requests` without the blockwise ones that do not fit `x` (one warning per layer, tensor and reason);
+    memoised per shape on the plan, so the same tuple comes back for the same shape."""
+    fitting = plan.fitting
+    kept = fitting.get(x.shape)
+    if kept is None:
+        kept = []
+        for request in requests:
+            reason = blockwise_misfit(request, x.shape) if request.kind == BLOCKWISE_KIND else None
+            if reason is None:
+                kept.append(request)
+            else:
+                log_once(f"Feature=LogTensorStats: skipping {request.name} for tensor {tensor_name} of shape "
+                         f"{list(x.shape)}: {reason}", layer_name, logging.WARNING)
+        kept = fitting[x.shape] = requests if len(kept) == len(requests) else tuple(kept)
+    return kept
 
 
 def inspect_plan(config: dict, tensor_name: Optional[str]) -> InspectPlan:
@@ -124,7 +161,13 @@ class LogTensorStats(ScheduledInspectFeature):
         x = high_precision_input(layer_name, tensor_name, tensor, rowwise_quantized_tensor)
         if plan.feed is None:
             plan.feed = feed_arguments(config, tensor_name)
+            if any(request.kind == BLOCKWISE_KIND for request in plan.feed[0]):
+                plan.fitting = {}
         requests, options = plan.feed
+        if plan.fitting is not None:
+            requests = fitting_requests(plan, requests, x, layer_name, tensor_name)
+            if not requests:
+                return
         current = session()
         group, skip, is_weight = reduction_args(current, tensor_name, tp_group, tp_size)
         current.stats.feed(layer_name, tensor_name, requests, x, iteration=iteration, options=options,

@@ -4,10 +4,14 @@
 (and the weight-TP-reduction flag) queued before `initialize`.  Compatible with nvdlfw_inspect's ``api`` module:
 
 - ``initialize(config_file="", feature_dirs=None, statistics_logger=None, log_dir=".", init_training_step=0, *,
-  tb_writer=None, default_logging_enabled=False, background_logging=True)``: RuntimeError if already initialised;
-  unknown keyword arguments raise TypeError; a failure leaves nothing set (retry works).  `background_logging`
-  (tedebug's own addition) writes the statistics files on a writer thread (see `tedebug.session`); False writes
-  them inside `step()`.
+  tb_writer=None, default_logging_enabled=False, background_logging=True, on_sink_error="warn")``: RuntimeError if
+  already initialised; unknown keyword arguments raise TypeError; a failure leaves nothing set (retry works).
+  `background_logging` (tedebug's own addition) writes the statistics files on a writer thread (see
+  `tedebug.session`); False writes them inside `step()`.  `on_sink_error` (tedebug's own addition): ``"warn"``
+  reports a failing sink once and stops it, training goes on; ``"raise"`` raises from `step()` / `end_debug()`.
+  A second live run on the same `log_dir` (same rank) raises `tedebug.log_dir_lock.LogDirInUseError`.
+  In the main thread, SIGINT / SIGTERM are held back while `step()` runs and SIGTERM flushes the statistics before
+  the process ends (`tedebug.signal_guard`; only default handlers are replaced, and restored at `end_debug()`).
 - ``step()``, ``end_debug()``, ``initialize_training_step(n)``: no-ops before initialize.
 - ``log_message``, ``set_tensor_reduction_group``, ``get_tensor_reduction_group``, ``get_iteration``,
   ``session()`` and the namespaces (``debug_api.transformer_engine``) raise RuntimeError before initialize.
@@ -31,6 +35,7 @@ import torch
 
 from tedebug.registry import Registry, build_registry
 from tedebug.session import DebugSession, global_rank, open_session
+from tedebug.signal_guard import SignalGuard
 from tedebug.sinks.base import check_sink
 
 DEBUG_MANAGER: Optional[DebugSession] = None
@@ -47,7 +52,8 @@ _NOT_INITIALIZED = "tedebug is not initialized: call tedebug.debug_api.initializ
 # ------------------------------------------------------------------------------------------------- lifecycle
 def initialize(config_file: Any = "", feature_dirs: Union[None, str, Sequence[str]] = None,
                statistics_logger: Any = None, log_dir: Any = ".", init_training_step: int = 0, *,
-               tb_writer: Any = None, default_logging_enabled: bool = False, background_logging: bool = True) -> None:
+               tb_writer: Any = None, default_logging_enabled: bool = False, background_logging: bool = True,
+               on_sink_error: str = "warn") -> None:
     """Start a debug session: load features and config, open logs and sinks (see tedebug.session)."""
     global DEBUG_MANAGER
     if DEBUG_MANAGER is not None:
@@ -57,17 +63,27 @@ def initialize(config_file: Any = "", feature_dirs: Union[None, str, Sequence[st
                            tb_writer=tb_writer, default_logging_enabled=default_logging_enabled,
                            queued_sinks=list(_queued_sinks),
                            weight_tensor_tp_group_reduce=_queued_settings.get("weight_tensor_tp_group_reduce", True),
-                           background_logging=background_logging)
+                           background_logging=background_logging, on_sink_error=on_sink_error)
     _queued_sinks.clear()
     _queued_settings.clear()
+    session.signal_guard = SignalGuard(session.flush)
     DEBUG_MANAGER = session
     _register_atexit()
 
 
 def step() -> None:
     """Advance the iteration by one, emit the statistics of the finished iteration, flush the sinks."""
-    if DEBUG_MANAGER is not None:
-        DEBUG_MANAGER.step()
+    current = DEBUG_MANAGER
+    if current is not None:
+        guard = current.signal_guard
+        if guard is None:
+            current.step()
+            return
+        guard.entering_step()
+        try:
+            current.step()
+        finally:
+            guard.step_done()
 
 
 def end_debug() -> None:
@@ -75,6 +91,8 @@ def end_debug() -> None:
     global DEBUG_MANAGER
     session, DEBUG_MANAGER = DEBUG_MANAGER, None
     if session is not None:
+        if session.signal_guard is not None:
+            session.signal_guard.restore()
         session.close()
 
 

@@ -15,7 +15,10 @@ Main log lines are ``%(asctime)s - %(levelname)s - %(message)s``; WARNING and ab
   (``%Y%m%d_%H%M%S``).
 
 Each session uses its own `logging.Logger` (named ``tedebug.session.<id>``, not propagating to the root logger), so
-handlers never accumulate across sessions; `TextLog.close()` removes and closes them.
+handlers never accumulate across sessions; `TextLog.close()` removes and closes them and drops the logger from
+`logging`'s registry (which would otherwise keep one logger object per session for the life of the process).
+A main-log write that fails (a full disk) never raises into training: `logging` reports it on stderr, and a failing
+`flush()` is reported there once.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import itertools
 import logging
 import os
 import sys
+import threading
 import time
 from typing import Hashable, Optional, Set
 
@@ -38,6 +42,8 @@ ENV_TIMESTAMP_ON = "NVDLFW_INSPECT_ENABLE_LOG_TIMESTAMP"
 ENV_TIMESTAMP = "NVDLFW_INSPECT_LOG_TIMESTAMP"
 
 _SESSION_IDS = itertools.count(1)
+#: `logging`'s module lock guards its logger registry
+_LOGGING_LOCK = getattr(logging, "_lock", None) or threading.RLock()
 
 
 def log_level_from_env() -> int:
@@ -114,6 +120,7 @@ class TextLog:
         self.path = os.path.join(log_dir, MAIN_LOG_DIR, self.file_name)
         self.logger = new_logger(f"tedebug.session.{self.session_id}", log_level_from_env())
         self._seen: Set[Hashable] = set()
+        self._flush_failed = False
         file_handler = open_file_handler(self.path, file_mode_from_env())
         stderr_handler = StderrHandler(level=logging.WARNING)
         stderr_handler.setFormatter(logging.Formatter(STDERR_PREFIX + LINE_FORMAT))
@@ -139,11 +146,23 @@ class TextLog:
 
     def flush(self) -> None:
         for handler in self.logger.handlers:
-            handler.flush()
+            try:
+                handler.flush()
+            except OSError as err:
+                if not self._flush_failed:
+                    self._flush_failed = True
+                    sys.stderr.write(f"{STDERR_PREFIX}tedebug: the main log {self.path} could not be written "
+                                     f"({err}); later lines of it may be missing\n")
 
     def close(self) -> None:
-        """Remove and close every handler; the log cannot be written afterwards."""
+        """Remove and close every handler and forget the logger; the log cannot be written afterwards."""
         for handler in list(self.logger.handlers):
             self.logger.removeHandler(handler)
-            handler.close()
+            try:
+                handler.close()
+            except OSError:  # its last flush failed; already reported by `flush` or by logging
+                pass
         self._seen.clear()
+        with _LOGGING_LOCK:
+            if logging.Logger.manager.loggerDict.get(self.logger.name) is self.logger:
+                del logging.Logger.manager.loggerDict[self.logger.name]

@@ -243,7 +243,7 @@ class _Dispatcher:
         routes = []
         for feature, feature_cfg in block.items():
             info = registry.get(self.name, feature)
-            if info is None:  # only the inert section-level names can get here (the loader rejects the rest)
+            if info is None:  # the loader rejects unregistered names; kept as a guard
                 continue
             if hook not in info.hooks or not feature_cfg:
                 continue

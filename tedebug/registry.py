@@ -53,8 +53,6 @@ BUILTIN_PACKAGES = (BUILTIN_PACKAGE, REPLACEABLE_PACKAGE)
 USER_MODULE_PREFIX = "tedebug_user_features"
 TE_FEATURE_DIR_TAIL = ("transformer_engine", "debug", "features")
 NVDLFW_FEATURE_DIR_TAIL = ("nvdlfw_inspect", "debug_features")
-# nvdlfw's generic section-level features: accepted by the config loader even when not registered (then inert).
-INERT_BASE_FEATURES = ("LogTensorStats",)
 
 
 class FeatureLoadError(ImportError):
@@ -299,12 +297,9 @@ class Registry:
         return info.instance()
 
     def feature_names(self) -> Dict[str, set]:
-        """namespace -> feature names the config loader accepts: the registered ones, plus (in ``base``) the
-        section-level names of nvdlfw's generic features (`INERT_BASE_FEATURES`), accepted and inert when no such
-        feature is registered."""
-        names = {ns: set(features) for ns, features in self.features.items()}
-        names["base"] |= set(INERT_BASE_FEATURES)
-        return names
+        """namespace -> feature names the config loader accepts: the registered ones (a section-level block naming
+        a feature that is not registered in ``base`` is a config error, never silently inert)."""
+        return {ns: set(features) for ns, features in self.features.items()}
 
     def feature_validators(self) -> Dict[Tuple[str, str], Callable[[dict], None]]:
         """(namespace, feature name) -> ``validate_feature_config`` for the features that define one."""

@@ -9,9 +9,15 @@ Hot-path memo tables (`memo(name)`): values the debug path derives from the conf
 every tensor of every iteration (parsed schedules, parsed statistic requests, ...) are memoised per session, so
 they never outlive it and two sessions never share them.
 
-`open_session(...)` builds a session in this order: main text log, feature registry (built-ins, then
-`feature_dirs`), config, sinks, stats engine.  If any step fails, everything created so far is closed (log handlers
+`open_session(...)` builds a session in this order: the log directory lock (`tedebug.log_dir_lock`: a second live
+session of the same rank on one `log_dir` is an error, before any file there is truncated), main text log, feature
+registry (built-ins, then `feature_dirs`), config, sinks, stats engine.  If any step fails, everything created so far is closed (log handlers
 removed, sinks closed) before the error propagates, so nothing is left half-set and a retry works.
+
+Sink errors (`on_sink_error`, default ``"warn"``): a sink that fails (a full disk, a read-only file system, a user
+sink raising) is reported once in the main log (WARNING, also on stderr) with the sink, its file, the iterations and
+the errno, and is stopped; training and the other sinks go on (`tedebug.sinks.base`).  ``"raise"`` propagates the
+error from `step()` / `end_debug()` instead.
 
 Sinks: `statistics_logger` (any object with ``log_scalar``), a `TensorBoardSink` with TransformerEngine's flat tags
 for `tb_writer`, the sinks queued
@@ -45,11 +51,12 @@ import os
 from typing import Any, Dict, Iterable, Optional
 
 from tedebug.config import load_config
+from tedebug.log_dir_lock import LogDirLock
 from tedebug.logging import TextLog, log_file_name
 from tedebug.namespace import BaseNamespace, TransformerEngineNamespace, custom_namespaces
 from tedebug.registry import Registry, build_registry
-from tedebug.sinks.base import MetricLogger, check_sink
-from tedebug.sinks.text import TextStatsSink, stats_log_path
+from tedebug.sinks.base import SINK_ERROR_POLICIES, MetricLogger, check_sink
+from tedebug.sinks.text import TextStatsSink, escape_name, stats_log_path
 
 JSONL_DIR = "tedebug_statistics"
 
@@ -69,7 +76,8 @@ class DebugSession:
     """The state of one initialised debug session (see the module docstring)."""
 
     def __init__(self, *, config: Any, registry: Registry, text_log: TextLog, metric_logger: MetricLogger,
-                 log_dir: str, rank: int, iteration: int = 0, weight_tensor_tp_group_reduce: bool = True):
+                 log_dir: str, rank: int, iteration: int = 0, weight_tensor_tp_group_reduce: bool = True,
+                 lock: Optional[LogDirLock] = None):
         from tedebug.stats import StatsEngine
 
         self.config = config
@@ -88,6 +96,9 @@ class DebugSession:
         }
         self.namespaces.update(custom_namespaces(self))  # nvdlfw-style namespaces registered by feature files
         self.closed = False
+        self.lock = lock
+        #: the `tedebug.signal_guard.SignalGuard` that `debug_api.initialize` installs (None: no guard)
+        self.signal_guard: Any = None
         self._memos: Dict[str, dict] = {}
         self._logged: set = set()  # (layer, message, extra) keys already written by log_message
 
@@ -126,7 +137,7 @@ class DebugSession:
                 return False
         except TypeError:  # unhashable extra_cachable_args: the text log deduplicates by repr
             key = None
-        text = f"LAYER={layer_name}: {message}" if layer_name is not None else message
+        text = f"LAYER={escape_name(layer_name)}: {message}" if layer_name is not None else message
         written = self.text_log.log_once((layer_name, message, extra_cachable_args), text, level)
         if key is not None:
             self._logged.add(key)
@@ -184,8 +195,9 @@ class DebugSession:
         self.closed = True
         self._memos.clear()
         errors = []
+        release = self.lock.release if self.lock is not None else (lambda: None)
         for action in [self._catch_up] + [ns.end_debug for ns in self.namespaces.values()] + [
-                self.metric_logger.close, self.text_log.close]:
+                self.metric_logger.close, self.text_log.close, release]:
             try:
                 action()
             except Exception as exc:  # keep closing the rest; re-raised below
@@ -221,17 +233,24 @@ def _load_config(config_file: Any, registry: Registry, text_log: TextLog) -> Any
         text_log.log("Reading config from Python dictionary.")
     elif isinstance(config_file, str) and config_file == "":
         text_log.log("No config file given: running without config.")
+    elif isinstance(config_file, (str, os.PathLike)):
+        text_log.log(f"Reading config from {escape_name(os.fspath(config_file))}.")
     else:
-        text_log.log(f"Reading config from {os.fspath(config_file) if config_file is not None else None}.")
+        raise TypeError(f"initialize: config_file must be a path (str or PathLike), a dict or '', got "
+                        f"{type(config_file).__name__}: {config_file!r}")
     config = load_config(config_file, feature_names=registry.feature_names(),
                          feature_validators=registry.feature_validators())
     text_log.log(f"Loaded configs for {list(config.sections)}.")
     return config
 
 
-def _check_arguments(log_dir: Any, init_training_step: Any, background_logging: Any) -> None:
-    if not isinstance(log_dir, (str, os.PathLike)):
+def _check_arguments(log_dir: Any, init_training_step: Any, background_logging: Any, on_sink_error: Any) -> None:
+    if not isinstance(log_dir, (str, os.PathLike)) or not isinstance(os.fspath(log_dir), str):
         raise TypeError(f"initialize: log_dir must be a path (str or PathLike), got {type(log_dir).__name__}")
+    if "\0" in os.fspath(log_dir):
+        raise ValueError(f"initialize: log_dir contains a NUL character: {os.fspath(log_dir)!r}")
+    if on_sink_error not in SINK_ERROR_POLICIES:
+        raise ValueError(f"initialize: on_sink_error must be one of {SINK_ERROR_POLICIES}, got {on_sink_error!r}")
     if isinstance(init_training_step, bool) or not isinstance(init_training_step, int):
         raise TypeError(f"initialize: init_training_step must be an int, got {init_training_step!r}")
     if not isinstance(background_logging, bool):
@@ -241,15 +260,21 @@ def _check_arguments(log_dir: Any, init_training_step: Any, background_logging: 
 def open_session(config_file: Any = "", feature_dirs: Any = None, statistics_logger: Any = None,
                  log_dir: Any = ".", init_training_step: int = 0, *, tb_writer: Any = None,
                  default_logging_enabled: bool = False, queued_sinks: Iterable[Any] = (),
-                 weight_tensor_tp_group_reduce: bool = True, background_logging: bool = True) -> DebugSession:
+                 weight_tensor_tp_group_reduce: bool = True, background_logging: bool = True,
+                 on_sink_error: str = "warn") -> DebugSession:
     """Build a `DebugSession` (see the module docstring); on failure nothing created is left open."""
-    _check_arguments(log_dir, init_training_step, background_logging)
+    _check_arguments(log_dir, init_training_step, background_logging, on_sink_error)
     log_dir = os.fspath(log_dir)
     if statistics_logger is not None:
         check_sink(statistics_logger)
     rank = global_rank()
     file_name = log_file_name(rank)
-    text_log = TextLog(log_dir, rank, file_name=file_name)
+    lock = LogDirLock(log_dir, rank)
+    try:
+        text_log = TextLog(log_dir, rank, file_name=file_name)
+    except BaseException:
+        lock.release()
+        raise
     created: list = []
     try:
         registry = build_registry(feature_dirs)
@@ -261,16 +286,17 @@ def open_session(config_file: Any = "", feature_dirs: Any = None, statistics_log
                                              for api in registry.ignored_apis]:
             text_log.log(f"Feature registry: {replaced}")
         config = _load_config(config_file, registry, text_log)
-        session = DebugSession(config=config, registry=registry, text_log=text_log,
-                               metric_logger=MetricLogger(background=background_logging), log_dir=log_dir,
-                               rank=rank, iteration=init_training_step,
-                               weight_tensor_tp_group_reduce=weight_tensor_tp_group_reduce)
+        metric_logger = MetricLogger(background=background_logging, on_sink_error=on_sink_error,
+                                     report=lambda message: text_log.log(message, logging.WARNING))
+        session = DebugSession(config=config, registry=registry, text_log=text_log, metric_logger=metric_logger,
+                               log_dir=log_dir, rank=rank, iteration=init_training_step,
+                               weight_tensor_tp_group_reduce=weight_tensor_tp_group_reduce, lock=lock)
         _select_sinks(log_dir, rank, file_name, statistics_logger=statistics_logger, tb_writer=tb_writer,
                       default_logging_enabled=default_logging_enabled, queued=queued_sinks, text_log=text_log,
                       metric_logger=session.metric_logger, created=created)
         return session
     except BaseException as error:
-        for close in [sink.close for sink in created] + [text_log.close]:
+        for close in [sink.close for sink in created] + [text_log.close, lock.release]:
             _close_during(error, close)
         raise
 

@@ -271,23 +271,82 @@ def test_all_problems_are_reported_together(tmp_path):
     assert len(str(err).splitlines()) == 3
 
 
-def test_disabled_sections_are_not_validated_beyond_enabled(tmp_path):
+def test_disabled_sections_are_validated_too(tmp_path):
     path = write(tmp_path, GOOD + "spare:\n  enabled: False\n  layers: {bogus: 1}\n  NotAFeature: {x: 1}\n")
-    config = load_config(path, feature_names=FEATURE_NAMES)
+    err = load_error(path)
+    assert [(issue.key_path, issue.line) for issue in err.issues] == [
+        (("spare", "layers", "bogus"), 12), (("spare", "NotAFeature"), 13)]
+    config = load_config(write(tmp_path, GOOD + "spare:\n  enabled: False\n", "ok.yaml"), feature_names=FEATURE_NAMES)
     assert list(config.sections) == ["log_stats"] and config.disabled_sections == ("spare",)
     err = load_error(write(tmp_path, GOOD + "spare: [1, 2]\n", "bad.yaml"))
     assert str(err) == f"{tmp_path / 'bad.yaml'}:10: section 'spare': a section must be a mapping, got list " \
                        "(expected a mapping with 'enabled', 'layers' and features)"
 
 
-def test_base_feature_at_section_level_and_empty_feature_configs():
-    config = load_config({"s": {"enabled": "False", "layers": {"layer_numbers": "all"},
-                                "LogTensorStats": {"enabled": True, "tensors": "activation", "stats": ["min"]},
-                                "transformer_engine": {"FakeQuant": None, "DumpTensors": {}}}},
+@pytest.mark.parametrize("value", ["'False'", "'0'", "[False]", "0", "1", "'true'", "null"])
+def test_enabled_must_be_a_yaml_boolean(tmp_path, value):
+    for old, key_path, line in (("log_stats:\n  enabled: True", ("log_stats", "enabled"), 2),
+                                ("      enabled: True", ("log_stats", "transformer_engine", "LogTensorStats",
+                                                         "enabled"), 7)):
+        path = write(tmp_path, edit(old, old.replace("True", value)))
+        err = load_error(path)
+        assert [(issue.key_path, issue.line) for issue in err.issues] == [(key_path, line)]
+        assert "enabled must be a YAML boolean" in str(err)
+        assert err.expected == "a YAML boolean: True, False, true or false (unquoted)"
+
+
+@pytest.mark.parametrize("value", ["true", "false", "True", "False"])
+def test_yaml_booleans_are_accepted(tmp_path, value):
+    path = write(tmp_path, edit("      enabled: True", f"      enabled: {value}"))
+    config = load_config(path, feature_names=FEATURE_NAMES)
+    assert config.layer_config("x.fc1")["transformer_engine"]["LogTensorStats"]["enabled"] is (value.lower() == "true")
+
+
+def test_base_feature_at_section_level():
+    config = load_config({"s": {"enabled": True, "layers": {"layer_numbers": "all"},
+                                "LogTensorStats": {"enabled": True, "tensors": "activation", "stats": ["min"]}}},
                          feature_names=FEATURE_NAMES)
-    # the string "False" is truthy: the section is enabled (reference semantics)
     assert config.layer_config("layers.0.fc1") == {
         "base": {"LogTensorStats": {"enabled": True, "tensors": "activation", "stats": ["min"]}}}
+
+
+def test_feature_outside_its_namespace_is_an_error_with_the_fix():
+    names = {"transformer_engine": FEATURE_NAMES["transformer_engine"], "base": set()}
+    with pytest.raises(ConfigError) as info:
+        load_config({"s": {"enabled": True, "layers": {"layer_types": ["fc1"]},
+                           "FakeQuant": {"enabled": True, "gemms": ["fprop"], "tensors": ["activation"]}}},
+                    feature_names=names)
+    assert info.value.key_path == ("s", "FakeQuant")
+    assert str(info.value) == (
+        "<dict>: section 's' -> FakeQuant: 'FakeQuant' is a feature of namespace 'transformer_engine' and must be "
+        "placed inside its namespace block, not directly in the section (there it would be ignored); write\n"
+        "    s:\n      transformer_engine:\n        FakeQuant:\n          ... (expected 'transformer_engine:' -> "
+        "'FakeQuant:')")
+
+
+@pytest.mark.parametrize("features, key_path, message", [
+    ({"transformer_engine": {"FakeQuant": None}}, ("s", "transformer_engine", "FakeQuant"),
+     "the feature block 'FakeQuant' is empty"),
+    ({"transformer_engine": {"DumpTensors": {}}}, ("s", "transformer_engine", "DumpTensors"),
+     "the feature block 'DumpTensors' is empty"),
+    ({"transformer_engine": None}, ("s", "transformer_engine"), "the namespace block 'transformer_engine' is empty"),
+    ({}, ("s",), "the section configures no feature, so it does nothing"),
+    ({"transformer_engine": {"LogTensorStats": {"enabled": True, "tensors": [], "stats": ["min"]}}},
+     ("s", "transformer_engine", "LogTensorStats", "tensors"), "must not be empty"),
+    ({"transformer_engine": {"FakeQuant": {"enabled": True, "gemms": [], "tensors": ["weight"]}}},
+     ("s", "transformer_engine", "FakeQuant", "gemms"), "must not be empty"),
+])
+def test_blocks_that_would_do_nothing_are_errors(features, key_path, message):
+    err = load_error({"s": {"enabled": True, "layers": {"layer_types": ["fc1"]}, **features}})
+    assert [(issue.key_path, issue.message) for issue in err.issues] == [(key_path, message)]
+
+
+def test_layer_types_string_is_an_error_with_the_fix():
+    err = load_error({"s": {"enabled": True, "layers": {"layer_types": "fc1"},
+                            "transformer_engine": {"LogTensorStats": {"enabled": True, "tensors": ["activation"],
+                                                                      "stats": ["min"]}}}})
+    assert str(err) == ("<dict>: section 's' -> layers -> layer_types: layer_types must be a list, got the string "
+                        "'fc1' (expected a list such as [fc1])")
 
 
 # ---- feature validators ---------------------------------------------------------------------------------------
@@ -333,14 +392,17 @@ def test_feature_validator_errors_are_located(tmp_path):
     assert str(err) == f"{path}:5: section 'fq' -> transformer_engine -> FakeQuant: FakeQuant: unexpected key 'margin'"
 
 
-def test_feature_validator_skipped_for_disabled_features(tmp_path):
+def test_feature_validator_runs_for_disabled_features_with_parameters(tmp_path):
     calls = []
     validators = {("transformer_engine", "FakeQuant"): calls.append}
     load_config(write(tmp_path, FQ.replace("      enabled: True\n      gemms", "      enabled: False\n      gemms")),
                 feature_names=FEATURE_NAMES, feature_validators=validators)
-    assert calls == []
-    load_config(write(tmp_path, FQ), feature_names=FEATURE_NAMES, feature_validators=validators)
-    assert len(calls) == 1 and calls[0]["quant_format"] == "FP8E4M3"
+    assert len(calls) == 1 and calls[0]["enabled"] is False
+    bare = FQ.split("      gemms")[0].replace("enabled: True\n", "enabled: False\n", 2)
+    bare = bare.replace("fq:\n  enabled: False", "fq:\n  enabled: True", 1)
+    load_config(write(tmp_path, bare + "    LogTensorStats: {enabled: True, tensors: [weight], stats: [min]}\n"),
+                feature_names=FEATURE_NAMES, feature_validators=validators)
+    assert len(calls) == 1  # a bare `enabled: False` block has nothing to check
 
 
 # ---- summary and JSON Schema ------------------------------------------------------------------------------------

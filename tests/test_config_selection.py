@@ -164,7 +164,7 @@ def test_overlap_error_names_file_and_line():
 
 
 def test_layer_config_is_cached_and_independent_of_the_source():
-    source = {"s": {"enabled": True, "layers": {"layer_types": "fc1"},
+    source = {"s": {"enabled": True, "layers": {"layer_types": ["fc1"]},
                     "transformer_engine": {"LogTensorStats": {"enabled": True, "tensors": ["activation"]}}}}
     config = load_config(source, feature_names=FEATURE_NAMES)
     first = config.layer_config("a.fc1")

@@ -96,7 +96,7 @@ def test_valid_configs_load_including_disabled_features_with_unknown_keys(tmp_pa
                                         "fp8_delayed_scaling_overflows%", "scale_inv_std"]},
         "FakeQuant": {"enabled": True, "gemms_struct": [
             {"gemm": "dgrad", "tensors": ["weight", "gradient"], "quant_format": "MXFP8E5M2"}]},
-        "DumpTensors": {"enabled": False, "nonsense": 1},  # disabled features are not validated
+        "DumpTensors": {"enabled": False},
     }
     with debug_session(section(features), tmp_path) as te:
         # LogTensorStats (freq 3) is active; the next iteration is the minimum over both loggers

@@ -1,5 +1,6 @@
 """DumpTensors: file layout, contents, flags, schedule and the different-operands error."""
 
+import hashlib
 import os
 
 import pytest
@@ -7,9 +8,8 @@ import torch
 
 from tedebug import debug_api
 from tedebug.quantization.float8 import Float8CurrentScalingQuantizer
-from tedebug.quantization.hybrid import HybridQuantizedTensor, HybridQuantizer
+from tedebug.quantization.hybrid import HybridQuantizer
 from tedebug.quantization.mxfp8 import MXFP8Quantizer
-from tedebug.quantization.tensor import QuantizedTensor
 
 from test_features_helpers import debug_session, section
 
@@ -30,12 +30,16 @@ def test_dump_layout_and_contents(tmp_path):
     assert sorted(os.listdir(root)) == ["rank_0"]
     assert sorted(os.listdir(root / "rank_0")) == ["iter_000000"]
     assert sorted(os.listdir(root / "rank_0" / "iter_000000")) == ["test_layer_activation.pt"]
-    data = torch.load(root / "rank_0" / "iter_000000" / "test_layer_activation.pt", weights_only=False)
+    data = torch.load(root / "rank_0" / "iter_000000" / "test_layer_activation.pt", weights_only=True)
     assert set(data) == {"high_precision", "quantized"}
     assert torch.equal(data["high_precision"], x)
-    assert isinstance(data["quantized"], QuantizedTensor)
-    assert torch.equal(data["quantized"].rowwise_data, q.rowwise_data)
-    assert torch.equal(data["quantized"].dequantize(), q.dequantize())
+    dumped = data["quantized"]
+    assert set(dumped) == {"format", "shape", "dtype", "fp8_format", "rowwise_data", "columnwise_data", "scale_inv",
+                           "dequantized"}
+    assert (dumped["format"], dumped["shape"], dumped["dtype"], dumped["fp8_format"]) == (
+        "Float8Tensor", [16, 32], "float32", "E4M3")
+    assert torch.equal(dumped["rowwise_data"], q.rowwise_data) and torch.equal(dumped["scale_inv"], q.scale_inv)
+    assert torch.equal(dumped["dequantized"], q.dequantize())
     x.add_(1.0)  # the dump was a clone
     assert not torch.equal(data["high_precision"], x)
 
@@ -54,14 +58,17 @@ def test_dump_flags_names_and_overwrite(tmp_path):
         log = open(tmp_path / "nvdlfw_inspect_logs" / "nvdlfw_inspect_globalrank-0.log").read()
     folder = tmp_path / "tensor_dumps" / "rank_0" / "iter_000012"
     assert sorted(os.listdir(folder)) == ["hp_weight.pt", "m_dec_0_x_weight.pt"]
-    data = torch.load(folder / "m_dec_0_x_weight.pt", weights_only=False)
+    data = torch.load(folder / "m_dec_0_x_weight.pt", weights_only=True)
     assert set(data) == {"quantized"}
     dumped = data["quantized"]
-    assert isinstance(dumped, HybridQuantizedTensor)
-    assert torch.equal(dumped.columnwise_sub_storage.dequantize(usage="columnwise"),
-                       hq.columnwise_sub_storage.dequantize(usage="columnwise"))
-    assert dumped.rowwise_sub_storage.rowwise_data.data_ptr() != hq.rowwise_sub_storage.rowwise_data.data_ptr()
-    assert torch.equal(torch.load(folder / "hp_weight.pt")["quantized"], x)  # high-precision operand
+    assert dumped["format"] == type(hq).__name__ == "HybridQuantizedTensor"
+    assert dumped["columnwise_sub_storage"]["format"] == "Float8Tensor"
+    assert torch.equal(dumped["columnwise_sub_storage"]["columnwise_data"],
+                       hq.columnwise_sub_storage.columnwise_data)
+    assert torch.equal(dumped["rowwise_sub_storage"]["rowwise_data"], hq.rowwise_sub_storage.rowwise_data)
+    assert dumped["rowwise_sub_storage"]["rowwise_data"].data_ptr() != hq.rowwise_sub_storage.rowwise_data.data_ptr()
+    assert torch.equal(dumped["dequantized"], hq.dequantize())
+    assert torch.equal(torch.load(folder / "hp_weight.pt", weights_only=True)["quantized"], x)  # high precision
     assert log.count("overwriting existing dump") == 1
 
 
@@ -78,3 +85,25 @@ def test_dump_nothing_without_flags_and_error_for_different_operands(tmp_path):
         log = open(tmp_path / "nvdlfw_inspect_logs" / "nvdlfw_inspect_globalrank-0.log").read()
     assert "neither high_precision_tensor nor quantized_tensor is set" in log
     assert debug_api.DEBUG_MANAGER is None
+
+
+def test_hostile_layer_names_get_safe_distinct_bounded_file_names(tmp_path):
+    x = torch.randn(4, 4)
+    names = ["a\x00b", "a\x00c", "line\nbreak", "L" * 300, "L" * 300 + "x", "model.layers.0.fc1"]
+    with debug_session(dump_config(high_precision_tensor=True), tmp_path) as te:
+        for i, name in enumerate(names):
+            te.inspect_tensor(name, tensor=x + i, tensor_name="activation", iteration=3, tp_group=None)
+    folder = tmp_path / "tensor_dumps" / "rank_0" / "iter_000003"
+
+    def expected(name):  # independent oracle: cut to 107 bytes + "-" + 12 hex digits of SHA-256, or TE's names
+        digest = hashlib.sha256(name.encode()).hexdigest()[:12]
+        safe = "".join("_" if ord(c) < 32 or c in '/\\:*?"<>| .' else c for c in name)
+        return f"{safe[:107]}-{digest}_activation.pt" if safe != name.translate({46: 95, 32: 95}) or \
+            len(safe) > 120 else f"{safe}_activation.pt"
+
+    assert sorted(os.listdir(folder)) == sorted(expected(n) for n in names)
+    assert "model_layers_0_fc1_activation.pt" in os.listdir(folder)  # ordinary names: TransformerEngine's form
+    for i, name in enumerate(names):
+        path = folder / expected(name)
+        assert len(path.name.encode()) <= 255
+        assert torch.equal(torch.load(path, weights_only=True)["high_precision"], x + i)

@@ -267,6 +267,14 @@ def test_section_level_log_tensor_stats_is_the_builtin_generic_feature(tmp_path)
                                                                iteration=0) == (False, None)
 
 
+def test_section_level_log_tensor_stats_without_te_block_warns_how_to_log_te_layers(tmp_path):
+    config = {"section": {"enabled": True, "layers": {"layer_name_regex_pattern": ".*fc1"},
+                          "LogTensorStats": {"enabled": True, "tensors": ["activation"], "stats": ["min"]}}}
+    with pytest.warns(UserWarning, match="generic feature .* only through debug_api.log_tensor_stats"):
+        debug_api.initialize(config, feature_dirs=[str(ROUTING)], log_dir=str(tmp_path))
+    assert debug_api.is_enabled()
+
+
 def test_a_feature_file_replaces_the_generic_log_tensor_stats(tmp_path):
     start(tmp_path, feature_dirs=(BASE_NS,), section_level={"LogTensorStats": {
         "enabled": True, "tensors_struct": [{"tensor": "activation", "stats": ["min", "max"]}]}})

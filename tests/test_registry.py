@@ -195,7 +195,7 @@ def test_feature_names_and_validators(tmp_path):
     registry = build_registry(str(tmp_path))
     names = registry.feature_names()
     assert "Validated" in names["transformer_engine"]
-    assert "LogTensorStats" in names["base"]  # nvdlfw's section-level name: accepted even when not registered
+    assert "LogTensorStats" in names["base"]  # nvdlfw-inspect's generic feature, built in (tedebug.compat)
     validators = registry.feature_validators()
     assert set(validators) >= {("transformer_engine", "Validated")}
     with pytest.raises(ValueError, match="bad: not allowed"):

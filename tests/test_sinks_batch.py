@@ -7,6 +7,7 @@ import json
 import math
 import random
 import threading
+import unicodedata
 from operator import itemgetter
 
 import pytest
@@ -72,9 +73,27 @@ def assert_same_files(tmp_path, batches):
     return fast
 
 
+def text_log_name(name):
+    """Independent oracle of the text log's name escaping: names with a control character (Unicode category Cc) or a
+    line / paragraph separator get backslash escapes; all others are written unchanged."""
+    if not any(unicodedata.category(c) == "Cc" or c in "\u2028\u2029" for c in name):
+        return name
+    out = []
+    for c in name:
+        if c == "\\":
+            out.append("\\\\")
+        elif c in "\n\r\t":
+            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t"}[c])
+        elif unicodedata.category(c) == "Cc" or c in "\u2028\u2029":
+            out.append("\\x%02x" % ord(c) if ord(c) < 256 else "\\u%04x" % ord(c))
+        else:
+            out.append(c)
+    return "".join(out)
+
+
 def expected_text(records):
-    return "".join(f"{FIXED_ASCTIME} - INFO - {name} \t\t\t\t iteration={it:06d} \t\t\t\t value={float(v):.4f}\n"
-                   for name, v, it, _, _, _ in records).encode()
+    return "".join(f"{FIXED_ASCTIME} - INFO - {text_log_name(name)} \t\t\t\t iteration={it:06d} \t\t\t\t "
+                   f"value={float(v):.4f}\n" for name, v, it, _, _, _ in records).encode()
 
 
 def expected_jsonl(records):

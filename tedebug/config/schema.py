@@ -4,14 +4,23 @@ section-level rules (namespaces, base features, feature names), and the JSON Sch
 `validate_sections(raw, ...)` checks a parsed config (a dict of section name -> section) and returns one
 `SectionSpec` per section. It reports every problem it finds at once as a `ConfigError` whose issues carry key
 paths (the loader adds the file name and line numbers). Rules:
-- a section is a mapping with a required `enabled` (truthiness, as in the reference: the string "False" counts as
-  enabled) and, when enabled, a required `layers` selector. Disabled sections are checked only for `enabled`;
+- a section is a mapping with a required `enabled`, a YAML boolean (`True`/`False`/`true`/`false`; the string
+  `'False'`, a number or a list is an error, never "truthy") and, when enabled, a required `layers` selector
+  (`layer_types` a list, not a string). Disabled sections are validated like enabled ones (only `layers` is optional
+  there), so garbage in them is reported;
 - other section keys are namespace blocks (`transformer_engine`, or any namespace in `feature_names`) mapping feature
-  names to feature configs, or features of namespace `base` placed at section level (e.g. `LogTensorStats`);
-- a feature config is a mapping with a required `enabled`; `gemms`, `gemms_struct`, `tensors`, `tensors_struct`
-  and the schedule keys are checked wherever they appear; other keys belong to the feature and are checked by its
-  validator (`feature_validators[(namespace, feature)](cfg)` raising ValueError), which runs only for enabled
-  features. An empty feature config (`LogTensorStats:` with nothing under it) means "not configured", as upstream;
+  names to feature configs, or features of namespace `base` placed at section level. A section-level key that is a
+  feature of another namespace (`LogTensorStats:` without the `transformer_engine:` block) is an error whose message
+  shows the fix, except nvdlfw's generic `LogTensorStats` next to a `transformer_engine:` block (nvdlfw's base
+  feature, as in TE's test configs: accepted, inert unless a base feature of that name is registered); an enabled
+  section must configure at least one feature, and a namespace block is never empty;
+- a feature config is a non-empty mapping with a required boolean `enabled`; `gemms`, `gemms_struct`, `tensors`,
+  `tensors_struct` (never empty lists) and the schedule keys are checked wherever they appear; other keys belong to
+  the feature and are checked by its validator (`feature_validators[(namespace, feature)](cfg)` raising ValueError,
+  optionally with a `.key_path`), which runs for enabled features and for disabled ones that carry parameters.
+  A validator stops at its first error; the block is validated again without the offending key or item until it
+  passes, so every problem of a block is reported at once. A rejected `stats` entry gets the closest statistic the
+  feature accepts, or the feature it belongs to (`stat_hints`);
 - at least one section must be enabled.
 """
 
@@ -19,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import re
+import warnings
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Callable, Mapping, Optional, Union
 
@@ -38,9 +48,14 @@ from pydantic_core import PydanticCustomError
 from .errors import ConfigError, ConfigIssue, closest
 from .parsing import GEMM_NAMES, TENSOR_NAMES
 from .selection import parse_layer_numbers
+from .stat_hints import stat_hint
+from .validation_rounds import collect_validator_issues
 
 KNOWN_NAMESPACES = ("transformer_engine",)
 BASE_NAMESPACE = "base"
+#: nvdlfw's generic section-level feature names: in a section that also has the namespace block of the feature of
+#: the same name (TE's own test configs do this), such a block is nvdlfw's base feature, inert unless registered
+NVDLFW_BASE_FEATURES = ("LogTensorStats",)
 SECTION_KEYS = ("enabled", "layers")
 
 FeatureValidator = Callable[[dict], None]
@@ -76,6 +91,25 @@ def _name_check(kind: str, allowed: tuple):
 
 def _listify(value):
     return [value] if isinstance(value, str) else value
+
+
+_BOOL_EXPECTED = "a YAML boolean: True, False, true or false (unquoted)"
+
+
+def _check_bool(key: str):
+    def check(value):
+        if not isinstance(value, bool):
+            kind = "the string" if isinstance(value, str) else type(value).__name__
+            _fail(f"{key} must be a YAML boolean, got {kind} {value!r}", expected=_BOOL_EXPECTED)
+        return value
+
+    return check
+
+
+def _check_layer_types(value):
+    if isinstance(value, str):
+        _fail(f"layer_types must be a list, got the string {value!r}", expected=f"a list such as [{value}]")
+    return value
 
 
 def _int_at_least(key: str, minimum: int):
@@ -151,12 +185,13 @@ TensorName = Annotated[str, BeforeValidator(_name_check("tensor", TENSOR_NAMES))
 TensorList = Annotated[
     list[TensorName],
     BeforeValidator(_listify),
+    Field(min_length=1),
     WithJsonSchema({"anyOf": [{"enum": list(TENSOR_NAMES)},
                               {"type": "array", "items": {"enum": list(TENSOR_NAMES)}}]}),
 ]
 LayerNumber = Annotated[Union[int, str], BeforeValidator(_check_layer_number)]
 _LAYER_NUMBER_SCHEMA = {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "pattern": r"^\d+-\d+$"}]}
-AnyBool = Annotated[Any, WithJsonSchema({"type": "boolean"})]
+StrictBool = Annotated[bool, BeforeValidator(_check_bool("enabled")), WithJsonSchema({"type": "boolean"})]
 Str = Annotated[str, BeforeValidator(_check_string("entry"))]
 
 
@@ -171,9 +206,9 @@ class LayersModel(BaseModel):
 
     layer_name_regex_pattern: Optional[Annotated[str, BeforeValidator(_check_regex)]] = Field(
         None, description="Python regex searched (unanchored) in the layer name; takes priority over types/numbers")
-    layer_types: Optional[Annotated[list[Str], BeforeValidator(_listify), Field(min_length=1),
-                                    WithJsonSchema({"anyOf": [{"type": "string"},
-                                                              {"type": "array", "items": {"type": "string"}}]})]] = (
+    layer_types: Optional[Annotated[list[Str], BeforeValidator(_check_layer_types), Field(min_length=1),
+                                    WithJsonSchema({"type": "array", "items": {"type": "string"},
+                                                    "minItems": 1})]] = (
         Field(None, description="substrings of the layer name (OR); 'all' selects every layer"))
     layer_numbers: Optional[Annotated[
         list[LayerNumber], BeforeValidator(_check_layer_numbers_container), Field(min_length=1),
@@ -190,6 +225,11 @@ class LayersModel(BaseModel):
                   "'layer_name_regex_pattern' must be provided",
                   expected="at least one of " + ", ".join(type(self).model_fields))
         return self
+
+
+#: keys whose explicit null (``tensors:`` with its items commented out) is an error rather than "not given"
+_NOT_NULL_KEYS = ("freq", "start_step", "start_end_list", "gemm", "tensor", "gemms", "gemms_struct", "tensors",
+                  "tensors_struct")
 
 
 class ScheduleKeys(BaseModel):
@@ -232,7 +272,7 @@ class GemmEntry(ScheduleKeys):
     model_config = ConfigDict(extra="allow", title="GemmEntry")
     gemm: GemmName
     tensors: Optional[TensorList] = None
-    tensors_struct: Optional[list[TensorEntry]] = None
+    tensors_struct: Optional[Annotated[list[TensorEntry], Field(min_length=1)]] = None
     enabled: SkipJsonSchema[Optional[Annotated[Any, BeforeValidator(_not_allowed_in_gemm_entry)]]] = None
 
 
@@ -240,18 +280,18 @@ class FeatureBlock(ScheduleKeys):
     """The generic shape of a feature config. Feature-specific keys are checked by the feature's validator."""
 
     model_config = ConfigDict(extra="allow", title="FeatureConfig")
-    enabled: AnyBool = Field(description="required; the feature is active when this is truthy")
-    gemms: Optional[list[GemmName]] = None
-    gemms_struct: Optional[list[GemmEntry]] = None
+    enabled: StrictBool = Field(description="required; True or False")
+    gemms: Optional[Annotated[list[GemmName], Field(min_length=1)]] = None
+    gemms_struct: Optional[Annotated[list[GemmEntry], Field(min_length=1)]] = None
     tensors: Optional[TensorList] = None
-    tensors_struct: Optional[list[TensorEntry]] = None
+    tensors_struct: Optional[Annotated[list[TensorEntry], Field(min_length=1)]] = None
 
 
 class SectionModel(BaseModel):
     """A section (used for the JSON Schema; sections are validated key by key by `validate_sections`)."""
 
     model_config = ConfigDict(extra="allow", title="Section")
-    enabled: AnyBool = Field(description="required; disabled sections are skipped")
+    enabled: StrictBool = Field(description="required; True or False (disabled sections select nothing)")
     layers: Optional[LayersModel] = Field(None, description="required when enabled")
     transformer_engine: Optional[dict[str, FeatureBlock]] = Field(
         None, description="TransformerEngine features: feature class name -> feature config")
@@ -370,6 +410,7 @@ class _SectionValidator:
         self.validators = dict(feature_validators or {})
         self.namespaces = _namespaces(self.feature_names)
         self.issues: list = []
+        self._stat_answers: dict = {}  # stat_hints' cache for this load
 
     def section(self, name, raw) -> Optional[SectionSpec]:
         path = (name,)
@@ -380,29 +421,55 @@ class _SectionValidator:
         if "enabled" not in raw:
             self.issues.append(ConfigIssue("Missing required config field `enabled`", path + ("enabled",),
                                            expected="enabled: True or False"))
-            return None
-        if not raw["enabled"]:
-            return SectionSpec(name, False)
-        spec = SectionSpec(name, True)
-        if "layers" not in raw:
-            self.issues.append(ConfigIssue("missing required key (an enabled section must select layers)",
-                                           path + ("layers",), expected="a 'layers:' selector"))
+            enabled = False
+        elif not isinstance(raw["enabled"], bool):
+            value = raw["enabled"]
+            kind = "the string" if isinstance(value, str) else type(value).__name__
+            self.issues.append(ConfigIssue(f"enabled must be a YAML boolean, got {kind} {value!r}",
+                                           path + ("enabled",), expected=_BOOL_EXPECTED))
+            enabled = False
         else:
+            enabled = raw["enabled"]
+        spec = SectionSpec(name, enabled)
+        before = len(self.issues)
+        if "layers" in raw:
             model = _validate_model(LayersModel, raw["layers"], path + ("layers",), self.issues,
                                     LayersModel.model_fields)
             if model is not None:
                 spec.layers = model.model_dump(exclude_none=True)
+        elif enabled:
+            self.issues.append(ConfigIssue("missing required key (an enabled section must select layers)",
+                                           path + ("layers",), expected="a 'layers:' selector"))
         for key, value in raw.items():
             if key not in SECTION_KEYS:
-                self._section_key(spec, key, value)
+                self._section_key(spec, key, value, raw.keys())
+        if enabled and not spec.features and len(self.issues) == before:
+            self.issues.append(ConfigIssue(
+                "the section configures no feature, so it does nothing", path,
+                expected="a namespace block such as 'transformer_engine:' with at least one feature"))
         return spec
 
-    def _section_key(self, spec: SectionSpec, key, value) -> None:
+    def _section_key(self, spec: SectionSpec, key, value, spec_keys=()) -> None:
         path = (spec.name, key)
         if key in self.namespaces:
             self._namespace_block(spec, key, value)
         elif key in self.feature_names.get(BASE_NAMESPACE, ()):
+            if key in NVDLFW_BASE_FEATURES and "transformer_engine" not in spec_keys:
+                warnings.warn(
+                    f"section '{spec.name}': '{key}' at section level is nvdlfw-inspect's generic feature (namespace "
+                    f"'base'), which logs only through debug_api.log_tensor_stats(...) calls; to log the tensors of "
+                    f"tedebug / TransformerEngine layers, put it under 'transformer_engine:'", UserWarning,
+                    stacklevel=2)
             self._feature(spec, BASE_NAMESPACE, key, value, path)
+        elif (home := self._namespace_of(key)) is not None:
+            if key in NVDLFW_BASE_FEATURES and home in spec_keys:
+                self._feature(spec, BASE_NAMESPACE, key, value, path, run_validator=False)
+                return
+            self.issues.append(ConfigIssue(
+                f"'{key}' is a feature of namespace '{home}' and must be placed inside its namespace block, not "
+                f"directly in the section (there it would be ignored); write\n"
+                f"    {spec.name}:\n      {home}:\n        {key}:\n          ...", path,
+                expected=f"'{home}:' -> '{key}:'"))
         else:
             candidates = set(SECTION_KEYS) | self.namespaces | self.feature_names.get(BASE_NAMESPACE, set())
             self.issues.append(ConfigIssue(
@@ -411,9 +478,16 @@ class _SectionValidator:
                 + ") or a feature of namespace 'base'",
                 suggestion=closest(key, candidates)))
 
+    def _namespace_of(self, feature) -> Optional[str]:
+        """The (non-base) namespace that has a feature named `feature`, if any."""
+        return next((ns for ns in sorted(self.feature_names)
+                     if ns != BASE_NAMESPACE and feature in self.feature_names[ns]), None)
+
     def _namespace_block(self, spec: SectionSpec, namespace: str, value) -> None:
         path = (spec.name, namespace)
         if _is_empty(value):
+            self.issues.append(ConfigIssue(f"the namespace block '{namespace}' is empty", path,
+                                           expected="a mapping of feature name -> feature config"))
             return
         if not isinstance(value, dict):
             self.issues.append(ConfigIssue(f"a namespace block must be a mapping, got {type(value).__name__}",
@@ -429,8 +503,12 @@ class _SectionValidator:
                 continue
             self._feature(spec, namespace, feature, cfg, path + (feature,))
 
-    def _feature(self, spec: SectionSpec, namespace: str, feature: str, cfg, path: tuple) -> None:
+    def _feature(self, spec: SectionSpec, namespace: str, feature: str, cfg, path: tuple, *,
+                 run_validator: bool = True) -> None:
         if _is_empty(cfg):
+            self.issues.append(ConfigIssue(
+                f"the feature block '{feature}' is empty", path,
+                expected="'enabled: True' and the feature's parameters, or remove the block"))
             return
         if not isinstance(cfg, dict):
             self.issues.append(ConfigIssue(f"a feature config must be a mapping, got {type(cfg).__name__}", path,
@@ -442,12 +520,19 @@ class _SectionValidator:
                                            "in this section", path))
             return
         before = len(self.issues)
+        for null_path in _null_keys(cfg):
+            self.issues.append(ConfigIssue(f"{null_path[-1]} has no value (were its items commented out?)",
+                                           path + null_path, expected=f"a value, or remove '{null_path[-1]}'"))
+        if len(self.issues) > before:
+            block[feature] = copy.deepcopy(cfg)
+            return
         if "enabled" not in cfg:
             self.issues.append(ConfigIssue("Missing required config field `enabled`", path + ("enabled",),
                                            expected="enabled: True or False"))
         else:
             _validate_model(FeatureBlock, cfg, path, self.issues)
-        if len(self.issues) == before and cfg["enabled"]:
+        has_params = any(key != "enabled" for key in cfg)
+        if run_validator and len(self.issues) == before and (cfg["enabled"] or has_params):
             self._run_feature_validator(namespace, feature, cfg, path)
         block[feature] = copy.deepcopy(cfg)
 
@@ -455,11 +540,37 @@ class _SectionValidator:
         validator = self.validators.get((namespace, feature))
         if validator is None:
             return
+        for message, sub_path in collect_validator_issues(validator, cfg):
+            entry = _value_at(cfg, sub_path)
+            suggestion = None
+            if len(sub_path) >= 2 and sub_path[-2] == "stats" and isinstance(entry, str):
+                suggestion, note = stat_hint(entry, namespace, feature, self.validators, self._stat_answers)
+                if note is not None:
+                    message = f"{message}; {note}"
+            self.issues.append(ConfigIssue(message, path + sub_path, suggestion=suggestion))
+
+
+def _null_keys(cfg: dict, path: tuple = ()):
+    """Key paths (below a feature block) of the `_NOT_NULL_KEYS` given as null, in struct entries too."""
+    for key in _NOT_NULL_KEYS:
+        if key in cfg and cfg[key] is None:
+            yield path + (key,)
+    for struct in ("gemms_struct", "tensors_struct"):
+        entries = cfg.get(struct)
+        if isinstance(entries, list):
+            for index, entry in enumerate(entries):
+                if isinstance(entry, dict):
+                    yield from _null_keys(entry, path + (struct, index))
+
+
+def _value_at(data, key_path: tuple):
+    """The value at `key_path` inside `data`, or None when the path does not lead anywhere."""
+    for key in key_path:
         try:
-            validator(copy.deepcopy(cfg))
-        except ValueError as err:
-            sub_path = tuple(getattr(err, "key_path", ()) or ())
-            self.issues.append(ConfigIssue(str(err), path + sub_path))
+            data = data[key]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return data
 
 
 def validate_sections(

@@ -240,6 +240,8 @@ def linear_gemm(
     weight = weight.to(dtype)
     if bias is not None:
         bias = bias.to(dtype)
+    if x.numel() == 0 or weight.numel() == 0:  # an empty GEMM (e.g. in_features 0): nothing to quantize or inspect
+        return torch.nn.functional.linear(x, weight, bias)
     normal, qs = state.call_quantizers(layer_name, recipe)
     call = _Call(state, normal, qs, dtype, torch.is_grad_enabled())
     return _LinearFunction.apply(x, weight, bias, call)

@@ -25,7 +25,9 @@ Protocol (one job in flight, so memory stays bounded):
   `submit` starts a new one).
 * Errors raised by a sink in the thread are never swallowed: the first one of a job is kept and `take_error()`
   returns it (as `BackgroundSinkError`, naming the sink and the iterations, with the original exception as its
-  ``__cause__``) so that `MetricLogger` re-raises it in the caller's thread.
+  ``__cause__`` and every failing sink in ``failures``) so that `MetricLogger` re-raises or reports it in the
+  caller's thread.  With ``skip_failed=True`` (`MetricLogger`'s ``on_sink_error="warn"``) a sink that failed once is
+  never called again by this writer (a full disk is not retried every step); the other sinks go on.
 
 The thread is a daemon (a non-daemon thread would make the interpreter wait for it *before* atexit handlers run, so
 a blocked writer could never be told to finish); the session's atexit handler drains it instead
@@ -49,9 +51,14 @@ _LIVENESS_POLL_S = 0.5
 class BackgroundSinkError(RuntimeError):
     """A statistics sink failed in the background writer; ``sink`` is the sink, ``__cause__`` the original error."""
 
-    def __init__(self, message: str, sink: Any):
+    def __init__(self, message: str, sink: Any, failures: Sequence[Tuple[Any, BaseException]] = (),
+                 iterations: str = ""):
         super().__init__(message)
         self.sink = sink
+        #: (sink, exception) of every sink that failed (empty when building the batch failed)
+        self.failures: List[Tuple[Any, BaseException]] = list(failures)
+        #: the iterations of the batch, as text ("3, 4")
+        self.iterations = iterations
 
 
 def describe_sink(sink: Any) -> str:
@@ -71,8 +78,10 @@ Job = Tuple[Tuple[Any, ...], List[Any]]
 class BackgroundWriter:
     """Writes jobs ``(sinks, chunks)`` on one daemon thread; see the module docstring."""
 
-    def __init__(self, name: str = "tedebug-stats-writer") -> None:
+    def __init__(self, name: str = "tedebug-stats-writer", *, skip_failed: bool = False) -> None:
         self.name = name
+        self.skip_failed = skip_failed
+        self._failed: set = set()  # ids of the sinks that failed (skipped when `skip_failed`)
         self._reset()
 
     def _reset(self) -> None:
@@ -111,6 +120,7 @@ class BackgroundWriter:
         errors, self._errors = self._errors, []
         for later in errors[1:]:
             errors[0].add_note(f"a later batch also failed: {later}")
+            errors[0].failures.extend(later.failures)
         return errors[0]
 
     def stop(self) -> None:
@@ -145,24 +155,30 @@ class BackgroundWriter:
             self._errors.append(error)
             return
         failures = []
+        failed = self._failed
         for sink in sinks:
+            if id(sink) in failed:
+                continue
             try:
                 for chunk in chunks:
                     sink.log_scalars(chunk)
                 sink.flush()
             except BaseException as exc:  # kept and re-raised in the caller's thread (never swallowed)
                 failures.append((sink, exc))
+                if self.skip_failed:
+                    failed.add(id(sink))
         if failures:
             self._errors.append(self._failure_error(failures, chunks))
 
     @staticmethod
     def _failure_error(failures: List[Tuple[Any, BaseException]], chunks) -> BackgroundSinkError:
         sink, exc = failures[0]
+        iterations = _iterations(chunks)
         message = (f"statistics sink {describe_sink(sink)} failed in tedebug's background writer while writing "
-                   f"iteration(s) {_iterations(chunks)}: {type(exc).__name__}: {exc}")
+                   f"iteration(s) {iterations}: {type(exc).__name__}: {exc}")
         if len(failures) > 1:
             others = "; ".join(f"{describe_sink(s)}: {type(e).__name__}: {e}" for s, e in failures[1:])
             message += f" (also failed: {others})"
-        error = BackgroundSinkError(message, sink)
+        error = BackgroundSinkError(message, sink, failures, iterations)
         error.__cause__ = exc
         return error

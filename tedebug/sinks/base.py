@@ -28,20 +28,34 @@ exception; not ``os._exit`` or a fatal signal).  An error raised by a sink on th
 caller's thread (as `BackgroundSinkError`, naming the sink) at the next `log_scalars`, `log_scalar`, `flush`,
 `drain` or `close`; the other sinks still receive the batch.  In synchronous mode (the default of
 ``MetricLogger()``) every call is made in the caller's thread.
+
+Sink errors (``MetricLogger(on_sink_error=...)``): with ``"raise"`` (the default of a bare `MetricLogger`, and
+``initialize(..., on_sink_error="raise")``) a sink error propagates as described above.  With ``"warn"`` (what a
+debug session uses by default) a debugging tool never takes the training run down: the first error of a sink (in
+`log_scalar(s)`, `flush`, `close`, on the writer thread or in the caller's) is reported once through `report`
+(the session's main log, WARNING, which also reaches stderr), naming the sink, its file, the iterations and the
+errno, and that sink is stopped for the rest of the session; every other sink goes on.  The file sinks write whole
+records only (`tedebug.sinks.record_file`), so what a failing sink wrote before is intact.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import warnings
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from tedebug.sinks.background import BackgroundSinkError, BackgroundWriter
+from tedebug.sinks.background import BackgroundSinkError, BackgroundWriter, describe_sink
 from tedebug.sinks.batch import ScalarBatch
 
 #: one scalar of a batch: (name, value, iteration, layer, tensor, stat)
 Record = Tuple[str, Any, int, Optional[str], Optional[str], Optional[str]]
 
-__all__ = ["BackgroundSinkError", "MetricLogger", "Record", "Sink", "check_sink"]
+__all__ = ["BackgroundSinkError", "MetricLogger", "Record", "SINK_ERROR_POLICIES", "Sink", "check_sink",
+           "describe_failure"]
+
+#: what a `MetricLogger` does when a sink fails: report once and stop that sink, or raise
+SINK_ERROR_POLICIES = ("warn", "raise")
 
 
 class Sink:
@@ -106,10 +120,37 @@ def _class_log_scalar(name: str, value: Any, iteration: int, **structured: Any) 
     debug_api.session().metric_logger.log_scalar(name, value, iteration, **structured)
 
 
-class MetricLogger:
-    """Fans each scalar out to the sinks of one session (see the module docstring for background mode)."""
+def describe_failure(sink: Any, exc: BaseException, iterations: str) -> str:
+    """One line naming the sink (and its file), the iterations and the error (with its errno name)."""
+    detail = f"{type(exc).__name__}: {exc}"
+    code = getattr(exc, "errno", None)
+    if isinstance(code, int) and code in errno.errorcode:
+        detail += f" (errno {code}, {errno.errorcode[code]})"
+    return (f"tedebug: statistics sink {describe_sink(sink)} failed while writing iteration(s) {iterations}: "
+            f"{detail}; this sink is stopped for the rest of the session, training and the other sinks go on")
 
-    def __init__(self, *, background: bool = False) -> None:
+
+def _warn(message: str) -> None:
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _record_iterations(records: Sequence[Record]) -> str:
+    seen = dict.fromkeys(record[2] for record in records)
+    return ", ".join(map(str, seen)) or "none"
+
+
+class MetricLogger:
+    """Fans each scalar out to the sinks of one session (see the module docstring for background mode and sink
+    errors)."""
+
+    def __init__(self, *, background: bool = False, on_sink_error: str = "raise",
+                 report: Optional[Callable[[str], None]] = None) -> None:
+        if on_sink_error not in SINK_ERROR_POLICIES:
+            raise ValueError(f"on_sink_error must be one of {SINK_ERROR_POLICIES}, got {on_sink_error!r}")
+        self.on_sink_error = on_sink_error
+        self._report = report or _warn
+        self._stopped: List[Any] = []  # sinks stopped after an error ("warn"); closed quietly at close()
+        self._last_iteration: Any = None  # of the last scalar logged (names a failing flush)
         self.sinks: List[Any] = []
         self.background = bool(background)
         self._dirty = False  # something was logged since the last flush
@@ -118,7 +159,8 @@ class MetricLogger:
         #: batches queued for the writer since the last hand-over (record lists, `ScalarBatch`es, or builders)
         self._pending: List[Any] = []
         self._loose: List[Record] = []  # the last pending chunk when it collects single log_scalar records
-        self._writer: Optional[BackgroundWriter] = BackgroundWriter() if self.background else None
+        self._writer: Optional[BackgroundWriter] = (
+            BackgroundWriter(skip_failed=on_sink_error == "warn") if self.background else None)
         self._held: List[Any] = []  # chunks held back by `one_step_behind` until the next one
 
     def add_sink(self, sink: Any) -> Any:
@@ -133,11 +175,15 @@ class MetricLogger:
     def _log_scalar(self, name: str, value: Any, iteration: int, *, layer: Optional[str] = None,
                     tensor: Optional[str] = None, stat: Optional[str] = None) -> None:
         self._dirty = True
+        self._last_iteration = iteration
         for sink in self._caller_sinks:
-            if isinstance(sink, Sink):
-                sink.log_scalar(name, value, iteration, layer=layer, tensor=tensor, stat=stat)
-            else:
-                sink.log_scalar(name, value, iteration)
+            try:
+                if isinstance(sink, Sink):
+                    sink.log_scalar(name, value, iteration, layer=layer, tensor=tensor, stat=stat)
+                else:
+                    sink.log_scalar(name, value, iteration)
+            except Exception as exc:
+                self._sink_failed(sink, exc, str(iteration))
         if self._writer_sinks:
             if not (self._pending and self._pending[-1] is self._loose):
                 self._loose = []
@@ -151,12 +197,17 @@ class MetricLogger:
         mode the writer's sinks receive it after the next `flush()`."""
         if records:
             self._dirty = True
+            last = getattr(records, "iteration", None)  # a ScalarBatch knows it without building its records
+            self._last_iteration = last if last is not None else records[-1][2]
             for sink in self._caller_sinks:
-                if isinstance(sink, Sink):
-                    sink.log_scalars(records)
-                else:
-                    for name, value, iteration, _, _, _ in records:
-                        sink.log_scalar(name, value, iteration)
+                try:
+                    if isinstance(sink, Sink):
+                        sink.log_scalars(records)
+                    else:
+                        for name, value, iteration, _, _, _ in records:
+                            sink.log_scalar(name, value, iteration)
+                except Exception as exc:
+                    self._sink_failed(sink, exc, _record_iterations(records))
             if self._writer_sinks:  # our own copy (the caller may reuse its list); a ScalarBatch never changes
                 self._pending.append(records if isinstance(records, ScalarBatch) else list(records))
         self._raise_writer_error()
@@ -216,7 +267,10 @@ class MetricLogger:
             for sink in self._caller_sinks:
                 flush = getattr(sink, "flush", None)
                 if callable(flush):
-                    flush()
+                    try:
+                        flush()
+                    except Exception as exc:
+                        self._sink_failed(sink, exc, f"up to {self._last_iteration}")
             self._hand_over()
         self._raise_writer_error()
 
@@ -247,10 +301,10 @@ class MetricLogger:
                 self._hand_over()
                 self._writer.stop()
             except Exception as exc:  # collected and re-raised below, after every sink had its turn
-                errors.append(exc)
+                errors.append((None, exc))
             error = self._writer.take_error()
             if error is not None:
-                errors.append(error)
+                errors.append((None, error))
         sinks, self.sinks = self.sinks, []
         self._caller_sinks, self._writer_sinks = [], []
         for sink in sinks:
@@ -260,9 +314,25 @@ class MetricLogger:
                 elif callable(getattr(sink, "flush", None)):
                     sink.flush()
             except Exception as exc:  # collected and re-raised below, after every sink had its turn
-                errors.append(exc)
-        if errors:
-            raise errors[0]
+                errors.append((sink, exc))
+        stopped, self._stopped = self._stopped, []
+        for sink in stopped:  # already reported: release its file, quietly
+            try:
+                if callable(getattr(sink, "close", None)):
+                    sink.close()
+            except Exception:  # noqa: BLE001 - the sink's failure was reported when it was stopped
+                pass
+        if not errors:
+            return
+        if self.on_sink_error == "raise":
+            raise errors[0][1]
+        for sink, exc in errors:
+            if isinstance(exc, BackgroundSinkError):
+                self._report_background(exc)
+            elif sink is None:
+                self._report(f"tedebug: closing the statistics writer failed: {type(exc).__name__}: {exc}")
+            else:
+                self._report(describe_failure(sink, exc, f"up to {self._last_iteration} (at close)"))
 
     # ------------------------------------------------------------------------------------------- background
     def _hand_over(self) -> None:
@@ -276,4 +346,32 @@ class MetricLogger:
         if self._writer is not None:
             error = self._writer.take_error()
             if error is not None:
-                raise error
+                if self.on_sink_error == "raise":
+                    raise error
+                self._report_background(error)
+
+    # ------------------------------------------------------------------------------------------- sink errors
+    def _sink_failed(self, sink: Any, exc: Exception, iterations: str) -> None:
+        """A caller-thread sink failed: raise ("raise"), or report once and stop the sink ("warn")."""
+        if self.on_sink_error == "raise":
+            raise exc
+        self._stop(sink, describe_failure(sink, exc, iterations))
+
+    def _report_background(self, error: BackgroundSinkError) -> None:
+        """Report a writer-thread error ("warn"): each failing sink once, then stopped (the writer already skips it)."""
+        if not error.failures:  # building the batch failed: that batch is lost, the sinks are fine
+            self._report(f"tedebug: {error}; the statistics of that batch are not written, training goes on")
+            return
+        for sink, exc in error.failures:
+            self._stop(sink, describe_failure(sink, exc, error.iterations))
+
+    def _stop(self, sink: Any, message: str) -> None:
+        if any(sink is s for s in self._stopped):
+            return
+        self._stopped.append(sink)
+        self.sinks = [s for s in self.sinks if s is not sink]
+        self._caller_sinks = [s for s in self._caller_sinks if s is not sink]
+        self._writer_sinks = [s for s in self._writer_sinks if s is not sink]
+        if not self._writer_sinks:  # nothing left to hand over: drop what was queued for the writer
+            self._pending, self._loose, self._held = [], [], []
+        self._report(message)

@@ -3,8 +3,9 @@
 Record: ``{"iteration", "name", "layer", "tensor", "stat", "value"}`` (layer / tensor / stat are null for scalars
 logged without the structured keywords).  The output is strict JSON: a NaN or ±Inf value is written as
 ``"value": null`` plus ``"nonfinite": "nan" | "inf" | "-inf"``.  Records are buffered in memory and written at
-`flush()` (every `debug_api.step()`) and `close()`.  The file is truncated when the sink is created unless
-``append=True``; missing parent directories are created.
+`flush()` (every `debug_api.step()`) and `close()`, all lines of a flush in one `RecordFile` write (whole lines only,
+even when the disk fills up).  The file is truncated when the sink is created unless ``append=True``; missing parent
+directories are created.
 
 Each line is exactly ``json.dumps(make_record(...), allow_nan=False)``; the encoded ``name`` / ``layer`` /
 ``tensor`` / ``stat`` part of a line is cached per sink (statistic names repeat every step), so only the iteration
@@ -25,6 +26,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from tedebug.sinks.base import Record, Sink
 from tedebug.sinks.batch import ScalarBatch
+from tedebug.sinks.record_file import RecordFile
 
 
 def nonfinite_label(value: float) -> Optional[str]:
@@ -71,9 +73,7 @@ class JsonlSink(Sink):
 
     def __init__(self, path: str, *, append: bool = False) -> None:
         self.path = os.fspath(path)
-        parent = os.path.dirname(os.path.abspath(self.path))
-        os.makedirs(parent, exist_ok=True)
-        self._file = open(self.path, "a" if append else "w", encoding="utf-8")
+        self._file = RecordFile(self.path, append=append)
         self._pending: List[str] = []
         self._encoded_names: Dict[tuple, str] = {}
         #: the same cache for names, layers, tensors and stats that are all exactly `str` (a str key equals only
@@ -170,9 +170,9 @@ class JsonlSink(Sink):
         if self._file.closed:
             raise ValueError(f"JsonlSink({self.path!r}) is closed")
         if self._pending:
-            self._file.write("\n".join(self._pending) + "\n")
-            self._pending.clear()
-        self._file.flush()
+            text = "\n".join(self._pending) + "\n"
+            self._pending.clear()  # a batch that cannot be written is dropped, never written twice or in part
+            self._file.write(text)
 
     def close(self) -> None:
         if self._file.closed:

@@ -9,8 +9,12 @@ i.e. a space, four TAB characters and a space around the ``iteration=`` field.  
 line was formatted in `logging`'s default format (``%Y-%m-%d %H:%M:%S,<msecs>``, local time): when the scalar was
 logged, or, with a background-mode `MetricLogger`, when its writer thread wrote the step's batch (one stamp per
 batch).  Lines are formatted here (not through `logging`: a `LogRecord` per scalar cost more than the statistic
-itself) into the file's write buffer and reach the file at `flush()` (every `debug_api.step()`) and `close()`; a
-batch formats the text between name and value once per iteration.  A `tedebug.sinks.batch.ScalarBatch` of one
+itself), kept in memory and reach the file at `flush()` (every `debug_api.step()`) and `close()`, in one
+`RecordFile` write (whole lines only, even when the disk fills up); a batch formats the text between name and value
+once per iteration.
+
+A name containing a control character (a newline would forge a line of its own) is escaped (`escape_name`:
+``\n``, ``\t``, ``\x00``, ... and ``\\`` for a backslash); every other name is written as it is.  A `tedebug.sinks.batch.ScalarBatch` of one
 iteration (a step of `StatsEngine`) is written at once: its names (a list cached per layout), the prefix, the
 middle and the values (formatted by one ``map``) are joined into the same bytes.
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from itertools import repeat
 from typing import Any, List, Optional, Sequence
@@ -26,10 +31,29 @@ from typing import Any, List, Optional, Sequence
 from tedebug.logging import STATS_LOG_DIR, file_mode_from_env, log_file_name
 from tedebug.sinks.base import Record, Sink
 from tedebug.sinks.batch import ScalarBatch
+from tedebug.sinks.record_file import RecordFile
 
 SEPARATOR = " \t\t\t\t "
 #: the lowest level written (the statistics file's logger level in nvdlfw)
 MIN_LEVEL = logging.INFO
+
+
+#: control characters (C0, DEL, C1) and the Unicode line / paragraph separators
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape_char(match: "re.Match") -> str:
+    char = match.group()
+    return _ESCAPES.get(char) or (f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}")
+
+
+def escape_name(name: Any) -> Any:
+    """`name` unchanged unless it is a str holding a control character; then backslashes and control characters
+    are written as escapes, so one statistic is always one line."""
+    if type(name) is not str or not _CONTROL.search(name):
+        return name
+    return _CONTROL.sub(_escape_char, name.replace("\\", "\\\\"))
 
 
 def stats_log_path(log_dir: str, rank: int, file_name: Optional[str] = None) -> str:
@@ -39,7 +63,7 @@ def stats_log_path(log_dir: str, rank: int, file_name: Optional[str] = None) -> 
 
 def format_stat_message(name: str, value: Any, iteration: int) -> str:
     """``name \\t\\t\\t\\t iteration=000020 \\t\\t\\t\\t value=1.4388`` (the message part of a stats line)."""
-    return f"{name}{SEPARATOR}iteration={int(iteration):06d}{SEPARATOR}value={float(value):.4f}"
+    return f"{escape_name(name)}{SEPARATOR}iteration={int(iteration):06d}{SEPARATOR}value={float(value):.4f}"
 
 
 class _AscTime:
@@ -68,8 +92,8 @@ class TextStatsSink(Sink):
 
     def __init__(self, path: str):
         self.path = path
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        self._file = open(os.path.abspath(path), file_mode_from_env(), encoding="utf-8")
+        self._file = RecordFile(os.path.abspath(path), append=file_mode_from_env() == "a")
+        self._pending: List[str] = []
         self._asctime = _AscTime()
         #: the layout of the last `ScalarBatch` written and its names (None: a name is not a plain str)
         self._batch_layout: Optional[tuple] = None
@@ -80,7 +104,7 @@ class TextStatsSink(Sink):
         if level < MIN_LEVEL or self._file.closed:  # below the file's level, or logged after close(): dropped
             return
         message = format_stat_message(name, value, iteration)
-        self._file.write(f"{self._asctime.now()} - {logging.getLevelName(level)} - {message}\n")
+        self._pending.append(f"{self._asctime.now()} - {logging.getLevelName(level)} - {message}\n")
 
     def log_scalars(self, records: Sequence[Record]) -> None:
         """Write a batch of INFO lines at once (one timestamp: the batch is written at one instant)."""
@@ -90,7 +114,7 @@ class TextStatsSink(Sink):
         if type(records) is ScalarBatch and records.iteration is not None:
             names = self._names_for(records)
             if names is not None:
-                self._file.write(self._batch_text(names, records, prefix))
+                self._pending.append(self._batch_text(names, records, prefix))
                 return
         middles = {}  # iteration -> the text between the name and the value (equal iterations: equal text)
         lines = []
@@ -98,14 +122,14 @@ class TextStatsSink(Sink):
             middle = middles.get(iteration)
             if middle is None:
                 middle = middles[iteration] = f"{SEPARATOR}iteration={int(iteration):06d}{SEPARATOR}value="
-            lines.append(f"{prefix}{name}{middle}{float(value):.4f}\n")  # = format_stat_message's bytes
-        self._file.write("".join(lines))
+            lines.append(f"{prefix}{escape_name(name)}{middle}{float(value):.4f}\n")  # = format_stat_message's
+        self._pending.append("".join(lines))
 
     def _names_for(self, batch: ScalarBatch) -> Optional[List[str]]:
         """The name of every record of `batch` (listed again when the layout changed); None when a name is not a
         plain str."""
         if not batch.same_layout(self._batch_layout):
-            names = [name for name, _, _, _ in batch.name_parts()]
+            names = [escape_name(name) for name, _, _, _ in batch.name_parts()]
             self._batch_names = names if all(type(name) is str for name in names) else None
             self._batch_layout = batch.layout
         return self._batch_names
@@ -122,9 +146,14 @@ class TextStatsSink(Sink):
         return "".join(parts)
 
     def flush(self) -> None:
-        if not self._file.closed:
-            self._file.flush()
+        if self._pending and not self._file.closed:
+            text = "".join(self._pending)
+            self._pending.clear()  # a batch that cannot be written is dropped, never written twice or in part
+            self._file.write(text)
 
     def close(self) -> None:
         if not self._file.closed:
-            self._file.close()
+            try:
+                self.flush()
+            finally:
+                self._file.close()

@@ -1,0 +1,97 @@
+"""Kill trials (shared by tests/test_fault_injection.py and tools/measure_reliability.py).
+
+`kill_trial(how, log_dir, after)` runs tests/fault_child.py in a subprocess, waits until `after` iterations have
+returned from `debug_api.step()` (the child prints each), then ends it by `how`: ``"SIGKILL"``, ``"SIGTERM"``,
+``"SIGINT"`` or ``"exception"`` (an uncaught error raised by the child itself), and reads what reached the disk.
+It returns a `TrialResult`: the iterations whose step() had returned, the iterations found in the JSONL and text
+statistics files, and every malformed line (a partial or forged line) of either file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import List, Set
+
+CHILD = pathlib.Path(__file__).resolve().parent / "fault_child.py"
+TEXT_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} - INFO - layer_activation_(max|min|mean) \t\t\t\t "
+                       r"iteration=(\d{6}) \t\t\t\t value=-?\d+\.\d{4}$")
+
+
+@dataclass
+class TrialResult:
+    how: str
+    returned: Set[int]  # iterations whose step() returned before the end
+    in_jsonl: Set[int] = field(default_factory=set)  # iterations with all three statistics in the JSONL file
+    in_text: Set[int] = field(default_factory=set)
+    bad_lines: List[str] = field(default_factory=list)
+    wrong_values: List[str] = field(default_factory=list)
+
+    @property
+    def lost(self) -> Set[int]:
+        """Iterations whose step() returned but that are missing from the JSONL or the text file."""
+        return self.returned - (self.in_jsonl & self.in_text)
+
+
+def read_statistics(log_dir: str, result: TrialResult) -> None:
+    jsonl = pathlib.Path(log_dir, "tedebug_statistics", "metrics_globalrank-0.jsonl")
+    counts: dict = {}
+    data = jsonl.read_bytes() if jsonl.exists() else b""
+    if data and not data.endswith(b"\n"):
+        result.bad_lines.append(f"jsonl ends without a newline: {data[-60:]!r}")
+    for line in data.decode("utf-8", "replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            result.bad_lines.append(f"jsonl: {line!r}")
+            continue
+        iteration = record["iteration"]
+        if record["stat"] == "max" and record["value"] != iteration + 0.5:
+            result.wrong_values.append(line)
+        counts[iteration] = counts.get(iteration, 0) + 1
+    result.in_jsonl = {it for it, n in counts.items() if n == 3}
+    text_dir = pathlib.Path(log_dir, "nvdlfw_inspect_statistics_logs")
+    counts = {}
+    for path in sorted(text_dir.glob("*.log")) if text_dir.exists() else []:
+        data = path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            result.bad_lines.append(f"text ends without a newline: {data[-60:]!r}")
+        for line in data.decode("utf-8", "replace").splitlines():
+            match = TEXT_LINE.match(line)
+            if match is None:
+                result.bad_lines.append(f"text: {line!r}")
+                continue
+            iteration = int(match.group(2))
+            counts[iteration] = counts.get(iteration, 0) + 1
+    result.in_text = {it for it, n in counts.items() if n == 3}
+
+
+def kill_trial(how: str, log_dir: str, after: int, timeout_s: float = 120.0) -> TrialResult:
+    """See the module docstring."""
+    args = [sys.executable, str(CHILD), "loop", log_dir]
+    if how == "exception":
+        args.append(str(after))
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    child = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    returned: Set[int] = set()
+    try:
+        for line in child.stdout:
+            returned.add(int(line))
+            if len(returned) > after and how != "exception":
+                child.send_signal(getattr(signal, how))
+                break
+        rest, _ = child.communicate(timeout=timeout_s)
+        returned.update(int(line) for line in rest.split())
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    result = TrialResult(how, returned)
+    read_statistics(log_dir, result)
+    return result
