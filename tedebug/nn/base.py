@@ -6,6 +6,14 @@
 - `linear_gemm`: the custom autograd function running one quantized linear GEMM (fprop, dgrad, wgrad), with the
   debug hooks (`process_gemm_output` on the GEMM outputs) and saving of quantized operands for backward;
 - `BaseLayer`: the `torch.nn.Module` base with `name`, `default_recipe` and the recipe resolution.
+
+Activation checkpointing (`torch.utils.checkpoint`, reentrant or not, and what Hugging Face's
+``gradient_checkpointing_enable`` uses): a forward that runs while autograd executes a backward pass with grad mode
+on is a recompute (`in_recompute`).  A GEMM then *replays* its layer's most recent forward call (`GemmState.last`):
+the same recipe, quantizers and debug quantizers - not the autocast state of the backward, which is usually off -
+so the recomputed operands equal the original ones; the forward roles are quantized without `before_use`
+(delayed scaling is not advanced twice) and without inspection (statistics are counted once).  The backward roles
+(grad_output and the dgrad / wgrad outputs) run as usual, also in a reentrant checkpoint's recomputed graph.
 """
 
 from __future__ import annotations
@@ -61,6 +69,12 @@ def _same_recipe(a, b) -> bool:
     return a is b or (a is not None and b is not None and type(a) is type(b) and a == b)
 
 
+def in_recompute() -> bool:
+    """True while this thread runs a backward pass with grad mode on: a forward seen now is an activation
+    recompute (torch.utils.checkpoint re-running a checkpointed region)."""
+    return torch.is_grad_enabled() and torch._C._current_graph_task_id() != -1
+
+
 class GemmState:
     """Quantizers and debug state of one GEMM of a layer (a LayerNormMLP has two, a GroupedLinear one per expert)."""
 
@@ -69,6 +83,8 @@ class GemmState:
         self.quantizers: Dict[str, Optional[object]] = {role: None for role in ROLES}
         self._used: set = set()
         self._debug_state = None
+        #: (recipe, normal quantizers, quantizers used) of the most recent forward call that was not a recompute
+        self.last: Optional[tuple] = None
 
     # ---------------------------------------------------------------- quantizers
     def _build(self, recipe) -> None:
@@ -146,18 +162,22 @@ def _restore(ctx) -> List[object]:
     return out
 
 
-def _process_output(q, tensor: torch.Tensor) -> torch.Tensor:
-    return q.process_gemm_output(tensor) if is_debug_quantizer(q) else tensor
+def _process_output(q, tensor: torch.Tensor, replay: bool = False) -> torch.Tensor:
+    if not is_debug_quantizer(q):
+        return tensor
+    return q.process_gemm_output_without_inspection(tensor) if replay else q.process_gemm_output(tensor)
 
 
 class _Call:
     """Non-tensor arguments of one linear GEMM call."""
 
-    __slots__ = ("state", "normal", "qs", "dtype", "grad_enabled")
+    __slots__ = ("state", "normal", "qs", "dtype", "grad_enabled", "replay")
 
-    def __init__(self, state: GemmState, normal, qs, dtype: torch.dtype, grad_enabled: bool) -> None:
+    def __init__(self, state: GemmState, normal, qs, dtype: torch.dtype, grad_enabled: bool,
+                 replay: bool = False) -> None:
         self.state, self.normal, self.qs, self.dtype = state, normal, qs, dtype
         self.grad_enabled = grad_enabled  # autograd records this call (False under torch.no_grad)
+        self.replay = replay  # an activation recompute of an earlier call (see the module docstring)
 
 
 class _LinearFunction(torch.autograd.Function):
@@ -173,7 +193,7 @@ class _LinearFunction(torch.autograd.Function):
         wq = _quantize(call, "weight", weight, rowwise=True, columnwise=need_dgrad)
         y = gemm(wq, xq, layout="TN", out_dtype=call.dtype, gemm_name="fprop", bias=bias,
                  roles=("weight", "activation"))
-        y = _process_output(qs["output"], y)
+        y = _process_output(qs["output"], y, replay=call.replay)
         _save(ctx, [xq if need_wgrad else None, wq if need_dgrad else None])
         ctx.call = call
         ctx.x_shape = x.shape
@@ -211,11 +231,18 @@ def _quantize(call: _Call, role: str, tensor: torch.Tensor, *, rowwise: bool, co
     q = call.qs[role]
     if q is None:
         return tensor
-    call.state.before_use(role, call.normal)
+    replay = call.replay and role in _FORWARD_ROLES
+    if not replay:
+        call.state.before_use(role, call.normal)
     if not (rowwise or columnwise):
         rowwise = True  # a quantizer must produce something; only reached for unused operands
     q.set_usage(rowwise=rowwise, columnwise=columnwise)
+    if replay and is_debug_quantizer(q):
+        return q.quantize_without_inspection(tensor)
     return q.quantize(tensor)
+
+
+_FORWARD_ROLES = ("input", "weight")
 
 
 def activation_dtype(x: torch.Tensor, params_dtype: torch.dtype) -> torch.dtype:
@@ -240,8 +267,13 @@ def linear_gemm(
     weight = weight.to(dtype)
     if bias is not None:
         bias = bias.to(dtype)
-    normal, qs = state.call_quantizers(layer_name, recipe)
-    call = _Call(state, normal, qs, dtype, torch.is_grad_enabled())
+    if state.last is not None and in_recompute():
+        _, normal, qs = state.last
+        call = _Call(state, normal, qs, dtype, True, replay=True)
+    else:
+        normal, qs = state.call_quantizers(layer_name, recipe)
+        state.last = (recipe, normal, qs)
+        call = _Call(state, normal, qs, dtype, torch.is_grad_enabled())
     return _LinearFunction.apply(x, weight, bias, call)
 
 
