@@ -25,6 +25,7 @@ import torch
 
 from tedebug.autocast import autocast_state, default_recipe, explicit_recipe
 from tedebug.nn.gemm import gemm
+from tedebug.nn.state import all_reduce_amax, check_history, register_state_hooks
 
 __all__ = [
     "ROLES",
@@ -85,6 +86,8 @@ class GemmState:
         self._debug_state = None
         #: (recipe, normal quantizers, quantizers used) of the most recent forward call that was not a recompute
         self.last: Optional[tuple] = None
+        #: loaded delayed-scaling state waiting for its quantizer ("<role>.<leaf>" -> entry; `tedebug.nn.state`)
+        self._pending: Dict[str, dict] = {}
 
     # ---------------------------------------------------------------- quantizers
     def _build(self, recipe) -> None:
@@ -95,6 +98,10 @@ class GemmState:
         self.recipe = recipe
         self.quantizers = quantizers
         self._used = set()
+        pending, self._pending = self._pending, {}
+        for key, entry in pending.items():
+            role, _, leaf = key.rpartition(".")
+            self.load_delayed_state(role, int(leaf), entry, where=f"delayed-scaling state {key!r}")
 
     def normal_quantizers(self, recipe) -> Dict[str, Optional[object]]:
         """The layer's own quantizers for `recipe` (all None for None); reused while the recipe stays equal."""
@@ -110,9 +117,42 @@ class GemmState:
         if q is None:
             return
         if role in self._used:
+            reduce = getattr(self.recipe, "reduce_amax", False)
             for leaf in _delayed_leaves(q):
+                if reduce:
+                    all_reduce_amax(leaf.amax_history)
                 leaf.update_scale()
         self._used.add(role)
+
+    # ---------------------------------------------------------------- state_dict (tedebug.nn.state)
+    def delayed_state(self) -> Dict[str, dict]:
+        """``"<role>.<leaf>" -> {"scale", "amax_history", "used"}`` of every delayed-scaling quantizer (copies),
+        plus loaded state still waiting for its quantizer."""
+        out: Dict[str, dict] = {}
+        for role in QUANTIZED_ROLES:
+            for i, leaf in enumerate(_delayed_leaves(self.quantizers.get(role))):
+                out[f"{role}.{i}"] = {"scale": leaf.scale.detach().clone(),
+                                      "amax_history": leaf.amax_history.detach().clone(), "used": role in self._used}
+        for key, entry in self._pending.items():
+            out.setdefault(key, entry)
+        return out
+
+    def load_delayed_state(self, role: str, leaf_index: int, entry: dict, *, where: str) -> None:
+        """Copy a saved delayed-scaling state into the quantizer it belongs to, or keep it until that is built."""
+        leaves = list(_delayed_leaves(self.quantizers.get(role)))
+        if leaf_index >= len(leaves):
+            self._pending[f"{role}.{leaf_index}"] = entry
+            return
+        leaf = leaves[leaf_index]
+        history = torch.as_tensor(entry["amax_history"])
+        if not check_history(where, leaf.amax_history, history):
+            return
+        leaf.amax_history.copy_(history.reshape(leaf.amax_history.shape))
+        leaf.scale.copy_(torch.as_tensor(entry["scale"]).reshape(leaf.scale.shape))
+        if entry.get("used", True):
+            self._used.add(role)
+        else:
+            self._used.discard(role)
 
     # ---------------------------------------------------------------- debug
     def _debug(self):
@@ -288,6 +328,7 @@ class BaseLayer(torch.nn.Module):
         self.name = name if name is not None else next_layer_name()
         #: recipe used inside `tedebug.autocast()` blocks that give none (set by `convert_model(recipe=...)`)
         self.default_recipe = None
+        register_state_hooks(self)  # delayed-scaling state in state_dict (tedebug.nn.state)
 
     def active_recipe(self):
         """The recipe for this forward: None outside autocast (high precision), else by the autocast precedence."""

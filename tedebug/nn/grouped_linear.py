@@ -1,6 +1,7 @@
 """`tedebug.nn.GroupedLinear`: one linear layer per expert over row splits of the input (MoE style).
 
-`forward(x, m_splits)` splits x ``[sum(m_splits), in]`` along dim 0; rows of split i go through expert i's weight
+`forward(x, m_splits)` flattens x to ``(-1, in)`` (like TransformerEngine: leading dims are token dims, the
+output gets them back) and splits it along dim 0; rows of split i go through expert i's weight
 (``weight<i>``, ``bias<i>``: TE's parameter names).  Each expert GEMM is debugged as layer `<name>.gemm_<i>` with its
 own quantizers.  An empty split produces an empty output block (and zero gradients for that expert).
 """
@@ -51,13 +52,16 @@ class GroupedLinear(BaseLayer):
             raise ValueError(
                 f"GroupedLinear '{self.name}': got {len(m_splits)} m_splits for {self.num_gemms} GEMMs"
             )
-        if x.dim() != 2 or x.shape[-1] != self.in_features:
+        if x.dim() < 1 or x.shape[-1] != self.in_features:
             raise ValueError(
-                f"GroupedLinear '{self.name}': input must be [sum(m_splits), {self.in_features}], "
-                f"got {tuple(x.shape)}"
+                f"GroupedLinear '{self.name}': input must be [..., {self.in_features}] with sum(m_splits) rows "
+                f"in total, got {tuple(x.shape)}"
             )
+        lead = x.shape[:-1]
+        x = x.reshape(-1, self.in_features)
         if any(m < 0 for m in m_splits) or sum(m_splits) != x.shape[0]:
-            raise ValueError(f"GroupedLinear '{self.name}': m_splits {m_splits} do not sum to {x.shape[0]} rows")
+            raise ValueError(f"GroupedLinear '{self.name}': m_splits {m_splits} do not sum to {x.shape[0]} rows "
+                             f"(input {tuple(lead) + (self.in_features,)} flattened to (-1, {self.in_features}))")
         recipe = self.active_recipe()
         outputs = []
         for i, chunk in enumerate(torch.split(x, m_splits, dim=0)):
@@ -66,7 +70,7 @@ class GroupedLinear(BaseLayer):
                 outputs.append(torch.nn.functional.linear(chunk, weight, bias))
                 continue
             outputs.append(linear_gemm(chunk, weight, bias, self.gemm_states[i], f"{self.name}.gemm_{i}", recipe))
-        return torch.cat(outputs, dim=0)
+        return torch.cat(outputs, dim=0).reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
         return (f"num_gemms={self.num_gemms}, in_features={self.in_features}, out_features={self.out_features}, "

@@ -23,6 +23,7 @@ from typing import Dict, List, Optional
 import torch
 
 from tedebug.nn.base import BaseLayer, GemmState, linear_gemm, resolve_dtype
+from tedebug.nn.state import register_state_hooks
 
 __all__ = ["Conv1DLinear", "is_hf_conv1d", "is_grouped_experts", "convert_experts", "expert_projections"]
 
@@ -175,4 +176,5 @@ def convert_experts(module: torch.nn.Module, name: str, recipe) -> torch.nn.Modu
     module.default_recipe = recipe
     module.tedebug_gemm_states = {proj: [GemmState() for _ in range(module.num_experts)]
                                   for proj in expert_projections(module)}
+    register_state_hooks(module)
     return module
