@@ -44,6 +44,7 @@ import logging
 import os
 from typing import Any, Dict, Iterable, Optional
 
+from tedebug import usage_checks
 from tedebug.config import load_config
 from tedebug.logging import TextLog, log_file_name
 from tedebug.namespace import BaseNamespace, TransformerEngineNamespace
@@ -157,6 +158,7 @@ class DebugSession:
                 for namespace in self.namespaces.values():
                     namespace.step(finished)
         self.text_log.flush()
+        usage_checks.after_step(self, finished)  # first step: sections that selected no layer (warning)
 
     def _catch_up(self) -> None:
         """Emit the iteration whose rows are still in flight (deferred read-back) and queue the records held back
@@ -181,8 +183,12 @@ class DebugSession:
         if self.closed:
             return
         self.closed = True
-        self._memos.clear()
         errors = []
+        try:
+            usage_checks.before_close(self)  # step() never called / statistics dropped (warnings)
+        except Exception as exc:  # e.g. warnings turned into errors: close everything first, re-raised below
+            errors.append(exc)
+        self._memos.clear()
         for action in [self._catch_up] + [ns.end_debug for ns in self.namespaces.values()] + [
                 self.metric_logger.close, self.text_log.close]:
             try:
