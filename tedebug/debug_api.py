@@ -7,7 +7,9 @@
   tb_writer=None, default_logging_enabled=False, background_logging=True)``: RuntimeError if already initialised;
   unknown keyword arguments raise TypeError; a failure leaves nothing set (retry works).  `background_logging`
   (tedebug's own addition) writes the statistics files on a writer thread (see `tedebug.session`); False writes
-  them inside `step()`.
+  them inside `step()`.  `statistics_rank0_only` (tedebug's own addition): only global rank 0 writes the
+  statistics files (text and JSONL); reduced statistics are the same on every rank, so the other ranks' files
+  would repeat them.
 - ``step()``, ``end_debug()``, ``initialize_training_step(n)``: no-ops before initialize.
 - ``log_message``, ``set_tensor_reduction_group``, ``get_tensor_reduction_group``, ``get_iteration``,
   ``session()`` and the namespaces (``debug_api.transformer_engine``) raise RuntimeError before initialize.
@@ -47,7 +49,8 @@ _NOT_INITIALIZED = "tedebug is not initialized: call tedebug.debug_api.initializ
 # ------------------------------------------------------------------------------------------------- lifecycle
 def initialize(config_file: Any = "", feature_dirs: Union[None, str, Sequence[str]] = None,
                statistics_logger: Any = None, log_dir: Any = ".", init_training_step: int = 0, *,
-               tb_writer: Any = None, default_logging_enabled: bool = False, background_logging: bool = True) -> None:
+               tb_writer: Any = None, default_logging_enabled: bool = False, background_logging: bool = True,
+               statistics_rank0_only: bool = False) -> None:
     """Start a debug session: load features and config, open logs and sinks (see tedebug.session)."""
     global DEBUG_MANAGER
     if DEBUG_MANAGER is not None:
@@ -57,7 +60,7 @@ def initialize(config_file: Any = "", feature_dirs: Union[None, str, Sequence[st
                            tb_writer=tb_writer, default_logging_enabled=default_logging_enabled,
                            queued_sinks=list(_queued_sinks),
                            weight_tensor_tp_group_reduce=_queued_settings.get("weight_tensor_tp_group_reduce", True),
-                           background_logging=background_logging)
+                           background_logging=background_logging, statistics_rank0_only=statistics_rank0_only)
     _queued_sinks.clear()
     _queued_settings.clear()
     DEBUG_MANAGER = session

@@ -113,8 +113,14 @@ def run(factory, tmp_path, *, checkpointing=None, steps=2, config=None):
     model = build(factory)
     tedebug.convert_model(model, recipe=Float8CurrentScaling())
     model.train()
-    if checkpointing is not None:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": checkpointing})
+    if checkpointing == "deprecated_default":
+        model.gradient_checkpointing_enable()  # the pre-v5.x spelling (deprecated, same machinery)
+    elif checkpointing is not None:
+        kwargs = {"use_reentrant": checkpointing}
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     sink = RecordingSink()
     losses = []
@@ -136,7 +142,7 @@ def run(factory, tmp_path, *, checkpointing=None, steps=2, config=None):
     return torch.stack(losses), sink.values()
 
 
-@pytest.mark.parametrize("use_reentrant", [True, False])
+@pytest.mark.parametrize("use_reentrant", [True, False, "deprecated_default"])
 def test_hf_gradient_checkpointing_equals_the_plain_run(tmp_path, use_reentrant):
     ref_losses, ref_stats = run(llama, tmp_path)
     with warnings.catch_warnings():
@@ -180,3 +186,17 @@ def test_moe_experts_log_each_expert_gemm(tmp_path):
     for key, value in expected.items():
         assert got[key] == pytest.approx(value, rel=1e-9)
     assert {k[0].replace("gate_up_proj", "down_proj") for k in got} == {k[0] for k in stats if ".down_proj." in k[0]}
+
+
+def test_hf_whatif_example_runs_a_moe_model_in_high_precision(tmp_path, capsys):
+    import os
+    import runpy
+
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "hf_whatif.py")
+    example = runpy.run_path(script)
+    result = example["main"](["--model", "mixtral", "--steps", "1", "--log-dir", str(tmp_path)])
+    layers = {layer for layer, _, _ in result["mxfp8_mse"] + result["nvfp4_mse"]}
+    assert result["mxfp8_mse"] and result["nvfp4_mse"]
+    assert all(value > 0 for _, _, value in result["mxfp8_mse"] + result["nvfp4_mse"])
+    assert any(".experts." in layer for layer in layers) or len(layers) >= 1
+    assert "Worst layers by mxfp8_mse:" in capsys.readouterr().out

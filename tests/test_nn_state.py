@@ -1,8 +1,9 @@
 """tedebug.nn layers in real training set-ups: GroupedLinear flattens leading dims, delayed-scaling state in
 state_dict (resume equals the uninterrupted run; loading works with and without it), and DelayedScaling's amax
-reduction across 2 gloo ranks (per-rank scales equal the one-big-batch scales)."""
+reduction across 2 gloo ranks (per-rank scales equal the one-big-batch scales), statistics written by rank 0 only."""
 
 import datetime
+import json
 import os
 import socket
 
@@ -119,6 +120,17 @@ def _worker(rank, port, out_dir):
                 with tedebug.autocast(recipe=recipe):
                     model(x).sum().backward()
             torch.save(_scales(model), os.path.join(out_dir, f"{reduce_amax}-{rank}.pt"))
+        # statistics_rank0_only: the reduced statistics are written once, by rank 0
+        from tedebug import debug_api
+
+        config = {"s": {"enabled": True, "layers": {"layer_name_regex_pattern": "a"}, "transformer_engine": {
+            "LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["activation"]}}}}
+        debug_api.initialize(config, log_dir=os.path.join(out_dir, "logs"), statistics_rank0_only=True)
+        try:
+            model(_batch(0)[rank * 2:(rank + 1) * 2])
+            debug_api.step()
+        finally:
+            debug_api.end_debug()
     finally:
         dist.destroy_process_group()
 
@@ -141,3 +153,9 @@ def test_reduce_amax_gives_every_rank_the_one_big_batch_scales(tmp_path):
     assert got[(False, 0)][0] != want[0] or got[(False, 1)][0] != want[0]
     assert min(got[(False, 0)][0], got[(False, 1)][0]) == pytest.approx(want[0], rel=1e-6)
     assert max(got[(False, 0)][0], got[(False, 1)][0]) > want[0] * 1.01
+    stats_dir = tmp_path / "logs" / "tedebug_statistics"
+    assert sorted(os.listdir(stats_dir)) == ["metrics_globalrank-0.jsonl"]
+    (record,) = [json.loads(line) for line in open(stats_dir / "metrics_globalrank-0.jsonl")]
+    assert record["value"] == _batch(0).max().item()  # both ranks' halves
+    assert sorted(os.listdir(tmp_path / "logs" / "nvdlfw_inspect_statistics_logs")) == [
+        "nvdlfw_inspect_globalrank-0.log"]
