@@ -129,8 +129,8 @@ class _Plan:
 def _current_problem(stat: Fp8StatName, recipe: str) -> Optional[str]:
     """Why a training-recipe statistic cannot be computed for an operand trained with `recipe` (None: it can)."""
     if recipe == NVFP4:
-        return (f"the {stat.usage} operand is NVFP4; use LogNvfp4TensorStats for NVFP4 statistics, or name an FP8 "
-                f"recipe (e.g. mxfp8_{stat.stat}) for a what-if statistic")
+        return (f"the {stat.usage} operand is NVFP4; use LogNvfp4TensorStats for NVFP4 statistics, or prefix an FP8 "
+                f"recipe (mxfp8_, fp8_block_scaling_, fp8_current_scaling_) for a what-if statistic")
     if stat.columnwise and recipe in PER_TENSOR_RECIPES:
         return (f"'_columnwise' does not exist for the per-tensor recipe {recipe} (its columnwise data is the "
                 f"transpose of the rowwise data)")
@@ -171,8 +171,8 @@ def _fill_plan(plan: _Plan, stats: List[Fp8StatName], tensor_name: str, tensor: 
         current = recipe_of(storage) if storage is not None else None
         if stat.recipe is None or stat.recipe == current:
             if storage is None:
-                _skip(plan, f"its {stat.usage} GEMM operand runs in high precision (a recipe-prefixed what-if "
-                            f"statistic such as mxfp8_{stat.stat} works on high-precision tensors)", stat)
+                _skip(plan, f"its {stat.usage} GEMM operand runs in high precision (recipe-prefixed what-if "
+                            f"statistics such as mxfp8_mse work on high-precision tensors)", stat)
                 continue
             reason = _current_problem(stat, current) or _ensure_usage(plan, storage, stat.usage)
             if reason is not None:
@@ -259,12 +259,16 @@ class LogFp8TensorStats(ScheduledInspectFeature):
             if view is not None:
                 plan.quantized[CURRENT_KEY] = view
             reduction = reduction_params(tensor_name, tp_group, tp_size)
-            session().stats.feed(
-                layer_name, tensor_name, plan.requests, tensor, iteration=iteration,
-                options=schedule_options(config) + (MARKER,), quantized=plan.quantized,
-                reduction_group=reduction.reduction_group, skip_reduction=reduction.skip_reduction,
-                is_weight=reduction.is_weight,
-            )
+            try:
+                session().stats.feed(
+                    layer_name, tensor_name, plan.requests, tensor, iteration=iteration,
+                    options=schedule_options(config) + (MARKER,), quantized=plan.quantized,
+                    reduction_group=reduction.reduction_group, skip_reduction=reduction.skip_reduction,
+                    is_weight=reduction.is_weight,
+                )
+            except (ValueError, TypeError, RuntimeError) as err:  # a statistic never stops training
+                log_once(f"Feature={name}: skipping {[r.name for r in plan.requests]} of tensor {tensor_name}: "
+                         f"computing them failed: {err}", layer_name, logging.WARNING)
         finally:
             _restore(plan)
         log_once(f"Feature={name}, API=inspect_tensor: {tensor_name}", layer_name)

@@ -102,10 +102,15 @@ class LogNvfp4TensorStats(ScheduledInspectFeature):
                          f"quantization of shape {tuple(tensor.shape)} failed: {err}", layer_name, logging.WARNING)
                 return
         reduction = reduction_params(tensor_name, tp_group, tp_size)
-        session().stats.feed(
-            layer_name, tensor_name, [nvfp4_request(s, usage) for s in stats], tensor, iteration=iteration,
-            options=schedule_options(config) + (MARKER,), quantized={MARKER: source},
-            reduction_group=reduction.reduction_group, skip_reduction=reduction.skip_reduction,
-            is_weight=reduction.is_weight,
-        )
+        try:
+            session().stats.feed(
+                layer_name, tensor_name, [nvfp4_request(s, usage) for s in stats], tensor, iteration=iteration,
+                options=schedule_options(config) + (MARKER,), quantized={MARKER: source},
+                reduction_group=reduction.reduction_group, skip_reduction=reduction.skip_reduction,
+                is_weight=reduction.is_weight,
+            )
+        except (ValueError, TypeError, RuntimeError) as err:  # a statistic never stops training
+            log_once(f"Feature={name}: skipping {list(stats)} of tensor {tensor_name}: computing them failed: {err}",
+                     layer_name, logging.WARNING)
+            return
         log_once(f"Feature={name}, API=inspect_tensor: {tensor_name}", layer_name)

@@ -4,7 +4,8 @@ A config or training loop mistake can leave a session writing no statistics at a
 cases into one `UserWarning` each (also written to the main log):
 
 - a config section that selects none of the layers that ran by the end of the session's first iteration (a typo in
-  a selector, layer names that differ from what the config expects, a model that was not converted);
+  a selector, layer names that differ from what the config expects, a model that was not converted; when no
+  tedebug layer ran but the hooks were called directly, by a custom integration, the check is left out);
 - `end_debug()` while tedebug layers ran but `debug_api.step()` was never called (statistics are emitted at
   `step()`, so nothing was written);
 - `end_debug()` while statistics fed since the last `step()` are still pending (they are dropped: call `step()`
@@ -46,6 +47,8 @@ def after_step(session: Any, finished_iteration: int) -> None:
         return
     config = session.config
     layers: List[str] = list(session.memo(_LAYERS))
+    if not layers and _hooks_called_directly(session):
+        return  # the hooks were driven without tedebug layers (a custom integration): their layers are unknown here
     for section in getattr(config, "sections", {}).values():
         if any(section.matches(name) for name in layers):
             continue
@@ -54,6 +57,11 @@ def after_step(session: Any, finished_iteration: int) -> None:
         _warn(session, f"tedebug: config section '{section.name}'{where} selected no layer by the end of the first "
                        f"iteration ({finished_iteration}); it will log nothing unless layers with other names run "
                        f"later. Layers that ran: {seen or 'none (convert the model with tedebug.convert_model)'}")
+
+
+def _hooks_called_directly(session: Any) -> bool:
+    namespaces = getattr(session, "namespaces", {})
+    return any(getattr(ns, "cache_size", 0) for ns in namespaces.values())
 
 
 def before_close(session: Any) -> None:

@@ -200,3 +200,36 @@ def test_hf_whatif_example_runs_a_moe_model_in_high_precision(tmp_path, capsys):
     assert all(value > 0 for _, _, value in result["mxfp8_mse"] + result["nvfp4_mse"])
     assert any(".experts." in layer for layer in layers) or len(layers) >= 1
     assert "Worst layers by mxfp8_mse:" in capsys.readouterr().out
+
+
+@pytest.mark.filterwarnings("ignore:tedebug.convert_model")
+def test_vit_with_the_shipped_quantization_error_config_skips_what_mxfp8_cannot_take(tmp_path):
+    """ViT's 10-row activations cannot be MXFP8-quantized: the what-if statistics of those tensors are skipped with
+    one warning per layer and tensor, everything else is logged and training goes on."""
+    import os
+
+    torch.manual_seed(0)
+    cfg = transformers.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                                 image_size=8, patch_size=4, num_labels=3)
+    vit = transformers.ViTForImageClassification(cfg)
+    tedebug.convert_model(vit)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sink = RecordingSink()
+    debug_api.initialize(os.path.join(repo, "configs", "quantization_error.yaml"), statistics_logger=sink,
+                         log_dir=str(tmp_path))
+    try:
+        with tedebug.autocast(recipe=Float8CurrentScaling()):
+            out = vit(pixel_values=torch.randn(2, 3, 8, 8), labels=torch.tensor([0, 1]))
+        out.loss.backward()
+        debug_api.step()
+    finally:
+        debug_api.end_debug()
+    names = {name for name, _ in sink.values()}
+    layer = next(n for n, m in vit.named_modules() if n.endswith("attention.q_proj"))
+    assert f"{layer}_activation_mse" in names and f"{layer}_activation_underflows%" in names
+    assert f"{layer}_activation_mxfp8_mse" not in names
+    assert f"{layer}_activation_fp8_block_scaling_mse" in names  # block scaling pads: it takes the shape
+    log = open(os.path.join(str(tmp_path), "nvdlfw_inspect_logs", "nvdlfw_inspect_globalrank-0.log")).read()
+    line = (f"LAYER={layer}: Feature=LogFp8TensorStats: skipping ['mxfp8_underflows%', 'mxfp8_mse'] of tensor "
+            f"activation: the what-if mxfp8 quantization of shape (10, 32) failed")
+    assert log.count(line) == 1
