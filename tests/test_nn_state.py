@@ -108,6 +108,26 @@ def _scales(model):
             if q is not None and role != "grad_output"]
 
 
+GROUPED_ROWS = {0: ([0, 1], [2, 0]), 1: ([2, 3], [1, 1])}  # rank -> (rows of _batch, m_splits)
+
+
+def _grouped_scales(rank=None):
+    """Scales of every role of both GEMMs of a GroupedLinear after 3 delayed-scaling steps: on this rank's rows
+    (rank given) or on all rows, sorted by expert (rank None)."""
+    torch.manual_seed(3)
+    layer = GroupedLinear(2, 32, 16)
+    for i in range(3):
+        x = _batch(i)
+        if rank is None:
+            rows, splits = [0, 1, 2, 3], [3, 1]
+        else:
+            rows, splits = GROUPED_ROWS[rank]
+        with tedebug.autocast(recipe=DelayedScaling(amax_history_len=4)):
+            layer(x[rows], splits).square().sum().backward()
+    return [[q.scale.item() for q in (state.quantizers[r] for r in ("input", "weight", "grad_output"))]
+            for state in layer.gemm_states]
+
+
 def _worker(rank, port, out_dir):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60))
@@ -120,6 +140,9 @@ def _worker(rank, port, out_dir):
                 with tedebug.autocast(recipe=recipe):
                     model(x).sum().backward()
             torch.save(_scales(model), os.path.join(out_dir, f"{reduce_amax}-{rank}.pt"))
+        # GroupedLinear: expert 1 gets no rows on rank 0, yet both ranks run the same collectives and keep the
+        # same delayed-scaling state as one process running the whole batch
+        torch.save(_grouped_scales(rank), os.path.join(out_dir, f"grouped-{rank}.pt"))
         # statistics_rank0_only: the reduced statistics are written once, by rank 0
         from tedebug import debug_api
 
@@ -153,6 +176,11 @@ def test_reduce_amax_gives_every_rank_the_one_big_batch_scales(tmp_path):
     assert got[(False, 0)][0] != want[0] or got[(False, 1)][0] != want[0]
     assert min(got[(False, 0)][0], got[(False, 1)][0]) == pytest.approx(want[0], rel=1e-6)
     assert max(got[(False, 0)][0], got[(False, 1)][0]) > want[0] * 1.01
+    grouped = _grouped_scales()
+    for rank in range(WORLD):
+        got_grouped = torch.load(tmp_path / f"grouped-{rank}.pt")
+        assert got_grouped[0][1:] == grouped[0][1:] and got_grouped[1] == grouped[1]
+        assert got_grouped[0][0] == pytest.approx(grouped[0][0], rel=1e-6)
     stats_dir = tmp_path / "logs" / "tedebug_statistics"
     assert sorted(os.listdir(stats_dir)) == ["metrics_globalrank-0.jsonl"]
     (record,) = [json.loads(line) for line in open(stats_dir / "metrics_globalrank-0.jsonl")]

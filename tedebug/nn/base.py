@@ -19,13 +19,13 @@ so the recomputed operands equal the original ones; the forward roles are quanti
 from __future__ import annotations
 
 import itertools
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
 from tedebug.autocast import autocast_state, default_recipe, explicit_recipe
 from tedebug.nn.gemm import gemm
-from tedebug.nn.state import all_reduce_amax, check_history, register_state_hooks
+from tedebug.nn.state import all_reduce_max, check_history, register_state_hooks
 
 __all__ = [
     "ROLES",
@@ -117,12 +117,20 @@ class GemmState:
         if q is None:
             return
         if role in self._used:
-            reduce = getattr(self.recipe, "reduce_amax", False)
             for leaf in _delayed_leaves(q):
-                if reduce:
-                    all_reduce_amax(leaf.amax_history)
                 leaf.update_scale()
         self._used.add(role)
+
+    def skip_use(self, role: str, recipe) -> None:
+        """Bookkeeping of a use that does not happen on this rank (an expert that got no tokens): the delayed
+        scaling state advances as if it did, so every data-parallel rank keeps the same history and scales."""
+        self.before_use(role, self.normal_quantizers(recipe))
+
+    def amax_rows(self, recipe) -> List[torch.Tensor]:
+        """History row 0 (the amax being accumulated) of every delayed quantizer of `recipe` (built if needed)."""
+        quantizers = self.normal_quantizers(recipe)
+        return [leaf.amax_history.view(-1)[:1] for role in QUANTIZED_ROLES
+                for leaf in _delayed_leaves(quantizers.get(role))]
 
     # ---------------------------------------------------------------- state_dict (tedebug.nn.state)
     def delayed_state(self) -> Dict[str, dict]:
@@ -285,6 +293,17 @@ def _quantize(call: _Call, role: str, tensor: torch.Tensor, *, rowwise: bool, co
 _FORWARD_ROLES = ("input", "weight")
 
 
+def reduce_amaxes(states: Sequence[GemmState], recipe) -> None:
+    """`DelayedScaling(reduce_amax=True)`: one MAX all-reduce of the amax rows of every delayed quantizer of
+    `states` over the default process group (several ranks only; never in a recompute).  Called once per forward
+    of a layer, before its GEMMs, with all its GEMM states - on every rank, whatever rows reach which GEMM."""
+    if not getattr(recipe, "reduce_amax", False) or in_recompute():
+        return
+    rows = [row for state in states for row in state.amax_rows(recipe)]
+    if rows:
+        all_reduce_max(rows)
+
+
 def activation_dtype(x: torch.Tensor, params_dtype: torch.dtype) -> torch.dtype:
     """The dtype the GEMMs compute in: torch.autocast's dtype when it is on for x's device, else the params'."""
     device_type = x.device.type
@@ -300,8 +319,13 @@ def linear_gemm(
     state: GemmState,
     layer_name: str,
     recipe,
+    *,
+    reduce_amax: bool = True,
 ) -> torch.Tensor:
-    """One linear GEMM ``x·Wᵀ + b`` with the quantizers of `state` for `recipe` (None: high precision)."""
+    """One linear GEMM ``x·Wᵀ + b`` with the quantizers of `state` for `recipe` (None: high precision).
+
+    `reduce_amax`: reduce the delayed-scaling amaxes of `state` first (`reduce_amaxes`); grouped layers, whose
+    GEMMs may not all run on every rank, pass False and reduce all their states once per forward instead."""
     dtype = activation_dtype(x, weight.dtype)
     x = x.to(dtype)
     weight = weight.to(dtype)
@@ -311,10 +335,43 @@ def linear_gemm(
         _, normal, qs = state.last
         call = _Call(state, normal, qs, dtype, True, replay=True)
     else:
+        if reduce_amax and recipe is not None:
+            reduce_amaxes((state,), recipe)
         normal, qs = state.call_quantizers(layer_name, recipe)
         state.last = (recipe, normal, qs)
         call = _Call(state, normal, qs, dtype, torch.is_grad_enabled())
     return _LinearFunction.apply(x, weight, bias, call)
+
+
+class _SkippedBackwardUses(torch.autograd.Function):
+    """Identity on a grouped layer's output whose backward does the grad_output bookkeeping (`skip_use`) of the
+    GEMMs that got no rows in the forward, so their delayed scaling advances like everyone else's."""
+
+    @staticmethod
+    def forward(ctx, out, states, recipe):
+        ctx.states, ctx.recipe = states, recipe
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad):
+        for state in ctx.states:
+            state.skip_use("grad_output", ctx.recipe)
+        return grad, None, None
+
+
+def skipped_uses(out: torch.Tensor, empty: Sequence[GemmState], recipe) -> torch.Tensor:
+    """Delayed-scaling bookkeeping for the GEMMs of a grouped layer that got no rows in this forward (not in a
+    recompute): their input / weight uses now, their grad_output use in the backward; returns `out`."""
+    if recipe is None or not empty or in_recompute():
+        return out
+    if not any(state.amax_rows(recipe) for state in empty):
+        return out  # no delayed scaling: nothing to keep in step
+    for state in empty:
+        for role in ("input", "weight"):
+            state.skip_use(role, recipe)
+    if torch.is_grad_enabled() and out.requires_grad:
+        return _SkippedBackwardUses.apply(out, tuple(empty), recipe)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ module

@@ -12,7 +12,8 @@
   names and the module's other attributes (activation, gating, post-expert norm) stay as they are; the forward
   computes what transformers' ``batched_mm`` implementation computes, whatever ``experts_implementation`` the config
   names.  Splitting the tokens by expert needs the per-expert counts on the host (one device-to-host copy per
-  experts module and forward, as every per-expert loop does).  Older transformers versions keep experts as lists
+  experts module and forward, as every per-expert loop does).  Under delayed scaling the experts' amaxes are
+  reduced once per forward and an expert without tokens still advances its state, as in `GroupedLinear`.  Older transformers versions keep experts as lists
   of ``nn.Linear``, which `convert_model` converts as plain Linear layers.
 """
 
@@ -22,7 +23,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from tedebug.nn.base import BaseLayer, GemmState, linear_gemm, resolve_dtype
+from tedebug.nn.base import BaseLayer, GemmState, linear_gemm, reduce_amaxes, resolve_dtype, skipped_uses
 from tedebug.nn.state import register_state_hooks
 
 __all__ = ["Conv1DLinear", "is_hf_conv1d", "is_grouped_experts", "convert_experts", "expert_projections"]
@@ -113,16 +114,17 @@ class _GroupedExpertsMixin(BaseLayer):
         bias2d = getattr(self, f"{proj}_bias") if self.has_bias else None
         states: List[GemmState] = self.tedebug_gemm_states[proj]
         out_dim = weight3d.shape[2] if self.is_transposed else weight3d.shape[1]
-        outputs = []
+        outputs, empty = [], []
         for e, chunk in enumerate(torch.split(x, counts, dim=0)):
             if chunk.shape[0] == 0:
+                empty.append(states[e])
                 continue
             weight = weight3d[e].t() if self.is_transposed else weight3d[e]
             bias = None if bias2d is None else bias2d[e]
-            outputs.append(linear_gemm(chunk, weight, bias, states[e], f"{self.name}.{proj}.gemm_{e}", recipe))
-        if not outputs:
-            return x.new_zeros(0, out_dim)
-        return torch.cat(outputs, dim=0)
+            outputs.append(linear_gemm(chunk, weight, bias, states[e], f"{self.name}.{proj}.gemm_{e}", recipe,
+                                       reduce_amax=False))
+        out = torch.cat(outputs, dim=0) if outputs else x.new_zeros(0, out_dim)
+        return skipped_uses(out, empty, recipe)
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
         num_tokens, hidden_dim = hidden_states.shape[0], hidden_states.shape[-1]
@@ -140,6 +142,8 @@ class _GroupedExpertsMixin(BaseLayer):
         x = hidden_states[token_of_row]
         recipe = self.active_recipe()
         gate_proj, down_proj = expert_projections(self)
+        if recipe is not None:  # one amax reduction for every expert GEMM: the same collective on every rank
+            reduce_amaxes([s for proj in (gate_proj, down_proj) for s in self.tedebug_gemm_states[proj]], recipe)
         h = self._expert_linear(gate_proj, x, counts[: self.num_experts], recipe)
         h = self._apply_gate(h) if self.has_gate else self.act_fn(h)
         h = self._expert_linear(down_proj, h, counts[: self.num_experts], recipe)

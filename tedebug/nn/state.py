@@ -9,20 +9,23 @@ torch checks the keys, so a checkpoint without it loads (the state starts fresh)
 whose quantizers are not built yet (the state is applied when they are, at the first forward under delayed
 scaling).  A history of another length is not applied: a warning says so and the state starts fresh.
 
-Amax reduction (`reduce_amax`, TransformerEngine's ``reduce_amax``): before a delayed quantizer's history is
-rolled, its current amax (history row 0) is all-reduced with MAX over the default process group when
-torch.distributed runs more than one rank, so every data-parallel rank derives the same scale (as from one big
-batch).  All ranks must run the same GEMMs in the same order (true for data parallelism).
+Amax reduction (`reduce_amax`, TransformerEngine's ``reduce_amax``): at the start of each layer forward (not in an
+activation recompute) the current amaxes (history row 0) of all the layer's delayed quantizers are all-reduced
+with MAX over the default process group, in one collective, when torch.distributed runs more than one rank; the
+history rolls (and the scale is derived) at the next use, so every data-parallel rank derives the same scales (as
+from one big batch).  Grouped layers (`GroupedLinear`, MoE experts) reduce all their experts' amaxes once per
+forward, and an expert that gets no rows on a rank still advances its state (`GemmState.skip_use`), so the
+collectives and the histories stay the same on every rank whatever the routing.
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import Dict, Iterator, Tuple
+from typing import Dict, Iterator, List, Tuple
 
 import torch
 
-__all__ = ["STATE_KEY", "named_gemm_states", "register_state_hooks", "all_reduce_amax"]
+__all__ = ["STATE_KEY", "named_gemm_states", "register_state_hooks", "all_reduce_max"]
 
 STATE_KEY = "tedebug_fp8_state"
 
@@ -91,16 +94,17 @@ def check_history(where: str, have: torch.Tensor, got: torch.Tensor) -> bool:
     return True
 
 
-def all_reduce_amax(history: torch.Tensor) -> None:
-    """MAX-reduce history row 0 over the default process group (no-op with one rank or without distributed)."""
+def all_reduce_max(rows: List[torch.Tensor]) -> None:
+    """MAX-reduce `rows` (1-element amax views) in place over the default process group, as one collective (no-op
+    with one rank or without torch.distributed)."""
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
+    if not rows or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
         return
-    row = history.view(-1)[:1]
-    if dist.get_backend() == "nccl" and row.device.type != "cuda":
-        on_device = row.to(torch.device("cuda", torch.cuda.current_device()))
-        dist.all_reduce(on_device, op=dist.ReduceOp.MAX)
-        row.copy_(on_device)
-    else:
-        dist.all_reduce(row, op=dist.ReduceOp.MAX)
+    flat = torch.cat([r.reshape(1).float() for r in rows])
+    if dist.get_backend() == "nccl" and flat.device.type != "cuda":
+        flat = flat.to(torch.device("cuda", torch.cuda.current_device()))
+    dist.all_reduce(flat, op=dist.ReduceOp.MAX)
+    flat = flat.to(rows[0].device)
+    for i, row in enumerate(rows):
+        row.copy_(flat[i:i + 1].reshape(row.shape))
