@@ -99,6 +99,22 @@ def test_conv1d_linear_gradients_equal_transformers_conv1d():
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("recipe", ["DelayedScaling", "Float8CurrentScaling", "MXFP8BlockScaling",
+                                    "NVFP4BlockScaling", "Float8BlockScaling"])
+def test_conv1d_linear_equals_a_linear_with_the_transposed_weight_under_every_recipe(recipe):
+    from tedebug import recipe as recipes
+    from tedebug.nn import Linear
+
+    torch.manual_seed(0)
+    layer = Conv1DLinear(64, 32)
+    ref = Linear(32, 64)
+    ref.weight.data.copy_(layer.weight.data.t())
+    ref.bias.data.copy_(layer.bias.data)
+    x = torch.randn(2, 16, 32)
+    with tedebug.autocast(recipe=getattr(recipes, recipe)()):
+        assert torch.equal(layer(x), ref(x))
+
+
 def test_tied_decoder_and_lm_head_switch():
     cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                   intermediate_size=64, max_position_embeddings=32)
