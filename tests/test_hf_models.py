@@ -39,6 +39,26 @@ def mixtral():
     return transformers.MixtralForCausalLM(cfg)
 
 
+def gpt_oss():
+    """Experts stored transposed ([experts, in, out]), with biases and an interleaved gate/up layout."""
+    cfg = transformers.GptOssConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=1,
+                                    num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_local_experts=4,
+                                    num_experts_per_tok=2, layer_types=["full_attention"])
+    model = transformers.GptOssForCausalLM(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("_bias"):
+                p.normal_(std=0.1)  # zero-initialised: make the biases matter
+    return model
+
+
+def qwen3_moe():
+    cfg = transformers.Qwen3MoeConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=32, moe_intermediate_size=32,
+                                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                      num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1)
+    return transformers.Qwen3MoeForCausalLM(cfg)
+
+
 def build(factory):
     torch.manual_seed(0)
     return factory()
@@ -57,7 +77,7 @@ def converted(model, **kw):
     return layers, messages
 
 
-@pytest.mark.parametrize("factory", [llama, gpt2, mixtral])
+@pytest.mark.parametrize("factory", [llama, gpt2, mixtral, gpt_oss, qwen3_moe])
 def test_conversion_keeps_outputs_and_state_dict_keys(factory):
     model = build(factory).eval()
     ids = tokens()
@@ -76,11 +96,11 @@ def test_conversion_keeps_outputs_and_state_dict_keys(factory):
         assert messages == []
     if factory is llama:
         assert len(layers) == 7 and set(layers.values()) == {"Linear"} and messages == []
-    if factory is mixtral:
-        assert layers["model.layers.0.mlp.experts"] == "TedebugMixtralExperts"
+    if factory in (mixtral, gpt_oss, qwen3_moe):
+        router = {mixtral: "MixtralTopKRouter", gpt_oss: "GptOssTopKRouter", qwen3_moe: "Qwen3MoeTopKRouter"}[factory]
+        assert layers["model.layers.0.mlp.experts"] == "Tedebug" + router.replace("TopKRouter", "Experts")
         assert messages == ["tedebug.convert_model: these modules hold weights but are not converted, so their GEMMs "
-                            "run in high precision and are not debugged: MixtralTopKRouter x1 (128 weight "
-                            "parameters)"]
+                            f"run in high precision and are not debugged: {router} x1 (128 weight parameters)"]
 
 
 def test_conv1d_linear_gradients_equal_transformers_conv1d():

@@ -131,9 +131,9 @@ class _GroupedExpertsMixin(BaseLayer):
         num_top_k = top_k_index.size(-1)
         expert_ids = top_k_index.reshape(-1)
         sample_weights = top_k_weights.reshape(-1)
-        valid = expert_ids < self.num_experts  # expert-parallel sentinels (ids >= num_experts) contribute nothing
-        ids = torch.where(valid, expert_ids, torch.zeros_like(expert_ids))
-        order = torch.argsort(torch.where(valid, ids, torch.full_like(ids, self.num_experts)), stable=True)
+        # rows sorted by expert; expert-parallel sentinels (ids >= num_experts) go last and contribute nothing
+        sort_key = torch.where(expert_ids < self.num_experts, expert_ids, torch.full_like(expert_ids, self.num_experts))
+        order = torch.argsort(sort_key, stable=True)
         counts_all = torch.bincount(expert_ids.clamp(max=self.num_experts), minlength=self.num_experts + 1)
         counts = [int(c) for c in counts_all.tolist()]  # the one host read: split sizes
         kept = sum(counts[: self.num_experts])
