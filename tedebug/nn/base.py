@@ -25,7 +25,7 @@ import torch
 
 from tedebug.autocast import autocast_state, default_recipe, explicit_recipe
 from tedebug.nn.gemm import gemm
-from tedebug.nn.state import all_reduce_max, check_history, register_state_hooks
+from tedebug.nn.state import all_reduce_max, check_history, register_state_hooks, several_ranks
 
 __all__ = [
     "ROLES",
@@ -297,7 +297,7 @@ def reduce_amaxes(states: Sequence[GemmState], recipe) -> None:
     """`DelayedScaling(reduce_amax=True)`: one MAX all-reduce of the amax rows of every delayed quantizer of
     `states` over the default process group (several ranks only; never in a recompute).  Called once per forward
     of a layer, before its GEMMs, with all its GEMM states - on every rank, whatever rows reach which GEMM."""
-    if not getattr(recipe, "reduce_amax", False) or in_recompute():
+    if not getattr(recipe, "reduce_amax", False) or not several_ranks() or in_recompute():
         return
     rows = [row for state in states for row in state.amax_rows(recipe)]
     if rows:

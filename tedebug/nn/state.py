@@ -25,7 +25,7 @@ from typing import Dict, Iterator, List, Tuple
 
 import torch
 
-__all__ = ["STATE_KEY", "named_gemm_states", "register_state_hooks", "all_reduce_max"]
+__all__ = ["STATE_KEY", "named_gemm_states", "register_state_hooks", "several_ranks", "all_reduce_max"]
 
 STATE_KEY = "tedebug_fp8_state"
 
@@ -94,12 +94,19 @@ def check_history(where: str, have: torch.Tensor, got: torch.Tensor) -> bool:
     return True
 
 
+def several_ranks() -> bool:
+    """True when torch.distributed is initialised with more than one rank."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
 def all_reduce_max(rows: List[torch.Tensor]) -> None:
     """MAX-reduce `rows` (1-element amax views) in place over the default process group, as one collective (no-op
     with one rank or without torch.distributed)."""
     import torch.distributed as dist
 
-    if not rows or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
+    if not rows or not several_ranks():
         return
     flat = torch.cat([r.reshape(1).float() for r in rows])
     if dist.get_backend() == "nccl" and flat.device.type != "cuda":
