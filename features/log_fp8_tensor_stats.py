@@ -13,9 +13,16 @@ recipe is a what-if: the high-precision tensor is quantized with a fresh quantiz
 directions, once per distinct recipe per feed) by emulation on any device.  What-if quantizers: per-tensor current
 scaling (no power-of-two, epsilon 0), MXFP8 (1x32, E8M0), FP8 block (128x128 tiles, power-of-two scales, epsilon 0);
 their element format is the training quantizer's FP8 format when that is per-tensor or block FP8, else E4M3.
-Delayed scaling cannot be recreated (it needs the amax history), so a what-if ``fp8_delayed_scaling_`` statistic is
-an error.  A direction that runs in high precision is skipped with a one-time warning; a layer with no quantizer
-at all is skipped with a one-time warning.
+On a layer or direction that runs in high precision (outside `tedebug.autocast`, a bf16 run, a GEMM with
+quantization disabled) what-if statistics quantize the high-precision tensor all the same, so a bf16 run can ask
+"what would MXFP8 / FP8 block / current scaling do to these tensors" (a tedebug extension).
+
+A statistic never stops training.  One that cannot be computed for a tensor - a training-recipe statistic of a
+high-precision direction, an NVFP4 operand (use LogNvfp4TensorStats), overflows% outside delayed scaling, a
+what-if ``fp8_delayed_scaling_`` statistic (it needs an amax history), a shape the what-if format cannot take, a
+statistic needing the high-precision tensor when only the quantized weight exists - is skipped with one warning in
+the main log naming the layer, tensor, statistics and the reason.  Errors that can be known at config load
+(unknown statistic names, ``nvfp4_`` prefixes, ``_columnwise`` of per-tensor recipes) stay load errors.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from tedebug.feature_support import (
     FeatureConfigError,
     Fp8StatName,
     ScheduledInspectFeature,
-    check_columnwise_recipe,
+    PER_TENSOR_RECIPES,
     log_once,
     parse_fp8_stat,
     reduction_params,
@@ -119,16 +126,17 @@ class _Plan:
         self.skipped: Dict[str, List[str]] = {}  # reason -> stat names skipped for it
 
 
-def _check_current(stat: Fp8StatName, recipe: str, tensor_name: str) -> None:
+def _current_problem(stat: Fp8StatName, recipe: str) -> Optional[str]:
+    """Why a training-recipe statistic cannot be computed for an operand trained with `recipe` (None: it can)."""
     if recipe == NVFP4:
-        raise ValueError(f"LogFp8TensorStats: statistic {stat.name!r} of tensor {tensor_name!r}: the {stat.usage} "
-                         f"operand is NVFP4; use LogNvfp4TensorStats for NVFP4 statistics, or name an FP8 recipe "
-                         f"(e.g. mxfp8_{stat.stat}) for a what-if statistic")
-    if stat.columnwise:
-        check_columnwise_recipe(stat.name, recipe)
+        return (f"the {stat.usage} operand is NVFP4; use LogNvfp4TensorStats for NVFP4 statistics, or prefix an FP8 "
+                f"recipe (mxfp8_, fp8_block_scaling_, fp8_current_scaling_) for a what-if statistic")
+    if stat.columnwise and recipe in PER_TENSOR_RECIPES:
+        return (f"'_columnwise' does not exist for the per-tensor recipe {recipe} (its columnwise data is the "
+                f"transpose of the rowwise data)")
     if stat.stat == "overflows%" and recipe != DELAYED:
-        raise ValueError(f"LogFp8TensorStats: statistic {stat.name!r} of tensor {tensor_name!r}: overflows% exists "
-                         f"only for delayed scaling, but the tensor is trained with {recipe}")
+        return f"overflows% exists only for delayed scaling, but the tensor is trained with {recipe}"
+    return None
 
 
 def _ensure_usage(plan: _Plan, storage: QuantizedTensor, usage: str) -> Optional[str]:
@@ -145,37 +153,45 @@ def _ensure_usage(plan: _Plan, storage: QuantizedTensor, usage: str) -> Optional
     return None
 
 
+def _skip(plan: _Plan, reason: str, stat: Fp8StatName) -> None:
+    plan.skipped.setdefault(reason, []).append(stat.name)
+
+
 def _fill_plan(plan: _Plan, stats: List[Fp8StatName], tensor_name: str, tensor: Optional[torch.Tensor],
                operands: Dict[str, Any]) -> None:
+    """Requests of the statistics that can be computed; the others go to `plan.skipped` with their reason (a
+    statistic never stops training: what cannot be known at config load is reported and skipped here)."""
     storages = {usage: storage_for(op, usage) for usage, op in operands.items()}
     for stat in stats:
+        if tensor is None and stat.stat in STATS_NEEDING_TENSOR:
+            _skip(plan, "the high-precision tensor is not available (weight kept only in quantized form); only "
+                        "scale_inv_min / scale_inv_max / scale_inv_std can be logged", stat)
+            continue
         storage = storages[stat.usage]
         current = recipe_of(storage) if storage is not None else None
         if stat.recipe is None or stat.recipe == current:
             if storage is None:
-                plan.skipped.setdefault(f"its {stat.usage} GEMM operand runs in high precision", []).append(stat.name)
+                _skip(plan, f"its {stat.usage} GEMM operand runs in high precision (recipe-prefixed what-if "
+                            f"statistics such as mxfp8_mse work on high-precision tensors)", stat)
                 continue
-            _check_current(stat, current, tensor_name)
-            reason = _ensure_usage(plan, storage, stat.usage)
+            reason = _current_problem(stat, current) or _ensure_usage(plan, storage, stat.usage)
             if reason is not None:
-                plan.skipped.setdefault(reason, []).append(stat.name)
+                _skip(plan, reason, stat)
                 continue
             plan.current[stat.usage] = storage
             key = CURRENT_KEY
         else:
             if stat.recipe == DELAYED:
-                make_what_if_quantizer(DELAYED, "E4M3")  # raises the explanatory error
+                _skip(plan, "fp8_delayed_scaling statistics need a tensor trained with delayed scaling (a what-if "
+                            "delayed-scaling quantization would need an amax history, which does not exist)", stat)
+                continue
             if tensor is None:
-                raise ValueError(f"LogFp8TensorStats: what-if statistic {stat.name!r} of tensor {tensor_name!r} "
-                                 f"needs the high-precision tensor, which is not available (weight kept only in "
-                                 f"quantized form)")
+                _skip(plan, "a what-if statistic quantizes the high-precision tensor, which is not available "
+                            "(weight kept only in quantized form)", stat)
+                continue
             if stat.recipe not in plan.what_if:
                 plan.what_if.append(stat.recipe)
             key = stat.recipe
-        if tensor is None and stat.stat in STATS_NEEDING_TENSOR:
-            raise ValueError(f"LogFp8TensorStats: statistic {stat.name!r} of tensor {tensor_name!r} needs the "
-                             f"high-precision tensor, which is not available (weight kept only in quantized form); "
-                             f"only scale_inv_min / scale_inv_max / scale_inv_std can be logged")
         plan.requests.append(StatRequest(stat.name, stat.stat, recipe=key, columnwise=stat.columnwise))
 
 
@@ -221,41 +237,43 @@ class LogFp8TensorStats(ScheduledInspectFeature):
             return
         name = type(self).__name__
         stats = [parse_fp8_stat(s) for s in stat_list(config)]
-        if quantizer is None:
-            log_once(f"Feature={name}: Skipping stats collection for tensor {tensor_name}: the layer runs in high "
-                     f"precision (no quantizer)", layer_name, logging.WARNING)
-            return
         operands = {"rowwise": rowwise_quantized_tensor, "columnwise": columnwise_quantized_tensor}
         plan = _Plan()
         try:
             _fill_plan(plan, stats, tensor_name, tensor, operands)
+            fmt = what_if_format(quantizer)
+            for recipe in plan.what_if:
+                try:
+                    plan.quantized[recipe] = _quantize_what_if(recipe, fmt, tensor)
+                except (ValueError, TypeError, RuntimeError) as err:  # e.g. a shape the format cannot take
+                    dropped = [r.name for r in plan.requests if r.recipe == recipe]
+                    plan.requests = [r for r in plan.requests if r.recipe != recipe]
+                    plan.skipped.setdefault(f"the what-if {recipe} quantization of shape {tuple(tensor.shape)} "
+                                            f"failed: {err}", []).extend(dropped)
             for reason, names in plan.skipped.items():
                 log_once(f"Feature={name}: skipping {names} of tensor {tensor_name}: {reason}", layer_name,
                          logging.WARNING)
             if not plan.requests:
                 return
-            fmt = what_if_format(quantizer)
-            for recipe in plan.what_if:
-                plan.quantized[recipe] = _quantize_what_if(recipe, fmt, tensor, layer_name, tensor_name)
             view = _current_view(plan)
             if view is not None:
                 plan.quantized[CURRENT_KEY] = view
             reduction = reduction_params(tensor_name, tp_group, tp_size)
-            session().stats.feed(
-                layer_name, tensor_name, plan.requests, tensor, iteration=iteration,
-                options=schedule_options(config) + (MARKER,), quantized=plan.quantized,
-                reduction_group=reduction.reduction_group, skip_reduction=reduction.skip_reduction,
-                is_weight=reduction.is_weight,
-            )
+            try:
+                session().stats.feed(
+                    layer_name, tensor_name, plan.requests, tensor, iteration=iteration,
+                    options=schedule_options(config) + (MARKER,), quantized=plan.quantized,
+                    reduction_group=reduction.reduction_group, skip_reduction=reduction.skip_reduction,
+                    is_weight=reduction.is_weight,
+                )
+            except (ValueError, TypeError, RuntimeError) as err:  # a statistic never stops training
+                log_once(f"Feature={name}: skipping {[r.name for r in plan.requests]} of tensor {tensor_name}: "
+                         f"computing them failed: {err}", layer_name, logging.WARNING)
         finally:
             _restore(plan)
         log_once(f"Feature={name}, API=inspect_tensor: {tensor_name}", layer_name)
 
 
-def _quantize_what_if(recipe: str, fmt: str, tensor: torch.Tensor, layer_name: str, tensor_name: str):
-    quantizer = make_what_if_quantizer(recipe, fmt)
-    try:
-        return quantizer.quantize(tensor.detach())
-    except (ValueError, TypeError) as err:
-        raise type(err)(f"LogFp8TensorStats: what-if {recipe} quantization of tensor {tensor_name!r} of layer "
-                        f"{layer_name!r} (shape {tuple(tensor.shape)}) failed: {err}") from err
+def _quantize_what_if(recipe: str, fmt: str, tensor: torch.Tensor):
+    """The high-precision tensor quantized with a fresh what-if quantizer of `recipe` (both directions)."""
+    return make_what_if_quantizer(recipe, fmt).quantize(tensor.detach())

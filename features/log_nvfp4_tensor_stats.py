@@ -2,8 +2,11 @@
 
 Stats (bare names only): ``underflows%`` and ``mse``, logged as ``nvfp4_underflows%`` and ``nvfp4_mse``.  They are
 read from the rowwise GEMM operand when it is NVFP4, else from the columnwise operand when that one is NVFP4 (a
-hybrid quantizer with NVFP4 in the backward direction); when neither is NVFP4 (or the layer has no quantizer) the
-tensor is skipped with a one-time warning.  Scheduled like the other statistics features; buffer marker "nvfp4".
+hybrid quantizer with NVFP4 in the backward direction).  When neither is NVFP4 (a high-precision layer, e.g. a
+bf16 run or a layer outside `tedebug.autocast`, or another recipe) the high-precision tensor is quantized with a
+what-if NVFP4 quantizer (`what_if_nvfp4`, a tedebug extension), so any run can ask what NVFP4 would do to its
+tensors.  A tensor whose statistics cannot be computed (a shape NVFP4 cannot take, no high-precision tensor) is
+skipped with one warning; training goes on.  Scheduled like the other statistics features; buffer marker "nvfp4".
 """
 
 from __future__ import annotations
@@ -39,6 +42,17 @@ def nvfp4_request(stat: str, usage: str) -> StatRequest:
     return StatRequest(PREFIX + stat, stat, recipe=MARKER, columnwise=usage == "columnwise")
 
 
+def what_if_nvfp4(tensor_name: str, tensor: torch.Tensor):
+    """`tensor` quantized rowwise as NVFP4BlockScaling would (weights 16x16 2D blocks, other tensors 1x16 blocks),
+    with round-to-nearest (no stochastic rounding: the statistics stay deterministic); RHT only ever applies to
+    the columnwise operand, which these statistics do not read."""
+    from tedebug.quantization.nvfp4 import NVFP4Quantizer
+
+    quantizer = NVFP4Quantizer(with_2d_quantization=tensor_name == "weight")
+    quantizer.set_usage(rowwise=True, columnwise=False)
+    return quantizer.quantize(tensor.detach())
+
+
 @register_feature(namespace="transformer_engine")
 class LogNvfp4TensorStats(ScheduledInspectFeature):
     """Log NVFP4 quantization statistics (see the module docstring)."""
@@ -69,25 +83,34 @@ class LogNvfp4TensorStats(ScheduledInspectFeature):
             if stat not in NVFP4_STATS:
                 raise ValueError(f"{name}: statistic {stat!r} is not supported; supported stats: {list(NVFP4_STATS)}")
         if tensor is None:
-            raise ValueError(f"{name}: tensor {tensor_name!r} of layer {layer_name!r}: {list(stats)} need the "
-                             f"high-precision tensor, which is not available (weight kept only in quantized form)")
-        source = usage = None
-        if quantizer is not None:
-            for usage, operand in (("rowwise", rowwise_quantized_tensor), ("columnwise", columnwise_quantized_tensor)):
-                source = storage_for(operand, usage)
-                if isinstance(source, NVFP4Tensor):
-                    break
-                source = None
-        if source is None:
-            why = "the layer has no quantizer" if quantizer is None else "no GEMM operand of it is NVFP4"
-            log_once(f"Feature={name}: Skipping stats collection for tensor {tensor_name}: {why}", layer_name,
+            log_once(f"Feature={name}: skipping {list(stats)} of tensor {tensor_name}: they need the high-precision "
+                     f"tensor, which is not available (weight kept only in quantized form)", layer_name,
                      logging.WARNING)
             return
+        source = usage = None
+        for usage, operand in (("rowwise", rowwise_quantized_tensor), ("columnwise", columnwise_quantized_tensor)):
+            source = storage_for(operand, usage)
+            if isinstance(source, NVFP4Tensor):
+                break
+            source = None
+        if source is None:  # no NVFP4 operand (high precision or another format): the what-if NVFP4 quantization
+            usage = "rowwise"
+            try:
+                source = what_if_nvfp4(tensor_name, tensor)
+            except (ValueError, TypeError, RuntimeError) as err:
+                log_once(f"Feature={name}: skipping {list(stats)} of tensor {tensor_name}: the what-if NVFP4 "
+                         f"quantization of shape {tuple(tensor.shape)} failed: {err}", layer_name, logging.WARNING)
+                return
         reduction = reduction_params(tensor_name, tp_group, tp_size)
-        session().stats.feed(
-            layer_name, tensor_name, [nvfp4_request(s, usage) for s in stats], tensor, iteration=iteration,
-            options=schedule_options(config) + (MARKER,), quantized={MARKER: source},
-            reduction_group=reduction.reduction_group, skip_reduction=reduction.skip_reduction,
-            is_weight=reduction.is_weight,
-        )
+        try:
+            session().stats.feed(
+                layer_name, tensor_name, [nvfp4_request(s, usage) for s in stats], tensor, iteration=iteration,
+                options=schedule_options(config) + (MARKER,), quantized={MARKER: source},
+                reduction_group=reduction.reduction_group, skip_reduction=reduction.skip_reduction,
+                is_weight=reduction.is_weight,
+            )
+        except (ValueError, TypeError, RuntimeError) as err:  # a statistic never stops training
+            log_once(f"Feature={name}: skipping {list(stats)} of tensor {tensor_name}: computing them failed: {err}",
+                     layer_name, logging.WARNING)
+            return
         log_once(f"Feature={name}, API=inspect_tensor: {tensor_name}", layer_name)

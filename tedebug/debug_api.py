@@ -4,11 +4,14 @@
 (and the weight-TP-reduction flag) queued before `initialize`.  Compatible with nvdlfw_inspect's ``api`` module:
 
 - ``initialize(config_file="", feature_dirs=None, statistics_logger=None, log_dir=".", init_training_step=0, *,
-  tb_writer=None, default_logging_enabled=False, background_logging=True, on_sink_error="warn")``: RuntimeError if
-  already initialised; unknown keyword arguments raise TypeError; a failure leaves nothing set (retry works).
-  `background_logging` (tedebug's own addition) writes the statistics files on a writer thread (see
-  `tedebug.session`); False writes them inside `step()`.  `on_sink_error` (tedebug's own addition): ``"warn"``
-  reports a failing sink once and stops it, training goes on; ``"raise"`` raises from `step()` / `end_debug()`.
+  tb_writer=None, default_logging_enabled=False, background_logging=True, on_sink_error="warn",
+  statistics_rank0_only=False)``: RuntimeError if already initialised; unknown keyword arguments raise TypeError; a
+  failure leaves nothing set (retry works).  `background_logging` (tedebug's own addition) writes the statistics
+  files on a writer thread (see `tedebug.session`); False writes them inside `step()`.  `on_sink_error` (tedebug's
+  own addition): ``"warn"`` reports a failing sink once and stops it, training goes on; ``"raise"`` raises from
+  `step()` / `end_debug()`.  `statistics_rank0_only` (tedebug's own addition): only global rank 0 writes the
+  statistics files (text and JSONL); reduced statistics are the same on every rank, so the other ranks' files
+  would repeat them.
   A second live run on the same `log_dir` (same rank) raises `tedebug.log_dir_lock.LogDirInUseError`.
   In the main thread, SIGINT / SIGTERM are held back while `step()` runs and SIGTERM flushes the statistics before
   the process ends (`tedebug.signal_guard`; only default handlers are replaced, and restored at `end_debug()`).
@@ -53,7 +56,7 @@ _NOT_INITIALIZED = "tedebug is not initialized: call tedebug.debug_api.initializ
 def initialize(config_file: Any = "", feature_dirs: Union[None, str, Sequence[str]] = None,
                statistics_logger: Any = None, log_dir: Any = ".", init_training_step: int = 0, *,
                tb_writer: Any = None, default_logging_enabled: bool = False, background_logging: bool = True,
-               on_sink_error: str = "warn") -> None:
+               on_sink_error: str = "warn", statistics_rank0_only: bool = False) -> None:
     """Start a debug session: load features and config, open logs and sinks (see tedebug.session)."""
     global DEBUG_MANAGER
     if DEBUG_MANAGER is not None:
@@ -63,7 +66,8 @@ def initialize(config_file: Any = "", feature_dirs: Union[None, str, Sequence[st
                            tb_writer=tb_writer, default_logging_enabled=default_logging_enabled,
                            queued_sinks=list(_queued_sinks),
                            weight_tensor_tp_group_reduce=_queued_settings.get("weight_tensor_tp_group_reduce", True),
-                           background_logging=background_logging, on_sink_error=on_sink_error)
+                           background_logging=background_logging, on_sink_error=on_sink_error,
+                           statistics_rank0_only=statistics_rank0_only)
     _queued_sinks.clear()
     _queued_settings.clear()
     session.signal_guard = SignalGuard(session.flush)

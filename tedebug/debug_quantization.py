@@ -365,6 +365,13 @@ class DebugQuantizer(Quantizer):
     def __call__(self, tensor: torch.Tensor) -> "DebugQuantizedTensor":
         return self.quantize(tensor)
 
+    def quantize_without_inspection(self, tensor: torch.Tensor) -> "DebugQuantizedTensor":
+        """The GEMM operands of `tensor` following the plans, without the inspection hooks: for an activation
+        recompute (`tedebug.nn`), whose operands were inspected in the original forward."""
+        self._check_not_output("quantize")
+        rowwise, columnwise = self._gemm_operands(tensor, None)
+        return DebugQuantizedTensor(rowwise, columnwise, self, self.layer_name, self.tensor_name)
+
     def _gemm_operands(self, tensor: torch.Tensor, dtype: Optional[torch.dtype]) -> Tuple[GemmOperand, GemmOperand]:
         row_plan, col_plan = self.rowwise_tensor_plan, self.columnwise_tensor_plan
         rowwise = columnwise = None
@@ -474,6 +481,12 @@ class DebugQuantizer(Quantizer):
             tensor = self._modify(tensor, self.rowwise_gemm_name, None)
         if self.inspect_tensor_enabled:
             self._inspect(tensor, None, None)
+        return tensor
+
+    def process_gemm_output_without_inspection(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`process_gemm_output` without the inspection (an activation recompute of a GEMM output)."""
+        if self.rowwise_tensor_plan == API_CALL_MODIFY:
+            tensor = self._modify(tensor, self.rowwise_gemm_name, None)
         return tensor
 
     # ------------------------------------------------------------------ other quantizer methods

@@ -107,12 +107,17 @@ class Recipe:
 
 @dataclasses.dataclass(frozen=True)
 class DelayedScaling(Recipe):
-    """Per-tensor FP8 with a scale from the amax history (formats.md §2b)."""
+    """Per-tensor FP8 with a scale from the amax history (formats.md §2b).
+
+    `reduce_amax` (default True, as in TransformerEngine): when torch.distributed runs several ranks, each amax is
+    MAX-reduced over the default process group before the history rolls, so all data-parallel ranks use the same
+    scales (`tedebug.nn.state`).  The state (scales, histories) is saved in the layers' ``state_dict``."""
 
     margin: int = 0
     fp8_format: Format = Format.HYBRID
     amax_history_len: int = 1024
     amax_compute_algo: str = "max"
+    reduce_amax: bool = True
 
     name = "fp8_delayed_scaling"
 
@@ -122,6 +127,8 @@ class DelayedScaling(Recipe):
         if isinstance(self.amax_history_len, bool) or not isinstance(self.amax_history_len, int) \
                 or self.amax_history_len < 1:
             raise ValueError(f"DelayedScaling: amax_history_len must be an int >= 1, got {self.amax_history_len!r}")
+        if not isinstance(self.reduce_amax, bool):
+            raise ValueError(f"DelayedScaling: reduce_amax must be a bool, got {self.reduce_amax!r}")
         if self.amax_compute_algo not in AMAX_COMPUTE_ALGOS:
             raise ValueError(
                 f"DelayedScaling: amax_compute_algo must be one of {AMAX_COMPUTE_ALGOS}, "

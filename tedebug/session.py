@@ -23,7 +23,8 @@ Sinks: `statistics_logger` (any object with ``log_scalar``), a `TensorBoardSink`
 for `tb_writer`, the sinks queued
 by `debug_api.add_statistics_sink` before initialize, the default text statistics file when neither
 `statistics_logger` nor `tb_writer` is given or `default_logging_enabled` is True, and always a JSONL file at
-``<log_dir>/tedebug_statistics/metrics_globalrank-<R>.jsonl``.  (nvdlfw ignores `tb_writer` when
+``<log_dir>/tedebug_statistics/metrics_globalrank-<R>.jsonl``; with ``statistics_rank0_only`` the two statistics
+files (text, JSONL) are written by global rank 0 only.  (nvdlfw ignores `tb_writer` when
 `statistics_logger` is given; tedebug attaches both.)
 
 Background logging (`background_logging`, default True): the session's `MetricLogger` writes tedebug's own sinks
@@ -50,6 +51,7 @@ import logging
 import os
 from typing import Any, Dict, Iterable, Optional
 
+from tedebug import usage_checks
 from tedebug.config import load_config
 from tedebug.log_dir_lock import LogDirLock
 from tedebug.logging import TextLog, log_file_name
@@ -169,6 +171,7 @@ class DebugSession:
                 for namespace in self.namespaces.values():
                     namespace.step(finished)
         self.text_log.flush()
+        usage_checks.after_step(self, finished)  # first step: sections that selected no layer (warning)
 
     def _catch_up(self) -> None:
         """Emit the iteration whose rows are still in flight (deferred read-back) and queue the records held back
@@ -193,9 +196,13 @@ class DebugSession:
         if self.closed:
             return
         self.closed = True
-        self._memos.clear()
         errors = []
         release = self.lock.release if self.lock is not None else (lambda: None)
+        try:
+            usage_checks.before_close(self)  # step() never called / statistics dropped (warnings)
+        except Exception as exc:  # e.g. warnings turned into errors: close everything first, re-raised below
+            errors.append(exc)
+        self._memos.clear()
         for action in [self._catch_up] + [ns.end_debug for ns in self.namespaces.values()] + [
                 self.metric_logger.close, self.text_log.close, release]:
             try:
@@ -206,7 +213,7 @@ class DebugSession:
             raise errors[0]
 
 
-def _select_sinks(log_dir: str, rank: int, file_name: str, *, statistics_logger: Any, tb_writer: Any,
+def _select_sinks(log_dir: str, rank: int, file_name: str, *, statistics_logger: Any, tb_writer: Any, files: bool,
                   default_logging_enabled: bool, queued: Iterable[Any], text_log: TextLog,
                   metric_logger: MetricLogger, created: list) -> None:
     """Attach the session's sinks; the ones tedebug creates are also appended to `created`."""
@@ -220,6 +227,9 @@ def _select_sinks(log_dir: str, rank: int, file_name: str, *, statistics_logger:
         text_log.log("TB Writer found. Logging to Tensorboard..")
     for sink in queued:
         metric_logger.add_sink(sink)
+    if not files:  # statistics_rank0_only on a rank other than 0
+        text_log.log("statistics_rank0_only: statistics files are written by global rank 0 only.")
+        return
     if (statistics_logger is None and tb_writer is None) or default_logging_enabled:
         created.append(metric_logger.add_sink(TextStatsSink(stats_log_path(log_dir, rank, file_name))))
         text_log.log(f"Default logging to file enabled at {log_dir}")
@@ -261,9 +271,11 @@ def open_session(config_file: Any = "", feature_dirs: Any = None, statistics_log
                  log_dir: Any = ".", init_training_step: int = 0, *, tb_writer: Any = None,
                  default_logging_enabled: bool = False, queued_sinks: Iterable[Any] = (),
                  weight_tensor_tp_group_reduce: bool = True, background_logging: bool = True,
-                 on_sink_error: str = "warn") -> DebugSession:
+                 on_sink_error: str = "warn", statistics_rank0_only: bool = False) -> DebugSession:
     """Build a `DebugSession` (see the module docstring); on failure nothing created is left open."""
     _check_arguments(log_dir, init_training_step, background_logging, on_sink_error)
+    if not isinstance(statistics_rank0_only, bool):
+        raise TypeError(f"initialize: statistics_rank0_only must be a bool, got {statistics_rank0_only!r}")
     log_dir = os.fspath(log_dir)
     if statistics_logger is not None:
         check_sink(statistics_logger)
@@ -292,6 +304,7 @@ def open_session(config_file: Any = "", feature_dirs: Any = None, statistics_log
                                log_dir=log_dir, rank=rank, iteration=init_training_step,
                                weight_tensor_tp_group_reduce=weight_tensor_tp_group_reduce, lock=lock)
         _select_sinks(log_dir, rank, file_name, statistics_logger=statistics_logger, tb_writer=tb_writer,
+                      files=not (statistics_rank0_only and rank != 0),
                       default_logging_enabled=default_logging_enabled, queued=queued_sinks, text_log=text_log,
                       metric_logger=session.metric_logger, created=created)
         return session

@@ -129,8 +129,8 @@ def test_validate_model_and_overlapping_sections(tmp_path, capsys):
         main(["validate", str(path), "--model", f"{MODELS}:hf_llama"])
     assert exc.value.code == 1
     out = capsys.readouterr().out
-    assert "layers: 15 tedebug layer(s) of" in out and "after tedebug.convert_model" in out
-    assert "section 'attention' (line 1) selects 8 of 15 layer(s):" in out
+    assert "layers: 14 tedebug layer(s) of" in out and "after tedebug.convert_model" in out
+    assert "section 'attention' (line 1) selects 8 of 14 layer(s):" in out
     assert ("error: layer 'model.layers.0.self_attn.q_proj' is selected by 2 sections ('attention', 'queries'); "
             "training raises at its first hook call") in out
     assert "error: layer 'model.layers.1.self_attn.q_proj' is selected by 2 sections" in out

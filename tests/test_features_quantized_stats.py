@@ -218,7 +218,9 @@ def test_missing_direction_is_added_temporarily_or_skipped(tmp_path):
     assert "skipping ['mse_columnwise']" in main_log(tmp_path / "b")
 
 
-def test_fp8_stats_errors_and_skips(tmp_path):
+def test_fp8_stats_that_cannot_be_computed_are_skipped_with_one_warning(tmp_path):
+    """A statistic never stops training: each case logs nothing for the statistic and one warning naming the
+    layer, tensor, statistic and reason; a statistic of the same feed that can be computed is still logged."""
     x = sample()
     mx = MXFP8Quantizer("E4M3")
     mq = mx.quantize(x)
@@ -226,17 +228,45 @@ def test_fp8_stats_errors_and_skips(tmp_path):
     nq = nv.quantize(x)
     cases = [
         (["overflows%"], x, mq, mx, "overflows% exists only for delayed scaling"),
-        (["fp8_delayed_scaling_mse"], x, mq, mx, "can only be computed when the tensor is trained with delayed"),
-        (["underflows%"], x, nq, nv, "LogNvfp4TensorStats"),
-        (["underflows%"], None, mq, mx, "needs the high-precision tensor"),
-        (["mxfp8_scale_inv_min", "fp8_current_scaling_scale_inv_min"], None, mq, mx, "what-if statistic"),
+        (["fp8_delayed_scaling_mse"], x, mq, mx, "need a tensor trained with delayed scaling"),
+        (["underflows%"], x, nq, nv, "use LogNvfp4TensorStats"),
+        (["underflows%"], None, mq, mx, "the high-precision tensor is not available"),
+        (["fp8_current_scaling_scale_inv_min"], None, mq, mx, "a what-if statistic quantizes the high-precision tensor"),
     ]
     for i, (stats, tensor, q, quantizer, message) in enumerate(cases):
-        config = section({"LogFp8TensorStats": {"enabled": True, "stats": stats, "tensors": ["weight"]}})
-        with debug_session(config, tmp_path / str(i)) as te:
-            with pytest.raises(ValueError, match=message):
+        sink = RecordingSink()
+        kept = "mxfp8_scale_inv_max" if q is nq else "scale_inv_max"
+        config = section({"LogFp8TensorStats": {"enabled": True, "stats": stats + [kept],
+                                                "tensors": ["weight"]}})
+        with debug_session(config, tmp_path / str(i), sink) as te:
+            for _ in range(2):
                 te.inspect_tensor("L", tensor=tensor, tensor_name="weight", iteration=0, tp_group=None,
                                   rowwise_quantized_tensor=q, columnwise_quantized_tensor=q, quantizer=quantizer)
+            debug_api.step()
+            log = main_log(tmp_path / str(i))
+        assert set(n for n, _, _ in sink.rows) == {f"L_weight_{kept}"}, stats
+        warnings = [line for line in log.splitlines() if "WARNING" in line and "skipping" in line]
+        assert len(warnings) == 1, warnings
+        assert f"LAYER=L: Feature=LogFp8TensorStats: skipping {stats} of tensor weight" in warnings[0]
+        assert message in warnings[0]
+
+
+def test_fp8_what_if_shape_the_format_cannot_take_is_skipped(tmp_path):
+    x = torch.randn(3, 20)  # MXFP8 needs the last dim divisible by 32
+    sink = RecordingSink()
+    config = section({"LogFp8TensorStats": {"enabled": True, "stats": ["mxfp8_mse", "fp8_current_scaling_mse"],
+                                            "tensors": ["activation"]}})
+    with debug_session(config, tmp_path, sink) as te:
+        te.inspect_tensor("L", tensor=x, tensor_name="activation", iteration=0, tp_group=None,
+                          rowwise_quantized_tensor=x, columnwise_quantized_tensor=x, quantizer=None)
+        debug_api.step()
+        log = main_log(tmp_path)
+    cur = Float8CurrentScalingQuantizer("E4M3", amax_epsilon=0.0, force_pow_2_scales=False).quantize(x)
+    assert set(n for n, _, _ in sink.rows) == {"L_activation_fp8_current_scaling_mse"}
+    assert sink.values()[("L_activation_fp8_current_scaling_mse", 0)] == pytest.approx(oracle(x, cur, "mse"),
+                                                                                        rel=1e-12)
+    assert "skipping ['mxfp8_mse'] of tensor activation: the what-if mxfp8 quantization of shape (3, 20) failed" \
+        in log
 
 
 def test_fp8_stats_without_quantizer_or_tensor(tmp_path):
@@ -244,7 +274,8 @@ def test_fp8_stats_without_quantizer_or_tensor(tmp_path):
     mx = MXFP8Quantizer("E4M3")
     mq = mx.quantize(x)
     sink = RecordingSink()
-    config = section({"LogFp8TensorStats": {"enabled": True, "stats": ["scale_inv_min", "mxfp8_scale_inv_max"],
+    config = section({"LogFp8TensorStats": {"enabled": True, "stats": ["scale_inv_min", "mxfp8_scale_inv_max",
+                                                                       "fp8_block_scaling_mse"],
                                             "tensors": ["weight", "activation"]}})
     with debug_session(config, tmp_path, sink) as te:
         te.inspect_tensor("L", tensor=x, tensor_name="activation", iteration=0, tp_group=None,
@@ -253,9 +284,15 @@ def test_fp8_stats_without_quantizer_or_tensor(tmp_path):
                           rowwise_quantized_tensor=mq, columnwise_quantized_tensor=mq, quantizer=mx)
         debug_api.step()
         log = main_log(tmp_path)
-    assert set(n for n, _, _ in sink.rows) == {"L_weight_scale_inv_min", "L_weight_mxfp8_scale_inv_max"}
+    # a high-precision layer still answers the what-if statistics (quantizing its high-precision tensor)
+    assert set(n for n, _, _ in sink.rows) == {"L_weight_scale_inv_min", "L_weight_mxfp8_scale_inv_max",
+                                               "L_activation_mxfp8_scale_inv_max", "L_activation_fp8_block_scaling_mse"}
     assert sink.values()[("L_weight_scale_inv_min", 0)] == oracle(x, mq, "scale_inv_min")
-    assert "Skipping stats collection for tensor activation: the layer runs in high precision" in log
+    assert sink.values()[("L_activation_mxfp8_scale_inv_max", 0)] == oracle(x, mq, "scale_inv_max")
+    block = Float8BlockQuantizer("E4M3", block_scaling_dim=2, amax_epsilon=0.0, force_pow_2_scales=True).quantize(x)
+    assert sink.values()[("L_activation_fp8_block_scaling_mse", 0)] == pytest.approx(oracle(x, block, "mse"),
+                                                                                      rel=1e-12)
+    assert "skipping ['scale_inv_min'] of tensor activation: its rowwise GEMM operand runs in high precision" in log
 
 
 # ------------------------------------------------------------------------------------------------ NVFP4
@@ -306,8 +343,36 @@ def test_nvfp4_stats_skip_non_nvfp4_layers_and_read_a_hybrid_columnwise_operand(
                           rowwise_quantized_tensor=hq, columnwise_quantized_tensor=hq, quantizer=hybrid)
         debug_api.step()
         log = main_log(tmp_path)
-    assert set(n for n, _, _ in sink.rows) == {"L_gradient_nvfp4_mse"}
+    assert set(n for n, _, _ in sink.rows) == {"L_gradient_nvfp4_mse", "L_activation_nvfp4_mse"}
     deq = hq.columnwise_sub_storage.dequantize(usage="columnwise", dtype=torch.float64)
     assert sink.values()[("L_gradient_nvfp4_mse", 0)] == pytest.approx(((deq - x.double()) ** 2).mean().item(),
                                                                         rel=1e-12)
-    assert "Skipping stats collection for tensor activation: no GEMM operand of it is NVFP4" in log
+    # the MXFP8 activation gets the what-if NVFP4 statistics (1x16 blocks, round to nearest)
+    what_if = NVFP4Quantizer().quantize(x).dequantize(dtype=torch.float64)
+    assert sink.values()[("L_activation_nvfp4_mse", 0)] == pytest.approx(
+        ((what_if - x.double()) ** 2).mean().item(), rel=1e-12)
+
+
+def test_nvfp4_what_if_on_a_high_precision_layer_and_skip_of_a_bad_shape(tmp_path):
+    x = nvfp4_sample()
+    w = nvfp4_sample()[:64]
+    bad = torch.randn(5, 20)
+    sink = RecordingSink()
+    config = section({"LogNvfp4TensorStats": {"enabled": True, "stats": ["underflows%", "mse"],
+                                              "tensors": ["activation", "weight"]}})
+    with debug_session(config, tmp_path, sink) as te:
+        for name, t, layer in (("activation", x, "L"), ("weight", w, "L"), ("activation", bad, "M")):
+            te.inspect_tensor(layer, tensor=t, tensor_name=name, iteration=0, tp_group=None,
+                              rowwise_quantized_tensor=t, columnwise_quantized_tensor=t, quantizer=None)
+        debug_api.step()
+        log = main_log(tmp_path)
+    got = sink.values()
+    assert set(n for n, _, _ in sink.rows) == {f"L_{t}_nvfp4_{s}" for t in ("activation", "weight")
+                                               for s in ("underflows%", "mse")}
+    for name, t, q in (("activation", x, NVFP4Quantizer()), ("weight", w, NVFP4Quantizer(with_2d_quantization=True))):
+        deq = q.quantize(t).dequantize(dtype=torch.float64)
+        under = ((deq == 0).sum() - (t == 0).sum()).item() * 100.0 / t.numel()
+        assert got[(f"L_{name}_nvfp4_underflows%", 0)] == pytest.approx(under, rel=1e-12)
+        assert got[(f"L_{name}_nvfp4_mse", 0)] == pytest.approx(((deq - t.double()) ** 2).mean().item(), rel=1e-12)
+    assert "LAYER=M: Feature=LogNvfp4TensorStats: skipping ['underflows%', 'mse'] of tensor activation: the " \
+           "what-if NVFP4 quantization of shape (5, 20) failed" in log

@@ -1,5 +1,5 @@
 """tedebug.nn: layers whose GEMMs run in low precision inside `tedebug.autocast`, the GEMM entry point, and
-`convert_model` (swap `torch.nn.Linear` layers of any model).  Submodules are imported on first attribute access."""
+`convert_model` (swap `torch.nn.Linear` layers of any model, and transformers' Conv1D and MoE experts).  Submodules are imported on first attribute access."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ _EXPORTS = {
     "LayerNormLinear": "tedebug.nn.layernorm_linear",
     "LayerNormMLP": "tedebug.nn.layernorm_mlp",
     "GroupedLinear": "tedebug.nn.grouped_linear",
+    "Conv1DLinear": "tedebug.nn.hf",
     "convert_model": "tedebug.nn.convert",
     "gemm": "tedebug.nn.gemm",
     "gemm_operand": "tedebug.nn.gemm",

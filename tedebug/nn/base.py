@@ -6,17 +6,26 @@
 - `linear_gemm`: the custom autograd function running one quantized linear GEMM (fprop, dgrad, wgrad), with the
   debug hooks (`process_gemm_output` on the GEMM outputs) and saving of quantized operands for backward;
 - `BaseLayer`: the `torch.nn.Module` base with `name`, `default_recipe` and the recipe resolution.
+
+Activation checkpointing (`torch.utils.checkpoint`, reentrant or not, and what Hugging Face's
+``gradient_checkpointing_enable`` uses): a forward that runs while autograd executes a backward pass with grad mode
+on is a recompute (`in_recompute`).  A GEMM then *replays* its layer's most recent forward call (`GemmState.last`):
+the same recipe, quantizers and debug quantizers - not the autocast state of the backward, which is usually off -
+so the recomputed operands equal the original ones; the forward roles are quantized without `before_use`
+(delayed scaling is not advanced twice) and without inspection (statistics are counted once).  The backward roles
+(grad_output and the dgrad / wgrad outputs) run as usual, also in a reentrant checkpoint's recomputed graph.
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
 from tedebug.autocast import autocast_state, default_recipe, explicit_recipe
 from tedebug.nn.gemm import gemm
+from tedebug.nn.state import all_reduce_max, check_history, register_state_hooks, several_ranks
 
 __all__ = [
     "ROLES",
@@ -61,6 +70,12 @@ def _same_recipe(a, b) -> bool:
     return a is b or (a is not None and b is not None and type(a) is type(b) and a == b)
 
 
+def in_recompute() -> bool:
+    """True while this thread runs a backward pass with grad mode on: a forward seen now is an activation
+    recompute (torch.utils.checkpoint re-running a checkpointed region)."""
+    return torch.is_grad_enabled() and torch._C._current_graph_task_id() != -1
+
+
 class GemmState:
     """Quantizers and debug state of one GEMM of a layer (a LayerNormMLP has two, a GroupedLinear one per expert)."""
 
@@ -69,6 +84,10 @@ class GemmState:
         self.quantizers: Dict[str, Optional[object]] = {role: None for role in ROLES}
         self._used: set = set()
         self._debug_state = None
+        #: (recipe, normal quantizers, quantizers used) of the most recent forward call that was not a recompute
+        self.last: Optional[tuple] = None
+        #: loaded delayed-scaling state waiting for its quantizer ("<role>.<leaf>" -> entry; `tedebug.nn.state`)
+        self._pending: Dict[str, dict] = {}
 
     # ---------------------------------------------------------------- quantizers
     def _build(self, recipe) -> None:
@@ -79,6 +98,10 @@ class GemmState:
         self.recipe = recipe
         self.quantizers = quantizers
         self._used = set()
+        pending, self._pending = self._pending, {}
+        for key, entry in pending.items():
+            role, _, leaf = key.rpartition(".")
+            self.load_delayed_state(role, int(leaf), entry, where=f"delayed-scaling state {key!r}")
 
     def normal_quantizers(self, recipe) -> Dict[str, Optional[object]]:
         """The layer's own quantizers for `recipe` (all None for None); reused while the recipe stays equal."""
@@ -97,6 +120,47 @@ class GemmState:
             for leaf in _delayed_leaves(q):
                 leaf.update_scale()
         self._used.add(role)
+
+    def skip_use(self, role: str, recipe) -> None:
+        """Bookkeeping of a use that does not happen on this rank (an expert that got no tokens): the delayed
+        scaling state advances as if it did, so every data-parallel rank keeps the same history and scales."""
+        self.before_use(role, self.normal_quantizers(recipe))
+
+    def amax_rows(self, recipe) -> List[torch.Tensor]:
+        """History row 0 (the amax being accumulated) of every delayed quantizer of `recipe` (built if needed)."""
+        quantizers = self.normal_quantizers(recipe)
+        return [leaf.amax_history.view(-1)[:1] for role in QUANTIZED_ROLES
+                for leaf in _delayed_leaves(quantizers.get(role))]
+
+    # ---------------------------------------------------------------- state_dict (tedebug.nn.state)
+    def delayed_state(self) -> Dict[str, dict]:
+        """``"<role>.<leaf>" -> {"scale", "amax_history", "used"}`` of every delayed-scaling quantizer (copies),
+        plus loaded state still waiting for its quantizer."""
+        out: Dict[str, dict] = {}
+        for role in QUANTIZED_ROLES:
+            for i, leaf in enumerate(_delayed_leaves(self.quantizers.get(role))):
+                out[f"{role}.{i}"] = {"scale": leaf.scale.detach().clone(),
+                                      "amax_history": leaf.amax_history.detach().clone(), "used": role in self._used}
+        for key, entry in self._pending.items():
+            out.setdefault(key, entry)
+        return out
+
+    def load_delayed_state(self, role: str, leaf_index: int, entry: dict, *, where: str) -> None:
+        """Copy a saved delayed-scaling state into the quantizer it belongs to, or keep it until that is built."""
+        leaves = list(_delayed_leaves(self.quantizers.get(role)))
+        if leaf_index >= len(leaves):
+            self._pending[f"{role}.{leaf_index}"] = entry
+            return
+        leaf = leaves[leaf_index]
+        history = torch.as_tensor(entry["amax_history"])
+        if not check_history(where, leaf.amax_history, history):
+            return
+        leaf.amax_history.copy_(history.reshape(leaf.amax_history.shape))
+        leaf.scale.copy_(torch.as_tensor(entry["scale"]).reshape(leaf.scale.shape))
+        if entry.get("used", True):
+            self._used.add(role)
+        else:
+            self._used.discard(role)
 
     # ---------------------------------------------------------------- debug
     def _debug(self):
@@ -146,18 +210,22 @@ def _restore(ctx) -> List[object]:
     return out
 
 
-def _process_output(q, tensor: torch.Tensor) -> torch.Tensor:
-    return q.process_gemm_output(tensor) if is_debug_quantizer(q) else tensor
+def _process_output(q, tensor: torch.Tensor, replay: bool = False) -> torch.Tensor:
+    if not is_debug_quantizer(q):
+        return tensor
+    return q.process_gemm_output_without_inspection(tensor) if replay else q.process_gemm_output(tensor)
 
 
 class _Call:
     """Non-tensor arguments of one linear GEMM call."""
 
-    __slots__ = ("state", "normal", "qs", "dtype", "grad_enabled")
+    __slots__ = ("state", "normal", "qs", "dtype", "grad_enabled", "replay")
 
-    def __init__(self, state: GemmState, normal, qs, dtype: torch.dtype, grad_enabled: bool) -> None:
+    def __init__(self, state: GemmState, normal, qs, dtype: torch.dtype, grad_enabled: bool,
+                 replay: bool = False) -> None:
         self.state, self.normal, self.qs, self.dtype = state, normal, qs, dtype
         self.grad_enabled = grad_enabled  # autograd records this call (False under torch.no_grad)
+        self.replay = replay  # an activation recompute of an earlier call (see the module docstring)
 
 
 class _LinearFunction(torch.autograd.Function):
@@ -173,7 +241,7 @@ class _LinearFunction(torch.autograd.Function):
         wq = _quantize(call, "weight", weight, rowwise=True, columnwise=need_dgrad)
         y = gemm(wq, xq, layout="TN", out_dtype=call.dtype, gemm_name="fprop", bias=bias,
                  roles=("weight", "activation"))
-        y = _process_output(qs["output"], y)
+        y = _process_output(qs["output"], y, replay=call.replay)
         _save(ctx, [xq if need_wgrad else None, wq if need_dgrad else None])
         ctx.call = call
         ctx.x_shape = x.shape
@@ -211,11 +279,29 @@ def _quantize(call: _Call, role: str, tensor: torch.Tensor, *, rowwise: bool, co
     q = call.qs[role]
     if q is None:
         return tensor
-    call.state.before_use(role, call.normal)
+    replay = call.replay and role in _FORWARD_ROLES
+    if not replay:
+        call.state.before_use(role, call.normal)
     if not (rowwise or columnwise):
         rowwise = True  # a quantizer must produce something; only reached for unused operands
     q.set_usage(rowwise=rowwise, columnwise=columnwise)
+    if replay and is_debug_quantizer(q):
+        return q.quantize_without_inspection(tensor)
     return q.quantize(tensor)
+
+
+_FORWARD_ROLES = ("input", "weight")
+
+
+def reduce_amaxes(states: Sequence[GemmState], recipe) -> None:
+    """`DelayedScaling(reduce_amax=True)`: one MAX all-reduce of the amax rows of every delayed quantizer of
+    `states` over the default process group (several ranks only; never in a recompute).  Called once per forward
+    of a layer, before its GEMMs, with all its GEMM states - on every rank, whatever rows reach which GEMM."""
+    if not getattr(recipe, "reduce_amax", False) or not several_ranks() or in_recompute():
+        return
+    rows = [row for state in states for row in state.amax_rows(recipe)]
+    if rows:
+        all_reduce_max(rows)
 
 
 def activation_dtype(x: torch.Tensor, params_dtype: torch.dtype) -> torch.dtype:
@@ -233,8 +319,13 @@ def linear_gemm(
     state: GemmState,
     layer_name: str,
     recipe,
+    *,
+    reduce_amax: bool = True,
 ) -> torch.Tensor:
-    """One linear GEMM ``x·Wᵀ + b`` with the quantizers of `state` for `recipe` (None: high precision)."""
+    """One linear GEMM ``x·Wᵀ + b`` with the quantizers of `state` for `recipe` (None: high precision).
+
+    `reduce_amax`: reduce the delayed-scaling amaxes of `state` first (`reduce_amaxes`); grouped layers, whose
+    GEMMs may not all run on every rank, pass False and reduce all their states once per forward instead."""
     dtype = activation_dtype(x, weight.dtype)
     x = x.to(dtype)
     weight = weight.to(dtype)
@@ -242,9 +333,47 @@ def linear_gemm(
         bias = bias.to(dtype)
     if x.numel() == 0 or weight.numel() == 0:  # an empty GEMM (e.g. in_features 0): nothing to quantize or inspect
         return torch.nn.functional.linear(x, weight, bias)
-    normal, qs = state.call_quantizers(layer_name, recipe)
-    call = _Call(state, normal, qs, dtype, torch.is_grad_enabled())
+    if state.last is not None and in_recompute():
+        _, normal, qs = state.last
+        call = _Call(state, normal, qs, dtype, True, replay=True)
+    else:
+        if reduce_amax and recipe is not None:
+            reduce_amaxes((state,), recipe)
+        normal, qs = state.call_quantizers(layer_name, recipe)
+        state.last = (recipe, normal, qs)
+        call = _Call(state, normal, qs, dtype, torch.is_grad_enabled())
     return _LinearFunction.apply(x, weight, bias, call)
+
+
+class _SkippedBackwardUses(torch.autograd.Function):
+    """Identity on a grouped layer's output whose backward does the grad_output bookkeeping (`skip_use`) of the
+    GEMMs that got no rows in the forward, so their delayed scaling advances like everyone else's."""
+
+    @staticmethod
+    def forward(ctx, out, states, recipe):
+        ctx.states, ctx.recipe = states, recipe
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad):
+        for state in ctx.states:
+            state.skip_use("grad_output", ctx.recipe)
+        return grad, None, None
+
+
+def skipped_uses(out: torch.Tensor, empty: Sequence[GemmState], recipe) -> torch.Tensor:
+    """Delayed-scaling bookkeeping for the GEMMs of a grouped layer that got no rows in this forward (not in a
+    recompute): their input / weight uses now, their grad_output use in the backward; returns `out`."""
+    if recipe is None or not empty or in_recompute():
+        return out
+    if not any(state.amax_rows(recipe) for state in empty):
+        return out  # no delayed scaling: nothing to keep in step
+    for state in empty:
+        for role in ("input", "weight"):
+            state.skip_use(role, recipe)
+    if torch.is_grad_enabled() and out.requires_grad:
+        return _SkippedBackwardUses.apply(out, tuple(empty), recipe)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ module
@@ -258,6 +387,7 @@ class BaseLayer(torch.nn.Module):
         self.name = name if name is not None else next_layer_name()
         #: recipe used inside `tedebug.autocast()` blocks that give none (set by `convert_model(recipe=...)`)
         self.default_recipe = None
+        register_state_hooks(self)  # delayed-scaling state in state_dict (tedebug.nn.state)
 
     def active_recipe(self):
         """The recipe for this forward: None outside autocast (high precision), else by the autocast precedence."""

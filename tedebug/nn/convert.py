@@ -1,35 +1,57 @@
-"""`convert_model`: swap the `torch.nn.Linear` layers of any model for `tedebug.nn.Linear`, in place.
+"""`convert_model`: swap the GEMM layers of any model for tedebug layers, in place.
+
+Converted (each named after its module path, e.g. ``"blocks.0.attn.proj"``):
+
+- `torch.nn.Linear` -> `tedebug.nn.Linear`;
+- transformers' ``Conv1D`` (GPT-2) -> `tedebug.nn.hf.Conv1DLinear` (weight kept ``[in, out]``, state_dict unchanged);
+- transformers' grouped experts modules (3-D expert weights: Mixtral, Qwen3-MoE, ...) -> tedebug grouped experts
+  whose expert GEMMs are logged as ``<module>.<parameter>.gemm_<e>`` (`tedebug.nn.hf`).
 
 The new layers share the original weight and bias `Parameter` objects (optimizers built before the swap keep
-working), take their debug names from the module paths (``"blocks.0.attn.proj"``) and keep the train/eval mode.
-`recipe`, when given, becomes the converted layers' ``default_recipe``: inside ``tedebug.autocast()`` blocks that
-name no recipe they use it; an ``autocast(recipe=...)`` still wins; outside autocast they run in high precision.
-Not converted: modules whose forward never runs (``nn.MultiheadAttention.out_proj``, a
-``NonDynamicallyQuantizableLinear`` whose weight is read directly) and layers that already are tedebug layers.
-Forward/backward hooks registered on an original Linear are not carried over.
+working) and keep the train/eval mode.  `recipe`, when given, becomes the converted layers' ``default_recipe``:
+inside ``tedebug.autocast()`` blocks that name no recipe they use it; an ``autocast(recipe=...)`` still wins;
+outside autocast they run in high precision.
+
+Kept in high precision by default: a Linear named ``lm_head`` and any Linear whose weight is tied to an
+`nn.Embedding` (tied decoders); ``convert_lm_head=True`` converts them too.  Not converted: modules whose forward
+never runs (``nn.MultiheadAttention.out_proj``, a ``NonDynamicallyQuantizableLinear`` whose weight is read
+directly) and layers that already are tedebug layers.  Modules that hold weights but cannot be converted
+(``nn.MultiheadAttention``, convolutions, MoE routers, unknown expert layouts, ...) are listed in one
+`UserWarning` (module types, counts and parameter counts), so nothing stays out silently.  Forward/backward hooks
+registered on an original module are not carried over.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional
+import warnings
+from typing import Callable, Dict, List, Optional, Set
 
 import torch
 
 from tedebug.nn.base import BaseLayer
+from tedebug.nn.hf import Conv1DLinear, convert_experts, is_grouped_experts, is_hf_conv1d
 from tedebug.nn.linear import Linear
 
-__all__ = ["convert_model"]
+__all__ = ["convert_model", "LM_HEAD_NAME"]
 
 FilterFn = Callable[[str, torch.nn.Module], bool]
+#: the last path component of output projections kept in high precision by default
+LM_HEAD_NAME = "lm_head"
 
 
-def _convertible(module: torch.nn.Module) -> bool:
+def _is_linear(module: torch.nn.Module) -> bool:
     if isinstance(module, BaseLayer) or not isinstance(module, torch.nn.Linear):
         return False
     return not isinstance(module, torch.nn.modules.linear.NonDynamicallyQuantizableLinear)
 
 
-def _swap(linear: torch.nn.Linear, name: str, recipe) -> Linear:
+def _convertible(module: torch.nn.Module) -> bool:
+    if isinstance(module, BaseLayer):
+        return False
+    return _is_linear(module) or is_hf_conv1d(module) or is_grouped_experts(module)
+
+
+def _swap_linear(linear: torch.nn.Linear, name: str, recipe) -> Linear:
     layer = Linear(linear.in_features, linear.out_features, bias=linear.bias is not None, name=name,
                    params_dtype=linear.weight.dtype, device="meta")
     layer.weight = linear.weight
@@ -39,31 +61,98 @@ def _swap(linear: torch.nn.Linear, name: str, recipe) -> Linear:
     return layer
 
 
-def convert_model(model: torch.nn.Module, recipe=None, filter_fn: Optional[FilterFn] = None) -> torch.nn.Module:
-    """Replace every (selected) `torch.nn.Linear` inside `model` by a `tedebug.nn.Linear`; returns `model`.
+def _convert(module: torch.nn.Module, name: str, recipe) -> torch.nn.Module:
+    if _is_linear(module):
+        return _swap_linear(module, name, recipe)
+    if is_hf_conv1d(module):
+        return Conv1DLinear.from_conv1d(module, name, recipe)
+    return convert_experts(module, name, recipe)
 
-    `filter_fn(fqn, module) -> bool` chooses which Linear layers to convert (default: all).  A Linear reachable
-    under several paths is converted once (named after its first path) and the one new layer is used everywhere.
+
+def _embedding_weights(model: torch.nn.Module) -> Set[int]:
+    return {id(m.weight) for m in model.modules() if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag))}
+
+
+def _is_output_head(fqn: str, module: torch.nn.Module, tied: Set[int]) -> bool:
+    """`lm_head` by name, or a layer whose weight is an embedding's (tied decoder)."""
+    return fqn.rpartition(".")[2] == LM_HEAD_NAME or id(getattr(module, "weight", None)) in tied
+
+
+def _is_embedding(module: torch.nn.Module) -> bool:
+    return isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) or type(module).__name__.endswith(
+        ("Embedding", "Embeddings"))
+
+
+def _weight_like(name: str, param: torch.nn.Parameter) -> bool:
+    return param.dim() >= 2 and (name == "weight" or name.endswith(("_weight", "proj")))
+
+
+def _unconverted_report(model: torch.nn.Module, intentional: Set[int]) -> Optional[str]:
+    """One line per module type holding weights that stay in high precision without being asked to (None: none)."""
+    by_type: Dict[str, List[int]] = {}
+    inside_tedebug: Set[int] = set()
+    for module in model.modules():
+        if isinstance(module, BaseLayer):
+            inside_tedebug.update(id(m) for m in module.modules())
+    for module in model.modules():
+        if id(module) in inside_tedebug or id(module) in intentional or _is_embedding(module):
+            continue
+        if isinstance(module, torch.nn.modules.linear.NonDynamicallyQuantizableLinear):
+            continue  # part of an nn.MultiheadAttention, which is reported itself
+        params = [p for n, p in module.named_parameters(recurse=False) if _weight_like(n, p)]
+        if params:
+            entry = by_type.setdefault(type(module).__name__, [0, 0])
+            entry[0] += 1
+            entry[1] += sum(p.numel() for p in params)
+    if not by_type:
+        return None
+    parts = [f"{name} x{count} ({numel:,} weight parameters)" for name, (count, numel) in sorted(by_type.items())]
+    return ("tedebug.convert_model: these modules hold weights but are not converted, so their GEMMs run in high "
+            "precision and are not debugged: " + "; ".join(parts))
+
+
+def convert_model(model: torch.nn.Module, recipe=None, filter_fn: Optional[FilterFn] = None, *,
+                  convert_lm_head: bool = False) -> torch.nn.Module:
+    """Replace every (selected) convertible layer inside `model` by a tedebug layer; returns `model`.
+
+    `filter_fn(fqn, module) -> bool` chooses which layers to convert (default: all).  `lm_head` and layers tied to
+    an embedding stay in high precision unless `convert_lm_head` is True.  A layer reachable under several paths
+    is converted once (named after its first path) and the one new layer is used everywhere.  Modules with weights
+    that cannot be converted are listed in one `UserWarning`.
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"convert_model expects a torch.nn.Module, got {type(model).__name__}")
     if recipe is not None and not callable(getattr(recipe, "make_quantizer", None)):
         raise TypeError(f"convert_model(recipe=...) expects a tedebug.recipe recipe, got {type(recipe).__name__}")
-    if _convertible(model):
+    if not isinstance(convert_lm_head, bool):
+        raise TypeError(f"convert_model(convert_lm_head=...) expects a bool, got {convert_lm_head!r}")
+    if _is_linear(model) or is_hf_conv1d(model):
         raise TypeError(
-            "convert_model converts Linear layers in place inside a parent module; the model itself is a "
-            "torch.nn.Linear - wrap it (e.g. torch.nn.Sequential(model)) or use tedebug.nn.Linear directly"
+            "convert_model converts layers in place inside a parent module; the model itself is a single layer - "
+            "wrap it (e.g. torch.nn.Sequential(model)) or use tedebug.nn.Linear directly"
         )
-    targets = [
-        (fqn, module) for fqn, module in model.named_modules(remove_duplicate=False)
-        if fqn and _convertible(module) and (filter_fn is None or filter_fn(fqn, module))
-    ]
-    replaced: Dict[int, Linear] = {}
+    tied = _embedding_weights(model)
+    intentional: Set[int] = set()  # left in high precision on purpose (filter_fn, lm_head): not reported
+    targets = []
+    for fqn, module in model.named_modules(remove_duplicate=False):
+        if not fqn or not _convertible(module):
+            continue
+        if (filter_fn is not None and not filter_fn(fqn, module)) or (
+                not convert_lm_head and _is_output_head(fqn, module, tied)):
+            intentional.add(id(module))
+            continue
+        targets.append((fqn, module))
+    replaced: Dict[int, torch.nn.Module] = {}
     for fqn, module in targets:
         new = replaced.get(id(module))
         if new is None:
-            new = replaced[id(module)] = _swap(module, fqn, recipe)
+            new = replaced[id(module)] = _convert(module, fqn, recipe)
+        if new is module:
+            continue  # converted in place (experts)
         parent_path, _, child = fqn.rpartition(".")
         parent = model.get_submodule(parent_path) if parent_path else model
         setattr(parent, child, new)
+    report = _unconverted_report(model, intentional | set(replaced))
+    if report is not None:
+        warnings.warn(report, UserWarning, stacklevel=2)
     return model

@@ -33,6 +33,7 @@ from typing import Dict, Mapping, Optional, Tuple
 
 from tedebug import debug_api
 from tedebug.debug_quantization import DebugQuantizer
+from tedebug.usage_checks import note_layer
 
 #: (layer role, tensor name) in construction order.
 ROLE_TO_TENSOR = (
@@ -75,6 +76,7 @@ class LayerDebugState:
         if self._session_ref() is not session:
             self._session_ref = weakref.ref(session)
             self._reset()
+            note_layer(session, layer_name)  # for the session's "selected no layer" / "no step()" warnings
         iteration = session.iteration
         if iteration != self._decided_iteration:
             self._decided_iteration = iteration

@@ -1,0 +1,117 @@
+"""Delayed-scaling state of tedebug layers in `state_dict`, and its amax reduction across data-parallel ranks.
+
+State dict: a layer whose GEMMs hold delayed-scaling quantizers (`tedebug.recipe.DelayedScaling`) adds one entry,
+``<prefix>tedebug_fp8_state``: ``{"<gemm>.<role>.<leaf>": {"scale", "amax_history", "used"}}`` (copies of the
+quantizer's state tensors; ``used`` says whether the role was used, so that a resumed run rolls the history before
+its next use exactly as the uninterrupted run would).  A layer without such state adds nothing, so models trained
+with other recipes (or not at all) keep exactly their keys.  Loading takes the entry out of the state dict before
+torch checks the keys, so a checkpoint without it loads (the state starts fresh) and one with it loads into a layer
+whose quantizers are not built yet (the state is applied when they are, at the first forward under delayed
+scaling).  A history of another length is not applied: a warning says so and the state starts fresh.
+
+Amax reduction (`reduce_amax`, TransformerEngine's ``reduce_amax``): at the start of each layer forward (not in an
+activation recompute) the current amaxes (history row 0) of all the layer's delayed quantizers are all-reduced
+with MAX over the default process group, in one collective, when torch.distributed runs more than one rank; the
+history rolls (and the scale is derived) at the next use, so every data-parallel rank derives the same scales (as
+from one big batch).  Grouped layers (`GroupedLinear`, MoE experts) reduce all their experts' amaxes once per
+forward, and an expert that gets no rows on a rank still advances its state (`GemmState.skip_use`), so the
+collectives and the histories stay the same on every rank whatever the routing.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Dict, Iterator, List, Tuple
+
+import torch
+
+__all__ = ["STATE_KEY", "named_gemm_states", "register_state_hooks", "several_ranks", "all_reduce_max"]
+
+STATE_KEY = "tedebug_fp8_state"
+
+
+def named_gemm_states(module: torch.nn.Module) -> Iterator[Tuple[str, object]]:
+    """``(name, GemmState)`` of a tedebug layer: attributes holding a GemmState, a list of them or a dict of lists."""
+    from tedebug.nn.base import GemmState
+
+    for attr, value in vars(module).items():
+        if isinstance(value, GemmState):
+            yield attr, value
+        elif isinstance(value, list) and value and all(isinstance(v, GemmState) for v in value):
+            for i, state in enumerate(value):
+                yield f"{attr}.{i}", state
+        elif isinstance(value, dict) and value and all(isinstance(v, list) for v in value.values()):
+            for key, states in value.items():
+                for i, state in enumerate(states):
+                    if isinstance(state, GemmState):
+                        yield f"{attr}.{key}.{i}", state
+
+
+def _state_dict_hook(module, state_dict, prefix, local_metadata) -> None:
+    entries: Dict[str, dict] = {}
+    for name, state in named_gemm_states(module):
+        for key, entry in state.delayed_state().items():
+            entries[f"{name}.{key}"] = entry
+    if entries:
+        state_dict[prefix + STATE_KEY] = entries
+
+
+def _load_pre_hook(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                   error_msgs) -> None:
+    entries = state_dict.pop(prefix + STATE_KEY, None)
+    if entries is None:
+        return
+    if not isinstance(entries, dict):
+        error_msgs.append(f"{prefix}{STATE_KEY}: expected a dict of delayed-scaling states, got "
+                          f"{type(entries).__name__}")
+        return
+    by_state = dict(named_gemm_states(module))
+    for key, entry in entries.items():
+        name, _, rest = key.rpartition(".")  # rest = leaf index; name = "<gemm>.<role>"
+        gemm, _, role = name.rpartition(".")
+        state = by_state.get(gemm)
+        if state is None:
+            error_msgs.append(f"{prefix}{STATE_KEY}: no GEMM {gemm!r} in {type(module).__name__} "
+                              f"(GEMMs: {sorted(by_state)})")
+            continue
+        state.load_delayed_state(role, int(rest), entry, where=f"{prefix}{STATE_KEY}[{key!r}]")
+
+
+def register_state_hooks(module: torch.nn.Module) -> None:
+    """Save / load the delayed-scaling state of `module`'s GEMMs with its state_dict (see the module docstring)."""
+    if getattr(module, "_tedebug_state_hooks", False):
+        return
+    module.register_state_dict_post_hook(_state_dict_hook)
+    module.register_load_state_dict_pre_hook(_load_pre_hook)
+    module._tedebug_state_hooks = True
+
+
+def check_history(where: str, have: torch.Tensor, got: torch.Tensor) -> bool:
+    if have.numel() != got.numel():
+        warnings.warn(f"{where}: amax history of length {got.numel()} does not fit the layer's history length "
+                      f"{have.numel()}; the delayed-scaling state starts fresh", UserWarning, stacklevel=4)
+        return False
+    return True
+
+
+def several_ranks() -> bool:
+    """True when torch.distributed is initialised with more than one rank."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def all_reduce_max(rows: List[torch.Tensor]) -> None:
+    """MAX-reduce `rows` (1-element amax views) in place over the default process group, as one collective (no-op
+    with one rank or without torch.distributed)."""
+    import torch.distributed as dist
+
+    if not rows or not several_ranks():
+        return
+    flat = torch.cat([r.reshape(1).float() for r in rows])
+    if dist.get_backend() == "nccl" and flat.device.type != "cuda":
+        flat = flat.to(torch.device("cuda", torch.cuda.current_device()))
+    dist.all_reduce(flat, op=dist.ReduceOp.MAX)
+    flat = flat.to(rows[0].device)
+    for i, row in enumerate(rows):
+        row.copy_(flat[i:i + 1].reshape(row.shape))

@@ -1,0 +1,84 @@
+"""Warnings for debug sessions that would otherwise do nothing without a word.
+
+A config or training loop mistake can leave a session writing no statistics at all.  These checks turn the common
+cases into one `UserWarning` each (also written to the main log):
+
+- a config section that selects none of the layers that ran by the end of the session's first iteration (a typo in
+  a selector, layer names that differ from what the config expects, a model that was not converted; when no
+  tedebug layer ran but the hooks were called directly, by a custom integration, the check is left out);
+- `end_debug()` while tedebug layers ran but `debug_api.step()` was never called (statistics are emitted at
+  `step()`, so nothing was written);
+- `end_debug()` while statistics fed since the last `step()` are still pending (they are dropped: call `step()`
+  after the last iteration).
+
+Cost: the debug gate notes each layer name once per session (`note_layer`); `after_step` does its work once, at the
+first step; `before_close` once.  Nothing runs per tensor or per iteration beyond one dict lookup.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any, List
+
+__all__ = ["note_layer", "after_step", "before_close"]
+
+_LAYERS = "usage_checks.layers"  # session memo: layer name -> True, for every layer that ran
+_STATE = "usage_checks.state"  # session memo: "first_step" -> iteration of the first step, "steps" -> count
+
+
+def note_layer(session: Any, layer_name: str) -> None:
+    """Record that a tedebug layer named `layer_name` ran in `session`."""
+    layers = session.memo(_LAYERS)
+    if layer_name not in layers:
+        layers[layer_name] = True
+
+
+def _warn(session: Any, message: str) -> None:
+    session.log_message(message, level=logging.INFO)
+    warnings.warn(message, UserWarning, stacklevel=4)
+
+
+def after_step(session: Any, finished_iteration: int) -> None:
+    """Called at the end of every `step()`; at the first one, warn about sections that selected no layer."""
+    state = session.memo(_STATE)
+    state["steps"] = state.get("steps", 0) + 1
+    if state["steps"] != 1:
+        return
+    config = session.config
+    layers: List[str] = list(session.memo(_LAYERS))
+    if not layers and _hooks_called_directly(session):
+        return  # the hooks were driven without tedebug layers (a custom integration): their layers are unknown here
+    for section in getattr(config, "sections", {}).values():
+        if any(section.matches(name) for name in layers):
+            continue
+        seen = ", ".join(layers[:8]) + (f", ... ({len(layers)} in all)" if len(layers) > 8 else "")
+        where = f" (line {section.line})" if getattr(section, "line", None) else ""
+        _warn(session, f"tedebug: config section '{section.name}'{where} selected no layer by the end of the first "
+                       f"iteration ({finished_iteration}); it will log nothing unless layers with other names run "
+                       f"later. Layers that ran: {seen or 'none (convert the model with tedebug.convert_model)'}")
+
+
+def _hooks_called_directly(session: Any) -> bool:
+    namespaces = getattr(session, "namespaces", {})
+    return any(getattr(ns, "cache_size", 0) for ns in namespaces.values())
+
+
+def before_close(session: Any) -> None:
+    """Called at `end_debug()` before anything is closed: warn when `step()` was never called while layers ran,
+    and when statistics fed since the last `step()` are about to be dropped."""
+    layers = session.memo(_LAYERS)
+    steps = session.memo(_STATE).get("steps", 0)
+    if layers and steps == 0:
+        _warn(session, f"tedebug: {len(layers)} layers ran but debug_api.step() was never called; statistics are "
+                       f"emitted at step(), so nothing was logged. Call debug_api.step() at the end of every "
+                       f"training iteration.")
+        return
+    store = getattr(session.stats, "_store", None)
+    pending = store.fed() if store is not None else ()
+    if pending:
+        names = sorted({f"{row.key[0]}/{row.key[1]}" for row in pending if hasattr(row, "key")})
+        shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
+        _warn(session, f"tedebug: end_debug() drops the statistics of {len(pending)} tensors fed since the last "
+                       f"debug_api.step() (iteration {session.iteration}{': ' + shown if shown else ''}); call "
+                       f"debug_api.step() after the last iteration to write them.")
