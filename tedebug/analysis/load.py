@@ -1,0 +1,155 @@
+"""Statistics of a finished run as data: `load_stats(run_dir)` reads the JSONL record into a pandas DataFrame.
+
+The record is what `tedebug.sinks.jsonl.JsonlSink` writes for every session: one file per rank,
+``<log_dir>/tedebug_statistics/metrics_globalrank-<R>.jsonl``, one JSON object per statistic with ``iteration``,
+``name``, ``layer``, ``tensor``, ``stat``, ``value`` (``null`` plus ``nonfinite`` for NaN / ±Inf).  This module owns
+reading it back; the report and the comparison (`tedebug.analysis.report`, `tedebug.analysis.compare`) start from
+its DataFrame.
+
+DataFrame columns: ``iteration`` (int64), ``layer``, ``tensor``, ``stat`` (categoricals), ``value`` (float64, NaN /
+±Inf restored), ``rank`` (int64, from the file name).  The ``layer`` categories are in the order in which layers
+first appear in the record, which is the order of the forward pass (the statistics engine emits buffers in feed
+order): `model_depth_order` relies on it.  Scalars logged without layer / tensor / stat (a plain ``log_scalar(name,
+...)``) are not statistics of a layer and are left out; `load_stats` counts them in ``df.attrs["unstructured"]``.
+
+Reading is one C-level ``json.loads`` per file (the lines joined into one array); a malformed line is reported
+with its file and line number.  A last line cut short (a run killed while writing) is dropped with a warning.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import warnings
+from typing import Any, Dict, List, Tuple
+
+import numpy as np
+
+RECORD_DIR = "tedebug_statistics"  # tedebug.session.JSONL_DIR (not imported: the session pulls in torch)
+RECORD_FILE = re.compile(r"metrics_globalrank-(\d+)\.jsonl$")
+COLUMNS = ("iteration", "layer", "tensor", "stat", "value", "rank")
+_NONFINITE = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
+
+
+def _pandas():
+    try:
+        import pandas
+    except ImportError as error:  # pragma: no cover - pandas is in the test extra
+        raise ImportError("tedebug.load_stats needs pandas: pip install 'tedebug[report]'") from error
+    return pandas
+
+
+def record_files(run_dir: str) -> List[Tuple[int, str]]:
+    """(rank, path) of every record file of a run, by rank.  `run_dir` is the run's ``log_dir``, its
+    ``tedebug_statistics`` folder, or one ``metrics_globalrank-<R>.jsonl`` file; FileNotFoundError when none."""
+    run_dir = os.fspath(run_dir)
+    if os.path.isfile(run_dir):
+        candidates = [run_dir]
+    else:
+        folder = os.path.join(run_dir, RECORD_DIR)
+        candidates = glob.glob(os.path.join(folder if os.path.isdir(folder) else run_dir, "*.jsonl"))
+    files = []
+    for path in candidates:
+        match = RECORD_FILE.search(os.path.basename(path))
+        if match is None:
+            if os.path.isfile(run_dir):
+                raise ValueError(f"{path}: not a tedebug statistics record (expected a file named "
+                                 f"metrics_globalrank-<R>.jsonl)")
+            continue  # another tool's .jsonl next to ours
+        files.append((int(match.group(1)), path))
+    if not files:
+        raise FileNotFoundError(f"no tedebug statistics record under {run_dir!r}: expected "
+                                f"{os.path.join(run_dir, RECORD_DIR, 'metrics_globalrank-<R>.jsonl')} (the "
+                                f"log_dir given to debug_api.initialize)")
+    return sorted(files)
+
+
+def _parse_lines(path: str) -> List[Dict[str, Any]]:
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+    body = text.strip()
+    if not body:
+        return []
+    try:
+        return json.loads("[" + body.replace("\n", ",") + "]")  # JSON strings never hold a raw newline
+    except json.JSONDecodeError:
+        pass  # find the bad line, with its number
+    lines = text.split("\n")
+    last = max(i for i, line in enumerate(lines) if line.strip())
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            if number - 1 == last and not text.endswith("\n"):
+                warnings.warn(f"{path}:{number}: dropped a last line cut short (the run stopped while writing)")
+                continue
+            raise ValueError(f"{path}:{number}: not a JSON object ({error.msg}): {line.strip()[:200]}") from None
+    return records
+
+
+def _columns(records: List[Dict[str, Any]], path: str, rank: int, out: Dict[str, list]) -> int:
+    """Append the structured records of one file to `out`; returns how many records were unstructured."""
+    unstructured = 0
+    try:
+        for record in records:
+            layer, tensor, stat = record["layer"], record["tensor"], record["stat"]
+            if layer is None or tensor is None or stat is None:
+                unstructured += 1
+                continue
+            value = record["value"]
+            out["iteration"].append(int(record["iteration"]))
+            out["layer"].append(layer)
+            out["tensor"].append(tensor)
+            out["stat"].append(stat)
+            out["value"].append(_NONFINITE[record["nonfinite"]] if value is None else float(value))
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"{path}: not a tedebug statistics record ({error!r} in {str(record)[:200]})") from None
+    out["rank"].extend([rank] * (len(out["iteration"]) - len(out["rank"])))
+    return unstructured
+
+
+def load_stats(run_dir: str):
+    """Every statistic of a run as a DataFrame with columns (iteration, layer, tensor, stat, value, rank); see the
+    module docstring.
+
+    >>> df = tedebug.load_stats("runs/demo")
+    >>> df[df.stat == "underflows%"].pivot_table(index="iteration", columns="layer", values="value")
+    """
+    pd = _pandas()
+    out: Dict[str, list] = {name: [] for name in COLUMNS}
+    unstructured = 0
+    files = record_files(run_dir)
+    for rank, path in files:
+        unstructured += _columns(_parse_lines(path), path, rank, out)
+    frame = pd.DataFrame({
+        "iteration": np.asarray(out["iteration"], dtype=np.int64),
+        "layer": pd.Categorical(out["layer"], categories=list(dict.fromkeys(out["layer"]))),
+        "tensor": pd.Categorical(out["tensor"], categories=list(dict.fromkeys(out["tensor"]))),
+        "stat": pd.Categorical(out["stat"], categories=list(dict.fromkeys(out["stat"]))),
+        "value": np.asarray(out["value"], dtype=np.float64),
+        "rank": np.asarray(out["rank"], dtype=np.int64),
+    })
+    frame.attrs["run_dir"] = os.fspath(run_dir)
+    frame.attrs["files"] = [path for _, path in files]
+    frame.attrs["unstructured"] = unstructured
+    return frame
+
+
+def model_depth_order(frame) -> List[str]:
+    """Layer names in model order (first appearance in the record, i.e. forward order), only those in `frame`."""
+    present = set(frame["layer"].unique())
+    return [layer for layer in frame["layer"].cat.categories if layer in present]
+
+
+def one_value_per_point(frame):
+    """`frame` with one row per (layer, tensor, stat, iteration): the lowest rank's value where several ranks
+    logged the same point (statistics reduced across ranks are the same on every rank that logs them)."""
+    if frame["rank"].nunique() <= 1:
+        return frame
+    ordered = frame.sort_values("rank", kind="stable")
+    return ordered.drop_duplicates(["layer", "tensor", "stat", "iteration"], keep="first").sort_index()
