@@ -94,23 +94,22 @@ def _parse_lines(path: str) -> List[Dict[str, Any]]:
 
 def _columns(records: List[Dict[str, Any]], path: str, rank: int, out: Dict[str, list]) -> int:
     """Append the structured records of one file to `out`; returns how many records were unstructured."""
-    unstructured = 0
     try:
-        for record in records:
-            layer, tensor, stat = record["layer"], record["tensor"], record["stat"]
-            if layer is None or tensor is None or stat is None:
-                unstructured += 1
-                continue
-            value = record["value"]
-            out["iteration"].append(int(record["iteration"]))
-            out["layer"].append(layer)
-            out["tensor"].append(tensor)
-            out["stat"].append(stat)
-            out["value"].append(_NONFINITE[record["nonfinite"]] if value is None else float(value))
-    except (KeyError, TypeError, ValueError) as error:
-        raise ValueError(f"{path}: not a tedebug statistics record ({error!r} in {str(record)[:200]})") from None
-    out["rank"].extend([rank] * (len(out["iteration"]) - len(out["rank"])))
-    return unstructured
+        kept = [r for r in records if r["layer"] is not None and r["tensor"] is not None and r["stat"] is not None]
+        out["iteration"].extend([r["iteration"] for r in kept])
+        out["layer"].extend([r["layer"] for r in kept])
+        out["tensor"].extend([r["tensor"] for r in kept])
+        out["stat"].extend([r["stat"] for r in kept])
+        values = [r["value"] for r in kept]
+        for i in [i for i, v in enumerate(values) if v is None]:
+            values[i] = _NONFINITE[kept[i]["nonfinite"]]
+        out["value"].extend(values)
+    except (KeyError, TypeError) as error:
+        required = set(COLUMNS[:5])
+        bad = next((r for r in records if not isinstance(r, dict) or not required <= set(r)), None)
+        raise ValueError(f"{path}: not a tedebug statistics record ({error!r} in {str(bad)[:200]})") from None
+    out["rank"].extend([rank] * len(kept))
+    return len(records) - len(kept)
 
 
 def load_stats(run_dir: str):

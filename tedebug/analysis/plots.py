@@ -5,7 +5,8 @@ figure through the object API (`matplotlib.figure.Figure`, no pyplot state), so 
 user's interactive backend.  Each function takes plain numpy arrays and returns a `Figure`; `encode` turns one into
 bytes of a format.
 
-Large runs stay fast: a matrix with more than `MAX_COLUMNS` iterations is binned to that many columns keeping the
+Large runs stay fast: a matrix with more than `MAX_COLUMNS` iterations (`MAX_LINE_POINTS` for line charts) is binned
+to that many columns keeping the
 *largest* value of each bin (a spike survives downsampling), and all ordinary lines of a chart are one
 `LineCollection` (a single draw call).  Lines of the highlighted (worst) layers are drawn on top in colour, every
 other layer in thin grey.
@@ -19,6 +20,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 MAX_COLUMNS = 400
+MAX_LINE_POINTS = 250
 HIGHLIGHT_COLOURS = ("#d62728", "#1f77b4", "#ff7f0e")
 GREY = "#9a9a9a"
 DPI = 80
@@ -60,7 +62,7 @@ def line_chart(title: str, panels: Sequence[Tuple[str, np.ndarray, np.ndarray, S
     figure = _figure(4.6 * len(panels) + 0.4, 3.4)
     axes = figure.subplots(1, len(panels), squeeze=False)[0]
     for ax, (tensor, iterations, matrix, names, highlight) in zip(axes, panels):
-        iterations, matrix = downsample(iterations, matrix)
+        iterations, matrix = downsample(iterations, matrix, MAX_LINE_POINTS)
         x = iterations.astype(np.float64)
         log = _use_log_scale(matrix)
         plotted = np.where(np.isfinite(matrix), matrix, np.nan)
@@ -68,7 +70,7 @@ def line_chart(title: str, panels: Sequence[Tuple[str, np.ndarray, np.ndarray, S
             ax.set_yscale("log")
         rest = [np.column_stack([x, row]) for i, row in enumerate(plotted) if i not in set(highlight)]
         if rest:
-            ax.add_collection(LineCollection(rest, colors=GREY, linewidths=0.6, alpha=0.6,
+            ax.add_collection(LineCollection(rest, colors=GREY, linewidths=0.6, antialiaseds=len(rest) < 64,
                                              label=f"other layers ({len(rest)})"))
         for colour, i in zip(HIGHLIGHT_COLOURS, highlight):
             ax.plot(x, plotted[i], color=colour, linewidth=1.6, label=names[i])
@@ -115,9 +117,10 @@ def heatmap(title: str, panels: Sequence[Tuple[str, np.ndarray, np.ndarray, Sequ
     image = None
     for ax, (tensor, iterations, values, names) in zip(axes, shown):
         x0 = float(iterations[0]) if iterations.size else 0.0
-        x1 = float(iterations[-1]) if iterations.size > 1 else x0 + 1
+        x1 = float(iterations[-1]) if iterations.size else 0.0
+        half = (x1 - x0) / (2 * (iterations.size - 1)) if iterations.size > 1 else 0.5  # columns centred
         image = ax.imshow(np.ma.masked_invalid(values), aspect="auto", interpolation="nearest", cmap=cmap,
-                          norm=norm, extent=(x0, x1, len(names) - 0.5, -0.5))
+                          norm=norm, extent=(x0 - half, x1 + half, len(names) - 0.5, -0.5))
         ax.set_title(tensor, fontsize=10)
         ax.set_xlabel("iteration")
         step = max(1, len(names) // 40)

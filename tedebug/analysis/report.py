@@ -202,7 +202,7 @@ def worst_section(data: Dict[str, List[Grid]]) -> Section:
                 continue
             peak_at = magnitude.argmax(axis=1)
             for i, layer in enumerate(grid.layers):
-                if not np.isfinite(magnitude[i, peak_at[i]]):
+                if not magnitude[i, peak_at[i]] > 0:  # all zero (e.g. nan_count of a healthy run) or not finite
                     continue
                 logged = np.flatnonzero(~np.isnan(grid.matrix[i]))
                 last = logged[-1]
