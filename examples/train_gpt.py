@@ -91,8 +91,8 @@ def progress_bar(total: int, stream=None):
     interactive = hasattr(stream, "isatty") and stream.isatty()
     return tqdm(total=total, file=stream, unit="step", ascii=not interactive, dynamic_ncols=interactive,
                 mininterval=0.1 if interactive else 0.0, miniters=None if interactive else max(1, total // 10),
-                bar_format="{l_bar}{bar:30}| step {n_fmt}/{total_fmt} {postfix} [{elapsed}<{remaining}, "
-                           "{rate_inv_fmt}]" if not interactive else None)
+                bar_format="{l_bar}{bar:30}| step {n_fmt}/{total_fmt}{postfix} [{elapsed}<{remaining}, "
+                           "{rate_inv_fmt}]")
 
 
 @dataclass
