@@ -113,11 +113,8 @@ def grids(frame) -> Dict[str, List[Grid]]:
 
 
 def _fmt(value: float) -> str:
-    if not np.isfinite(value):
-        return str(value)
-    if value == 0 or 1e-3 <= abs(value) < 1e5:
-        return f"{value:.4f}"
-    return f"{value:.3e}"
+    """Five significant digits (``nan``, ``inf`` as such)."""
+    return f"{value:.5g}" if np.isfinite(value) else str(value)
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> Tuple[str, str]:
