@@ -183,8 +183,8 @@ class TensorBoardSink(Sink):
         self.writer.add_scalar(tag, float(value), iteration)
         if tag != name:
             self._note_chart(tensor, stat, layer)
-            if self.summaries:
-                self._note_value(iteration, tensor, stat, layer, value)
+        if self.summaries and layer is not None and tensor is not None and stat is not None:
+            self._note_value(iteration, tensor, stat, layer, value)
 
     def log_user_scalar(self, tag: str, value: Any, iteration: int) -> None:
         """A scalar of the training script (e.g. ``"train/loss"``) under `tag`, charted in the layout's "user"
@@ -204,6 +204,7 @@ class TensorBoardSink(Sink):
             super().log_scalars(records)
             return
         file_writer = self.writer._get_file_writer()  # what add_scalar writes through (reopened after close)
+        summaries = self.summaries
         tags: List[str] = []
         values: List[float] = []
         run_iteration = None
@@ -217,8 +218,8 @@ class TensorBoardSink(Sink):
             values.append(float(value))
             if tag != name:
                 self._note_chart(tensor, stat, layer)
-                if self.summaries:
-                    self._note_value(iteration, tensor, stat, layer, values[-1])
+            if summaries and layer is not None and tensor is not None and stat is not None:
+                self._note_value(iteration, tensor, stat, layer, values[-1])
         if tags:
             file_writer.add_summary(self._summary(tags, values), run_iteration)
 
