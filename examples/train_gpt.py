@@ -62,12 +62,17 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                              "quantization, torch.autocast to bfloat16)")
     parser.add_argument("--log-dir", default="runs/demo", help="where logs go (default runs/demo)")
     parser.add_argument("--device", default="auto", help="auto (CUDA when available, else CPU), cpu, cuda, cuda:1 ...")
+    parser.add_argument("--n-layer", type=int, default=2,
+                        help="transformer blocks (default 2; e.g. 32 gives 128 tedebug layers, to try the tools on a "
+                             "deep model)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps must be >= 1, got {args.steps}")
+    if args.n_layer < 1:
+        parser.error(f"--n-layer must be >= 1, got {args.n_layer}")
     if args.config is None:
         args.config = os.path.join(REPO_ROOT, DEFAULT_CONFIGS.get(args.recipe, "configs/demo.yaml"))
     return args
@@ -173,17 +178,21 @@ def start_debugging(config: str, log_dir: str) -> TensorBoardSink:
     return sink
 
 
-def tensorboard_hint(tensorboard_dir: str, tag_filter: str = "underflows") -> str:
-    """How to open TensorBoard on the run: the venv's ``tensorboard`` with every scalar kept, a URL with smoothing 0
-    and a tag filter, and the two settings that hide the worst layer by default."""
+def tensorboard_hint(tensorboard_dir: str, tag_filter: str = "summary/") -> str:
+    """How to open TensorBoard on the run: the venv's ``tensorboard`` keeping up to 100000 points per scalar (its
+    default keeps 1000, sampled at random, which can drop a spike; ``scalars=0`` keeps none in TensorBoard 2.21), a
+    URL with smoothing 0 and a tag filter on the cross-layer summaries, and the two settings that hide the worst
+    layer by default."""
     venv_tensorboard = os.path.join(os.path.dirname(sys.executable), "tensorboard")
     command = shown_path(venv_tensorboard) if os.path.isfile(venv_tensorboard) else "tensorboard"
     return "\n".join([
-        f"Open TensorBoard: {command} --logdir {tensorboard_dir} --samples_per_plugin scalars=0",
+        f"Open TensorBoard: {command} --logdir {tensorboard_dir} --samples_per_plugin scalars=100000",
         f"  then browse http://localhost:6006/?smoothing=0&tagFilter={tag_filter}#timeseries",
-        "  Settings (gear, top right): untick 'Ignore outliers in chart scaling', or the worst layer is cut off;",
-        "  CUSTOM SCALARS tab: untick its own 'Ignore outliers in chart scaling' and set smoothing to 0.",
-        "  summary/<tensor>/<stat>/{max,p90,median} and .../argmax (TEXT tab) name the worst layer per step.",
+        "  (summary/<tensor>/<stat>/max, p90, median over layers; the TEXT tab names the layer of the max)",
+        "  Change two settings, or the worst layer's line is cut off: TIME SERIES > Settings (right of the tag "
+        "filter): untick 'Ignore outliers in chart scaling';",
+        "  CUSTOM SCALARS (charts of at most 16 layers): untick 'Ignore outliers in chart scaling' and set "
+        "Smoothing to 0.",
     ])
 
 
@@ -235,7 +244,7 @@ def main(argv: Optional[Sequence[str]] = None) -> DemoResult:
     tensorboard_dir = os.path.join(args.log_dir, TENSORBOARD_SUBDIR)  # before the model is built, as with TE
     try:
         data = make_sorting_dataset(seed=args.seed + 1234)
-        model = convert_to_tedebug(GPT(GPTConfig(vocab_size=len(VOCAB), block_size=data.seq_len))).to(device)
+        model = convert_to_tedebug(GPT(GPTConfig(vocab_size=len(VOCAB), block_size=data.seq_len, n_layer=args.n_layer))).to(device)
         n_params = sum(p.numel() for p in model.parameters())
         print(f"Training a {model.config.n_layer}-layer GPT ({n_params / 1e3:.0f}k parameters) to sort "
               f"{data.n_digits} digits on {device}, recipe {args.recipe} "

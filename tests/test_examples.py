@@ -400,8 +400,8 @@ def test_demo_writes_text_log_jsonl_and_tensorboard(demo_run):
         [summary_max] = [s.value for s in events.Scalars("summary/gradient/underflows%/max") if s.step == iteration]
         assert summary_max == pytest.approx(max(values), rel=1e-6)
     assert train_gpt.tensorboard_hint(tensorboard_dir) in out
-    assert f"--logdir {tensorboard_dir} --samples_per_plugin scalars=0\n" in out
-    assert "http://localhost:6006/?smoothing=0&tagFilter=underflows#timeseries" in out
+    assert f"--logdir {tensorboard_dir} --samples_per_plugin scalars=100000\n" in out
+    assert "http://localhost:6006/?smoothing=0&tagFilter=summary/#timeseries" in out
 
 
 def test_demo_summary_matches_the_text_log(demo_run):
@@ -450,6 +450,6 @@ def test_demo_script_entry_point(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert out.startswith("Training a 2-layer GPT (103k parameters) to sort 8 digits on cpu, recipe current "
                           "(Float8CurrentScaling), 1 steps\n")
-    assert "--logdir runs/demo/tensorboard --samples_per_plugin scalars=0\n" in out
+    assert "--logdir runs/demo/tensorboard --samples_per_plugin scalars=100000\n" in out
     assert "tedebug report runs/demo -o runs/demo/report.html\n" in out
     assert os.path.isfile(tmp_path / "runs" / "demo" / "tedebug_statistics" / "metrics_globalrank-0.jsonl")
