@@ -178,7 +178,7 @@ def start_debugging(config: str, log_dir: str) -> TensorBoardSink:
     return sink
 
 
-def tensorboard_hint(tensorboard_dir: str, tag_filter: str = "summary/") -> str:
+def tensorboard_hint(tensorboard_dir: str, tag_filter: str = "summary/.*/max") -> str:
     """How to open TensorBoard on the run: the venv's ``tensorboard`` keeping up to 100000 points per scalar (its
     default keeps 1000, sampled at random, which can drop a spike; ``scalars=0`` keeps none in TensorBoard 2.21), a
     URL with smoothing 0 and a tag filter on the cross-layer summaries, and the two settings that hide the worst
@@ -188,7 +188,8 @@ def tensorboard_hint(tensorboard_dir: str, tag_filter: str = "summary/") -> str:
     return "\n".join([
         f"Open TensorBoard: {command} --logdir {tensorboard_dir} --samples_per_plugin scalars=100000",
         f"  then browse http://localhost:6006/?smoothing=0&tagFilter={tag_filter}#timeseries",
-        "  (summary/<tensor>/<stat>/max, p90, median over layers; the TEXT tab names the layer of the max)",
+        "  (summary/<tensor>/<stat>/max: the worst layer of each statistic; also p90 and median over layers; the "
+        "TEXT tab names the layer of the max)",
         "  Change two settings, or the worst layer's line is cut off: TIME SERIES > Settings (right of the tag "
         "filter): untick 'Ignore outliers in chart scaling';",
         "  CUSTOM SCALARS (charts of at most 16 layers): untick 'Ignore outliers in chart scaling' and set "

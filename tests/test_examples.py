@@ -401,7 +401,7 @@ def test_demo_writes_text_log_jsonl_and_tensorboard(demo_run):
         assert summary_max == pytest.approx(max(values), rel=1e-6)
     assert train_gpt.tensorboard_hint(tensorboard_dir) in out
     assert f"--logdir {tensorboard_dir} --samples_per_plugin scalars=100000\n" in out
-    assert "http://localhost:6006/?smoothing=0&tagFilter=summary/#timeseries" in out
+    assert "http://localhost:6006/?smoothing=0&tagFilter=summary/.*/max#timeseries" in out
 
 
 def test_demo_summary_matches_the_text_log(demo_run):

@@ -98,7 +98,7 @@ def heatmap(title: str, panels: Sequence[Tuple[str, np.ndarray, np.ndarray, Sequ
     from matplotlib.colors import LogNorm, Normalize
 
     rows = max(len(p[3]) for p in panels)
-    figure = _figure(4.6 * len(panels) + 1.6, min(2.0 + 0.16 * rows, 24.0))
+    figure = _figure(4.6 * len(panels) + 1.6, min(2.0 + 0.07 * rows, 11.0))
     axes = figure.subplots(1, len(panels), squeeze=False)[0]
     shown = []
     for tensor, iterations, matrix, names in panels:
@@ -123,7 +123,7 @@ def heatmap(title: str, panels: Sequence[Tuple[str, np.ndarray, np.ndarray, Sequ
                           norm=norm, extent=(x0 - half, x1 + half, len(names) - 0.5, -0.5))
         ax.set_title(tensor, fontsize=10)
         ax.set_xlabel("iteration")
-        step = max(1, len(names) // 40)
+        step = max(1, -(-len(names) // 48))  # at most 48 labels
         ax.set_yticks(range(0, len(names), step))
         ax.set_yticklabels([names[i] for i in range(0, len(names), step)], fontsize=6)
     if image is not None:
