@@ -142,9 +142,15 @@ def _add_bench(subparsers) -> None:  # registered by the gpu helper; body in ted
 
 
 # ------------------------------------------------------------------------------------------------- report / compare
-def run_report(args: argparse.Namespace) -> int:  # body in tedebug/analysis/report.py
-    from tedebug.analysis.report import build_report, write_report
+def _analysis_missing(err: ImportError) -> int:
+    return _error(f"{err}; the after-the-run tools need the 'report' extra: pip install 'tedebug[report]'")
 
+
+def run_report(args: argparse.Namespace) -> int:  # body in tedebug/analysis/report.py
+    try:
+        from tedebug.analysis.report import build_report, write_report
+    except ImportError as err:
+        return _analysis_missing(err)
     try:
         report = build_report(args.run_dir, compare_to=args.compare, threshold=args.threshold, stats=args.stat,
                               config_path=args.config)
@@ -179,7 +185,11 @@ def _add_report(subparsers) -> None:
 
 
 def run_compare(args: argparse.Namespace) -> int:  # body in tedebug/analysis/compare.py
-    from tedebug.analysis.compare import compare_runs, format_comparison
+    try:
+        from tedebug.analysis.compare import compare_runs, format_comparison
+        import pandas  # noqa: F401  (compare_runs needs it)
+    except ImportError as err:
+        return _analysis_missing(err)
 
     try:
         comparison = compare_runs(args.run_a, args.run_b, threshold=args.threshold, stats=args.stat)
