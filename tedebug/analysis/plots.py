@@ -46,7 +46,16 @@ def downsample(iterations: np.ndarray, matrix: np.ndarray, max_columns: int = MA
 def _figure(width: float, height: float):
     from matplotlib.figure import Figure
 
-    return Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+    return Figure(figsize=(width, height), dpi=DPI)  # margins set by _margins (constrained layout: 2x slower)
+
+
+def _margins(figure, *, left: float, right: float = 0.25, top: float = 0.65, bottom: float = 0.5,
+             gap: float = 0.6, panels: int = 1) -> None:
+    """Fixed margins in inches (`gap`: between panels)."""
+    width, height = figure.get_size_inches()
+    panel = max((width - left - right - gap * (panels - 1)) / panels, 0.5)
+    figure.subplots_adjust(left=left / width, right=1 - right / width, top=1 - top / height,
+                           bottom=bottom / height, wspace=gap / panel)
 
 
 def _use_log_scale(values: np.ndarray) -> bool:
@@ -60,6 +69,7 @@ def line_chart(title: str, panels: Sequence[Tuple[str, np.ndarray, np.ndarray, S
     from matplotlib.collections import LineCollection
 
     figure = _figure(4.6 * len(panels) + 0.4, 3.4)
+    _margins(figure, left=0.75, gap=0.75, panels=len(panels))
     axes = figure.subplots(1, len(panels), squeeze=False)[0]
     for ax, (tensor, iterations, matrix, names, highlight) in zip(axes, panels):
         iterations, matrix = downsample(iterations, matrix, MAX_LINE_POINTS)
@@ -84,7 +94,7 @@ def line_chart(title: str, panels: Sequence[Tuple[str, np.ndarray, np.ndarray, S
         ax.set_title(f"{tensor}", fontsize=10)
         ax.set_xlabel("iteration")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="best")
+        ax.legend(fontsize=7, loc="upper left", framealpha=0.7)  # "best" scans every line: slow
     figure.suptitle(title, fontsize=11)
     return figure
 
@@ -98,7 +108,9 @@ def heatmap(title: str, panels: Sequence[Tuple[str, np.ndarray, np.ndarray, Sequ
     from matplotlib.colors import LogNorm, Normalize
 
     rows = max(len(p[3]) for p in panels)
-    figure = _figure(4.6 * len(panels) + 1.6, min(2.0 + 0.07 * rows, 11.0))
+    label = 0.15 + 0.045 * max((len(name) for p in panels for name in p[3]), default=4)  # layer names, 6 pt
+    figure = _figure((3.6 + label) * len(panels) + 1.4, min(2.0 + 0.07 * rows, 11.0))
+    _margins(figure, left=label, right=1.3, gap=label + 0.1, panels=len(panels))
     axes = figure.subplots(1, len(panels), squeeze=False)[0]
     shown = []
     for tensor, iterations, matrix, names in panels:
@@ -127,7 +139,10 @@ def heatmap(title: str, panels: Sequence[Tuple[str, np.ndarray, np.ndarray, Sequ
         ax.set_yticks(range(0, len(names), step))
         ax.set_yticklabels([names[i] for i in range(0, len(names), step)], fontsize=6)
     if image is not None:
-        figure.colorbar(image, ax=list(axes), label=colour_label, shrink=0.9)
+        width = figure.get_size_inches()[0]
+        bar = figure.add_axes((1 - 1.05 / width, axes[0].get_position().y0, 0.18 / width,
+                               axes[0].get_position().height))
+        figure.colorbar(image, cax=bar, label=colour_label)
     figure.suptitle(title, fontsize=11)
     return figure
 
