@@ -3,11 +3,15 @@
 Steps: start a debug session (`debug_api.initialize`, before the model is built) with a TensorBoard sink next to
 the default stats text log and the JSONL record; build the GPT of examples/gpt.py and convert its block Linear
 layers to tedebug layers; train on the generated sorting task of examples/data.py inside
-``tedebug.autocast(recipe=...)`` with AdamW, calling ``debug_api.step()`` after each iteration; close the session;
-report the validation loss and sorting accuracy, a few sorted samples, the worst layers by underflow% and MSE
-(examples/summary.py) and how to open TensorBoard.  Runs on CPU in about a minute; uses CUDA when present.
+``tedebug.autocast(recipe=...)`` (``--recipe bf16``: ``torch.autocast`` to bfloat16, no quantization, the
+high-precision twin for ``tedebug compare``) with AdamW, logging the loss to TensorBoard next to the statistics
+and calling ``debug_api.step()`` after each iteration (a tqdm progress bar shows it); close the session; report the
+validation loss and sorting accuracy, a few sorted samples, the worst layers by underflow% and MSE
+(examples/summary.py), the ``tedebug report`` command and how to open TensorBoard (`tensorboard_hint`).  Runs on
+CPU in about a minute; uses CUDA when present.
 
     python examples/train_gpt.py [--steps N] [--config configs/demo.yaml] [--recipe current] [--log-dir runs/demo]
+                                 [--n-layer 2]
 """
 
 from __future__ import annotations
@@ -16,7 +20,6 @@ import argparse
 import math
 import os
 import sys
-import time
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
@@ -241,11 +244,12 @@ def main(argv: Optional[Sequence[str]] = None) -> DemoResult:
     torch.manual_seed(args.seed)
     recipe = make_recipe(args.recipe)
 
-    tensorboard = start_debugging(args.config, args.log_dir)
-    tensorboard_dir = os.path.join(args.log_dir, TENSORBOARD_SUBDIR)  # before the model is built, as with TE
+    tensorboard = start_debugging(args.config, args.log_dir)  # before the model is built, as with TE
+    tensorboard_dir = os.path.join(args.log_dir, TENSORBOARD_SUBDIR)
     try:
         data = make_sorting_dataset(seed=args.seed + 1234)
-        model = convert_to_tedebug(GPT(GPTConfig(vocab_size=len(VOCAB), block_size=data.seq_len, n_layer=args.n_layer))).to(device)
+        config = GPTConfig(vocab_size=len(VOCAB), block_size=data.seq_len, n_layer=args.n_layer)
+        model = convert_to_tedebug(GPT(config)).to(device)
         n_params = sum(p.numel() for p in model.parameters())
         print(f"Training a {model.config.n_layer}-layer GPT ({n_params / 1e3:.0f}k parameters) to sort "
               f"{data.n_digits} digits on {device}, recipe {args.recipe} "

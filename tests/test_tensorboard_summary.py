@@ -6,7 +6,6 @@ import re
 
 import numpy as np
 import pytest
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.tensorboard import SummaryWriter
 
 from tedebug.sinks.tensorboard import TensorBoardSink, chart_groups, cross_layer_summary, layer_type

@@ -170,7 +170,7 @@ def load_stats(run_dir: str):
     module docstring.
 
     >>> df = tedebug.load_stats("runs/demo")
-    >>> df[df.stat == "underflows%"].pivot_table(index="iteration", columns="layer", values="value")
+    >>> df[df.stat == "underflows%"].pivot_table(index="iteration", columns="layer", values="value", observed=True)
     """
     pd = _pandas()
     out: Dict[str, list] = {name: [] for name in COLUMNS}

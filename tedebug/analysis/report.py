@@ -47,7 +47,7 @@ WORST_PER_STAT = 3
 
 
 @dataclass
-class Figure:
+class ReportFigure:
     """One figure of the report: `name` is its file stem; `kind` lines / heatmap / compare."""
 
     name: str
@@ -63,7 +63,7 @@ class Section:
     title: str
     html: str = ""
     text: str = ""
-    figures: List[Figure] = field(default_factory=list)
+    figures: List[ReportFigure] = field(default_factory=list)
 
 
 @dataclass
@@ -73,7 +73,7 @@ class Report:
     seconds: float = 0.0
 
     @property
-    def figures(self) -> List[Figure]:
+    def figures(self) -> List[ReportFigure]:
         return [f for s in self.sections for f in s.figures]
 
 
@@ -225,8 +225,8 @@ def heatmap_section(data: Dict[str, List[Grid]]) -> Section:
         figure = plots.heatmap(f"{stat} (layers in model order)", panels, log_colour=log,
                                colour_label=stat + (" (log scale)" if log else ""),
                                cmap="magma" if log else "viridis")
-        section.figures.append(Figure(f"heatmap_{_slug(stat)}", "heatmap", stat, f"{stat}: layers × iterations",
-                                      figure))
+        section.figures.append(ReportFigure(f"heatmap_{_slug(stat)}", "heatmap", stat,
+                                            f"{stat}: layers × iterations", figure))
     if not section.figures:
         section.html = ("<p>No quantization statistic (underflows%, overflows%, mse, dynamic_range) in this "
                         "record.</p>")
@@ -239,7 +239,7 @@ def lines_section(data: Dict[str, List[Grid]]) -> Section:
     for stat, stat_grids in data.items():
         panels = [(g.tensor, g.iterations, g.matrix, g.layers, plots.highlight_rows(g.matrix)) for g in stat_grids]
         figure = plots.line_chart(f"{stat} (a line per layer; coloured: largest peak magnitude)", panels)
-        section.figures.append(Figure(f"lines_{_slug(stat)}", "lines", stat, f"{stat} over iterations", figure))
+        section.figures.append(ReportFigure(f"lines_{_slug(stat)}", "lines", stat, f"{stat} over iterations", figure))
     return section
 
 
@@ -267,8 +267,8 @@ def comparison_section(frame, other_dir: str, run_dir: str, *, threshold: float,
         figure = plots.heatmap(f"{stat}: |b - a| / max(|a|, |b|), threshold {threshold:g}", panels,
                                colour_label="relative difference (capped at 2)", cmap="inferno", vmin=0.0,
                                vmax=max(2 * threshold, float(np.nanmax(np.minimum(rows["rel"], 2.0))) or 1.0))
-        section.figures.append(Figure(f"compare_{_slug(stat)}", "compare", stat,
-                                      f"{stat}: relative difference", figure))
+        section.figures.append(ReportFigure(f"compare_{_slug(stat)}", "compare", stat,
+                                            f"{stat}: relative difference", figure))
     return section
 
 
