@@ -255,9 +255,14 @@ def comparison_section(frame, other_dir: str, run_dir: str, *, threshold: float,
     if not len(aligned):
         return section
     layer_pos = {layer: i for i, layer in enumerate(comparison.layers)}
-    for stat, rows in aligned.groupby("stat", sort=False):
+    tensor_order = {str(t): i for i, t in enumerate(frame["tensor"].cat.categories)}
+    stat_order = {str(t): i for i, t in enumerate(frame["stat"].cat.categories)}
+    stat_groups = sorted(aligned.groupby("stat", sort=False), key=lambda g: stat_order.get(g[0], len(stat_order)))
+    for stat, rows in stat_groups:  # in the order of this run's record, as the other sections
         panels = []
-        for tensor, part in rows.groupby("tensor", sort=False):
+        tensor_groups = sorted(rows.groupby("tensor", sort=False),
+                               key=lambda g: tensor_order.get(g[0], len(tensor_order)))
+        for tensor, part in tensor_groups:
             its, columns = np.unique(part["iteration"].to_numpy(), return_inverse=True)
             layer_idx = part["layer"].map(layer_pos).to_numpy()
             used, local = np.unique(layer_idx, return_inverse=True)
