@@ -67,9 +67,8 @@ def record_files(run_dir: str) -> List[Tuple[int, str]]:
     return sorted(files)
 
 
-def _parse_lines(path: str) -> List[Dict[str, Any]]:
-    with open(path, encoding="utf-8") as handle:
-        text = handle.read()
+def _parse_lines(text: str, path: str) -> List[Dict[str, Any]]:
+    """The JSON objects of the lines of `text` (the content of `path`, named in errors)."""
     body = text.strip()
     if not body:
         return []
@@ -180,7 +179,7 @@ def load_stats(run_dir: str):
         with open(path, encoding="utf-8") as handle:
             text = handle.read()
         skipped = _canonical_columns(text, rank, out) if text.endswith("\n") or not text else None
-        unstructured += skipped if skipped is not None else _columns(_parse_lines(path), path, rank, out)
+        unstructured += skipped if skipped is not None else _columns(_parse_lines(text, path), path, rank, out)
     frame = pd.DataFrame({
         "iteration": np.asarray(out["iteration"], dtype=np.int64),
         "layer": pd.Categorical(out["layer"], categories=list(dict.fromkeys(out["layer"]))),
