@@ -1,7 +1,7 @@
 """tedebug: YAML-driven precision debugging for low-precision (FP8 / MXFP8 / NVFP4) training in PyTorch.
 
 Public surface (imported on first access, so ``import tedebug`` stays cheap): `debug_api`, `autocast`,
-`convert_model`, `nn`, `recipe`, `quantization`.
+`convert_model`, `nn`, `recipe`, `quantization`, `load_stats` (needs pandas: the ``report`` extra).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 from tedebug.autocast import autocast  # noqa: E402
 
 _MODULES = ("debug_api", "nn", "recipe", "quantization")
-_ATTRIBUTES = {"convert_model": "tedebug.nn.convert"}
+_ATTRIBUTES = {"convert_model": "tedebug.nn.convert", "load_stats": "tedebug.analysis.load"}
 
 __all__ = ["__version__", *_MODULES, *_ATTRIBUTES]
 

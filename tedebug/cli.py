@@ -1,4 +1,4 @@
-"""The ``tedebug`` command line: ``validate``, ``plan``, ``schema`` and ``bench``.
+"""The ``tedebug`` command line: ``validate``, ``plan``, ``schema``, ``bench``, ``report`` and ``compare``.
 
 - ``validate`` loads the built-in features (plus ``--feature-dirs``), loads and validates the config exactly as
   `debug_api.initialize` would, and prints a summary (sections, selectors, features) or the errors.  Unlike
@@ -16,6 +16,9 @@
   ``x-tedebug-statistics`` the statistic names of each statistics feature), for editor completion (e.g.
   ``tedebug schema > tedebug.schema.json`` and a ``# yaml-language-server: $schema=...`` line); ``--stats`` prints
   only the statistic names.  Output to a closed pipe (``tedebug schema | head -1``) ends quietly.
+
+- ``report RUN_DIR`` and ``compare RUN_A RUN_B`` (after the run) delegate to `tedebug.analysis.report` and
+  `tedebug.analysis.compare`.
 
 Each subcommand is registered by one ``_add_<name>(subparsers)`` function listed in `SUBCOMMANDS`; it sets
 ``handler`` (a function ``args -> int`` exit code).  Only `main` turns a non-zero code into SystemExit.
@@ -275,9 +278,83 @@ def _add_bench(subparsers) -> None:  # registered by the gpu helper; body in ted
     parser.set_defaults(handler=bench.run)
 
 
+# ------------------------------------------------------------------------------------------------- report / compare
+def _analysis_missing(err: ImportError) -> int:
+    return _error(f"{err}; the after-the-run tools need the 'report' extra: pip install 'tedebug[report]'")
+
+
+def run_report(args: argparse.Namespace) -> int:  # body in tedebug/analysis/report.py
+    try:
+        from tedebug.analysis.report import build_report, write_report
+    except ImportError as err:
+        return _analysis_missing(err)
+    try:
+        report = build_report(args.run_dir, compare_to=args.compare, threshold=args.threshold, stats=args.stat,
+                              config_path=args.config)
+        output = args.output or (os.path.join(args.run_dir, "report.html") if args.format == "html"
+                                 else os.path.join(args.run_dir, "figures"))
+        written = write_report(report, output, args.format)
+    except (FileNotFoundError, ValueError) as err:
+        return _error(str(err))
+    what = output if args.format == "html" else f"{len(written) - 1} figure(s) and report.txt in {output}"
+    print(f"wrote {what} ({len(report.figures)} figures, {report.seconds:.1f} s to build)")
+    return 0
+
+
+def _add_report(subparsers) -> None:
+    from tedebug.analysis.compare import DEFAULT_THRESHOLD
+
+    parser = subparsers.add_parser("report", help="an HTML report (or figures) of a finished run")
+    parser.add_argument("run_dir", help="the log_dir of the run (holds tedebug_statistics/)")
+    parser.add_argument("-o", "--output", default=None,
+                        help="output file (html, default RUN_DIR/report.html) or folder (png/svg/pdf, default "
+                             "RUN_DIR/figures)")
+    parser.add_argument("--format", choices=["html", "png", "svg", "pdf"], default="html",
+                        help="html: one self-contained page; png/svg/pdf: a folder of figures plus report.txt")
+    parser.add_argument("--compare", default=None, metavar="OTHER_RUN",
+                        help="add the comparison with another run (as `tedebug compare RUN_DIR OTHER_RUN`)")
+    parser.add_argument("--stat", nargs="+", default=None, metavar="STAT", help="only these statistics")
+    parser.add_argument("--threshold", type=float, default=None,
+                        help=f"relative threshold of --compare (default {DEFAULT_THRESHOLD})")
+    parser.add_argument("--config", default=None,
+                        help="the config file to show (default: the one named in the run's main log)")
+    parser.set_defaults(handler=run_report)
+
+
+def run_compare(args: argparse.Namespace) -> int:  # body in tedebug/analysis/compare.py
+    try:
+        from tedebug.analysis.compare import compare_runs, format_comparison
+        import pandas  # noqa: F401  (compare_runs needs it)
+    except ImportError as err:
+        return _analysis_missing(err)
+
+    try:
+        comparison = compare_runs(args.run_a, args.run_b, threshold=args.threshold, stats=args.stat)
+    except (FileNotFoundError, ValueError) as err:
+        return _error(str(err))
+    print(format_comparison(comparison))
+    return 1 if args.fail_on_departure and comparison.departed else 0
+
+
+def _add_compare(subparsers) -> None:
+    from tedebug.analysis.compare import DEFAULT_THRESHOLD
+
+    parser = subparsers.add_parser("compare", help="where the statistics of two runs part (e.g. bf16 vs FP8)")
+    parser.add_argument("run_a", help="the reference run's log_dir (e.g. the high-precision run)")
+    parser.add_argument("run_b", help="the other run's log_dir")
+    parser.add_argument("--stat", nargs="+", default=None, metavar="STAT",
+                        help="statistics to compare (default: every statistic both runs logged)")
+    parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
+                        help=f"a point departs when |b - a| / max(|a|, |b|) exceeds this (default "
+                             f"{DEFAULT_THRESHOLD})")
+    parser.add_argument("--fail-on-departure", action="store_true",
+                        help="exit with status 1 when any statistic departs (for CI)")
+    parser.set_defaults(handler=run_compare)
+
+
 # ------------------------------------------------------------------------------------------------- registry
 # Subcommands, in help order. A new subcommand (e.g. `bench`) adds its `_add_<name>` function here.
-SUBCOMMANDS: List[Callable] = [_add_validate, _add_plan, _add_schema, _add_bench]
+SUBCOMMANDS: List[Callable] = [_add_validate, _add_plan, _add_schema, _add_bench, _add_report, _add_compare]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -320,11 +320,16 @@ def test_learning_rate_schedule_and_progress_bar():
     assert train_gpt.learning_rate(10, 100, 1.0, warmup=10) == pytest.approx(1.0)
     assert train_gpt.learning_rate(55, 100, 1.0, warmup=10) == pytest.approx(0.55)  # half-way: 0.1 + 0.9 / 2
     assert train_gpt.learning_rate(100, 100, 1.0, warmup=10) == pytest.approx(0.1)
-    stream = io.StringIO()
-    bar = train_gpt.ProgressBar(40, width=8, stream=stream)
-    bar.update(10, 1.23456)
+    stream = io.StringIO()  # not a terminal: redrawn every tenth of the run, not every step
+    bar = train_gpt.progress_bar(40, stream=stream)
+    for step in range(1, 41):
+        bar.set_postfix_str(f"loss {1.23456 / step:.4f}", refresh=False)
+        bar.update(1)
     bar.close()
-    assert re.fullmatch(r"\r\[##\.\.\.\.\.\.\] step 10/40  loss 1\.2346  \d+\.\d{3} s/it\n", stream.getvalue())
+    text = stream.getvalue()
+    assert 10 <= text.count("\r") <= 12 and text.endswith("\n") and text.count("\n") == 1
+    assert re.search(r"100%\|#{30}\| step 40/40, loss 0\.0309 \[", text)
+    assert "step 4/40, loss 0.3086 [" in text  # the first tenth
 
 
 def test_parse_args_defaults_and_errors():
@@ -365,7 +370,7 @@ def read_text_stats(log_dir):
 
 
 def test_demo_writes_text_log_jsonl_and_tensorboard(demo_run):
-    log_dir, _, out = demo_run
+    log_dir, result, out = demo_run
     stats = read_text_stats(log_dir)
     names = {f"{layer}_{tensor}_{stat}" for layer in DEMO_LAYERS for tensor in GEMM_INPUTS
              for stat in ("max", "std", "cur_amax", "dynamic_range", "nan_count", "underflows%", "mse", "mxfp8_mse")}
@@ -386,7 +391,17 @@ def test_demo_writes_text_log_jsonl_and_tensorboard(demo_run):
     by_iteration = {r.iteration: r.value for r in rows
                     if (r.layer, r.tensor, r.stat) == ("blocks.1.mlp.fc2", "gradient", "underflows%")}
     assert [s.value for s in scalars] == [pytest.approx(by_iteration[0]), pytest.approx(by_iteration[10])]
-    assert out.rstrip().endswith(f"Open TensorBoard: tensorboard --logdir {tensorboard_dir}")
+    losses = events.Scalars("train/loss")  # the script's own scalar, at the iteration of the statistics
+    assert [s.step for s in losses] == list(range(12))
+    assert [s.value for s in losses] == [pytest.approx(loss, rel=1e-6) for loss in result.losses]
+    for iteration in (0, 10):  # cross-layer summary: the max over the 8 layers, as logged in the JSONL record
+        values = [r.value for r in rows if (r.tensor, r.stat, r.iteration) == ("gradient", "underflows%", iteration)]
+        assert len(values) == 8
+        [summary_max] = [s.value for s in events.Scalars("summary/gradient/underflows%/max") if s.step == iteration]
+        assert summary_max == pytest.approx(max(values), rel=1e-6)
+    assert train_gpt.tensorboard_hint(tensorboard_dir) in out
+    assert f"--logdir {tensorboard_dir} --samples_per_plugin scalars=100000\n" in out
+    assert "http://localhost:6006/?smoothing=0&tagFilter=summary/.*/max#timeseries" in out
 
 
 def test_demo_summary_matches_the_text_log(demo_run):
@@ -415,7 +430,7 @@ def test_demo_loss_decreases(demo_run):
     assert result.losses[0] > math.log(10)          # an untrained model is worse than guessing a digit
     assert result.losses[-1] < result.losses[0] - 0.5
     assert result.val_loss < math.log(10) and result.val_loss_quantized < math.log(10)
-    assert f"step 12/12  loss {result.losses[-1]:.4f}" in out
+    assert f"step 12/12, loss {result.losses[-1]:.4f}" in out
 
 
 @pytest.mark.parametrize("recipe,stat", [("mxfp8", "underflows%"), ("nvfp4", "nvfp4_underflows%"),
@@ -435,5 +450,6 @@ def test_demo_script_entry_point(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert out.startswith("Training a 2-layer GPT (103k parameters) to sort 8 digits on cpu, recipe current "
                           "(Float8CurrentScaling), 1 steps\n")
-    assert out.rstrip().endswith("Open TensorBoard: tensorboard --logdir runs/demo/tensorboard")
+    assert "--logdir runs/demo/tensorboard --samples_per_plugin scalars=100000\n" in out
+    assert "tedebug report runs/demo -o runs/demo/report.html\n" in out
     assert os.path.isfile(tmp_path / "runs" / "demo" / "tedebug_statistics" / "metrics_globalrank-0.jsonl")

@@ -41,7 +41,7 @@ def log(sink, layer, tensor, stat, value, it):
 
 
 def test_tensorboard_hierarchical_tags_and_layout(tmp_path):
-    sink = TensorBoardSink(log_dir=str(tmp_path))
+    sink = TensorBoardSink(log_dir=str(tmp_path), summaries=False)  # summaries: test_tensorboard_summary.py
     for it in (1, 2):
         for layer in ("dec.1.fc1", "dec.2.fc1"):
             log(sink, layer, "activation", "max", it * 10 + len(layer), it)
@@ -158,7 +158,9 @@ def test_engine_to_sinks_end_to_end(tmp_path):
                                                                         "enc.0_activation_mean"]
     logger.close()
     acc = load(glob.glob(str(tmp_path / "tb"))[0])
-    assert scalars(acc) == {"enc.0/activation/max": [(5, 4.0)], "enc.0/activation/mean": [(5, 0.875)]}
+    one_layer = {f"summary/activation/{stat}/{kind}": [(5, value)] for stat, value in (("max", 4.0), ("mean", 0.875))
+                 for kind in ("max", "p90", "median")}  # one layer: its value is every summary
+    assert scalars(acc) == {"enc.0/activation/max": [(5, 4.0)], "enc.0/activation/mean": [(5, 0.875)], **one_layer}
     assert len(layouts(acc)) == 1
 
 
@@ -179,8 +181,8 @@ def test_tensorboard_batch_is_one_event_per_iteration_run_with_add_scalar_values
     records = [(f"L{i % 2}_activation_s{i}", v, it, f"L{i % 2}", "activation", f"s{i}")
                for i, (v, it) in enumerate(zip(values, [3, 3, 4, 3, 3, 5, 5]))]
     records.append(("free_form", 1.5, 5, None, None, None))
-    batched = TensorBoardSink(SummaryWriter(str(tmp_path / "batched")), tag_style=tag_style)
-    single = TensorBoardSink(SummaryWriter(str(tmp_path / "single")), tag_style=tag_style)
+    batched = TensorBoardSink(SummaryWriter(str(tmp_path / "batched")), tag_style=tag_style, summaries=False)
+    single = TensorBoardSink(SummaryWriter(str(tmp_path / "single")), tag_style=tag_style, summaries=False)
     batched.log_scalars(records)
     for name, value, it, layer, tensor, stat in records:
         single.log_scalar(name, value, it, layer=layer, tensor=tensor, stat=stat)

@@ -6,8 +6,25 @@ Tag styles:
   together; in addition a custom-scalars layout (the "Custom Scalars" tab) has one category per tensor and one
   multi-line chart per (tensor, stat) whose regex matches that statistic across all layers.  Use it for
   interactive exploration.
+  Charts hold at most `MAX_LINES_PER_CHART` (16) layers: the layers of one (tensor, stat) are grouped by layer type
+  (`layer_type`: the last name component, ``qkv``, ``proj``, ``fc1``, ``fc2``) and a type with more
+  layers is cut into consecutive runs of 16 (block ranges), each its own chart named after its first and last
+  layer; one chart's lines stay distinguishable by colour.  The first chart of each (tensor, stat) is its
+  cross-layer summary (below).
 * ``"flat"``: TransformerEngine's tag ``<layer>_<tensor>_<stat>`` (the same string as the text stats file).  Use
   it when dashboards or scripts already parse TransformerEngine's tags.
+
+Cross-layer summaries (``summaries=True``, the default for the hierarchical style): for each (tensor, stat) and
+each iteration, ``summary/<tensor>/<stat>/max``, ``.../p90`` (90th percentile over layers, linear interpolation)
+and ``.../median`` scalars, and a text ``summary/<tensor>/<stat>/argmax`` naming the layer with the max and its
+value (TEXT tab).  A non-finite value counts as the max (its layer is named).  They are written at `flush()` from
+the statistics of the step, so the worst layer is visible without opening every layer's chart (TensorBoard's
+default "ignore outliers in chart scaling" hides exactly that line in a chart of all layers).
+
+User scalars: `log_user_scalar(tag, value, iteration)` writes a scalar of the training script (the loss, the
+learning rate) through the same writer, under its own tag, and adds a chart for it to a "user" category at the
+top of the custom-scalars layout, next to the statistics.  It is safe to call from the training thread while the
+background writer writes statistics (torch's ``SummaryWriter`` queue is locked; the layout state has a lock).
 
 A scalar logged without the structured keywords (layer / tensor / stat None) is written under its flat name.  The
 layout is rewritten (whole) at `flush()` when new (tensor, stat) pairs appeared since the last write — at most
@@ -32,7 +49,8 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import Any, Dict, List, Optional, Sequence
+import threading
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -40,6 +58,10 @@ from tedebug.sinks.base import Record, Sink
 from tedebug.sinks.tb_crc import use_fast_crc
 
 TAG_STYLES = ("hierarchical", "flat")
+MAX_LINES_PER_CHART = 16
+SUMMARY_PREFIX = "summary"
+SUMMARY_PERCENTILE = 90
+USER_CATEGORY = "user"
 
 
 def hierarchical_tag(layer: str, tensor: str, stat: str) -> str:
@@ -70,15 +92,63 @@ def _value_prefix(tag: str) -> bytes:
     return b"\x0a" + _varint(len(body) + 4) + body
 
 
-def stat_regex(tensor: str, stat: str) -> str:
-    """A regex matching the hierarchical tag of (`tensor`, `stat`) for every layer."""
-    return f".*/{re.escape(tensor)}/{re.escape(stat)}$"
+def stat_regex(tensor: str, stat: str, layers: Optional[Sequence[str]] = None) -> str:
+    """A regex matching the hierarchical tag of (`tensor`, `stat`) for every layer, or for `layers` only."""
+    if layers is None:
+        return f".*/{re.escape(tensor)}/{re.escape(stat)}$"
+    return f"^(?:{'|'.join(map(re.escape, layers))})/{re.escape(tensor)}/{re.escape(stat)}$"
+
+
+def summary_regex(tensor: str, stat: str) -> str:
+    """A regex matching the summary scalars (max, p90, median) of (`tensor`, `stat`)."""
+    return f"^{SUMMARY_PREFIX}/{re.escape(tensor)}/{re.escape(stat)}/(?:max|p{SUMMARY_PERCENTILE}|median)$"
+
+
+def layer_type(layer: str) -> str:
+    """The type of a layer for chart grouping: its last dotted component (``blocks.3.mlp.fc1`` -> ``fc1``,
+    ``model.layers.7.self_attn.q_proj`` -> ``q_proj``); ``Layer`` for TransformerEngine's default names
+    ``Layer_<n>``; the last two components when the last is a number (``blocks.3.mlp.0`` -> ``mlp.0``)."""
+    if re.fullmatch(r"Layer_\d+", layer):
+        return "Layer"
+    parts = layer.split(".")
+    if parts[-1].isdigit() and len(parts) > 1:
+        return f"{parts[-2]}.{parts[-1]}"
+    return parts[-1]
+
+
+def chart_groups(layers: Sequence[str], max_lines: int = MAX_LINES_PER_CHART) -> List[Tuple[str, List[str]]]:
+    """(label, layers) of the charts of one (tensor, stat): by `layer_type` in first-seen order, each type cut into
+    runs of at most `max_lines` layers (label ``<type> <first>..<last>`` when a type needs several charts)."""
+    by_type: Dict[str, List[str]] = {}
+    for layer in layers:
+        by_type.setdefault(layer_type(layer), []).append(layer)
+    groups = []
+    for kind, members in by_type.items():
+        if len(members) <= max_lines:
+            groups.append((kind, members))
+            continue
+        for start in range(0, len(members), max_lines):
+            chunk = members[start:start + max_lines]
+            groups.append((f"{kind} {chunk[0]}..{chunk[-1]}", chunk))
+    return groups
+
+
+def cross_layer_summary(layers: Sequence[str], values: Sequence[float]) -> Tuple[float, float, float, str, float]:
+    """(max, p90, median, argmax layer, its value) of one statistic over layers; a non-finite value is the max."""
+    array = np.asarray(values, dtype=np.float64)
+    finite = np.isfinite(array)
+    worst = int(np.flatnonzero(~finite)[0]) if not finite.all() else int(np.argmax(array))
+    kept = array[finite]
+    p_high = float(np.percentile(kept, SUMMARY_PERCENTILE)) if kept.size else float("nan")
+    median = float(np.median(kept)) if kept.size else float("nan")
+    return float(array[worst]), p_high, median, layers[worst], float(array[worst])
 
 
 class TensorBoardSink(Sink):
     """Writes each statistic with `SummaryWriter.add_scalar`; see the module docstring for tags and layout."""
 
-    def __init__(self, writer: Any = None, log_dir: Optional[str] = None, *, tag_style: str = "hierarchical"):
+    def __init__(self, writer: Any = None, log_dir: Optional[str] = None, *, tag_style: str = "hierarchical",
+                 summaries: Optional[bool] = None):
         if tag_style not in TAG_STYLES:
             raise ValueError(f"TensorBoardSink: tag_style must be one of {TAG_STYLES}, got {tag_style!r}")
         if (writer is None) == (log_dir is None):
@@ -93,8 +163,12 @@ class TensorBoardSink(Sink):
         self._batched = torch_summary_writer(writer)  # an owned writer is one too
         self.thread_safe = self._batched
         self.tag_style = tag_style
-        self._charts: Dict[str, List[str]] = {}  # tensor -> stats, in first-seen order
+        self._charts: Dict[str, Dict[str, List[str]]] = {}  # tensor -> stat -> layers, in first-seen order
+        self._user_tags: List[str] = []
         self._layout_dirty = False
+        self._layout_lock = threading.Lock()
+        self.summaries = tag_style == "hierarchical" if summaries is None else bool(summaries)
+        self._step_values: Dict[tuple, Tuple[List[str], List[float]]] = {}  # (iteration, tensor, stat) -> layers
         self._value_prefixes: Dict[str, bytes] = {}  # tag -> wire bytes of a Summary.Value up to its float
 
     def tag_for(self, name: str, *, layer: Optional[str], tensor: Optional[str], stat: Optional[str]) -> str:
@@ -108,7 +182,20 @@ class TensorBoardSink(Sink):
         tag = self.tag_for(name, layer=layer, tensor=tensor, stat=stat)
         self.writer.add_scalar(tag, float(value), iteration)
         if tag != name:
-            self._note_chart(tensor, stat)
+            self._note_chart(tensor, stat, layer)
+        if self.summaries and layer is not None and tensor is not None and stat is not None:
+            self._note_value(iteration, tensor, stat, layer, value)
+
+    def log_user_scalar(self, tag: str, value: Any, iteration: int) -> None:
+        """A scalar of the training script (e.g. ``"train/loss"``) under `tag`, charted in the layout's "user"
+        category; see the module docstring."""
+        if not isinstance(tag, str) or not tag:
+            raise ValueError(f"TensorBoardSink.log_user_scalar: tag must be a non-empty str, got {tag!r}")
+        self.writer.add_scalar(tag, float(value), int(iteration))
+        with self._layout_lock:
+            if tag not in self._user_tags:
+                self._user_tags.append(tag)
+                self._layout_dirty = True
 
     def log_scalars(self, records: Sequence[Record]) -> None:
         """One event per run of records with the same iteration (torch ``SummaryWriter``; see the module docstring),
@@ -117,6 +204,7 @@ class TensorBoardSink(Sink):
             super().log_scalars(records)
             return
         file_writer = self.writer._get_file_writer()  # what add_scalar writes through (reopened after close)
+        summaries = self.summaries
         tags: List[str] = []
         values: List[float] = []
         run_iteration = None
@@ -129,7 +217,9 @@ class TensorBoardSink(Sink):
             tags.append(tag)
             values.append(float(value))
             if tag != name:
-                self._note_chart(tensor, stat)
+                self._note_chart(tensor, stat, layer)
+            if summaries and layer is not None and tensor is not None and stat is not None:
+                self._note_value(iteration, tensor, stat, layer, values[-1])
         if tags:
             file_writer.add_summary(self._summary(tags, values), run_iteration)
 
@@ -151,29 +241,78 @@ class TensorBoardSink(Sink):
             parts.append(raw[4 * i: 4 * i + 4])
         return Summary.FromString(b"".join(parts))
 
-    def _note_chart(self, tensor: str, stat: str) -> None:
-        stats = self._charts.setdefault(tensor, [])
-        if stat not in stats:
-            stats.append(stat)
-            self._layout_dirty = True
+    def _note_chart(self, tensor: str, stat: str, layer: str) -> None:
+        layers = self._charts.setdefault(tensor, {}).setdefault(stat, [])
+        if layer not in layers:
+            with self._layout_lock:
+                layers.append(layer)
+                self._layout_dirty = True
+
+    def _note_value(self, iteration: int, tensor: str, stat: str, layer: str, value: Any) -> None:
+        layers, values = self._step_values.setdefault((iteration, tensor, stat), ([], []))
+        layers.append(layer)
+        values.append(float(value))
 
     def layout(self) -> Dict[str, Dict[str, list]]:
-        """The custom-scalars layout: {tensor: {"<tensor>/<stat>": ["Multiline", [regex]]}}."""
-        return {
-            tensor: {f"{tensor}/{stat}": ["Multiline", [stat_regex(tensor, stat)]] for stat in stats}
-            for tensor, stats in self._charts.items()
-        }
+        """The custom-scalars layout: a "user" category with one chart per user scalar (when any), then per tensor
+        {"<tensor>/<stat> summary": [...], "<tensor>/<stat> <group>": ["Multiline", [regex]], ...}: the summary
+        chart (with summaries on) and one chart per `chart_groups` group of at most 16 layers."""
+        with self._layout_lock:
+            user = list(self._user_tags)
+            charts = {tensor: {stat: list(layers) for stat, layers in stats.items()}
+                      for tensor, stats in self._charts.items()}
+        layout: Dict[str, Dict[str, list]] = {}
+        if user:
+            layout[USER_CATEGORY] = {tag: ["Multiline", [f"^{re.escape(tag)}$"]] for tag in user}
+        for tensor, stats in charts.items():
+            category: Dict[str, list] = {}
+            for stat, layers in stats.items():
+                if self.summaries:
+                    category[f"{tensor}/{stat} summary (max, p{SUMMARY_PERCENTILE}, median over layers)"] = [
+                        "Multiline", [summary_regex(tensor, stat)]]
+                groups = chart_groups(layers)
+                if len(groups) == 1:  # every layer on one chart: the regex of any layer
+                    category[f"{tensor}/{stat}"] = ["Multiline", [stat_regex(tensor, stat)]]
+                    continue
+                for label, members in groups:
+                    category[f"{tensor}/{stat} {label}"] = ["Multiline", [stat_regex(tensor, stat, members)]]
+            layout[tensor] = category
+        return layout
 
     def _write_layout(self) -> None:
         if self._layout_dirty:
-            self.writer.add_custom_scalars(self.layout())
             self._layout_dirty = False
+            self.writer.add_custom_scalars(self.layout())
+
+    def _write_summaries(self) -> None:
+        """The cross-layer summary scalars and argmax texts of the values noted since the last flush."""
+        if not self._step_values:
+            return
+        pending, self._step_values = self._step_values, {}
+        by_iteration: Dict[int, Tuple[List[str], List[float]]] = {}
+        add_text = getattr(self.writer, "add_text", None)
+        for (iteration, tensor, stat), (layers, values) in pending.items():
+            high, p_high, median, worst, worst_value = cross_layer_summary(layers, values)
+            base = f"{SUMMARY_PREFIX}/{tensor}/{stat}"
+            tags, numbers = by_iteration.setdefault(iteration, ([], []))
+            tags.extend((f"{base}/max", f"{base}/p{SUMMARY_PERCENTILE}", f"{base}/median"))
+            numbers.extend((high, p_high, median))
+            if callable(add_text):
+                add_text(f"{base}/argmax", f"{worst} ({worst_value:.6g})", iteration)
+        for iteration, (tags, numbers) in by_iteration.items():
+            if self._batched:
+                self.writer._get_file_writer().add_summary(self._summary(tags, numbers), iteration)
+            else:
+                for tag, number in zip(tags, numbers):
+                    self.writer.add_scalar(tag, number, iteration)
 
     def flush(self) -> None:
+        self._write_summaries()
         self._write_layout()
         self.writer.flush()
 
     def close(self) -> None:
+        self._write_summaries()
         self._write_layout()
         if self._owns_writer:
             self.writer.close()
