@@ -46,6 +46,12 @@ QUANTIZERS = {
 }
 
 
+def _next(pool):
+    """The next quantizer of a pool, round robin (quantizers with state reused across calls)."""
+    pool.append(pool.pop(0))
+    return pool[-1]
+
+
 def spread(shape, seed, device=None):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(shape, generator=g) * torch.exp2(torch.randint(-8, 8, shape, generator=g).float())
@@ -158,15 +164,20 @@ def test_mxfp8_gemm_with_the_smallest_scales():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not (HAS_GPU and HAS_CUPY), reason="needs CUDA and CuPy")
-@pytest.mark.parametrize("name", sorted(QUANTIZERS) + ["nvfp4_sr_rht", "fp8_current"])
+@pytest.mark.parametrize("name", sorted(QUANTIZERS) + ["nvfp4_sr_rht", "fp8_current", "fp8_delayed"])
 def test_quantize_and_gemm_never_synchronise(name):
+    from tedebug.quantization.float8 import Float8Quantizer
+
+    delayed = [Float8Quantizer.from_recipe_defaults("E4M3") for _ in range(3)]  # state moves to the GPU once
     makers = dict(QUANTIZERS, nvfp4_sr_rht=lambda: NVFP4Quantizer(with_rht=True, stochastic_rounding=True, seed=1),
-                  fp8_current=lambda: Float8CurrentScalingQuantizer("E4M3"))
+                  fp8_current=lambda: Float8CurrentScalingQuantizer("E4M3"), fp8_delayed=lambda: _next(delayed))
     x, w, dy = spread((256, 512), 7, DEV), spread((128, 512), 8, DEV), spread((256, 128), 9, DEV)
     bias = torch.randn(128, device=DEV, dtype=torch.bfloat16)
 
     def step():
         xq, wq, dyq = makers[name]().quantize(x), makers[name]().quantize(w), makers[name]().quantize(dy)
+        for q in delayed if name == "fp8_delayed" else ():
+            q.update_scale()
         gemm(wq, xq, layout="TN", out_dtype=torch.bfloat16, bias=bias)
         gemm(wq, dyq, layout="NN", out_dtype=torch.bfloat16)
         gemm(xq, dyq, layout="NT", out_dtype=torch.bfloat16)
