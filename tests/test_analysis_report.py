@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(REPO, "examples"))
 
 import train_gpt  # noqa: E402
 
-FP8_STATS = {"underflows%", "mse", "mxfp8_mse"}  # configs/demo.yaml, LogFp8TensorStats (FP8 run only)
+FP8_STATS = {"underflows%", "mse", "mxfp8_mse"}  # configs/demo.yaml, LogFp8TensorStats (bf16 twin: mxfp8_mse only)
 HP_STATS = {"max", "std", "cur_amax", "dynamic_range", "nan_count"}  # LogTensorStats (both runs)
 
 
