@@ -30,6 +30,14 @@ __device__ __forceinline__ float ted_pow2_biased(unsigned int biased) {  // 2^(b
     return __uint_as_float(biased << 23);
 }
 
+// E2M1 code (sign bit 3) to its value from bits, no table (an indexed local array would live in local memory):
+// magnitude codes 0..7 are 0, 0.5, then (1 + (c & 1) / 2) * 2^((c >> 1) - 1) = 1, 1.5, 2, 3, 4, 6.
+__device__ __forceinline__ float ted_e2m1_value(unsigned int code) {
+    const unsigned int c = code & 7u;
+    const unsigned int bits = c == 0u ? 0u : (c == 1u ? 0x3F000000u : (((c >> 1) + 126u) << 23) | ((c & 1u) << 22));
+    return __uint_as_float(bits | ((code & 8u) << 28));
+}
+
 __device__ __forceinline__ void ted_store8(unsigned short* out, const unsigned int* h) {  // 8 bf16 from 8 halves
     *reinterpret_cast<uint4*>(out) = make_uint4(h[0] | (h[1] << 16), h[2] | (h[3] << 16), h[4] | (h[5] << 16),
                                                 h[6] | (h[7] << 16));
@@ -46,12 +54,15 @@ ted_dequant_mxfp8(const unsigned char* __restrict__ codes, const unsigned char* 
         unsigned int sc[8];
         if (row_blocks) {
             const unsigned int s = scales[r * (cols / 32) + c / 32];
+#pragma unroll
             for (int i = 0; i < 8; ++i) sc[i] = s;
         } else {
             const uint2 s = *reinterpret_cast<const uint2*>(scales + (r / 32) * cols + c);
+#pragma unroll
             for (int i = 0; i < 4; ++i) { sc[i] = (s.x >> (8 * i)) & 0xFFu; sc[4 + i] = (s.y >> (8 * i)) & 0xFFu; }
         }
         unsigned int h[8];
+#pragma unroll
         for (int i = 0; i < 8; ++i) {
             const unsigned int code = ((i < 4 ? packed.x : packed.y) >> (8 * (i & 3))) & 0xFFu;
             const unsigned int biased = sc[i] + (unsigned int)lift;
@@ -75,6 +86,7 @@ ted_dequant_fp8_block(const unsigned char* __restrict__ codes, const float* __re
         const uint2 packed = *reinterpret_cast<const uint2*>(codes + r * cols + c);
         const float scale = ted_mul(scale_inv[(r / block_rows) * scale_cols + c / 128], lift_factor);
         unsigned int h[8];
+#pragma unroll
         for (int i = 0; i < 8; ++i) {
             const unsigned int code = ((i < 4 ? packed.x : packed.y) >> (8 * (i & 3))) & 0xFFu;
             h[i] = ted_bf16_bits_exact(ted_mul(ted_decode_fp8(code), scale));
@@ -86,7 +98,6 @@ ted_dequant_fp8_block(const unsigned char* __restrict__ codes, const float* __re
 extern "C" __global__ void __launch_bounds__(256)
 ted_dequant_nvfp4(const unsigned char* __restrict__ packed, const unsigned char* __restrict__ scales,
                   long long rows, long long cols, unsigned short* __restrict__ out) {
-    const float e2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
     const long long groups_per_row = cols / 16, groups = rows * groups_per_row;
     for (long long g = blockIdx.x * (long long)blockDim.x + threadIdx.x; g < groups;
          g += (long long)gridDim.x * blockDim.x) {
@@ -96,10 +107,11 @@ ted_dequant_nvfp4(const unsigned char* __restrict__ packed, const unsigned char*
                                                       __NV_E4M3);
         const float scale = __half2float(__half(sh));
         unsigned int h[16];
+#pragma unroll
         for (int i = 0; i < 16; ++i) {
             const unsigned int word = i < 8 ? bytes.x : bytes.y;
             const unsigned int nibble = (word >> (4 * (i & 7))) & 0xFu;
-            const float v = (nibble & 8u) ? -e2m1[nibble & 7u] : e2m1[nibble & 7u];
+            const float v = ted_e2m1_value(nibble);
             h[i] = ted_bf16_bits_exact(ted_mul(v, scale));
         }
         ted_store8(out + r * cols + c, h);
@@ -118,6 +130,7 @@ ted_epilogue_bf16(const float* __restrict__ acc, long long n, long long cols, co
         const float4 a = *reinterpret_cast<const float4*>(acc + 4 * g);
         const float v[4] = {a.x, a.y, a.z, a.w};
         unsigned int h[4];
+#pragma unroll
         for (int i = 0; i < 4; ++i) {
             float y = ted_mul(v[i], f);
             if (bias != nullptr) y = ted_add(y, __uint_as_float((unsigned int)bias[(4 * g + i) % cols] << 16));

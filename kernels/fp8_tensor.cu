@@ -77,7 +77,7 @@ ted_fp8_delayed_update(float* __restrict__ history, int len, float* __restrict__
     const float first = history[0];
     unsigned int local = 0u;
     int nan = 0;
-    for (int i = threadIdx.x; i < len; i += blockDim.x) {
+    for (int i = threadIdx.x; i < len; i += 256) {
         const float h = history[i];
         if (isnan(h)) nan = 1; else local = max(local, __float_as_uint(h) & 0x7FFFFFFFu);
     }
@@ -86,11 +86,20 @@ ted_fp8_delayed_update(float* __restrict__ history, int len, float* __restrict__
     __syncthreads();
     float amax = algo == 0 ? (s_nan ? __uint_as_float(0x7FC00000u) : __uint_as_float(s_max)) : first;
     // roll: read the entries this thread rewrites before any write (entry i reads i + 1, a stride-256 walk)
-    // (len <= 8 * 256: the caller checks)
+    // (len <= 8 * 256, launched with 256 threads: the caller checks; fixed, unrolled indices keep `next` in
+    // registers - a local-memory array makes the driver resize its local memory pool, which blocks the launch)
     float next[8];
-    for (int k = 0, i = threadIdx.x; k < 8 && i < len; ++k, i += blockDim.x) next[k] = (i + 1 < len) ? history[i + 1] : first;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        const int i = threadIdx.x + 256 * k;
+        next[k] = i < len ? (i + 1 < len ? history[i + 1] : first) : 0.0f;
+    }
     __syncthreads();
-    for (int k = 0, i = threadIdx.x; k < 8 && i < len; ++k, i += blockDim.x) history[i] = (i == 0) ? 0.0f : next[k];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        const int i = threadIdx.x + 256 * k;
+        if (i < len) history[i] = i == 0 ? 0.0f : next[k];
+    }
     if (threadIdx.x == 0) {
         if (isfinite(amax) && ted_nonzero(amax)) {
             float q = ted_div(scaled_max, amax);

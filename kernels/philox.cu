@@ -32,9 +32,10 @@ ted_philox_bytes(unsigned char* __restrict__ out, long long n, unsigned int seed
         if (base + 16 <= n) {
             *reinterpret_cast<uint4*>(out + base) = make_uint4(c0, c1, c2, c3);
         } else {
-            const unsigned int words[4] = {c0, c1, c2, c3};
-            for (long long i = base; i < n; ++i) {
-                out[i] = (unsigned char)(words[(i - base) / 4] >> (8 * ((i - base) % 4)));
+            for (long long i = base; i < n; ++i) {  // (selects, not an indexed array: no local memory)
+                const int q = (int)((i - base) / 4);
+                const unsigned int w = q == 0 ? c0 : (q == 1 ? c1 : (q == 2 ? c2 : c3));
+                out[i] = (unsigned char)(w >> (8 * ((i - base) % 4)));
             }
         }
     }
