@@ -94,10 +94,29 @@ def _worker(rank, port, out_dir):
             engine.feed("L", "activation", REDUCED, shard, iteration=3)
         engine.step(3)
         results["due"] = (list(log.records), counter["n"])
+        results["deferred"] = _deferred(rank)
         with open(os.path.join(out_dir, f"rank{rank}.pkl"), "wb") as f:
             pickle.dump(results, f)
     finally:
         dist.destroy_process_group()
+
+
+def _deferred(rank):
+    """The deferred engine: iteration N is emitted at step N+1; a buffer fed on rank 0 only (new, then in the
+    agreed layout, where rank 1 holds an empty slot) never blocks rank 1 and is emitted on rank 0 only."""
+    log = Capture()
+    engine = StatsEngine(log, defer_read_back=True)
+    shard = full_tensor().chunk(WORLD)[rank]
+    emitted = []
+    for it in (1, 2):
+        engine.feed("L", "activation", REDUCED, shard * it, iteration=it)
+        if rank == 0:
+            engine.feed("only0", "activation", ["min", "max"], torch.tensor([-3.0, 9.0]) * it, iteration=it)
+        engine.step(it)
+        emitted.append(sorted({i for _, _, i in log.records}))
+    engine.finish_pending()
+    emitted.append(sorted({i for _, _, i in log.records}))
+    return {"emitted": emitted, "records": list(log.records)}
 
 
 def oracle(kind, x):
@@ -178,8 +197,8 @@ def test_collective_count(results):
 
 
 def test_a_single_rank_group_keeps_the_deferred_read_back(monkeypatch):
-    """torch.distributed with one rank (torchrun on one GPU) reduces locally, so the engine may still defer its
-    read-back; with more ranks the reduction is a collective at the step and it does not."""
+    """torch.distributed with one rank (torchrun on one GPU) reduces locally and defers its read-back; with more
+    ranks it defers too (an asynchronous collective per group, `tedebug.stats.distributed`)."""
     from tedebug.stats import reduce as reduce_module
 
     engine = StatsEngine(Capture(), defer_read_back=True)
@@ -196,7 +215,24 @@ def test_a_single_rank_group_keeps_the_deferred_read_back(monkeypatch):
         engine.finish_pending()
         assert engine.metric_logger.records == [("L_activation_min", -4.0, 0), ("L_activation_max", 2.5, 0)]
         monkeypatch.setattr(dist, "get_world_size", lambda *a, **k: 2)
-        assert reduce_module.needs_communication() and not engine.defers()
+        assert reduce_module.needs_communication() and engine.defers()  # several ranks: deferred as well
         assert not StatsEngine(Capture(), defer_read_back=False).defers()
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_deferred_multi_rank_reduction(results):
+    full = full_tensor()
+    for rank, r in enumerate(results):
+        deferred = r["deferred"]
+        assert deferred["emitted"] == [[], [1], [1, 2]]  # iteration N is written when step N+1 ends
+        values = {(name, it): v for name, v, it in deferred["records"]}
+        for it in (1, 2):
+            for kind in REDUCED:
+                expected = oracle(kind, full * it)
+                assert values[(f"L_activation_{kind}", it)] == pytest.approx(expected, rel=1e-12), (rank, kind, it)
+            if rank == 0:
+                assert values[("only0_activation_min", it)] == -3.0 * it
+                assert values[("only0_activation_max", it)] == 9.0 * it
+        assert rank == 0 or not any(name.startswith("only0") for name, _, _ in deferred["records"])

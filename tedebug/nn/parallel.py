@@ -255,11 +255,27 @@ def parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.
 
     if not tp.active:
         return linear_gemm(x, weight, bias, state, layer_name, recipe)
+    note_replicas(layer_name, tp)
     if tp.mode == "column":
         return linear_gemm(column_input(x, tp), weight, bias, state, layer_name, recipe)
     if input_whole:
         x = local_slice(replicate_input(x, tp), tp)
     return row_output(linear_gemm(x, weight, None, state, layer_name, recipe), bias, tp)
+
+
+#: the debug tensors a split GEMM holds whole on every rank of its TP group (input of a column-parallel GEMM,
+#: output gradient of a row-parallel one); the others are shards, or partial sums (row output, column dgrad)
+REPLICATED_TENSORS: Dict[str, tuple] = {"column": ("activation",), "row": ("gradient",)}
+
+
+def note_replicas(layer_name: str, tp: TensorParallel) -> None:
+    """Tell the active debug session's statistics which of this GEMM's tensors are TP replicas, so that a
+    reduction over ranks of one TP group counts them once (nothing when debugging is off)."""
+    from tedebug import debug_api
+
+    session = debug_api.DEBUG_MANAGER
+    if session is not None:
+        session.stats.note_tp_replicas(layer_name, REPLICATED_TENSORS[tp.mode], tp.group)
 
 
 # ------------------------------------------------------------------------------------------------ parameters
