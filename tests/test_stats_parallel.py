@@ -70,7 +70,8 @@ def _session(rank, log_dir, tp_group, dp_group, case, dev):
     from tedebug.nn import Linear
 
     counter = {"tensor": 0, "object": 0}
-    real_tensor, real_object = dist.all_gather_into_tensor, dist.all_gather_object
+    tensor_name = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+    real_tensor, real_object = getattr(dist, tensor_name), dist.all_gather_object
 
     def tensor(*a, **k):
         counter["tensor"] += 1
@@ -90,7 +91,8 @@ def _session(rank, log_dir, tp_group, dp_group, case, dev):
     row = Linear(F, H, bias=False, name="row", tp_group=tp_group, parallel_mode="row", device=dev)
     info = {"collectives": []}
     # count the statistics' collectives only (the layers communicate with all_reduce here)
-    sd.dist.all_gather_into_tensor, sd.dist.all_gather_object = tensor, obj
+    setattr(sd.dist, tensor_name, tensor)
+    sd.dist.all_gather_object = obj
     try:
         for it in range(2):
             x, w1, w2, dy = global_tensors(it)
@@ -109,7 +111,8 @@ def _session(rank, log_dir, tp_group, dp_group, case, dev):
         debug_api.end_debug()
         info["collectives"].append(dict(counter))
     finally:
-        sd.dist.all_gather_into_tensor, sd.dist.all_gather_object = real_tensor, real_object
+        setattr(sd.dist, tensor_name, real_tensor)
+        sd.dist.all_gather_object = real_object
         debug_api.set_weight_tensor_tp_group_reduce(True)
     path = os.path.join(log_dir, "tedebug_statistics", f"metrics_globalrank-{rank}.jsonl")
     with open(path) as f:

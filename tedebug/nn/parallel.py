@@ -7,9 +7,10 @@ This module owns everything a layer needs to run split over a tensor-parallel (T
 - the communication steps as autograd functions, all built on torch.distributed collectives (NCCL on CUDA tensors,
   gloo on CPU tensors; no host synchronisation): `copy_to_tp` (identity forward, all-reduce backward),
   `reduce_from_tp` (all-reduce forward), `gather_from_sp` (all-gather along the sequence dimension 0 forward,
-  reduce-scatter backward) and `reduce_scatter_to_sp` (the converse);
+  reduce-scatter backward), `reduce_scatter_to_sp` (the converse) and `scatter_to_sp` (take this rank's part of the
+  sequence; all-gather backward);
 - `column_input` / `row_output`: the steps around a column- or row-parallel GEMM;
-- `shard` / `shard_fc1`: the part of a full (TP=1) parameter that a rank holds;
+- `shard` / `shard_stacked` / `shard_fc1`: the part of a full (TP=1) parameter that a rank holds;
 - `reduce_current_scaling_amax`: FP8 current scaling of a TP-sharded GEMM operand with the amax all-reduced (MAX)
   over the TP group, so every rank quantizes with the scale a TP=1 run would use.
 
@@ -44,6 +45,8 @@ __all__ = [
     "reduce_from_tp",
     "gather_from_sp",
     "reduce_scatter_to_sp",
+    "scatter_to_sp",
+    "shard_stacked",
     "column_input",
     "row_output",
     "replicate_input",
@@ -118,6 +121,20 @@ class TensorParallel:
 
 
 # ------------------------------------------------------------------------------------------------ collectives
+def all_gather_tensor(out: torch.Tensor, x: torch.Tensor, *, group, async_op: bool = False):
+    """`x` of every rank of `group`, concatenated along dim 0 into `out` (torch's ``all_gather_single``, called
+    ``all_gather_into_tensor`` before torch 2.13)."""
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return fn(out, x, group=group, async_op=async_op)
+
+
+def reduce_scatter_tensor(out: torch.Tensor, x: torch.Tensor, *, group):
+    """The sum over `group` of `x`, this rank's part of dim 0 into `out` (``reduce_scatter_single``, formerly
+    ``reduce_scatter_tensor``)."""
+    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return fn(out, x, op=dist.ReduceOp.SUM, group=group)
+
+
 def _all_reduce(x: torch.Tensor, group) -> torch.Tensor:
     x = x.contiguous().clone()
     dist.all_reduce(x, op=dist.ReduceOp.SUM, group=group)
@@ -128,7 +145,7 @@ def _all_gather_dim0(x: torch.Tensor, group) -> torch.Tensor:
     size = dist.get_world_size(group)
     x = x.contiguous()
     out = torch.empty((size * x.shape[0],) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
-    dist.all_gather_into_tensor(out, x, group=group)
+    all_gather_tensor(out, x, group=group)
     return out
 
 
@@ -138,7 +155,7 @@ def _reduce_scatter_dim0(x: torch.Tensor, group) -> torch.Tensor:
         raise ValueError(f"sequence parallelism: dimension 0 ({x.shape[0]}) is not divisible by tp_size={size}")
     x = x.contiguous()
     out = torch.empty((x.shape[0] // size,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
-    dist.reduce_scatter_tensor(out, x, op=dist.ReduceOp.SUM, group=group)
+    reduce_scatter_tensor(out, x, group=group)
     return out
 
 
@@ -174,6 +191,20 @@ class _GatherFromSP(torch.autograd.Function):
         return _reduce_scatter_dim0(grad, ctx.group), None
 
 
+class _ScatterToSP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        size, rank = dist.get_world_size(group), dist.get_rank(group)
+        if x.shape[0] % size:
+            raise ValueError(f"sequence parallelism: dimension 0 ({x.shape[0]}) is not divisible by tp_size={size}")
+        return x.chunk(size, dim=0)[rank].contiguous()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_gather_dim0(grad, ctx.group), None
+
+
 class _ReduceScatterToSP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
@@ -198,6 +229,12 @@ def reduce_from_tp(x: torch.Tensor, group) -> torch.Tensor:
 def gather_from_sp(x: torch.Tensor, group) -> torch.Tensor:
     """All-gather along dimension 0 (the sequence); the gradient is reduce-scattered back."""
     return _GatherFromSP.apply(x, group)
+
+
+def scatter_to_sp(x: torch.Tensor, group) -> torch.Tensor:
+    """This rank's part of dimension 0 of a tensor every rank holds whole (e.g. the embeddings entering a
+    sequence-parallel region); the gradient is all-gathered back."""
+    return _ScatterToSP.apply(x, group)
 
 
 def reduce_scatter_to_sp(x: torch.Tensor, group) -> torch.Tensor:
@@ -286,13 +323,16 @@ def shard(full: torch.Tensor, tp: TensorParallel, dim: int) -> torch.Tensor:
     return full.chunk(tp.size, dim=dim)[tp.rank].clone()
 
 
+def shard_stacked(full: torch.Tensor, tp: TensorParallel, parts: int) -> torch.Tensor:
+    """Rank `tp.rank`'s rows of a column-parallel weight or bias that stacks `parts` blocks along dim 0 (a fused
+    q/k/v projection: 3; a gated fc1: 2): this rank's slice of every block, stacked in the same order."""
+    return torch.cat([shard(block, tp, 0) for block in full.chunk(parts, dim=0)], dim=0)
+
+
 def shard_fc1(full: torch.Tensor, tp: TensorParallel, gated: bool) -> torch.Tensor:
     """Rank `tp.rank`'s slice of a LayerNormMLP fc1 weight or bias (rows).  A gated activation's fc1 stacks two
     halves [gate; value]; each rank holds the matching slice of both, so its local halves pair up."""
-    if not gated:
-        return shard(full, tp, 0)
-    first, second = full.chunk(2, dim=0)
-    return torch.cat((shard(first, tp, 0), shard(second, tp, 0)), dim=0)
+    return shard_stacked(full, tp, 2 if gated else 1)
 
 
 def mark_sequence_parallel(*params: Optional[torch.nn.Parameter]) -> None:

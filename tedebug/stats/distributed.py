@@ -1,7 +1,7 @@
 """Reduction of one step's statistic rows across ranks without waiting for the device (deferred read-back).
 
 With several ranks, `tedebug.stats.engine.StatsEngine` in deferred mode hands every fed buffer of iteration N to a
-`DeferredReduction`: per reduction group, ONE asynchronous ``all_gather_into_tensor`` of a float64 vector built on
+`DeferredReduction`: per reduction group, ONE asynchronous ``all_gather_single`` (``all_gather_into_tensor``) of a float64 vector built on
 the rows' device (NCCL: CUDA; gloo: CPU), then (CUDA) a non-blocking copy of the gathered matrix into pinned host
 memory and an event.  Nothing waits in that step; `finish()`, at the end of iteration N+1, waits for the event
 (long done) and merges the rows on the host.
@@ -76,7 +76,8 @@ class _Exchange:
         world = dist.get_world_size(group)
         self._gathered = torch.empty(world * vector.numel(), dtype=torch.float64, device=vector.device)
         self._vector = vector  # kept alive until the collective has read it
-        self._work = dist.all_gather_into_tensor(self._gathered, vector, group=group, async_op=True)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # name before torch 2.13
+        self._work = gather(self._gathered, vector, group=group, async_op=True)
         self._event = None
         self._host: Optional[torch.Tensor] = None
         if vector.device.type == "cuda":
