@@ -7,7 +7,8 @@ TP=1 tensors of the global batch (global input, full weights, gradients of the f
 
 - default reduction group (world), weight TP reduction on: every statistic equals the oracle, on every rank; the
   tensors that every rank of a TP group holds whole (col's activation, row's gradient) count once;
-- weight TP reduction off: each rank logs its own weight shard;
+- weight TP reduction off (and the synchronous, foreground-logging reduction): each rank logs its own weight shard,
+  the TP replicas still count once;
 - `set_tensor_reduction_group(dp_group)`: col's gradient, a TP shard, is reduced over DP only (its column slice);
 - two iterations: the first goes through the layout agreement, the second through one asynchronous all-gather per
   group and no all_gather_object; `step()` leaves each iteration in flight until the next one.
@@ -84,7 +85,8 @@ def _session(rank, log_dir, tp_group, dp_group, case, dev):
     tp_rank, dp_rank = rank % TP, rank // TP
     if case == "weights_local":
         debug_api.set_weight_tensor_tp_group_reduce(False)
-    debug_api.initialize(config(), log_dir=log_dir)
+    # weights_local also runs the synchronous reduction (foreground logging: one all_gather_object per group)
+    debug_api.initialize(config(), log_dir=log_dir, background_logging=case != "weights_local")
     if case == "dp_group":
         debug_api.set_tensor_reduction_group(dp_group)
     col = Linear(H, F, bias=False, name="col", tp_group=tp_group, parallel_mode="column", device=dev)
@@ -165,6 +167,8 @@ def test_weight_statistics_per_shard_when_tp_reduction_is_off(runs):
         _assert_stats(logged, "col", "weight", 0, ref[("col", "weight")].chunk(TP, 0)[rank % TP], rank)
         _assert_stats(logged, "row", "weight", 0, ref[("row", "weight")].chunk(TP, 1)[rank % TP], rank)
         _assert_stats(logged, "col", "activation", 0, ref[("col", "activation")], rank)
+        _assert_stats(logged, "row", "gradient", 0, ref[("row", "gradient")], rank)
+        assert run["weights_local"]["defers"] is False
 
 
 @pytest.mark.distributed

@@ -1,9 +1,10 @@
 """Reduction of one step's statistic rows across ranks without waiting for the device (deferred read-back).
 
 With several ranks, `tedebug.stats.engine.StatsEngine` in deferred mode hands every fed buffer of iteration N to a
-`DeferredReduction`: per reduction group, ONE asynchronous ``all_gather_single`` (``all_gather_into_tensor``) of a float64 vector built on
-the rows' device (NCCL: CUDA; gloo: CPU), then (CUDA) a non-blocking copy of the gathered matrix into pinned host
-memory and an event.  Nothing waits in that step; `finish()`, at the end of iteration N+1, waits for the event
+`DeferredReduction`: per reduction group, ONE asynchronous ``all_gather_single`` (``all_gather_into_tensor`` before
+torch 2.13) of a float64 vector built on the device of the group's collectives (NCCL: the current CUDA device;
+gloo: the CPU, which costs a blocking copy for CUDA rows), then (CUDA) a non-blocking copy of the gathered matrix
+into pinned host memory and an event.  Nothing waits in that step; `finish()`, at the end of iteration N+1, waits for the event
 (long done) and merges the rows on the host.
 
 Every rank of a group must send a vector of the same length, so the vector follows a `GroupLayout` that all ranks
@@ -209,7 +210,8 @@ class GroupReducer:
             positions = buffer.row_positions(buffer.slab_keys)
             for slab, index in buffer.slab_rows:
                 parts.append(slab.row(index).index_select(0, self._index(positions, slab.device)))
-        parts = [p if p.device == device else p.to(device, non_blocking=True) for p in parts]
+        # rows on another device than the group's collectives (gloo with CUDA tensors): a blocking copy
+        parts = [p if p.device == device else p.to(device) for p in parts]
         if len(parts) == 1:
             return parts[0].to(torch.float64)
         return combine_rows(buffer.columns, torch.stack(parts).to(torch.float64))
