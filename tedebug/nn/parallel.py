@@ -82,8 +82,8 @@ class TensorParallel:
     @classmethod
     def resolve(cls, layer: str, *, tp_group: Any = None, tp_size: Optional[int] = None,
                 parallel_mode: Optional[str] = None, sequence_parallel: bool = False) -> "TensorParallel":
-        """Check TE's constructor arguments: `tp_size` defaults to the group's size (1 without a group) and must
-        equal it when both are given; a split layer (tp_size > 1) needs a group to communicate over."""
+        """Check TE's constructor arguments: with a `tp_group` the size is the group's (`tp_size` may be left at 1 or
+        give that size); without one `tp_size` must be 1 (a split layer needs a group to communicate over)."""
         if parallel_mode not in PARALLEL_MODES:
             close = difflib.get_close_matches(str(parallel_mode), ["column", "row"], n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
@@ -102,8 +102,6 @@ class TensorParallel:
             if size != 1:
                 raise ValueError(f"{layer}: tp_size={tp_size} needs a tp_group (the process group to split over)")
             rank = 0
-        if size < 1:
-            raise ValueError(f"{layer}: tp_size must be >= 1, got {size}")
         if sequence_parallel and parallel_mode is None and size > 1:
             raise ValueError(f"{layer}: sequence_parallel needs parallel_mode 'column' or 'row'")
         return cls(group=tp_group, size=size, rank=rank, mode=parallel_mode, sequence_parallel=sequence_parallel)
@@ -276,11 +274,12 @@ def local_slice(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
 
 
 def configure(state, tp: TensorParallel) -> None:
-    """Tell a `tedebug.nn.base.GemmState` its TP group (for the debug quantizers: weight statistics are reduced
-    over it) and reduce the FP8 current-scaling amax of its sharded operands over the group."""
-    state.tp_group = tp.group
-    state.tp_size = tp.size
+    """Tell a `tedebug.nn.base.GemmState` of a split layer its TP group (for the debug quantizers: weight
+    statistics are reduced over it) and reduce the FP8 current-scaling amax of its sharded operands over the group.
+    A layer that is not split (no `parallel_mode`) holds whole weights: nothing to reduce."""
     if tp.active:
+        state.tp_group = tp.group
+        state.tp_size = tp.size
         state.customize_quantizers = functools.partial(reduce_current_scaling_amax, tp=tp)
 
 

@@ -54,16 +54,24 @@ class GroupLayout:
     def __init__(self) -> None:
         self.slots: List[Tuple[Hashable, Tuple[Column, ...]]] = []
         self.offsets: Dict[Hashable, int] = {}  # key -> position of its slot header in the vector
+        self.columns: Dict[Hashable, Tuple[Column, ...]] = {}  # key -> its columns
         self.length = 1  # the pending flag
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self.offsets
+
+    def fits(self, key: Hashable, columns: Tuple[Column, ...]) -> bool:
+        """True when `key` has a slot with exactly these columns (a buffer whose requests changed does not fit:
+        it keeps travelling as a host row)."""
+        at = self.offsets.get(key)
+        return at is not None and self.columns[key] == columns
 
     def extend(self, entries: Dict[Hashable, Tuple[Column, ...]]) -> None:
         """Append the entries not in the layout yet, sorted by ``repr(key)`` (the same order on every rank)."""
         for key in sorted((k for k in entries if k not in self.offsets), key=repr):
             columns = tuple(entries[key])
             self.offsets[key] = self.length
+            self.columns[key] = columns
             self.slots.append((key, columns))
             self.length += _SLOT_HEADER + len(columns)
 
@@ -119,7 +127,7 @@ class DeferredReduction:
             matrix = exchange.matrix()
             for key, _ in mine.items():
                 at = layout.offsets[key]
-                columns = dict(layout.slots)[key]
+                columns = layout.columns[key]
                 rows = [(r[at + _SLOT_HEADER: at + _SLOT_HEADER + len(columns)], r[at + 1])
                         for r in matrix if r[at] != 0.0]
                 merged[key] = _merge(key, columns, keep_first_replicas(rows))
@@ -169,9 +177,9 @@ class GroupReducer:
             layout = self._layouts.setdefault(gkey, GroupLayout())
             device = collective_device(group)
             fed = fed_by_group.get(gkey, [])
-            in_layout = [b for b in fed if b.key in layout]
+            in_layout = [b for b in fed if layout.fits(b.key, b.columns)]
             pending = {b.key: (b.columns, replicas.get((b.key.layer, b.key.tensor), NO_REPLICA))
-                       for b in fed if b.key not in layout}
+                       for b in fed if not layout.fits(b.key, b.columns)}
             vector, mine = self._vector(layout, in_layout, bool(pending), replicas, device)
             step.exchanges.append((_Exchange(group, layout, vector), mine))
             step.pending.append((group, layout, pending))
