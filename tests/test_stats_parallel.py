@@ -2,7 +2,7 @@
 TEDEBUG_TEST_DIST_BACKEND=nccl), through a real debug session with the default (deferred, background) logging.
 
 A column-parallel Linear ("col") feeds a row-parallel Linear ("row"), Megatron's MLP pair.  Rank r is TP rank r % 2
-of DP replica r // 2 and holds that DP replica's half of the global batch.  The oracle is the statistics of the
+of DP replica r // 2 and holds that DP replica's part of the global batch (NCCL with 2 GPUs: DP=1 x TP=2).  The oracle is the statistics of the
 TP=1 tensors of the global batch (global input, full weights, gradients of the full outputs), computed directly.
 
 - default reduction group (world), weight TP reduction on: every statistic equals the oracle, on every rank; the
@@ -24,7 +24,16 @@ import torch.distributed as dist
 
 import dist_harness
 
-WORLD = 4
+def _world():
+    """4 ranks (DP=2 x TP=2); on NCCL with only 2 GPUs, 2 ranks (DP=1 x TP=2)."""
+    if dist_harness.backend() == "nccl":
+        import torch.cuda
+
+        return 2 if torch.cuda.device_count() in (2, 3) else 4
+    return 4
+
+
+WORLD = _world()
 TP = 2
 S, B, H, F = 4, 3, 8, 8
 STATS = ["min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax"]
@@ -64,7 +73,7 @@ def oracle(t):
             "cur_amax": d.abs().max().item()}
 
 
-def _session(rank, log_dir, tp_group, dp_group, case, dev):
+def _session(rank, world, log_dir, tp_group, dp_group, case, dev):
     """Two iterations of col -> row under a debug session; the logged records and the statistics' collectives."""
     import tedebug.stats.distributed as sd
     from tedebug import debug_api
@@ -101,9 +110,10 @@ def _session(rank, log_dir, tp_group, dp_group, case, dev):
             with torch.no_grad():
                 col.weight.copy_(w1.chunk(TP, 0)[tp_rank])
                 row.weight.copy_(w2.chunk(TP, 1)[tp_rank])
-            x = x.chunk(2, 1)[dp_rank].to(dev).requires_grad_(True)
+            dp = world // TP
+            x = x.chunk(dp, 1)[dp_rank].to(dev).requires_grad_(True)
             y = row(col(x))
-            y.backward(dy.chunk(2, 1)[dp_rank].to(dev))
+            y.backward(dy.chunk(dp, 1)[dp_rank].to(dev))
             counter.update(tensor=0, object=0)
             debug_api.step()
             info["collectives"].append(dict(counter))
@@ -124,11 +134,11 @@ def _session(rank, log_dir, tp_group, dp_group, case, dev):
 
 def _worker(rank, world):
     dev = dist_harness.device(rank)
-    tp_groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
-    dp_groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    tp_groups = [dist.new_group(list(range(d * TP, (d + 1) * TP))) for d in range(world // TP)]
+    dp_groups = [dist.new_group(list(range(t, world, TP))) for t in range(TP)]
     tp_group, dp_group = tp_groups[rank // TP], dp_groups[rank % TP]
     root = tempfile.mkdtemp(prefix=f"tedebug-tp-stats-{rank}-")
-    return {case: _session(rank, os.path.join(root, case), tp_group, dp_group, case, dev)
+    return {case: _session(rank, world, os.path.join(root, case), tp_group, dp_group, case, dev)
             for case in ("world", "weights_local", "dp_group")}
 
 
