@@ -2,8 +2,9 @@
 TEDEBUG_TEST_DIST_BACKEND=nccl), through a real debug session with the default (deferred, background) logging.
 
 A column-parallel Linear ("col") feeds a row-parallel Linear ("row"), Megatron's MLP pair.  Rank r is TP rank r % 2
-of DP replica r // 2 and holds that DP replica's part of the global batch (NCCL with 2 GPUs: DP=1 x TP=2).  The oracle is the statistics of the
-TP=1 tensors of the global batch (global input, full weights, gradients of the full outputs), computed directly.
+of DP replica r // 2 and holds that DP replica's part of the global batch (NCCL with 2 GPUs: DP=1 x TP=2).  The
+oracle is the statistics of the TP=1 tensors of the global batch (global input, full weights, gradients of the full
+outputs), computed directly.
 
 - default reduction group (world), weight TP reduction on: every statistic equals the oracle, on every rank; the
   tensors that every rank of a TP group holds whole (col's activation, row's gradient) count once;
