@@ -68,7 +68,7 @@ class StatsEngine:
         self._in_flight: Optional[Tuple[Any, Dict[torch.device, RowSlab]]] = None
         #: (layer, tensor) -> replica id of a tensor every rank of a TP group holds whole (`note_tp_replicas`)
         self._replicas: Dict[Tuple[str, str], float] = {}
-        self._replica_groups: Dict[Tuple[str, Any], Tuple[Any, Tuple[str, ...]]] = {}
+        self._replica_groups: Dict[str, Tuple[Any, Tuple[str, ...]]] = {}  # layer -> (TP group, tensor names)
         self._group_reducer = GroupReducer()
 
     # ------------------------------------------------------------------------------------------------ feeding
