@@ -224,6 +224,14 @@ def _layers_worker(rank, world):
     _linear_cases(rank, group, dev, results)
     _grouped_cases(rank, group, dev, results)
     _norm_cases(rank, group, dev, results)
+    only_rank0 = dist.new_group([0])  # every rank takes part in creating it
+    if rank == 1:
+        from tedebug.nn import Linear
+
+        try:
+            Linear(4, 4, name="outsider", tp_group=only_rank0, parallel_mode="column")
+        except ValueError as err:
+            results["outsider"] = str(err)
     return results
 
 
@@ -263,6 +271,11 @@ def test_grouped_linear_tp2_equals_tp1_bit_exact(layer_results, case):
 def test_norm_layers_tp2_equal_tp1(layer_results, case):
     for results in layer_results:
         assert set(results[case].values()) == {"ok"}, results[case]
+
+
+@pytest.mark.distributed
+def test_a_rank_outside_the_tp_group_is_an_error(layer_results):
+    assert layer_results[1]["outsider"] == "Linear 'outsider': this process (global rank 1) is not in tp_group"
 
 
 def test_constructor_errors_name_the_layer_and_the_fix():

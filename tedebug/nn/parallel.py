@@ -97,6 +97,8 @@ class TensorParallel:
             if tp_size is not None and int(tp_size) not in (1, group_size):  # TE: the group's size wins over 1
                 raise ValueError(f"{layer}: tp_size={tp_size} but tp_group has {group_size} ranks")
             size, rank = group_size, dist.get_rank(tp_group)
+            if rank < 0:
+                raise ValueError(f"{layer}: this process (global rank {dist.get_rank()}) is not in tp_group")
         else:
             size = 1 if tp_size is None else int(tp_size)
             if size != 1:
