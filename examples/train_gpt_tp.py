@@ -9,8 +9,9 @@ The model is Megatron-style, built from `tedebug.nn` layers with TransformerEngi
 projection (row-parallel) and a `LayerNormMLP` with ``set_parallel_mode=True``; embeddings, the final LayerNorm and
 the vocabulary projection are replicated.  Activations are ``[seq, batch, hidden]``.  Every rank initialises the
 full (TP=1) parameters from one seed and keeps its shards (`tedebug.nn.parallel.shard_stacked`), so any TP size
-trains the same model.  With ``--sequence-parallel`` the residual stream is split along the sequence; the logits and
-the loss are computed on each rank's part of the sequence.  Ranks are grouped as ``rank = dp_rank * tp + tp_rank``;
+trains the same model.  Sequences are padded to a multiple of 8 (padding is ignored by the loss).  With
+``--sequence-parallel`` (TP sizes dividing 8) the residual stream is split along the sequence; the logits and the
+loss are computed on each rank's part of the sequence.  Ranks are grouped as ``rank = dp_rank * tp + tp_rank``;
 gradients are averaged over the data-parallel group (and those of ``sequence_parallel`` parameters first summed over
 the TP group).  The backend is NCCL on GPUs (one per process), gloo on CPU.
 
@@ -103,9 +104,10 @@ class ParallelGPT(torch.nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy over the targets of the whole (local data-parallel) batch; idx, targets ``[B, T]``."""
-        if self.sp:  # the sequence must split evenly: pad at the end (causal attention: earlier positions unchanged)
-            pad = -idx.shape[1] % dist.get_world_size(self.tp_group)
-            idx, targets = F.pad(idx, (0, pad)), F.pad(targets, (0, pad), value=IGNORE_INDEX)
+        # pad the sequence to a multiple of 8 (ignored targets; causal attention leaves earlier positions unchanged):
+        # it splits evenly under sequence parallelism and keeps token counts divisible by 32 (MXFP8 what-if stats)
+        pad = -idx.shape[1] % 8
+        idx, targets = F.pad(idx, (0, pad)), F.pad(targets, (0, pad), value=IGNORE_INDEX)
         time = idx.shape[1]
         x = (self.wte(idx) + self.wpe(torch.arange(time, device=idx.device))).transpose(0, 1)  # [T, B, C]
         targets = targets.transpose(0, 1)
@@ -176,7 +178,7 @@ def train(args: argparse.Namespace) -> List[float]:
         debug_api.initialize(args.config, log_dir=args.log_dir)
     data = make_sorting_dataset(seed=args.seed)
     torch.manual_seed(args.seed)
-    block_size = -(-data.seq_len // 8) * 8  # room for the sequence-parallel padding (TP sizes dividing 8)
+    block_size = -(-data.seq_len // 8) * 8  # the padded sequence (see ParallelGPT.forward)
     reference = ParallelGPT(len(VOCAB), block_size, args, None, "cpu").state_dict()
     model = ParallelGPT(len(VOCAB), block_size, args, tp_group, device)
     layout = parallel.TensorParallel.resolve("example", tp_group=tp_group, parallel_mode="column")
@@ -198,10 +200,10 @@ def train(args: argparse.Namespace) -> List[float]:
             debug_api.step()
         losses.append(global_loss(loss, tp_group if model.sp else None, dp_group, dp_size))
         if rank == 0 and (step % 10 == 0 or step == args.steps):
-            print(f"step {step:4d}  loss {losses[-1]:.4f}", flush=True)
+            print(f"step {step:4d}  loss {float(losses[-1]):.4f}", flush=True)  # the only host reads in the loop
     if args.config:
         debug_api.end_debug()
-    return losses
+    return [float(value) for value in losses]
 
 
 def reduce_gradients(model: ParallelGPT, tp_group, dp_group, dp_size: int) -> None:
@@ -215,15 +217,15 @@ def reduce_gradients(model: ParallelGPT, tp_group, dp_group, dp_size: int) -> No
             p.grad.div_(dp_size)
 
 
-def global_loss(loss: torch.Tensor, sp_group, dp_group, dp_size: int) -> float:
-    """The loss of the global batch (reported value only: one host read per iteration)."""
+def global_loss(loss: torch.Tensor, sp_group, dp_group, dp_size: int) -> torch.Tensor:
+    """The loss of the global batch, on the device (reported only: read on the host every 10 steps)."""
     value = loss.detach().clone()
     if sp_group is not None:
         dist.all_reduce(value, group=sp_group)
     if dp_group is not None:
         dist.all_reduce(value, group=dp_group)
         value /= dp_size
-    return float(value)
+    return value
 
 
 def main(argv: Optional[Sequence[str]] = None) -> List[float]:
