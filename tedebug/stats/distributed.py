@@ -13,7 +13,8 @@ of the group agreed on: ``[pending, (fed, replica, row...) per slot]``.  A buffe
 instead: its host row is read back with the step's other host rows, the ``pending`` flag says so, and when any rank
 of the group raised it, `finish()` runs one ``all_gather_object`` over the group with every rank's pending rows and
 layout keys; all ranks merge those rows and extend their layout with the same union of keys, in the same order.
-This happens in the first enabled step(s) only; afterwards each step costs one collective per group.  As in the
+This happens in the first enabled step(s) only (on NCCL, ``all_gather_object`` waits for the device once there);
+afterwards each step costs one collective per group.  As in the
 synchronous reduction, every rank of a group must join the group's collectives at the same steps (the engine's
 participation rule), so every rank must know the group: each layer runs on every rank at its first enabled iteration.
 
@@ -43,9 +44,10 @@ def replica_id(group: Any) -> float:
 
 
 def collective_device(group: Any) -> torch.device:
-    """The device the collectives of `group` take tensors on: CUDA for NCCL, else the CPU."""
+    """The device the collectives of `group` take tensors on: CUDA when the group has NCCL (also a combined
+    ``"cpu:gloo,cuda:nccl"`` group), else the CPU."""
     backend = dist.get_backend(group)
-    if str(backend).lower() == "nccl":
+    if "nccl" in str(backend).lower():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
