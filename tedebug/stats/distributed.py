@@ -7,16 +7,16 @@ the CPU, which costs a blocking copy for CUDA rows), then (CUDA) a non-blocking 
 pinned host memory and an event. Nothing waits in that step; `finish()`, at the end of iteration N+1, waits for the
 event (long done) and merges the rows on the host.
 
-Every rank of a group must send a vector of the same length, so the vector follows a `GroupLayout` that all ranks
-of the group agreed on: ``[pending, (fed, replica, row...) per slot]``.  A buffer that is not in the layout yet
-(a new buffer: the first enabled iteration, or a layer that runs on some ranks only) travels the synchronous way
-instead: its host row is read back with the step's other host rows, the ``pending`` flag says so, and when any rank
-of the group raised it, `finish()` runs one ``all_gather_object`` over the group with every rank's pending rows and
-layout keys; all ranks merge those rows and extend their layout with the same union of keys, in the same order.
-This happens in the first enabled step(s) only (on NCCL, ``all_gather_object`` waits for the device once there);
-afterwards each step costs one collective per group.  As in the
-synchronous reduction, every rank of a group must join the group's collectives at the same steps (the engine's
-participation rule), so every rank must know the group: each layer runs on every rank at its first enabled iteration.
+Every rank of a group must send a vector of the same length, so the vector follows a `GroupLayout` that all ranks of
+the group agreed on: ``[pending, (fed, replica, row...) per slot]``. A buffer that is not in the layout yet (a new
+buffer: the first enabled iteration, or a layer that runs on some ranks only) travels the synchronous way instead:
+its host row is read back with the step's other host rows, the ``pending`` flag says so, and when any rank of the
+group raised it, `finish()` runs one ``all_gather_object`` over the group with every rank's pending rows and layout
+keys; all ranks merge those rows and extend their layout with the same union of keys, in the same order. This
+happens in the first enabled step(s) only (on NCCL, ``all_gather_object`` waits for the device once there);
+afterwards each step costs one collective per group. As in the synchronous reduction, every rank of a group must
+join the group's collectives at the same steps (the engine's participation rule), so every rank must know the group:
+each layer runs on every rank at its first enabled iteration.
 
 Replicas: a tensor that every rank of a tensor-parallel group holds whole (the input of a column-parallel GEMM,
 the output gradient of a row-parallel one) is counted once: each row carries the lowest global rank of its TP group
