@@ -29,10 +29,10 @@ files (text, JSONL) are written by global rank 0 only.  (nvdlfw ignores `tb_writ
 
 Background logging (`background_logging`, default True): the session's `MetricLogger` writes tedebug's own sinks
 (text statistics file, JSONL, TensorBoard) on one writer thread (`tedebug.sinks.background`).  When every sink is
-one of those (no `statistics_logger` or other caller-thread sink) and torch.distributed runs at most one rank, the
-statistics engine also defers its read-back (`tedebug.stats.engine`): `step()` for iteration N enqueues the
-transfer of iteration N's rows and returns without waiting for the GPU, after reducing iteration N-1 and having the
-writer write it; a training loop that never synchronises keeps its GPU queue full across steps.  Otherwise `step()`
+one of those (no `statistics_logger` or other caller-thread sink), the statistics engine also defers its read-back
+(`tedebug.stats.engine`; several ranks: one asynchronous collective per reduction group): `step()` for iteration N
+enqueues the transfer of iteration N's rows and returns without waiting for the GPU, after reducing iteration N-1
+and having the writer write it; a training loop that never synchronises keeps its GPU queue full across steps.  Otherwise `step()`
 first has the writer write iteration N-1 (waiting with the GIL released while the GPU still runs iteration N's
 kernels), then reads iteration N back.  Either way the records reach every sink in the order of a synchronous run.
 Guarantee: after `debug_api.step()` returns for iteration N, iteration N-1 (and everything before it) is on disk;

@@ -1,4 +1,5 @@
-"""Cross-rank reduction of statistics: 2 CPU processes on gloo (spawned once, timeout-protected).
+"""Cross-rank reduction of statistics: 2 processes (gloo on CPU unless TEDEBUG_TEST_DIST_BACKEND=nccl; spawned once,
+timeout-protected by tests/dist_harness.py).
 
 Checks: rank-0 values equal the statistics of the concatenated tensors, all ranks emit identical values, a buffer
 fed on one rank does not deadlock and is emitted only there, skip_reduction logs local values, and exactly one
@@ -6,16 +7,13 @@ all_gather_object runs per reduction group per step (none when a rank is idle)."
 
 import datetime
 import math
-import os
-import pickle
 import socket
-import time
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+import dist_harness
 from tedebug.stats import StatsEngine
 
 WORLD = 2
@@ -44,6 +42,9 @@ class Capture:
         self.records.append((name, value, iteration))
 
 
+_REAL_GATHER_OBJECT = dist.all_gather_object
+
+
 def _count_gathers():
     counter = {"n": 0}
     real = dist.all_gather_object
@@ -56,10 +57,8 @@ def _count_gathers():
     return counter
 
 
-def _worker(rank, port, out_dir):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60))
+def _worker(rank, world):
+    dev = dist_harness.device(rank)
     try:
         second_group = dist.new_group([0, 1])
         counter = _count_gathers()
@@ -69,13 +68,13 @@ def _worker(rank, port, out_dir):
 
         # step 1: each rank feeds its shard in two microbatches (world group); a buffer in a second group;
         # a buffer fed on rank 0 only; a skip-reduction weight
-        shard = full_tensor().chunk(WORLD)[rank]
+        shard = full_tensor().chunk(WORLD)[rank].to(dev)
         for part in shard.chunk(2):
             engine.feed("L", "activation", REDUCED, part, iteration=1)
         engine.feed("L", "gradient", ["max", "mean"], shard * (rank + 1), iteration=1, reduction_group=second_group)
         if rank == 0:
-            engine.feed("only0", "activation", ["min", "max"], torch.tensor([-3.0, 9.0]), iteration=1)
-        engine.feed("L", "weight", ["max"], torch.tensor([float(10 + rank)]), iteration=1,
+            engine.feed("only0", "activation", ["min", "max"], torch.tensor([-3.0, 9.0], device=dev), iteration=1)
+        engine.feed("L", "weight", ["max"], torch.tensor([float(10 + rank)], device=dev), iteration=1,
                     skip_reduction=True, is_weight=True)
         engine.step(1)
         results["step1"] = (list(log.records), counter["n"])
@@ -94,10 +93,29 @@ def _worker(rank, port, out_dir):
             engine.feed("L", "activation", REDUCED, shard, iteration=3)
         engine.step(3)
         results["due"] = (list(log.records), counter["n"])
-        with open(os.path.join(out_dir, f"rank{rank}.pkl"), "wb") as f:
-            pickle.dump(results, f)
+        results["deferred"] = _deferred(rank, dev)
+        return results
     finally:
-        dist.destroy_process_group()
+        dist.all_gather_object = _REAL_GATHER_OBJECT
+
+
+def _deferred(rank, dev):
+    """The deferred engine: iteration N is emitted at step N+1; a buffer fed on rank 0 only (new, then in the
+    agreed layout, where rank 1 holds an empty slot) never blocks rank 1 and is emitted on rank 0 only."""
+    log = Capture()
+    engine = StatsEngine(log, defer_read_back=True)
+    shard = full_tensor().chunk(WORLD)[rank].to(dev)
+    emitted = []
+    for it in (1, 2):
+        engine.feed("L", "activation", REDUCED, shard * it, iteration=it)
+        if rank == 0:
+            engine.feed("only0", "activation", ["min", "max"], torch.tensor([-3.0, 9.0], device=dev) * it,
+                        iteration=it)
+        engine.step(it)
+        emitted.append(sorted({i for _, _, i in log.records}))
+    engine.finish_pending()
+    emitted.append(sorted({i for _, _, i in log.records}))
+    return {"emitted": emitted, "records": list(log.records)}
 
 
 def oracle(kind, x):
@@ -111,24 +129,8 @@ def oracle(kind, x):
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    out_dir = str(tmp_path_factory.mktemp("dist"))
-    ctx = mp.start_processes(_worker, args=(_free_port(), out_dir), nprocs=WORLD, join=False, start_method="spawn")
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while not ctx.join(timeout=1):
-            if time.monotonic() > deadline:
-                pytest.fail(f"distributed statistics workers did not finish within {TIMEOUT_S}s (deadlock?)")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.terminate()
-                p.join(5)
-    out = []
-    for rank in range(WORLD):
-        with open(os.path.join(out_dir, f"rank{rank}.pkl"), "rb") as f:
-            out.append(pickle.load(f))
-    return out
+def results():
+    return dist_harness.spawn(_worker, WORLD)
 
 
 def _values(records):
@@ -178,8 +180,8 @@ def test_collective_count(results):
 
 
 def test_a_single_rank_group_keeps_the_deferred_read_back(monkeypatch):
-    """torch.distributed with one rank (torchrun on one GPU) reduces locally, so the engine may still defer its
-    read-back; with more ranks the reduction is a collective at the step and it does not."""
+    """torch.distributed with one rank (torchrun on one GPU) reduces locally and defers its read-back; with more
+    ranks it defers too (an asynchronous collective per group, `tedebug.stats.distributed`)."""
     from tedebug.stats import reduce as reduce_module
 
     engine = StatsEngine(Capture(), defer_read_back=True)
@@ -196,7 +198,24 @@ def test_a_single_rank_group_keeps_the_deferred_read_back(monkeypatch):
         engine.finish_pending()
         assert engine.metric_logger.records == [("L_activation_min", -4.0, 0), ("L_activation_max", 2.5, 0)]
         monkeypatch.setattr(dist, "get_world_size", lambda *a, **k: 2)
-        assert reduce_module.needs_communication() and not engine.defers()
+        assert reduce_module.needs_communication() and engine.defers()  # several ranks: deferred as well
         assert not StatsEngine(Capture(), defer_read_back=False).defers()
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_deferred_multi_rank_reduction(results):
+    full = full_tensor()
+    for rank, r in enumerate(results):
+        deferred = r["deferred"]
+        assert deferred["emitted"] == [[], [1], [1, 2]]  # iteration N is written when step N+1 ends
+        values = {(name, it): v for name, v, it in deferred["records"]}
+        for it in (1, 2):
+            for kind in REDUCED:
+                expected = oracle(kind, full * it)
+                assert values[(f"L_activation_{kind}", it)] == pytest.approx(expected, rel=1e-12), (rank, kind, it)
+            if rank == 0:
+                assert values[("only0_activation_min", it)] == -3.0 * it
+                assert values[("only0_activation_max", it)] == 9.0 * it
+        assert rank == 0 or not any(name.startswith("only0") for name, _, _ in deferred["records"])

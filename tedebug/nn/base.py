@@ -88,6 +88,11 @@ class GemmState:
         self.last: Optional[tuple] = None
         #: loaded delayed-scaling state waiting for its quantizer ("<role>.<leaf>" -> entry; `tedebug.nn.state`)
         self._pending: Dict[str, dict] = {}
+        #: tensor-parallel group and size handed to the debug quantizers (`tedebug.nn.parallel.configure`)
+        self.tp_group = None
+        self.tp_size = 1
+        #: optional callable adjusting a freshly built {role: quantizer} dict in place (TP amax reduction)
+        self.customize_quantizers = None
 
     # ---------------------------------------------------------------- quantizers
     def _build(self, recipe) -> None:
@@ -95,6 +100,8 @@ class GemmState:
         if recipe is not None:
             for role in QUANTIZED_ROLES:
                 quantizers[role] = recipe.make_quantizer(role)
+            if self.customize_quantizers is not None:
+                self.customize_quantizers(quantizers)
         self.recipe = recipe
         self.quantizers = quantizers
         self._used = set()
@@ -173,7 +180,8 @@ class GemmState:
     def call_quantizers(self, layer_name: str, recipe) -> Tuple[Dict[str, Optional[object]], Dict[str, Optional[object]]]:
         """(normal quantizers, quantizers to use this call): the debug ones when the debug gate says so."""
         normal = self.normal_quantizers(recipe)
-        debug = self._debug().debug_quantizers(layer_name, normal, tp_group=None, tp_size=1)
+        debug = self._debug().debug_quantizers(layer_name, normal, tp_group=self.tp_group,
+                                                   tp_size=self.tp_size)
         return normal, (normal if debug is None else debug)
 
 

@@ -14,6 +14,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
+from tedebug.nn import parallel
 from tedebug.nn.base import BaseLayer, GemmState, linear_gemm, reduce_amaxes, resolve_dtype, skipped_uses
 from tedebug.nn.linear import linear_params
 
@@ -21,7 +22,13 @@ __all__ = ["GroupedLinear"]
 
 
 class GroupedLinear(BaseLayer):
-    """`num_gemms` independent linear layers applied to consecutive row blocks of one input."""
+    """`num_gemms` independent linear layers applied to consecutive row blocks of one input.
+
+    Tensor parallelism (TE's arguments `tp_group`, `tp_size`, `parallel_mode`): every expert is split like a
+    `tedebug.nn.Linear` (column: `out_features / tp_size` rows; row: `in_features / tp_size` columns, one
+    all-reduce of the whole output, then each expert's full bias).  `sequence_parallel` is not supported (the
+    token rows of the experts are not a sequence dimension): it is an error.
+    """
 
     def __init__(
         self,
@@ -33,20 +40,35 @@ class GroupedLinear(BaseLayer):
         name: Optional[str] = None,
         params_dtype: Optional[torch.dtype] = None,
         device=None,
+        tp_group=None,
+        tp_size: int = 1,
+        parallel_mode: Optional[str] = None,
+        sequence_parallel: bool = False,
     ) -> None:
         super().__init__(name)
+        who = f"GroupedLinear {self.name!r}"
+        if sequence_parallel:
+            raise ValueError(f"{who}: sequence_parallel is not supported for grouped (MoE) GEMMs")
+        self.tp = parallel.TensorParallel.resolve(who, tp_group=tp_group, tp_size=tp_size,
+                                                  parallel_mode=parallel_mode)
         if int(num_gemms) < 1:
             raise ValueError(f"GroupedLinear: num_gemms must be >= 1, got {num_gemms}")
         self.num_gemms = int(num_gemms)
         self.in_features = int(in_features)
         self.out_features = int(out_features)
         self.use_bias = bool(bias)
+        if self.tp.active and self.tp.mode == "column":
+            self.out_features = self.tp.split(self.out_features, "out_features", who)
+        elif self.tp.active:
+            self.in_features = self.tp.split(self.in_features, "in_features", who)
         kw = dict(dtype=resolve_dtype(params_dtype), device=device)
         for i in range(self.num_gemms):
             weight, b = linear_params(self.out_features, self.in_features, bias, **kw)
             self.register_parameter(f"weight{i}", weight)
             self.register_parameter(f"bias{i}", b)
         self.gemm_states: List[GemmState] = [GemmState() for _ in range(self.num_gemms)]
+        for state in self.gemm_states:
+            parallel.configure(state, self.tp)
 
     def forward(self, x: torch.Tensor, m_splits: Sequence[int]) -> torch.Tensor:
         m_splits = [int(m) for m in m_splits]
@@ -67,18 +89,24 @@ class GroupedLinear(BaseLayer):
         recipe = self.active_recipe()
         if recipe is not None:
             reduce_amaxes(self.gemm_states, recipe)  # once for all GEMMs: the same collective on every rank
+        row = self.tp.active and self.tp.mode == "row"
+        x = parallel.column_input(x, self.tp)
         outputs, empty = [], []
         for i, chunk in enumerate(torch.split(x, m_splits, dim=0)):
-            weight, bias = getattr(self, f"weight{i}"), getattr(self, f"bias{i}")
+            weight, bias = getattr(self, f"weight{i}"), (None if row else getattr(self, f"bias{i}"))
             if chunk.shape[0] == 0:
                 outputs.append(torch.nn.functional.linear(chunk, weight, bias))
                 empty.append(self.gemm_states[i])
                 continue
             outputs.append(linear_gemm(chunk, weight, bias, self.gemm_states[i], f"{self.name}.gemm_{i}", recipe,
                                        reduce_amax=False))
-        out = skipped_uses(torch.cat(outputs, dim=0), empty, recipe)
-        return out.reshape(*lead, self.out_features)
+        y = skipped_uses(torch.cat(outputs, dim=0), empty, recipe)
+        if row:
+            y = parallel.reduce_from_tp(y, self.tp.group)
+            if self.use_bias:
+                y = y + torch.cat([getattr(self, f"bias{i}").to(y.dtype).expand(m, -1) for i, m in enumerate(m_splits)])
+        return y.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
         return (f"num_gemms={self.num_gemms}, in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.use_bias}, name={self.name!r}")
+                f"bias={self.use_bias}, name={self.name!r}{self.tp.describe()}")

@@ -12,7 +12,8 @@ from typing import Callable, Dict, Optional
 import torch
 import torch.nn.functional as F
 
-from tedebug.nn.base import BaseLayer, GemmState, linear_gemm, resolve_dtype
+from tedebug.nn import parallel
+from tedebug.nn.base import BaseLayer, GemmState, resolve_dtype
 from tedebug.nn.layernorm_linear import check_normalization, make_norm_params, normalize
 from tedebug.nn.linear import linear_params
 
@@ -37,7 +38,13 @@ def apply_activation(name: str, x: torch.Tensor) -> torch.Tensor:
 
 
 class LayerNormMLP(BaseLayer):
-    """Normalization, fc1 (hidden -> ffn_hidden), activation, fc2 (ffn_hidden -> hidden); TE parameter names."""
+    """Normalization, fc1 (hidden -> ffn_hidden), activation, fc2 (ffn_hidden -> hidden); TE parameter names.
+
+    Tensor parallelism (TE's arguments): with `set_parallel_mode=True` and a `tp_group`, fc1 is column-parallel
+    and fc2 row-parallel, so each rank holds `ffn_hidden_size / tp_size` hidden units (a gated activation's fc1
+    holds that slice of both halves, see `tedebug.nn.parallel.shard_fc1`) and one all-reduce (sequence parallel:
+    all-gather before fc1, reduce-scatter after fc2) per forward.
+    """
 
     def __init__(
         self,
@@ -51,8 +58,22 @@ class LayerNormMLP(BaseLayer):
         name: Optional[str] = None,
         params_dtype: Optional[torch.dtype] = None,
         device=None,
+        tp_group=None,
+        tp_size: int = 1,
+        set_parallel_mode: bool = False,
+        sequence_parallel: bool = False,
     ) -> None:
         super().__init__(name)
+        who = f"LayerNormMLP {self.name!r}"
+        if not isinstance(set_parallel_mode, bool):
+            raise TypeError(f"{who}: set_parallel_mode must be a bool, got {set_parallel_mode!r}")
+        self.set_parallel_mode = set_parallel_mode
+        mode = "column" if set_parallel_mode else None
+        self.tp_fc1 = parallel.TensorParallel.resolve(who, tp_group=tp_group, tp_size=tp_size, parallel_mode=mode,
+                                                      sequence_parallel=sequence_parallel)
+        self.tp_fc2 = parallel.TensorParallel.resolve(who, tp_group=tp_group, tp_size=tp_size,
+                                                      parallel_mode="row" if set_parallel_mode else None,
+                                                      sequence_parallel=sequence_parallel)
         if activation not in ACTIVATIONS:
             raise ValueError(f"LayerNormMLP: activation must be one of {ACTIVATIONS}, got {activation!r}")
         self.hidden_size = int(hidden_size)
@@ -62,11 +83,18 @@ class LayerNormMLP(BaseLayer):
         self.activation = activation
         kw = dict(dtype=resolve_dtype(params_dtype), device=device)
         make_norm_params(self, self.hidden_size, self.normalization, kw)
-        fc1_out = self.ffn_hidden_size * (2 if activation in _GATED else 1)
+        local_ffn = self.ffn_hidden_size
+        if self.tp_fc1.active:
+            local_ffn = self.tp_fc1.split(self.ffn_hidden_size, "ffn_hidden_size", who)
+        fc1_out = local_ffn * (2 if activation in _GATED else 1)
         self.fc1_weight, self.fc1_bias = linear_params(fc1_out, self.hidden_size, bias, **kw)
-        self.fc2_weight, self.fc2_bias = linear_params(self.hidden_size, self.ffn_hidden_size, bias, **kw)
+        self.fc2_weight, self.fc2_bias = linear_params(self.hidden_size, local_ffn, bias, **kw)
+        if self.tp_fc1.active and self.tp_fc1.sequence_parallel:
+            parallel.mark_sequence_parallel(self.layer_norm_weight, self.layer_norm_bias, self.fc2_bias)
         self.fc1_state = GemmState()
         self.fc2_state = GemmState()
+        parallel.configure(self.fc1_state, self.tp_fc1)
+        parallel.configure(self.fc2_state, self.tp_fc2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.hidden_size:
@@ -75,10 +103,14 @@ class LayerNormMLP(BaseLayer):
             )
         recipe = self.active_recipe()
         ln_out = normalize(x, self.normalization, self.layer_norm_weight, self.layer_norm_bias, self.eps)
-        h = linear_gemm(ln_out, self.fc1_weight, self.fc1_bias, self.fc1_state, f"{self.name}.fc1", recipe)
+        h = parallel.parallel_linear(ln_out, self.fc1_weight, self.fc1_bias, self.fc1_state, f"{self.name}.fc1",
+                                     recipe, self.tp_fc1)
         h = apply_activation(self.activation, h)
-        return linear_gemm(h, self.fc2_weight, self.fc2_bias, self.fc2_state, f"{self.name}.fc2", recipe)
+        return parallel.parallel_linear(h, self.fc2_weight, self.fc2_bias, self.fc2_state, f"{self.name}.fc2",
+                                        recipe, self.tp_fc2)
 
     def extra_repr(self) -> str:
         return (f"hidden_size={self.hidden_size}, ffn_hidden_size={self.ffn_hidden_size}, "
-                f"activation={self.activation}, normalization={self.normalization}, name={self.name!r}")
+                f"activation={self.activation}, normalization={self.normalization}, name={self.name!r}"
+                + (f", set_parallel_mode=True, tp_size={self.tp_fc1.size}" if self.tp_fc1.active else "")
+                + (", sequence_parallel=True" if self.tp_fc1.active and self.tp_fc1.sequence_parallel else ""))

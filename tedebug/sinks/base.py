@@ -226,8 +226,11 @@ class MetricLogger:
 
     @property
     def defers_builds(self) -> bool:
-        """True when `log_deferred` builds its records on the writer thread (background mode, writer sinks only)."""
-        return self._writer is not None and bool(self._writer_sinks) and not self._caller_sinks
+        """True in background mode with no caller-thread sink: `log_deferred` builds its records on the writer thread
+        (or, with no sink at all - a rank that writes no files, `statistics_rank0_only` - builds them for nobody),
+        so the statistics engine may read back one step late.  Ranks whose only difference is that they write no
+        files thus take the same read-back path and run the same collectives."""
+        return self._writer is not None and not self._caller_sinks
 
     @contextlib.contextmanager
     def one_step_behind(self):

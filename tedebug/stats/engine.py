@@ -11,9 +11,10 @@ iteration, layer=, tensor=, stat=)`` in buffer-creation order, statistics in req
 values the file sinks read as one column (each formula evaluated once per step, whatever the number of sinks).
 
 Deferred read-back (`defer_read_back`, set by a background-logging session whose sinks all run on the writer
-thread; never while torch.distributed runs more than one rank, whose reduction is a collective at the step): `step(N)`
-enqueues iteration N's copies and returns without waiting for the GPU, after reducing and emitting iteration N-1,
-whose copies finished long ago.  So a training loop that never synchronises keeps the GPU's queue full across
+thread): `step(N)` enqueues iteration N's copies and returns without waiting for the GPU, after reducing and emitting
+iteration N-1, whose copies finished long ago.  With several torch.distributed ranks the rows of iteration N go
+into one asynchronous collective per reduction group (`tedebug.stats.distributed.GroupReducer`), whose result is
+read and merged at step N+1.  So a training loop that never synchronises keeps the GPU's queue full across
 steps.  `finish_pending()` emits the iteration still in flight (the session calls it when it flushes or closes).
 Two sets of slabs alternate, so that the next step's kernels never write rows that are still being copied.
 
@@ -36,6 +37,7 @@ from tedebug.sinks.batch import ScalarBatch
 from tedebug.stats import reduce as _reduce
 from tedebug.stats.buffers import BufferKey, BufferStore, StatBuffer
 from tedebug.stats.definitions import StatRequest
+from tedebug.stats.distributed import NO_REPLICA, DeferredReduction, GroupReducer, replica_id
 from tedebug.stats.readback import FedRow, RowsInFlight
 from tedebug.stats.slab import RowSlab
 
@@ -63,7 +65,11 @@ class StatsEngine:
         self._numel_tensors: Dict[Tuple[int, torch.device], torch.Tensor] = {}
         self._slabs: Dict[torch.device, RowSlab] = {}  # this step's slabs
         self._spare_slabs: Dict[torch.device, RowSlab] = {}  # the other set (deferred read-back alternates them)
-        self._in_flight: Optional[Tuple[RowsInFlight, Dict[torch.device, RowSlab]]] = None
+        self._in_flight: Optional[Tuple[Any, Dict[torch.device, RowSlab]]] = None
+        #: (layer, tensor) -> replica id of a tensor every rank of a TP group holds whole (`note_tp_replicas`)
+        self._replicas: Dict[Tuple[str, str], float] = {}
+        self._replica_groups: Dict[str, Tuple[Any, Tuple[str, ...]]] = {}  # layer -> (TP group, tensor names)
+        self._group_reducer = GroupReducer()
 
     # ------------------------------------------------------------------------------------------------ feeding
     def feed(
@@ -191,10 +197,23 @@ class StatsEngine:
         else:
             self._next_iter[layer] = int(next_iter)
 
+    def note_tp_replicas(self, layer: str, tensor_names: Tuple[str, ...], tp_group: Any) -> None:
+        """The tensors `tensor_names` of `layer` are held whole by every rank of `tp_group` (copies): a reduction
+        over a group containing several of those ranks counts them once.  Cheap when nothing changed."""
+        if tp_group is None or not _reduce.distributed_ready():
+            return
+        noted = self._replica_groups.get(layer)
+        if noted is not None and noted[0] is tp_group and noted[1] == tensor_names:
+            return
+        self._replica_groups[layer] = (tp_group, tensor_names)
+        replica = replica_id(tp_group)
+        for name in tensor_names:
+            self._replicas[(layer, name)] = replica
+
     # ------------------------------------------------------------------------------------------------ step
     def defers(self) -> bool:
         """True when `step` leaves the rows of its iteration in flight until the next step."""
-        return self.defer_read_back and not _reduce.needs_communication()
+        return self.defer_read_back
 
     @property
     def has_in_flight(self) -> bool:
@@ -206,19 +225,20 @@ class StatsEngine:
         start their transfer and emit the previous step's instead)."""
         fed = self._store.fed()
         if self.defers():
-            try:
-                started = RowsInFlight(fed) if fed else None
-            except BaseException:
-                for slab in self._slabs.values():
-                    slab.reset()
-                raise
-            finally:
-                self._store.clear_step()
+            # the previous iteration first: its reduction may extend the group layouts this iteration uses
             previous, self._in_flight = self._in_flight, None
             try:
                 if previous is not None:
                     self._finish(*previous)  # its slabs become the spare set
             finally:
+                try:
+                    started = self._start(fed, finished_iteration)
+                except BaseException:
+                    for slab in self._slabs.values():
+                        slab.reset()
+                    raise
+                finally:
+                    self._store.clear_step()
                 if started is not None:
                     self._in_flight = (started, self._slabs)
                     self._slabs, self._spare_slabs = self._spare_slabs, {}
@@ -237,13 +257,31 @@ class StatsEngine:
             for slab in self._slabs.values():
                 slab.reset()
 
+    def _start(self, fed: List[StatBuffer], finished_iteration: int):
+        """Deferred read-back: start iteration `finished_iteration`'s transfers (and, with several ranks, its
+        collectives); None when this rank has nothing to do (the participation rule of the module docstring)."""
+        if not _reduce.needs_communication():
+            return RowsInFlight(fed) if fed else None
+        if not fed and not any(n <= finished_iteration for n in self._next_iter.values()):
+            return None
+        known = [b.reduction_group for b in self._store if not b.skip_reduction]
+        by_group: Dict[Any, List[StatBuffer]] = {}
+        for b in fed:
+            if not b.skip_reduction:
+                by_group.setdefault(_reduce.group_order_key(b.reduction_group), []).append(b)
+        reduction = self._group_reducer.start(_reduce.ordered_groups(known), _reduce.group_order_key, by_group,
+                                              self._replicas)
+        pending = {key for _, _, keys in reduction.pending for key in keys}
+        return _StepInFlight([FedRow(b) for b in fed],
+                             RowsInFlight([b for b in fed if b.skip_reduction or b.key in pending]), reduction)
+
     def finish_pending(self) -> None:
         """Reduce and emit the iteration whose rows are still in flight, if any (deferred read-back)."""
         if self._in_flight is not None:
             previous, self._in_flight = self._in_flight, None
             self._finish(*previous)
 
-    def _finish(self, rows: RowsInFlight, slabs: Dict[torch.device, RowSlab]) -> None:
+    def _finish(self, rows: Any, slabs: Dict[torch.device, RowSlab]) -> None:
         try:
             host = rows.host_rows()
         finally:
@@ -251,6 +289,11 @@ class StatsEngine:
                 slab.reset()
             if not self._spare_slabs:
                 self._spare_slabs = slabs
+        if isinstance(rows, _StepInFlight):
+            merged = {e.key: host[e.key] for e in rows.entries if e.skip_reduction}
+            merged.update(rows.reduction.finish(host))
+            self._emit(rows.entries, merged)
+            return
         self._emit(rows.entries, self._reduce(rows.entries, host, False))
 
     def _reduce(
@@ -267,7 +310,7 @@ class StatsEngine:
         for group in _reduce.ordered_groups(known):
             gkey = _reduce.group_order_key(group)
             local = {
-                b.key: (b.columns, host[b.key])
+                b.key: (b.columns, host[b.key], self._replicas.get((b.key.layer, b.key.tensor), NO_REPLICA))
                 for b in fed
                 if not b.skip_reduction and _reduce.group_order_key(b.reduction_group) == gkey
             }
@@ -328,6 +371,22 @@ class StatsEngine:
         self._slabs.clear()
         self._spare_slabs.clear()
         self._in_flight = None
+        self._replicas.clear()
+        self._replica_groups.clear()
+        self._group_reducer.reset()
+
+
+class _StepInFlight:
+    """A step of a multi-rank deferred read-back: the emission snapshot of every fed buffer, the host transfers of
+    the buffers reduced on the host (skip_reduction, or new to their group's layout) and the group collectives."""
+
+    def __init__(self, entries: List[FedRow], rows: RowsInFlight, reduction: DeferredReduction) -> None:
+        self.entries = entries
+        self.rows = rows
+        self.reduction = reduction
+
+    def host_rows(self) -> Dict[BufferKey, List[float]]:
+        return self.rows.host_rows()
 
 
 # ------------------------------------------------------------------------------------------------ helpers

@@ -1,10 +1,11 @@
 """Reduction of statistic partials across ranks (torch.distributed).
 
 Only partial rows travel, never tensors.  Per reduction group and step exactly one collective runs:
-``all_gather_object`` of this rank's ``{buffer key: (columns, row values)}``.  Because every rank sends a
+``all_gather_object`` of this rank's ``{buffer key: (columns, row values[, replica id])}``.  Because every rank sends a
 (possibly empty) dict, ranks with different buffer sets never deadlock; each rank then merges, in rank order, the
 rows of the ranks that fed each of *its* buffers, so all ranks of a group that fed a buffer compute identical
 values.  Groups are visited in an order that depends only on their member ranks, identical on every rank.
+This is the synchronous reduction; `tedebug.stats.distributed` reduces without waiting (deferred read-back).
 """
 
 from __future__ import annotations
@@ -45,12 +46,31 @@ def ordered_groups(groups: Sequence[Any]) -> List[Any]:
     return [unique[k] for k in sorted(unique)]
 
 
-def gather_rows(local: Dict[Hashable, HostRow], group: Any) -> Dict[Hashable, List[HostRow]]:
-    """ONE ``all_gather_object`` over `group`; for each key of `local`, the rows of every rank that has it."""
+def gather_rows(local: Dict[Hashable, tuple], group: Any) -> Dict[Hashable, List[HostRow]]:
+    """ONE ``all_gather_object`` over `group`; for each key of `local`, the rows of every rank that has it.
+
+    An entry may carry a third element, a replica id (`tedebug.stats.distributed.replica_id`; -1 for none): of
+    the rows with one replica id >= 0 (copies of one tensor on the ranks of a TP group) only the first is kept."""
     world = dist.get_world_size(group)
     gathered: List[Any] = [None] * world
     dist.all_gather_object(gathered, local, group=group)
-    return {key: [g[key] for g in gathered if key in g] for key in local}
+    return {key: keep_first_replicas([((g[key][0], g[key][1]), g[key][2] if len(g[key]) > 2 else -1.0)
+                                      for g in gathered if key in g])
+            for key in local}
+
+
+def keep_first_replicas(rows: Sequence[Tuple[Any, float]]) -> List[Any]:
+    """`rows` as (row, replica id) in rank order, without the later rows of a replica already seen (ids < 0 are
+    no replica: always kept)."""
+    seen = set()
+    out = []
+    for row, replica in rows:
+        if replica >= 0:
+            if replica in seen:
+                continue
+            seen.add(replica)
+        out.append(row)
+    return out
 
 
 def merge_host_rows(key: Hashable, rows: Sequence[HostRow]) -> Dict[Column, float]:
