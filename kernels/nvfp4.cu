@@ -20,8 +20,9 @@
 // Element rounding, round to nearest even (no SR): a = min(|x * mult_b|, 6) (min drops NaN: NaN -> 6), then
 // t = a + 2^(22 + e) with e = 0 below 2, 1 in [2, 4), 2 from 4 (the fp32 add rounds a to the E2M1 step 0.5, 1, 2
 // with ties to even), r = t - 2^(22 + e) is the grid magnitude and bits(t) - bits(2^(22 + e)) + 2e the 3-bit code.
-// Stochastic rounding (NV_SR=1): TE's software rule of the reference, with 8 random bits per element read from
-// uint8 tensors [M, K] (rowwise) and [K, M] (columnwise) that the caller draws exactly as the reference does.
+// Stochastic rounding (NV_SR=1): TE's software rule of the reference, with 8 random bits per element: the bytes of
+// the reference's Philox draws ([M, K] rowwise, [K, M] columnwise), computed in place by `ted_philox_block`
+// (philox.cuh) for the block of 16 bytes an element group needs - no buffer is written or read.
 // Sign: the sign bit of x (ORed into the code as 0x8).  The hot path does not special-case NaN: a NaN makes the
 // block's fp32 error sum non-finite, and such a block (also Inf, fp32 overflow of the squares) is redone exactly
 // (`nv_redo`: NaN -> +6, code 7; the error in fp64).
@@ -30,6 +31,7 @@
 // The last block (atomic ticket) sums the per-block partials into out[4] = (row underflows, row sq_err, col
 // underflows, col sq_err).
 #include "common.cuh"
+#include "philox.cuh"
 
 #ifndef NV_SR
 #define NV_SR 0
@@ -274,12 +276,13 @@ __device__ __forceinline__ float nv_row_amax(const uint4 (&ch)[NV_CPB]) {
 }
 
 // ---------------------------------------------------------------------------------------------- quantize
-// amax[0]: rowwise global amax, amax[1]: columnwise global amax (fp32 device values).  row_bits / col_bits (NV_SR
-// only): uint8 [M, K] / [K, M].  partial: >= gridDim.x * 4 doubles; ticket: 0 before, reset to 0 by the last block.
+// amax[0]: rowwise global amax, amax[1]: columnwise global amax (fp32 device values).  NV_SR only: the Philox seed
+// and the offsets of the rowwise ([M, K]) and columnwise ([K, M]) draws.  partial: >= gridDim.x * 4 doubles; ticket: 0 before, reset to 0 by the last block.
 extern "C" __global__ void __launch_bounds__(256, NV_MIN_BLOCKS)
 ted_nvfp4_quantize(const ted_raw_t* __restrict__ x, long long M, long long K, const float* __restrict__ amax,
-                   float inv6, float inv2688, int do_row, int do_col, int two_d,
-                   const unsigned char* __restrict__ row_bits, const unsigned char* __restrict__ col_bits,
+                   float inv6, float inv2688, int do_row, int do_col, int two_d, unsigned int seed_lo,
+                   unsigned int seed_hi, unsigned int row_off_lo, unsigned int row_off_hi, unsigned int col_off_lo,
+                   unsigned int col_off_hi,
                    unsigned char* __restrict__ row_data, unsigned char* __restrict__ row_scales,
                    unsigned char* __restrict__ col_data, unsigned char* __restrict__ col_scales,
                    double* __restrict__ partial, unsigned int* __restrict__ ticket, double* __restrict__ out) {
@@ -363,7 +366,8 @@ ted_nvfp4_quantize(const ted_raw_t* __restrict__ x, long long M, long long K, co
                 col_scales[kc * (M / 16) + mg / 16] = (unsigned char)blk.code;
                 uint4 rb = make_uint4(0u, 0u, 0u, 0u);
 #if NV_SR
-                rb = __ldg(reinterpret_cast<const uint4*>(col_bits + kc * M + mg));
+                rb = ted_philox_block(TedPhilox{seed_lo, seed_hi, col_off_lo, col_off_hi},
+                                      (unsigned long long)((kc * M + mg) / 16));
 #endif
                 NvVals f;
                 nv_unpack_col(cw, e, f);
@@ -394,7 +398,8 @@ ted_nvfp4_quantize(const ted_raw_t* __restrict__ x, long long M, long long K, co
                            nv_word_nonzero(ch[j].w);
                 uint4 rb = make_uint4(0u, 0u, 0u, 0u);
 #if NV_SR
-                rb = __ldg(reinterpret_cast<const uint4*>(row_bits + m * K + k));
+                rb = ted_philox_block(TedPhilox{seed_lo, seed_hi, row_off_lo, row_off_hi},
+                                      (unsigned long long)((m * K + k) / 16));
 #endif
                 NvVals f;
                 nv_unpack_row(ch, f);
@@ -890,14 +895,15 @@ ted_nvfp4_rht_amax(const ted_raw_t* __restrict__ x, long long M, long long K, un
     }
 }
 
-// amax[1]: the columnwise (rotated) global amax.  col_bits (NV_SR only): uint8 [K, M].  partial: gridDim.x * 2.
+// amax[1]: the columnwise (rotated) global amax.  NV_SR only: the Philox seed and the offset of the [K, M] draw.
+// partial: gridDim.x * 2.
 #ifndef NR_MIN_BLOCKS
 #define NR_MIN_BLOCKS 3  // resident blocks per SM (register cap); cupy_nvfp4.RHT_BLOCKS_PER_SM must match
 #endif
 extern "C" __global__ void __launch_bounds__(256, NR_MIN_BLOCKS)
 ted_nvfp4_rht_col(const ted_raw_t* __restrict__ x, long long M, long long K, unsigned int sign_mask,
-                  const float* __restrict__ amax, float inv6, float inv2688,
-                  const unsigned char* __restrict__ col_bits, unsigned char* __restrict__ col_data,
+                  const float* __restrict__ amax, float inv6, float inv2688, unsigned int seed_lo,
+                  unsigned int seed_hi, unsigned int off_lo, unsigned int off_hi, unsigned char* __restrict__ col_data,
                   unsigned char* __restrict__ col_scales, double* __restrict__ partial) {
     __shared__ double scratch[32];
     const NvDir cdir = nv_dir(amax[1], inv6);
@@ -922,9 +928,9 @@ ted_nvfp4_rht_col(const ted_raw_t* __restrict__ x, long long M, long long K, uns
         col_scales[k * (M / 16) + g] = (unsigned char)blk.code;
         uint4 rb = make_uint4(0u, 0u, 0u, 0u);
 #if NV_SR
-        rb = __ldg(reinterpret_cast<const uint4*>(col_bits + k * M + 16 * g));
+        rb = ted_philox_block(TedPhilox{seed_lo, seed_hi, off_lo, off_hi}, (unsigned long long)(k * (M / 16) + g));
 #else
-        (void)col_bits;
+        (void)seed_lo; (void)seed_hi; (void)off_lo; (void)off_hi;
 #endif
         unsigned int lo = 0u, hi = 0u;
 #pragma unroll

@@ -1,6 +1,7 @@
 // Counter-based random bytes for NVFP4 stochastic rounding: Philox4x32-10, bit-identical to
 // tedebug/quantization/philox.py (the torch reference used on the CPU and by the tests).
 //
+// The algorithm is in philox.cuh (shared with the NVFP4 kernels, which draw their bits in place).
 // Algorithm (Salmon et al., SC 2011): counter (c0, c1, c2, c3), key (k0, k1); ten rounds of
 //   hi0:lo0 = 0xD2511F53 * c0,  hi1:lo1 = 0xCD9E8D57 * c2   (full 64-bit products, __umulhi for the high words)
 //   (c0, c1, c2, c3) = (hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0)
@@ -11,31 +12,24 @@
 // Cost: one thread per 16 bytes, about 100 integer instructions per thread; one 16-byte store (n multiple of 16 and
 // a 16-byte aligned output, which torch's allocator gives) or byte stores for the tail.
 
+#include "philox.cuh"
+
 extern "C" __global__ void __launch_bounds__(256)
 ted_philox_bytes(unsigned char* __restrict__ out, long long n, unsigned int seed_lo, unsigned int seed_hi,
                  unsigned int offset_lo, unsigned int offset_hi) {
+    const TedPhilox p = {seed_lo, seed_hi, offset_lo, offset_hi};
     const long long blocks = (n + 15) / 16;
     for (long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x; j < blocks;
          j += (long long)gridDim.x * blockDim.x) {
-        unsigned int c0 = (unsigned int)(j & 0xFFFFFFFFll), c1 = (unsigned int)(j >> 32);
-        unsigned int c2 = offset_lo, c3 = offset_hi;
-        unsigned int k0 = seed_lo, k1 = seed_hi;
-#pragma unroll
-        for (int r = 0; r < 10; ++r) {
-            if (r) { k0 += 0x9E3779B9u; k1 += 0xBB67AE85u; }
-            const unsigned int hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
-            const unsigned int hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
-            const unsigned int n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
-            c0 = n0; c1 = lo1; c2 = n2; c3 = lo0;
-        }
+        const uint4 w = ted_philox_block(p, (unsigned long long)j);
         const long long base = 16 * j;
         if (base + 16 <= n) {
-            *reinterpret_cast<uint4*>(out + base) = make_uint4(c0, c1, c2, c3);
+            *reinterpret_cast<uint4*>(out + base) = w;
         } else {
             for (long long i = base; i < n; ++i) {  // (selects, not an indexed array: no local memory)
                 const int q = (int)((i - base) / 4);
-                const unsigned int w = q == 0 ? c0 : (q == 1 ? c1 : (q == 2 ? c2 : c3));
-                out[i] = (unsigned char)(w >> (8 * ((i - base) % 4)));
+                const unsigned int v = q == 0 ? w.x : (q == 1 ? w.y : (q == 2 ? w.z : w.w));
+                out[i] = (unsigned char)(v >> (8 * ((i - base) % 4)));
             }
         }
     }

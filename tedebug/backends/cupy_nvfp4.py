@@ -83,11 +83,9 @@ def rht_sign_mask() -> int:
     return sum(1 << i for i, sign in enumerate(RHT_SIGNS) if sign < 0)
 
 
-def _check_bits(name: str, bits: Optional[torch.Tensor], shape: Tuple[int, int], dev: torch.device) -> None:
-    if bits is not None and (bits.dtype != torch.uint8 or tuple(bits.shape) != shape or not bits.is_contiguous()
-                             or bits.device != dev):
-        raise ValueError(f"cupy_nvfp4: {name} must be a contiguous uint8 {shape} tensor on {dev}, got "
-                         f"{bits.dtype} {tuple(bits.shape)} on {bits.device}")
+def _words(value: int) -> Tuple[np.uint32, np.uint32]:
+    """A 64-bit Philox seed or offset as the (low, high) 32-bit words the kernels take."""
+    return np.uint32(value & 0xFFFFFFFF), np.uint32((value >> 32) & 0xFFFFFFFF)
 
 
 def nvfp4_quantize_raw(
@@ -96,8 +94,7 @@ def nvfp4_quantize_raw(
     rowwise: bool,
     columnwise: bool,
     two_d: bool = False,
-    row_bits: Optional[torch.Tensor] = None,
-    col_bits: Optional[torch.Tensor] = None,
+    sr: Optional[Tuple[int, int, int]] = None,
     nonzero: Optional[torch.Tensor] = None,
 ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor],
            torch.Tensor]:
@@ -109,15 +106,11 @@ def nvfp4_quantize_raw(
 
     Returns (row data [M, K/2], row scales [M, K/16], col data [K, M/2], col scales [K, M/16], stats) with None for
     an absent direction; `stats` is float64[4] = (row underflows, row Σ(x-deq)², col underflows, col Σ(x-deq)²).
-    Stochastic rounding when `row_bits` / `col_bits` (uint8 [M, K] / [K, M]) are given for the requested directions.
+    Stochastic rounding when `sr` = (seed, rowwise offset, columnwise offset) is given: the kernel computes the bytes
+    of those Philox draws (`tedebug.quantization.philox`, [M, K] rowwise and [K, M] columnwise) in place.
     """
     m, k = x2d.shape
     dev = x2d.device
-    sr = row_bits is not None or col_bits is not None
-    if sr and ((rowwise and row_bits is None) or (columnwise and col_bits is None)):
-        raise ValueError("nvfp4_quantize_raw: stochastic rounding needs random bits for every requested direction")
-    _check_bits("row_bits", row_bits, (m, k), dev)
-    _check_bits("col_bits", col_bits, (k, m), dev)
     row_data = torch.empty((m, k // 2), dtype=torch.uint8, device=dev) if rowwise else None
     row_scales = torch.empty((m, k // 16), dtype=torch.uint8, device=dev) if rowwise else None
     col_data = torch.empty((k, m // 2), dtype=torch.uint8, device=dev) if columnwise else None
@@ -128,7 +121,7 @@ def nvfp4_quantize_raw(
     def ptr(t):
         return t.data_ptr() if t is not None else 0
 
-    if uses_fast_kernel(m, k, x2d.dtype, two_d, sr):
+    if uses_fast_kernel(m, k, x2d.dtype, two_d, sr is not None):
         if nonzero is None or nonzero.dtype != torch.int64 or nonzero.device != dev:
             raise ValueError("nvfp4_quantize_raw: the fast kernel needs `nonzero`, count_nonzero(x) as an int64 "
                              f"tensor on {dev} (from _amax_launch(..., count_out=))")
@@ -144,11 +137,12 @@ def nvfp4_quantize_raw(
         return row_data, row_scales, col_data, col_scales, stats
     tiles = ((m + NV_TILE_ROWS - 1) // NV_TILE_ROWS) * ((k + _tile_cols(x2d.dtype) - 1) // _tile_cols(x2d.dtype))
     grid = max(1, min(NV_BLOCKS_PER_SM * _sm_count(_device_index(dev)), tiles))
-    kernel = get_kernel("nvfp4.cu", "ted_nvfp4_quantize", _general_options(x2d, sr))
+    kernel = get_kernel("nvfp4.cu", "ted_nvfp4_quantize", _general_options(x2d, sr is not None))
+    seed, row_offset, col_offset = sr if sr is not None else (0, 0, 0)
     args = (
         x2d.data_ptr(), np.int64(m), np.int64(k), amax.data_ptr(), _INV6, _INV2688,
-        np.int32(rowwise), np.int32(columnwise), np.int32(two_d), ptr(row_bits), ptr(col_bits),
-        ptr(row_data), ptr(row_scales), ptr(col_data), ptr(col_scales),
+        np.int32(rowwise), np.int32(columnwise), np.int32(two_d)) + _words(seed) + _words(row_offset) + \
+        _words(col_offset) + (ptr(row_data), ptr(row_scales), ptr(col_data), ptr(col_scales),
         partials, _ticket(tickets, "nvfp4"), stats.data_ptr(),
     )
     _launch(kernel, grid, NV_THREADS, args, dev)
@@ -156,14 +150,14 @@ def nvfp4_quantize_raw(
 
 
 def nvfp4_rht_columnwise(
-    x2d: torch.Tensor, amax: torch.Tensor, col_bits: Optional[torch.Tensor] = None
+    x2d: torch.Tensor, amax: torch.Tensor, sr: Optional[Tuple[int, int]] = None
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Columnwise NVFP4 of the RHT-rotated transposed view of a contiguous CUDA [M, K] tensor (M % 16 == 0).
 
     Sets amax[1] (fp32 [2], the columnwise slot) to max|y| of the rotated values y (NaN ignored) and returns
     (col data [K, M/2], col scales [K, M/16], stats) with `stats` float64[2] = (underflows against y, Σ(x - deq)²
-    against x where deq is the inverse rotation of the dequantized values).  `col_bits` (uint8 [K, M]) switches to
-    stochastic rounding.  Four launches (zero the slot, amax, quantize, sum of the per-block partials), no sync.
+    against x where deq is the inverse rotation of the dequantized values).  `sr` = (seed, offset) switches to
+    stochastic rounding with the bytes of that Philox draw ([K, M]), computed in the kernel.  Four launches (zero the slot, amax, quantize, sum of the per-block partials), no sync.
     """
     m, k = x2d.shape
     dev = x2d.device
@@ -173,13 +167,12 @@ def nvfp4_rht_columnwise(
     if amax.dtype != torch.float32 or amax.numel() != 2 or amax.device != dev:
         raise ValueError(f"nvfp4_rht_columnwise: amax must be a float32 [2] tensor on {dev}, got {amax.dtype} "
                          f"{tuple(amax.shape)} on {amax.device}")
-    _check_bits("col_bits", col_bits, (k, m), dev)
     col_data = torch.empty((k, m // 2), dtype=torch.uint8, device=dev)
     col_scales = torch.empty((k, m // 16), dtype=torch.uint8, device=dev)
     stats = torch.empty(2, dtype=torch.float64, device=dev)
     tiles = -(-(m // 16) // RHT_TILE[0]) * -(-k // RHT_TILE[1])
     grid = max(1, min(RHT_BLOCKS_PER_SM * _sm_count(_device_index(dev)), tiles))
-    opts = _general_options(x2d, col_bits is not None)
+    opts = _general_options(x2d, sr is not None)
     mask = np.uint32(rht_sign_mask())
     amax[1:].zero_()  # ted_nvfp4_rht_amax takes the atomic max of the fp32 bits into it
     _launch(get_kernel("nvfp4.cu", "ted_nvfp4_rht_amax", opts), grid, NV_THREADS,
@@ -187,8 +180,8 @@ def nvfp4_rht_columnwise(
     partial = torch.empty((grid, 2), dtype=torch.float64, device=dev)
     args = (
         x2d.data_ptr(), np.int64(m), np.int64(k), mask, amax.data_ptr(), _INV6, _INV2688,
-        col_bits.data_ptr() if col_bits is not None else 0, col_data.data_ptr(), col_scales.data_ptr(),
-        partial.data_ptr(),
+        *(_words(sr[0]) + _words(sr[1]) if sr is not None else _words(0) + _words(0)),
+        col_data.data_ptr(), col_scales.data_ptr(), partial.data_ptr(),
     )
     _launch(get_kernel("nvfp4.cu", "ted_nvfp4_rht_col", opts), grid, NV_THREADS, args, dev)
     _sum_columns(partial, stats)
@@ -219,22 +212,21 @@ def nvfp4_quantize(quantizer, tensor: torch.Tensor):
     elif quantizer.rowwise_usage:
         # amaxes[0] = max|x|; amaxes[1] comes from the rotated values
         _amax_launch(x2d, amaxes[:1], count_out=nonzero)
-    # Random bits drawn in the reference's order (rowwise first): Philox bytes generated on the device.
-    row_bits = quantizer._random_bits((m, k), x2d.device) if quantizer.rowwise_usage else None
-    col_bits = quantizer._random_bits((k, m), x2d.device) if quantizer.columnwise_usage else None
-    row_bits = row_bits.contiguous() if row_bits is not None else None
-    col_bits = col_bits.contiguous() if col_bits is not None else None
+    # Philox draws taken in the reference's order (rowwise first); the kernels compute their bytes in place
+    row_offset = quantizer.next_sr_offset() if sr and quantizer.rowwise_usage else 0
+    col_offset = quantizer.next_sr_offset() if sr and quantizer.columnwise_usage else 0
+    draws = (quantizer.sr_seed, row_offset, col_offset) if sr else None
     if rht:
         rd = rs = None
         if quantizer.rowwise_usage:
-            rd, rs, _, _, row_stats = nvfp4_quantize_raw(x2d, amaxes, True, False, False, row_bits, None, nonzero)
-        cd, cs, col_stats = nvfp4_rht_columnwise(x2d, amaxes, col_bits)
+            rd, rs, _, _, row_stats = nvfp4_quantize_raw(x2d, amaxes, True, False, False, draws, nonzero)
+        cd, cs, col_stats = nvfp4_rht_columnwise(x2d, amaxes, (quantizer.sr_seed, col_offset) if sr else None)
         stats = (row_stats[0], row_stats[1]) if quantizer.rowwise_usage else (None, None)
         stats += (col_stats[0], col_stats[1])
     else:
         rd, rs, cd, cs, stats = nvfp4_quantize_raw(
             x2d, amaxes, quantizer.rowwise_usage, quantizer.columnwise_usage, quantizer.with_2d_quantization,
-            row_bits, col_bits, nonzero,
+            draws, nonzero,
         )
     out = NVFP4Tensor(tensor.shape, tensor.dtype, tensor.device, quantizer, columnwise_rht=quantizer.with_rht)
     fused = {}

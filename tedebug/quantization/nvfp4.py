@@ -338,13 +338,18 @@ class NVFP4Quantizer(Quantizer):
         #: Philox offset of the next draw (one per direction quantized with stochastic rounding)
         self.sr_offset = 0
 
+    def next_sr_offset(self) -> int:
+        """The Philox offset of the next stochastic-rounding draw (one per direction quantized); advances it."""
+        offset, self.sr_offset = self.sr_offset, self.sr_offset + 1
+        return offset
+
     def _random_bits(self, shape: Tuple[int, int], device) -> Optional[torch.Tensor]:
         """8 random bits per element from Philox4x32-10 (`tedebug.quantization.philox`: the same bytes on every
-        device, drawn where the tensor lives), or None without SR; each draw advances `sr_offset`."""
+        device, drawn where the tensor lives), or None without SR; each draw advances `sr_offset`.  The GPU
+        kernels compute the same bytes in place from (`sr_seed`, offset) instead."""
         if not self.stochastic_rounding:
             return None
-        offset, self.sr_offset = self.sr_offset, self.sr_offset + 1
-        return philox_bytes(self.sr_seed, offset, shape[0] * shape[1], device).view(shape)
+        return philox_bytes(self.sr_seed, self.next_sr_offset(), shape[0] * shape[1], device).view(shape)
 
     def _quantize(self, tensor: torch.Tensor) -> NVFP4Tensor:
         from tedebug.backends import dispatch  # GPU dispatch hook: CuPy kernel when it applies, else torch below
