@@ -199,6 +199,34 @@ class _Block(torch.nn.Module):
         return x + self.mlp(x)
 
 
+def timed_steps_ms(one: Callable[[], None], warmup: int, iters: int, on_gpu: bool) -> float:
+    """Milliseconds per call of `one` (a training step) over `iters` calls after `warmup` untimed ones: CUDA events
+    around the calls on a GPU (so a loop that never waits for the GPU is timed by the GPU), the wall clock on CPU."""
+    for _ in range(warmup):
+        one()
+    if not on_gpu:
+        start = time.perf_counter()
+        for _ in range(iters):
+            one()
+        return (time.perf_counter() - start) * 1e3 / iters
+    torch.cuda.synchronize()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(iters):
+        one()
+    end.record()
+    torch.cuda.synchronize()
+    return begin.elapsed_time(end) / iters
+
+
+def median_rows(samples: Dict[str, List[float]]) -> List[Dict[str, object]]:
+    """One row per setting (in insertion order): the median of its rounds and their range."""
+    import statistics
+
+    return [{"setting": label, "ms": statistics.median(v), "min_ms": min(v), "max_ms": max(v)}
+            for label, v in samples.items()]
+
+
 def bench_end_to_end(layers: int = 12, hidden: int = 2048, heads: int = 16, batch: int = 8, seq: int = 1024,
                      iters: int = 20, warmup: int = 3, rounds: int = 5, device: str = "cuda",
                      dtype: torch.dtype = torch.bfloat16) -> List[Dict[str, object]]:
@@ -207,7 +235,6 @@ def bench_end_to_end(layers: int = 12, hidden: int = 2048, heads: int = 16, batc
     The settings are measured in turn, `rounds` times (interleaved, so that a drift of the machine hits all of
     them alike); each row gives the median and the range of its rounds, and the overhead of the medians against
     the baseline's.  `device="cpu"` (float32, small shapes) exercises the same code without a GPU."""
-    import statistics
     import tempfile
 
     from tedebug import debug_api
@@ -226,21 +253,7 @@ def bench_end_to_end(layers: int = 12, hidden: int = 2048, heads: int = 16, batc
             debug_api.step()
 
     def step_ms() -> float:
-        for _ in range(warmup):
-            one()
-        if not on_gpu:
-            start = time.perf_counter()
-            for _ in range(iters):
-                one()
-            return (time.perf_counter() - start) * 1e3 / iters
-        torch.cuda.synchronize()
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        for _ in range(iters):
-            one()
-        end.record()
-        torch.cuda.synchronize()
-        return begin.elapsed_time(end) / iters
+        return timed_steps_ms(one, warmup, iters, on_gpu)
 
     def debug_ms(cfg) -> float:
         if cfg is None:
@@ -264,8 +277,7 @@ def bench_end_to_end(layers: int = 12, hidden: int = 2048, heads: int = 16, batc
     for _ in range(max(1, rounds)):
         for label, cfg in settings:
             samples[label].append(debug_ms(cfg))
-    rows = [{"setting": label, "ms": statistics.median(samples[label]), "min_ms": min(samples[label]),
-             "max_ms": max(samples[label])} for label, _ in settings]
+    rows = median_rows(samples)
     base = rows[0]["ms"]
     for row in rows:
         row["overhead"] = row["ms"] / base - 1.0
@@ -308,7 +320,6 @@ def bench_recipes(layers: int = 12, hidden: int = 2048, heads: int = 16, batch: 
     `iters` timed steps (forward, backward, SGD); each row gives the median and range over rounds and the ratio of
     the medians to the baseline.  `device="cpu"` (float32, small shapes) runs the same code without a GPU."""
     import copy
-    import statistics
 
     import tedebug
     from tedebug import recipe as recipe_module
@@ -327,31 +338,13 @@ def bench_recipes(layers: int = 12, hidden: int = 2048, heads: int = 16, batch: 
         optims[id(model)].step()
         optims[id(model)].zero_grad(set_to_none=True)
 
-    def step_ms(model, recipe) -> float:
-        for _ in range(warmup):
-            one(model, recipe)
-        if not on_gpu:
-            start = time.perf_counter()
-            for _ in range(iters):
-                one(model, recipe)
-            return (time.perf_counter() - start) * 1e3 / iters
-        torch.cuda.synchronize()
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        for _ in range(iters):
-            one(model, recipe)
-        end.record()
-        torch.cuda.synchronize()
-        return begin.elapsed_time(end) / iters
-
     settings = [("plain torch (baseline)", plain, None), ("converted, high precision", converted, None)]
     settings += [(name, converted, getattr(recipe_module, name)()) for name in recipes]
     samples: Dict[str, List[float]] = {label: [] for label, _, _ in settings}
     for _ in range(max(1, rounds)):
         for label, model, recipe in settings:
-            samples[label].append(step_ms(model, recipe))
-    rows = [{"setting": label, "ms": statistics.median(samples[label]), "min_ms": min(samples[label]),
-             "max_ms": max(samples[label])} for label, _, _ in settings]
+            samples[label].append(timed_steps_ms(lambda: one(model, recipe), warmup, iters, on_gpu))
+    rows = median_rows(samples)
     for row in rows:
         row["ratio"] = row["ms"] / rows[0]["ms"]
     return rows

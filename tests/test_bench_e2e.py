@@ -40,3 +40,34 @@ def test_end_to_end_bench_runs_its_three_settings(monkeypatch):
     assert not debug_api.is_enabled()  # every session was closed
     text = bench.format_e2e(rows)
     assert text.splitlines()[2].startswith("no debug_api (baseline)") and text.count("%") == 3
+
+
+def test_recipe_bench_runs_every_recipe_on_cpu(monkeypatch):
+    """`tedebug bench --e2e --recipes --device cpu`: the baseline, the converted model and every recipe, each
+    recipe really quantizing with its own quantizer class."""
+    from tedebug.quantization.tensor import Quantizer
+
+    used = []
+    real = Quantizer.quantize
+
+    def counting(self, tensor, **kwargs):
+        used.append(type(self).__name__)
+        return real(self, tensor, **kwargs)
+
+    monkeypatch.setattr(Quantizer, "quantize", counting)
+    rows = bench.bench_recipes(layers=1, hidden=64, heads=2, batch=1, seq=32, iters=1, warmup=1, rounds=1,
+                               device="cpu", dtype=torch.float32)
+    assert [r["setting"] for r in rows] == ["plain torch (baseline)", "converted, high precision", *bench.RECIPES]
+    assert rows[0]["ratio"] == 1.0 and all(r["ms"] > 0 and r["ratio"] > 0 for r in rows)
+    assert set(used) == {"Float8CurrentScalingQuantizer", "Float8Quantizer", "Float8BlockQuantizer",
+                         "MXFP8Quantizer", "NVFP4Quantizer"}
+
+
+def test_recipe_bench_command_on_cpu(capsys):
+    from tedebug.cli import main
+
+    code = main(["bench", "--e2e", "--recipes", "--device", "cpu", "--rounds", "1", "--steps", "1", "--layers", "1",
+                 "--only", "MXFP8BlockScaling"])
+    out = capsys.readouterr().out
+    assert not code  # main returns 0 (or None) on success and raises SystemExit otherwise
+    assert "plain torch (baseline)" in out and "MXFP8BlockScaling" in out and "NVFP4BlockScaling" not in out
