@@ -11,10 +11,15 @@ Operand A uses its rowwise representation iff ``layout[0] == "T"``; B uses its c
 ``layout[1] == "T"``.  `gemm_operand` is the single place that turns whatever a layer holds (a plain tensor, a
 `QuantizedTensor`, a hybrid, a debug wrapper) into the object that this GEMM consumes.
 
-Execution: two per-tensor FP8 operands on a CUDA device with FP8 GEMM support run through ``torch._scaled_mm``;
-everything else is emulated (dequantize the selected representations, matmul with fp32 accumulation, cast).  Two
-plain tensors of one dtype run as the plain torch op (so the high-precision path equals ``torch.nn.functional.linear``
-bit for bit).  N-D operands are flattened to 2-D (all leading dims folded into the first); the result is 2-D.
+Execution: two per-tensor FP8 operands on a CUDA device with FP8 GEMM support run through ``torch._scaled_mm``
+(bias in its epilogue).  Everything else is emulated.  On CUDA, operands whose dequantized values are exact in bf16
+(MXFP8, NVFP4, FP8 block scaling with power-of-two scales, per-tensor FP8, bf16 tensors; see
+`tedebug.quantization.gemm_values`) run as one bf16 tensor-core GEMM with fp32 accumulation, the remaining
+per-tensor factors and the bias applied to the fp32 result before the one rounding (`_on_tensor_cores`); the
+others, and every CPU GEMM, dequantize to fp32 and multiply in fp32.  Both equal "dequantize to fp32, fp32 matmul"
+up to the order of the fp32 additions, and neither reads anything back to the host.  Two plain tensors of one dtype
+run as the plain torch op (so the high-precision path equals ``torch.nn.functional.linear`` bit for bit).  N-D
+operands are flattened to 2-D (all leading dims folded into the first); the result is 2-D.
 """
 
 from __future__ import annotations
