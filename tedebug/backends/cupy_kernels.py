@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from tedebug.backends import torch_ref
+from tedebug.quantization.formats import FP8_MAX
 from tedebug.backends.launch import Kernel, launch, launch_on, raw_stream
 
 _DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -173,12 +174,18 @@ def _grid_for(device: torch.device, work_items: int, blocks_per_sm: int = BLOCKS
 
 
 def _dtype_options(x: torch.Tensor, fp8_format: Optional[str] = None) -> Tuple[str, ...]:
-    if x.dtype not in _DTYPE_CODE:
-        raise TypeError(f"tedebug kernels: expected a float32/bfloat16/float16 tensor, got {x.dtype}")
-    opts = (f"-DTED_DTYPE={_DTYPE_CODE[x.dtype]}",)
-    if fp8_format is not None:
-        opts += (f"-DTED_FP8={_FP8_CODE[fp8_format]}",)
+    opts = _OPTIONS.get((x.dtype, fp8_format))
+    if opts is None:
+        if x.dtype not in _DTYPE_CODE:
+            raise TypeError(f"tedebug kernels: expected a float32/bfloat16/float16 tensor, got {x.dtype}")
+        opts = (f"-DTED_DTYPE={_DTYPE_CODE[x.dtype]}",)
+        if fp8_format is not None:
+            opts += (f"-DTED_FP8={_FP8_CODE[fp8_format]}",)
+        _OPTIONS[(x.dtype, fp8_format)] = opts
     return opts
+
+
+_OPTIONS: Dict[Tuple[torch.dtype, Optional[str]], Tuple[str, ...]] = {}  # (dtype, format) -> NVRTC options
 
 
 def prepare_input(x: torch.Tensor) -> torch.Tensor:
@@ -344,8 +351,6 @@ def mxfp8_quantize_raw(x2d: torch.Tensor, fp8_format: str, rowwise: bool, column
     Returns (row_codes, row_scales, col_codes, col_scales, stats) where absent directions are None and `stats` is
     float64[4] = (row underflows, row Σ(x-deq)², col underflows, col Σ(x-deq)²).
     """
-    from tedebug.quantization.formats import FP8_MAX
-
     x2d = prepare_input(x2d)
     m, k = x2d.shape
     dev = x2d.device
@@ -386,8 +391,6 @@ def _mxfp8_empty(m: int, k: int, dev, rowwise: bool, columnwise: bool):
 
 def _mxfp8_quantize16(x2d: torch.Tensor, fp8_format: str, rowwise: bool, columnwise: bool, opts):
     """The single-launch bf16 / fp16 kernel (32 x 256 tiles, statistics finished by the last block)."""
-    from tedebug.quantization.formats import FP8_MAX
-
     m, k = x2d.shape
     dev = x2d.device
     tiles = (m // 32) * ((k + 255) // 256)
@@ -446,8 +449,6 @@ def _amax_launch(x: torch.Tensor, out: torch.Tensor, fp8_format: Optional[str] =
     without `fp8_format` and a 2-element `out`, out[0] = out[1] = amax (NVFP4's rowwise and columnwise amaxes).
     With `count_out` (int64 [1] on x's device) the launch is `ted_amax_count`, which also writes
     count_out[0] = count_nonzero(x)."""
-    from tedebug.quantization.formats import FP8_MAX
-
     n = x.numel()
     vec = 16 // x.element_size()
     grid = _grid_for(x.device, max(n // vec, 1))
@@ -492,8 +493,6 @@ def fp8_amax_scale(x: torch.Tensor, fp8_format: str, epsilon: float, pow2: bool)
 
 def fp8_current_scale(amax: torch.Tensor, fp8_format: str, epsilon: float, pow2: bool):
     """(scale, scale_inv) 0-d fp32 device tensors from a device amax (formats.compute_scale_from_amax)."""
-    from tedebug.quantization.formats import FP8_MAX
-
     amax = amax.reshape(()).contiguous()
     scale = torch.empty((), dtype=torch.float32, device=amax.device)
     scale_inv = torch.empty_like(scale)
@@ -525,8 +524,6 @@ def _cast_transpose(x2d: torch.Tensor, scale_ptr: int, scale_inv_ptr: int, fp8_f
     """`fp8_cast_transpose_raw` of a prepared (contiguous, aligned) [M, K] tensor, with device addresses of the fp32
     scale and scale_inv: the single-launch bf16 / fp16 kernel when M % 64 == 0 and K % 128 == 0, else the general
     kernel (per-block partials summed by a second launch)."""
-    from tedebug.quantization.formats import FP8_MAX
-
     m, k = x2d.shape
     dev = x2d.device
     row = torch.empty((m, k), dtype=torch.uint8, device=dev) if rowwise else None
