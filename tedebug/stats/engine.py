@@ -121,7 +121,7 @@ class StatsEngine:
                 backend = backend_for(tensor)
                 values_of = getattr(backend, "basic_partial_values", None)
                 if values_of is not None and tensor.device.type == "cpu":  # host values: one tensor for the row
-                    values = (float(numel),) + values_of(tensor)
+                    values = (float(numel),) + values_of(tensor.detach())  # no autograd record of the math
                     buffer.accumulate(torch.tensor([values[i] for i in buffer.row_positions(backend.BASIC_ROW_KEYS)],
                                                    dtype=torch.float64))
                     return
@@ -132,7 +132,11 @@ class StatsEngine:
                     into(tensor, slab.address(index))
                     buffer.add_slab_row(slab, index, backend.BASIC_ROW_KEYS)
                     return
-            row = self._compute_row(buffer, tensor, quantized, numel)
+            if tensor is not None and tensor.requires_grad and torch.is_grad_enabled():
+                with torch.no_grad():  # statistics are no part of the model's graph: record no autograd nodes
+                    row = self._compute_row(buffer, tensor, quantized, numel)
+            else:
+                row = self._compute_row(buffer, tensor, quantized, numel)
         except (ValueError, TypeError) as err:
             raise type(err)(f"statistics of layer {layer!r}, tensor {tensor_name!r}: {err}") from err
         buffer.accumulate(row)
