@@ -339,9 +339,11 @@ def linear_gemm(
     `reduce_amax`: reduce the delayed-scaling amaxes of `state` first (`reduce_amaxes`); grouped layers, whose
     GEMMs may not all run on every rank, pass False and reduce all their states once per forward instead."""
     dtype = activation_dtype(x, weight.dtype)
-    x = x.to(dtype)
-    weight = weight.to(dtype)
-    if bias is not None:
+    if x.dtype != dtype:  # (compared first: a `.to` call costs host time even when it returns its input)
+        x = x.to(dtype)
+    if weight.dtype != dtype:
+        weight = weight.to(dtype)
+    if bias is not None and bias.dtype != dtype:
         bias = bias.to(dtype)
     if x.numel() == 0 or weight.numel() == 0:  # an empty GEMM (e.g. in_features 0): nothing to quantize or inspect
         return torch.nn.functional.linear(x, weight, bias)
