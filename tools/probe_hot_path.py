@@ -2,8 +2,9 @@
 
     .venv/bin/python tools/probe_hot_path.py [--rounds 7] [--iters 20]
 
-Three figures, each from interleaved rounds (settings measured in turn, `rounds` times) and medians, on CPU float32
-with tiny shapes (12 blocks, hidden 32, 2 heads, 1 x 8 tokens) so that the host cost dominates:
+Three figures, each from interleaved rounds (settings measured in turn, `rounds` times), from the medians and from the
+fastest rounds (other work on the machine only adds time), on CPU float32 with tiny shapes (12 blocks, hidden 32,
+2 heads, 1 x 8 tokens) so that the host cost dominates:
 
 1. host time per logged tensor: a 12-block stack of tedebug layers (`tedebug.bench._Block`: LayerNormLinear,
    Linear, LayerNormMLP = 4 GEMMs per block), LogTensorStats with 8 statistics on the 6 tensors of every GEMM at
@@ -106,7 +107,8 @@ def main() -> int:
     # figures from the medians, and from the fastest rounds (other work on the machine only ever adds time)
     for name, pick in (("median", med), ("min", low)):
         if "stack, no debug_api" in pick:
-            per = (pick["stack, LogTensorStats 8 stats x 6 tensors, freq 1"] - pick["stack, no debug_api"]) / (6 * gemms)
+            logged = pick["stack, LogTensorStats 8 stats x 6 tensors, freq 1"]
+            per = (logged - pick["stack, no debug_api"]) / (6 * gemms)
             print(f"[{name}] host time per logged tensor (LogTensorStats, 8 stats): {per:.1f} us")
         if "plain torch" in pick:
             base = pick["plain torch"]
