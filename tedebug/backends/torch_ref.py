@@ -92,9 +92,9 @@ def basic_partial_values(x: torch.Tensor) -> tuple:
     low, high = flat.amin().item(), flat.amax().item()
     amax = max(abs(low), abs(high)) if low == low else low  # NaN propagates, as amax of |x| does
     x64 = flat.to(F64)
-    total = x64.sum()
-    total_value = total.item()
-    m2 = (x64 - total / n).square().sum().item()
+    total_value = x64.sum().item()
+    # the mean as a Python float: the same correctly rounded float64 division as `total / numel` on a 0-d tensor
+    m2 = (x64 - total_value / n).square().sum().item()
     a64 = x64.abs()
     abs_sum = a64.sum().item()
     sq_sum = (x64 * x64).sum().item()
