@@ -281,8 +281,8 @@ def basic_partials(x: torch.Tensor):
 def basic_partials_row(x: torch.Tensor) -> torch.Tensor:
     """`basic_partials` as the kernel's own float64[12] output vector (`BASIC_KEYS` order), without the 0-d views.
 
-    `StatsEngine.feed` gathers its row from this vector when the backend offers it (torch_ref does not: it has no
-    vector to start from)."""
+    `StatsEngine.feed` gathers its row from this vector when the backend offers it (torch_ref's
+    `basic_partials_row` is the CPU counterpart)."""
     if x.numel() == 0:
         partials = torch_ref.basic_partials(x)
         return torch.stack([partials[key] for key in BASIC_KEYS])

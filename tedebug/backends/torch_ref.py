@@ -11,6 +11,7 @@ converted to float64; sums accumulate in float64; ``m2`` is Σ (x − mean)² ar
 
 from __future__ import annotations
 
+import math
 from typing import Dict
 
 import torch
@@ -57,6 +58,54 @@ def basic_partials(x: torch.Tensor) -> Partials:
         "nan_count": _f64(torch.isnan(flat).sum()),
         "inf_count": _f64(torch.isinf(flat).sum()),
     }
+
+
+#: the order of `basic_partials_row` (the same order as the CUDA kernels' row)
+BASIC_KEYS = (
+    "min", "max", "sum", "m2", "abs_sum", "sq_sum", "amax", "nz_abs_min", "nz_abs_max",
+    "nonzero_count", "nan_count", "inf_count",
+)
+#: a host row as `StatsEngine` lays it out before picking its columns: numel, then `BASIC_KEYS`
+BASIC_ROW_KEYS = ("numel",) + BASIC_KEYS
+
+
+def basic_partials_row(x: torch.Tensor) -> torch.Tensor:
+    """`basic_partials` as one float64 vector in `BASIC_KEYS` order, bit for bit the same values (on a CPU tensor
+    built from `basic_partial_values`; other devices get the stacked partials, with no host read-back)."""
+    if x.device.type != "cpu" or x.numel() == 0:
+        partials = basic_partials(x)
+        return torch.stack([partials[key] for key in BASIC_KEYS])
+    return torch.tensor(basic_partial_values(x), dtype=F64)
+
+
+def basic_partial_values(x: torch.Tensor) -> tuple:
+    """`basic_partials` of a non-empty CPU tensor as Python floats in `BASIC_KEYS` order, bit for bit the same values.
+
+    On the CPU the values can be read on the host as they come (no device to wait for), which lets this skip work
+    whose answer is already known: ``amax`` is max(|min|, |max|); with no zero element the smallest non-zero
+    magnitude is the smallest magnitude; a finite float64 sum means no NaN and no infinity (either would make the
+    sum NaN or infinite), so both counts are 0.  That is about half the torch calls of `basic_partials`, and the
+    torch calls are what a logged tensor costs on the host."""
+    flat = x.reshape(-1)
+    n = flat.numel()
+    # min and max in the input dtype, as `basic_partials` takes them (aminmax may differ in the sign of a zero)
+    low, high = flat.amin().item(), flat.amax().item()
+    amax = max(abs(low), abs(high)) if low == low else low  # NaN propagates, as amax of |x| does
+    x64 = flat.to(F64)
+    total_value = x64.sum().item()
+    # the mean as a Python float: the same correctly rounded float64 division as `total / numel` on a 0-d tensor
+    m2 = (x64 - total_value / n).square().sum().item()
+    a64 = x64.abs()
+    abs_sum = a64.sum().item()
+    sq_sum = (x64 * x64).sum().item()
+    nonzero = torch.count_nonzero(flat).item()
+    nz_abs_min = (a64.amin() if nonzero == n else torch.where(a64 != 0, a64, math.inf).amin()).item()
+    if math.isfinite(total_value):
+        nan_count = inf_count = 0
+    else:
+        nan_count, inf_count = torch.isnan(flat).sum().item(), torch.isinf(flat).sum().item()
+    return (low, high, total_value, m2, abs_sum, sq_sum, amax, nz_abs_min, amax, float(nonzero), float(nan_count),
+            float(inf_count))
 
 
 # ------------------------------------------------------------------------------------------------ blockwise

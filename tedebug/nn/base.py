@@ -19,6 +19,7 @@ so the recomputed operands equal the original ones; the forward roles are quanti
 from __future__ import annotations
 
 import itertools
+import types
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -44,6 +45,8 @@ ROLES = ("input", "weight", "output", "grad_output", "grad_input", "grad_weight"
 QUANTIZED_ROLES = ("input", "weight", "grad_output")
 
 _LAYER_NUMBERS = itertools.count(1)
+#: the quantizers of a high-precision GEMM (no recipe): every role None, shared by every call
+_NO_QUANTIZERS = types.MappingProxyType({role: None for role in ROLES})
 
 
 def next_layer_name() -> str:
@@ -111,9 +114,10 @@ class GemmState:
             self.load_delayed_state(role, int(leaf), entry, where=f"delayed-scaling state {key!r}")
 
     def normal_quantizers(self, recipe) -> Dict[str, Optional[object]]:
-        """The layer's own quantizers for `recipe` (all None for None); reused while the recipe stays equal."""
+        """The layer's own quantizers for `recipe` (all None for None: one shared read-only mapping); reused while
+        the recipe stays equal."""
         if recipe is None:
-            return {role: None for role in ROLES}
+            return _NO_QUANTIZERS
         if not _same_recipe(recipe, self.recipe):
             self._build(recipe)
         return self.quantizers
@@ -335,9 +339,11 @@ def linear_gemm(
     `reduce_amax`: reduce the delayed-scaling amaxes of `state` first (`reduce_amaxes`); grouped layers, whose
     GEMMs may not all run on every rank, pass False and reduce all their states once per forward instead."""
     dtype = activation_dtype(x, weight.dtype)
-    x = x.to(dtype)
-    weight = weight.to(dtype)
-    if bias is not None:
+    if x.dtype != dtype:  # (compared first: a `.to` call costs host time even when it returns its input)
+        x = x.to(dtype)
+    if weight.dtype != dtype:
+        weight = weight.to(dtype)
+    if bias is not None and bias.dtype != dtype:
         bias = bias.to(dtype)
     if x.numel() == 0 or weight.numel() == 0:  # an empty GEMM (e.g. in_features 0): nothing to quantize or inspect
         return torch.nn.functional.linear(x, weight, bias)
@@ -349,6 +355,10 @@ def linear_gemm(
             reduce_amaxes((state,), recipe)
         normal, qs = state.call_quantizers(layer_name, recipe)
         state.last = (recipe, normal, qs)
+        if recipe is None and qs is normal:
+            # high precision and no debug path: torch's own linear, the same numbers (forward and backward) as
+            # `_LinearFunction` with no quantizer, without its Python autograd function
+            return torch.nn.functional.linear(x, weight, bias)
         call = _Call(state, normal, qs, dtype, torch.is_grad_enabled())
     return _LinearFunction.apply(x, weight, bias, call)
 

@@ -1,7 +1,9 @@
 """`StatsEngine`: feed tensors into statistic buffers, and at each step reduce, emit and clear.
 
 `feed` computes the per-feed partials of the requested statistics (through `tedebug.backends`) and merges them
-into the buffer's row on the tensor's device — no host synchronisation.  `step(finished_iteration)` reads every
+into the buffer's row on the tensor's device — no host synchronisation.  A basic-only feed of a CPU tensor takes
+the backend's host values (`basic_partial_values`: Python floats, nothing to wait for on the CPU) and builds its row
+with one tensor construction instead of a 0-d tensor per partial.  `step(finished_iteration)` reads every
 fed row back (`tedebug.stats.readback`: all copies enqueued at once), runs one collective per reduction group
 (`tedebug.stats.reduce`), evaluates the final formulas as Python floats and emits ``metric_logger.log_scalar("<layer>_<tensor>_<stat>", value,
 iteration, layer=, tensor=, stat=)`` in buffer-creation order, statistics in request order (as one
@@ -117,6 +119,12 @@ class StatsEngine:
         try:
             if buffer.basic_only and tensor is not None:
                 backend = backend_for(tensor)
+                values_of = getattr(backend, "basic_partial_values", None)
+                if values_of is not None and tensor.device.type == "cpu":  # host values: one tensor for the row
+                    values = (float(numel),) + values_of(tensor.detach())  # no autograd record of the math
+                    buffer.accumulate(torch.tensor([values[i] for i in buffer.row_positions(backend.BASIC_ROW_KEYS)],
+                                                   dtype=torch.float64))
+                    return
                 into = getattr(backend, "basic_stats_into", None)
                 if into is not None:  # one launch writing the whole row into this step's slab
                     slab = self._slab(tensor.device, len(backend.BASIC_ROW_KEYS))
@@ -124,7 +132,11 @@ class StatsEngine:
                     into(tensor, slab.address(index))
                     buffer.add_slab_row(slab, index, backend.BASIC_ROW_KEYS)
                     return
-            row = self._compute_row(buffer, tensor, quantized, numel)
+            if tensor is not None and tensor.requires_grad and torch.is_grad_enabled():
+                with torch.no_grad():  # statistics are no part of the model's graph: record no autograd nodes
+                    row = self._compute_row(buffer, tensor, quantized, numel)
+            else:
+                row = self._compute_row(buffer, tensor, quantized, numel)
         except (ValueError, TypeError) as err:
             raise type(err)(f"statistics of layer {layer!r}, tensor {tensor_name!r}: {err}") from err
         buffer.accumulate(row)

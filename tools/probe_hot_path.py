@@ -1,0 +1,124 @@
+"""Measure the CPU host-cost figures of issue 14 (the debug hot path), all in one run so that they compare:
+
+    .venv/bin/python tools/probe_hot_path.py [--rounds 7] [--iters 20]
+
+Three figures, each from interleaved rounds (settings measured in turn, `rounds` times), from the medians and from the
+fastest rounds (other work on the machine only adds time), on CPU float32 with tiny shapes (12 blocks, hidden 32,
+2 heads, 1 x 8 tokens) so that the host cost dominates:
+
+1. host time per logged tensor: a 12-block stack of tedebug layers (`tedebug.bench._Block`: LayerNormLinear,
+   Linear, LayerNormMLP = 4 GEMMs per block), LogTensorStats with 8 statistics on the 6 tensors of every GEMM at
+   freq 1, minus the same steps without debug_api, divided by the 288 tensors logged per step;
+2. a plain torch GPT stack (`tedebug.bench._TorchBlock`) converted with `tedebug.convert_model`, run without
+   debug_api in high precision, against the plain torch model (overhead in %);
+3. FP8 current scaling: the converted model under `Float8CurrentScaling` minus the plain torch model, per
+   converted linear layer (4 per block) and step.
+
+A machine shared with other work drifts: compare figures of one run only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import warnings
+
+import torch
+
+LAYERS, HIDDEN, HEADS, BATCH, SEQ = 12, 32, 2, 1, 8
+STATS = ["min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range"]
+TENSORS = ["activation", "weight", "gradient", "output", "wgrad", "dgrad"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--only", choices=("stats", "convert", "all"), default="all")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")
+
+    import copy
+    import tempfile
+
+    import tedebug
+    from tedebug import debug_api
+    from tedebug.bench import _Block, _TorchBlock
+    from tedebug.recipe import Float8CurrentScaling
+
+    torch.manual_seed(0)
+    stack = torch.nn.Sequential(*[_Block(HIDDEN, HEADS, i) for i in range(LAYERS)])
+    plain = torch.nn.Sequential(*[_TorchBlock(HIDDEN, HEADS) for _ in range(LAYERS)])
+    converted = tedebug.convert_model(copy.deepcopy(plain))
+    x = torch.randn(BATCH, SEQ, HIDDEN)
+    gemms = 4 * LAYERS
+
+    def run_steps(model, recipe=None, debug=False) -> float:
+        opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+
+        def one():
+            with tedebug.autocast(enabled=recipe is not None, recipe=recipe):
+                y = model(x)
+            y.square().mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if debug:
+                debug_api.step()
+
+        for _ in range(3):
+            one()
+        start = time.perf_counter()
+        for _ in range(args.iters):
+            one()
+        return (time.perf_counter() - start) * 1e6 / args.iters  # us per step
+
+    full = {"all": {"enabled": True, "layers": {"layer_types": ["all"]}, "transformer_engine": {
+        "LogTensorStats": {"enabled": True, "stats": STATS, "tensors": TENSORS, "freq": 1}}}}
+
+    def logged() -> float:
+        with tempfile.TemporaryDirectory() as log_dir:
+            debug_api.initialize(full, log_dir=log_dir)
+            try:
+                return run_steps(stack, debug=True)
+            finally:
+                debug_api.end_debug()
+
+    settings = []
+    if args.only in ("stats", "all"):
+        settings += [("stack, no debug_api", lambda: run_steps(stack)),
+                     ("stack, LogTensorStats 8 stats x 6 tensors, freq 1", logged)]
+    if args.only in ("convert", "all"):
+        settings += [("plain torch", lambda: run_steps(plain)),
+                     ("converted, high precision", lambda: run_steps(converted)),
+                     ("converted, Float8CurrentScaling", lambda: run_steps(converted, Float8CurrentScaling()))]
+    samples = {label: [] for label, _ in settings}
+    for _ in range(args.rounds):
+        for label, fn in settings:
+            samples[label].append(fn())
+    med = {label: statistics.median(values) for label, values in samples.items()}
+    low = {label: min(values) for label, values in samples.items()}
+    print(f"torch {torch.__version__}, CPU float32, {LAYERS} blocks, hidden {HIDDEN}, {BATCH}x{SEQ} tokens, "
+          f"{args.rounds} interleaved rounds x {args.iters} steps (median; min-max)")
+    for label, values in samples.items():
+        print(f"  {label:55s} {med[label]:9.0f} us/step  ({min(values):.0f}-{max(values):.0f})")
+    # figures from the medians, and from the fastest rounds (other work on the machine only ever adds time)
+    for name, pick in (("median", med), ("min", low)):
+        if "stack, no debug_api" in pick:
+            logged = pick["stack, LogTensorStats 8 stats x 6 tensors, freq 1"]
+            per = (logged - pick["stack, no debug_api"]) / (6 * gemms)
+            print(f"[{name}] host time per logged tensor (LogTensorStats, 8 stats): {per:.1f} us")
+        if "plain torch" in pick:
+            base = pick["plain torch"]
+            print(f"[{name}] converted model without debug_api vs plain torch: "
+                  f"{100 * (pick['converted, high precision'] / base - 1):+.1f} %")
+            extra = (pick["converted, Float8CurrentScaling"] - base) / gemms
+            print(f"[{name}] FP8 current scaling, extra host time per layer-step over plain torch: {extra:.0f} us "
+                  f"(per converted linear layer and training step)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
