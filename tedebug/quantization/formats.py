@@ -9,6 +9,7 @@ explicit round-to-nearest-even thresholds, E8M0 codes are computed with fp32 bit
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 E4M3 = "E4M3"
@@ -200,6 +201,8 @@ def compute_scale_from_amax(
     amax < epsilon -> epsilon; amax 0, Inf or NaN -> scale 1; else fp8_max / amax (fp32, round to nearest);
     an infinite quotient becomes `value_for_inf`; `pow2` then rounds the scale down to a power of two.
     """
+    if amax.dim() == 0 and amax.device.type == "cpu":  # one CPU value: the same fp32 arithmetic, without 10 ops
+        return torch.tensor(_scale_of(amax.item(), fp8_max, epsilon, pow2, value_for_inf), dtype=torch.float32)
     amax = amax.float()
     if epsilon > 0:
         amax = torch.where(amax < epsilon, torch.full_like(amax, epsilon), amax)
@@ -210,4 +213,22 @@ def compute_scale_from_amax(
     scale = torch.where(degenerate, torch.ones_like(scale), scale)
     if pow2:
         scale = round_down_pow2(scale)
+    return scale
+
+
+def _scale_of(amax: float, fp8_max: float, epsilon: float, pow2: bool, value_for_inf: float) -> np.float32:
+    """`compute_scale_from_amax` of one value in numpy fp32 scalars (each operation rounds to fp32 as the tensor
+    path's does: comparisons against fp32(epsilon), IEEE fp32 division)."""
+    f32 = np.float32
+    a = f32(amax)
+    if epsilon > 0 and a < f32(epsilon):
+        a = f32(epsilon)
+    if a == 0 or not np.isfinite(a):
+        return f32(1.0)
+    with np.errstate(over="ignore"):
+        scale = f32(fp8_max) / a
+    if np.isinf(scale):
+        scale = f32(value_for_inf)
+    if pow2:
+        scale = (np.array(scale, dtype=np.float32).view(np.uint32) & np.uint32(0xFF800000)).view(np.float32)[()]
     return scale
