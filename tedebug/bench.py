@@ -350,20 +350,22 @@ def bench_recipes(layers: int = 12, hidden: int = 2048, heads: int = 16, batch: 
     return rows
 
 
-def format_recipes(rows: List[Dict[str, object]]) -> str:
-    lines = [f"{'setting':<28} | {'ms/step':>9} | {'range (rounds)':>19} | {'x baseline':>10}", "-" * 76]
+def _format_steps(rows: List[Dict[str, object]], width: int, last: str, cell: Callable[[dict], str]) -> str:
+    """A table of `median_rows` rows: setting, ms/step, range of the rounds and a last column `cell(row)`."""
+    head = f"{'setting':<{width}} | {'ms/step':>9} | {'range (rounds)':>19} | {last:>10}"
+    lines = [head, "-" * len(head)]
     for r in rows:
         spread = f"{r['min_ms']:.2f}-{r['max_ms']:.2f}"
-        lines.append(f"{r['setting']:<28} | {r['ms']:>9.2f} | {spread:>19} | {r['ratio']:>9.2f}x")
+        lines.append(f"{r['setting']:<{width}} | {r['ms']:>9.2f} | {spread:>19} | {cell(r):>10}")
     return "\n".join(lines)
+
+
+def format_recipes(rows: List[Dict[str, object]]) -> str:
+    return _format_steps(rows, 28, "x baseline", lambda r: f"{r['ratio']:.2f}x")
 
 
 def format_e2e(rows: List[Dict[str, object]]) -> str:
-    lines = [f"{'setting':<48} | {'ms/step':>8} | {'range (rounds)':>17} | {'overhead':>8}", "-" * 92]
-    for r in rows:
-        spread = f"{r['min_ms']:.2f}-{r['max_ms']:.2f}"
-        lines.append(f"{r['setting']:<48} | {r['ms']:>8.2f} | {spread:>17} | {100 * r['overhead']:>7.1f}%")
-    return "\n".join(lines)
+    return _format_steps(rows, 48, "overhead", lambda r: f"{100 * r['overhead']:.1f}%")
 
 
 def format_table(rows: List[Dict[str, object]]) -> str:
