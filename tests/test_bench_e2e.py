@@ -8,11 +8,7 @@ from tedebug import bench, debug_api
 from tedebug.stats import engine as engine_module
 
 
-@pytest.fixture(autouse=True)
-def no_session():
-    debug_api.end_debug()
-    yield
-    debug_api.end_debug()
+pytestmark = pytest.mark.usefixtures("no_debug_session")  # tests/conftest.py
 
 
 def test_end_to_end_bench_runs_its_three_settings(monkeypatch):

@@ -13,7 +13,7 @@ import tedebug
 from tedebug import debug_api
 from tedebug.recipe import DelayedScaling, Float8CurrentScaling
 
-from test_features_helpers import RecordingSink, section
+from support.features import RecordingSink, section
 
 CONFIG = section({
     "LogTensorStats": {"enabled": True, "stats": ["l1_norm", "max", "std"],

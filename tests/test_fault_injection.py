@@ -30,10 +30,7 @@ STATS = {"s": {"enabled": True, "layers": {"layer_types": ["fc1"]},
                                                          "stats": ["max"]}}}}
 
 
-@pytest.fixture(autouse=True)
-def _no_session_left():
-    yield
-    debug_api.end_debug()
+pytestmark = pytest.mark.usefixtures("no_debug_session")  # tests/conftest.py
 
 
 def jsonl_records(log_dir):

@@ -11,7 +11,7 @@ import torch
 from tedebug import debug_api
 from tedebug.quantization.float8 import Float8CurrentScalingQuantizer, Float8Quantizer, Float8Tensor
 
-from test_features_helpers import RecordingSink, debug_session, section
+from support.features import RecordingSink, debug_session, section
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "configs")
 

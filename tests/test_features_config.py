@@ -8,7 +8,7 @@ from tedebug.config.errors import ConfigError
 from tedebug.feature_support import parse_fp8_stat, sanitize_name, schedule_options
 from tedebug.registry import build_registry
 
-from test_features_helpers import debug_session, section
+from support.features import debug_session, section
 
 BUILTIN = {"LogTensorStats", "LogFp8TensorStats", "LogNvfp4TensorStats", "DisableQuantizationGEMM",
            "DisableQuantizationLayer", "DisableFP8GEMM", "DisableFP8Layer", "PerTensorScaling", "FakeQuant",

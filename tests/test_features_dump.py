@@ -11,7 +11,7 @@ from tedebug.quantization.float8 import Float8CurrentScalingQuantizer
 from tedebug.quantization.hybrid import HybridQuantizer
 from tedebug.quantization.mxfp8 import MXFP8Quantizer
 
-from test_features_helpers import debug_session, section
+from support.features import debug_session, section
 
 
 def dump_config(**params):

@@ -9,7 +9,7 @@ from tedebug.quantization.formats import FLT_MAX
 from tedebug.quantization.mxfp8 import MXFP8Quantizer
 from tedebug.quantization.nvfp4 import NVFP4Quantizer
 
-from test_features_helpers import debug_session, section
+from support.features import debug_session, section
 
 TORCH_FP8 = {"E4M3": (torch.float8_e4m3fn, 448.0), "E5M2": (torch.float8_e5m2, 57344.0)}
 

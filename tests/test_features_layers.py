@@ -14,7 +14,7 @@ import tedebug
 from tedebug import debug_api
 from tedebug.recipe import DelayedScaling
 
-from test_features_helpers import debug_session, section
+from support.features import debug_session, section
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "configs")
 FP8 = {"E4M3": (torch.float8_e4m3fn, 448.0), "E5M2": (torch.float8_e5m2, 57344.0)}
@@ -197,7 +197,7 @@ def test_fake_quant_gemm_without_fake_operand_stays_high_precision_every_iterati
 
 def test_fp8_stats_with_a_mixed_plan_in_a_real_layer(tmp_path):
     from tedebug.recipe import MXFP8BlockScaling
-    from test_features_helpers import RecordingSink
+    from support.features import RecordingSink
 
     x, w, dy = data(5)
     sink = RecordingSink()

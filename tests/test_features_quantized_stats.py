@@ -13,7 +13,7 @@ from tedebug.quantization.hybrid import HybridQuantizer
 from tedebug.quantization.mxfp8 import MXFP8Quantizer
 from tedebug.quantization.nvfp4 import NVFP4Quantizer
 
-from test_features_helpers import RecordingSink, debug_session, section
+from support.features import RecordingSink, debug_session, section
 
 STATS = ("underflows%", "mse", "scale_inv_min", "scale_inv_max", "scale_inv_std")
 

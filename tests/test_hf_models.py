@@ -13,7 +13,7 @@ from tedebug.nn.base import BaseLayer
 from tedebug.nn.hf import Conv1DLinear
 from tedebug.recipe import Float8CurrentScaling
 
-from test_features_helpers import RecordingSink, section
+from support.features import RecordingSink, section
 
 transformers = pytest.importorskip("transformers")  # in the test extra; skipped only in a bare environment
 

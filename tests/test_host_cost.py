@@ -34,7 +34,7 @@ from tedebug.quantization import Float8CurrentScalingQuantizer
 from tedebug.recipe import Float8CurrentScaling
 
 from debug_features_session import start  # noqa: F401 (the shared fixture)
-from test_features_helpers import RecordingSink, debug_session, section
+from support.features import RecordingSink, debug_session, section
 
 TENSORS = ("activation", "weight", "gradient", "output", "wgrad", "dgrad")
 PARENTED = ("activation", "weight", "gradient")

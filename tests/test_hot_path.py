@@ -21,7 +21,7 @@ from tedebug.backends import torch_ref
 from tedebug.nn import base as nn_base
 from tedebug.recipe import Float8CurrentScaling
 
-from test_features_helpers import RecordingSink, debug_session, section
+from support.features import RecordingSink, debug_session, section
 
 STATS = ["min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range", "nan_count", "inf_count"]
 TENSORS = ["activation", "weight", "gradient", "output", "wgrad", "dgrad"]

@@ -97,7 +97,7 @@ def test_engine_slab_rows_on_the_gpu_equal_the_torch_path():
     pytest.importorskip("cupy")
     from tedebug.backends import dispatch
     from tedebug.stats.engine import StatsEngine
-    from test_features_helpers import RecordingSink
+    from support.features import RecordingSink
 
     stats = ("min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range", "nan_count")
     g = torch.Generator().manual_seed(2)

@@ -22,7 +22,7 @@ from tedebug.quantization.nvfp4 import (
     rht_matrix,
     stochastic_round_e2m1,
 )
-from test_mxfp8 import FLT_MAX, fp8_rne, fp8_value, nan_max_abs, nearest_code
+from support.fp8_oracle import FLT_MAX, fp8_rne, fp8_value, nan_max_abs, nearest_code
 
 # ================================================================================================ oracle
 E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)

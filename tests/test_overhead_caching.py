@@ -19,7 +19,7 @@ from tedebug.sinks.jsonl import JsonlSink, make_record
 from tedebug.sinks.text import TextStatsSink
 from tedebug.stats import StatRequest, StatsEngine
 
-from test_features_helpers import RecordingSink, debug_session, section
+from support.features import RecordingSink, debug_session, section
 
 TABS = " \t\t\t\t "
 ASCTIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}"

@@ -9,7 +9,6 @@ import re
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from tensorboard.plugins.custom_scalar import layout_pb2
 from torch.utils.tensorboard import SummaryWriter
 
 from tedebug.sinks import MetricLogger
@@ -17,23 +16,8 @@ from tedebug.sinks.jsonl import JsonlSink
 from tedebug.sinks.tensorboard import TensorBoardSink
 from tedebug.stats import StatsEngine
 
-LAYOUT_TAG = "custom_scalars__config__"
+from support.tensorboard_events import LAYOUT_TAG, layouts, load, scalars
 
-
-def load(log_dir):
-    acc = EventAccumulator(log_dir)
-    acc.Reload()
-    return acc
-
-
-def scalars(acc):
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
-
-
-def layouts(acc):
-    if LAYOUT_TAG not in acc.Tags()["tensors"]:
-        return []
-    return [layout_pb2.Layout.FromString(e.tensor_proto.string_val[0]) for e in acc.Tensors(LAYOUT_TAG)]
 
 
 def log(sink, layer, tensor, stat, value, it):

@@ -23,18 +23,12 @@ from tedebug.sinks.jsonl import JsonlSink
 from tedebug.sinks.tensorboard import TensorBoardSink
 from tedebug.sinks.text import TextStatsSink
 
-pytestmark = pytest.mark.filterwarnings("ignore:Could not find config file")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WRITER_THREAD = "tedebug-stats-writer"
 
 
-@pytest.fixture(autouse=True)
-def no_session():
-    debug_api.end_debug()
-    debug_api._queued_sinks.clear()
-    yield
-    debug_api.end_debug()
-    debug_api._queued_sinks.clear()
+pytestmark = [pytest.mark.filterwarnings("ignore:Could not find config file"),
+              pytest.mark.usefixtures("no_debug_session")]  # tests/conftest.py
 
 
 def rec(layer, stat, value, it, tensor="activation"):

@@ -9,7 +9,7 @@ import pytest
 from torch.utils.tensorboard import SummaryWriter
 
 from tedebug.sinks.tensorboard import TensorBoardSink, chart_groups, cross_layer_summary, layer_type
-from test_sinks import layouts, load, scalars
+from support.tensorboard_events import layouts, load, scalars
 
 # 40 blocks: qkv, proj, fc1, fc2 each -> 160 layers
 LAYERS = [f"blocks.{b}.{kind}" for b in range(40) for kind in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")]

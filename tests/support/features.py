@@ -1,4 +1,4 @@
-"""Shared helpers of the tests/test_features_*.py files (no tests here): a recording sink and a session context."""
+"""Shared helpers of the feature tests: a recording sink, a one-section config and a session context."""
 
 from __future__ import annotations
 
