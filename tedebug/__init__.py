@@ -17,7 +17,7 @@ from tedebug.autocast import autocast  # noqa: E402
 _MODULES = ("debug_api", "nn", "recipe", "quantization")
 _ATTRIBUTES = {"convert_model": "tedebug.nn.convert", "load_stats": "tedebug.analysis.load"}
 
-__all__ = ["__version__", *_MODULES, *_ATTRIBUTES]
+__all__ = ["__version__", "autocast", *_MODULES, *_ATTRIBUTES]
 
 
 def __getattr__(name: str):

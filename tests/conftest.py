@@ -1,9 +1,44 @@
 """Fixtures shared by the test modules (helpers that are not fixtures live in tests/support/, imported as
-`support.<module>`; pytest puts this folder on sys.path)."""
+`support.<module>`; pytest puts this folder on sys.path).
+
+- `no_debug_session`: no tedebug session before or after the test;
+- `start`: for the debug-path tests, opens a session with the test features of tests/feature_dirs_debug and returns
+  their loaded module (its CALLS list records every call)."""
+
+import os
+import sys
+import warnings
+from pathlib import Path
 
 import pytest
 
 from tedebug import debug_api
+from tedebug.registry import user_module_name
+
+DEBUG_FEATURE_DIR = Path(__file__).parent / "feature_dirs_debug"
+DEBUG_FEATURE_FILE = DEBUG_FEATURE_DIR / "debug_test_features.py"
+
+
+def make_debug_config(features, regex=".*"):
+    """The config dict; no features: no config at all ("" - a section without features is a config error)."""
+    if not features:
+        return ""
+    return {"sec": {"enabled": True, "layers": {"layer_name_regex_pattern": regex}, "transformer_engine": features}}
+
+
+@pytest.fixture
+def start(tmp_path):
+    """start(features, regex=".*") -> the loaded test-feature module; the session ends with the test."""
+
+    def _start(features, regex=".*"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "running without config" when there are no features
+            debug_api.initialize(config_file=make_debug_config(features, regex),
+                                 feature_dirs=[str(DEBUG_FEATURE_DIR)], log_dir=str(tmp_path))
+        return sys.modules[user_module_name(os.path.realpath(DEBUG_FEATURE_FILE))]
+
+    yield _start
+    debug_api.end_debug()
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ from tedebug.nn import debug_gate
 from tedebug.nn.debug_gate import ROLE_TO_TENSOR, LayerDebugState
 from tedebug.quantization import Float8CurrentScalingQuantizer
 
-from debug_features_session import start  # noqa: F401 (the shared fixture)
 LAYER = "model.layers.1.proj"
 ALL_TENSORS = ["activation", "weight", "output", "dgrad", "wgrad", "gradient"]
 

@@ -26,7 +26,6 @@ from tedebug.quantization import (
     MXFP8Quantizer,
 )
 
-from debug_features_session import start  # noqa: F401 (the shared fixture)
 LAYER = "decoder.1.fc1"
 TP_GROUP = object()  # stands for a process group: only its identity is checked
 

@@ -160,7 +160,8 @@ def test_manipulation_configs_change_the_gradients(name, tmp_path):
     plain = weight_grads("")
     changed = weight_grads(config_path(name))
     differs = {layer for layer in DEMO_LAYERS if not torch.equal(plain[layer], changed[layer])}
-    expected_direct = {"disable_gemm": {l for l in DEMO_LAYERS if "attn" in l or l.startswith("blocks.1.mlp")},
+    expected_direct = {"disable_gemm": {layer_name for layer_name in DEMO_LAYERS
+                                        if "attn" in layer_name or layer_name.startswith("blocks.1.mlp")},
                        "fake_quant_whatif": {"blocks.0.mlp.fc1", "blocks.1.mlp.fc1"}}[name]
     assert expected_direct <= differs
 
@@ -415,7 +416,7 @@ def test_demo_summary_matches_the_text_log(demo_run):
         assert len(table) == 5
         ranked = sorted(((float(stats[(f"{layer}_{tensor}_{stat}", 10)]), layer, tensor)
                          for layer in DEMO_LAYERS for tensor in GEMM_INPUTS), reverse=True)
-        assert {(layer, tensor) for layer, tensor, _ in table} <= {(l, t) for _, l, t in ranked}
+        assert {(layer, tensor) for layer, tensor, _ in table} <= {(layer, t) for _, layer, t in ranked}
         printed = [float(value) for _, _, value in table]
         assert printed == sorted(printed, reverse=True)
         assert printed[0] == pytest.approx(ranked[0][0], abs=5e-5, rel=1e-3)

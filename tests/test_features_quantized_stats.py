@@ -342,7 +342,6 @@ def test_nvfp4_stats_skip_non_nvfp4_layers_and_read_a_hybrid_columnwise_operand(
         te.inspect_tensor("L", tensor=x, tensor_name="gradient", iteration=0, tp_group=None,
                           rowwise_quantized_tensor=hq, columnwise_quantized_tensor=hq, quantizer=hybrid)
         debug_api.step()
-        log = main_log(tmp_path)
     assert set(n for n, _, _ in sink.rows) == {"L_gradient_nvfp4_mse", "L_activation_nvfp4_mse"}
     deq = hq.columnwise_sub_storage.dequantize(usage="columnwise", dtype=torch.float64)
     assert sink.values()[("L_gradient_nvfp4_mse", 0)] == pytest.approx(((deq - x.double()) ** 2).mean().item(),

@@ -33,7 +33,6 @@ from tedebug.nn.debug_gate import ROLE_TO_TENSOR, LayerDebugState
 from tedebug.quantization import Float8CurrentScalingQuantizer
 from tedebug.recipe import Float8CurrentScaling
 
-from debug_features_session import start  # noqa: F401 (the shared fixture)
 from support.features import RecordingSink, debug_session, section
 
 TENSORS = ("activation", "weight", "gradient", "output", "wgrad", "dgrad")

@@ -24,7 +24,7 @@ def test_summary_scalars_and_argmax_text(tmp_path, batched):
     sink = TensorBoardSink(SummaryWriter(str(tmp_path)))
     values = {layer: float(i % 37) for i, layer in enumerate(LAYERS)}  # max 36 first at index 36 (blocks.9.mlp.fc2)
     values["blocks.20.mlp.fc1"] = 36.5
-    records = [(f"{l}_gradient_underflows%", v, 7, l, "gradient", "underflows%") for l, v in values.items()]
+    records = [(f"{layer}_gradient_underflows%", v, 7, layer, "gradient", "underflows%") for layer, v in values.items()]
     records.append(("blocks.0.attn.qkv_activation_max", 3.0, 7, "blocks.0.attn.qkv", "activation", "max"))
     records.append(("blocks.1.attn.qkv_activation_max", math.inf, 7, "blocks.1.attn.qkv", "activation", "max"))
     if batched:
@@ -66,7 +66,7 @@ def test_layer_types_and_chart_groups():
 
 def test_layout_splits_charts_and_charts_user_scalars(tmp_path):
     sink = TensorBoardSink(log_dir=str(tmp_path))
-    sink.log_scalars([(f"{l}_activation_mse", 1.0, 0, l, "activation", "mse") for l in LAYERS])
+    sink.log_scalars([(f"{layer}_activation_mse", 1.0, 0, layer, "activation", "mse") for layer in LAYERS])
     sink.log_user_scalar("train/loss", 2.5, 0)
     sink.close()
     acc = load(str(tmp_path))
