@@ -11,11 +11,14 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[test]"
 	touch $@
 
-.PHONY: test demo install
+.PHONY: test demo install lint
 install: $(BIN)/.installed
 
 test: $(BIN)/.installed
 	$(BIN)/python -m pytest
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check .
 
 demo: $(BIN)/.installed
 	$(BIN)/python examples/train_gpt.py

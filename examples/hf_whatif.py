@@ -5,7 +5,8 @@ with activation checkpointing, and log what MXFP8 / NVFP4 / FP8 block scaling wo
     .venv/bin/python examples/hf_whatif.py --model mixtral --recipe mxfp8   # quantized training instead
 
 `tedebug.convert_model` converts nn.Linear, GPT-2's Conv1D and the MoE experts (lm_head stays in high precision);
-`activation_checkpointing_enable()` (`gradient_checkpointing_enable()`) works as is.  Prints the worst layers by what-if MSE at the last logged step.
+`activation_checkpointing_enable()` (`gradient_checkpointing_enable()`) works as is.  Prints the worst layers by
+what-if MSE at the last logged step.
 """
 
 from __future__ import annotations

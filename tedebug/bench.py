@@ -7,7 +7,8 @@ Times are GPU time per call: the timed calls of the kernels, the copy and the su
 Rows: basic statistics; MXFP8 rowwise + columnwise quantize with error statistics; per-tensor FP8 current scaling
 (amax + cast + transpose, with underflow / error / overflow statistics); NVFP4 rowwise + columnwise (global amax +
 quantize, round-to-nearest, no RHT); FP8 block scaling 1x128 and 128x128 rowwise + columnwise.  A format with a
-global amax pass counts two reads of the input.  Timing: `torch.cuda.Event`, warm-up, >= 20 iterations, rotating between >= 2 input buffers so that no
+global amax pass counts two reads of the input.  Timing: `torch.cuda.Event`, warm-up, >= 20 iterations, rotating
+between >= 2 input buffers so that no
 buffer is re-read from L2.  Printed: microseconds per call, speed-up vs torch, achieved bandwidth, and the
 fraction of copy bandwidth (or, for statistics, the time relative to the x.sum() pass).
 

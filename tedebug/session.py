@@ -11,7 +11,8 @@ they never outlive it and two sessions never share them.
 
 `open_session(...)` builds a session in this order: the log directory lock (`tedebug.log_dir_lock`: a second live
 session of the same rank on one `log_dir` is an error, before any file there is truncated), main text log, feature
-registry (built-ins, then `feature_dirs`), config, sinks, stats engine.  If any step fails, everything created so far is closed (log handlers
+registry (built-ins, then `feature_dirs`), config, sinks, stats engine.  If any step fails, everything created so far
+is closed (log handlers
 removed, sinks closed) before the error propagates, so nothing is left half-set and a retry works.
 
 Sink errors (`on_sink_error`, default ``"warn"``): a sink that fails (a full disk, a read-only file system, a user
@@ -32,7 +33,8 @@ Background logging (`background_logging`, default True): the session's `MetricLo
 one of those (no `statistics_logger` or other caller-thread sink), the statistics engine also defers its read-back
 (`tedebug.stats.engine`; several ranks: one asynchronous collective per reduction group): `step()` for iteration N
 enqueues the transfer of iteration N's rows and returns without waiting for the GPU, after reducing iteration N-1
-and having the writer write it; a training loop that never synchronises keeps its GPU queue full across steps.  Otherwise `step()`
+and having the writer write it; a training loop that never synchronises keeps its GPU queue full across steps.
+Otherwise `step()`
 first has the writer write iteration N-1 (waiting with the GIL released while the GPU still runs iteration N's
 kernels), then reads iteration N back.  Either way the records reach every sink in the order of a synchronous run.
 Guarantee: after `debug_api.step()` returns for iteration N, iteration N-1 (and everything before it) is on disk;

@@ -179,7 +179,8 @@ def test_unknown_section_key_suggests_namespace(tmp_path):
 
 
 def test_invalid_gemm(tmp_path):
-    path = write(tmp_path, edit("      tensors: [activation]\n", "      gemms: [fprop, fprp]\n      tensors: [weight]\n"))
+    path = write(tmp_path, edit("      tensors: [activation]\n",
+                                "      gemms: [fprop, fprp]\n      tensors: [weight]\n"))
     err = load_error(path)
     assert str(err) == (f"{path}:8: section 'log_stats' -> transformer_engine -> LogTensorStats -> gemms[1]: "
                         "invalid gemm name 'fprp'; did you mean 'fprop'? (expected one of fprop, dgrad, wgrad)")
@@ -447,4 +448,5 @@ def test_stale_upstream_feature_names_get_suggestions(stale, suggestion):
     err = load_error({"s": {"enabled": True, "layers": {"layer_types": ["fc1"]},
                             "transformer_engine": {stale: {"enabled": True, "gemms": ["fprop"]}}}})
     assert err.key_path == ("s", "transformer_engine", stale) and err.suggestion == suggestion
-    assert f"Could not find feature '{stale}' in namespace 'transformer_engine'; did you mean '{suggestion}'?" in str(err)
+    expected = f"Could not find feature '{stale}' in namespace 'transformer_engine'; did you mean '{suggestion}'?"
+    assert expected in str(err)

@@ -301,8 +301,9 @@ def test_a_block_size_that_does_not_fit_is_skipped_with_one_warning(tmp_path):
     assert [(r["iteration"], r["stat"], r["value"]) for r in jsonl_records(tmp_path)] == [
         (0, "max", 0.0), (1, "max", 1.0), (2, "max", 2.0)]
     assert main_log(tmp_path).count("WARNING - LAYER=a.fc1: Feature=LogTensorStats: skipping "
-                                    "max_blockwise_dynamic_range_block_size_3_dims_2_max_over_orientations for tensor activation of shape "
-                                    "[4, 4]: dims=2 needs both dims of the 2-D view 4x4 divisible by block_size 3") == 1
+                                    "max_blockwise_dynamic_range_block_size_3_dims_2_max_over_orientations for tensor "
+                                    "activation of shape [4, 4]: dims=2 needs both dims of the 2-D view 4x4 "
+                                    "divisible by block_size 3") == 1
 
 
 @pytest.mark.parametrize("recipe_name", ["DelayedScaling", "Float8CurrentScaling", "MXFP8BlockScaling",

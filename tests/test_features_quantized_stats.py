@@ -231,7 +231,8 @@ def test_fp8_stats_that_cannot_be_computed_are_skipped_with_one_warning(tmp_path
         (["fp8_delayed_scaling_mse"], x, mq, mx, "need a tensor trained with delayed scaling"),
         (["underflows%"], x, nq, nv, "use LogNvfp4TensorStats"),
         (["underflows%"], None, mq, mx, "the high-precision tensor is not available"),
-        (["fp8_current_scaling_scale_inv_min"], None, mq, mx, "a what-if statistic quantizes the high-precision tensor"),
+        (["fp8_current_scaling_scale_inv_min"], None, mq, mx,
+         "a what-if statistic quantizes the high-precision tensor"),
     ]
     for i, (stats, tensor, q, quantizer, message) in enumerate(cases):
         sink = RecordingSink()

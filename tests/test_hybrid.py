@@ -93,7 +93,7 @@ def test_recipe_name_is_empty():
     assert HybridQuantizer(IdentityQuantizer(), IdentityQuantizer()).recipe_name == ""
 
 
-# ------------------------------------------------------------------------------------------------ usage flags (seed 004)
+# ----------------------------------------------------------------------------------------- usage flags (seed 004)
 @pytest.mark.parametrize(
     "rowwise,columnwise,row_calls,col_calls",
     [(True, True, 1, 1), (True, False, 1, 0), (False, True, 0, 1)],

@@ -435,7 +435,8 @@ def test_unrouted_enabled_hooks_are_answered_without_a_call_after_the_first(tmp_
         assert n_first == 2 * (1 + 2 + 2 * 2) + 2 - 1
         assert first["activation"][0] is True and second["activation"][0] is False  # freq 2: iteration 0 vs 1
         assert first["activation"][1:5] == second["activation"][1:5] == ("Quantize", "Quantize", False, False)
-        assert first["weight"] == second["weight"][:5] + (first["weight"][5],) and first["output"][1] == "High Precision"
+        assert first["weight"] == second["weight"][:5] + (first["weight"][5],)
+        assert first["output"][1] == "High Precision"
 
         patched = []
         real_fp8 = api.fp8_gemm_enabled

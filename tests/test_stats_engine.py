@@ -115,7 +115,8 @@ def test_nonfinite_counts_and_report():
     assert len(messages) == 1
     engine.feed("dec.4", "activation", ["max"], x, iteration=15)  # report kept for basic stats not requested
     engine.step(15)
-    assert len(messages) == 2 and "layer=dec.4 tensor=activation gemm=fprop/wgrad iteration=15 nan_count=1" in messages[1][0]
+    assert len(messages) == 2
+    assert "layer=dec.4 tensor=activation gemm=fprop/wgrad iteration=15 nan_count=1" in messages[1][0]
 
 
 # ------------------------------------------------------------------------------------------------ concatenation

@@ -2,7 +2,8 @@
 
     PYTHONPATH=/path/to/other/checkout .venv/bin/python tools/hot_path_log_run.py /tmp/before
     .venv/bin/python tools/hot_path_log_run.py /tmp/after
-    cmp /tmp/before/tedebug_statistics/metrics_globalrank-0.jsonl /tmp/after/tedebug_statistics/metrics_globalrank-0.jsonl
+    cmp /tmp/before/tedebug_statistics/metrics_globalrank-0.jsonl \
+        /tmp/after/tedebug_statistics/metrics_globalrank-0.jsonl
     diff <(cut -d' ' -f3- /tmp/before/nvdlfw_inspect_statistics_logs/*.log) \
          <(cut -d' ' -f3- /tmp/after/nvdlfw_inspect_statistics_logs/*.log)   # text lines, timestamps aside
 

@@ -58,7 +58,8 @@ class KernelCompileError(RuntimeError):
 
 # ------------------------------------------------------------------------------------------------ loading
 def kernel_dir() -> Path:
-    """Directory of the ``.cu`` sources: the installed ``tedebug.kernels`` package, else the repository's ``kernels``."""
+    """Directory of the ``.cu`` sources: the installed ``tedebug.kernels`` package, else the repository's
+    ``kernels``."""
     try:
         import tedebug.kernels as pkg  # installed layout (package-dir mapping)
 

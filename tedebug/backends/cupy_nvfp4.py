@@ -3,7 +3,8 @@
 Returns the same `NVFP4Tensor` fields as `NVFP4Quantizer._quantize`, bit for bit, plus the fused error statistics
 (underflows, squared error per direction) handed to the statistics backend with `cupy_kernels._attach_fused`.
 Without RHT: two launches, the global amax (`cupy_kernels._amax_launch`, NaN ignored, written to both amax slots;
-for the fast kernel also count_nonzero(x)) and the quantize kernel, which finishes its statistics in its last block; no host synchronisation.  The quantize
+for the fast kernel also count_nonzero(x)) and the quantize kernel, which finishes its statistics in its last block; no
+host synchronisation.  The quantize
 kernel is `ted_nvfp4_quantize16` (fast path: bf16 / fp16, round to nearest, 1D, M % 64 == 0, K % 128 == 0) or the
 general `ted_nvfp4_quantize` (everything else).
 With RHT (`quantizer.with_rht`, columnwise only): the rowwise direction is quantized as above from the amax of x;
@@ -157,7 +158,8 @@ def nvfp4_rht_columnwise(
     Sets amax[1] (fp32 [2], the columnwise slot) to max|y| of the rotated values y (NaN ignored) and returns
     (col data [K, M/2], col scales [K, M/16], stats) with `stats` float64[2] = (underflows against y, Σ(x - deq)²
     against x where deq is the inverse rotation of the dequantized values).  `sr` = (seed, offset) switches to
-    stochastic rounding with the bytes of that Philox draw ([K, M]), computed in the kernel.  Four launches (zero the slot, amax, quantize, sum of the per-block partials), no sync.
+    stochastic rounding with the bytes of that Philox draw ([K, M]), computed in the kernel.  Four launches (zero the
+    slot, amax, quantize, sum of the per-block partials), no sync.
     """
     m, k = x2d.shape
     dev = x2d.device

@@ -1,5 +1,6 @@
 """tedebug.nn: layers whose GEMMs run in low precision inside `tedebug.autocast`, the GEMM entry point, and
-`convert_model` (swap `torch.nn.Linear` layers of any model, and transformers' Conv1D and MoE experts).  Submodules are imported on first attribute access."""
+`convert_model` (swap `torch.nn.Linear` layers of any model, and transformers' Conv1D and MoE experts).  Submodules are
+imported on first attribute access."""
 
 from __future__ import annotations
 

@@ -181,7 +181,8 @@ class GemmState:
             self._debug_state = LayerDebugState()
         return self._debug_state
 
-    def call_quantizers(self, layer_name: str, recipe) -> Tuple[Dict[str, Optional[object]], Dict[str, Optional[object]]]:
+    def call_quantizers(self, layer_name: str,
+                        recipe) -> Tuple[Dict[str, Optional[object]], Dict[str, Optional[object]]]:
         """(normal quantizers, quantizers to use this call): the debug ones when the debug gate says so."""
         normal = self.normal_quantizers(recipe)
         debug = self._debug().debug_quantizers(layer_name, normal, tp_group=self.tp_group,

@@ -270,7 +270,8 @@ def gemm(
 
     A and B may be plain tensors, QuantizedTensors, hybrids or DebugQuantizedTensors.  `roles` names the two
     operands in error messages (e.g. ``("weight", "activation")``).  `bias` (length N, high precision) is added
-    to the fp32 result before the cast (plain operands: as ``F.linear`` does).  ``use_native=False`` forces emulation (for tests).
+    to the fp32 result before the cast (plain operands: as ``F.linear`` does).  ``use_native=False`` forces emulation
+    (for tests).
     """
     if layout not in LAYOUTS:
         raise ValueError(f"GEMM '{gemm_name}': layout must be one of {LAYOUTS}, got {layout!r}")

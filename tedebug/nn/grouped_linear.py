@@ -3,7 +3,8 @@
 `forward(x, m_splits)` flattens x to ``(-1, in)`` (like TransformerEngine: leading dims are token dims, the
 output gets them back) and splits it along dim 0; rows of split i go through expert i's weight
 (``weight<i>``, ``bias<i>``: TE's parameter names).  Each expert GEMM is debugged as layer `<name>.gemm_<i>` with its
-own quantizers.  An empty split produces an empty output block (and zero gradients for that expert); under delayed scaling its
+own quantizers.  An empty split produces an empty output block (and zero gradients for that expert); under delayed
+scaling its
 state still advances (`GemmState.skip_use`) and the amaxes of all GEMMs are reduced once per forward
 (`reduce_amax`), so data-parallel ranks stay in step whatever their splits.
 """

@@ -13,7 +13,8 @@
   computes what transformers' ``batched_mm`` implementation computes, whatever ``experts_implementation`` the config
   names.  Splitting the tokens by expert needs the per-expert counts on the host (one device-to-host copy per
   experts module and forward, as every per-expert loop does).  Under delayed scaling the experts' amaxes are
-  reduced once per forward and an expert without tokens still advances its state, as in `GroupedLinear`.  Older transformers versions keep experts as lists
+  reduced once per forward and an expert without tokens still advances its state, as in `GroupedLinear`.  Older
+  transformers versions keep experts as lists
   of ``nn.Linear``, which `convert_model` converts as plain Linear layers.
 """
 

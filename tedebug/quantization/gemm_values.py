@@ -26,7 +26,8 @@ fp32 additions.  What does not fit in bf16 is factored out of the values and app
 
 Every form is built from the quantizer's configuration alone: nothing is read back from the device.  `values` is
 the logical 2-D matrix ``[M, K]`` of the tensor (M = product of the leading dims); for representations stored
-transposed it is a transposed view, which the GEMM consumes without a copy.  On CUDA the values come from one kernel per operand (`kernels/dequant.cu`,
+transposed it is a transposed view, which the GEMM consumes without a copy.  On CUDA the values come from one kernel
+per operand (`kernels/dequant.cu`,
 the same bits as the torch code here).
 """
 
@@ -38,8 +39,8 @@ import torch
 
 from .formats import E2M1_VALUES, E4M3, TORCH_FP8_DTYPE
 
-__all__ = ["GemmValues", "MXFP8_LIFT", "e8m0_to_bf16", "fp8_block_values_bf16", "fp8_codes_to_bf16", "mxfp8_values_bf16",
-           "nvfp4_values_bf16", "pow2_to_bf16"]
+__all__ = ["GemmValues", "MXFP8_LIFT", "e8m0_to_bf16", "fp8_block_values_bf16", "fp8_codes_to_bf16",
+           "mxfp8_values_bf16", "nvfp4_values_bf16", "pow2_to_bf16"]
 
 #: log2 of the fixed lift of MXFP8 / FP8-block values (see the module docstring), by element format.
 MXFP8_LIFT = {"E4M3": 3, "E5M2": 10}

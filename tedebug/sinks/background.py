@@ -5,7 +5,8 @@ done inside `debug_api.step()` it keeps the training loop (and the GPU it feeds)
 background mode hands each step's batch to this writer and returns.
 
 Guarantee (what is on disk when): after `debug_api.step()` returns for iteration N, iteration N-1 (and everything
-logged before it) is written and flushed to every sink; iteration N is written at the start of the next `step()` (the writer
+logged before it) is written and flushed to every sink; iteration N is written at the start of the next `step()` (the
+writer
 works while the training thread waits with the GIL released and the GPU still runs its queued kernels, see
 `DebugSession.step`), or at the latest when the session is flushed or closed
 (`DebugSession.flush`, `debug_api.end_debug()`) or the interpreter exits normally (the atexit handler of

@@ -61,7 +61,8 @@ _NONFINITE_TEXT = {label: f'null, "nonfinite": "{label}"' for label in ("nan", "
 
 
 def _names_part(name: Any, layer: Any, tensor: Any, stat: Any) -> str:
-    """The ``"name": ..., "layer": ..., "tensor": ..., "stat": ...`` part of a record line, as `json.dumps` writes it."""
+    """The ``"name": ..., "layer": ..., "tensor": ..., "stat": ...`` part of a record line, as `json.dumps` writes
+    it."""
     return ", ".join(f"{json.dumps(k)}: {json.dumps(v, allow_nan=False)}"
                      for k, v in (("name", name), ("layer", layer), ("tensor", tensor), ("stat", stat)))
 

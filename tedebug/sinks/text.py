@@ -14,7 +14,8 @@ itself), kept in memory and reach the file at `flush()` (every `debug_api.step()
 once per iteration.
 
 A name containing a control character (a newline would forge a line of its own) is escaped (`escape_name`:
-``\n``, ``\t``, ``\x00``, ... and ``\\`` for a backslash); every other name is written as it is.  A `tedebug.sinks.batch.ScalarBatch` of one
+``\n``, ``\t``, ``\x00``, ... and ``\\`` for a backslash); every other name is written as it is.  A
+`tedebug.sinks.batch.ScalarBatch` of one
 iteration (a step of `StatsEngine`) is written at once: its names (a list cached per layout), the prefix, the
 middle and the values (formatted by one ``map``) are joined into the same bytes.
 """

@@ -5,12 +5,13 @@ into the buffer's row on the tensor's device — no host synchronisation.  A bas
 the backend's host values (`basic_partial_values`: Python floats, nothing to wait for on the CPU) and builds its row
 with one tensor construction instead of a 0-d tensor per partial.  `step(finished_iteration)` reads every
 fed row back (`tedebug.stats.readback`: all copies enqueued at once), runs one collective per reduction group
-(`tedebug.stats.reduce`), evaluates the final formulas as Python floats and emits ``metric_logger.log_scalar("<layer>_<tensor>_<stat>", value,
-iteration, layer=, tensor=, stat=)`` in buffer-creation order, statistics in request order (as one
-``metric_logger.log_scalars(records)`` batch when the logger has that method; `tedebug.sinks.MetricLogger` gets a
-``log_deferred(build)`` callable instead, so that a background writer evaluates the final formulas).  A batch is a
-`tedebug.sinks.batch.ScalarBatch`: a sequence of records built from each buffer's emitters and merged row, whose
-values the file sinks read as one column (each formula evaluated once per step, whatever the number of sinks).
+(`tedebug.stats.reduce`), evaluates the final formulas as Python floats and emits
+``metric_logger.log_scalar("<layer>_<tensor>_<stat>", value, iteration, layer=, tensor=, stat=)`` in
+buffer-creation order, statistics in request order (as one ``metric_logger.log_scalars(records)`` batch when the
+logger has that method; `tedebug.sinks.MetricLogger` gets a ``log_deferred(build)`` callable instead, so that a
+background writer evaluates the final formulas).  A batch is a `tedebug.sinks.batch.ScalarBatch`: a sequence of
+records built from each buffer's emitters and merged row, whose values the file sinks read as one column (each
+formula evaluated once per step, whatever the number of sinks).
 
 Deferred read-back (`defer_read_back`, set by a background-logging session whose sinks all run on the writer
 thread): `step(N)` enqueues iteration N's copies and returns without waiting for the GPU, after reducing and emitting
