@@ -87,7 +87,7 @@ class GemmState:
         self.quantizers: Dict[str, Optional[object]] = {role: None for role in ROLES}
         self._used: set = set()
         self._debug_state = None
-        #: (recipe, normal quantizers, quantizers used) of the most recent forward call that was not a recompute
+        #: (normal quantizers, quantizers used) of the most recent forward call that was not a recompute
         self.last: Optional[tuple] = None
         #: loaded delayed-scaling state waiting for its quantizer ("<role>.<leaf>" -> entry; `tedebug.nn.state`)
         self._pending: Dict[str, dict] = {}
@@ -349,13 +349,13 @@ def linear_gemm(
     if x.numel() == 0 or weight.numel() == 0:  # an empty GEMM (e.g. in_features 0): nothing to quantize or inspect
         return torch.nn.functional.linear(x, weight, bias)
     if state.last is not None and in_recompute():
-        _, normal, qs = state.last
+        normal, qs = state.last
         call = _Call(state, normal, qs, dtype, True, replay=True)
     else:
         if reduce_amax and recipe is not None:
             reduce_amaxes((state,), recipe)
         normal, qs = state.call_quantizers(layer_name, recipe)
-        state.last = (recipe, normal, qs)
+        state.last = (normal, qs)
         if recipe is None and qs is normal:
             # high precision and no debug path: torch's own linear, the same numbers (forward and backward) as
             # `_LinearFunction` with no quantizer, without its Python autograd function
