@@ -12,12 +12,16 @@ between >= 2 input buffers so that no
 buffer is re-read from L2.  Printed: microseconds per call, speed-up vs torch, achieved bandwidth, and the
 fraction of copy bandwidth (or, for statistics, the time relative to the x.sum() pass).
 
-``--e2e`` adds the end-to-end measurement: a 12-block GPT-style stack of tedebug layers (hidden 2048, 16 heads,
-8 x 1024 tokens, bf16, 48 linear GEMMs, high-precision GEMMs so only tedebug's own cost is measured), step time
-(forward, backward, SGD) without debug_api, with an initialised config where nothing is active, and with
-LogTensorStats (min, max, mean, std, l1_norm, l2_norm, cur_amax, dynamic_range) on all six tensors of every layer at
-freq 1; the three settings are measured in interleaved rounds of 20 timed steps each and reported as medians with
-their range (with 10 steps per round, two series of the very same setting differed by about 1 %).
+``--e2e`` adds the end-to-end measurement (``--no-kernels``: it alone; ``--device cpu``: a tiny float32 version;
+``--layers --hidden --heads --batch --seq`` change the shape): a 12-block GPT-style stack of tedebug layers (hidden
+2048, 16 heads, 8 x 1024 tokens, bf16, 48 linear GEMMs, high-precision GEMMs so only tedebug's own cost is
+measured), step time (forward, backward, SGD) without debug_api, with an initialised config where nothing is
+active, and with LogTensorStats (min, max, mean, std, l1_norm, l2_norm, cur_amax, dynamic_range) on all six tensors
+of every layer at freq 1.  ``--fp8`` adds the same model under FP8 current scaling without debug_api, with
+LogFp8TensorStats and with both features on activation, weight and gradient.  The settings are measured in
+interleaved rounds of 20 timed steps each and reported as medians with their range (with 10 steps per round, two
+series of the very same setting differed by about 1 %), the overhead against their baseline and the added time
+per logged tensor.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import argparse
 import functools
 import sys
 import time
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import torch
 
@@ -230,15 +234,23 @@ def median_rows(samples: Dict[str, List[float]]) -> List[Dict[str, object]]:
 
 def bench_end_to_end(layers: int = 12, hidden: int = 2048, heads: int = 16, batch: int = 8, seq: int = 1024,
                      iters: int = 20, warmup: int = 3, rounds: int = 5, device: str = "cuda",
-                     dtype: torch.dtype = torch.bfloat16) -> List[Dict[str, object]]:
-    """ms per training step of the GPT-style stack in three debug settings (see the module docstring).
+                     dtype: torch.dtype = torch.bfloat16, fp8: bool = False) -> List[Dict[str, object]]:
+    """ms per training step of the GPT-style stack in three debug settings (see the module docstring), and with
+    `fp8` three more under ``tedebug.autocast(recipe=Float8CurrentScaling())``: no debug_api (the baseline of
+    those rows), LogFp8TensorStats (underflows%, mse, scale_inv_min, scale_inv_max) on activation, weight and
+    gradient, and that plus LogTensorStats (the 8 statistics) on the same three tensors, all at freq 1.
 
     The settings are measured in turn, `rounds` times (interleaved, so that a drift of the machine hits all of
-    them alike); each row gives the median and the range of its rounds, and the overhead of the medians against
-    the baseline's.  `device="cpu"` (float32, small shapes) exercises the same code without a GPU."""
+    them alike); each row gives the median and the range of its rounds, the overhead of the medians against its
+    baseline's (the high-precision one, or the FP8 one for FP8 rows) and, for rows that log, the added time per
+    logged tensor (``per_tensor_us``: the difference of the medians over the tensors fed per step).
+    `device="cpu"` (float32, small shapes) exercises the same code without a GPU."""
+    import contextlib
     import tempfile
 
+    import tedebug
     from tedebug import debug_api
+    from tedebug.recipe import Float8CurrentScaling
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[_Block(hidden, heads, i) for i in range(layers)]).to(device=device, dtype=dtype)
@@ -246,42 +258,59 @@ def bench_end_to_end(layers: int = 12, hidden: int = 2048, heads: int = 16, batc
     x = torch.randn(batch, seq, hidden, device=device, dtype=dtype)
     on_gpu = torch.device(device).type == "cuda"
 
-    def one() -> None:
-        model(x).float().square().mean().backward()
+    def one(recipe) -> None:
+        with tedebug.autocast(enabled=recipe is not None, recipe=recipe) if recipe is not None \
+                else contextlib.nullcontext():
+            y = model(x)
+        y.float().square().mean().backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         if debug_api.is_enabled():
             debug_api.step()
 
-    def step_ms() -> float:
-        return timed_steps_ms(one, warmup, iters, on_gpu)
-
-    def debug_ms(cfg) -> float:
+    def debug_ms(cfg, recipe) -> float:
         if cfg is None:
-            return step_ms()
+            return timed_steps_ms(lambda: one(recipe), warmup, iters, on_gpu)
         with tempfile.TemporaryDirectory() as log_dir:
             debug_api.initialize(cfg, log_dir=log_dir)
             try:
-                return step_ms()
+                return timed_steps_ms(lambda: one(recipe), warmup, iters, on_gpu)
             finally:
                 debug_api.end_debug()
 
+    def section(name: str, **features: dict) -> dict:
+        return {name: {"enabled": True, "layers": {"layer_types": ["all"]}, "transformer_engine": {
+            feature: {"enabled": True, **params} for feature, params in features.items()}}}
+
     stats = ["min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range"]
+    fp8_stats = ["underflows%", "mse", "scale_inv_min", "scale_inv_max"]
     tensors = ["activation", "weight", "gradient", "output", "wgrad", "dgrad"]
-    idle = {"idle": {"enabled": True, "layers": {"layer_types": ["all"]}, "transformer_engine": {
-        "LogTensorStats": {"enabled": True, "stats": stats, "tensors": tensors, "start_step": 10 ** 9}}}}
-    full = {"all": {"enabled": True, "layers": {"layer_types": ["all"]}, "transformer_engine": {
-        "LogTensorStats": {"enabled": True, "stats": stats, "tensors": tensors, "freq": 1}}}}
-    settings = (("no debug_api (baseline)", None), ("initialised, nothing active", idle),
-                (f"LogTensorStats, 6 tensors x {4 * layers} GEMMs, freq 1", full))
-    samples: Dict[str, List[float]] = {label: [] for label, _ in settings}
+    inputs = ["activation", "weight", "gradient"]
+    gemms = 4 * layers
+    idle = section("idle", LogTensorStats={"stats": stats, "tensors": tensors, "start_step": 10 ** 9})
+    full = section("all", LogTensorStats={"stats": stats, "tensors": tensors, "freq": 1})
+    # (label, config, recipe or None, index of the baseline row, tensors fed per step)
+    settings = [("no debug_api (baseline)", None, None, 0, 0), ("initialised, nothing active", idle, None, 0, 0),
+                (f"LogTensorStats, 6 tensors x {gemms} GEMMs, freq 1", full, None, 0, 6 * gemms)]
+    if fp8:
+        fp8_params = {"stats": fp8_stats, "tensors": inputs, "freq": 1}
+        fp8_only = section("fp8", LogFp8TensorStats=fp8_params)
+        both = section("both", LogTensorStats={"stats": stats, "tensors": inputs, "freq": 1},
+                       LogFp8TensorStats=fp8_params)
+        recipe = Float8CurrentScaling()
+        base = len(settings)
+        settings += [("FP8 current scaling, no debug_api (FP8 baseline)", None, recipe, base, 0),
+                     (f"FP8 + LogFp8TensorStats, 3 tensors x {gemms} GEMMs", fp8_only, recipe, base, 3 * gemms),
+                     (f"FP8 + LogTensorStats + LogFp8TensorStats, 3 x {gemms}", both, recipe, base, 3 * gemms)]
+    samples: Dict[str, List[float]] = {label: [] for label, *_ in settings}
     for _ in range(max(1, rounds)):
-        for label, cfg in settings:
-            samples[label].append(debug_ms(cfg))
+        for label, cfg, recipe, _, _ in settings:
+            samples[label].append(debug_ms(cfg, recipe))
     rows = median_rows(samples)
-    base = rows[0]["ms"]
-    for row in rows:
-        row["overhead"] = row["ms"] / base - 1.0
+    for row, (_, _, _, base_index, fed) in zip(rows, settings):
+        base_ms = rows[base_index]["ms"]
+        row["overhead"] = row["ms"] / base_ms - 1.0
+        row["per_tensor_us"] = (row["ms"] - base_ms) * 1e3 / fed if fed else None
     return rows
 
 
@@ -353,11 +382,13 @@ def bench_recipes(layers: int = 12, hidden: int = 2048, heads: int = 16, batch: 
 
 def _format_steps(rows: List[Dict[str, object]], width: int, last: str, cell: Callable[[dict], str]) -> str:
     """A table of `median_rows` rows: setting, ms/step, range of the rounds and a last column `cell(row)`."""
-    head = f"{'setting':<{width}} | {'ms/step':>9} | {'range (rounds)':>19} | {last:>10}"
+    cells = [cell(r) for r in rows]
+    last_width = max([10, len(last)] + [len(c) for c in cells])
+    head = f"{'setting':<{width}} | {'ms/step':>9} | {'range (rounds)':>19} | {last:>{last_width}}"
     lines = [head, "-" * len(head)]
-    for r in rows:
+    for r, c in zip(rows, cells):
         spread = f"{r['min_ms']:.2f}-{r['max_ms']:.2f}"
-        lines.append(f"{r['setting']:<{width}} | {r['ms']:>9.2f} | {spread:>19} | {cell(r):>10}")
+        lines.append(f"{r['setting']:<{width}} | {r['ms']:>9.2f} | {spread:>19} | {c:>{last_width}}")
     return "\n".join(lines)
 
 
@@ -366,7 +397,11 @@ def format_recipes(rows: List[Dict[str, object]]) -> str:
 
 
 def format_e2e(rows: List[Dict[str, object]]) -> str:
-    return _format_steps(rows, 48, "overhead", lambda r: f"{100 * r['overhead']:.1f}%")
+    def cell(r: dict) -> str:
+        per = r.get("per_tensor_us")
+        return f"{100 * r['overhead']:.1f}%" + ("" if per is None else f" ({per:.0f} us/tensor)")
+
+    return _format_steps(rows, 52, "overhead", cell)
 
 
 def format_table(rows: List[Dict[str, object]]) -> str:
@@ -396,15 +431,7 @@ def run_recipes(args: argparse.Namespace) -> int:
         print("tedebug bench: error: --device cuda needs a CUDA GPU; use --device cpu for the tiny CPU version",
               file=sys.stderr)
         return 1
-    shape = dict(layers=args.layers, hidden=args.hidden, heads=args.heads, batch=args.batch, seq=args.seq)
-    if device == "cpu":
-        shape = {k: v for k, v in shape.items() if v is not None}
-        shape = {**dict(layers=2, hidden=64, heads=2, batch=2, seq=32), **shape}
-        dtype = torch.float32
-    else:
-        shape = {**dict(layers=12, hidden=2048, heads=16, batch=8, seq=1024),
-                 **{k: v for k, v in shape.items() if v is not None}}
-        dtype = torch.bfloat16
+    shape, dtype = _e2e_shape(args)
     rows = bench_recipes(**shape, iters=args.steps, rounds=args.rounds, device=device, dtype=dtype,
                          recipes=args.only or RECIPES)
     where = torch.cuda.get_device_name() if device == "cuda" else "CPU"
@@ -416,13 +443,42 @@ def run_recipes(args: argparse.Namespace) -> int:
     return 0
 
 
+def _e2e_shape(args: argparse.Namespace) -> Tuple[Dict[str, int], torch.dtype]:
+    """The model shape of ``--e2e`` from the flags: the defaults of the device, overridden by --layers etc."""
+    given = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "batch", "seq") if getattr(args, k) is not None}
+    if args.device == "cpu":
+        return {**dict(layers=2, hidden=64, heads=2, batch=2, seq=32), **given}, torch.float32
+    return {**dict(layers=12, hidden=2048, heads=16, batch=8, seq=1024), **given}, torch.bfloat16
+
+
+def run_e2e(args: argparse.Namespace) -> int:
+    """``tedebug bench --e2e --no-kernels`` (or ``--device cpu``): the end-to-end logging table alone."""
+    shape, dtype = _e2e_shape(args)
+    rows = bench_end_to_end(**shape, iters=args.steps, rounds=args.rounds, device=args.device, dtype=dtype,
+                            fp8=args.fp8)
+    where = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
+    print(f"end to end: {where}, torch {torch.__version__}, {shape['layers']}-block GPT-style stack of tedebug "
+          f"layers, hidden {shape['hidden']}, {shape['heads']} heads, {shape['batch']} x {shape['seq']} tokens, "
+          f"{str(dtype).replace('torch.', '')}; ms per training step, median of {args.rounds} interleaved rounds "
+          f"of {args.steps} steps")
+    print(format_e2e(rows))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Body of ``tedebug bench``; returns the exit code."""
-    if args.recipes:
+    if args.recipes or args.fp8 or args.no_kernels:
         if not args.e2e:
-            print("tedebug bench: error: --recipes goes with --e2e", file=sys.stderr)
+            print("tedebug bench: error: --recipes, --fp8 and --no-kernels go with --e2e", file=sys.stderr)
             return 2
+    if args.recipes:
         return run_recipes(args)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("tedebug bench: error: needs a CUDA GPU (torch.cuda.is_available() is False); "
+              "--e2e --device cpu runs a tiny CPU version", file=sys.stderr)
+        return 1
+    if args.e2e and (args.no_kernels or args.device == "cpu"):
+        return run_e2e(args)
     if not torch.cuda.is_available():
         print("tedebug bench: error: needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 1
@@ -436,9 +492,8 @@ def run(args: argparse.Namespace) -> int:
           f"{args.iters} iterations, {args.buffers} rotating buffers, GPU time per call (launch cost excluded)")
     print(format_table(rows))
     if args.e2e:
-        print("\nend to end: 12-block GPT-style stack of tedebug layers, hidden 2048, 8 x 1024 tokens, bf16 "
-              f"(median of {args.rounds} interleaved rounds of 20 steps)")
-        print(format_e2e(bench_end_to_end(rounds=args.rounds)))
+        print()
+        return run_e2e(args)
     return 0
 
 
@@ -455,9 +510,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --e2e: ms/step of a plain-torch GPT stack under each recipe (no debug) instead")
     parser.add_argument("--only", nargs="+", choices=RECIPES, metavar="RECIPE",
                         help=f"--recipes: time only these recipes (default: all of {', '.join(RECIPES)})")
+    parser.add_argument("--fp8", action="store_true",
+                        help="with --e2e: add FP8 current-scaling rows (no debug, LogFp8TensorStats, both features)")
+    parser.add_argument("--no-kernels", action="store_true",
+                        help="with --e2e: skip the kernel table, time only the end-to-end settings")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                        help="--recipes: cuda (the full model) or cpu (a tiny float32 version, for tests)")
-    parser.add_argument("--steps", type=int, default=20, help="--recipes: timed steps per round")
+                        help="--e2e: cuda (the full model) or cpu (a tiny float32 version, for tests)")
+    parser.add_argument("--steps", type=int, default=20, help="--e2e: timed steps per round")
     for flag in ("layers", "hidden", "heads", "batch", "seq"):
         parser.add_argument(f"--{flag}", type=int, default=None,
-                            help=f"--recipes: model {flag} (default 12/2048/16/8/1024 on cuda, 2/64/2/2/32 on cpu)")
+                            help=f"--e2e: model {flag} (default 12/2048/16/8/1024 on cuda, 2/64/2/2/32 on cpu; "
+                                 f"the host-bound size of the docs is --hidden 256 --heads 2 --batch 1 --seq 128)")

@@ -67,3 +67,45 @@ def test_recipe_bench_command_on_cpu(capsys):
     out = capsys.readouterr().out
     assert not code  # main returns 0 (or None) on success and raises SystemExit otherwise
     assert "plain torch (baseline)" in out and "MXFP8BlockScaling" in out and "NVFP4BlockScaling" not in out
+
+
+def test_end_to_end_bench_fp8_rows_feed_three_tensors_each(monkeypatch):
+    """`--fp8`: the FP8 baseline feeds nothing, the two logging rows feed activation, weight and gradient of every
+    GEMM at every step, and their overheads are against the FP8 baseline."""
+    fed = []
+    real_feed = engine_module.StatsEngine.feed
+
+    def counting_feed(self, layer, tensor_name, *args, **kwargs):
+        fed.append((layer, tensor_name, bool(kwargs.get("quantized"))))
+        return real_feed(self, layer, tensor_name, *args, **kwargs)
+
+    monkeypatch.setattr(engine_module.StatsEngine, "feed", counting_feed)
+    layers, iters, warmup = 1, 1, 1
+    rows = bench.bench_end_to_end(layers=layers, hidden=32, heads=2, batch=1, seq=16, iters=iters, warmup=warmup,
+                                  rounds=1, device="cpu", dtype=torch.float32, fp8=True)
+    labels = [r["setting"] for r in rows]
+    assert labels[3:] == ["FP8 current scaling, no debug_api (FP8 baseline)",
+                          "FP8 + LogFp8TensorStats, 3 tensors x 4 GEMMs",
+                          "FP8 + LogTensorStats + LogFp8TensorStats, 3 x 4"]
+    assert rows[3]["overhead"] == 0.0 and rows[3]["per_tensor_us"] is None
+    assert rows[4]["overhead"] == pytest.approx(rows[4]["ms"] / rows[3]["ms"] - 1.0)
+    assert rows[4]["per_tensor_us"] == pytest.approx((rows[4]["ms"] - rows[3]["ms"]) * 1e3 / 12)
+    steps = warmup + iters
+    gemms = 4 * layers
+    fp8_fed = [f for f in fed if f[1] in ("activation", "weight", "gradient") and f[2]]
+    # LogFp8TensorStats in both FP8 logging rows; LogTensorStats only in the HP row (6 tensors) and the last row
+    assert len(fp8_fed) == 2 * steps * gemms * 3
+    assert {t for _, t, _ in fp8_fed} == {"activation", "weight", "gradient"}
+
+
+def test_end_to_end_bench_command_on_cpu(capsys):
+    from tedebug.cli import main
+
+    code = main(["bench", "--e2e", "--device", "cpu", "--rounds", "1", "--steps", "1", "--layers", "1",
+                 "--hidden", "32", "--seq", "8"])
+    out = capsys.readouterr().out
+    assert not code
+    assert "no debug_api (baseline)" in out and "us/tensor" in out and "FP8" not in out
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--fp8"])  # --fp8 needs --e2e
+    assert exit_info.value.code == 2

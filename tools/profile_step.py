@@ -1,0 +1,102 @@
+"""Profile the host side of training steps of the `tedebug bench --e2e` model (cProfile), for one debug setting:
+
+    python tools/profile_step.py --setting fp8-log [--hidden 2048 --batch 8 --seq 1024] [--steps 10] [--top 40]
+
+Settings: ``hp`` (no debug), ``hp-log`` (LogTensorStats, 8 statistics, 6 tensors), ``fp8`` (FP8 current scaling, no
+debug), ``fp8-log`` (LogFp8TensorStats underflows%/mse/scale_inv_min/scale_inv_max on activation/weight/gradient),
+``fp8-both`` (that and LogTensorStats on the same tensors).  Prints the wall time per step and the functions with
+the most own time and cumulative time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import contextlib
+import pstats
+import tempfile
+import time
+
+import torch
+
+import tedebug
+from tedebug import bench, debug_api
+from tedebug.recipe import Float8CurrentScaling
+
+STATS = ["min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range"]
+FP8_STATS = ["underflows%", "mse", "scale_inv_min", "scale_inv_max"]
+
+
+def config(setting: str):
+    def section(**features):
+        return {"s": {"enabled": True, "layers": {"layer_types": ["all"]}, "transformer_engine": {
+            f: {"enabled": True, **p} for f, p in features.items()}}}
+
+    inputs = ["activation", "weight", "gradient"]
+    if setting == "hp-log":
+        return section(LogTensorStats={"stats": STATS, "freq": 1, "tensors": inputs + ["output", "wgrad", "dgrad"]})
+    if setting == "fp8-log":
+        return section(LogFp8TensorStats={"stats": FP8_STATS, "tensors": inputs, "freq": 1})
+    if setting == "fp8-both":
+        return section(LogFp8TensorStats={"stats": FP8_STATS, "tensors": inputs, "freq": 1},
+                       LogTensorStats={"stats": STATS, "tensors": inputs, "freq": 1})
+    return None
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--setting", default="fp8-log", choices=("hp", "hp-log", "fp8", "fp8-log", "fp8-both"))
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--top", type=int, default=40)
+    p.add_argument("--device", default="cuda")
+    a = p.parse_args()
+    dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[bench._Block(a.hidden, a.heads, i) for i in range(a.layers)]).to(a.device, dtype)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    x = torch.randn(a.batch, a.seq, a.hidden, device=a.device, dtype=dtype)
+    recipe = Float8CurrentScaling() if a.setting.startswith("fp8") else None
+    cfg = config(a.setting)
+
+    def one():
+        with tedebug.autocast(recipe=recipe) if recipe is not None else contextlib.nullcontext():
+            y = model(x)
+        y.float().square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if debug_api.is_enabled():
+            debug_api.step()
+
+    with tempfile.TemporaryDirectory() as d:
+        if cfg is not None:
+            debug_api.initialize(cfg, log_dir=d)
+        for _ in range(3):
+            one()
+        if a.device == "cuda":
+            torch.cuda.synchronize()
+        prof = cProfile.Profile()
+        t0 = time.perf_counter()
+        prof.enable()
+        with torch.autograd.set_multithreading_enabled(False):  # backward in this thread, so cProfile sees it
+            for _ in range(a.steps):
+                one()
+        prof.disable()
+        host = (time.perf_counter() - t0) * 1e3 / a.steps
+        if a.device == "cuda":
+            torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) * 1e3 / a.steps
+        if cfg is not None:
+            debug_api.end_debug()
+    print(f"{a.setting}: host (profiled) {host:.1f} ms/step, wall {wall:.1f} ms/step")
+    st = pstats.Stats(prof)
+    st.sort_stats("tottime").print_stats(a.top)
+    st.sort_stats("cumulative").print_stats(a.top)
+
+
+if __name__ == "__main__":
+    main()
