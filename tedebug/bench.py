@@ -94,10 +94,10 @@ def _torch_mxfp8(x):
 
 
 def _kernel_mxfp8(x):
-    from tedebug.backends import cupy_kernels
+    from tedebug.backends import cupy_mxfp8
 
     m, k = x.shape
-    return cupy_kernels.mxfp8_quantize_raw(x, "E4M3", True, True)
+    return cupy_mxfp8.mxfp8_quantize_raw(x, "E4M3", True, True)
 
 
 @functools.lru_cache(maxsize=None)
@@ -144,9 +144,9 @@ def _fp8_block(dim: int):
 
 
 def _kernel_stats(x):
-    from tedebug.backends import cupy_kernels
+    from tedebug.backends import cupy_stats
 
-    return cupy_kernels.basic_stats_tensor(x)
+    return cupy_stats.basic_stats_tensor(x)
 
 
 def bench_size(n: int, iters: int, warmup: int, nbuf: int) -> List[Dict[str, object]]:

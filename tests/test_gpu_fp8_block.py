@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 cupy = pytest.importorskip("cupy")
 
-from tedebug.backends import cupy_fp8_block, cupy_kernels, dispatch, torch_ref  # noqa: E402
+from tedebug.backends import cupy_fp8_block, cupy_stats, dispatch, torch_ref  # noqa: E402
 from tedebug.quantization.float8_block import Float8BlockQuantizer  # noqa: E402
 
 DEV = torch.device("cuda")
@@ -88,10 +88,10 @@ def assert_fused_stats(x, got, ref):
         if getattr(ref, f"{usage}_data") is None:
             continue
         fused = got._fused_error_stats[usage]
-        uf = cupy_kernels.underflow_partials(x, got, usage)["underflows_num"]
+        uf = cupy_stats.underflow_partials(x, got, usage)["underflows_num"]
         assert uf is fused["underflows_num"]
         assert uf.item() == torch_ref.underflow_partials(x, ref, usage)["underflows_num"].item(), usage
-        err = cupy_kernels.mse_partials(x, got, usage)["sq_err"]
+        err = cupy_stats.mse_partials(x, got, usage)["sq_err"]
         assert err is fused["sq_err"]
         err, want = err.item(), torch_ref.mse_partials(x, ref, usage)["sq_err"].item()
         if math.isnan(want) or math.isinf(want):
@@ -240,12 +240,12 @@ def test_fused_stats_only_for_the_source_tensor_and_no_overflow_stat():
     with dispatch.use_backend("cupy"):
         q = Float8BlockQuantizer(block_scaling_dim=1).quantize(x)
     y = x.clone()
-    assert cupy_kernels.mse_partials(y, q, "rowwise")["sq_err"] is not q._fused_error_stats["rowwise"]["sq_err"]
+    assert cupy_stats.mse_partials(y, q, "rowwise")["sq_err"] is not q._fused_error_stats["rowwise"]["sq_err"]
     x.add_(1.0)  # a new version: the fused values no longer describe x
     want = torch_ref.underflow_partials(x, q, "rowwise")["underflows_num"]
-    assert cupy_kernels.underflow_partials(x, q, "rowwise")["underflows_num"].item() == want.item()
+    assert cupy_stats.underflow_partials(x, q, "rowwise")["underflows_num"].item() == want.item()
     with pytest.raises(ValueError, match="per-tensor"):  # overflows% is a per-tensor statistic
-        cupy_kernels.overflow_partials(x, q, "rowwise")
+        cupy_stats.overflow_partials(x, q, "rowwise")
 
 
 def test_raw_rejects_bad_arguments():

@@ -12,7 +12,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 cupy = pytest.importorskip("cupy")
 
-from tedebug.backends import cupy_kernels, dispatch, torch_ref  # noqa: E402
+from tedebug.backends import cupy_fp8_tensor, cupy_stats, dispatch, torch_ref  # noqa: E402
 from tedebug.quantization.float8 import Float8CurrentScalingQuantizer, Float8Quantizer  # noqa: E402
 from tedebug.quantization.mxfp8 import MXFP8Quantizer  # noqa: E402
 
@@ -67,7 +67,7 @@ STATS_SHAPES = [(1,), (7,), (33, 17), (4099,), (257, 129), (3, 1000, 37), (4096,
 
 
 def check_stats(x):
-    got = cupy_kernels.basic_partials(x)
+    got = cupy_stats.basic_partials(x)
     ref = torch_ref.basic_partials(x)
     for key in EXACT:
         assert same(got[key], ref[key]), (key, got[key].item(), ref[key].item())
@@ -108,7 +108,7 @@ def test_basic_stats_special_values_only(dtype):
 def test_stats_catastrophic_cancellation():
     g = torch.Generator().manual_seed(5)
     x = (1e4 + 1e-3 * torch.randn(1 << 20, generator=g, dtype=torch.float64)).float().to(DEV)
-    got = cupy_kernels.basic_partials(x)
+    got = cupy_stats.basic_partials(x)
     x64 = x.double()
     m2 = ((x64 - x64.mean()) ** 2).sum().item()
     assert m2 > 0
@@ -126,15 +126,15 @@ def test_stats_unaligned_and_strided_inputs():
 
 def test_stats_deterministic():
     x = random_input((3000, 1001), torch.bfloat16, 9)
-    a = cupy_kernels.basic_stats_tensor(x)
-    b = cupy_kernels.basic_stats_tensor(x)
+    a = cupy_stats.basic_stats_tensor(x)
+    b = cupy_stats.basic_stats_tensor(x)
     assert torch.equal(a.view(torch.int64), b.view(torch.int64))
 
 
 def test_stats_through_dispatch():
     x = random_input((64, 64), torch.bfloat16, 10)
     with dispatch.use_backend("auto"):
-        assert dispatch.stats_backend(x) is cupy_kernels
+        assert dispatch.stats_backend(x) is cupy_stats
     with dispatch.use_backend("torch"):
         assert dispatch.stats_backend(x) is torch_ref
     with dispatch.use_backend("cupy"):
@@ -166,9 +166,9 @@ def test_mxfp8_bit_identical(fmt, dtype, shape):
             a, b = getattr(got, field), getattr(ref, field)
             assert a.shape == b.shape and torch.equal(a, b), (field, (a != b).sum().item())
         for usage in ("rowwise", "columnwise"):
-            uf = cupy_kernels.underflow_partials(x, got, usage)["underflows_num"]
+            uf = cupy_stats.underflow_partials(x, got, usage)["underflows_num"]
             assert uf.item() == torch_ref.underflow_partials(x, ref, usage)["underflows_num"].item()
-            err = cupy_kernels.mse_partials(x, got, usage)["sq_err"].item()
+            err = cupy_stats.mse_partials(x, got, usage)["sq_err"].item()
             want = torch_ref.mse_partials(x, ref, usage)["sq_err"].item()
             assert (math.isnan(err) and math.isnan(want)) or err == want or \
                 abs(err - want) <= ERR_CHUNK * U * abs(want) + x.numel() * TINY_SQ
@@ -189,7 +189,7 @@ def test_mxfp8_single_direction_and_deterministic(dtype):
         for field in (f"{usage}_data", f"{usage}_scale_inv"):
             assert torch.equal(getattr(one, field), getattr(ref, field)), field
             assert torch.equal(getattr(one, field), getattr(again, field)), field
-        uf = cupy_kernels.underflow_partials(x, one, usage)["underflows_num"].item()
+        uf = cupy_stats.underflow_partials(x, one, usage)["underflows_num"].item()
         assert uf == torch_ref.underflow_partials(x, ref, usage)["underflows_num"].item()
         assert same(one._fused_error_stats[usage]["sq_err"], again._fused_error_stats[usage]["sq_err"])
         err = one._fused_error_stats[usage]["sq_err"].item()
@@ -210,11 +210,11 @@ def check_fp8(got, ref, x):
     assert torch.equal(got.columnwise_data, ref.columnwise_data)
     for usage in ("rowwise", "columnwise"):
         assert got.nonzero_code_count(usage).item() == ref.nonzero_code_count(usage).item()
-        uf = cupy_kernels.underflow_partials(x, got, usage)["underflows_num"].item()
+        uf = cupy_stats.underflow_partials(x, got, usage)["underflows_num"].item()
         assert uf == torch_ref.underflow_partials(x, ref, usage)["underflows_num"].item()
-        of = cupy_kernels.overflow_partials(x, got, usage)["overflows_num"].item()
+        of = cupy_stats.overflow_partials(x, got, usage)["overflows_num"].item()
         assert of == torch_ref.overflow_partials(x, ref, usage)["overflows_num"].item()
-        err = cupy_kernels.mse_partials(x, got, usage)["sq_err"].item()
+        err = cupy_stats.mse_partials(x, got, usage)["sq_err"].item()
         want = torch_ref.mse_partials(x, ref, usage)["sq_err"].item()
         assert (math.isnan(err) and math.isnan(want)) or err == want or \
             abs(err - want) <= ERR_CHUNK * U * abs(want) + x.numel() * TINY_SQ
@@ -255,16 +255,16 @@ def test_amax_count_pass(dtype, n):
         x[2::5] = -0.0
     amaxes = torch.empty(2, dtype=torch.float32, device=DEV)
     count = torch.full((1,), -1, dtype=torch.int64, device=DEV)
-    cupy_kernels._amax_launch(x, amaxes, count_out=count)
+    cupy_fp8_tensor.amax_launch(x, amaxes, count_out=count)
     plain = torch.empty(1, dtype=torch.float32, device=DEV)
-    cupy_kernels._amax_launch(x, plain)
+    cupy_fp8_tensor.amax_launch(x, plain)
     ref = x.float().abs().nan_to_num(nan=0.0, posinf=float("inf")).max()
     assert amaxes[0].item() == amaxes[1].item() == plain[0].item() == ref.item()
     assert count.item() == torch.count_nonzero(x).item()
-    cupy_kernels._amax_launch(x, amaxes, count_out=count)  # the running count was reset by the last block
+    cupy_fp8_tensor.amax_launch(x, amaxes, count_out=count)  # the running count was reset by the last block
     assert count.item() == torch.count_nonzero(x).item()
     with pytest.raises(ValueError, match="int64"):
-        cupy_kernels._amax_launch(x, amaxes, count_out=count.int())
+        cupy_fp8_tensor.amax_launch(x, amaxes, count_out=count.int())
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -280,9 +280,9 @@ def test_fp8_delayed_scaling_bit_identical(dtype, shape):
     (qg, got), (qr, ref) = quantizers
     assert torch.equal(qg.amax_history, qr.amax_history)
     check_fp8(got, ref, x)
-    assert cupy_kernels.overflow_partials(x, got, "rowwise")["overflows_num"].item() > 0
+    assert cupy_stats.overflow_partials(x, got, "rowwise")["overflows_num"].item() > 0
 
 
 def test_kernels_reject_cpu_tensor():
     with pytest.raises(ValueError, match="CUDA tensor"):
-        cupy_kernels.basic_stats_tensor(torch.ones(4))
+        cupy_stats.basic_stats_tensor(torch.ones(4))

@@ -91,17 +91,17 @@ def check_stats(x, got, ref, *, rht=False):
     dequantization)^2 and summed in another order: both sums of n non-negative terms are within (n - 1) U64 of the
     exact sum, each term within U64 of its own."""
     assert getattr(got, "_fused_error_stats", None), "the kernel path must attach fused statistics"
-    from tedebug.backends import cupy_kernels
+    from tedebug.backends import cupy_stats
 
     for usage in ("rowwise", "columnwise"):
         if getattr(got, f"{usage}_data") is None:
             assert usage not in got._fused_error_stats
             continue
         fused = got._fused_error_stats[usage]
-        uf = cupy_kernels.underflow_partials(x, got, usage)["underflows_num"]
+        uf = cupy_stats.underflow_partials(x, got, usage)["underflows_num"]
         assert uf is fused["underflows_num"]
         assert uf.item() == torch_ref.underflow_partials(x, ref, usage)["underflows_num"].item(), usage
-        err_partial = cupy_kernels.mse_partials(x, got, usage)["sq_err"]
+        err_partial = cupy_stats.mse_partials(x, got, usage)["sq_err"]
         assert err_partial is fused["sq_err"]
         err = err_partial.item()
         want = torch_ref.mse_partials(x, ref, usage)["sq_err"].item()

@@ -74,7 +74,7 @@ def test_driver_and_cupy_launches_agree(monkeypatch):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     pytest.importorskip("cupy")
-    from tedebug.backends import cupy_kernels
+    from tedebug.backends import cupy_stats
 
     g = torch.Generator().manual_seed(1)
     x = (torch.randn(4099, 33, generator=g) * 7 + 3).to("cuda", torch.bfloat16)
@@ -83,7 +83,7 @@ def test_driver_and_cupy_launches_agree(monkeypatch):
         monkeypatch.setenv(launch.ENV_VAR, mode)
         assert launch.launch_mode() == mode
         out = torch.full((13,), -1.0, dtype=torch.float64, device="cuda")
-        cupy_kernels.basic_stats_into(x, out.data_ptr())
+        cupy_stats.basic_stats_into(x, out.data_ptr())
         rows[mode] = out.cpu()
     assert torch.equal(rows["driver"], rows["cupy"])
     assert rows["driver"][0].item() == x.numel()

@@ -12,46 +12,46 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 import torch
 
-from tedebug.backends.cupy_kernels import BLOCKS_PER_SM, THREADS, _device_index, _launch, _sm_count, get_kernel
+from tedebug.backends.cupy_runtime import BLOCKS_PER_SM, THREADS, device_index, get_kernel, sm_count
+from tedebug.backends.launch import launch
 
 _FP8_OPTION = {"E4M3": ("-DTED_FP8=0",), "E5M2": ("-DTED_FP8=1",)}
 
 
 def _grid(device: torch.device, items: int) -> int:
-    return max(1, min(BLOCKS_PER_SM * _sm_count(_device_index(device)), (items + THREADS - 1) // THREADS))
+    return max(1, min(BLOCKS_PER_SM * sm_count(device_index(device)), (items + THREADS - 1) // THREADS))
+
+
+def _dequantize(kernel: str, fp8_format: str, data: torch.Tensor, scales: torch.Tensor, rows: int, cols: int,
+                middle: Tuple, per_thread: int) -> torch.Tensor:
+    """The shape the dequantization kernels share: bf16 [rows, cols] from (data, scales, rows, cols, *`middle`, out),
+    one thread per `per_thread` elements."""
+    out = torch.empty((rows, cols), dtype=torch.bfloat16, device=data.device)
+    args = (data.data_ptr(), scales.data_ptr(), np.int64(rows), np.int64(cols)) + middle + (out.data_ptr(),)
+    launch(get_kernel("dequant.cu", kernel, _FP8_OPTION[fp8_format]), _grid(data.device, rows * cols // per_thread),
+           THREADS, args, data.device)
+    return out
 
 
 def mxfp8_values(codes: torch.Tensor, scales: torch.Tensor, row_blocks: bool, fp8_format: str,
                  lift: int) -> torch.Tensor:
     """bf16 [rows, cols] of MXFP8 `codes` (uint8 [rows, cols], cols % 32 == 0) and E8M0 `scales`."""
     rows, cols = codes.shape
-    out = torch.empty((rows, cols), dtype=torch.bfloat16, device=codes.device)
-    kernel = get_kernel("dequant.cu", "ted_dequant_mxfp8", _FP8_OPTION[fp8_format])
-    args = (codes.data_ptr(), scales.data_ptr(), np.int64(rows), np.int64(cols), np.int32(row_blocks),
-            np.int32(lift), out.data_ptr())
-    _launch(kernel, _grid(codes.device, rows * cols // 8), THREADS, args, codes.device)
-    return out
+    return _dequantize("ted_dequant_mxfp8", fp8_format, codes, scales, rows, cols,
+                       (np.int32(row_blocks), np.int32(lift)), 8)
 
 
 def fp8_block_values(codes: torch.Tensor, scale_inv: torch.Tensor, block_rows: int, fp8_format: str,
                      lift: int) -> torch.Tensor:
     """bf16 [rows, cols] of FP8 block `codes` (uint8 [rows, cols], cols % 8 == 0) and fp32 `scale_inv`."""
     rows, cols = codes.shape
-    out = torch.empty((rows, cols), dtype=torch.bfloat16, device=codes.device)
-    kernel = get_kernel("dequant.cu", "ted_dequant_fp8_block", _FP8_OPTION[fp8_format])
-    args = (codes.data_ptr(), scale_inv.data_ptr(), np.int64(rows), np.int64(cols), np.int32(block_rows),
-            np.float32(2.0 ** lift), out.data_ptr())
-    _launch(kernel, _grid(codes.device, rows * cols // 8), THREADS, args, codes.device)
-    return out
+    return _dequantize("ted_dequant_fp8_block", fp8_format, codes, scale_inv, rows, cols,
+                       (np.int32(block_rows), np.float32(2.0 ** lift)), 8)
 
 
 def nvfp4_values(packed: torch.Tensor, scales: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     """bf16 [rows, cols] of NVFP4 `packed` bytes ([rows, cols/2]) and E4M3 block `scales` ([rows, cols/16])."""
-    out = torch.empty((rows, cols), dtype=torch.bfloat16, device=packed.device)
-    kernel = get_kernel("dequant.cu", "ted_dequant_nvfp4", _FP8_OPTION["E4M3"])
-    args = (packed.data_ptr(), scales.data_ptr(), np.int64(rows), np.int64(cols), out.data_ptr())
-    _launch(kernel, _grid(packed.device, rows * cols // 16), THREADS, args, packed.device)
-    return out
+    return _dequantize("ted_dequant_nvfp4", "E4M3", packed, scales, rows, cols, (), 16)
 
 
 def epilogue_bf16(acc: torch.Tensor, fa: torch.Tensor, fb: torch.Tensor, bias) -> torch.Tensor:
@@ -61,7 +61,7 @@ def epilogue_bf16(acc: torch.Tensor, fa: torch.Tensor, fb: torch.Tensor, bias) -
     kernel = get_kernel("dequant.cu", "ted_epilogue_bf16", _FP8_OPTION["E4M3"])
     args = (acc.data_ptr(), np.int64(acc.numel()), np.int64(acc.shape[-1]), fa.data_ptr(), fb.data_ptr(),
             bias.data_ptr() if bias is not None else 0, out.data_ptr())
-    _launch(kernel, _grid(acc.device, acc.numel() // 4), THREADS, args, acc.device)
+    launch(kernel, _grid(acc.device, acc.numel() // 4), THREADS, args, acc.device)
     return out
 
 
@@ -122,7 +122,7 @@ def gemm_device_alpha(op_b: torch.Tensor, op_a: torch.Tensor, alpha: torch.Tenso
     layout_a, layout_b = _as_cublas(op_a), _as_cublas(op_b)
     if layout_a is None or layout_b is None or min(m, n, k) == 0 or alpha.dtype != torch.float32:
         return None
-    index = _device_index(op_b.device)
+    index = device_index(op_b.device)
     if bias is not None:
         out = bias.to(torch.bfloat16).expand(m, n).contiguous()
         beta = _constant(index, 1.0)

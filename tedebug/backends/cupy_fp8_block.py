@@ -3,7 +3,7 @@
 What it owns: `fp8_block_quantize_raw` (codes, fp32 scale_inv and fused error statistics of a 2-D CUDA tensor, one
 launch, no host synchronisation) and `fp8_block_quantize(quantizer, tensor)`, the kernel version of
 `Float8BlockQuantizer._quantize`: the same `Float8BlockwiseTensor` fields, bit for bit, with the fused underflow and
-squared-error statistics attached for the statistics backend (`cupy_kernels._attach_fused`).  Both block shapes
+squared-error statistics attached for the statistics backend (`tedebug.backends.fused_stats`).  Both block shapes
 (1x128, 128x128), any 2-D view `[M, K]` (partial blocks included), float32 / bfloat16 / float16 inputs.
 The overflow statistic does not apply to block scaling (`torch_ref.overflow_partials` needs one scale), so none is
 fused.
@@ -11,28 +11,29 @@ fused.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Tuple
 
 import numpy as np
 import torch
 
-from tedebug.backends.cupy_kernels import (
+from tedebug.backends.cupy_runtime import (
     THREADS,
-    _attach_fused,
-    _device_index,
-    _dtype_options,
-    _launch,
-    _sm_count,
-    _ticket,
-    _workspace,
+    device_index,
+    dtype_options,
     get_kernel,
+    pointer,
     prepare_input,
+    sm_count,
+    ticket,
+    workspace,
 )
+from tedebug.backends.fused_stats import attach_fused
+from tedebug.backends.launch import launch
 from tedebug.quantization.formats import FP8_MAX
 
 SOURCE = "fp8_block.cu"
 TILE = 128
-FB_BLOCKS_PER_SM = 2  # FB_MIN_BLOCKS in kernels/fp8_block.cu (<= cupy_kernels._MAX_BLOCKS_PER_SM: workspace rows)
+FB_BLOCKS_PER_SM = 2  # FB_MIN_BLOCKS in kernels/fp8_block.cu (<= cupy_runtime.MAX_BLOCKS_PER_SM: workspace rows)
 _KERNEL = {1: "ted_fp8_block_quantize_1d", 2: "ted_fp8_block_quantize_2d"}
 
 
@@ -80,22 +81,19 @@ def fp8_block_quantize_raw(
         col_sinv = torch.empty(_scale_shape(k, m, block_scaling_dim), dtype=torch.float32, device=dev)
     stats = torch.empty(4, dtype=torch.float64, device=dev)
     tiles = _ceil_div(m, TILE) * _ceil_div(k, TILE)
-    grid = max(1, min(FB_BLOCKS_PER_SM * _sm_count(_device_index(dev)), tiles))
-    partials, tickets = _workspace(dev)
+    grid = max(1, min(FB_BLOCKS_PER_SM * sm_count(device_index(dev)), tiles))
+    partials, tickets = workspace(dev)
     with np.errstate(over="ignore"):  # an epsilon beyond fp32 becomes +Inf, as torch's fp32 full_like does
         eps32 = np.float32(epsilon) if epsilon > 0 else np.float32(0.0)  # the reference skips epsilon <= 0 (-0.0)
 
-    def ptr(t: Optional[torch.Tensor]) -> int:
-        return t.data_ptr() if t is not None else 0
-
-    kernel = get_kernel(SOURCE, _KERNEL[block_scaling_dim], _dtype_options(x2d, fp8_format))
+    kernel = get_kernel(SOURCE, _KERNEL[block_scaling_dim], dtype_options(x2d, fp8_format))
     args = (
         x2d.data_ptr(), np.int64(m), np.int64(k), np.float32(FP8_MAX[fp8_format]), eps32, np.int32(bool(pow2)),
         np.float32(value_for_inf), np.int32(bool(rowwise)), np.int32(bool(columnwise)),
-        ptr(row_codes), ptr(row_sinv), ptr(col_codes), ptr(col_sinv),
-        partials, _ticket(tickets, "fp8_block"), stats.data_ptr(),
+        pointer(row_codes), pointer(row_sinv), pointer(col_codes), pointer(col_sinv),
+        partials, ticket(tickets, "fp8_block"), stats.data_ptr(),
     )
-    _launch(kernel, grid, THREADS, args, dev)
+    launch(kernel, grid, THREADS, args, dev)
     return row_codes, row_sinv, col_codes, col_sinv, stats
 
 
@@ -134,5 +132,5 @@ def fp8_block_quantize(quantizer, tensor: torch.Tensor):
         fused["rowwise"] = {"underflows_num": stats[0], "sq_err": stats[1]}
     if columnwise:
         fused["columnwise"] = {"underflows_num": stats[2], "sq_err": stats[3]}
-    _attach_fused(out, tensor, fused)
+    attach_fused(out, tensor, fused)
     return out

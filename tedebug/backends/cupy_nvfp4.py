@@ -1,8 +1,8 @@
 """CuPy launchers of the NVFP4 quantize kernels (``kernels/nvfp4.cu``): `nvfp4_quantize(quantizer, tensor)`.
 
 Returns the same `NVFP4Tensor` fields as `NVFP4Quantizer._quantize`, bit for bit, plus the fused error statistics
-(underflows, squared error per direction) handed to the statistics backend with `cupy_kernels._attach_fused`.
-Without RHT: two launches, the global amax (`cupy_kernels._amax_launch`, NaN ignored, written to both amax slots;
+(underflows, squared error per direction) handed to the statistics backend (`tedebug.backends.fused_stats`).
+Without RHT: two launches, the global amax (`cupy_fp8_tensor.amax_launch`, NaN ignored, written to both amax slots;
 for the fast kernel also count_nonzero(x)) and the quantize kernel, which finishes its statistics in its last block; no
 host synchronisation.  The quantize
 kernel is `ted_nvfp4_quantize16` (fast path: bf16 / fp16, round to nearest, 1D, M % 64 == 0, K % 128 == 0) or the
@@ -23,19 +23,17 @@ from typing import Optional, Tuple
 import numpy as np
 import torch
 
-from tedebug.backends.cupy_kernels import (
-    _amax_launch,
-    _attach_fused,
-    _device_index,
-    _dtype_options,
-    _launch,
-    _sm_count,
-    _sum_columns,
-    _ticket,
-    _workspace,
-    get_kernel,
-    prepare_input,
-)
+# (imported under the names the launch code below uses)
+from tedebug.backends.cupy_fp8_tensor import amax_launch as _amax_launch
+from tedebug.backends.cupy_runtime import device_index as _device_index
+from tedebug.backends.cupy_runtime import dtype_options as _dtype_options
+from tedebug.backends.cupy_runtime import get_kernel, prepare_input
+from tedebug.backends.cupy_runtime import sm_count as _sm_count
+from tedebug.backends.cupy_runtime import sum_columns as _sum_columns
+from tedebug.backends.cupy_runtime import ticket as _ticket
+from tedebug.backends.cupy_runtime import workspace as _workspace
+from tedebug.backends.fused_stats import attach_fused
+from tedebug.backends.launch import launch as _launch
 
 NV_BLOCKS_PER_SM = 3  # NV_MIN_BLOCKS in kernels/nvfp4.cu (__launch_bounds__(256, 3))
 NQ_BLOCKS_PER_SM = 3  # NQ_MIN_BLOCKS in kernels/nvfp4.cu (ted_nvfp4_quantize16, 80 registers)
@@ -101,9 +99,9 @@ def nvfp4_quantize_raw(
            torch.Tensor]:
     """Quantize a contiguous CUDA [M, K] tensor with the global amaxes `amax` (fp32 [2]: rowwise, columnwise).
 
-    `nonzero`: count_nonzero(x) as an int64 [1] device tensor (`_amax_launch(..., count_out=)` computes it with
-    the amaxes); the fast kernel (`uses_fast_kernel`) needs it for the underflow counts, the general one counts
-    itself.
+    `nonzero`: count_nonzero(x) as an int64 [1] device tensor (`cupy_fp8_tensor.amax_launch(..., count_out=)`
+    computes it with the amaxes); the fast kernel (`uses_fast_kernel`) needs it for the underflow counts, the
+    general one counts itself.
 
     Returns (row data [M, K/2], row scales [M, K/16], col data [K, M/2], col scales [K, M/16], stats) with None for
     an absent direction; `stats` is float64[4] = (row underflows, row Σ(x-deq)², col underflows, col Σ(x-deq)²).
@@ -242,5 +240,5 @@ def nvfp4_quantize(quantizer, tensor: torch.Tensor):
         out.columnwise_scale_inv = cs
         out.amax_columnwise = amaxes[1]
         fused["columnwise"] = {"underflows_num": stats[2], "sq_err": stats[3]}
-    _attach_fused(out, tensor, fused)
+    attach_fused(out, tensor, fused)
     return out

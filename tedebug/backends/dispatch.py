@@ -73,9 +73,9 @@ def cupy_available() -> bool:
     """True when CUDA is available to torch and CuPy imports."""
     if not torch.cuda.is_available():
         return False
-    from tedebug.backends import cupy_kernels
+    from tedebug.backends import cupy_runtime
 
-    return cupy_kernels.cupy_importable()
+    return cupy_runtime.cupy_importable()
 
 
 def use_kernels(tensor: torch.Tensor) -> bool:
@@ -105,9 +105,9 @@ _cupy_found = False  # CuPy imported once: it stays importable for the rest of t
 def _cupy_importable() -> bool:
     global _cupy_found
     if not _cupy_found:
-        from tedebug.backends import cupy_kernels
+        from tedebug.backends import cupy_runtime
 
-        _cupy_found = cupy_kernels.cupy_importable()
+        _cupy_found = cupy_runtime.cupy_importable()
     return _cupy_found
 
 
@@ -118,9 +118,9 @@ def _kernel_input(tensor: torch.Tensor) -> bool:
 def stats_backend(tensor: torch.Tensor) -> ModuleType:
     """The module whose family functions compute statistics partials of `tensor`."""
     if use_kernels(tensor) and _kernel_input(tensor):
-        from tedebug.backends import cupy_kernels
+        from tedebug.backends import cupy_stats
 
-        return cupy_kernels
+        return cupy_stats
     return torch_ref
 
 
@@ -128,27 +128,27 @@ def quantize_mxfp8(quantizer, tensor: torch.Tensor):
     """The kernel MXFP8Tensor for `tensor`, or None to let the torch reference quantize."""
     if not (use_kernels(tensor) and _kernel_input(tensor)):
         return None
-    from tedebug.backends import cupy_kernels
+    from tedebug.backends import cupy_mxfp8
 
-    return cupy_kernels.mxfp8_quantize(quantizer, tensor)
+    return cupy_mxfp8.mxfp8_quantize(quantizer, tensor)
 
 
 def quantize_fp8_current(quantizer, tensor: torch.Tensor):
     """The kernel Float8Tensor (current scaling) for `tensor`, or None for the torch reference."""
     if not (use_kernels(tensor) and _kernel_input(tensor)):
         return None
-    from tedebug.backends import cupy_kernels
+    from tedebug.backends import cupy_fp8_tensor
 
-    return cupy_kernels.fp8_current_quantize(quantizer, tensor)
+    return cupy_fp8_tensor.fp8_current_quantize(quantizer, tensor)
 
 
 def quantize_fp8_delayed(quantizer, tensor: torch.Tensor):
     """The kernel Float8Tensor (delayed scaling) for `tensor`, or None for the torch reference."""
     if not (use_kernels(tensor) and _kernel_input(tensor)):
         return None
-    from tedebug.backends import cupy_kernels
+    from tedebug.backends import cupy_fp8_tensor
 
-    return cupy_kernels.fp8_delayed_quantize(quantizer, tensor)
+    return cupy_fp8_tensor.fp8_delayed_quantize(quantizer, tensor)
 
 
 def quantize_fp8_block(quantizer, tensor: torch.Tensor):
@@ -177,9 +177,9 @@ def philox_bytes(seed: int, offset: int, n: int, device: torch.device) -> Option
     (`tedebug.quantization.philox`)."""
     if n <= 0 or device.type != "cuda" or requested_backend() == "torch" or not _cupy_importable():
         return None
-    from tedebug.backends import cupy_kernels
+    from tedebug.backends import cupy_philox
 
-    return cupy_kernels.philox_bytes(seed, offset, n, device)
+    return cupy_philox.philox_bytes(seed, offset, n, device)
 
 
 def gemm_kernels(tensor: torch.Tensor) -> Optional[ModuleType]:
@@ -198,10 +198,10 @@ def fp8_delayed_update(quantizer, scaled_max: float) -> bool:
     history, scale = quantizer._history, quantizer.scale
     if quantizer.amax_compute_algo not in ("max", "most_recent") or not use_kernels(history):
         return False
-    from tedebug.backends import cupy_kernels
+    from tedebug.backends import cupy_fp8_tensor
 
-    if (history.numel() > cupy_kernels.DELAYED_UPDATE_MAX_LEN or not history.is_contiguous()
+    if (history.numel() > cupy_fp8_tensor.DELAYED_UPDATE_MAX_LEN or not history.is_contiguous()
             or scale.device != history.device or scale.numel() != 1 or not scale.is_contiguous()):
         return False
-    cupy_kernels.fp8_delayed_update(history, scale, scaled_max, quantizer.amax_compute_algo == "most_recent")
+    cupy_fp8_tensor.fp8_delayed_update(history, scale, scaled_max, quantizer.amax_compute_algo == "most_recent")
     return True

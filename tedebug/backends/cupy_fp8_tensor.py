@@ -1,0 +1,257 @@
+"""CuPy launchers of ``kernels/fp8_tensor.cu``: per-tensor FP8 (current and delayed scaling) and the amax pass.
+
+What it owns:
+
+- `amax_launch`: one launch of ``ted_fp8_amax_scale`` / ``ted_amax_count`` in one of its modes (`AmaxMode`): the
+  amax alone, the amax with the current-scaling scale and scale_inv, the amax in two slots (NVFP4's rowwise and
+  columnwise global amaxes), or recorded into a delayed-scaling history with scale_inv = 1 / scale;
+- `fp8_amax`, `fp8_amax_scale`, `fp8_current_scale`, `fp8_scale_inv`: device scalars without a host sync;
+- the cast + transpose (``ted_fp8_cast_transpose16`` for bf16 / fp16 with M % 64 == 0 and K % 128 == 0, else the
+  general ``ted_fp8_cast_transpose``), which also counts underflows and overflows and sums the squared error;
+- the kernel versions of the per-tensor quantizers (`fp8_current_quantize`, `fp8_delayed_quantize`, `fp8_quantize`)
+  and of the delayed-scaling update (`fp8_delayed_update`).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Optional, Tuple
+
+import numpy as np
+import torch
+
+from tedebug.backends.cupy_runtime import (
+    BLOCKS_PER_SM,
+    SIXTEEN_BIT,
+    THREADS,
+    device_index,
+    dtype_options,
+    get_kernel,
+    grid_for,
+    prepare_input,
+    sm_count,
+    sum_columns,
+    ticket,
+    workspace,
+)
+from tedebug.backends.fused_stats import FP8_STATS, FusedStats, attach_fused
+from tedebug.backends.launch import launch
+from tedebug.quantization.formats import FP8_MAX
+
+CT_BLOCKS_PER_SM = 4  # ted_fp8_cast_transpose16 (48 registers)
+DELAYED_UPDATE_MAX_LEN = 8 * THREADS  # ted_fp8_delayed_update keeps 8 history entries per thread
+
+
+class AmaxMode(enum.IntEnum):
+    """The `mode` argument of ``ted_fp8_amax_scale`` / ``ted_amax_count``: what the last block writes."""
+
+    AMAX = 0  # out[0] = amax
+    CURRENT_SCALE = 1  # out[0] = amax, then the current-scaling scale and scale_inv
+    BOTH_SLOTS = 2  # out[0] = out[1] = amax (NVFP4's rowwise and columnwise global amaxes)
+    RECORD = 3  # delayed scaling: out[0] = maximum(out[0], amax) (a history entry), scale_inv = 1 / scale
+
+
+# ------------------------------------------------------------------------------------------------ amax
+def amax_launch(x: torch.Tensor, out: torch.Tensor, fp8_format: Optional[str] = None, epsilon: float = 0.0,
+                pow2: bool = False, count_out: Optional[torch.Tensor] = None, scale_inv_slot: int = 2,
+                record: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> None:
+    """One launch of ted_fp8_amax_scale over the prepared tensor `x`; the mode follows from the arguments:
+
+    - with `fp8_format` (`AmaxMode.CURRENT_SCALE`): out[0] = amax, out[1] = scale, out[scale_inv_slot] = scale_inv
+      (slot 4 puts it 16-byte aligned, as cuBLASLt wants a scale);
+    - with `record` = (scale, scale_inv) (`AmaxMode.RECORD`, delayed scaling): out (the amax history) gets
+      out[0] = maximum(out[0], max|x|) and scale_inv[0] = 1 / scale[0];
+    - else a 2-element `out` gets out[0] = out[1] = amax (`AmaxMode.BOTH_SLOTS`), a longer one out[0] = amax.
+
+    With `count_out` (int64 [1] on x's device) the launch is `ted_amax_count`, which also writes
+    count_out[0] = count_nonzero(x)."""
+    n = x.numel()
+    vec = 16 // x.element_size()
+    grid = grid_for(x.device, max(n // vec, 1))
+    partials, tickets = workspace(x.device)
+    base = out.data_ptr()
+    if record is not None:
+        mode = AmaxMode.RECORD
+        scale_ptr, scale_inv_ptr = record[0].data_ptr(), record[1].data_ptr()
+    elif fp8_format is not None:
+        mode = AmaxMode.CURRENT_SCALE
+        scale_ptr, scale_inv_ptr = base + 4, base + 4 * scale_inv_slot
+    else:
+        mode = AmaxMode.BOTH_SLOTS if out.numel() == 2 else AmaxMode.AMAX
+        scale_ptr = scale_inv_ptr = base  # not written in these modes
+    fp8_max = FP8_MAX[fp8_format] if mode == AmaxMode.CURRENT_SCALE else 0.0
+    args = (x.data_ptr(), np.int64(n), ticket(tickets, "amax"), base, np.int32(mode), np.float32(fp8_max),
+            np.float32(epsilon), np.int32(pow2), scale_ptr, scale_inv_ptr)
+    if count_out is None:
+        kernel = get_kernel("fp8_tensor.cu", "ted_fp8_amax_scale", dtype_options(x))
+    else:
+        if count_out.dtype != torch.int64 or count_out.numel() < 1 or count_out.device != x.device:
+            raise ValueError(f"amax_launch: count_out must be an int64 tensor on {x.device}, got "
+                             f"{count_out.dtype} {tuple(count_out.shape)} on {count_out.device}")
+        kernel = get_kernel("fp8_tensor.cu", "ted_amax_count", dtype_options(x))
+        args += (count_out.data_ptr(),)
+    launch(kernel, grid, THREADS, args, x.device)
+
+
+def fp8_amax(x: torch.Tensor) -> torch.Tensor:
+    """0-d fp32 max|x| ignoring NaN (= `formats.tensor_amax`), computed on the device (one launch)."""
+    x = prepare_input(x)
+    if x.numel() == 0:
+        return torch.zeros((), dtype=torch.float32, device=x.device)
+    out = torch.empty(1, dtype=torch.float32, device=x.device)
+    amax_launch(x, out)
+    return out[0]
+
+
+def fp8_amax_scale(x: torch.Tensor, fp8_format: str, epsilon: float, pow2: bool):
+    """(amax, scale, scale_inv) 0-d fp32 device tensors (formats.compute_scale_from_amax) in one launch."""
+    x = prepare_input(x)
+    out = torch.empty(3, dtype=torch.float32, device=x.device)
+    if x.numel() == 0:
+        out[0] = 0.0
+        scale, scale_inv = fp8_current_scale(out[0], fp8_format, epsilon, pow2)
+        return out[0], scale, scale_inv
+    amax_launch(x, out, fp8_format, epsilon, pow2)
+    return out[0], out[1], out[2]
+
+
+def fp8_current_scale(amax: torch.Tensor, fp8_format: str, epsilon: float, pow2: bool):
+    """(scale, scale_inv) 0-d fp32 device tensors from a device amax (formats.compute_scale_from_amax)."""
+    amax = amax.reshape(()).contiguous()
+    scale = torch.empty((), dtype=torch.float32, device=amax.device)
+    scale_inv = torch.empty_like(scale)
+    kernel = get_kernel("fp8_tensor.cu", "ted_fp8_current_scale", ())
+    args = (amax.data_ptr(), np.float32(FP8_MAX[fp8_format]), np.float32(epsilon), np.int32(pow2),
+            scale.data_ptr(), scale_inv.data_ptr())
+    launch(kernel, 1, 1, args, amax.device)
+    return scale, scale_inv
+
+
+def fp8_scale_inv(scale: torch.Tensor) -> torch.Tensor:
+    """0-d fp32 1/scale on the device."""
+    scale = scale.detach().float().reshape(()).contiguous()
+    out = torch.empty((), dtype=torch.float32, device=scale.device)
+    kernel = get_kernel("fp8_tensor.cu", "ted_fp8_scale_inv", ())
+    launch(kernel, 1, 1, (scale.data_ptr(), out.data_ptr()), scale.device)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ cast + transpose
+def fp8_cast_transpose_raw(x2d: torch.Tensor, scale: torch.Tensor, scale_inv: torch.Tensor, fp8_format: str,
+                           rowwise: bool, columnwise: bool):
+    """(row codes [M, K] or None, col codes [K, M] or None, stats float64[3] = (underflows, Σerr², overflows))."""
+    x2d = prepare_input(x2d)
+    return _cast_transpose(x2d, scale.data_ptr(), scale_inv.data_ptr(), fp8_format, rowwise, columnwise)
+
+
+def _cast_transpose(x2d: torch.Tensor, scale_ptr: int, scale_inv_ptr: int, fp8_format: str, rowwise: bool,
+                    columnwise: bool):
+    """`fp8_cast_transpose_raw` of a prepared (contiguous, aligned) [M, K] tensor, with device addresses of the fp32
+    scale and scale_inv: the single-launch bf16 / fp16 kernel when M % 64 == 0 and K % 128 == 0, else the general
+    kernel (per-block partials summed by a second launch)."""
+    m, k = x2d.shape
+    dev = x2d.device
+    row = torch.empty((m, k), dtype=torch.uint8, device=dev) if rowwise else None
+    col = torch.empty((k, m), dtype=torch.uint8, device=dev) if columnwise else None
+    stats = torch.empty(3, dtype=torch.float64, device=dev)
+    codes = (row.data_ptr() if row is not None else 0, col.data_ptr() if col is not None else 0)
+    head = (x2d.data_ptr(), np.int64(m), np.int64(k), scale_ptr, scale_inv_ptr, np.float32(FP8_MAX[fp8_format]),
+            np.int32(rowwise), np.int32(columnwise)) + codes
+    if x2d.dtype in SIXTEEN_BIT and m % 64 == 0 and k % 128 == 0 and m > 0 and k > 0:
+        grid = max(1, min(CT_BLOCKS_PER_SM * sm_count(device_index(dev)), (m // 64) * (k // 128)))
+        partials, tickets = workspace(dev)
+        kernel = get_kernel("fp8_tensor.cu", "ted_fp8_cast_transpose16", dtype_options(x2d, fp8_format))
+        launch(kernel, grid, THREADS, head + (partials, ticket(tickets, "cast"), stats.data_ptr()), dev)
+        return row, col, stats
+    grid = max(1, min(BLOCKS_PER_SM * sm_count(device_index(dev)), ((m + 63) // 64) * ((k + 63) // 64)))
+    partial = torch.empty((grid, 3), dtype=torch.float64, device=dev)
+    kernel = get_kernel("fp8_tensor.cu", "ted_fp8_cast_transpose", dtype_options(x2d, fp8_format))
+    launch(kernel, grid, THREADS, head + (partial.data_ptr(),), dev)
+    sum_columns(partial, stats)
+    return row, col, stats
+
+
+def _float8_result(quantizer, tensor: torch.Tensor, row, col, stats: torch.Tensor, scale_inv: torch.Tensor):
+    """The Float8Tensor of a cast + transpose, with its fused statistics attached."""
+    from tedebug.quantization.float8 import Float8Tensor
+
+    out = Float8Tensor(
+        tensor.shape, tensor.dtype, tensor.device, quantizer, fp8_format=quantizer.fp8_format,
+        scale_inv=scale_inv, rowwise_data=row.reshape(tensor.shape) if row is not None else None,
+        columnwise_data=col,
+    )
+    per = FusedStats(stats, FP8_STATS)
+    attach_fused(out, tensor, {u: per for u, on in (("rowwise", quantizer.rowwise_usage),
+                                                    ("columnwise", quantizer.columnwise_usage)) if on})
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ quantizers
+def fp8_quantize(quantizer, tensor: torch.Tensor, scale: torch.Tensor, scale_inv: Optional[torch.Tensor] = None):
+    """Kernel version of `float8._cast_per_tensor` with a given device `scale` (Float8Tensor, same bytes).
+
+    `scale_inv` (0-d fp32 on the device, = 1 / scale) is computed here when not given.
+    """
+    from tedebug.quantization.tensor import matrix_shape
+
+    m, k = matrix_shape(tensor.shape)
+    if not (scale.dtype is torch.float32 and scale.dim() == 0 and scale.device == tensor.device
+            and not scale.requires_grad and scale.is_contiguous()):
+        scale = scale.detach().float().reshape(()).to(tensor.device).contiguous()
+    if scale_inv is None:
+        scale_inv = fp8_scale_inv(scale)
+    x2d = prepare_input(tensor).view(m, k)
+    row, col, stats = _cast_transpose(x2d, scale.data_ptr(), scale_inv.data_ptr(), quantizer.fp8_format,
+                                      quantizer.rowwise_usage, quantizer.columnwise_usage)
+    return _float8_result(quantizer, tensor, row, col, stats, scale_inv)
+
+
+def fp8_current_quantize(quantizer, tensor: torch.Tensor):
+    """Kernel version of `Float8CurrentScalingQuantizer._quantize`: amax + scale (one launch), cast + transpose.
+
+    The cast reads the scale and scale_inv the first launch wrote, by address: no tensor op in between."""
+    from tedebug.quantization.tensor import matrix_shape
+
+    x = prepare_input(tensor)
+    if x.numel() == 0:
+        _, scale, scale_inv = fp8_amax_scale(tensor, quantizer.fp8_format, quantizer.amax_epsilon,
+                                             quantizer.force_pow_2_scales)
+        return fp8_quantize(quantizer, tensor, scale, scale_inv)
+    # amax, scale, -, -, scale_inv: scale_inv 16-byte aligned, so that torch._scaled_mm takes it without a copy
+    vec = torch.empty(8, dtype=torch.float32, device=x.device)
+    amax_launch(x, vec, quantizer.fp8_format, quantizer.amax_epsilon, quantizer.force_pow_2_scales,
+                scale_inv_slot=4)
+    m, k = matrix_shape(tensor.shape)
+    base = vec.data_ptr()
+    row, col, stats = _cast_transpose(x.view(m, k), base + 4, base + 16, quantizer.fp8_format,
+                                      quantizer.rowwise_usage, quantizer.columnwise_usage)
+    return _float8_result(quantizer, tensor, row, col, stats, vec[4])
+
+
+def fp8_delayed_update(history: torch.Tensor, scale: torch.Tensor, scaled_max: float, most_recent: bool) -> None:
+    """`Float8Quantizer.update_scale` in one launch (roll the contiguous fp32 `history`, refresh the 1-element
+    fp32 `scale` in place); the caller checks devices, dtypes and len(history) <= DELAYED_UPDATE_MAX_LEN."""
+    kernel = get_kernel("fp8_tensor.cu", "ted_fp8_delayed_update", ())
+    args = (history.data_ptr(), np.int32(history.numel()), scale.data_ptr(), np.float32(scaled_max),
+            np.int32(most_recent))
+    launch(kernel, 1, THREADS, args, history.device)
+
+
+def fp8_delayed_quantize(quantizer, tensor: torch.Tensor):
+    """Kernel version of `Float8Quantizer._quantize`: records the amax into history[0], casts with `scale`."""
+    from tedebug.quantization.tensor import matrix_shape
+
+    quantizer.state_to(tensor.device)
+    x = prepare_input(tensor)
+    history, scale = quantizer._history, quantizer.scale
+    if x.numel() == 0 or not (scale.dtype == torch.float32 and scale.numel() == 1 and scale.is_contiguous()):
+        recorded = quantizer.amax  # history entry 0, a 1-element view
+        torch.maximum(recorded, fp8_amax(tensor), out=recorded)
+        return fp8_quantize(quantizer, tensor, quantizer.scale)
+    # one launch: amax of x recorded into history[0] (torch.maximum) and scale_inv = 1 / scale, then the cast
+    scale_inv = torch.empty(4, dtype=torch.float32, device=x.device)
+    amax_launch(x, history, record=(scale, scale_inv))
+    m, k = matrix_shape(tensor.shape)
+    row, col, stats = _cast_transpose(x.view(m, k), scale.data_ptr(), scale_inv.data_ptr(), quantizer.fp8_format,
+                                      quantizer.rowwise_usage, quantizer.columnwise_usage)
+    return _float8_result(quantizer, tensor, row, col, stats, scale_inv[0])

@@ -1,0 +1,211 @@
+"""What every CuPy launcher module shares: compiling the kernels, the per-stream workspace, grid sizing.
+
+What it owns:
+
+- loading: one `cupy.RawModule` per (source file, compile options), built lazily and cached; a compile failure
+  raises `KernelCompileError` naming the source and options and showing the NVRTC log; `get_kernel` returns a cached
+  `tedebug.backends.launch.Kernel` (launched with `tedebug.backends.launch.launch` on torch's current stream);
+- one persistent workspace per (device, stream) holding the per-block partials and the atomic tickets of the
+  single-launch kernels (the last block of a launch finishes the reduction and resets its ticket), so a call
+  allocates only its outputs; `ticket(tickets, name)` is the address of one kernel family's ticket slot;
+- grid sizing from the device's SM count, the NVRTC options that select the input dtype and FP8 format
+  (`dtype_options`), `prepare_input` (a contiguous, 16-byte-aligned CUDA tensor) and `sum_columns` (the second
+  launch of the kernels that leave per-block partials).
+
+The launchers live in one module per kernel source: `cupy_stats` (``stats.cu``), `cupy_fp8_tensor`
+(``fp8_tensor.cu``), `cupy_mxfp8` (``mxfp8.cu``), `cupy_philox` (``philox.cu``), `cupy_fp8_block`
+(``fp8_block.cu``), `cupy_nvfp4` (``nvfp4.cu``) and `cupy_dequant` (``dequant.cu``).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+import torch
+
+from tedebug.backends.launch import Kernel, launch, raw_stream
+
+DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # TED_DTYPE of kernels/common.cuh
+FP8_CODE = {"E4M3": 0, "E5M2": 1}  # TED_FP8 of kernels/common.cuh
+SIXTEEN_BIT = (torch.bfloat16, torch.float16)
+THREADS = 256
+BLOCKS_PER_SM = 4  # general kernels
+#: the most blocks per SM of any kernel that keeps per-block partials in the workspace (the workspace's rows)
+MAX_BLOCKS_PER_SM = 4
+_PARTIAL_ROW_BYTES = 128  # >= sizeof(Acc) = 88 and 4 doubles
+#: uint32 slots of the tickets; "amax": 4 (amax bits), 5 (ticket), 6-7 (64-bit non-zero count of ted_amax_count)
+TICKETS = {"stats": 0, "mxfp8": 1, "cast": 2, "amax": 4, "fp8_block": 8, "nvfp4": 12}
+_TICKET_BYTES = 256
+
+
+class KernelCompileError(RuntimeError):
+    """NVRTC could not compile a tedebug kernel source; the message carries the compiler log."""
+
+
+# ------------------------------------------------------------------------------------------------ loading
+def kernel_dir() -> Path:
+    """Directory of the ``.cu`` sources: the installed ``tedebug.kernels`` package, else the repository's
+    ``kernels``."""
+    try:
+        import tedebug.kernels as pkg  # installed layout (package-dir mapping)
+
+        return Path(pkg.__file__).resolve().parent
+    except ImportError:
+        return Path(__file__).resolve().parents[2] / "kernels"
+
+
+@functools.lru_cache(maxsize=None)
+def _cupy():
+    import cupy  # noqa: WPS433 - optional dependency, imported on first use
+
+    return cupy
+
+
+def cupy_importable() -> bool:
+    """True when CuPy imports (it may still fail later without a GPU).
+
+    A probe: an ImportError (not installed) or CuPy's own initialisation error (no CUDA runtime) means "no".
+    """
+    try:
+        _cupy()
+    except (ImportError, RuntimeError, OSError):
+        return False
+    return True
+
+
+_MODULES: Dict[Tuple[str, Tuple[str, ...]], object] = {}
+
+
+def get_module(source: str, options: Tuple[str, ...]):
+    """The compiled RawModule of ``kernels/<source>`` for `options` (cached per (source, options))."""
+    key = (source, tuple(options))
+    module = _MODULES.get(key)
+    if module is not None:
+        return module
+    cp = _cupy()
+    directory = kernel_dir()
+    path = directory / source
+    code = path.read_text()
+    # No fast math.  CuPy appends -ftz=true itself; the kernels avoid flushing through inline PTX (common.cuh).
+    full_options = ("-std=c++17", "--prec-div=true", "--prec-sqrt=true", f"-I{directory}") + tuple(options)
+    try:
+        module = cp.RawModule(code=code, options=full_options)
+        module.compile()
+    except cp.cuda.compiler.CompileException as exc:
+        raise KernelCompileError(
+            f"tedebug: NVRTC failed to compile {path} with options {full_options}:\n{exc.get_message()}"
+        ) from exc
+    _MODULES[key] = module
+    return module
+
+
+_KERNELS: Dict[Tuple[str, str, Tuple[str, ...]], Kernel] = {}
+
+
+def get_kernel(source: str, name: str, options: Tuple[str, ...]) -> Kernel:
+    """The `Kernel` `name` of ``kernels/<source>`` (cached); errors name the kernel and the source."""
+    key = (source, name, tuple(options))
+    kernel = _KERNELS.get(key)
+    if kernel is not None:
+        return kernel
+    module = get_module(source, options)
+    kernel = Kernel(module, name)
+    try:
+        kernel.raw(torch.cuda.current_device())  # load now: a missing symbol fails here, named
+    except Exception as exc:  # CuPy raises CUDADriverError for a missing symbol
+        raise KernelCompileError(f"tedebug: kernel {name!r} not found in {source} ({options}): {exc}") from exc
+    _KERNELS[key] = kernel
+    return kernel
+
+
+# ------------------------------------------------------------------------------------------------ devices, workspace
+def device_index(device: torch.device) -> int:
+    """The CUDA device index of `device` (torch's current device for a bare ``cuda``)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(index: int) -> int:
+    """The number of streaming multiprocessors of CUDA device `index`."""
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def grid_for(device: torch.device, work_items: int, blocks_per_sm: int = BLOCKS_PER_SM) -> int:
+    """Blocks of `THREADS` threads for `work_items` items, at most `blocks_per_sm` per SM (grid-stride loops)."""
+    return max(1, min(blocks_per_sm * sm_count(device_index(device)), (work_items + THREADS - 1) // THREADS))
+
+
+_WORKSPACES: Dict[Tuple[int, int], torch.Tensor] = {}
+#: (device index, raw stream) -> (partials pointer, tickets pointer) of the workspace in `_WORKSPACES`
+_WORKSPACE_POINTERS: Dict[Tuple[int, int], Tuple[int, int]] = {}
+
+
+def workspace(device: torch.device) -> Tuple[int, int]:
+    """(partials pointer, tickets pointer) of the workspace of torch's current stream on `device`.
+
+    The tickets start at 0 and every single-launch kernel leaves them at 0; kernels on one stream run in order,
+    so they can share it.
+    """
+    index = device_index(device)
+    return workspace_on(index, raw_stream(index))
+
+
+def workspace_on(index: int, stream: int) -> Tuple[int, int]:
+    """`workspace` of device `index` for raw stream `stream` (torch's current stream there)."""
+    key = (index, stream)
+    pointers = _WORKSPACE_POINTERS.get(key)
+    if pointers is None:
+        nbytes = _TICKET_BYTES + MAX_BLOCKS_PER_SM * sm_count(index) * _PARTIAL_ROW_BYTES
+        ws = _WORKSPACES[key] = torch.zeros(nbytes, dtype=torch.uint8, device=torch.device("cuda", index))
+        base = ws.data_ptr()
+        pointers = _WORKSPACE_POINTERS[key] = (base + _TICKET_BYTES, base)
+    return pointers
+
+
+def ticket(tickets: int, name: str) -> int:
+    """Device address of the ticket slot of kernel family `name` (`TICKETS`) in a workspace's tickets."""
+    return tickets + 4 * TICKETS[name]
+
+
+# ------------------------------------------------------------------------------------------------ inputs, options
+_OPTIONS: Dict[Tuple[torch.dtype, Optional[str]], Tuple[str, ...]] = {}  # (dtype, format) -> NVRTC options
+
+
+def dtype_options(x: torch.Tensor, fp8_format: Optional[str] = None) -> Tuple[str, ...]:
+    """The NVRTC options compiling a kernel source for `x`'s dtype (and an FP8 format): ``-DTED_DTYPE=...``."""
+    opts = _OPTIONS.get((x.dtype, fp8_format))
+    if opts is None:
+        if x.dtype not in DTYPE_CODE:
+            raise TypeError(f"tedebug kernels: expected a float32/bfloat16/float16 tensor, got {x.dtype}")
+        opts = (f"-DTED_DTYPE={DTYPE_CODE[x.dtype]}",)
+        if fp8_format is not None:
+            opts += (f"-DTED_FP8={FP8_CODE[fp8_format]}",)
+        _OPTIONS[(x.dtype, fp8_format)] = opts
+    return opts
+
+
+def prepare_input(x: torch.Tensor) -> torch.Tensor:
+    """`x` as a contiguous CUDA tensor whose data pointer is 16-byte aligned (a copy only when needed)."""
+    if not x.is_cuda:
+        raise ValueError(f"tedebug kernels need a CUDA tensor, got a tensor on {x.device}")
+    x = x.detach()
+    if not x.is_contiguous():
+        x = x.contiguous()
+    if x.data_ptr() % 16:
+        x = x.clone()
+    return x
+
+
+def pointer(t: Optional[torch.Tensor]) -> int:
+    """The device address of `t`, 0 (a null pointer) for None: an absent output of a kernel."""
+    return t.data_ptr() if t is not None else 0
+
+
+def sum_columns(partial: torch.Tensor, out: torch.Tensor) -> None:
+    """out[j] = Σ_i partial[i, j] of a float64 [rows, cols] tensor of per-block partials (one launch)."""
+    rows, cols = partial.shape
+    kernel = get_kernel("common.cuh", "ted_sum_columns", ())
+    launch(kernel, 1, THREADS, (partial.data_ptr(), np.int32(rows), np.int32(cols), out.data_ptr()), partial.device)

@@ -1,0 +1,136 @@
+"""CuPy launchers of ``kernels/stats.cu``: the kernel backend of the statistics family functions.
+
+`tedebug.backends.dispatch.stats_backend` returns this module for a CUDA tensor the kernels take; it offers the same
+family functions as `tedebug.backends.torch_ref`, returning the same values:
+
+- `basic_partials` / `basic_partials_row` / `basic_stats_into`: all basic partials of a tensor in one launch of
+  ``ted_stats`` (no host synchronisation); `basic_stats_into` writes a whole statistics row to a device address (a
+  row of the engine's slab), so a logged tensor costs this launch and nothing else;
+- `underflow_partials`, `mse_partials`, `overflow_partials`: the statistics the quantize kernel fused into its pass
+  (`tedebug.backends.fused_stats`) when they were computed for exactly this tensor, else the torch reference;
+- `blockwise_dynamic_range_partials`, `scale_inv_partials`: the torch reference.
+
+Inputs must be non-empty CUDA float32 / bfloat16 / float16 tensors (`dispatch` sends everything else to torch).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Tuple
+
+import numpy as np
+import torch
+
+from tedebug.backends import torch_ref
+from tedebug.backends.cupy_runtime import (
+    DTYPE_CODE,
+    THREADS,
+    TICKETS,
+    dtype_options,
+    get_kernel,
+    prepare_input,
+    sm_count,
+    workspace_on,
+)
+from tedebug.backends.fused_stats import fused_statistic
+from tedebug.backends.launch import Kernel, launch_on, raw_stream
+
+STATS_BLOCKS_PER_SM = 3  # ted_stats: __launch_bounds__(256, 3)
+#: the order of the kernel's basic partials (the same as the torch reference's rows)
+BASIC_KEYS = torch_ref.BASIC_KEYS
+#: the float64 row `basic_stats_into` writes: numel, then the basic partials in `BASIC_KEYS` order
+BASIC_ROW_KEYS = torch_ref.BASIC_ROW_KEYS
+_STATS_TICKET_OFFSET = 4 * TICKETS["stats"]
+
+
+def basic_stats_into(x: torch.Tensor, out_ptr: int) -> None:
+    """One launch writing the float64 row `BASIC_ROW_KEYS` (13 values) at device address `out_ptr`.
+
+    The statistics engine hands out rows of a per-step slab, so a logged tensor costs this launch and nothing
+    else on the host or the device (no output allocation, no gather).  `x` must be a non-empty CUDA tensor of a
+    kernel dtype on the slab's device.  Every logged tensor comes through here, so the per-(device, dtype) launch
+    constants are looked up once (`_stats_launch`).
+    """
+    dtype = x.dtype
+    if dtype not in DTYPE_CODE:
+        raise TypeError(f"tedebug kernels: expected a float32/bfloat16/float16 tensor, got {dtype}")
+    pointer = x.data_ptr()
+    if pointer % 16 or not x.is_contiguous():
+        x = prepare_input(x)
+        pointer = x.data_ptr()
+    n = x.numel()
+    if n == 0:
+        raise ValueError("basic statistics of an empty tensor")
+    index = x.get_device()
+    constants = _STATS_LAUNCH.get((index, dtype))
+    if constants is None:
+        constants = _stats_launch(x, index)
+    kernel, vec, max_grid = constants
+    grid = min(max_grid, (max(n // vec, 1) + THREADS - 1) // THREADS)
+    stream = raw_stream(index)
+    partials, tickets = workspace_on(index, stream)
+    launch_on(kernel, index, stream, grid, THREADS,
+              (pointer, np.int64(n), partials, tickets + _STATS_TICKET_OFFSET, out_ptr))
+
+
+#: (device index, dtype) -> (kernel, elements per 16-byte load, largest grid) of `basic_stats_into`
+_STATS_LAUNCH: Dict[Tuple[int, torch.dtype], Tuple[Kernel, int, int]] = {}
+
+
+def _stats_launch(x: torch.Tensor, index: int) -> Tuple[Kernel, int, int]:
+    key = (index, x.dtype)
+    kernel = get_kernel("stats.cu", "ted_stats", dtype_options(x))
+    max_grid = max(1, STATS_BLOCKS_PER_SM * sm_count(index))
+    constants = _STATS_LAUNCH[key] = (kernel, 16 // x.element_size(), max_grid)
+    return constants
+
+
+def basic_stats_tensor(x: torch.Tensor) -> torch.Tensor:
+    """float64[12] on x's device: the basic partials in `BASIC_KEYS` order (one launch, no host sync)."""
+    x = prepare_input(x)
+    if x.numel() == 0:
+        raise ValueError("basic statistics of an empty tensor")
+    out = torch.empty(len(BASIC_ROW_KEYS), dtype=torch.float64, device=x.device)
+    basic_stats_into(x, out.data_ptr())
+    return out[1:]
+
+
+def basic_partials(x: torch.Tensor):
+    """Kernel version of `torch_ref.basic_partials` (0-d float64 views of one device tensor)."""
+    if x.numel() == 0:
+        return torch_ref.basic_partials(x)
+    out = basic_stats_tensor(x)
+    return {key: out[i] for i, key in enumerate(BASIC_KEYS)}
+
+
+def basic_partials_row(x: torch.Tensor) -> torch.Tensor:
+    """`basic_partials` as the kernel's own float64[12] output vector (`BASIC_KEYS` order), without the 0-d views.
+
+    `StatsEngine.feed` gathers its row from this vector when the backend offers it (torch_ref's
+    `basic_partials_row` is the CPU counterpart)."""
+    if x.numel() == 0:
+        partials = torch_ref.basic_partials(x)
+        return torch.stack([partials[key] for key in BASIC_KEYS])
+    return basic_stats_tensor(x)
+
+
+def blockwise_dynamic_range_partials(x, block_size, dims, max_over_orientations):
+    return torch_ref.blockwise_dynamic_range_partials(x, block_size, dims, max_over_orientations)
+
+
+def underflow_partials(x, q, usage):
+    value = fused_statistic(q, x, usage, "underflows_num")
+    return {"underflows_num": value} if value is not None else torch_ref.underflow_partials(x, q, usage)
+
+
+def mse_partials(x, q, usage):
+    value = fused_statistic(q, x, usage, "sq_err")
+    return {"sq_err": value} if value is not None else torch_ref.mse_partials(x, q, usage)
+
+
+def overflow_partials(x, q, usage):
+    value = fused_statistic(q, x, usage, "overflows_num")
+    return {"overflows_num": value} if value is not None else torch_ref.overflow_partials(x, q, usage)
+
+
+def scale_inv_partials(q, usage):
+    return torch_ref.scale_inv_partials(q, usage)

@@ -1,0 +1,60 @@
+"""Error statistics a quantize kernel computed while writing the codes, carried by the quantized tensor.
+
+A kernel that quantizes a tensor already sees every value and its code, so it also counts underflows and sums the
+squared error (and, for per-tensor FP8, overflows) into a small float64 vector on the device.  The quantized tensor
+carries that vector (`attach_fused`) and the statistics family functions of the kernel backend use it
+(`fused_statistic`) instead of reading the tensor again, but only for the very tensor it was computed from: the same
+tensor object at the same version (an in-place change after quantization makes the statistics stale).
+
+The record lives in the quantized tensor's ``_fused_error_stats`` attribute: ``{"source": weakref to x, "version":
+x._version, "rowwise": {statistic: 0-d tensor}, "columnwise": {...}}`` with only the directions that were produced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Dict, Optional
+import weakref
+
+import torch
+
+#: statistic name -> index in the float64 vector of the per-tensor FP8 cast (ted_fp8_cast_transpose*)
+FP8_STATS = {"underflows_num": 0, "sq_err": 1, "overflows_num": 2}
+#: statistic name -> index in the float64[4] vector of the block-scaled kernels (MXFP8, FP8 block, NVFP4)
+ROWWISE_STATS = {"underflows_num": 0, "sq_err": 1}
+COLUMNWISE_STATS = {"underflows_num": 2, "sq_err": 3}
+
+
+class FusedStats(Mapping):
+    """Statistic name -> 0-d view of a kernel's float64 statistics vector, made only when a statistic is read (most
+    quantizations are never measured, and a view costs a tensor op)."""
+
+    __slots__ = ("_vector", "_index")
+
+    def __init__(self, vector: torch.Tensor, index: Dict[str, int]) -> None:
+        self._vector = vector
+        self._index = index
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self._vector[self._index[key]]
+
+    def __iter__(self):
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+
+def attach_fused(q, x: torch.Tensor, per_usage: Dict[str, Mapping]) -> None:
+    """Attach the statistics `per_usage` ({"rowwise" / "columnwise": {statistic: 0-d tensor}}) of quantizing `x`
+    to the quantized tensor `q`."""
+    q._fused_error_stats = {"source": weakref.ref(x), "version": x._version, **per_usage}
+
+
+def fused_statistic(q, x: torch.Tensor, usage: str, key: str) -> Optional[torch.Tensor]:
+    """Statistic `key` of direction `usage` that the quantize kernel computed for exactly this `x` (same tensor,
+    same version), else None."""
+    fused = getattr(q, "_fused_error_stats", None)
+    if not fused or fused["source"]() is not x or fused["version"] != x._version:
+        return None
+    return fused.get(usage, {}).get(key)
