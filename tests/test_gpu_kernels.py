@@ -12,7 +12,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 cupy = pytest.importorskip("cupy")
 
-from tedebug.backends import cupy_fp8_tensor, cupy_stats, dispatch, torch_ref  # noqa: E402
+from tedebug.backends import cupy_fp8_tensor, cupy_stats, dispatch, fused_stats, torch_ref  # noqa: E402
 from tedebug.quantization.float8 import Float8CurrentScalingQuantizer, Float8Quantizer  # noqa: E402
 from tedebug.quantization.mxfp8 import MXFP8Quantizer  # noqa: E402
 
@@ -206,6 +206,13 @@ FP8_SHAPES = [(1, 1), (3, 5), (65, 63), (130, 257), (64, 128), (2, 3, 70), (2, 6
 
 def check_fp8(got, ref, x):
     assert torch.equal(got.scale_inv.reshape(()), ref.scale_inv.reshape(()))
+    one_launch = x.dtype != torch.float32 and x.shape[-1] % 128 == 0 and x.numel() // x.shape[-1] % 64 == 0
+    for usage in ("rowwise", "columnwise"):  # the scale_inv partials the single-launch cast writes
+        fused = fused_stats.fused_vector(got, x, usage)
+        assert fused is not None and ("scale_count" in fused.keys_in_order) == one_launch
+        if one_launch:
+            for key, want in torch_ref.scale_inv_partials(ref, usage).items():
+                assert same(fused[key], want), (usage, key, fused[key].item(), want.item())
     assert torch.equal(got.rowwise_data, ref.rowwise_data), (got.rowwise_data != ref.rowwise_data).sum().item()
     assert torch.equal(got.columnwise_data, ref.columnwise_data)
     for usage in ("rowwise", "columnwise"):
@@ -286,3 +293,47 @@ def test_fp8_delayed_scaling_bit_identical(dtype, shape):
 def test_kernels_reject_cpu_tensor():
     with pytest.raises(ValueError, match="CUDA tensor"):
         cupy_stats.basic_stats_tensor(torch.ones(4))
+
+
+def test_quantized_statistics_row_is_one_gather_of_the_cast_vector():
+    """LogFp8TensorStats' row on the single-launch cast (underflows%, mse, scale_inv_min/max, rowwise and
+    columnwise) equals the torch path's, and comes from the kernel's vector without the torch reference."""
+    from support.features import RecordingSink
+    from tedebug.stats import StatRequest
+    from tedebug.stats.engine import StatsEngine
+
+    requests = {usage: tuple(StatRequest(f"{stat}{suffix}", stat, columnwise=usage == "columnwise")
+                             for stat in ("underflows%", "mse", "scale_inv_min", "scale_inv_max"))
+                for usage, suffix in (("rowwise", ""), ("columnwise", "_columnwise"))}
+    g = torch.Generator().manual_seed(5)
+    xs = [(torch.randn(256, 512, generator=g) * s).to(DEV, torch.bfloat16) for s in (1.0, 1e-4, 300.0)]
+    xs.append(finite_input((128, 256), torch.bfloat16, 9))
+    emitted = {}
+    for backend in ("torch", "cupy"):
+        sink = RecordingSink()
+        engine = StatsEngine(sink)
+        with dispatch.use_backend(backend):
+            for i, x in enumerate(xs):
+                q = Float8CurrentScalingQuantizer("E4M3").quantize(x)
+                for usage, reqs in requests.items():
+                    engine.feed(f"l{i}", "activation", reqs, x, iteration=0, options=(usage,), quantized={"": q})
+            if backend == "cupy":  # the fused row does not fall back to the torch reference
+                def refuse(*args):
+                    raise AssertionError("torch reference used")
+                real = torch_ref.scale_inv_partials
+                torch_ref.scale_inv_partials = refuse
+                try:
+                    for usage, reqs in requests.items():
+                        engine.feed("probe", "activation", reqs, xs[0], iteration=0, options=(usage,),
+                                    quantized={"": Float8CurrentScalingQuantizer("E4M3").quantize(xs[0])})
+                finally:
+                    torch_ref.scale_inv_partials = real
+            engine.step(0)
+        emitted[backend] = [r for r in sink.rows if not r[0].startswith("probe")]
+    assert len(emitted["torch"]) == len(xs) * 8
+    for (name, ref, it), (name2, got, it2) in zip(emitted["torch"], emitted["cupy"]):
+        assert (name, it) == (name2, it2)
+        if name.endswith("mse") or name.endswith("mse_columnwise"):
+            assert got == pytest.approx(ref, rel=ERR_CHUNK * U, abs=1e-300), name
+        else:
+            assert got == ref or (math.isnan(got) and math.isnan(ref)), name

@@ -34,7 +34,7 @@ from tedebug.backends.cupy_runtime import (
     ticket,
     workspace,
 )
-from tedebug.backends.fused_stats import FP8_STATS, FusedStats, attach_fused
+from tedebug.backends.fused_stats import FP8_STATS, FP8_STATS_WITH_SCALE, FusedStats, attach_fused
 from tedebug.backends.launch import launch
 from tedebug.quantization.formats import FP8_MAX
 
@@ -139,7 +139,8 @@ def fp8_scale_inv(scale: torch.Tensor) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------------ cast + transpose
 def fp8_cast_transpose_raw(x2d: torch.Tensor, scale: torch.Tensor, scale_inv: torch.Tensor, fp8_format: str,
                            rowwise: bool, columnwise: bool):
-    """(row codes [M, K] or None, col codes [K, M] or None, stats float64[3] = (underflows, Σerr², overflows))."""
+    """(row codes [M, K] or None, col codes [K, M] or None, stats float64 (underflows, Σerr², overflows), followed by
+    the scale_inv partials on the single-launch path: `fused_stats.FP8_STATS_WITH_SCALE`)."""
     x2d = prepare_input(x2d)
     return _cast_transpose(x2d, scale.data_ptr(), scale_inv.data_ptr(), fp8_format, rowwise, columnwise)
 
@@ -153,11 +154,12 @@ def _cast_transpose(x2d: torch.Tensor, scale_ptr: int, scale_inv_ptr: int, fp8_f
     dev = x2d.device
     row = torch.empty((m, k), dtype=torch.uint8, device=dev) if rowwise else None
     col = torch.empty((k, m), dtype=torch.uint8, device=dev) if columnwise else None
-    stats = torch.empty(3, dtype=torch.float64, device=dev)
+    fast = x2d.dtype in SIXTEEN_BIT and m % 64 == 0 and k % 128 == 0 and m > 0 and k > 0
+    stats = torch.empty(len(FP8_STATS_WITH_SCALE) if fast else 3, dtype=torch.float64, device=dev)
     codes = (row.data_ptr() if row is not None else 0, col.data_ptr() if col is not None else 0)
     head = (x2d.data_ptr(), np.int64(m), np.int64(k), scale_ptr, scale_inv_ptr, np.float32(FP8_MAX[fp8_format]),
             np.int32(rowwise), np.int32(columnwise)) + codes
-    if x2d.dtype in SIXTEEN_BIT and m % 64 == 0 and k % 128 == 0 and m > 0 and k > 0:
+    if fast:  # one launch; its vector also holds the scale_inv partials (FP8_STATS_WITH_SCALE)
         grid = max(1, min(CT_BLOCKS_PER_SM * sm_count(device_index(dev)), (m // 64) * (k // 128)))
         partials, tickets = workspace(dev)
         kernel = get_kernel("fp8_tensor.cu", "ted_fp8_cast_transpose16", dtype_options(x2d, fp8_format))
@@ -180,7 +182,7 @@ def _float8_result(quantizer, tensor: torch.Tensor, row, col, stats: torch.Tenso
         scale_inv=scale_inv, rowwise_data=row.reshape(tensor.shape) if row is not None else None,
         columnwise_data=col,
     )
-    per = FusedStats(stats, FP8_STATS)
+    per = FusedStats(stats, FP8_STATS_WITH_SCALE if stats.numel() == len(FP8_STATS_WITH_SCALE) else FP8_STATS)
     attach_fused(out, tensor, {u: per for u, on in (("rowwise", quantizer.rowwise_usage),
                                                     ("columnwise", quantizer.columnwise_usage)) if on})
     return out

@@ -6,6 +6,8 @@ family functions as `tedebug.backends.torch_ref`, returning the same values:
 - `basic_partials` / `basic_partials_row` / `basic_stats_into`: all basic partials of a tensor in one launch of
   ``ted_stats`` (no host synchronisation); `basic_stats_into` writes a whole statistics row to a device address (a
   row of the engine's slab), so a logged tensor costs this launch and nothing else;
+- `fused_vector`: a quantize kernel's whole statistics vector for one tensor, from which the engine gathers a row of
+  quantization statistics in one op;
 - `underflow_partials`, `mse_partials`, `overflow_partials`: the statistics the quantize kernel fused into its pass
   (`tedebug.backends.fused_stats`) when they were computed for exactly this tensor, else the torch reference;
 - `blockwise_dynamic_range_partials`, `scale_inv_partials`: the torch reference.
@@ -31,7 +33,7 @@ from tedebug.backends.cupy_runtime import (
     sm_count,
     workspace_on,
 )
-from tedebug.backends.fused_stats import fused_statistic
+from tedebug.backends.fused_stats import fused_statistic, fused_vector  # noqa: F401 - fused_vector: engine API
 from tedebug.backends.launch import Kernel, launch_on, raw_stream
 
 STATS_BLOCKS_PER_SM = 3  # ted_stats: __launch_bounds__(256, 3)

@@ -20,6 +20,10 @@ import torch
 
 #: statistic name -> index in the float64 vector of the per-tensor FP8 cast (ted_fp8_cast_transpose*)
 FP8_STATS = {"underflows_num": 0, "sq_err": 1, "overflows_num": 2}
+#: the vector of the single-launch 16-bit cast (ted_fp8_cast_transpose16), which also writes the scale_inv partials
+#: of the one decode scale (`torch_ref.scale_inv_partials`' names)
+FP8_STATS_WITH_SCALE = {**FP8_STATS, "scale_count": 3, "scale_sum": 4, "scale_m2": 5, "scale_nz_min": 6,
+                        "scale_max": 7}
 #: statistic name -> index in the float64[4] vector of the block-scaled kernels (MXFP8, FP8 block, NVFP4)
 ROWWISE_STATS = {"underflows_num": 0, "sq_err": 1}
 COLUMNWISE_STATS = {"underflows_num": 2, "sq_err": 3}
@@ -34,6 +38,17 @@ class FusedStats(Mapping):
     def __init__(self, vector: torch.Tensor, index: Dict[str, int]) -> None:
         self._vector = vector
         self._index = index
+
+    @property
+    def keys_in_order(self) -> tuple:
+        """The statistic names in vector order (index i holds ``keys_in_order[i]``), for a one-gather row."""
+        index = self._index
+        return tuple(sorted(index, key=index.__getitem__))
+
+    @property
+    def vector(self) -> torch.Tensor:
+        """The kernel's float64 statistics vector itself (index by `keys_in_order`)."""
+        return self._vector
 
     def __getitem__(self, key: str) -> torch.Tensor:
         return self._vector[self._index[key]]
@@ -58,3 +73,14 @@ def fused_statistic(q, x: torch.Tensor, usage: str, key: str) -> Optional[torch.
     if not fused or fused["source"]() is not x or fused["version"] != x._version:
         return None
     return fused.get(usage, {}).get(key)
+
+
+def fused_vector(q, x: torch.Tensor, usage: str) -> Optional[FusedStats]:
+    """The whole statistics vector (a `FusedStats`) of direction `usage` that the quantize kernel computed for
+    exactly this `x` (same tensor, same version), else None: a statistics row whose every partial is in it is one
+    gather of this vector (`tedebug.stats.engine`)."""
+    fused = getattr(q, "_fused_error_stats", None)
+    if not fused or fused["source"]() is not x or fused["version"] != x._version:
+        return None
+    per = fused.get(usage)
+    return per if isinstance(per, FusedStats) else None

@@ -22,6 +22,8 @@ from tedebug.stats.definitions import (NONFINITE_COLUMNS, NUMEL, Column, StatReq
                                        family_of, finalizer)
 from tedebug.stats.slab import RowSlab
 
+#: the partial families of quantization statistics (they read a quantized direction)
+QUANTIZED_FAMILIES = frozenset(("underflow", "mse", "overflow", "scale_inv"))
 #: one partial family to compute for a row: (family, qualifier, ((partial name, column index), ...))
 FamilySlots = Tuple[str, Tuple[Any, ...], Tuple[Tuple[str, int], ...]]
 
@@ -61,15 +63,31 @@ class StatBuffer:
         self.stat_names: Tuple[str, ...] = tuple(f"{self.key.layer}_{self.key.tensor}_{r.name}" for r in requests)
         #: True when the basic family produces every column but numel (`StatsEngine`'s one-vector feed path)
         self.basic_only = len(self.families) == 1 and self.families[0][0] == "basic"
+        #: (recipe, columnwise) when every partial family is a quantization statistic of that one quantized
+        #: direction (underflows, mse, overflows, scale_inv): the row may then be one gather of a quantize kernel's
+        #: statistics vector (`StatsEngine`'s fused path); None otherwise
+        qualifiers = {qualifier for family, qualifier, _ in self.families}
+        self.quantized_source: Optional[Tuple[Any, ...]] = (
+            next(iter(qualifiers)) if len(qualifiers) == 1 and all(
+                family in QUANTIZED_FAMILIES for family, _, _ in self.families) else None)
+        self._covered: Dict[Tuple[str, ...], bool] = {}
         self._gathers: Dict[Tuple[Tuple[str, ...], torch.device], torch.Tensor] = {}
         self._positions: Dict[Tuple[str, ...], Tuple[int, ...]] = {}
         #: (emitted name, request name, value of the request from a merged row in `columns` order) per request
         self.emitters: Tuple[Tuple[str, str, Callable[[Sequence[float]], float]], ...] = tuple(
             (name, r.name, finalizer(r, self.columns)) for name, r in zip(self.stat_names, requests))
 
+    def covered_by(self, keys: Tuple[str, ...]) -> bool:
+        """True when every column but numel is a partial named in `keys` (remembered per keys order)."""
+        covered = self._covered.get(keys)
+        if covered is None:
+            covered = self._covered[keys] = all(column == NUMEL or column.name in keys for column in self.columns)
+        return covered
+
     def basic_gather(self, keys: Tuple[str, ...], device: torch.device) -> torch.Tensor:
-        """Index tensor on `device` taking the row (in `columns` order) from ``cat([numel], basic vector)``, the
-        basic vector being in `keys` order (made once per keys order and device)."""
+        """Index tensor on `device` taking the row (in `columns` order) from ``cat([numel], vector)``, the vector
+        holding the partials named `keys` in that order (the basic vector, or a quantize kernel's statistics
+        vector; made once per keys order and device)."""
         index = self._gathers.get((keys, device))
         if index is None:
             positions = [0 if column == NUMEL else 1 + keys.index(column.name) for column in self.columns]

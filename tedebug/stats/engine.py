@@ -183,6 +183,17 @@ class StatsEngine:
                     vector = vector.to(device)
                 source = torch.cat((numel_value.reshape(1), vector))
                 return source.index_select(0, buffer.basic_gather(backend.BASIC_KEYS, device))
+        source = buffer.quantized_source
+        fused_of = getattr(backend, "fused_vector", None) if source is not None and x is not None else None
+        if fused_of is not None:  # quantization statistics the quantize kernel wrote: one gather of its vector
+            recipe, columnwise = source
+            q = quantized.get(recipe)
+            fused = fused_of(q, x, "columnwise" if columnwise else "rowwise") if q is not None else None
+            if fused is not None:
+                keys = fused.keys_in_order
+                if buffer.covered_by(keys) and fused.vector.device == device:
+                    return torch.cat((numel_value.reshape(1), fused.vector)).index_select(
+                        0, buffer.basic_gather(keys, device))
         values: List[Optional[torch.Tensor]] = [None] * len(buffer.columns)
         values[buffer.numel_index] = numel_value
         for family, qualifier, slots in buffer.families:
