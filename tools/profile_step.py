@@ -2,8 +2,9 @@
 
     python tools/profile_step.py --setting fp8-log [--hidden 2048 --batch 8 --seq 1024] [--steps 10] [--top 40]
 
-Settings: ``hp`` (no debug), ``hp-log`` (LogTensorStats, 8 statistics, 6 tensors), ``fp8`` (FP8 current scaling, no
-debug), ``fp8-log`` (LogFp8TensorStats underflows%/mse/scale_inv_min/scale_inv_max on activation/weight/gradient),
+Settings: ``hp`` (no debug), ``hp-log`` (LogTensorStats, 8 statistics, 6 tensors), ``fp8`` (FP8 current scaling,
+or --recipe, no debug), ``fp8-log`` (LogFp8TensorStats underflows%/mse/scale_inv_min/scale_inv_max on
+activation/weight/gradient),
 ``fp8-both`` (that and LogTensorStats on the same tensors).  Prints the wall time per step and the functions with
 the most own time and cumulative time.
 """
@@ -21,7 +22,7 @@ import torch
 
 import tedebug
 from tedebug import bench, debug_api
-from tedebug.recipe import Float8CurrentScaling
+from tedebug import recipe as recipe_module
 
 STATS = ["min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range"]
 FP8_STATS = ["underflows%", "mse", "scale_inv_min", "scale_inv_max"]
@@ -54,13 +55,14 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--top", type=int, default=40)
     p.add_argument("--device", default="cuda")
+    p.add_argument("--recipe", default="Float8CurrentScaling", help="the recipe of the fp8* settings")
     a = p.parse_args()
     dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[bench._Block(a.hidden, a.heads, i) for i in range(a.layers)]).to(a.device, dtype)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     x = torch.randn(a.batch, a.seq, a.hidden, device=a.device, dtype=dtype)
-    recipe = Float8CurrentScaling() if a.setting.startswith("fp8") else None
+    recipe = getattr(recipe_module, a.recipe)() if a.setting.startswith("fp8") else None
     cfg = config(a.setting)
 
     def one():
