@@ -412,7 +412,7 @@ __device__ __noinline__ unsigned long long ct_count_over(const CtChunk ch, unsig
 
 // Thread (tx = tid % 16, ty = tid / 16) of a 256-thread block owns tile rows 4 ty .. 4 ty + 3 and columns
 // 8 tx .. 8 tx + 7.  partial: [gridDim.x][3] = (underflows, sq_err, overflows); out[0..2]: the column sums; out[3..7]:
-// the scale_inv partials (see the end).
+// the scale_inv partials, out[8] = M * K (see the end).
 extern "C" __global__ void __launch_bounds__(256)
 ted_fp8_cast_transpose16(const ted_raw_t* __restrict__ x, long long M, long long K,
                          const float* __restrict__ scale_p, const float* __restrict__ scale_inv_p, float fp8_max,
@@ -513,13 +513,14 @@ ted_fp8_cast_transpose16(const ted_raw_t* __restrict__ x, long long M, long long
     if (ted_last_block(ticket)) {
         ted_finish_columns(partial, gridDim.x, 3, out, ticket);
         if (threadIdx.x == 0) {
-            // out[3..7]: the scale_inv partials of the one decode scale s (torch_ref.scale_inv_partials of a
+            // out[3..7]: the scale_inv partials of the one decode scale s, out[8] the number of elements (torch_ref.scale_inv_partials of a
             // one-element tensor: count 1, sum s, m2 (s - s/1)^2, smallest non-zero s (+inf if zero), max s), so
             // that LogFp8TensorStats builds its whole row from this vector (tedebug.backends.fused_stats)
             const double s = (double)scale_inv_p[0];
             const double d = s - s;
             const double inf = __longlong_as_double(0x7FF0000000000000ll);
             out[3] = 1.0; out[4] = s; out[5] = d * d; out[6] = (s != 0.0) ? s : inf; out[7] = s;
+            out[8] = (double)(M * K);  // numel: the row's count column (exact below 2^53)
         }
     }
 }

@@ -213,6 +213,7 @@ def check_fp8(got, ref, x):
         if one_launch:
             for key, want in torch_ref.scale_inv_partials(ref, usage).items():
                 assert same(fused[key], want), (usage, key, fused[key].item(), want.item())
+            assert fused["numel"].item() == x.numel()
     assert torch.equal(got.rowwise_data, ref.rowwise_data), (got.rowwise_data != ref.rowwise_data).sum().item()
     assert torch.equal(got.columnwise_data, ref.columnwise_data)
     for usage in ("rowwise", "columnwise"):

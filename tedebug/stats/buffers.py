@@ -71,7 +71,7 @@ class StatBuffer:
             next(iter(qualifiers)) if len(qualifiers) == 1 and all(
                 family in QUANTIZED_FAMILIES for family, _, _ in self.families) else None)
         self._covered: Dict[Tuple[str, ...], bool] = {}
-        self._gathers: Dict[Tuple[Tuple[str, ...], torch.device], torch.Tensor] = {}
+        self._gathers: Dict[tuple, torch.Tensor] = {}
         self._positions: Dict[Tuple[str, ...], Tuple[int, ...]] = {}
         #: (emitted name, request name, value of the request from a merged row in `columns` order) per request
         self.emitters: Tuple[Tuple[str, str, Callable[[Sequence[float]], float]], ...] = tuple(
@@ -92,6 +92,15 @@ class StatBuffer:
         if index is None:
             positions = [0 if column == NUMEL else 1 + keys.index(column.name) for column in self.columns]
             index = self._gathers[(keys, device)] = torch.tensor(positions, dtype=torch.long, device=device)
+        return index
+
+    def row_gather(self, keys: Tuple[str, ...], device: torch.device) -> torch.Tensor:
+        """Index tensor on `device` taking the row (in `columns` order) from a vector holding the partials named
+        `keys` in that order, ``"numel"`` among them (made once per keys order and device)."""
+        index = self._gathers.get((keys, device, "row"))
+        if index is None:
+            positions = self.row_positions(keys)
+            index = self._gathers[(keys, device, "row")] = torch.tensor(positions, dtype=torch.long, device=device)
         return index
 
     def row_positions(self, keys: Tuple[str, ...]) -> Tuple[int, ...]:

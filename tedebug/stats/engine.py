@@ -39,7 +39,7 @@ from tedebug.config.parsing import GEMMS_OF_TENSOR
 from tedebug.sinks.batch import ScalarBatch
 from tedebug.stats import reduce as _reduce
 from tedebug.stats.buffers import BufferKey, BufferStore, StatBuffer
-from tedebug.stats.definitions import StatRequest
+from tedebug.stats.definitions import NUMEL, StatRequest
 from tedebug.stats.distributed import NO_REPLICA, DeferredReduction, GroupReducer, replica_id
 from tedebug.stats.readback import FedRow, RowsInFlight
 from tedebug.stats.slab import RowSlab
@@ -192,6 +192,8 @@ class StatsEngine:
             if fused is not None:
                 keys = fused.keys_in_order
                 if buffer.covered_by(keys) and fused.vector.device == device:
+                    if NUMEL.name in keys:  # the vector counts the elements too: the row is one gather of it
+                        return fused.vector.index_select(0, buffer.row_gather(keys, device))
                     return torch.cat((numel_value.reshape(1), fused.vector)).index_select(
                         0, buffer.basic_gather(keys, device))
         values: List[Optional[torch.Tensor]] = [None] * len(buffer.columns)
