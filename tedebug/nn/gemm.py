@@ -103,10 +103,15 @@ def _dequantized_2d(op: Operand, usage: str, dtype: torch.dtype) -> torch.Tensor
 
 
 # ------------------------------------------------------------------------------------------------ native FP8
+_FP8_GEMM_DEVICES: dict = {}  # device -> whether torch._scaled_mm runs there (asked once per device)
+
+
 def _fp8_gemm_supported(device: torch.device) -> bool:
-    if device.type != "cuda" or not hasattr(torch, "_scaled_mm"):
-        return False
-    return torch.cuda.get_device_capability(device) >= (8, 9)
+    supported = _FP8_GEMM_DEVICES.get(device)
+    if supported is None:
+        supported = _FP8_GEMM_DEVICES[device] = (device.type == "cuda" and hasattr(torch, "_scaled_mm")
+                                                 and torch.cuda.get_device_capability(device) >= (8, 9))
+    return supported
 
 
 def _fp8_data(op: Float8Tensor, usage: str) -> torch.Tensor:
@@ -117,7 +122,7 @@ def _fp8_data(op: Float8Tensor, usage: str) -> torch.Tensor:
 def _aligned_scale(scale_inv: torch.Tensor) -> torch.Tensor:
     """The 0-d fp32 scale as cuBLASLt accepts it: 16-byte aligned (a view into a larger buffer, e.g. the fused
     amax/scale/scale_inv output of the GPU kernels, is copied; cuBLASLt answers NOT_SUPPORTED otherwise)."""
-    scale = scale_inv.reshape(()).float()
+    scale = scale_inv if scale_inv.dim() == 0 and scale_inv.dtype is torch.float32 else scale_inv.reshape(()).float()
     return scale if scale.data_ptr() % 16 == 0 else scale.clone()
 
 
