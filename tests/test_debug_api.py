@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import tedebug.debug_api as debug_api
+from tedebug import active
 from tedebug.config import ConfigError
 from tedebug.logging import StderrHandler
 from tedebug.registry import FeatureLoadError
@@ -212,6 +213,45 @@ def test_sinks_before_and_after_initialize(tmp_path):
     assert plain.calls == [("fc1_activation_max", 2.5, 0), ("fc1_activation_min", -1.0, 0)]
     debug_api.end_debug()
     assert early.closed and late.closed and debug_api._queued_sinks == []
+
+
+def test_class_level_add_logger_before_initialize_queues_for_the_next_session(tmp_path):
+    queued = PlainLogger()
+    MetricLogger.add_logger(queued)  # no session: waits in tedebug.active's queue, as debug_api.add_statistics_sink
+    assert active.QUEUED_SINKS == [queued] and debug_api._queued_sinks is active.QUEUED_SINKS
+    with pytest.raises(TypeError, match="log_scalar"):
+        MetricLogger.add_logger(object())
+    init(tmp_path)
+    assert active.QUEUED_SINKS == [] and queued in debug_api.session().metric_logger.sinks
+    MetricLogger.log_scalar("fc1_activation_min", -1.0, 3)
+    assert queued.calls == [("fc1_activation_min", -1.0, 3)]
+
+
+def test_debug_api_re_exports_the_active_session():
+    """`debug_api.DEBUG_MANAGER` is `tedebug.active.DEBUG_MANAGER` (read and write); the session functions are
+    tedebug.active's, with the same errors before initialize."""
+    assert debug_api.DEBUG_MANAGER is None and active.DEBUG_MANAGER is None
+    for name in ("session", "is_enabled", "get_iteration", "log_message"):
+        assert getattr(debug_api, name) is getattr(active, name)
+    marker = object()
+    debug_api.DEBUG_MANAGER = marker
+    try:
+        assert active.DEBUG_MANAGER is marker and debug_api.session() is marker and debug_api.is_enabled()
+    finally:
+        debug_api.DEBUG_MANAGER = None
+    assert active.DEBUG_MANAGER is None and "DEBUG_MANAGER" not in vars(debug_api)
+
+
+def test_initialize_and_end_debug_set_the_active_session(tmp_path):
+    init(tmp_path)
+    current = active.DEBUG_MANAGER
+    assert current is not None and debug_api.DEBUG_MANAGER is current and active.session() is current
+    debug_api.initialize_training_step(7)
+    assert active.get_iteration() == 7
+    debug_api.end_debug()
+    assert active.DEBUG_MANAGER is None and current.closed
+    with pytest.raises(RuntimeError, match="not initialized"):
+        active.session()
 
 
 @pytest.mark.parametrize("background", [False, True])
