@@ -390,8 +390,22 @@ def test_dummy_feature_counts_calls(tmp_path):
     assert debug_api.session().registry.instance("transformer_engine", "TestDummyFeature").enabled_calls == 20
 
 
-def test_custom_feature_example_logs_its_statistic(tmp_path):
-    debug_api.initialize(os.path.join(EXAMPLE, "config.yaml"), feature_dirs=EXAMPLE, log_dir=str(tmp_path))
+def readme_feature_dir(tmp_path):
+    """The feature of the example README's code block (written on the shared bases), as a feature directory."""
+    with open(os.path.join(EXAMPLE, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    block = text.split("```python\nfrom tedebug import active\n", 1)[1].split("```", 1)[0]
+    directory = tmp_path / "readme_feature"
+    directory.mkdir()
+    (directory / "feature.py").write_text("import torch\n\nfrom tedebug import active\n" + block
+                                          + '\nSTAT = "percentage_greater_than_threshold"\n', encoding="utf-8")
+    return str(directory)
+
+
+@pytest.mark.parametrize("source", ["example file", "README on the shared bases"])
+def test_custom_feature_example_logs_its_statistic(tmp_path, source):
+    feature_dirs = EXAMPLE if source == "example file" else readme_feature_dir(tmp_path)
+    debug_api.initialize(os.path.join(EXAMPLE, "config.yaml"), feature_dirs=feature_dirs, log_dir=str(tmp_path))
     te = debug_api.transformer_engine
     x = torch.tensor([[0.1, 0.9, -2.0, 0.8], [1.5, 0.79, 0.81, 3.0]])  # 4 of 8 elements > 0.8
     w = torch.tensor([0.85, 0.2, 0.3])  # 1 of 3
@@ -418,6 +432,19 @@ def test_custom_feature_example_validates_threshold(tmp_path):
     with pytest.raises(ConfigError, match="threshold must be a number, got 'high'"):
         debug_api.initialize(config, feature_dirs=EXAMPLE, log_dir=str(tmp_path))
     assert debug_api.DEBUG_MANAGER is None
+
+
+def test_readme_feature_on_the_shared_bases_checks_its_config_at_load(tmp_path):
+    feature_dirs = readme_feature_dir(tmp_path)
+    block = {"enabled": True, "tensors": ["activation"], "threshold": 0.5}
+    for bad, match in (({"treshold": 0.5}, "unknown key 'treshold'; did you mean 'threshold'"),
+                       ({"threshold": "high"}, "threshold must be a number, got 'high'"),
+                       ({"freq": 0}, "freq")):
+        config = {"s": {"enabled": True, "layers": {"layer_types": ["fc1"]}, "transformer_engine": {
+            "PercentageGreaterThanThreshold": {**block, **bad}}}}
+        with pytest.raises(ConfigError, match=match):
+            debug_api.initialize(config, feature_dirs=feature_dirs, log_dir=str(tmp_path))
+        assert debug_api.DEBUG_MANAGER is None
 
 
 def test_step_emits_stats_of_the_finished_iteration(tmp_path):

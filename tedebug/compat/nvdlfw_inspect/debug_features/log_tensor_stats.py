@@ -1,4 +1,4 @@
-"""nvdlfw-inspect's generic, section-level ``LogTensorStats`` (namespace ``base``; nvdlfw_inspect_reference.md F.1).
+"""nvdlfw-inspect's generic, section-level ``LogTensorStats`` (namespace ``base``), as nvdlfw-inspect defines it.
 
 Configured at section level (outside ``transformer_engine:``) and called explicitly by the training script:
 ``debug_api.log_tensor_stats(layer_name, tensor=t, tensor_name="activation", [iteration=], [skip_reduction=],
