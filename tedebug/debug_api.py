@@ -59,7 +59,11 @@ _BASE_API_NAMES = ("log_tensor_stats",)  # nvdlfw's section-level API, routed wh
 
 class _DebugApiModule(types.ModuleType):
     """This module's type: ``debug_api.DEBUG_MANAGER`` reads and writes `tedebug.active.DEBUG_MANAGER`, so the
-    active session has one home however it is reached."""
+    active session has one home however it is reached (also for a test's ``monkeypatch.setattr``).
+
+    Any attribute of a module whose type is not exactly `types.ModuleType` takes Python's generic lookup (about
+    70 ns instead of 30 ns; ``DEBUG_MANAGER`` about 160 ns), so code that runs every iteration reads the session
+    from `tedebug.active`, not from here."""
 
     @property
     def DEBUG_MANAGER(self) -> Optional[DebugSession]:  # the nvdlfw / TE name
