@@ -1,4 +1,4 @@
-"""`DisableQuantizationGEMM`: run the listed GEMMs in high precision (te_debug_reference C.4).
+"""`DisableQuantizationGEMM`: run the listed GEMMs in high precision.
 
 Config: ``gemms: [fprop, dgrad, wgrad]`` or ``gemms_struct`` entries with only ``gemm``.  For a listed GEMM,
 ``fp8_gemm_enabled`` answers ``(False, iteration + 1)``: both operands of that GEMM use high precision (unless a
@@ -7,7 +7,8 @@ feature modifies them) and the layer stays in debug mode every iteration.
 
 from __future__ import annotations
 
-from tedebug.feature_support import ValidatedFeature, check_known_keys
+from tedebug.features.base import ValidatedFeature
+from tedebug.features.config_checks import check_known_keys
 from tedebug.registry import api_method, register_feature
 
 

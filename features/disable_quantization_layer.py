@@ -1,4 +1,4 @@
-"""`DisableQuantizationLayer`: run every GEMM of the selected layers in high precision (te_debug_reference C.5).
+"""`DisableQuantizationLayer`: run every GEMM of the selected layers in high precision.
 
 The feature applies to whole layers: it needs no ``gemms`` / ``tensors`` and receives the raw feature config.
 Only ``enabled`` is a valid key (``gemm`` is tolerated, as in TransformerEngine).  ``fp8_gemm_enabled`` answers
@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Optional, Tuple
 
-from tedebug.feature_support import FeatureConfigError, ValidatedFeature, check_known_keys, log_once
+from tedebug.features.base import ValidatedFeature, log_once
+from tedebug.features.config_checks import FeatureConfigError, check_known_keys
 from tedebug.registry import api_method, register_feature
 
 ALLOWED_KEYS = ("enabled", "gemm")

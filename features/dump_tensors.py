@@ -1,4 +1,4 @@
-"""`DumpTensors`: save tensors to disk with `torch.save` (te_debug_reference C.8).
+"""`DumpTensors`: save tensors to disk with `torch.save`, on the feature's schedule.
 
 Params: ``high_precision_tensor`` (bool, default False), ``quantized_tensor`` (bool, default False), the tensor
 selection and the schedule keys.  One file per (iteration, layer, tensor):
@@ -28,19 +28,23 @@ from typing import Any, Optional
 
 import torch
 
-from tedebug.feature_support import (
-    FeatureConfigError,
-    ScheduledInspectFeature,
-    log_once,
-    sanitize_name,
-    scheduled_now,
-    session,
-)
+from tedebug import active
+from tedebug.features.base import ScheduledInspectFeature, log_once, scheduled_now
+from tedebug.features.config_checks import FeatureConfigError
 from tedebug.quantization.tensor import QuantizedTensor
 from tedebug.registry import api_method, register_feature
 
 FLAGS = ("high_precision_tensor", "quantized_tensor")
 DUMP_DIR = "tensor_dumps"
+
+
+_UNSAFE_CHARS = '/\\:*?"<>| .'
+_SANITIZE_TABLE = {ord(c): "_" for c in _UNSAFE_CHARS}
+
+
+def sanitize_name(name: str) -> str:
+    """Replace ``/ \\ : * ? " < > |``, space and ``.`` by ``_`` (file-name-safe layer / tensor names)."""
+    return str(name).translate(_SANITIZE_TABLE)
 
 
 #: the longest file-name stem of a layer name (bytes of UTF-8; file systems allow 255 for the whole name)
@@ -150,7 +154,7 @@ class DumpTensors(ScheduledInspectFeature):
             log_once(f"Feature={name}: tensor {tensor_name} has none of the requested representations; nothing is "
                      f"dumped", layer_name, logging.WARNING)
             return
-        current = session()
+        current = active.session()
         path = dump_path(current.log_dir, current.rank, iteration, layer_name, tensor_name)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         if os.path.exists(path):

@@ -1,11 +1,11 @@
-"""`FakeQuant`: replace selected GEMM operands by their quantize-then-dequantize values (te_debug_reference C.7).
+"""`FakeQuant`: replace selected GEMM operands by their quantize-then-dequantize values.
 
 ``quant_format`` (required) selects the format; values are quantized with the quantization core and dequantized
 back to the input dtype (then to ``dtype`` when the caller gives one), on any device:
 
 - ``FP8E4M3`` / ``FP8E5M2``: per-tensor FP8 with scale = fp8_max / amax, amax = max|x| in fp32; the scale stays 1
   when amax is 0 or not finite (a NaN anywhere makes amax NaN) and is FLT_MAX when the quotient overflows (the
-  delayed-scaling rule with margin 0 and previous scale 1, te_debug_reference E.10 item 1);
+  delayed-scaling scale rule with margin 0 and a previous scale of 1);
 - ``MXFP8E4M3`` / ``MXFP8E5M2``: MXFP8 (1x32 blocks along the last dim, E8M0 scales);
 - ``NVFP4``: NVFP4 (1x16 blocks along the last dim, E4M3 block scales, fp32 global scale, round to nearest).
 
@@ -23,7 +23,8 @@ from typing import Any, Optional
 
 import torch
 
-from tedebug.feature_support import FeatureConfigError, ValidatedFeature, check_known_keys, log_once, require_param
+from tedebug.features.base import ValidatedFeature, log_once
+from tedebug.features.config_checks import FeatureConfigError, check_known_keys, require_param
 from tedebug.quantization.tensor import QuantizedTensor
 from tedebug.registry import api_method, register_feature
 

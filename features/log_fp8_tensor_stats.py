@@ -1,7 +1,6 @@
-"""`LogFp8TensorStats`: statistics of quantized tensors, for the training recipe and "what-if" recipes
-(te_debug_reference C.2, F.3, with the decisions.md corrections).
+"""`LogFp8TensorStats`: statistics of quantized tensors, for the training recipe and "what-if" recipes.
 
-Statistic grammar ``[<recipe>_]<stat>[_columnwise]`` (`tedebug.feature_support.parse_fp8_stat`): recipe in
+Statistic grammar ``[<recipe>_]<stat>[_columnwise]`` (`tedebug.features.fp8_stat_names`): recipe in
 fp8_delayed_scaling, fp8_current_scaling, mxfp8, fp8_block_scaling (none = the recipe the tensor is trained with);
 stat in underflows%, scale_inv_min, scale_inv_max, scale_inv_std, mse, overflows% (delayed scaling only).  The
 logged name is the string as written in the config.
@@ -32,34 +31,27 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from tedebug.feature_support import (
-    BLOCK,
-    CURRENT,
-    DELAYED,
-    MXFP8,
-    NVFP4,
-    STATS_NEEDING_TENSOR,
-    FeatureConfigError,
-    Fp8StatName,
+from tedebug import active
+from tedebug.features.base import (
     ScheduledInspectFeature,
-    PER_TENSOR_RECIPES,
     log_once,
-    parse_fp8_stat,
-    reduction_params,
-    require_stats_list,
+    reduction_args,
     schedule_options,
     scheduled_now,
-    session,
     stat_list,
     storage_for,
 )
+from tedebug.features.config_checks import FeatureConfigError, require_stats_list
+from tedebug.features.fp8_stat_names import STATS_NEEDING_TENSOR, Fp8StatName, parse_fp8_stat
 from tedebug.quantization.tensor import QuantizedTensor, Quantizer
+from tedebug.recipe import PER_TENSOR_RECIPE_NAMES, RecipeName
 from tedebug.registry import api_method, register_feature
 from tedebug.stats import StatRequest
 
 MARKER = "fp8"
 CURRENT_KEY = ""  # key of the training-recipe operands in StatsEngine.feed(quantized=...)
-FP8_FORMAT_RECIPES = (DELAYED, CURRENT, BLOCK)
+#: the recipes whose quantizers have an FP8 element format a what-if quantizer can take over
+FP8_FORMAT_RECIPES = (RecipeName.DELAYED, RecipeName.CURRENT, RecipeName.BLOCK)
 
 
 # ------------------------------------------------------------------------------------------------ operands
@@ -73,10 +65,11 @@ def recipe_of(storage: QuantizedTensor) -> str:
     from tedebug.quantization.mxfp8 import MXFP8Tensor
     from tedebug.quantization.nvfp4 import NVFP4Tensor
 
-    by_type = ((MXFP8Tensor, MXFP8), (NVFP4Tensor, NVFP4), (Float8BlockwiseTensor, BLOCK), (Float8Tensor, CURRENT))
+    by_type = ((MXFP8Tensor, RecipeName.MXFP8), (NVFP4Tensor, RecipeName.NVFP4),
+               (Float8BlockwiseTensor, RecipeName.BLOCK), (Float8Tensor, RecipeName.CURRENT))
     for cls, recipe in by_type:
         if isinstance(storage, cls):
-            return recipe
+            return recipe.value
     raise ValueError(f"LogFp8TensorStats: unsupported quantized tensor type {type(storage).__name__}")
 
 
@@ -94,19 +87,19 @@ def what_if_format(quantizer: Optional[Quantizer]) -> str:
 
 def make_what_if_quantizer(recipe: str, fp8_format: str) -> Quantizer:
     """A fresh quantizer of `recipe` (both directions on) for what-if statistics."""
-    if recipe == CURRENT:
+    if recipe == RecipeName.CURRENT:
         from tedebug.quantization.float8 import Float8CurrentScalingQuantizer
 
         return Float8CurrentScalingQuantizer(fp8_format, amax_epsilon=0.0, force_pow_2_scales=False)
-    if recipe == MXFP8:
+    if recipe == RecipeName.MXFP8:
         from tedebug.quantization.mxfp8 import MXFP8Quantizer
 
         return MXFP8Quantizer(fp8_format)
-    if recipe == BLOCK:
+    if recipe == RecipeName.BLOCK:
         from tedebug.quantization.float8_block import Float8BlockQuantizer
 
         return Float8BlockQuantizer(fp8_format, block_scaling_dim=2, amax_epsilon=0.0, force_pow_2_scales=True)
-    if recipe == DELAYED:
+    if recipe == RecipeName.DELAYED:
         raise ValueError("LogFp8TensorStats: fp8_delayed_scaling statistics can only be computed when the tensor "
                          "is trained with delayed scaling (a what-if delayed-scaling quantization needs the amax "
                          "history, which does not exist)")
@@ -128,13 +121,13 @@ class _Plan:
 
 def _current_problem(stat: Fp8StatName, recipe: str) -> Optional[str]:
     """Why a training-recipe statistic cannot be computed for an operand trained with `recipe` (None: it can)."""
-    if recipe == NVFP4:
+    if recipe == RecipeName.NVFP4:
         return (f"the {stat.usage} operand is NVFP4; use LogNvfp4TensorStats for NVFP4 statistics, or prefix an FP8 "
                 f"recipe (mxfp8_, fp8_block_scaling_, fp8_current_scaling_) for a what-if statistic")
-    if stat.columnwise and recipe in PER_TENSOR_RECIPES:
+    if stat.columnwise and recipe in PER_TENSOR_RECIPE_NAMES:
         return (f"'_columnwise' does not exist for the per-tensor recipe {recipe} (its columnwise data is the "
                 f"transpose of the rowwise data)")
-    if stat.stat == "overflows%" and recipe != DELAYED:
+    if stat.stat == "overflows%" and recipe != RecipeName.DELAYED:
         return f"overflows% exists only for delayed scaling, but the tensor is trained with {recipe}"
     return None
 
@@ -181,7 +174,7 @@ def _fill_plan(plan: _Plan, stats: List[Fp8StatName], tensor_name: str, tensor: 
             plan.current[stat.usage] = storage
             key = CURRENT_KEY
         else:
-            if stat.recipe == DELAYED:
+            if stat.recipe == RecipeName.DELAYED:
                 _skip(plan, "fp8_delayed_scaling statistics need a tensor trained with delayed scaling (a what-if "
                             "delayed-scaling quantization would need an amax history, which does not exist)", stat)
                 continue
@@ -258,13 +251,13 @@ class LogFp8TensorStats(ScheduledInspectFeature):
             view = _current_view(plan)
             if view is not None:
                 plan.quantized[CURRENT_KEY] = view
-            reduction = reduction_params(tensor_name, tp_group, tp_size)
+            current = active.session()
+            group, skip, is_weight = reduction_args(current, tensor_name, tp_group, tp_size)
             try:
-                session().stats.feed(
+                current.stats.feed(
                     layer_name, tensor_name, plan.requests, tensor, iteration=iteration,
                     options=schedule_options(config) + (MARKER,), quantized=plan.quantized,
-                    reduction_group=reduction.reduction_group, skip_reduction=reduction.skip_reduction,
-                    is_weight=reduction.is_weight,
+                    reduction_group=group, skip_reduction=skip, is_weight=is_weight,
                 )
             except (ValueError, TypeError, RuntimeError) as err:  # a statistic never stops training
                 log_once(f"Feature={name}: skipping {[r.name for r in plan.requests]} of tensor {tensor_name}: "

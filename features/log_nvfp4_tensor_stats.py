@@ -1,4 +1,4 @@
-"""`LogNvfp4TensorStats`: underflows% and mse of NVFP4-quantized tensors (te_debug_reference C.3, F.4).
+"""`LogNvfp4TensorStats`: underflows% and mse of NVFP4-quantized tensors.
 
 Stats (bare names only): ``underflows%`` and ``mse``, logged as ``nvfp4_underflows%`` and ``nvfp4_mse``.  They are
 read from the rowwise GEMM operand when it is NVFP4, else from the columnwise operand when that one is NVFP4 (a
@@ -16,18 +16,17 @@ from typing import Any, Optional
 
 import torch
 
-from tedebug.feature_support import (
-    FeatureConfigError,
+from tedebug import active
+from tedebug.features.base import (
     ScheduledInspectFeature,
     log_once,
-    reduction_params,
-    require_stats_list,
+    reduction_args,
     schedule_options,
     scheduled_now,
-    session,
     stat_list,
     storage_for,
 )
+from tedebug.features.config_checks import FeatureConfigError, require_stats_list
 from tedebug.quantization.tensor import Quantizer
 from tedebug.registry import api_method, register_feature
 from tedebug.stats import StatRequest
@@ -101,13 +100,13 @@ class LogNvfp4TensorStats(ScheduledInspectFeature):
                 log_once(f"Feature={name}: skipping {list(stats)} of tensor {tensor_name}: the what-if NVFP4 "
                          f"quantization of shape {tuple(tensor.shape)} failed: {err}", layer_name, logging.WARNING)
                 return
-        reduction = reduction_params(tensor_name, tp_group, tp_size)
+        current = active.session()
+        group, skip, is_weight = reduction_args(current, tensor_name, tp_group, tp_size)
         try:
-            session().stats.feed(
+            current.stats.feed(
                 layer_name, tensor_name, [nvfp4_request(s, usage) for s in stats], tensor, iteration=iteration,
                 options=schedule_options(config) + (MARKER,), quantized={MARKER: source},
-                reduction_group=reduction.reduction_group, skip_reduction=reduction.skip_reduction,
-                is_weight=reduction.is_weight,
+                reduction_group=group, skip_reduction=skip, is_weight=is_weight,
             )
         except (ValueError, TypeError, RuntimeError) as err:  # a statistic never stops training
             log_once(f"Feature={name}: skipping {list(stats)} of tensor {tensor_name}: computing them failed: {err}",

@@ -1,116 +1,40 @@
-"""`LogTensorStats`: high-precision statistics of a tensor (te_debug_reference C.1, F.2, F.5, F.6).
+"""`LogTensorStats`: high-precision statistics of the selected tensors.
 
 Statistics: min, max, mean, std, l1_norm, l2_norm, cur_amax, dynamic_range, nan_count, inf_count, and the mapping
 entry ``{max_blockwise_dynamic_range: {block_size: int > 0 (default 32), dims: 1 | 2 (default 1)}}`` (taken over
 both orientations iff the tensor is activation or weight).  Scheduled by freq / start_step / end_step /
 start_end_list.  A weight that exists only in quantized form (``tensor=None``) is measured on the dequantized
-rowwise data.  Values are buffered in the stats engine and emitted at `debug_api.step()`.
+rowwise data.  Values are buffered in the stats engine and emitted at `debug_api.step()`, reduced across ranks
+(activations and gradients over the session's reduction group, weights over their tensor-parallel group).
 A blockwise entry whose block_size does not fit the tensor's 2-D view (numel, or for dims=2 both dims, not
-divisible) is skipped for that tensor shape with one warning in the main log; the other statistics go on.
+divisible) is skipped for that tensor shape with one warning per layer in the main log; the other statistics go on.
+
+What the hook derives from the config alone (schedule, statistic requests, log line) is an `InspectPlan`, built
+once per session for each distinct config content and tensor name (`tedebug.memo`).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
-from typing import Any, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from tedebug.feature_support import (
-    FeatureConfigError,
+from tedebug import active, memo
+from tedebug.features.base import (
     ScheduledInspectFeature,
-    cached_schedule,
-    config_memoized,
     log_once,
-    memoized,
     reduction_args,
-    require_stats_list,
+    schedule_of,
     schedule_options,
-    session,
     stat_list,
 )
+from tedebug.features.config_checks import FeatureConfigError, require_stats_list
 from tedebug.quantization.tensor import QuantizedTensor
 from tedebug.registry import api_method, register_feature
 from tedebug.stats import StatRequest
 from tedebug.stats.definitions import BLOCKWISE_KIND
-
-#: the config keys an `InspectPlan` depends on (with the tensor name)
-PLAN_KEYS = ("stats", "freq", "start_step", "end_step", "start_end_list")
-
-
-def hp_requests(stats: list, tensor_name: Optional[str]) -> tuple:
-    """StatRequests of a LogTensorStats ``stats`` list (ValueError for an unsupported entry)."""
-    return tuple(StatRequest.parse_hp(entry, tensor_name=tensor_name) for entry in stats)
-
-
-def feed_arguments(config: dict, tensor_name: Optional[str]) -> tuple:
-    """``(requests, buffer-key options)`` of a parsed config, built once per session for each distinct config
-    content; the same requests tuple is returned every time, which lets the stats engine skip its own parsing."""
-    stats = stat_list(config)
-    return memoized("LogTensorStats.feed", (stats, tensor_name, config.get("start_step"), config.get("end_step"),
-                                            config.get("start_end_list")),
-                    lambda: (hp_requests(stats, tensor_name), schedule_options(config)))
-
-
-class InspectPlan:
-    """What `inspect_tensor` derives from one parsed config and tensor name: the schedule, and the feed arguments
-    (`feed_arguments`, filled in at the first active call, so a bad ``stats`` entry fails where it always did)."""
-
-    __slots__ = ("schedule", "feed", "fitting")
-
-    def __init__(self, config: dict) -> None:
-        self.schedule = cached_schedule(config)
-        self.feed: Optional[tuple] = None
-        #: tensor shape -> the requests that fit it (only when a blockwise request exists; None otherwise)
-        self.fitting: Optional[dict] = None
-
-
-def blockwise_misfit(request: StatRequest, shape: torch.Size) -> Optional[str]:
-    """Why a blockwise request cannot be computed on a tensor of `shape` (its 2-D view), or None when it can."""
-    block_size, dims = request.params[0], request.params[1]
-    cols = shape[-1] if len(shape) else 1
-    rows = shape.numel() // cols if cols else 0
-    if dims == 1 and (rows * cols) % block_size:
-        return f"numel {rows * cols} is not divisible by block_size {block_size}"
-    if dims == 2 and (rows % block_size or cols % block_size):
-        return f"dims=2 needs both dims of the 2-D view {rows}x{cols} divisible by block_size {block_size}"
-    return None
-
-
-def fitting_requests(plan: InspectPlan, requests: tuple, x: torch.Tensor, layer_name: str, tensor_name: str,
-                     ) -> tuple:
-    """`requests` without the blockwise ones that do not fit `x` (one warning per layer, tensor and reason);
-    memoised per shape on the plan, so the same tuple comes back for the same shape."""
-    fitting = plan.fitting
-    kept = fitting.get(x.shape)
-    if kept is None:
-        kept = []
-        for request in requests:
-            reason = blockwise_misfit(request, x.shape) if request.kind == BLOCKWISE_KIND else None
-            if reason is None:
-                kept.append(request)
-            else:
-                log_once(f"Feature=LogTensorStats: skipping {request.name} for tensor {tensor_name} of shape "
-                         f"{list(x.shape)}: {reason}", layer_name, logging.WARNING)
-        kept = fitting[x.shape] = requests if len(kept) == len(requests) else tuple(kept)
-    return kept
-
-
-def inspect_plan(config: dict, tensor_name: Optional[str]) -> InspectPlan:
-    """The session's `InspectPlan` of this config object and tensor name (see `config_memoized`)."""
-    return config_memoized("LogTensorStats.plan", config, PLAN_KEYS, tensor_name, lambda: InspectPlan(config))
-
-
-#: (feature class name, tensor name) -> the once-per-layer "look_at_tensor_before_process" line (pure text)
-_LOOK_MESSAGES: dict = {}
-
-
-def look_message(feature: str, tensor_name: str) -> str:
-    message = _LOOK_MESSAGES.get((feature, tensor_name))
-    if message is None:
-        message = _LOOK_MESSAGES[(feature, tensor_name)] = (
-            f"Feature={feature}, API=look_at_tensor_before_process: {tensor_name}")
-    return message
 
 
 @register_feature(namespace="transformer_engine")
@@ -133,46 +57,102 @@ class LogTensorStats(ScheduledInspectFeature):
                        tensor: Optional[torch.Tensor] = None, tp_group: Any = None, tp_size: int = 1,
                        rowwise_quantized_tensor: Any = None, columnwise_quantized_tensor: Any = None,
                        quantizer: Any = None) -> None:
-        self._feed(config, inspect_plan(config, tensor_name), layer_name, tensor_name, iteration, tensor, tp_group,
-                   tp_size, rowwise_quantized_tensor)
+        plan = inspect_plan(config, tensor_name, type(self).__name__)
+        plan.feed(layer_name, iteration, tensor, tp_group, tp_size, rowwise_quantized_tensor)
 
     def prepare_inspect_tensor(self, config: dict, layer_name: str, tensor_name: str):
-        """`inspect_tensor` bound to one parsed route config, layer and tensor name for the rest of the session, as
+        """`inspect_tensor` bound to one parsed config, layer and tensor name for the rest of the session, as
         ``call(iteration, tensor, tp_group, tp_size, rowwise_quantized_tensor, columnwise_quantized_tensor,
-        quantizer)`` (what `tedebug.debug_quantization.DebugQuantizer` calls after its first call through the
-        namespace).  The plan is looked up once: a route's parsed config does not change during its session.  None
-        when a subclass overrides `inspect_tensor` (then that method is what must run)."""
+        quantizer)``: the plan is looked up once (a route's parsed config does not change during its session).
+        None when a subclass overrides `inspect_tensor` (then that method is what must run)."""
         if type(self).inspect_tensor is not LogTensorStats.inspect_tensor:
             return None
-        plan = inspect_plan(config, tensor_name)
-        feed = self._feed
+        feed = inspect_plan(config, tensor_name, type(self).__name__).feed
 
         def call(iteration: int, tensor: Optional[torch.Tensor], tp_group: Any, tp_size: int,
                  rowwise_quantized_tensor: Any, columnwise_quantized_tensor: Any, quantizer: Any) -> None:
-            feed(config, plan, layer_name, tensor_name, iteration, tensor, tp_group, tp_size, rowwise_quantized_tensor)
+            feed(layer_name, iteration, tensor, tp_group, tp_size, rowwise_quantized_tensor)
 
         return call
 
-    def _feed(self, config: dict, plan: "InspectPlan", layer_name: str, tensor_name: str, iteration: int,
-              tensor: Optional[torch.Tensor], tp_group: Any, tp_size: int, rowwise_quantized_tensor: Any) -> None:
-        """The work of `inspect_tensor` once its plan is known."""
-        if not plan.schedule.is_active(iteration):
+
+def inspect_plan(config: dict, tensor_name: Optional[str], feature_name: str = "LogTensorStats") -> "InspectPlan":
+    """The session's `InspectPlan` for this config content, tensor name and feature class name."""
+    key = (feature_name, tensor_name, config.get("stats"), config.get("freq"), config.get("start_step"),
+           config.get("end_step"), config.get("start_end_list"))
+    return memo.memoized("LogTensorStats.plan", key, lambda: InspectPlan(config, tensor_name, feature_name))
+
+
+class InspectPlan:
+    """What `inspect_tensor` derives from one config content and tensor name, and the feed it does each call.
+
+    The statistic requests are parsed at the first *active* call, so a bad ``stats`` entry fails there (after the
+    schedule and tensor checks), not at an inactive iteration."""
+
+    def __init__(self, config: dict, tensor_name: Optional[str], feature_name: str) -> None:
+        self.tensor_name = tensor_name
+        self.stats = copy.deepcopy(config.get("stats"))  # the content the plan was built for
+        self.schedule = schedule_of(config)
+        self.options = schedule_options(config)
+        self.message = f"Feature={feature_name}, API=look_at_tensor_before_process: {tensor_name}"
+        self.requests: Optional[Tuple[StatRequest, ...]] = None
+        #: tensor shape -> (the requests that fit it, warnings for the others); used only with blockwise requests
+        self.by_shape: Optional[Dict[torch.Size, tuple]] = None
+
+    def feed(self, layer_name: str, iteration: int, tensor: Optional[torch.Tensor], tp_group: Any, tp_size: int,
+             rowwise_quantized_tensor: Any) -> None:
+        """Feed the tensor's statistics to the stats engine when the schedule is active at `iteration`."""
+        if not self.schedule.is_active(iteration):
             return
-        x = high_precision_input(layer_name, tensor_name, tensor, rowwise_quantized_tensor)
-        if plan.feed is None:
-            plan.feed = feed_arguments(config, tensor_name)
-            if any(request.kind == BLOCKWISE_KIND for request in plan.feed[0]):
-                plan.fitting = {}
-        requests, options = plan.feed
-        if plan.fitting is not None:
-            requests = fitting_requests(plan, requests, x, layer_name, tensor_name)
+        x = high_precision_input(layer_name, self.tensor_name, tensor, rowwise_quantized_tensor)
+        requests = self.requests
+        if requests is None:
+            requests = self.requests = self._parse_requests()
+        if self.by_shape is not None:
+            requests = self._fitting(requests, x, layer_name)
             if not requests:
                 return
-        current = session()
-        group, skip, is_weight = reduction_args(current, tensor_name, tp_group, tp_size)
-        current.stats.feed(layer_name, tensor_name, requests, x, iteration=iteration, options=options,
+        current = active.session()
+        group, skip, is_weight = reduction_args(current, self.tensor_name, tp_group, tp_size)
+        current.stats.feed(layer_name, self.tensor_name, requests, x, iteration=iteration, options=self.options,
                            reduction_group=group, skip_reduction=skip, is_weight=is_weight)
-        log_once(look_message(type(self).__name__, tensor_name), layer_name)
+        log_once(self.message, layer_name)
+
+    def _parse_requests(self) -> Tuple[StatRequest, ...]:
+        stats = stat_list({"stats": self.stats})
+        requests = tuple(StatRequest.parse_hp(entry, tensor_name=self.tensor_name) for entry in stats)
+        if any(request.kind == BLOCKWISE_KIND for request in requests):
+            self.by_shape = {}
+        return requests
+
+    def _fitting(self, requests: tuple, x: torch.Tensor, layer_name: str) -> tuple:
+        """`requests` without the blockwise ones that do not fit `x` (a warning per layer, tensor and reason)."""
+        entry = self.by_shape.get(x.shape)
+        if entry is None:
+            kept, warnings = [], []
+            for request in requests:
+                reason = blockwise_misfit(request, x.shape) if request.kind == BLOCKWISE_KIND else None
+                if reason is None:
+                    kept.append(request)
+                else:
+                    warnings.append(f"Feature=LogTensorStats: skipping {request.name} for tensor {self.tensor_name} "
+                                    f"of shape {list(x.shape)}: {reason}")
+            entry = self.by_shape[x.shape] = (requests if not warnings else tuple(kept), tuple(warnings))
+        for warning in entry[1]:
+            log_once(warning, layer_name, logging.WARNING)
+        return entry[0]
+
+
+def blockwise_misfit(request: StatRequest, shape: torch.Size) -> Optional[str]:
+    """Why a blockwise request cannot be computed on a tensor of `shape` (its 2-D view), or None when it can."""
+    block_size, dims = request.params[0], request.params[1]
+    cols = shape[-1] if len(shape) else 1
+    rows = shape.numel() // cols if cols else 0
+    if dims == 1 and (rows * cols) % block_size:
+        return f"numel {rows * cols} is not divisible by block_size {block_size}"
+    if dims == 2 and (rows % block_size or cols % block_size):
+        return f"dims=2 needs both dims of the 2-D view {rows}x{cols} divisible by block_size {block_size}"
+    return None
 
 
 def high_precision_input(layer_name: str, tensor_name: str, tensor: Any, rowwise_quantized_tensor: Any

@@ -1,4 +1,4 @@
-"""`PerTensorScaling`: current per-tensor scaling for selected GEMM operands (te_debug_reference C.6).
+"""`PerTensorScaling`: current per-tensor scaling for selected GEMM operands.
 
 Under a per-tensor FP8 recipe (delayed or current scaling), the selected operand is quantized with a fresh
 per-tensor current-scaling quantizer of the layer quantizer's FP8 format (scale = fp8_max / amax of this tensor,
@@ -16,8 +16,10 @@ from typing import Any, Optional
 
 import torch
 
-from tedebug.feature_support import CURRENT, DELAYED, FeatureConfigError, ValidatedFeature, check_known_keys, log_once
+from tedebug.features.base import ValidatedFeature, log_once
+from tedebug.features.config_checks import FeatureConfigError, check_known_keys
 from tedebug.quantization.tensor import Quantizer
+from tedebug.recipe import PER_TENSOR_RECIPE_NAMES, RecipeName
 from tedebug.registry import api_method, register_feature
 
 TENSORS = ("activation", "gradient", "weight")
@@ -28,11 +30,11 @@ def current_scaling_quantizer(default_quantizer: Optional[Quantizer], where: str
     from tedebug.quantization.float8 import Float8CurrentScalingQuantizer
 
     recipe = getattr(default_quantizer, "recipe_name", None)
-    if default_quantizer is None or recipe not in (DELAYED, CURRENT):
+    if default_quantizer is None or recipe not in PER_TENSOR_RECIPE_NAMES:
         what = "no quantizer (the layer runs outside autocast)" if default_quantizer is None else (
             f"recipe {recipe or '<none>'!r} ({type(default_quantizer).__name__})")
         raise ValueError(f"PerTensorScaling ({where}) works only under a per-tensor FP8 recipe "
-                         f"({DELAYED} or {CURRENT}); the layer has {what}")
+                         f"({RecipeName.DELAYED} or {RecipeName.CURRENT}); the layer has {what}")
     return Float8CurrentScalingQuantizer(default_quantizer.fp8_format, amax_epsilon=0.0, force_pow_2_scales=False)
 
 

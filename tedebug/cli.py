@@ -222,7 +222,7 @@ def statistic_names(registry) -> Dict[str, List[str]]:
     """``"namespace.Feature" -> the statistic names its `stats` list accepts`` for every registered feature that
     logs statistics (a feature class declares them with a classmethod ``statistic_names()``; the built-in
     statistics features are listed from their definitions)."""
-    from tedebug.feature_support import supported_fp8_stat_names
+    from tedebug.features.fp8_stat_names import supported_fp8_stat_names
     from tedebug.stats.definitions import BLOCKWISE_KIND, HP_KINDS
 
     builtin = {

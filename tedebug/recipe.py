@@ -4,8 +4,9 @@ A recipe is a small frozen dataclass.  `make_quantizer(role)` returns a *new* qu
 of `ROLES`; the GEMM outputs (`output`, `grad_input`, `grad_weight`) get None, as TransformerEngine does not quantize
 GEMM outputs by default.  Forward roles (`input`, `weight`) use the forward FP8 format, `grad_output` the backward
 one: under `Format.HYBRID` that is E4M3 forward and E5M2 backward.  `name` is the statistic prefix of the recipe
-(`fp8_delayed_scaling`, `fp8_current_scaling`, `mxfp8`, `nvfp4`, `fp8_block_scaling`, `custom`).
-Defaults follow formats.md §2-§5 and te_debug_reference.md E.10.
+(`fp8_delayed_scaling`, `fp8_current_scaling`, `mxfp8`, `nvfp4`, `fp8_block_scaling`, `custom`): a member of
+`RecipeName`, the one list of recipe names.
+Defaults follow TransformerEngine's recipes (margin 0, HYBRID format, amax history 1024 with "max", no epsilon).
 """
 
 from __future__ import annotations
@@ -23,6 +24,33 @@ BACKWARD_ROLES = ("grad_output",)
 GEMM_OUTPUT_ROLES = ("output", "grad_input", "grad_weight")
 
 AMAX_COMPUTE_ALGOS = ("max", "most_recent")
+
+
+class RecipeName(str, enum.Enum):
+    """The name of a recipe: the prefix of its what-if statistics (``mxfp8_mse``) and a quantizer's `recipe_name`.
+
+    A member *is* its string value: it compares, hashes, prints and formats exactly like the plain string, so code
+    holding ``"mxfp8"`` (a quantizer's `recipe_name`, a parsed statistic name) and code holding `RecipeName.MXFP8`
+    agree, and log lines do not change.
+    """
+
+    DELAYED = "fp8_delayed_scaling"
+    CURRENT = "fp8_current_scaling"
+    MXFP8 = "mxfp8"
+    BLOCK = "fp8_block_scaling"
+    NVFP4 = "nvfp4"
+    CUSTOM = "custom"
+
+    __str__ = str.__str__
+    __repr__ = str.__repr__
+    __format__ = str.__format__
+    __hash__ = str.__hash__
+
+
+#: the FP8 recipes (the recipe prefixes of LogFp8TensorStats statistics), in this order
+FP8_RECIPE_NAMES = (RecipeName.DELAYED, RecipeName.CURRENT, RecipeName.MXFP8, RecipeName.BLOCK)
+#: the recipes with one scale per tensor: their columnwise data is the transpose of the rowwise data
+PER_TENSOR_RECIPE_NAMES = (RecipeName.DELAYED, RecipeName.CURRENT)
 
 
 class Format(str, enum.Enum):
@@ -74,7 +102,7 @@ def _non_negative(recipe: str, name: str, value: float) -> None:
 class Recipe:
     """Base of the recipes: `name` and `make_quantizer(role)`; TE-style type queries."""
 
-    name: str = ""
+    name: str = ""  # a `RecipeName` in every recipe class
 
     def make_quantizer(self, role: str) -> Optional[Quantizer]:
         _check_role(role)
@@ -107,7 +135,8 @@ class Recipe:
 
 @dataclasses.dataclass(frozen=True)
 class DelayedScaling(Recipe):
-    """Per-tensor FP8 with a scale from the amax history (formats.md §2b).
+    """Per-tensor FP8 whose scale comes from the amax history (fp8_max / 2^margin / amax, with the
+    amax taken from the history as `amax_compute_algo` says).
 
     `reduce_amax` (default True, as in TransformerEngine): when torch.distributed runs several ranks, each amax is
     MAX-reduced over the default process group before the history rolls, so all data-parallel ranks use the same
@@ -119,7 +148,7 @@ class DelayedScaling(Recipe):
     amax_compute_algo: str = "max"
     reduce_amax: bool = True
 
-    name = "fp8_delayed_scaling"
+    name = RecipeName.DELAYED
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fp8_format", _fp8_format("DelayedScaling", self.fp8_format))
@@ -148,13 +177,13 @@ class DelayedScaling(Recipe):
 
 @dataclasses.dataclass(frozen=True)
 class Float8CurrentScaling(Recipe):
-    """Per-tensor FP8 with the scale of the current tensor's amax (formats.md §2a)."""
+    """Per-tensor FP8 whose scale comes from the amax of the tensor being quantized (fp8_max / amax)."""
 
     fp8_format: Format = Format.HYBRID
     amax_epsilon: float = 0.0
     force_pow_2_scales: bool = False
 
-    name = "fp8_current_scaling"
+    name = RecipeName.CURRENT
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fp8_format", _fp8_format("Float8CurrentScaling", self.fp8_format))
@@ -172,11 +201,11 @@ class Float8CurrentScaling(Recipe):
 
 @dataclasses.dataclass(frozen=True)
 class MXFP8BlockScaling(Recipe):
-    """MXFP8: 1x32 blocks with E8M0 scales (formats.md §4)."""
+    """MXFP8: blocks of 1x32 elements along the quantized dimension, each with a power-of-two (E8M0) scale."""
 
     fp8_format: Format = Format.E4M3
 
-    name = "mxfp8"
+    name = RecipeName.MXFP8
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fp8_format", _fp8_format("MXFP8BlockScaling", self.fp8_format))
@@ -189,11 +218,11 @@ class MXFP8BlockScaling(Recipe):
 
 @dataclasses.dataclass(frozen=True)
 class Float8BlockScaling(Recipe):
-    """DeepSeek-style FP8 blocks: inputs and gradients 1x128, weights 128x128 (formats.md §3)."""
+    """DeepSeek-style FP8 blocks with fp32 scales: inputs and gradients 1x128, weights 128x128."""
 
     fp8_format: Format = Format.E4M3
 
-    name = "fp8_block_scaling"
+    name = RecipeName.BLOCK
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fp8_format", _fp8_format("Float8BlockScaling", self.fp8_format))
@@ -206,15 +235,16 @@ class Float8BlockScaling(Recipe):
 
 @dataclasses.dataclass(frozen=True)
 class NVFP4BlockScaling(Recipe):
-    """NVFP4 (formats.md §5): inputs 1D with RHT on the columnwise operand; weights 16x16 2D;
-    grad_output 1D with RHT (columnwise) and stochastic rounding.  The `disable_*` switches turn those off."""
+    """NVFP4 (FP4 E2M1 elements, an E4M3 scale per 16 elements, an fp32 scale per tensor): inputs 1D with RHT on
+    the columnwise operand; weights 16x16 2D; grad_output 1D with RHT (columnwise) and stochastic rounding.  The
+    `disable_*` switches turn those off."""
 
     disable_rht: bool = False
     disable_stochastic_rounding: bool = False
     disable_2d_quantization: bool = False
     seed: Optional[int] = None
 
-    name = "nvfp4"
+    name = RecipeName.NVFP4
 
     def __post_init__(self) -> None:
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
@@ -243,7 +273,7 @@ class CustomRecipe(Recipe):
 
     factory: Callable[[str], Optional[Quantizer]]
 
-    name = "custom"
+    name = RecipeName.CUSTOM
 
     def __post_init__(self) -> None:
         if not callable(self.factory):
@@ -269,6 +299,9 @@ __all__ = [
     "FORWARD_ROLES",
     "BACKWARD_ROLES",
     "GEMM_OUTPUT_ROLES",
+    "RecipeName",
+    "FP8_RECIPE_NAMES",
+    "PER_TENSOR_RECIPE_NAMES",
     "Format",
     "E4M3",
     "E5M2",

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import tedebug.debug_api as debug_api
+from tedebug import active
 from tedebug.config import ConfigError
 from tedebug.logging import StderrHandler
 from tedebug.registry import FeatureLoadError
@@ -214,6 +215,45 @@ def test_sinks_before_and_after_initialize(tmp_path):
     assert early.closed and late.closed and debug_api._queued_sinks == []
 
 
+def test_class_level_add_logger_before_initialize_queues_for_the_next_session(tmp_path):
+    queued = PlainLogger()
+    MetricLogger.add_logger(queued)  # no session: waits in tedebug.active's queue, as debug_api.add_statistics_sink
+    assert active.QUEUED_SINKS == [queued] and debug_api._queued_sinks is active.QUEUED_SINKS
+    with pytest.raises(TypeError, match="log_scalar"):
+        MetricLogger.add_logger(object())
+    init(tmp_path)
+    assert active.QUEUED_SINKS == [] and queued in debug_api.session().metric_logger.sinks
+    MetricLogger.log_scalar("fc1_activation_min", -1.0, 3)
+    assert queued.calls == [("fc1_activation_min", -1.0, 3)]
+
+
+def test_debug_api_re_exports_the_active_session():
+    """`debug_api.DEBUG_MANAGER` is `tedebug.active.DEBUG_MANAGER` (read and write); the session functions are
+    tedebug.active's, with the same errors before initialize."""
+    assert debug_api.DEBUG_MANAGER is None and active.DEBUG_MANAGER is None
+    for name in ("session", "is_enabled", "get_iteration", "log_message"):
+        assert getattr(debug_api, name) is getattr(active, name)
+    marker = object()
+    debug_api.DEBUG_MANAGER = marker
+    try:
+        assert active.DEBUG_MANAGER is marker and debug_api.session() is marker and debug_api.is_enabled()
+    finally:
+        debug_api.DEBUG_MANAGER = None
+    assert active.DEBUG_MANAGER is None and "DEBUG_MANAGER" not in vars(debug_api)
+
+
+def test_initialize_and_end_debug_set_the_active_session(tmp_path):
+    init(tmp_path)
+    current = active.DEBUG_MANAGER
+    assert current is not None and debug_api.DEBUG_MANAGER is current and active.session() is current
+    debug_api.initialize_training_step(7)
+    assert active.get_iteration() == 7
+    debug_api.end_debug()
+    assert active.DEBUG_MANAGER is None and current.closed
+    with pytest.raises(RuntimeError, match="not initialized"):
+        active.session()
+
+
 @pytest.mark.parametrize("background", [False, True])
 def test_stats_file_jsonl_and_flush_at_step(tmp_path, background):
     """Synchronous logging: a step's statistics are on disk when step() returns.  Background logging (the
@@ -350,8 +390,22 @@ def test_dummy_feature_counts_calls(tmp_path):
     assert debug_api.session().registry.instance("transformer_engine", "TestDummyFeature").enabled_calls == 20
 
 
-def test_custom_feature_example_logs_its_statistic(tmp_path):
-    debug_api.initialize(os.path.join(EXAMPLE, "config.yaml"), feature_dirs=EXAMPLE, log_dir=str(tmp_path))
+def readme_feature_dir(tmp_path):
+    """The feature of the example README's code block (written on the shared bases), as a feature directory."""
+    with open(os.path.join(EXAMPLE, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    block = text.split("```python\nfrom tedebug import active\n", 1)[1].split("```", 1)[0]
+    directory = tmp_path / "readme_feature"
+    directory.mkdir()
+    (directory / "feature.py").write_text("import torch\n\nfrom tedebug import active\n" + block
+                                          + '\nSTAT = "percentage_greater_than_threshold"\n', encoding="utf-8")
+    return str(directory)
+
+
+@pytest.mark.parametrize("source", ["example file", "README on the shared bases"])
+def test_custom_feature_example_logs_its_statistic(tmp_path, source):
+    feature_dirs = EXAMPLE if source == "example file" else readme_feature_dir(tmp_path)
+    debug_api.initialize(os.path.join(EXAMPLE, "config.yaml"), feature_dirs=feature_dirs, log_dir=str(tmp_path))
     te = debug_api.transformer_engine
     x = torch.tensor([[0.1, 0.9, -2.0, 0.8], [1.5, 0.79, 0.81, 3.0]])  # 4 of 8 elements > 0.8
     w = torch.tensor([0.85, 0.2, 0.3])  # 1 of 3
@@ -378,6 +432,19 @@ def test_custom_feature_example_validates_threshold(tmp_path):
     with pytest.raises(ConfigError, match="threshold must be a number, got 'high'"):
         debug_api.initialize(config, feature_dirs=EXAMPLE, log_dir=str(tmp_path))
     assert debug_api.DEBUG_MANAGER is None
+
+
+def test_readme_feature_on_the_shared_bases_checks_its_config_at_load(tmp_path):
+    feature_dirs = readme_feature_dir(tmp_path)
+    block = {"enabled": True, "tensors": ["activation"], "threshold": 0.5}
+    for bad, match in (({"treshold": 0.5}, "unknown key 'treshold'; did you mean 'threshold'"),
+                       ({"threshold": "high"}, "threshold must be a number, got 'high'"),
+                       ({"freq": 0}, "freq")):
+        config = {"s": {"enabled": True, "layers": {"layer_types": ["fc1"]}, "transformer_engine": {
+            "PercentageGreaterThanThreshold": {**block, **bad}}}}
+        with pytest.raises(ConfigError, match=match):
+            debug_api.initialize(config, feature_dirs=feature_dirs, log_dir=str(tmp_path))
+        assert debug_api.DEBUG_MANAGER is None
 
 
 def test_step_emits_stats_of_the_finished_iteration(tmp_path):

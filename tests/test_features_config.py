@@ -1,11 +1,13 @@
-"""Built-in features: registration, parameter validation at config load, the shared helpers of
-tedebug.feature_support (stat grammar, schedule options, reduction parameters, name sanitising)."""
+"""Built-in features: registration, parameter validation at config load, the shared helpers of the features
+(FP8 statistic names, schedule options, reduction arguments, name sanitising)."""
 
 import pytest
 
 from tedebug import debug_api
 from tedebug.config.errors import ConfigError
-from tedebug.feature_support import parse_fp8_stat, sanitize_name, schedule_options
+from tedebug.features.base import reduction_args, schedule_options
+from tedebug.features.dump_tensors import sanitize_name
+from tedebug.features.fp8_stat_names import parse_fp8_stat
 from tedebug.registry import build_registry
 
 from support.features import debug_session, section
@@ -147,24 +149,19 @@ def test_schedule_options_are_the_buffer_key_part():
     assert schedule_options({"start_end_list": [[1, 2], [5, 8]]}) == (None, None, ((1, 2), (5, 8)))
 
 
-def test_reduction_params_follow_the_weight_rule(tmp_path):
-    from tedebug.feature_support import reduction_params
-
+def test_reduction_args_follow_the_weight_rule(tmp_path):
+    """(reduction_group, skip_reduction, is_weight): activations and gradients over the session's group; a weight
+    over its TP group only when the layer is split, has a group and weight reduction is on."""
     group = object()
     with debug_session(section({"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": "weight"}}),
                        tmp_path):
         session = debug_api.session()
         session.reduction_group = "debug-group"
-        assert reduction_params("activation", group, 4) == (_rp("debug-group", False, False))
-        assert reduction_params("gradient", None, 1) == (_rp("debug-group", False, False))
-        assert reduction_params("weight", group, 4) == _rp(group, False, True)
-        assert reduction_params("weight", None, 4) == _rp(None, True, True)  # TP>1 without a group: no reduction
-        assert reduction_params("weight", group, 1) == _rp(None, True, True)
+        assert reduction_args(session, "activation", group, 4) == ("debug-group", False, False)
+        assert reduction_args(session, "gradient", None, 1) == ("debug-group", False, False)
+        assert reduction_args(session, "weight", group, 4) == (group, False, True)
+        assert reduction_args(session, "weight", None, 4) == (None, True, True)  # TP>1 without a group
+        assert reduction_args(session, "weight", group, 1) == (None, True, True)
+        assert reduction_args(session, "weight", group, None) == (None, True, True)
         session.weight_tensor_tp_group_reduce = False
-        assert reduction_params("weight", group, 4) == _rp(None, True, True)
-
-
-def _rp(group, skip, is_weight):
-    from tedebug.feature_support import ReductionParams
-
-    return ReductionParams(group, skip, is_weight)
+        assert reduction_args(session, "weight", group, 4) == (None, True, True)

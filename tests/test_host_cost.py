@@ -1,7 +1,7 @@
 """The host-cost shortcuts of the debug path never change an answer: route templates (`DebugQuantizer`), the
-identity-checked config memo (`feature_support.config_memoized`) behind `cached_schedule` and LogTensorStats'
-`inspect_plan`, the tuple form of the reduction parameters, the prebuilt log line, the gate's next iteration and its
-renewed quantizers, and `DebugQuantizer`'s direct inspect route and LogTensorStats' prepared form of it.
+session memo (`tedebug.memo`) behind `schedule_of` and LogTensorStats' `inspect_plan`, the plan's prebuilt log line,
+the gate's next iteration and its renewed quantizers, and `DebugQuantizer`'s direct inspect route and
+LogTensorStats' prepared form of it.
 Each shortcut is compared with the path it replaces, and its invalidation (new session, changed config, patched
 hook, spy) is exercised."""
 
@@ -13,21 +13,12 @@ import pytest
 import torch
 
 import tedebug
-import tedebug.feature_support as feature_support
 import tedebug.features.log_tensor_stats as log_tensor_stats
+import tedebug.memo
 from tedebug import debug_api
 from tedebug import debug_quantization
 from tedebug.debug_quantization import TEMPLATE_TABLE, DebugQuantizer, te_namespace
-from tedebug.feature_support import (
-    CONFIG_MEMO_SIZE,
-    ReductionParams,
-    cached_schedule,
-    config_memoized,
-    memoized,
-    reduction_args,
-    reduction_params,
-)
-from tedebug.features.log_tensor_stats import feed_arguments, inspect_plan, look_message
+from tedebug.features.log_tensor_stats import inspect_plan
 from tedebug.namespace import TransformerEngineNamespace
 from tedebug.nn.debug_gate import ROLE_TO_TENSOR, LayerDebugState
 from tedebug.quantization import Float8CurrentScalingQuantizer
@@ -406,9 +397,9 @@ def test_log_tensor_stats_prepared_call_is_the_inspect_call(tmp_path, monkeypatc
     plans = []
     real_plan = log_tensor_stats.inspect_plan
 
-    def counting_plan(config, tensor_name):
+    def counting_plan(config, tensor_name, *args):
         plans.append(tensor_name)
-        return real_plan(config, tensor_name)
+        return real_plan(config, tensor_name, *args)
 
     monkeypatch.setattr(log_tensor_stats, "inspect_plan", counting_plan)
     sink = RecordingSink()
@@ -442,89 +433,6 @@ def test_log_tensor_stats_prepared_call_is_the_inspect_call(tmp_path, monkeypatc
     assert Custom().prepare_inspect_tensor({"stats": ["min"]}, "L", "activation") is None
 
 
-def test_config_memoized_serves_the_content_memos_object_and_notices_every_change(tmp_path):
-    calls = []
-
-    def compute(config):
-        def run():
-            calls.append(1)
-            return memoized("content", feature_support.exact_key([config.get(k) for k in ("a", "b")]),
-                            lambda: object())
-        return run
-
-    keys = ("a", "b")
-    with debug_session(section({"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["weight"]}}),
-                       tmp_path):
-        config = {"a": 5, "b": ["x", "y"]}
-        first = config_memoized("t", config, keys, None, compute(config))
-        assert config_memoized("t", config, keys, None, compute(config)) is first and len(calls) == 1
-        assert config_memoized("t", config, keys, "other", compute(config)) is first and len(calls) == 2  # extra
-        config["a"] = 5.0  # equal value, another type
-        second = config_memoized("t", config, keys, None, compute(config))
-        assert len(calls) == 3 and second is not first
-        config["a"] = 5
-        assert config_memoized("t", config, keys, None, compute(config)) is first and len(calls) == 4
-        config["b"][1] = "z"  # an item replaced in place
-        third = config_memoized("t", config, keys, None, compute(config))
-        assert len(calls) == 5 and third is not first
-        config["b"].append("w")  # the list grows in place
-        assert config_memoized("t", config, keys, None, compute(config)) is not third and len(calls) == 6
-        config["b"] = ["x", "y"]  # an equal new list: computed again, same content -> the same object
-        assert config_memoized("t", config, keys, None, compute(config)) is first and len(calls) == 7
-        config["c"] = 1  # a key it does not depend on
-        assert config_memoized("t", config, keys, None, compute(config)) is first and len(calls) == 7
-        copy = dict(config)  # another object: its own entry
-        assert config_memoized("t", copy, keys, None, compute(copy)) is first and len(calls) == 8
-
-        mutable = {"a": 1, "b": [{"k": 1}]}  # a mutable item: never stored
-        config_memoized("t", mutable, keys, None, compute(mutable))
-        config_memoized("t", mutable, keys, None, compute(mutable))
-        nested = {"a": [[1, 2]], "b": None}  # a nested list: never stored
-        config_memoized("t", nested, keys, None, compute(nested))
-        config_memoized("t", nested, keys, None, compute(nested))
-        assert len(calls) == 12
-        assert all(entry[0] is not mutable and entry[0] is not nested for entry in debug_api.session().memo("t")
-                   .values())
-        ended = debug_api.session()
-    assert ended.memo("t") == {}  # dropped with the session
-    config_memoized("t", config, keys, None, compute(config))
-    config_memoized("t", config, keys, None, compute(config))
-    assert len(calls) == 14  # no session: computed every time
-
-
-def test_config_memoized_is_bounded_and_raising_stores_nothing(tmp_path):
-    with debug_session(section({"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["weight"]}}),
-                       tmp_path):
-        configs = [{"a": i} for i in range(CONFIG_MEMO_SIZE + 10)]
-        for config in configs:
-            config_memoized("bounded", config, ("a",), None, lambda: 0)
-        assert 0 < len(debug_api.session().memo("bounded")) <= CONFIG_MEMO_SIZE
-
-        def fail():
-            raise ValueError("bad")
-
-        with pytest.raises(ValueError, match="bad"):
-            config_memoized("raising", {"a": 1}, ("a",), None, fail)
-        assert debug_api.session().memo("raising") == {}
-
-
-def test_cached_schedule_by_identity_follows_a_mutated_config(tmp_path):
-    with debug_session(section({"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["weight"]}}),
-                       tmp_path):
-        config = {"freq": 2, "start_end_list": [[0, 9]]}  # nested list: content memo only
-        assert cached_schedule(config).query(3) == (False, 4)
-        config["start_end_list"][0][1] = 3
-        assert cached_schedule(config).query(2) == (True, None)
-        plain = {"freq": 2, "start_step": 4}
-        assert cached_schedule(plain).query(4) == (True, 6)
-        assert cached_schedule(plain) is cached_schedule(dict(plain))  # one content entry for both objects
-        plain["start_step"] = 6
-        assert cached_schedule(plain).query(4) == (False, 6)
-        plain["freq"] = 2.0
-        with pytest.raises(ValueError, match="freq"):
-            cached_schedule(plain)
-
-
 # ------------------------------------------------------------------------------------------------ LogTensorStats
 def hand_stats(x):
     v = x.double().flatten()
@@ -548,7 +456,9 @@ def test_inspect_plan_follows_a_mutated_stats_list_and_keeps_the_error_order(tmp
         feature.inspect_tensor(config, "L", tensor_name="activation", iteration=1, tensor=x)  # inactive (freq 2)
         feature.inspect_tensor(config, "L", tensor_name="activation", iteration=2, tensor=-x)
         debug_api.step()
-        assert inspect_plan(config, "activation").feed == feed_arguments(config, "activation")
+        plan = inspect_plan(config, "activation")
+        assert [r.name for r in plan.requests] == ["min", "l1_norm", "mean"]
+        assert plan.message == "Feature=LogTensorStats, API=look_at_tensor_before_process: activation"
         config["stats"].append("no_such_stat")
         feature.inspect_tensor(config, "L", tensor_name="activation", iteration=3, tensor=x)  # inactive: no error
         with pytest.raises(ValueError, match="must be in high precision"):
@@ -560,29 +470,6 @@ def test_inspect_plan_follows_a_mutated_stats_list_and_keeps_the_error_order(tmp
         ("L_activation_min", 0): expect["min"], ("L_activation_max", 0): expect["max"],
         ("L_activation_min", 2): expect2["min"], ("L_activation_l1_norm", 2): expect2["l1_norm"],
         ("L_activation_mean", 2): expect2["mean"]}
-
-
-def test_reduction_args_equal_reduction_params(tmp_path):
-    group = object()
-    with debug_session(section({"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["weight"]}}),
-                       tmp_path):
-        current = debug_api.session()
-        for reduce_weights in (True, False):
-            current.weight_tensor_tp_group_reduce = reduce_weights
-            current.reduction_group = object()
-            for tensor in ("activation", "weight", "gradient"):
-                for tp_group, tp_size in ((None, 1), (group, 1), (group, 4), (None, 4), (group, None)):
-                    args = reduction_args(current, tensor, tp_group, tp_size)
-                    assert ReductionParams(*args) == reduction_params(tensor, tp_group, tp_size)
-        assert reduction_args(current, "weight", group, 4) == (None, True, True)  # reduce_weights False
-        current.weight_tensor_tp_group_reduce = True
-        assert reduction_args(current, "weight", group, 4) == (group, False, True)
-        assert reduction_args(current, "gradient", group, 4) == (current.reduction_group, False, False)
-
-
-def test_look_message_is_the_feature_line():
-    assert look_message("LogTensorStats", "wgrad") == "Feature=LogTensorStats, API=look_at_tensor_before_process: wgrad"
-    assert look_message("LogTensorStats", "wgrad") is look_message("LogTensorStats", "wgrad")
 
 
 # ------------------------------------------------------------------------------------------------ whole runs
@@ -616,9 +503,7 @@ def test_whole_runs_equal_the_uncached_path(tmp_path, monkeypatch):
     assert fast[0] and any("Tensor: activation, gemm wgrad - High Precision" in line for line in fast[1])
     assert sorted({it for _, _, it in fast[0]}) == [2, 4]  # freq 2 from step 1
     monkeypatch.setattr(debug_quantization, "route_templates", lambda api: None)
-    monkeypatch.setattr(feature_support, "config_memoized",
-                        lambda table, config, keys, extra, compute: compute())
-    monkeypatch.setattr(log_tensor_stats, "config_memoized", lambda table, config, keys, extra, compute: compute())
+    monkeypatch.setattr(tedebug.memo, "memoized", lambda table, key, compute: compute())
     monkeypatch.setattr(TransformerEngineNamespace, "direct_route", lambda self, hook, layer_name, gemm, tensor: None)
     slow = _run_model(tmp_path / "slow", config)
     assert fast == slow

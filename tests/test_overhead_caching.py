@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from tedebug import debug_api
-from tedebug.feature_support import cached_schedule, exact_key, memoized
+from tedebug.features.base import schedule_of
+from tedebug.memo import exact_key, memoized
 from tedebug.sinks.base import MetricLogger, Sink
 from tedebug.sinks.jsonl import JsonlSink, make_record
 from tedebug.sinks.text import TextStatsSink
@@ -72,7 +73,7 @@ def hand_schedule(iteration, freq, start, end):
     return active(iteration), nxt
 
 
-def test_cached_schedule_still_answers_per_iteration(tmp_path):
+def test_schedule_of_still_answers_per_iteration(tmp_path):
     with debug_session(stats_config(freq=3, start_step=2, end_step=13), tmp_path) as te:
         answers = [te.inspect_tensor_enabled("fc1", tensor_name="activation", iteration=i) for i in range(16)]
         assert answers == [hand_schedule(i, 3, 2, 13) for i in range(16)]
@@ -80,15 +81,15 @@ def test_cached_schedule_still_answers_per_iteration(tmp_path):
         assert len(debug_api.session().memo("schedule")) == 1  # parsed once for all 16 calls
 
 
-def test_cached_schedule_follows_a_mutated_config(tmp_path):
+def test_schedule_of_follows_a_mutated_config(tmp_path):
     config = {"freq": 2}
     with debug_session(stats_config(), tmp_path):
-        assert cached_schedule(config).query(3) == (False, 4)
+        assert schedule_of(config).query(3) == (False, 4)
         config["freq"] = 5
-        assert cached_schedule(config).query(3) == (False, 5)
+        assert schedule_of(config).query(3) == (False, 5)
         config["freq"] = 5.0  # an invalid value is not served from the entry of freq=5
         with pytest.raises(ValueError, match="freq"):
-            cached_schedule(config)
+            schedule_of(config)
 
 
 # ------------------------------------------------------------------------------------------------ stats engine
@@ -130,11 +131,11 @@ def test_two_sessions_do_not_share_caches(tmp_path):
         te.inspect_tensor_enabled("fc1", tensor_name="activation")
         te.inspect_tensor("fc1", tensor=x, tensor_name="activation", iteration=0)
         first = debug_api.session()
-        assert first.memo("schedule") and first.memo("LogTensorStats.feed") and first.stats._request_cache == {}
+        assert first.memo("schedule") and first.memo("LogTensorStats.plan") and first.stats._request_cache == {}
         debug_api.step()
     config = section({"LogTensorStats": {"enabled": True, "stats": ["mean", "cur_amax"], "tensors": ["activation"]}})
     with debug_session(config, tmp_path / "b", sink_b) as te:
-        assert debug_api.session().memo("LogTensorStats.feed") == {}
+        assert debug_api.session().memo("LogTensorStats.plan") == {}
         te.inspect_tensor_enabled("fc1", tensor_name="activation")
         te.inspect_tensor("fc1", tensor=-x, tensor_name="activation", iteration=0)
         debug_api.step()

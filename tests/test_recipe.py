@@ -243,3 +243,25 @@ def test_custom_recipe_validation():
         r.make_quantizer("input")
     with pytest.raises(ValueError, match="unknown tensor role"):
         r.make_quantizer("bias")
+
+
+def test_recipe_names_are_one_str_enum_that_behaves_like_its_strings():
+    """`RecipeName` members equal, hash, print and format as their values, so mixed str / enum code agrees."""
+    values = ["fp8_delayed_scaling", "fp8_current_scaling", "mxfp8", "fp8_block_scaling", "nvfp4", "custom"]
+    assert [member.value for member in R.RecipeName] == values
+    for member, value in zip(R.RecipeName, values):
+        assert member == value and hash(member) == hash(value) and {value: 1}[member] == 1
+        assert str(member) == f"{member}" == "%s" % member == value and repr(member) == repr(value)
+        assert R.RecipeName(value) is member
+    recipes = (R.DelayedScaling(), R.Float8CurrentScaling(), R.MXFP8BlockScaling(), R.Float8BlockScaling(),
+               R.NVFP4BlockScaling(), R.CustomRecipe(lambda role: None))
+    assert [recipe.name for recipe in recipes] == list(R.RecipeName)
+    assert all(isinstance(recipe.name, R.RecipeName) for recipe in recipes)
+    assert R.FP8_RECIPE_NAMES == ("fp8_delayed_scaling", "fp8_current_scaling", "mxfp8", "fp8_block_scaling")
+    assert R.PER_TENSOR_RECIPE_NAMES == ("fp8_delayed_scaling", "fp8_current_scaling")
+
+
+@pytest.mark.parametrize("recipe", ALL_RECIPES, ids=repr)
+def test_quantizers_carry_their_recipes_name(recipe):
+    for role in ("input", "weight", "grad_output"):
+        assert recipe.make_quantizer(role).recipe_name == recipe.name

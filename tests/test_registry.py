@@ -205,3 +205,14 @@ def test_feature_names_and_validators(tmp_path):
 def test_builtin_registry_builds():
     registry = build_registry()
     assert all(name.split(".")[0] in ("base", "transformer_engine") for name in registry.qualified_names())
+
+
+def test_shared_feature_bases_are_not_features():
+    """The feature package also holds the shared bases and helpers; only decorated classes are registered."""
+    registry = build_registry()
+    names = {info.name for info in registry.all_features()}
+    assert {"LogTensorStats", "LogFp8TensorStats", "DumpTensors", "FakeQuant"} <= names
+    assert not names & {"ValidatedFeature", "ScheduledInspectFeature", "FeatureMapper", "FeatureConfigError",
+                        "InspectPlan", "Fp8StatName"}
+    sources = {os.path.basename(info.source) for info in registry.all_features()}
+    assert not sources & {"base.py", "config_checks.py", "fp8_stat_names.py"}

@@ -34,7 +34,7 @@ from typing import Any, Dict, Optional
 import torch
 import torch.distributed as dist
 
-from tedebug import debug_api
+from tedebug import active as active_session
 from tedebug.quantization.float8 import Float8CurrentScalingQuantizer, _cast_per_tensor
 from tedebug.quantization.formats import tensor_amax
 from tedebug.quantization.tensor import check_high_precision_input
@@ -310,7 +310,7 @@ REPLICATED_TENSORS: Dict[str, tuple] = {"column": ("activation",), "row": ("grad
 def note_replicas(layer_name: str, tp: TensorParallel) -> None:
     """Tell the active debug session's statistics which of this GEMM's tensors are TP replicas, so that a
     reduction over ranks of one TP group counts them once (nothing when debugging is off)."""
-    session = debug_api.DEBUG_MANAGER
+    session = active_session.DEBUG_MANAGER
     if session is not None:
         session.stats.note_tp_replicas(layer_name, REPLICATED_TENSORS[tp.mode], tp.group)
 

@@ -12,7 +12,7 @@ structured keywords; any other object with a ``log_scalar(name, value, iteration
 nvdlfw compatibility: ``MetricLogger.add_logger(sink)`` and ``MetricLogger.log_scalar(name, value, iteration)``
 also work when called on the *class* (as frameworks and TE-style custom features do); they then act on the active
 session (``add_logger`` before initialize queues the sink for the next session, see
-`tedebug.debug_api.add_statistics_sink`).
+`add_statistics_sink`).
 
 Background mode (``MetricLogger(background=True)``; what a debug session uses unless
 ``initialize(..., background_logging=False)``): sinks that declare ``thread_safe = True`` (tedebug's text, JSONL and
@@ -45,6 +45,7 @@ import errno
 import warnings
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
+from tedebug import active
 from tedebug.sinks.background import BackgroundSinkError, BackgroundWriter, describe_sink
 from tedebug.sinks.batch import ScalarBatch
 
@@ -108,16 +109,24 @@ class _SessionOrInstance:
         return getattr(instance, self.impl)
 
 
-def _class_add_logger(sink: Any) -> None:
-    from tedebug import debug_api  # late import: debug_api imports this module
+def add_statistics_sink(sink: Any) -> Any:
+    """Attach a statistics sink to the active session, or queue it for the next `debug_api.initialize` (returns
+    it); TypeError when `sink` has no ``log_scalar`` method.  Re-exported as `tedebug.debug_api.add_statistics_sink`."""
+    check_sink(sink)
+    current = active.DEBUG_MANAGER
+    if current is None:
+        active.QUEUED_SINKS.append(sink)
+    else:
+        current.metric_logger.add_sink(sink)
+    return sink
 
-    debug_api.add_statistics_sink(sink)
+
+def _class_add_logger(sink: Any) -> None:
+    add_statistics_sink(sink)
 
 
 def _class_log_scalar(name: str, value: Any, iteration: int, **structured: Any) -> None:
-    from tedebug import debug_api
-
-    debug_api.session().metric_logger.log_scalar(name, value, iteration, **structured)
+    active.session().metric_logger.log_scalar(name, value, iteration, **structured)
 
 
 def describe_failure(sink: Any, exc: BaseException, iterations: str) -> str:

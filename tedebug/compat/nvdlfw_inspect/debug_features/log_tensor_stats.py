@@ -1,4 +1,4 @@
-"""nvdlfw-inspect's generic, section-level ``LogTensorStats`` (namespace ``base``; nvdlfw_inspect_reference.md F.1).
+"""nvdlfw-inspect's generic, section-level ``LogTensorStats`` (namespace ``base``), as nvdlfw-inspect defines it.
 
 Configured at section level (outside ``transformer_engine:``) and called explicitly by the training script:
 ``debug_api.log_tensor_stats(layer_name, tensor=t, tensor_name="activation", [iteration=], [skip_reduction=],
@@ -28,6 +28,7 @@ from typing import Any, Dict, Optional
 
 import torch
 
+from tedebug import active
 from tedebug.compat.nvdlfw_inspect.debug_features.generic_feature_api import GenericConfigAPIMapper
 from tedebug.compat.nvdlfw_inspect.utils import (
     gather_along_first_dim,
@@ -35,6 +36,7 @@ from tedebug.compat.nvdlfw_inspect.utils import (
     get_distributed_world_size,
 )
 from tedebug.config.schedule import SCHEDULE_KEYS, Schedule
+from tedebug.features.base import schedule_of
 from tedebug.registry import api_method, register_feature
 
 GENERIC_STATS = ("min", "max", "mean", "std", "l1_norm", "l2_norm")
@@ -100,12 +102,10 @@ class LogTensorStats(GenericConfigAPIMapper):
     def log_tensor_stats(self, config: dict, layer_name: str, tensor: Any = None, tensor_name: Optional[str] = None,
                          iteration: int = 0, skip_reduction: bool = False, reduction_group: Any = None,
                          **kwargs: Any) -> Dict[str, torch.Tensor]:
-        from tedebug import debug_api
-
-        session = debug_api.session()
+        session = active.session()
         if not isinstance(tensor, torch.Tensor) or not config.get("stats"):
             return {}
-        if not _schedule(session, config).is_active(iteration):
+        if not schedule_of(config).is_active(iteration):
             return {}
         session.log_message(f"Feature=LogTensorStats, API=log_tensor_stats, TENSOR={tensor_name}: Called",
                             layer_name)
@@ -120,15 +120,6 @@ class LogTensorStats(GenericConfigAPIMapper):
             session.metric_logger.log_scalar(f"{layer_name}_{tensor_name}_{name}", value, iteration,
                                              layer=layer_name, tensor=tensor_name, stat=name)
         return results
-
-
-def _schedule(session: Any, config: dict) -> Schedule:
-    key = tuple(repr(config.get(k)) for k in SCHEDULE_KEYS)
-    table = session.memo("nvdlfw.LogTensorStats.schedule")
-    schedule = table.get(key)
-    if schedule is None:
-        schedule = table[key] = Schedule.from_config(config)
-    return schedule
 
 
 def _reduce(session: Any, layer_name: str, tensor: torch.Tensor, skip_reduction: bool,
