@@ -1,4 +1,4 @@
-"""FP8 blockwise scaling (DeepSeek-V3 style): `Float8BlockQuantizer` -> `Float8BlockwiseTensor` (formats.md §3).
+"""FP8 blockwise scaling (DeepSeek-V3 style): `Float8BlockQuantizer` -> `Float8BlockwiseTensor`.
 
 One fp32 scale per block of the 2-D view `[M, K]` (M = product of the leading dims): 1x128 blocks along the last dim
 (`block_scaling_dim=1`) or 128x128 tiles (`block_scaling_dim=2`).  Per block: amax over the block's valid elements

@@ -2,7 +2,7 @@
 
 A `HybridQuantizer` composes two distinct sub-quantizers: the rowwise one produces the rowwise operand, the columnwise
 one the columnwise operand (e.g. FP8 rowwise + MXFP8 columnwise, MXFP8 + NVFP4, or high precision via
-`IdentityQuantizer`).  Unlike the reference implementation reviewed in seed 004, it
+`IdentityQuantizer`).  Going beyond a reviewed implementation of this design, it
 
 - runs a child only when the hybrid's own usage flag for that direction is on;
 - pins each child to its single direction only while it runs and restores the child's flags in ``finally``, also when

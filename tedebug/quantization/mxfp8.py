@@ -1,6 +1,6 @@
 """MXFP8 (OCP microscaling FP8 with TE's "RCEIL" scale rule): `MXFP8Quantizer` -> `MXFP8Tensor`.
 
-One E8M0 scale per block of 32 elements (formats.md §4, te_debug_reference E.10 item 3):
+One E8M0 scale per block of 32 elements:
 
 - rowwise: 1x32 blocks along the last dim of the 2-D view `[M, K]` (M = product of the leading dims);
 - columnwise: 32x1 blocks along the first dim of that view, *same* `[M, K]` data layout (not transposed).

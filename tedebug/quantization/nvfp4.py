@@ -1,6 +1,6 @@
 """NVFP4 (E2M1 elements, E4M3 block scales, fp32 global scale): `NVFP4Quantizer` -> `NVFP4Tensor`.
 
-Bit-exact TE rule (formats.md §5, te_debug_reference E.10 item 4), all in fp32:
+Bit-exact TE rule, all in fp32:
 
 - global: S_enc = 2688 / amax (clamped to FLT_MAX; 1 when amax is 0 or S_enc is 0);
 - block of 16: S_dec_b = E4M3_RNE_satfinite(min(block_amax · (S_enc · fp32(1/6)), FLT_MAX));

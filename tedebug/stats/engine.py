@@ -21,7 +21,7 @@ read and merged at step N+1.  So a training loop that never synchronises keeps t
 steps.  `finish_pending()` emits the iteration still in flight (the session calls it when it flushes or closes).
 Two sets of slabs alternate, so that the next step's kernels never write rows that are still being copied.
 
-Participation rule (te_debug_reference F.6): a rank that fed nothing this step joins the collectives only if some
+Participation rule (as in TransformerEngine): a rank that fed nothing this step joins the collectives only if some
 layer's noted next enabled iteration is ≤ the finished iteration; otherwise it performs no communication at all.
 Ranks join the groups of every buffer they ever created, so every layer is expected to run on every rank at its
 first enabled iteration (the same assumption TransformerEngine makes).
