@@ -11,14 +11,20 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[test]"
 	touch $@
 
-.PHONY: test demo install lint
+.PHONY: test demo install lint typecheck
 install: $(BIN)/.installed
 
 test: $(BIN)/.installed
 	$(BIN)/python -m pytest
 
+# ruff's lint rules and the type checker; .ci/run runs this before the tests
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
+	$(MAKE) --no-print-directory typecheck
+
+# mypy on the packages listed under [tool.mypy] in pyproject.toml (incremental: a re-run takes a few seconds)
+typecheck: $(BIN)/.installed
+	$(BIN)/mypy
 
 demo: $(BIN)/.installed
 	$(BIN)/python examples/train_gpt.py

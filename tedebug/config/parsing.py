@@ -95,9 +95,10 @@ def _parse_gemm(cfg: dict, gemm: Optional[str], tensor_name: Optional[str], tens
         if gemm not in gemms:
             return None
         if tensor_parsing:
-            cfg = _parse_tensor(cfg, tensor_name)
-            if cfg is None:
+            parsed = _parse_tensor(cfg, tensor_name)
+            if parsed is None:
                 return None
+            cfg = parsed
         cfg["gemm"] = gemm
         return cfg
     raise ValueError(MISSING_GEMMS)

@@ -81,7 +81,7 @@ class LayerSelector:
         return cls(**spec)
 
     def _type_matches(self, name: str) -> bool:
-        return self.all_types or any(t in name for t in self.types)
+        return self.all_types or any(t in name for t in self.types or ())
 
     def _number_matches(self, name: str) -> bool:
         if self.numbers is None:  # "all"

@@ -79,8 +79,8 @@ class Float8Tensor(QuantizedTensor):
         """The codes of the 2-D view `[M, K]`, from either representation."""
         m, k = self._mk
         if usage == "rowwise":
-            return self.rowwise_data.reshape(m, k)
-        return self.columnwise_data.t()
+            return self.rowwise_data.reshape(m, k)  # type: ignore[union-attr]  # callers checked it exists
+        return self.columnwise_data.t()  # type: ignore[union-attr]  # callers checked it exists
 
     def _dequantize(self, usage: str) -> torch.Tensor:
         values = decode_fp8(self._codes_2d(usage), self.fp8_format) * self.scale_inv.float().reshape(())

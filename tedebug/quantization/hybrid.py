@@ -259,7 +259,7 @@ class HybridQuantizer(Quantizer):
         if not (self.rowwise_usage or self.columnwise_usage):
             raise ValueError("HybridQuantizer.make_empty: both rowwise and columnwise usage are off")
         shape = torch.Size(shape)
-        subs = {}
+        subs: dict[str, Optional[QuantizedTensor]] = {}
         for usage, child in (("rowwise", self.rowwise_quantizer), ("columnwise", self.columnwise_quantizer)):
             subs[usage] = None
             if getattr(self, f"{usage}_usage"):

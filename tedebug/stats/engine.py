@@ -190,7 +190,7 @@ class StatsEngine:
             for name, index in slots:
                 value = partials[name]
                 values[index] = value if value.device == device else value.to(device)
-        return torch.stack(values)
+        return torch.stack(values)  # type: ignore[arg-type]  # the loop above filled every slot
 
     def _numel_tensor(self, numel: int, device: torch.device) -> torch.Tensor:
         """0-d float64 `numel` on `device`, made once per (numel, device) and only ever read (rows copy it)."""
@@ -304,7 +304,7 @@ class StatsEngine:
                 self._spare_slabs = slabs
         if isinstance(rows, _StepInFlight):
             merged = {e.key: host[e.key] for e in rows.entries if e.skip_reduction}
-            merged.update(rows.reduction.finish(host))
+            merged.update(rows.reduction.finish(host))  # type: ignore[arg-type]  # its keys are `host`'s BufferKeys
             self._emit(rows.entries, merged)
             return
         self._emit(rows.entries, self._reduce(rows.entries, host, False))
@@ -336,8 +336,8 @@ class StatsEngine:
         rows: List[tuple] = []
         for buffer in fed:
             values = merged[buffer.key]
-            layer, tensor_name, _ = buffer.key
-            rows.append((buffer.emitters, values, buffer.iteration, layer, tensor_name))
+            layer_name, tensor_name, _ = buffer.key
+            rows.append((buffer.emitters, values, buffer.iteration, layer_name, tensor_name))
             if not self._nonfinite_reported:
                 self._report_nonfinite(buffer, values)
 
@@ -351,8 +351,8 @@ class StatsEngine:
         elif callable(log_scalars):
             log_scalars(records())
         else:
-            for name, value, iteration, layer, tensor_name, stat in records():
-                self.metric_logger.log_scalar(name, value, iteration, layer=layer, tensor=tensor_name, stat=stat)
+            for name, value, iteration, layer, tensor, stat in records():
+                self.metric_logger.log_scalar(name, value, iteration, layer=layer, tensor=tensor, stat=stat)
         flush = getattr(self.metric_logger, "flush", None)
         if self.flush_at_step and callable(flush):
             flush()
