@@ -3,7 +3,7 @@
 `load_config(source, *, feature_names, feature_validators=None) -> CompiledConfig`
 - `source` is a path (`str` or `pathlib.Path`) to a YAML file, a `dict` with the same structure, or `""`.
   `""` or a path that does not exist means "no config": a `UserWarning` is issued and every layer is unselected
-  (as in the reference). Any other type raises `TypeError`.
+  (as in TransformerEngine). Any other type raises `TypeError`.
 - An empty YAML file, a top-level value that is not a mapping, invalid YAML, a duplicated key in one mapping, and
   every schema problem raise `ConfigError` with the file name, key path and line.
 

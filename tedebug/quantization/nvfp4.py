@@ -50,7 +50,7 @@ NVFP4_BLOCK = 16
 NVFP4_GLOBAL_MAX = FP8_MAX[E4M3] * E2M1_MAX  # 2688 = 448 * 6, exact in fp32
 _HIGH_PRECISION = (torch.float32, torch.bfloat16, torch.float16)
 
-#: fp32(1/2688) as a Python float (a tensor times it multiplies in fp32, as the reference's `_f32(1/2688)`)
+#: fp32(1/2688) as a Python float (a tensor times it multiplies in fp32, as TE's reference quantizer's `_f32(1/2688)`)
 _INV_GLOBAL_MAX = float(torch.tensor(1.0 / NVFP4_GLOBAL_MAX, dtype=torch.float32))
 
 #: TE's fixed RHT sign vector (applied to the rows of the Hadamard matrix).
