@@ -3,7 +3,7 @@
 `load_config(source, *, feature_names, feature_validators=None) -> CompiledConfig`
 - `source` is a path (`str` or `pathlib.Path`) to a YAML file, a `dict` with the same structure, or `""`.
   `""` or a path that does not exist means "no config": a `UserWarning` is issued and every layer is unselected
-  (as in the reference). Any other type raises `TypeError`.
+  (as in TransformerEngine). Any other type raises `TypeError`.
 - An empty YAML file, a top-level value that is not a mapping, invalid YAML, a duplicated key in one mapping, and
   every schema problem raise `ConfigError` with the file name, key path and line.
 
@@ -49,7 +49,7 @@ _COLLECTION_END = (yaml.MappingEndEvent, yaml.SequenceEndEvent)
 _BASE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-class LineRecordingLoader(_BASE_LOADER):
+class LineRecordingLoader(_BASE_LOADER):  # type: ignore[valid-type,misc]  # base chosen at import: C or Python
     """A SafeLoader that can also report the line (1-based) of each mapping key and sequence item."""
 
     def read_with_lines(self):
@@ -88,6 +88,11 @@ class LineRecordingLoader(_BASE_LOADER):
             self._record(value_node, path + (key,), lines, active)
 
 
+def _line_of(event: yaml.Event) -> Optional[int]:
+    """The 1-based line where a parser event starts (the parser always records it)."""
+    return None if event.start_mark is None else event.start_mark.line + 1
+
+
 def _check_shape(text: str) -> None:
     """`ConfigError` (with the line) when mappings / sequences nest deeper than `MAX_NESTING` or the document,
     aliases expanded, holds more than `MAX_NODES` nodes.  Runs on the event stream (the parser is not recursive),
@@ -108,7 +113,7 @@ def _check_shape(text: str) -> None:
             open_counts.append((event.anchor, total))
             if depth > MAX_NESTING:
                 raise ConfigError(f"the YAML nests deeper than {MAX_NESTING} levels",
-                                  line=event.start_mark.line + 1, expected=f"at most {MAX_NESTING} nested levels")
+                                  line=_line_of(event), expected=f"at most {MAX_NESTING} nested levels")
         elif isinstance(event, _COLLECTION_END):
             depth -= 1
             anchor, started = open_counts.pop()
@@ -116,7 +121,7 @@ def _check_shape(text: str) -> None:
                 anchored[anchor] = total - started + 1
         if total > MAX_NODES:
             raise ConfigError(f"the config holds more than {MAX_NODES} YAML nodes once its aliases are expanded",
-                              line=event.start_mark.line + 1,
+                              line=_line_of(event),
                               expected=f"at most {MAX_NODES} nodes after alias expansion")
 
 

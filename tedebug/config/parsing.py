@@ -1,9 +1,14 @@
-"""Per-call parsing of one feature config: `gemms` / `gemms_struct` / `tensors` / `tensors_struct` (spec B.3).
+"""Per-call parsing of one feature config: `gemms` / `gemms_struct` / `tensors` / `tensors_struct`.
 
 `parse_feature_config` answers "does this feature config apply to (gemm, tensor), and with which parameters?".
 It never mutates or aliases its input: the result is built from a deep copy.
 
-Tensor matching note: a scalar `tensors: activation` is accepted and treated as a one-name list. The reference
+Rules (as in TransformerEngine): the first `gemms_struct` / `tensors_struct` entry naming the requested GEMM /
+tensor decides, and its keys override the feature-level keys; a `tensors_struct` may sit inside a `gemms_struct`
+entry, not the other way round; a config without any GEMM (or tensor) list is an error when that kind of parsing
+is asked for.
+
+Tensor matching note: a scalar `tensors: activation` is accepted and treated as a one-name list. TransformerEngine
 tests `name in value`, which for a string is substring containment; we compare names exactly. No valid tensor name
 is a substring of another valid name, so the result is the same for every valid name.
 """
@@ -17,7 +22,7 @@ GEMM_NAMES = ("fprop", "dgrad", "wgrad")
 TENSOR_NAMES = ("activation", "weight", "gradient", "output", "wgrad", "dgrad")
 
 #: tensor name -> (GEMM consuming the rowwise representation, GEMM consuming the columnwise one);
-#: GEMM-output tensors have only the GEMM that produces them (te_debug_reference A.4).
+#: GEMM-output tensors have only the GEMM that produces them.
 GEMMS_OF_TENSOR = {
     "weight": ("fprop", "dgrad"),
     "activation": ("fprop", "wgrad"),
@@ -90,9 +95,10 @@ def _parse_gemm(cfg: dict, gemm: Optional[str], tensor_name: Optional[str], tens
         if gemm not in gemms:
             return None
         if tensor_parsing:
-            cfg = _parse_tensor(cfg, tensor_name)
-            if cfg is None:
+            parsed = _parse_tensor(cfg, tensor_name)
+            if parsed is None:
                 return None
+            cfg = parsed
         cfg["gemm"] = gemm
         return cfg
     raise ValueError(MISSING_GEMMS)

@@ -1,9 +1,9 @@
 """Feature scheduling: `freq` / `start_step` / `end_step` / `start_end_list` -> (active now, next active iteration).
 
-Semantics (spec B.4 with decisions.md corrections):
+Semantics (TransformerEngine's, except that a negative `end_step` means "no end" and bad values are errors):
 - intervals are `sorted(start_end_list)` when that list is non-empty, else one interval
   `[start_step or 0, end_step]`; both ends are inclusive;
-- a missing or negative `end_step` means "no end" (the reference treats -1 as an empty range for TE features);
+- a missing or negative `end_step` means "no end" (TransformerEngine treats -1 as an empty range);
 - iteration i is active iff `i % freq == 0` (absolute iteration numbers, not relative to the start) and i lies in
   some interval;
 - the next active iteration after i is the first multiple of `freq` that is > i and inside an interval, or None.

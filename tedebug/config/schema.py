@@ -385,7 +385,7 @@ def _issues_from_validation(err: ValidationError, raw, base: tuple, known_keys=(
     return issues
 
 
-def _validate_model(model: type, raw, base: tuple, issues: list, known_keys=()) -> Optional[BaseModel]:
+def _validate_model(model: type[BaseModel], raw, base: tuple, issues: list, known_keys=()) -> Optional[BaseModel]:
     try:
         return model.model_validate(raw)
     except ValidationError as err:

@@ -1,7 +1,7 @@
-"""Layer selection: does a section's `layers:` selector pick a given layer name? (spec B.2 + decisions.md)
+"""Layer selection: does a section's `layers:` selector pick a given layer name?
 
-Order of the rules:
-1. `exact_layer_names`: the listed names are selected, every other name is not (the reference raises for other
+Order of the rules (TransformerEngine's, except where noted):
+1. `exact_layer_names`: the listed names are selected, every other name is not (TransformerEngine raises for other
    names; we simply do not select them). The other keys are ignored when this key is present.
 2. `layer_name_regex_pattern`: selected iff `re.search(pattern, name)` finds a match anywhere (unanchored).
    `layer_types` and `layer_numbers` are ignored.
@@ -10,7 +10,7 @@ Order of the rules:
      contains `"all"`;
    - numbers: the layer number is the one digit run not directly preceded by the letters `fc` (found with
      `re.findall(r"(?<!fc)\\d+", name)`, so in `"fc12"` the run `"2"` counts). `"all"` selects every layer,
-     whatever its name. Otherwise a name with no such run, or with more than one, is not selected (the reference
+     whatever its name. Otherwise a name with no such run, or with more than one, is not selected (TransformerEngine
      raises IndexError / ValueError there). Ranges `"a-b"` are inclusive.
 """
 
@@ -81,7 +81,7 @@ class LayerSelector:
         return cls(**spec)
 
     def _type_matches(self, name: str) -> bool:
-        return self.all_types or any(t in name for t in self.types)
+        return self.all_types or any(t in name for t in self.types or ())
 
     def _number_matches(self, name: str) -> bool:
         if self.numbers is None:  # "all"

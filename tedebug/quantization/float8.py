@@ -1,11 +1,11 @@
 """Per-tensor FP8: `Float8CurrentScalingQuantizer` / `Float8Quantizer` (delayed scaling) -> `Float8Tensor`.
 
-One fp32 scale for the whole tensor (formats.md §2).  Elements are `RNE-satfinite-FP8(fp32(x) · scale)` and decode as
+One fp32 scale for the whole tensor.  Elements are `RNE-satfinite-FP8(fp32(x) · scale)` and decode as
 `code_value · scale_inv` with `scale_inv = fp32(1 / scale)`.
 
-- Current scaling (§2a): amax = max|x| of the tensor being quantized, scale = `compute_scale_from_amax` (epsilon,
+- Current scaling: amax = max|x| of the tensor being quantized, scale = `compute_scale_from_amax` (epsilon,
   optional power-of-two rounding, FLT_MAX for an infinite quotient, 1 for amax 0 / Inf).
-- Delayed scaling (§2b): the quantizer owns `scale` (0-d or 1-element fp32) and `amax_history` ([L] or [L, 1] fp32);
+- Delayed scaling: the quantizer owns `scale` (0-d or 1-element fp32) and `amax_history` ([L] or [L, 1] fp32);
   quantizing uses the current `scale` and records max|x| into `amax_history[0]`; `update_scale()` rolls the history
   and derives the next scale.  State tensors are updated in place, so `copy()`s share them.
 
@@ -79,8 +79,8 @@ class Float8Tensor(QuantizedTensor):
         """The codes of the 2-D view `[M, K]`, from either representation."""
         m, k = self._mk
         if usage == "rowwise":
-            return self.rowwise_data.reshape(m, k)
-        return self.columnwise_data.t()
+            return self.rowwise_data.reshape(m, k)  # type: ignore[union-attr]  # callers checked it exists
+        return self.columnwise_data.t()  # type: ignore[union-attr]  # callers checked it exists
 
     def _dequantize(self, usage: str) -> torch.Tensor:
         values = decode_fp8(self._codes_2d(usage), self.fp8_format) * self.scale_inv.float().reshape(())
@@ -175,7 +175,8 @@ class Float8CurrentScalingQuantizer(Quantizer):
         self.force_pow_2_scales = bool(force_pow_2_scales)
 
     def compute_scale(self, amax: torch.Tensor) -> torch.Tensor:
-        """0-d fp32 scale for a given amax (formats.md §2a)."""
+        """0-d fp32 scale for a given amax: fp8_max / max(amax, epsilon), 1 for amax 0 / Inf / NaN, FLT_MAX for an
+        infinite quotient, optionally rounded down to a power of two."""
         return compute_scale_from_amax(
             amax, FP8_MAX[self.fp8_format], epsilon=self.amax_epsilon, pow2=self.force_pow_2_scales
         )
@@ -303,7 +304,8 @@ class Float8Quantizer(Quantizer):
         return _cast_per_tensor(self, tensor, self.scale, self.fp8_format)
 
     def compute_amax(self, history: torch.Tensor) -> torch.Tensor:
-        """The amax the next scale is derived from (formats.md §2b), from the 1-D history before the roll."""
+        """The amax the next scale is derived from, from the 1-D history before the roll: its maximum ("max"), its
+        newest entry ("most_recent"), or what a user callable returns."""
         if callable(self.amax_compute_algo):
             return torch.as_tensor(self.amax_compute_algo(history), dtype=torch.float32).reshape(())
         if self.amax_compute_algo == "max":

@@ -1,4 +1,4 @@
-"""FP8 blockwise scaling (DeepSeek-V3 style): `Float8BlockQuantizer` -> `Float8BlockwiseTensor` (formats.md §3).
+"""FP8 blockwise scaling (DeepSeek-V3 style): `Float8BlockQuantizer` -> `Float8BlockwiseTensor`.
 
 One fp32 scale per block of the 2-D view `[M, K]` (M = product of the leading dims): 1x128 blocks along the last dim
 (`block_scaling_dim=1`) or 128x128 tiles (`block_scaling_dim=2`).  Per block: amax over the block's valid elements
@@ -37,6 +37,8 @@ from .gemm_values import MXFP8_LIFT, GemmValues, fp8_block_values_bf16
 from .tensor import QuantizedTensor, Quantizer, check_high_precision_input, matrix_shape
 
 BLOCK = 128
+#: (codes, scale_inv) of a direction that is not quantized
+_ABSENT: Tuple[Optional[torch.Tensor], Optional[torch.Tensor]] = (None, None)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -148,14 +150,11 @@ class Float8BlockwiseTensor(QuantizedTensor):
 
     def _dequantize(self, usage: str) -> torch.Tensor:
         m, k = self._mk
+        codes, scale_inv = getattr(self, f"{usage}_data"), getattr(self, f"{usage}_scale_inv")  # both present
         if usage == "rowwise":
-            values = dequantize_blocks(
-                self.rowwise_data.reshape(m, k), self.rowwise_scale_inv, self._block_rows, self.fp8_format
-            )
+            values = dequantize_blocks(codes.reshape(m, k), scale_inv, self._block_rows, self.fp8_format)
         else:
-            values = dequantize_blocks(
-                self.columnwise_data, self.columnwise_scale_inv, self._block_rows, self.fp8_format
-            ).t()
+            values = dequantize_blocks(codes, scale_inv, self._block_rows, self.fp8_format).t()
         return values.reshape(self._shape)
 
     def gemm_values(self, usage: str) -> Optional[GemmValues]:
@@ -174,12 +173,13 @@ class Float8BlockwiseTensor(QuantizedTensor):
     def _create(self, usage: str) -> None:
         """128x128 tiles: each direction is the transpose of the other; 1x128 blocks cannot be derived."""
         m, k = self._mk
+        # (the type checker cannot see that a direction's scale_inv is present whenever its data is)
         if self.block_scaling_dim == 2 and usage == "columnwise" and self.rowwise_data is not None:
             self.columnwise_data = self.rowwise_data.reshape(m, k).t().contiguous()
-            self.columnwise_scale_inv = self.rowwise_scale_inv.t().contiguous()
+            self.columnwise_scale_inv = self.rowwise_scale_inv.t().contiguous()  # type: ignore[union-attr]
         elif self.block_scaling_dim == 2 and usage == "rowwise" and self.columnwise_data is not None:
             self.rowwise_data = self.columnwise_data.t().contiguous().reshape(self._shape)
-            self.rowwise_scale_inv = self.columnwise_scale_inv.t().contiguous()
+            self.rowwise_scale_inv = self.columnwise_scale_inv.t().contiguous()  # type: ignore[union-attr]
         else:
             super()._create(usage)
 
@@ -243,7 +243,7 @@ class Float8BlockQuantizer(Quantizer):
         m, k = matrix_shape(tensor.shape)
         x2d = tensor.reshape(m, k)
         value_for_inf = torch.finfo(tensor.dtype).max
-        row = col = (None, None)
+        row = col = _ABSENT
         if self.rowwise_usage:
             codes, scale_inv = self._quantize_2d(x2d, value_for_inf)
             row = (codes.reshape(tensor.shape), scale_inv)

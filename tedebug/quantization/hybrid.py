@@ -2,7 +2,7 @@
 
 A `HybridQuantizer` composes two distinct sub-quantizers: the rowwise one produces the rowwise operand, the columnwise
 one the columnwise operand (e.g. FP8 rowwise + MXFP8 columnwise, MXFP8 + NVFP4, or high precision via
-`IdentityQuantizer`).  Unlike the reference implementation reviewed in seed 004, it
+`IdentityQuantizer`).  Going beyond a reviewed implementation of this design, it
 
 - runs a child only when the hybrid's own usage flag for that direction is on;
 - pins each child to its single direction only while it runs and restores the child's flags in ``finally``, also when
@@ -259,7 +259,7 @@ class HybridQuantizer(Quantizer):
         if not (self.rowwise_usage or self.columnwise_usage):
             raise ValueError("HybridQuantizer.make_empty: both rowwise and columnwise usage are off")
         shape = torch.Size(shape)
-        subs = {}
+        subs: dict[str, Optional[QuantizedTensor]] = {}
         for usage, child in (("rowwise", self.rowwise_quantizer), ("columnwise", self.columnwise_quantizer)):
             subs[usage] = None
             if getattr(self, f"{usage}_usage"):

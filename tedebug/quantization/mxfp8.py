@@ -1,6 +1,6 @@
 """MXFP8 (OCP microscaling FP8 with TE's "RCEIL" scale rule): `MXFP8Quantizer` -> `MXFP8Tensor`.
 
-One E8M0 scale per block of 32 elements (formats.md §4, te_debug_reference E.10 item 3):
+One E8M0 scale per block of 32 elements:
 
 - rowwise: 1x32 blocks along the last dim of the 2-D view `[M, K]` (M = product of the leading dims);
 - columnwise: 32x1 blocks along the first dim of that view, *same* `[M, K]` data layout (not transposed).
@@ -111,12 +111,13 @@ class MXFP8Tensor(QuantizedTensor):
 
     def _dequantize(self, usage: str) -> torch.Tensor:
         m, k = self._view2d()
+        data, codes = self._fields_of(usage)
         if usage == "rowwise":
-            values = decode_fp8(self.rowwise_data.reshape(m, k // MXFP8_BLOCK, MXFP8_BLOCK), self.fp8_format)
-            scales = e8m0_to_float(self.rowwise_scale_inv).unsqueeze(-1)
+            values = decode_fp8(data.reshape(m, k // MXFP8_BLOCK, MXFP8_BLOCK), self.fp8_format)
+            scales = e8m0_to_float(codes).unsqueeze(-1)
         else:
-            values = decode_fp8(self.columnwise_data.reshape(m // MXFP8_BLOCK, MXFP8_BLOCK, k), self.fp8_format)
-            scales = e8m0_to_float(self.columnwise_scale_inv).unsqueeze(1)
+            values = decode_fp8(data.reshape(m // MXFP8_BLOCK, MXFP8_BLOCK, k), self.fp8_format)
+            scales = e8m0_to_float(codes).unsqueeze(1)
         return (values * scales).reshape(self.shape)
 
     def gemm_values(self, usage: str) -> GemmValues:
@@ -127,7 +128,7 @@ class MXFP8Tensor(QuantizedTensor):
         values = mxfp8_values_bf16(data.reshape(m, k), scale_codes, usage == "rowwise", self.fp8_format, lift)
         return GemmValues(values, 2.0 ** -lift)
 
-    def _fields_of(self, usage: str) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+    def _fields_of(self, usage: str) -> Tuple[torch.Tensor, torch.Tensor]:
         if usage not in USAGES:
             raise ValueError(f"usage must be 'rowwise' or 'columnwise', got {usage!r}")
         data = getattr(self, f"{usage}_data")

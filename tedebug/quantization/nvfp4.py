@@ -1,6 +1,6 @@
 """NVFP4 (E2M1 elements, E4M3 block scales, fp32 global scale): `NVFP4Quantizer` -> `NVFP4Tensor`.
 
-Bit-exact TE rule (formats.md §5, te_debug_reference E.10 item 4), all in fp32:
+Bit-exact TE rule, all in fp32:
 
 - global: S_enc = 2688 / amax (clamped to FLT_MAX; 1 when amax is 0 or S_enc is 0);
 - block of 16: S_dec_b = E4M3_RNE_satfinite(min(block_amax · (S_enc · fp32(1/6)), FLT_MAX));
@@ -50,7 +50,7 @@ NVFP4_BLOCK = 16
 NVFP4_GLOBAL_MAX = FP8_MAX[E4M3] * E2M1_MAX  # 2688 = 448 * 6, exact in fp32
 _HIGH_PRECISION = (torch.float32, torch.bfloat16, torch.float16)
 
-#: fp32(1/2688) as a Python float (a tensor times it multiplies in fp32, as the reference's `_f32(1/2688)`)
+#: fp32(1/2688) as a Python float (a tensor times it multiplies in fp32, as TE's reference quantizer's `_f32(1/2688)`)
 _INV_GLOBAL_MAX = float(torch.tensor(1.0 / NVFP4_GLOBAL_MAX, dtype=torch.float32))
 
 #: TE's fixed RHT sign vector (applied to the rows of the Hadamard matrix).

@@ -13,7 +13,7 @@ handle it explicitly.  It always remembers the logical high-precision `shape`, `
 from __future__ import annotations
 
 import abc
-from typing import Iterable, List, Optional, Tuple
+from typing import Iterable, List, Optional, Tuple, TypeVar
 
 import torch
 
@@ -41,6 +41,9 @@ def matrix_shape(shape: Iterable[int]) -> Tuple[int, int]:
     for s in shape[:-1]:
         m *= s
     return m, shape[-1]
+
+
+_Q = TypeVar("_Q", bound="Quantizer")
 
 
 class Quantizer(abc.ABC):
@@ -107,7 +110,7 @@ class Quantizer(abc.ABC):
     ) -> "QuantizedTensor":
         """Allocate an uninitialised QuantizedTensor of logical `shape` for the enabled directions."""
 
-    def copy(self) -> "Quantizer":
+    def copy(self: _Q) -> _Q:
         """A shallow copy with its own usage flags (state tensors are shared)."""
         import copy as _copy
 

@@ -120,7 +120,8 @@ class BackgroundWriter:
             return None
         errors, self._errors = self._errors, []
         for later in errors[1:]:
-            errors[0].add_note(f"a later batch also failed: {later}")
+            if hasattr(errors[0], "add_note"):  # Python 3.11+
+                errors[0].add_note(f"a later batch also failed: {later}")
             errors[0].failures.extend(later.failures)
         return errors[0]
 

@@ -338,13 +338,13 @@ class MetricLogger:
             return
         if self.on_sink_error == "raise":
             raise errors[0][1]
-        for sink, exc in errors:
-            if isinstance(exc, BackgroundSinkError):
-                self._report_background(exc)
+        for sink, failure in errors:
+            if isinstance(failure, BackgroundSinkError):
+                self._report_background(failure)
             elif sink is None:
-                self._report(f"tedebug: closing the statistics writer failed: {type(exc).__name__}: {exc}")
+                self._report(f"tedebug: closing the statistics writer failed: {type(failure).__name__}: {failure}")
             else:
-                self._report(describe_failure(sink, exc, f"up to {self._last_iteration} (at close)"))
+                self._report(describe_failure(sink, failure, f"up to {self._last_iteration} (at close)"))
 
     # ------------------------------------------------------------------------------------------- background
     def _hand_over(self) -> None:

@@ -102,14 +102,14 @@ class JsonlSink(Sink):
         heads: Dict[Any, str] = {}  # iteration -> the line's opening (equal iterations: equal text)
         for record in records:
             name, value, iteration, layer, tensor, stat = record
-            names = str_names.get((name, layer, tensor, stat))
-            if names is not None:
+            cached = str_names.get((name, layer, tensor, stat))
+            if cached is not None:
                 value = float(value)
                 if isfinite(value):
                     head = heads.get(iteration)
                     if head is None:
                         head = heads[iteration] = f'{{"iteration": {int(iteration)!r}, '
-                    pending.append(f'{head}{names}, "value": {value!r}}}')
+                    pending.append(f'{head}{cached}, "value": {value!r}}}')
                     continue
             pending.append(line(*record))
 
@@ -139,7 +139,7 @@ class JsonlSink(Sink):
         if not all(map(math.isfinite, values)):
             for i in compress(count(), map(operator.not_, map(math.isfinite, values))):
                 texts[i] = _NONFINITE_TEXT[texts[i]]  # repr of NaN / ±Inf: "nan", "inf", "-inf"
-        parts = [f'{{"iteration": {int(batch.iteration)!r}, ', None, None, "}\n"] * len(values)
+        parts: List[Any] = [f'{{"iteration": {int(batch.iteration)!r}, ', None, None, "}\n"] * len(values)
         parts[1::4] = names
         parts[2::4] = texts
         parts[-1] = "}"
@@ -149,7 +149,8 @@ class JsonlSink(Sink):
         """``json.dumps(make_record(...), allow_nan=False)``, with the name part cached per distinct names."""
         value = float(value)
         iteration = int(iteration)
-        key: Optional[tuple] = (type(name), name, type(layer), layer, type(tensor), tensor, type(stat), stat)
+        key: Optional[tuple]  # None: a name part is unhashable
+        key = (type(name), name, type(layer), layer, type(tensor), tensor, type(stat), stat)
         try:
             names = self._encoded_names.get(key)
         except TypeError:  # unhashable name parts: the plain encoder

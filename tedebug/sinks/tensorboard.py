@@ -182,7 +182,7 @@ class TensorBoardSink(Sink):
         tag = self.tag_for(name, layer=layer, tensor=tensor, stat=stat)
         self.writer.add_scalar(tag, float(value), iteration)
         if tag != name:
-            self._note_chart(tensor, stat, layer)
+            self._note_chart(tensor, stat, layer)  # type: ignore[arg-type]  # a tag of its own: all three are set
         if self.summaries and layer is not None and tensor is not None and stat is not None:
             self._note_value(iteration, tensor, stat, layer, value)
 
@@ -217,7 +217,7 @@ class TensorBoardSink(Sink):
             tags.append(tag)
             values.append(float(value))
             if tag != name:
-                self._note_chart(tensor, stat, layer)
+                self._note_chart(tensor, stat, layer)  # type: ignore[arg-type]  # a tag of its own: all three are set
             if summaries and layer is not None and tensor is not None and stat is not None:
                 self._note_value(iteration, tensor, stat, layer, values[-1])
         if tags:

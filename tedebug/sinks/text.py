@@ -27,7 +27,7 @@ import os
 import re
 import time
 from itertools import repeat
-from typing import Any, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from tedebug.logging import STATS_LOG_DIR, file_mode_from_env, log_file_name
 from tedebug.sinks.base import Record, Sink
@@ -83,7 +83,8 @@ class _AscTime:
         if second != self._second:
             self._second = second
             self._text = time.strftime(logging.Formatter.default_time_format, time.localtime(created))
-        return logging.Formatter.default_msec_format % (self._text, int((created - second) * 1000))
+        template = logging.Formatter.default_msec_format  # "%s,%03d"; typed Optional for subclasses that unset it
+        return template % (self._text, int((created - second) * 1000))  # type: ignore[operator]
 
 
 class TextStatsSink(Sink):
@@ -117,7 +118,7 @@ class TextStatsSink(Sink):
             if names is not None:
                 self._pending.append(self._batch_text(names, records, prefix))
                 return
-        middles = {}  # iteration -> the text between the name and the value (equal iterations: equal text)
+        middles: Dict[Any, str] = {}  # iteration -> the text between name and value (equal iterations: equal text)
         lines = []
         for name, value, iteration, _, _, _ in records:
             middle = middles.get(iteration)
@@ -140,7 +141,8 @@ class TextStatsSink(Sink):
         """The lines of a one-iteration `batch` (`names`: its `_names_for`): per record prefix, name, middle, value
         and newline, joined (a ``%`` template of the batch costs more: its literal text is scanned per character)."""
         values = batch.values
-        parts = [prefix, None, f"{SEPARATOR}iteration={int(batch.iteration):06d}{SEPARATOR}value=", None, "\n"]
+        middle = f"{SEPARATOR}iteration={int(batch.iteration):06d}{SEPARATOR}value="
+        parts: List[Any] = [prefix, None, middle, None, "\n"]
         parts *= len(values)
         parts[1::5] = names
         parts[3::5] = map(float.__format__, values, repeat(".4f"))  # = f"{float(value):.4f}", as `log_scalars`

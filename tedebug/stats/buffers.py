@@ -189,8 +189,9 @@ class BufferStore:
     def __len__(self) -> int:
         return len(self._buffers)
 
-    def get(self, key: BufferKey) -> Optional[StatBuffer]:
-        return self._buffers.get(key)
+    def get(self, key: tuple) -> Optional[StatBuffer]:
+        """The buffer of `key`, a `BufferKey` or the plain tuple of its fields."""
+        return self._buffers.get(key)  # type: ignore[call-overload]  # a tuple finds the BufferKey of its fields
 
     def fed(self) -> List[StatBuffer]:
         """Buffers fed since the last step, in creation order."""

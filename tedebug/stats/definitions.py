@@ -14,8 +14,8 @@ partials of a quantized tensor.  Every row starts with ``Column("numel", ())``.
 `finalize` turns a merged row into the logged value.  Numerical choices (documented for users):
 
 * ``std`` is the unbiased standard deviation (torch.std); across feeds and ranks the pooled value uses
-  M2 = Σ M2_i + Σ n_i (m_i − m)², i.e. exactly the std of the concatenated data (decisions.md).  With fewer than
-  two elements it is NaN, as torch.std.
+  M2 = Σ M2_i + Σ n_i (m_i − m)², i.e. exactly the std of the concatenated data (TransformerEngine's combination
+  is biased).  With fewer than two elements it is NaN, as torch.std.
 * ``dynamic_range`` = log2(max non-zero |x|) − log2(min non-zero |x|) over everything fed; for a tensor with no
   non-zero element it is +inf (TransformerEngine's top = +inf, bottom = 0 rule), never an error.
 * ``scale_inv_std`` is the population standard deviation of the stored decode scales (0 for a single scale).

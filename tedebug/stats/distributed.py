@@ -108,9 +108,7 @@ class _Exchange:
             self._work = None
         if self._event is not None:
             self._event.synchronize()
-            host = self._host
-        else:
-            host = self._gathered
+        host = self._gathered if self._host is None else self._host  # pinned copy: set together with the event
         return host.reshape(dist.get_world_size(self.group), -1).tolist()
 
 

@@ -21,7 +21,7 @@ read and merged at step N+1.  So a training loop that never synchronises keeps t
 steps.  `finish_pending()` emits the iteration still in flight (the session calls it when it flushes or closes).
 Two sets of slabs alternate, so that the next step's kernels never write rows that are still being copied.
 
-Participation rule (te_debug_reference F.6): a rank that fed nothing this step joins the collectives only if some
+Participation rule (as in TransformerEngine): a rank that fed nothing this step joins the collectives only if some
 layer's noted next enabled iteration is ≤ the finished iteration; otherwise it performs no communication at all.
 Ranks join the groups of every buffer they ever created, so every layer is expected to run on every rank at its
 first enabled iteration (the same assumption TransformerEngine makes).
@@ -203,7 +203,7 @@ class StatsEngine:
             for name, index in slots:
                 value = partials[name]
                 values[index] = value if value.device == device else value.to(device)
-        return torch.stack(values)
+        return torch.stack(values)  # type: ignore[arg-type]  # the loop above filled every slot
 
     def _numel_tensor(self, numel: int, device: torch.device) -> torch.Tensor:
         """0-d float64 `numel` on `device`, made once per (numel, device) and only ever read (rows copy it)."""
@@ -317,7 +317,7 @@ class StatsEngine:
                 self._spare_slabs = slabs
         if isinstance(rows, _StepInFlight):
             merged = {e.key: host[e.key] for e in rows.entries if e.skip_reduction}
-            merged.update(rows.reduction.finish(host))
+            merged.update(rows.reduction.finish(host))  # type: ignore[arg-type]  # its keys are `host`'s BufferKeys
             self._emit(rows.entries, merged)
             return
         self._emit(rows.entries, self._reduce(rows.entries, host, False))
@@ -349,8 +349,8 @@ class StatsEngine:
         rows: List[tuple] = []
         for buffer in fed:
             values = merged[buffer.key]
-            layer, tensor_name, _ = buffer.key
-            rows.append((buffer.emitters, values, buffer.iteration, layer, tensor_name))
+            layer_name, tensor_name, _ = buffer.key
+            rows.append((buffer.emitters, values, buffer.iteration, layer_name, tensor_name))
             if not self._nonfinite_reported:
                 self._report_nonfinite(buffer, values)
 
@@ -364,8 +364,8 @@ class StatsEngine:
         elif callable(log_scalars):
             log_scalars(records())
         else:
-            for name, value, iteration, layer, tensor_name, stat in records():
-                self.metric_logger.log_scalar(name, value, iteration, layer=layer, tensor=tensor_name, stat=stat)
+            for name, value, iteration, layer, tensor, stat in records():
+                self.metric_logger.log_scalar(name, value, iteration, layer=layer, tensor=tensor, stat=stat)
         flush = getattr(self.metric_logger, "flush", None)
         if self.flush_at_step and callable(flush):
             flush()

@@ -61,7 +61,7 @@ class RowsInFlight:
         for slab in self._slabs:
             slab.start_host_copy()
         for device, entries in by_device.items():
-            flat = torch.cat([e.row for e in entries])
+            flat = torch.cat([e.row for e in entries])  # type: ignore[misc]  # by_device holds entries with a row
             if device.type == "cuda":
                 flat = flat.to("cpu", non_blocking=True)  # into pinned memory: returns at once
                 cuda_devices.add(device)

@@ -10,7 +10,7 @@ This is the synchronous reduction; `tedebug.stats.distributed` reduces without w
 
 from __future__ import annotations
 
-from typing import Any, Dict, Hashable, List, Sequence, Tuple
+from typing import Any, Dict, Hashable, List, Sequence, Tuple, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -19,6 +19,7 @@ from tedebug.stats.definitions import Column, combine_rows
 
 #: what one rank contributes for one buffer: its columns and the float values of its row
 HostRow = Tuple[Tuple[Column, ...], List[float]]
+_Key = TypeVar("_Key", bound=Hashable)
 
 
 def distributed_ready() -> bool:
@@ -46,7 +47,7 @@ def ordered_groups(groups: Sequence[Any]) -> List[Any]:
     return [unique[k] for k in sorted(unique)]
 
 
-def gather_rows(local: Dict[Hashable, tuple], group: Any) -> Dict[Hashable, List[HostRow]]:
+def gather_rows(local: Dict[_Key, tuple], group: Any) -> Dict[_Key, List[HostRow]]:
     """ONE ``all_gather_object`` over `group`; for each key of `local`, the rows of every rank that has it.
 
     An entry may carry a third element, a replica id (`tedebug.stats.distributed.replica_id`; -1 for none): of
