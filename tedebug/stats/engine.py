@@ -183,10 +183,10 @@ class StatsEngine:
                     vector = vector.to(device)
                 source = torch.cat((numel_value.reshape(1), vector))
                 return source.index_select(0, buffer.basic_gather(backend.BASIC_KEYS, device))
-        source = buffer.quantized_source
-        fused_of = getattr(backend, "fused_vector", None) if source is not None and x is not None else None
+        direction = buffer.quantized_source
+        fused_of = getattr(backend, "fused_vector", None) if direction is not None and x is not None else None
         if fused_of is not None:  # quantization statistics the quantize kernel wrote: one gather of its vector
-            recipe, columnwise = source
+            recipe, columnwise = direction
             q = quantized.get(recipe)
             fused = fused_of(q, x, "columnwise" if columnwise else "rowwise") if q is not None else None
             if fused is not None:
