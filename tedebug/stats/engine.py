@@ -184,18 +184,10 @@ class StatsEngine:
                 source = torch.cat((numel_value.reshape(1), vector))
                 return source.index_select(0, buffer.basic_gather(backend.BASIC_KEYS, device))
         direction = buffer.quantized_source
-        fused_of = getattr(backend, "fused_vector", None) if direction is not None and x is not None else None
-        if fused_of is not None:  # quantization statistics the quantize kernel wrote: one gather of its vector
-            recipe, columnwise = direction
-            q = quantized.get(recipe)
-            fused = fused_of(q, x, "columnwise" if columnwise else "rowwise") if q is not None else None
-            if fused is not None:
-                keys = fused.keys_in_order
-                if buffer.covered_by(keys) and fused.vector.device == device:
-                    if NUMEL.name in keys:  # the vector counts the elements too: the row is one gather of it
-                        return fused.vector.index_select(0, buffer.row_gather(keys, device))
-                    return torch.cat((numel_value.reshape(1), fused.vector)).index_select(
-                        0, buffer.basic_gather(keys, device))
+        if direction is not None and x is not None:
+            row = _fused_row(backend, buffer, direction, x, quantized, numel_value, device)
+            if row is not None:
+                return row
         values: List[Optional[torch.Tensor]] = [None] * len(buffer.columns)
         values[buffer.numel_index] = numel_value
         for family, qualifier, slots in buffer.families:
@@ -448,6 +440,27 @@ def _parse_requests(layer: str, tensor_name: str, entries: Sequence[Any]) -> Tup
     if not requests:
         raise ValueError(f"layer {layer!r}, tensor {tensor_name!r}: feed() needs at least one statistic")
     return tuple(requests)
+
+
+def _fused_row(backend, buffer: StatBuffer, direction: Tuple[Any, ...], x: torch.Tensor,
+               quantized: Mapping[str, Any], numel_value: torch.Tensor, device: torch.device) -> Optional[torch.Tensor]:
+    """The row of a buffer of quantization statistics of one direction as one gather of the statistics vector its
+    quantize kernel wrote for exactly `x` (`tedebug.backends.fused_stats`), or None when there is none or it lacks a
+    partial (the families are then computed one by one)."""
+    fused_of = getattr(backend, "fused_vector", None)
+    recipe, columnwise = direction
+    q = quantized.get(recipe)
+    if fused_of is None or q is None:
+        return None
+    fused = fused_of(q, x, "columnwise" if columnwise else "rowwise")
+    if fused is None:
+        return None
+    keys = fused.keys_in_order
+    if not buffer.covered_by(keys) or fused.vector.device != device:
+        return None
+    if NUMEL.name in keys:  # the vector counts the elements too: the row is one gather of it
+        return fused.vector.index_select(0, buffer.row_gather(keys, device))
+    return torch.cat((numel_value.reshape(1), fused.vector)).index_select(0, buffer.basic_gather(keys, device))
 
 
 def _family_partials(backend, family: str, qualifier: Tuple[Any, ...], x, quantized: Mapping[str, Any]):
