@@ -26,6 +26,7 @@ the main log naming the layer, tensor, statistics and the reason.  Errors that c
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -43,6 +44,7 @@ from tedebug.features.base import (
 )
 from tedebug.features.config_checks import FeatureConfigError, require_stats_list
 from tedebug.features.fp8_stat_names import STATS_NEEDING_TENSOR, Fp8StatName, parse_fp8_stat
+from tedebug.memo import memoized
 from tedebug.quantization.tensor import QuantizedTensor, Quantizer
 from tedebug.recipe import PER_TENSOR_RECIPE_NAMES, RecipeName
 from tedebug.registry import api_method, register_feature
@@ -150,7 +152,13 @@ def _skip(plan: _Plan, reason: str, stat: Fp8StatName) -> None:
     plan.skipped.setdefault(reason, []).append(stat.name)
 
 
-def _fill_plan(plan: _Plan, stats: List[Fp8StatName], tensor_name: str, tensor: Optional[torch.Tensor],
+@functools.lru_cache(maxsize=4096)
+def _request(stat: Fp8StatName, key: str) -> StatRequest:
+    """The (immutable) request of `stat` reading the quantized tensor `key`, made once."""
+    return StatRequest(stat.name, stat.stat, recipe=key, columnwise=stat.columnwise)
+
+
+def _fill_plan(plan: _Plan, stats: Tuple[Fp8StatName, ...], tensor_name: str, tensor: Optional[torch.Tensor],
                operands: Dict[str, Any]) -> None:
     """Requests of the statistics that can be computed; the others go to `plan.skipped` with their reason (a
     statistic never stops training: what cannot be known at config load is reported and skipped here)."""
@@ -185,7 +193,7 @@ def _fill_plan(plan: _Plan, stats: List[Fp8StatName], tensor_name: str, tensor: 
             if stat.recipe not in plan.what_if:
                 plan.what_if.append(stat.recipe)
             key = stat.recipe
-        plan.requests.append(StatRequest(stat.name, stat.stat, recipe=key, columnwise=stat.columnwise))
+        plan.requests.append(_request(stat, key))
 
 
 def _current_view(plan: _Plan) -> Optional[QuantizedTensor]:
@@ -229,7 +237,8 @@ class LogFp8TensorStats(ScheduledInspectFeature):
         if not scheduled_now(config, iteration):
             return
         name = type(self).__name__
-        stats = [parse_fp8_stat(s) for s in stat_list(config)]
+        names = stat_list(config)
+        stats = memoized("LogFp8TensorStats.stats", names, lambda: tuple(parse_fp8_stat(s) for s in names))
         operands = {"rowwise": rowwise_quantized_tensor, "columnwise": columnwise_quantized_tensor}
         plan = _Plan()
         try:
@@ -253,9 +262,12 @@ class LogFp8TensorStats(ScheduledInspectFeature):
                 plan.quantized[CURRENT_KEY] = view
             current = active.session()
             group, skip, is_weight = reduction_args(current, tensor_name, tp_group, tp_size)
+            # one tuple object per distinct request list: the engine then reuses its parse of the last feed
+            requests = tuple(plan.requests)
+            requests = memoized("LogFp8TensorStats.requests", requests, lambda: requests)
             try:
                 current.stats.feed(
-                    layer_name, tensor_name, plan.requests, tensor, iteration=iteration,
+                    layer_name, tensor_name, requests, tensor, iteration=iteration,
                     options=schedule_options(config) + (MARKER,), quantized=plan.quantized,
                     reduction_group=group, skip_reduction=skip, is_weight=is_weight,
                 )
