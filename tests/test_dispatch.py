@@ -19,8 +19,9 @@ def test_cpu_tensor_uses_torch_reference():
     x = torch.randn(8, 32)
     assert dispatch.requested_backend() == "auto"
     assert backend_for(x) is torch_ref
-    assert dispatch.quantize_mxfp8(MXFP8Quantizer(), x) is None
-    assert dispatch.quantize_fp8_current(Float8CurrentScalingQuantizer(), x) is None
+    assert dispatch.quantize_mxfp8(x, "E4M3", True, True) is None
+    assert dispatch.quantize_fp8_current(x, "E4M3", 0.0, False, True, True) is None
+    assert not hasattr(Float8CurrentScalingQuantizer().quantize(x), "_fused_error_stats")  # the torch path
 
 
 def test_use_backend_context_manager_restores_previous():

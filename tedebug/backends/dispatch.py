@@ -124,45 +124,60 @@ def stats_backend(tensor: torch.Tensor) -> ModuleType:
     return torch_ref
 
 
-def quantize_mxfp8(quantizer, tensor: torch.Tensor):
-    """The kernel MXFP8Tensor for `tensor`, or None to let the torch reference quantize."""
+def _matrix(tensor: torch.Tensor) -> torch.Tensor:
+    """The 2-D view [M, K] of a non-empty tensor (M = product of the leading dims, 1 for a 1-D tensor)."""
+    return tensor.detach().reshape(-1, tensor.shape[-1])
+
+
+def quantize_mxfp8(tensor: torch.Tensor, fp8_format: str, rowwise: bool, columnwise: bool):
+    """The kernel's `cupy_mxfp8.MXFP8Buffers` of `tensor` (a valid MXFP8 shape), or None to let the torch reference
+    quantize."""
     if not (use_kernels(tensor) and _kernel_input(tensor)):
         return None
     from tedebug.backends import cupy_mxfp8
 
-    return cupy_mxfp8.mxfp8_quantize(quantizer, tensor)
+    return cupy_mxfp8.mxfp8_quantize_raw(_matrix(tensor), fp8_format, rowwise, columnwise)
 
 
-def quantize_fp8_current(quantizer, tensor: torch.Tensor):
-    """The kernel Float8Tensor (current scaling) for `tensor`, or None for the torch reference."""
+def quantize_fp8_current(tensor: torch.Tensor, fp8_format: str, epsilon: float, pow2: bool, rowwise: bool,
+                         columnwise: bool):
+    """The kernel's `cupy_fp8_tensor.Float8Buffers` of `tensor` under current scaling, or None for the torch
+    reference."""
     if not (use_kernels(tensor) and _kernel_input(tensor)):
         return None
     from tedebug.backends import cupy_fp8_tensor
 
-    return cupy_fp8_tensor.fp8_current_quantize(quantizer, tensor)
+    return cupy_fp8_tensor.fp8_current_quantize(_matrix(tensor), fp8_format, epsilon, pow2, rowwise, columnwise)
 
 
-def quantize_fp8_delayed(quantizer, tensor: torch.Tensor):
-    """The kernel Float8Tensor (delayed scaling) for `tensor`, or None for the torch reference."""
+def quantize_fp8_delayed(tensor: torch.Tensor, history: torch.Tensor, scale: torch.Tensor, fp8_format: str,
+                         rowwise: bool, columnwise: bool):
+    """The kernel's `cupy_fp8_tensor.Float8Buffers` of `tensor` under delayed scaling (max|x| recorded into
+    history[0], the cast with `scale`; both state tensors on tensor's device), or None for the torch reference."""
     if not (use_kernels(tensor) and _kernel_input(tensor)):
         return None
     from tedebug.backends import cupy_fp8_tensor
 
-    return cupy_fp8_tensor.fp8_delayed_quantize(quantizer, tensor)
+    return cupy_fp8_tensor.fp8_delayed_quantize(_matrix(tensor), history, scale, fp8_format, rowwise, columnwise)
 
 
-def quantize_fp8_block(quantizer, tensor: torch.Tensor):
-    """The kernel Float8BlockwiseTensor (1x128 / 128x128 blocks) for `tensor`, or None for the torch reference."""
+def quantize_fp8_block(tensor: torch.Tensor, fp8_format: str, block_scaling_dim: int, epsilon: float, pow2: bool,
+                       value_for_inf: float, rowwise: bool, columnwise: bool):
+    """The kernel's `cupy_fp8_block.Float8BlockBuffers` of `tensor` (1x128 / 128x128 blocks), or None for the torch
+    reference."""
     if not (use_kernels(tensor) and _kernel_input(tensor)):
         return None
     from tedebug.backends import cupy_fp8_block
 
-    return cupy_fp8_block.fp8_block_quantize(quantizer, tensor)
+    return cupy_fp8_block.fp8_block_quantize_raw(_matrix(tensor), fp8_format, block_scaling_dim, epsilon=epsilon,
+                                                 pow2=pow2, value_for_inf=value_for_inf, rowwise=rowwise,
+                                                 columnwise=columnwise)
 
 
 def quantize_nvfp4(quantizer, tensor: torch.Tensor):
-    """The kernel NVFP4Tensor for `tensor`, or None for the torch reference (also for calls the kernel does not
-    take: RHT, shapes NVFP4 rejects, which the reference then reports)."""
+    """The kernel's `cupy_nvfp4.NVFP4Buffers` of `tensor`, or None for the torch reference (also for calls the kernel
+    does not take: shapes NVFP4 rejects, which the reference then reports).  `quantizer` supplies the options and
+    the Philox offsets of stochastic rounding (`cupy_nvfp4.nvfp4_quantize`)."""
     if not (use_kernels(tensor) and _kernel_input(tensor)):
         return None
     from tedebug.backends import cupy_nvfp4
@@ -192,16 +207,16 @@ def gemm_kernels(tensor: torch.Tensor) -> Optional[ModuleType]:
     return cupy_dequant
 
 
-def fp8_delayed_update(quantizer, scaled_max: float) -> bool:
-    """Run `quantizer.update_scale()` as one kernel when it applies (CUDA state under the current backend choice,
-    "max" / "most_recent", contiguous fp32 history of at most 2048 entries); False for the torch path."""
-    history, scale = quantizer._history, quantizer.scale
-    if quantizer.amax_compute_algo not in ("max", "most_recent") or not use_kernels(history):
+def fp8_delayed_update(history: torch.Tensor, scale: torch.Tensor, amax_compute_algo, scaled_max: float) -> bool:
+    """Run a delayed-scaling update (`Float8Quantizer.update_scale`) as one kernel when it applies (CUDA state under
+    the current backend choice, "max" / "most_recent", contiguous fp32 history of at most 2048 entries); False for
+    the torch path."""
+    if amax_compute_algo not in ("max", "most_recent") or not use_kernels(history):
         return False
     from tedebug.backends import cupy_fp8_tensor
 
     if (history.numel() > cupy_fp8_tensor.DELAYED_UPDATE_MAX_LEN or not history.is_contiguous()
             or scale.device != history.device or scale.numel() != 1 or not scale.is_contiguous()):
         return False
-    cupy_fp8_tensor.fp8_delayed_update(history, scale, scaled_max, quantizer.amax_compute_algo == "most_recent")
+    cupy_fp8_tensor.fp8_delayed_update(history, scale, scaled_max, amax_compute_algo == "most_recent")
     return True

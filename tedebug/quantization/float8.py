@@ -23,6 +23,9 @@ from typing import Callable, Iterable, Optional, Tuple, Union
 
 import torch
 
+from tedebug.backends import dispatch
+from tedebug.backends.fused_stats import FP8_STATS, FusedStats, attach_fused
+
 from .formats import (
     FLT_MAX,
     FP8_MAX,
@@ -137,6 +140,26 @@ def _cast_per_tensor(
     )
 
 
+def _from_kernel_buffers(quantizer: Quantizer, tensor: torch.Tensor, buffers) -> Float8Tensor:
+    """The Float8Tensor of the kernel path's `cupy_fp8_tensor.Float8Buffers`, carrying the statistics the kernel
+    fused into the cast (one vector shared by both directions)."""
+    row = buffers.rowwise_data
+    out = Float8Tensor(
+        tensor.shape,
+        tensor.dtype,
+        tensor.device,
+        quantizer,
+        fp8_format=quantizer.fp8_format,
+        scale_inv=buffers.scale_inv,
+        rowwise_data=row.reshape(tensor.shape) if row is not None else None,
+        columnwise_data=buffers.columnwise_data,
+    )
+    per = FusedStats(buffers.stats, FP8_STATS)
+    attach_fused(out, tensor, {u: per for u, on in (("rowwise", quantizer.rowwise_usage),
+                                                    ("columnwise", quantizer.columnwise_usage)) if on})
+    return out
+
+
 def _empty_per_tensor(quantizer: Quantizer, shape, dtype, device, fp8_format: str) -> Float8Tensor:
     shape = torch.Size(int(s) for s in shape)
     m, k = matrix_shape(shape)
@@ -182,11 +205,11 @@ class Float8CurrentScalingQuantizer(Quantizer):
 
     def _quantize(self, tensor: torch.Tensor) -> Float8Tensor:
         check_high_precision_input(tensor, type(self).__name__)
-        from tedebug.backends import dispatch  # GPU dispatch hook: CuPy kernel when it applies, else torch below
-
-        fast = dispatch.quantize_fp8_current(self, tensor)
-        if fast is not None:
-            return fast
+        # GPU dispatch hook: the CuPy kernel's buffers when it applies, else the torch path below
+        buffers = dispatch.quantize_fp8_current(tensor, self.fp8_format, self.amax_epsilon, self.force_pow_2_scales,
+                                                self.rowwise_usage, self.columnwise_usage)
+        if buffers is not None:
+            return _from_kernel_buffers(self, tensor, buffers)
         scale = self.compute_scale(tensor_amax(tensor))
         return _cast_per_tensor(self, tensor, scale, self.fp8_format)
 
@@ -291,12 +314,12 @@ class Float8Quantizer(Quantizer):
 
     def _quantize(self, tensor: torch.Tensor) -> Float8Tensor:
         check_high_precision_input(tensor, type(self).__name__)
-        from tedebug.backends import dispatch  # GPU dispatch hook: CuPy kernel when it applies, else torch below
-
         self.state_to(tensor.device)
-        fast = dispatch.quantize_fp8_delayed(self, tensor)
-        if fast is not None:
-            return fast
+        # GPU dispatch hook: the CuPy kernel's buffers when it applies, else the torch path below
+        buffers = dispatch.quantize_fp8_delayed(tensor, self._history, self.scale, self.fp8_format,
+                                                self.rowwise_usage, self.columnwise_usage)
+        if buffers is not None:
+            return _from_kernel_buffers(self, tensor, buffers)
         amax = tensor_amax(tensor).to(self.amax_history.device)
         history = self._history
         history[0] = torch.maximum(history[0], amax)
@@ -318,9 +341,8 @@ class Float8Quantizer(Quantizer):
         """
         # fp32(fp8_max · 2^-margin) is exact in a Python float, which a fp32 tensor op uses as that fp32 value
         scaled_max = _scaled_max(FP8_MAX[self.fp8_format], self.margin)
-        from tedebug.backends import dispatch  # GPU: the whole update in one kernel (same values)
-
-        if dispatch.fp8_delayed_update(self, scaled_max):
+        # GPU: the whole update in one kernel (same values)
+        if dispatch.fp8_delayed_update(self._history, self.scale, self.amax_compute_algo, scaled_max):
             return
         history = self._history
         amax = self.compute_amax(history.clone()).to(device=self.scale.device, dtype=torch.float32)
