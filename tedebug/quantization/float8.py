@@ -24,6 +24,7 @@ from typing import Callable, Iterable, Optional, Tuple, Union
 import torch
 
 from tedebug.backends import dispatch
+from tedebug.backends.dispatch import KernelChoice
 from tedebug.backends.fused_stats import FP8_STATS, FusedStats, attach_fused
 
 from .formats import (
@@ -189,8 +190,9 @@ class Float8CurrentScalingQuantizer(Quantizer):
         force_pow_2_scales: bool = False,
         rowwise: bool = True,
         columnwise: bool = True,
+        kernel: KernelChoice = None,
     ) -> None:
-        super().__init__(rowwise=rowwise, columnwise=columnwise)
+        super().__init__(rowwise=rowwise, columnwise=columnwise, kernel=kernel)
         self.fp8_format = fp8_format_of(fp8_format)
         if not amax_epsilon >= 0.0:
             raise ValueError(f"Float8CurrentScalingQuantizer: amax_epsilon must be >= 0, got {amax_epsilon!r}")
@@ -207,7 +209,7 @@ class Float8CurrentScalingQuantizer(Quantizer):
         check_high_precision_input(tensor, type(self).__name__)
         # GPU dispatch hook: the CuPy kernel's buffers when it applies, else the torch path below
         buffers = dispatch.quantize_fp8_current(tensor, self.fp8_format, self.amax_epsilon, self.force_pow_2_scales,
-                                                self.rowwise_usage, self.columnwise_usage)
+                                                self.rowwise_usage, self.columnwise_usage, self.kernel)
         if buffers is not None:
             return _from_kernel_buffers(self, tensor, buffers)
         scale = self.compute_scale(tensor_amax(tensor))
@@ -246,8 +248,9 @@ class Float8Quantizer(Quantizer):
         amax_compute_algo: AmaxAlgo = "max",
         rowwise: bool = True,
         columnwise: bool = True,
+        kernel: KernelChoice = None,
     ) -> None:
-        super().__init__(rowwise=rowwise, columnwise=columnwise)
+        super().__init__(rowwise=rowwise, columnwise=columnwise, kernel=kernel)
         self.fp8_format = fp8_format_of(fp8_format)
         self.scale = _check_state(scale, "scale", lambda t: t.numel() == 1, "one element")
         self.amax_history = _check_state(
@@ -317,7 +320,7 @@ class Float8Quantizer(Quantizer):
         self.state_to(tensor.device)
         # GPU dispatch hook: the CuPy kernel's buffers when it applies, else the torch path below
         buffers = dispatch.quantize_fp8_delayed(tensor, self._history, self.scale, self.fp8_format,
-                                                self.rowwise_usage, self.columnwise_usage)
+                                                self.rowwise_usage, self.columnwise_usage, self.kernel)
         if buffers is not None:
             return _from_kernel_buffers(self, tensor, buffers)
         amax = tensor_amax(tensor).to(self.amax_history.device)
@@ -342,7 +345,7 @@ class Float8Quantizer(Quantizer):
         # fp32(fp8_max · 2^-margin) is exact in a Python float, which a fp32 tensor op uses as that fp32 value
         scaled_max = _scaled_max(FP8_MAX[self.fp8_format], self.margin)
         # GPU: the whole update in one kernel (same values)
-        if dispatch.fp8_delayed_update(self._history, self.scale, self.amax_compute_algo, scaled_max):
+        if dispatch.fp8_delayed_update(self._history, self.scale, self.amax_compute_algo, scaled_max, self.kernel):
             return
         history = self._history
         amax = self.compute_amax(history.clone()).to(device=self.scale.device, dtype=torch.float32)

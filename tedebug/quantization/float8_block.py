@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from tedebug.backends import dispatch
+from tedebug.backends.dispatch import KernelChoice
 from tedebug.backends.fused_stats import attach_fused
 
 from .formats import (
@@ -216,8 +217,9 @@ class Float8BlockQuantizer(Quantizer):
         force_pow_2_scales: bool = True,
         rowwise: bool = True,
         columnwise: bool = True,
+        kernel: KernelChoice = None,
     ) -> None:
-        super().__init__(rowwise=rowwise, columnwise=columnwise)
+        super().__init__(rowwise=rowwise, columnwise=columnwise, kernel=kernel)
         self.fp8_format = fp8_format_of(fp8_format)
         self._block_rows = block_rows_of(block_scaling_dim)
         self.block_scaling_dim = block_scaling_dim
@@ -242,7 +244,7 @@ class Float8BlockQuantizer(Quantizer):
         # GPU dispatch hook: the CuPy kernel's buffers when it applies, else the torch path below
         buffers = dispatch.quantize_fp8_block(tensor, self.fp8_format, self.block_scaling_dim, self.amax_epsilon,
                                               self.force_pow_2_scales, value_for_inf, self.rowwise_usage,
-                                              self.columnwise_usage)
+                                              self.columnwise_usage, self.kernel)
         row = col = (None, None)
         fused = {}
         if buffers is not None:

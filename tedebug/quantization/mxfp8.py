@@ -24,6 +24,7 @@ from typing import Iterable, Optional, Tuple
 import torch
 
 from tedebug.backends import dispatch
+from tedebug.backends.dispatch import KernelChoice
 from tedebug.backends.fused_stats import COLUMNWISE_STATS, ROWWISE_STATS, FusedStats, attach_fused
 
 from .formats import (
@@ -162,8 +163,9 @@ class MXFP8Quantizer(Quantizer):
 
     recipe_name = "mxfp8"
 
-    def __init__(self, fp8_format="E4M3", *, rowwise: bool = True, columnwise: bool = True) -> None:
-        super().__init__(rowwise=rowwise, columnwise=columnwise)
+    def __init__(self, fp8_format="E4M3", *, rowwise: bool = True, columnwise: bool = True,
+                 kernel: KernelChoice = None) -> None:
+        super().__init__(rowwise=rowwise, columnwise=columnwise, kernel=kernel)
         self.fp8_format = fp8_format_of(fp8_format)
 
     def _quantize(self, tensor: torch.Tensor) -> MXFP8Tensor:
@@ -172,7 +174,8 @@ class MXFP8Quantizer(Quantizer):
         m, k = check_mxfp8_shape(tensor.shape, who)
         out = MXFP8Tensor(tensor.shape, tensor.dtype, tensor.device, self, fp8_format=self.fp8_format)
         # GPU dispatch hook: the CuPy kernel's buffers when it applies, else the torch path below
-        buffers = dispatch.quantize_mxfp8(tensor, self.fp8_format, self.rowwise_usage, self.columnwise_usage)
+        buffers = dispatch.quantize_mxfp8(tensor, self.fp8_format, self.rowwise_usage, self.columnwise_usage,
+                                          self.kernel)
         if buffers is not None:
             fused = {}
             if self.rowwise_usage:

@@ -29,6 +29,7 @@ from typing import Iterable, Optional, Tuple
 import torch
 
 from tedebug.backends import dispatch
+from tedebug.backends.dispatch import KernelChoice
 from tedebug.backends.fused_stats import attach_fused
 from tedebug.format_constants import NVFP4_GLOBAL_MAX, RHT_SIGNS  # 2688 = 448 * 6; TE's RHT signs
 
@@ -321,8 +322,9 @@ class NVFP4Quantizer(Quantizer):
         seed: Optional[int] = None,
         rowwise: bool = True,
         columnwise: bool = True,
+        kernel: KernelChoice = None,
     ) -> None:
-        super().__init__(rowwise=rowwise, columnwise=columnwise)
+        super().__init__(rowwise=rowwise, columnwise=columnwise, kernel=kernel)
         if with_2d_quantization and with_rht:
             raise ValueError(
                 "NVFP4Quantizer: with_2d_quantization and with_rht cannot be combined (2D scales are shared "
@@ -349,7 +351,7 @@ class NVFP4Quantizer(Quantizer):
         kernels compute the same bytes in place from (`sr_seed`, offset) instead."""
         if not self.stochastic_rounding:
             return None
-        return philox_bytes(self.sr_seed, self.next_sr_offset(), shape[0] * shape[1], device).view(shape)
+        return philox_bytes(self.sr_seed, self.next_sr_offset(), shape[0] * shape[1], device, self.kernel).view(shape)
 
     def _from_kernel_buffers(self, tensor: torch.Tensor, buffers) -> NVFP4Tensor:
         """The NVFP4Tensor of the kernel path's `cupy_nvfp4.NVFP4Buffers`, carrying the statistics the kernels fused
@@ -372,7 +374,7 @@ class NVFP4Quantizer(Quantizer):
 
     def _quantize(self, tensor: torch.Tensor) -> NVFP4Tensor:
         # GPU dispatch hook: the CuPy kernel's buffers when it applies, else the torch path below
-        buffers = dispatch.quantize_nvfp4(self, tensor)
+        buffers = dispatch.quantize_nvfp4(self, tensor, self.kernel)
         if buffers is not None:
             return self._from_kernel_buffers(tensor, buffers)
         who = type(self).__name__
