@@ -223,11 +223,11 @@ def test_dispatch_routing():
         q = Float8BlockQuantizer().quantize(x)
     assert hasattr(q, "_fused_error_stats")  # the kernel path
     with dispatch.use_backend("torch"):
-        assert dispatch.quantize_fp8_block(Float8BlockQuantizer(), x) is None
+        assert dispatch.quantize_fp8_block(x, "E4M3", 2, 0.0, True, 448.0, True, True) is None
         assert not hasattr(Float8BlockQuantizer().quantize(x), "_fused_error_stats")
     with dispatch.use_backend("auto"):
-        assert dispatch.quantize_fp8_block(Float8BlockQuantizer(), x.cpu()) is None
-        assert dispatch.quantize_fp8_block(Float8BlockQuantizer(), x[:0]) is None  # empty: torch reference
+        assert dispatch.quantize_fp8_block(x.cpu(), "E4M3", 2, 0.0, True, 448.0, True, True) is None
+        assert dispatch.quantize_fp8_block(x[:0], "E4M3", 2, 0.0, True, 448.0, True, True) is None  # empty: torch
     with dispatch.use_backend("cupy"):
         with pytest.raises(RuntimeError, match="cpu"):
             Float8BlockQuantizer().quantize(x.cpu())

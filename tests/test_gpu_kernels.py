@@ -142,6 +142,21 @@ def test_stats_through_dispatch():
             dispatch.stats_backend(x.cpu())
 
 
+def test_a_quantizer_kernel_argument_wins_over_the_default():
+    """kernel= at construction picks the path of a CUDA tensor whatever use_backend says; both paths give the same
+    bytes (the kernel path is recognisable by the fused statistics it attaches)."""
+    x = random_input((64, 128), torch.bfloat16, 11)
+    with dispatch.use_backend("torch"):
+        kernel_q = MXFP8Quantizer(kernel=dispatch.KernelPreference.CUPY).quantize(x)
+        assert dispatch.stats_backend(x, "cupy") is cupy_stats
+    with dispatch.use_backend("cupy"):
+        torch_q = MXFP8Quantizer(kernel="torch").quantize(x)
+        assert dispatch.stats_backend(x, dispatch.KernelPreference.TORCH) is torch_ref
+    assert hasattr(kernel_q, "_fused_error_stats") and not hasattr(torch_q, "_fused_error_stats")
+    for field in ("rowwise_data", "rowwise_scale_inv", "columnwise_data", "columnwise_scale_inv"):
+        assert torch.equal(getattr(kernel_q, field), getattr(torch_q, field)), field
+
+
 # ------------------------------------------------------------------------------------------------ MXFP8
 # 16-bit inputs use the tiled kernel (32 x 256 tiles, partial last tile when K % 256 != 0, several tiles per block
 # for the last shape); fp32 inputs use the general kernel.

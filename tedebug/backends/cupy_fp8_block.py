@@ -1,17 +1,16 @@
 """CuPy launchers of the FP8 block-scaling quantize kernels (``kernels/fp8_block.cu``).
 
-What it owns: `fp8_block_quantize_raw` (codes, fp32 scale_inv and fused error statistics of a 2-D CUDA tensor, one
-launch, no host synchronisation) and `fp8_block_quantize(quantizer, tensor)`, the kernel version of
-`Float8BlockQuantizer._quantize`: the same `Float8BlockwiseTensor` fields, bit for bit, with the fused underflow and
-squared-error statistics attached for the statistics backend (`tedebug.backends.fused_stats`).  Both block shapes
-(1x128, 128x128), any 2-D view `[M, K]` (partial blocks included), float32 / bfloat16 / float16 inputs.
-The overflow statistic does not apply to block scaling (`torch_ref.overflow_partials` needs one scale), so none is
-fused.
+What it owns: `fp8_block_quantize_raw`, the codes, fp32 scale_inv and fused error statistics (underflows, squared
+error per direction) of a 2-D CUDA tensor in one launch, no host synchronisation, returned as raw buffers
+(`Float8BlockBuffers`); `tedebug.quantization.float8_block` builds the `Float8BlockwiseTensor` from them, bit for bit
+the fields of its torch path.  Both block shapes (1x128, 128x128), any 2-D view `[M, K]` (partial blocks included),
+float32 / bfloat16 / float16 inputs.  The overflow statistic does not apply to block scaling
+(`torch_ref.overflow_partials` needs one scale), so none is fused.
 """
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
@@ -27,14 +26,23 @@ from tedebug.backends.cupy_runtime import (
     ticket,
     workspace,
 )
-from tedebug.backends.fused_stats import attach_fused
 from tedebug.backends.launch import launch
-from tedebug.quantization.formats import FP8_MAX
+from tedebug.format_constants import FP8_MAX
 
 SOURCE = "fp8_block.cu"
 TILE = 128
 FB_BLOCKS_PER_SM = 2  # FB_MIN_BLOCKS in kernels/fp8_block.cu (<= cupy_runtime.MAX_BLOCKS_PER_SM: workspace rows)
 _KERNEL = {1: "ted_fp8_block_quantize_1d", 2: "ted_fp8_block_quantize_2d"}
+
+
+class Float8BlockBuffers(NamedTuple):
+    """What the FP8 block kernels produce for a [M, K] input (None for a direction that is off)."""
+
+    rowwise_data: Optional[torch.Tensor]  # uint8 codes [M, K]
+    rowwise_scale_inv: Optional[torch.Tensor]  # fp32, one per 1x128 block or 128x128 tile of [M, K]
+    columnwise_data: Optional[torch.Tensor]  # uint8 codes of the transpose [K, M]
+    columnwise_scale_inv: Optional[torch.Tensor]  # fp32, the blocks of [K, M]
+    stats: torch.Tensor  # float64[4]: `fused_stats.ROWWISE_STATS`, `fused_stats.COLUMNWISE_STATS`
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -56,12 +64,11 @@ def fp8_block_quantize_raw(
     value_for_inf: float,
     rowwise: bool,
     columnwise: bool,
-):
+) -> Float8BlockBuffers:
     """FP8 block codes and scales of a CUDA `[M, K]` tensor (float8_block.quantize_blocks for both directions).
 
-    Returns (row_codes [M, K], row_scale_inv, col_codes [K, M], col_scale_inv, stats) with None for an absent
-    direction; scale_inv layouts as in `Float8BlockwiseTensor`; `stats` is float64[4] = (row underflows, row
-    Σ(x-deq)², col underflows, col Σ(x-deq)²) on the device.
+    Scale_inv layouts as in `Float8BlockwiseTensor`; `stats` is float64[4] = (row underflows, row Σ(x-deq)², col
+    underflows, col Σ(x-deq)²) on the device.
     """
     if block_scaling_dim not in _KERNEL:
         raise ValueError(f"fp8_block_quantize_raw: block_scaling_dim must be 1 or 2, got {block_scaling_dim!r}")
@@ -94,43 +101,4 @@ def fp8_block_quantize_raw(
         partials, ticket(tickets, "fp8_block"), stats.data_ptr(),
     )
     launch(kernel, grid, THREADS, args, dev)
-    return row_codes, row_sinv, col_codes, col_sinv, stats
-
-
-def fp8_block_quantize(quantizer, tensor: torch.Tensor):
-    """Kernel version of `Float8BlockQuantizer._quantize` (same Float8BlockwiseTensor fields, bit for bit)."""
-    from tedebug.quantization.float8_block import Float8BlockwiseTensor
-    from tedebug.quantization.tensor import check_high_precision_input, matrix_shape
-
-    check_high_precision_input(tensor, type(quantizer).__name__)
-    m, k = matrix_shape(tensor.shape)
-    rowwise, columnwise = quantizer.rowwise_usage, quantizer.columnwise_usage
-    rc, rs, cc, cs, stats = fp8_block_quantize_raw(
-        tensor.detach().reshape(m, k),
-        quantizer.fp8_format,
-        quantizer.block_scaling_dim,
-        epsilon=quantizer.amax_epsilon,
-        pow2=quantizer.force_pow_2_scales,
-        value_for_inf=torch.finfo(tensor.dtype).max,
-        rowwise=rowwise,
-        columnwise=columnwise,
-    )
-    out = Float8BlockwiseTensor(
-        tensor.shape,
-        tensor.dtype,
-        tensor.device,
-        quantizer,
-        fp8_format=quantizer.fp8_format,
-        block_scaling_dim=quantizer.block_scaling_dim,
-        rowwise_data=rc.reshape(tensor.shape) if rowwise else None,
-        rowwise_scale_inv=rs,
-        columnwise_data=cc,
-        columnwise_scale_inv=cs,
-    )
-    fused = {}
-    if rowwise:
-        fused["rowwise"] = {"underflows_num": stats[0], "sq_err": stats[1]}
-    if columnwise:
-        fused["columnwise"] = {"underflows_num": stats[2], "sq_err": stats[3]}
-    attach_fused(out, tensor, fused)
-    return out
+    return Float8BlockBuffers(row_codes, row_sinv, col_codes, col_sinv, stats)

@@ -8,14 +8,15 @@ What it owns:
 - `fp8_amax`, `fp8_amax_scale`, `fp8_current_scale`, `fp8_scale_inv`: device scalars without a host sync;
 - the cast + transpose (``ted_fp8_cast_transpose16`` for bf16 / fp16 with M % 64 == 0 and K % 128 == 0, else the
   general ``ted_fp8_cast_transpose``), which also counts underflows and overflows and sums the squared error;
-- the kernel versions of the per-tensor quantizers (`fp8_current_quantize`, `fp8_delayed_quantize`, `fp8_quantize`)
-  and of the delayed-scaling update (`fp8_delayed_update`).
+- the kernel paths of the per-tensor quantizers (`fp8_current_quantize`, `fp8_delayed_quantize`, `fp8_quantize`),
+  which return the raw buffers (`Float8Buffers`; `tedebug.quantization.float8` builds the `Float8Tensor`), and of
+  the delayed-scaling update (`fp8_delayed_update`).
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
@@ -34,9 +35,9 @@ from tedebug.backends.cupy_runtime import (
     ticket,
     workspace,
 )
-from tedebug.backends.fused_stats import FP8_STATS, FP8_STATS_WITH_SCALE, FusedStats, attach_fused
+from tedebug.backends.fused_stats import FP8_STATS_WITH_SCALE
 from tedebug.backends.launch import launch
-from tedebug.quantization.formats import FP8_MAX
+from tedebug.format_constants import FP8_MAX
 
 CT_BLOCKS_PER_SM = 4  # ted_fp8_cast_transpose16 (48 registers)
 DELAYED_UPDATE_MAX_LEN = 8 * THREADS  # ted_fp8_delayed_update keeps 8 history entries per thread
@@ -173,61 +174,50 @@ def _cast_transpose(x2d: torch.Tensor, scale_ptr: int, scale_inv_ptr: int, fp8_f
     return row, col, stats
 
 
-def _float8_result(quantizer, tensor: torch.Tensor, row, col, stats: torch.Tensor, scale_inv: torch.Tensor):
-    """The Float8Tensor of a cast + transpose, with its fused statistics attached."""
-    from tedebug.quantization.float8 import Float8Tensor
+class Float8Buffers(NamedTuple):
+    """What the per-tensor FP8 kernels produce for a [M, K] input; `tedebug.quantization.float8` wraps it in a
+    `Float8Tensor`."""
 
-    out = Float8Tensor(
-        tensor.shape, tensor.dtype, tensor.device, quantizer, fp8_format=quantizer.fp8_format,
-        scale_inv=scale_inv, rowwise_data=row.reshape(tensor.shape) if row is not None else None,
-        columnwise_data=col,
-    )
-    per = FusedStats(stats, FP8_STATS_WITH_SCALE if stats.numel() == len(FP8_STATS_WITH_SCALE) else FP8_STATS)
-    attach_fused(out, tensor, {u: per for u, on in (("rowwise", quantizer.rowwise_usage),
-                                                    ("columnwise", quantizer.columnwise_usage)) if on})
-    return out
+    rowwise_data: Optional[torch.Tensor]  # uint8 codes [M, K], None when rowwise is off
+    columnwise_data: Optional[torch.Tensor]  # uint8 codes of the transpose [K, M], None when columnwise is off
+    scale_inv: torch.Tensor  # 0-d fp32 1 / scale, shared by both directions
+    #: float64 (underflows, Σ(x - deq)², overflows): `fused_stats.FP8_STATS`; the single-launch cast adds the
+    #: scale_inv partials and numel: `fused_stats.FP8_STATS_WITH_SCALE` (9 entries)
+    stats: torch.Tensor
 
 
 # ------------------------------------------------------------------------------------------------ quantizers
-def fp8_quantize(quantizer, tensor: torch.Tensor, scale: torch.Tensor, scale_inv: Optional[torch.Tensor] = None):
-    """Kernel version of `float8._cast_per_tensor` with a given device `scale` (Float8Tensor, same bytes).
+def fp8_quantize(x2d: torch.Tensor, scale: torch.Tensor, fp8_format: str, rowwise: bool, columnwise: bool,
+                 scale_inv: Optional[torch.Tensor] = None) -> Float8Buffers:
+    """The cast + transpose of a CUDA [M, K] tensor with a given device `scale` (the same bytes as the torch path).
 
     `scale_inv` (0-d fp32 on the device, = 1 / scale) is computed here when not given.
     """
-    from tedebug.quantization.tensor import matrix_shape
-
-    m, k = matrix_shape(tensor.shape)
-    if not (scale.dtype is torch.float32 and scale.dim() == 0 and scale.device == tensor.device
+    if not (scale.dtype is torch.float32 and scale.dim() == 0 and scale.device == x2d.device
             and not scale.requires_grad and scale.is_contiguous()):
-        scale = scale.detach().float().reshape(()).to(tensor.device).contiguous()
+        scale = scale.detach().float().reshape(()).to(x2d.device).contiguous()
     if scale_inv is None:
         scale_inv = fp8_scale_inv(scale)
-    x2d = prepare_input(tensor).view(m, k)
-    row, col, stats = _cast_transpose(x2d, scale.data_ptr(), scale_inv.data_ptr(), quantizer.fp8_format,
-                                      quantizer.rowwise_usage, quantizer.columnwise_usage)
-    return _float8_result(quantizer, tensor, row, col, stats, scale_inv)
+    x2d = prepare_input(x2d)
+    row, col, stats = _cast_transpose(x2d, scale.data_ptr(), scale_inv.data_ptr(), fp8_format, rowwise, columnwise)
+    return Float8Buffers(row, col, scale_inv, stats)
 
 
-def fp8_current_quantize(quantizer, tensor: torch.Tensor):
-    """Kernel version of `Float8CurrentScalingQuantizer._quantize`: amax + scale (one launch), cast + transpose.
+def fp8_current_quantize(x2d: torch.Tensor, fp8_format: str, epsilon: float, pow2: bool, rowwise: bool,
+                         columnwise: bool) -> Float8Buffers:
+    """Current scaling of a CUDA [M, K] tensor: amax + scale (one launch), cast + transpose.
 
     The cast reads the scale and scale_inv the first launch wrote, by address: no tensor op in between."""
-    from tedebug.quantization.tensor import matrix_shape
-
-    x = prepare_input(tensor)
+    x = prepare_input(x2d)
     if x.numel() == 0:
-        _, scale, scale_inv = fp8_amax_scale(tensor, quantizer.fp8_format, quantizer.amax_epsilon,
-                                             quantizer.force_pow_2_scales)
-        return fp8_quantize(quantizer, tensor, scale, scale_inv)
+        _, scale, scale_inv = fp8_amax_scale(x, fp8_format, epsilon, pow2)
+        return fp8_quantize(x, scale, fp8_format, rowwise, columnwise, scale_inv)
     # amax, scale, -, -, scale_inv: scale_inv 16-byte aligned, so that torch._scaled_mm takes it without a copy
     vec = torch.empty(8, dtype=torch.float32, device=x.device)
-    amax_launch(x, vec, quantizer.fp8_format, quantizer.amax_epsilon, quantizer.force_pow_2_scales,
-                scale_inv_slot=4)
-    m, k = matrix_shape(tensor.shape)
+    amax_launch(x, vec, fp8_format, epsilon, pow2, scale_inv_slot=4)
     base = vec.data_ptr()
-    row, col, stats = _cast_transpose(x.view(m, k), base + 4, base + 16, quantizer.fp8_format,
-                                      quantizer.rowwise_usage, quantizer.columnwise_usage)
-    return _float8_result(quantizer, tensor, row, col, stats, vec[4])
+    row, col, stats = _cast_transpose(x, base + 4, base + 16, fp8_format, rowwise, columnwise)
+    return Float8Buffers(row, col, vec[4], stats)
 
 
 def fp8_delayed_update(history: torch.Tensor, scale: torch.Tensor, scaled_max: float, most_recent: bool) -> None:
@@ -239,21 +229,17 @@ def fp8_delayed_update(history: torch.Tensor, scale: torch.Tensor, scaled_max: f
     launch(kernel, 1, THREADS, args, history.device)
 
 
-def fp8_delayed_quantize(quantizer, tensor: torch.Tensor):
-    """Kernel version of `Float8Quantizer._quantize`: records the amax into history[0], casts with `scale`."""
-    from tedebug.quantization.tensor import matrix_shape
-
-    quantizer.state_to(tensor.device)
-    x = prepare_input(tensor)
-    history, scale = quantizer._history, quantizer.scale
+def fp8_delayed_quantize(x2d: torch.Tensor, history: torch.Tensor, scale: torch.Tensor, fp8_format: str,
+                         rowwise: bool, columnwise: bool) -> Float8Buffers:
+    """Delayed scaling of a CUDA [M, K] tensor: records max|x| into history[0] (as torch.maximum, NaN kept) and
+    casts with the current `scale` (the quantizer's state on x's device: fp32 `history` [L] or [L, 1], `scale`)."""
+    x = prepare_input(x2d)
     if x.numel() == 0 or not (scale.dtype == torch.float32 and scale.numel() == 1 and scale.is_contiguous()):
-        recorded = quantizer.amax  # history entry 0, a 1-element view
-        torch.maximum(recorded, fp8_amax(tensor), out=recorded)
-        return fp8_quantize(quantizer, tensor, quantizer.scale)
+        recorded = history[:1]  # history entry 0, a 1-element view
+        torch.maximum(recorded, fp8_amax(x), out=recorded)
+        return fp8_quantize(x, scale, fp8_format, rowwise, columnwise)
     # one launch: amax of x recorded into history[0] (torch.maximum) and scale_inv = 1 / scale, then the cast
     scale_inv = torch.empty(4, dtype=torch.float32, device=x.device)
     amax_launch(x, history, record=(scale, scale_inv))
-    m, k = matrix_shape(tensor.shape)
-    row, col, stats = _cast_transpose(x.view(m, k), scale.data_ptr(), scale_inv.data_ptr(), quantizer.fp8_format,
-                                      quantizer.rowwise_usage, quantizer.columnwise_usage)
-    return _float8_result(quantizer, tensor, row, col, stats, scale_inv[0])
+    row, col, stats = _cast_transpose(x, scale.data_ptr(), scale_inv.data_ptr(), fp8_format, rowwise, columnwise)
+    return Float8Buffers(row, col, scale_inv[0], stats)

@@ -2,10 +2,13 @@
 
 bf16 / fp16 inputs take the single-launch ``ted_mxfp8_quantize16`` (32 x 256 tiles, statistics finished by the last
 block); float32 inputs take ``ted_mxfp8_quantize``, whose per-block partials a second launch adds up.  Both write
-rowwise codes [M, K] with scales [M, K/32] and columnwise codes [M, K] with scales [M/32, K], as the torch reference.
+rowwise codes [M, K] with scales [M, K/32] and columnwise codes [M, K] with scales [M/32, K], as the torch reference,
+and return them as raw buffers (`MXFP8Buffers`); `tedebug.quantization.mxfp8` builds the `MXFP8Tensor`.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -24,18 +27,27 @@ from tedebug.backends.cupy_runtime import (
     ticket,
     workspace,
 )
-from tedebug.backends.fused_stats import COLUMNWISE_STATS, ROWWISE_STATS, FusedStats, attach_fused
 from tedebug.backends.launch import launch
-from tedebug.quantization.formats import FP8_MAX
+from tedebug.format_constants import FP8_MAX
 
 MX_BLOCKS_PER_SM = 4  # ted_mxfp8_quantize16: __launch_bounds__(256, MX_MIN_BLOCKS = 4), 64 registers
 
 
-def mxfp8_quantize_raw(x2d: torch.Tensor, fp8_format: str, rowwise: bool, columnwise: bool):
-    """MXFP8 codes and E8M0 scales of a contiguous CUDA [M, K] tensor (M, K multiples of 32).
+class MXFP8Buffers(NamedTuple):
+    """What the MXFP8 kernels produce for a [M, K] input (None for a direction that is off);
+    `tedebug.quantization.mxfp8` wraps it in an `MXFP8Tensor`."""
 
-    Returns (row_codes, row_scales, col_codes, col_scales, stats) where absent directions are None and `stats` is
-    float64[4] = (row underflows, row Σ(x-deq)², col underflows, col Σ(x-deq)²).
+    rowwise_data: Optional[torch.Tensor]  # uint8 codes [M, K]
+    rowwise_scale_inv: Optional[torch.Tensor]  # E8M0 codes [M, K/32]
+    columnwise_data: Optional[torch.Tensor]  # uint8 codes [M, K]
+    columnwise_scale_inv: Optional[torch.Tensor]  # E8M0 codes [M/32, K]
+    stats: torch.Tensor  # float64[4]: `fused_stats.ROWWISE_STATS`, `fused_stats.COLUMNWISE_STATS`
+
+
+def mxfp8_quantize_raw(x2d: torch.Tensor, fp8_format: str, rowwise: bool, columnwise: bool) -> MXFP8Buffers:
+    """MXFP8 codes and E8M0 scales of a CUDA [M, K] tensor (M, K multiples of 32; a copy when not contiguous).
+
+    `stats` is float64[4] = (row underflows, row Σ(x-deq)², col underflows, col Σ(x-deq)²).
     """
     x2d = prepare_input(x2d)
     m, k = x2d.shape
@@ -57,7 +69,7 @@ def mxfp8_quantize_raw(x2d: torch.Tensor, fp8_format: str, rowwise: bool, column
     )
     launch(kernel, grid, THREADS, args, dev)
     sum_columns(partial, stats)
-    return row_codes, row_scales, col_codes, col_scales, stats
+    return MXFP8Buffers(row_codes, row_scales, col_codes, col_scales, stats)
 
 
 def _mxfp8_empty(m: int, k: int, dev, rowwise: bool, columnwise: bool):
@@ -68,7 +80,7 @@ def _mxfp8_empty(m: int, k: int, dev, rowwise: bool, columnwise: bool):
     return row_codes, row_scales, col_codes, col_scales
 
 
-def _mxfp8_quantize16(x2d: torch.Tensor, fp8_format: str, rowwise: bool, columnwise: bool, opts):
+def _mxfp8_quantize16(x2d: torch.Tensor, fp8_format: str, rowwise: bool, columnwise: bool, opts) -> MXFP8Buffers:
     """The single-launch bf16 / fp16 kernel (32 x 256 tiles, statistics finished by the last block)."""
     m, k = x2d.shape
     dev = x2d.device
@@ -87,26 +99,4 @@ def _mxfp8_quantize16(x2d: torch.Tensor, fp8_format: str, rowwise: bool, columnw
         partials, ticket(tickets, "mxfp8"), stats.data_ptr(),
     )
     launch(kernel, grid, THREADS, args, dev)
-    return row_codes, row_scales, col_codes, col_scales, stats
-
-
-def mxfp8_quantize(quantizer, tensor: torch.Tensor):
-    """Kernel version of `MXFP8Quantizer._quantize` (same MXFP8Tensor fields, bit for bit)."""
-    from tedebug.quantization.mxfp8 import MXFP8Tensor, _check_input, check_mxfp8_shape
-
-    who = type(quantizer).__name__
-    _check_input(tensor, who)
-    m, k = check_mxfp8_shape(tensor.shape, who)
-    rc, rs, cc, cs, stats = mxfp8_quantize_raw(
-        tensor.detach().reshape(m, k), quantizer.fp8_format, quantizer.rowwise_usage, quantizer.columnwise_usage
-    )
-    out = MXFP8Tensor(tensor.shape, tensor.dtype, tensor.device, quantizer, fp8_format=quantizer.fp8_format)
-    fused = {}
-    if quantizer.rowwise_usage:
-        out.rowwise_data, out.rowwise_scale_inv = rc.reshape(tensor.shape), rs
-        fused["rowwise"] = FusedStats(stats, ROWWISE_STATS)
-    if quantizer.columnwise_usage:
-        out.columnwise_data, out.columnwise_scale_inv = cc.reshape(tensor.shape), cs
-        fused["columnwise"] = FusedStats(stats, COLUMNWISE_STATS)
-    attach_fused(out, tensor, fused)
-    return out
+    return MXFP8Buffers(row_codes, row_scales, col_codes, col_scales, stats)

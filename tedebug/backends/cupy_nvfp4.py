@@ -1,7 +1,8 @@
 """CuPy launchers of the NVFP4 quantize kernels (``kernels/nvfp4.cu``): `nvfp4_quantize(quantizer, tensor)`.
 
-Returns the same `NVFP4Tensor` fields as `NVFP4Quantizer._quantize`, bit for bit, plus the fused error statistics
-(underflows, squared error per direction) handed to the statistics backend (`tedebug.backends.fused_stats`).
+Returns the buffers of the same `NVFP4Tensor` fields as `NVFP4Quantizer._quantize`, bit for bit, plus the fused error
+statistics (underflows, squared error per direction), as `NVFP4Buffers`; `tedebug.quantization.nvfp4` builds the
+tensor and hands the statistics to the statistics backend (`tedebug.backends.fused_stats`).
 Without RHT: two launches, the global amax (`cupy_fp8_tensor.amax_launch`, NaN ignored, written to both amax slots;
 for the fast kernel also count_nonzero(x)) and the quantize kernel, which finishes its statistics in its last block; no
 host synchronisation.  The quantize
@@ -18,7 +19,7 @@ every other call to the torch reference.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -32,8 +33,8 @@ from tedebug.backends.cupy_runtime import sm_count as _sm_count
 from tedebug.backends.cupy_runtime import sum_columns as _sum_columns
 from tedebug.backends.cupy_runtime import ticket as _ticket
 from tedebug.backends.cupy_runtime import workspace as _workspace
-from tedebug.backends.fused_stats import attach_fused
 from tedebug.backends.launch import launch as _launch
+from tedebug.format_constants import RHT_SIGNS
 
 NV_BLOCKS_PER_SM = 3  # NV_MIN_BLOCKS in kernels/nvfp4.cu (__launch_bounds__(256, 3))
 NQ_BLOCKS_PER_SM = 3  # NQ_MIN_BLOCKS in kernels/nvfp4.cu (ted_nvfp4_quantize16, 80 registers)
@@ -45,6 +46,20 @@ RHT_BLOCKS_PER_SM = 3  # NR_MIN_BLOCKS in kernels/nvfp4.cu (ted_nvfp4_rht_col: _
 _INV6 = np.float32(1.0 / 6.0)        # fp32(1/6), as the reference's `_f32(1 / E2M1_MAX)`
 _INV2688 = np.float32(1.0 / 2688.0)  # fp32(1/2688), as the reference's `_f32(1 / NVFP4_GLOBAL_MAX)`
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+class NVFP4Buffers(NamedTuple):
+    """What the NVFP4 kernels produce for a [M, K] input (None for a direction that is off);
+    `tedebug.quantization.nvfp4` wraps it in an `NVFP4Tensor`."""
+
+    rowwise_data: Optional[torch.Tensor]  # packed E2M1 codes [M, K/2]
+    rowwise_scale_inv: Optional[torch.Tensor]  # E4M3 block scale codes [M, K/16]
+    columnwise_data: Optional[torch.Tensor]  # packed E2M1 codes of the (rotated) transpose [K, M/2]
+    columnwise_scale_inv: Optional[torch.Tensor]  # E4M3 block scale codes [K, M/16]
+    amax: torch.Tensor  # fp32 [2]: the rowwise and columnwise global amaxes (a slot of an absent direction unset)
+    #: (row underflows, row Σ(x-deq)², col underflows, col Σ(x-deq)²): a float64[4] tensor, or with RHT four 0-d
+    #: tensors (None for an absent direction)
+    stats: Sequence[Optional[torch.Tensor]]
 
 
 def supports(quantizer, tensor: torch.Tensor) -> bool:
@@ -77,8 +92,6 @@ def _general_options(x2d: torch.Tensor, sr: bool) -> Tuple[str, ...]:
 
 def rht_sign_mask() -> int:
     """`RHT_SIGNS` as the RHT kernels take it: bit i is set iff sign i is -1."""
-    from tedebug.quantization.nvfp4 import RHT_SIGNS
-
     return sum(1 << i for i, sign in enumerate(RHT_SIGNS) if sign < 0)
 
 
@@ -188,16 +201,16 @@ def nvfp4_rht_columnwise(
     return col_data, col_scales, stats
 
 
-def nvfp4_quantize(quantizer, tensor: torch.Tensor):
-    """Kernel version of `NVFP4Quantizer._quantize` (same NVFP4Tensor fields, bit for bit); see `supports`."""
-    from tedebug.quantization.nvfp4 import NVFP4Tensor, check_nvfp4_shape
-
+def nvfp4_quantize(quantizer, tensor: torch.Tensor) -> NVFP4Buffers:
+    """The kernel path of `NVFP4Quantizer._quantize`: the buffers of the same NVFP4Tensor fields, bit for bit (see
+    `supports`).  Reads the quantizer's options and takes its Philox offsets (`next_sr_offset`) for stochastic
+    rounding; `tedebug.quantization.nvfp4` builds the tensor."""
     who = type(quantizer).__name__
     if not supports(quantizer, tensor):
         raise ValueError(f"{who}: the NVFP4 kernel does not take this call ({quantizer!r}, dtype {tensor.dtype}, "
                          f"shape {tuple(tensor.shape)}); use the torch path (dispatch.quantize_nvfp4 returns None)")
-    m, k = check_nvfp4_shape(tensor.shape, who, need_rows=quantizer.columnwise_usage or
-                             quantizer.with_2d_quantization)
+    k = tensor.shape[-1]
+    m = tensor.numel() // k  # a valid NVFP4 shape (`supports`)
     x2d = prepare_input(tensor.reshape(m, k))
     rht = quantizer.with_rht and quantizer.columnwise_usage
     amaxes = torch.empty(2, dtype=torch.float32, device=x2d.device)
@@ -228,17 +241,4 @@ def nvfp4_quantize(quantizer, tensor: torch.Tensor):
             x2d, amaxes, quantizer.rowwise_usage, quantizer.columnwise_usage, quantizer.with_2d_quantization,
             draws, nonzero,
         )
-    out = NVFP4Tensor(tensor.shape, tensor.dtype, tensor.device, quantizer, columnwise_rht=quantizer.with_rht)
-    fused = {}
-    if quantizer.rowwise_usage:
-        out.rowwise_data = rd.reshape(*tensor.shape[:-1], k // 2)
-        out.rowwise_scale_inv = rs
-        out.amax_rowwise = amaxes[0]
-        fused["rowwise"] = {"underflows_num": stats[0], "sq_err": stats[1]}
-    if quantizer.columnwise_usage:
-        out.columnwise_data = cd
-        out.columnwise_scale_inv = cs
-        out.amax_columnwise = amaxes[1]
-        fused["columnwise"] = {"underflows_num": stats[2], "sq_err": stats[3]}
-    attach_fused(out, tensor, fused)
-    return out
+    return NVFP4Buffers(rd, rs, cd, cs, amaxes, stats)

@@ -1,29 +1,46 @@
 """Which implementation computes statistics partials and quantizations: the CuPy kernels or the torch reference.
 
-The switch, in priority order:
+The choice is a `KernelPreference` (``AUTO`` / ``TORCH`` / ``CUPY``, values ``"auto"`` / ``"torch"`` / ``"cupy"``).
+A caller that cares passes it: every dispatch function takes ``kernel=`` (a `KernelPreference` or its name), and
+the quantizers take ``kernel=`` at construction and pass it on.  Where no caller chose (``kernel=None``), the
+default is, in priority order:
 
-1. `use_backend(name)` - sets the backend for this process; used as a context manager it restores the previous
+1. `use_backend(name)` - sets the default for this process; used as a context manager it restores the previous
    choice on exit (``with use_backend("torch"): ...``);
 2. the environment variable ``TEDEBUG_BACKEND`` (read at each call);
-3. the default ``"auto"``.
+3. ``"auto"``.
 
-Names: ``"auto"`` (kernels for CUDA tensors when CuPy imports, torch otherwise), ``"torch"`` (always the torch
+Meanings: ``"auto"`` (kernels for CUDA tensors when CuPy imports, torch otherwise), ``"torch"`` (always the torch
 reference), ``"cupy"`` (always the kernels; a CPU tensor or a missing CuPy is a clear error, never a silent
-fallback).  Inputs the kernels do not take (empty tensors, float64, NVFP4 with the random Hadamard transform or a
-shape NVFP4 rejects) always use the torch reference.
+fallback).  Inputs the kernels do not take (empty tensors, float64, a shape NVFP4 rejects) always use the torch
+reference.
 """
 
 from __future__ import annotations
 
+import enum
 from types import ModuleType
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
 from tedebug.backends import torch_ref
 from tedebug.backends.environ import environ_reader
 
-BACKENDS = ("auto", "torch", "cupy")
+
+
+class KernelPreference(str, enum.Enum):
+    """Which implementation a caller asks for; the values are the names `use_backend` and ``TEDEBUG_BACKEND`` take
+    (a member equals its name: ``KernelPreference.TORCH == "torch"``)."""
+
+    AUTO = "auto"  # the kernels for CUDA tensors when CuPy imports, else the torch reference
+    TORCH = "torch"  # always the torch reference
+    CUPY = "cupy"  # always the kernels (an error where they cannot run)
+
+
+BACKENDS = tuple(member.value for member in KernelPreference)
+#: what every dispatch function takes as ``kernel=``: a preference, its name, or None for the default
+KernelChoice = Union[KernelPreference, str, None]
 ENV_VAR = "TEDEBUG_BACKEND"
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -36,8 +53,26 @@ def _check_name(name: str, where: str) -> str:
     return name.lower()
 
 
+def kernel_preference(kernel: KernelChoice, where: str = "kernel") -> Optional[KernelPreference]:
+    """`kernel` as a `KernelPreference` (a name in any case is accepted), None staying None ("use the default");
+    anything else is a ValueError naming `where`."""
+    if kernel is None or isinstance(kernel, KernelPreference):
+        return kernel
+    return KernelPreference(_check_name(kernel, where))
+
+
+def _name_of(kernel: KernelChoice) -> str:
+    """The backend name in force for a call that passed `kernel`: its own choice, else `requested_backend()`."""
+    if kernel is None:
+        return requested_backend()
+    if isinstance(kernel, KernelPreference):
+        return kernel.value
+    return _check_name(kernel, "kernel")
+
+
 class use_backend:  # noqa: N801 - reads as a function at call sites
-    """Select the backend ("auto" | "torch" | "cupy"); as a context manager, restore the previous one on exit."""
+    """Select the default backend ("auto" | "torch" | "cupy" or a `KernelPreference`) of calls that pass no
+    ``kernel=``; as a context manager, restore the previous one on exit."""
 
     def __init__(self, name: str) -> None:
         global _override
@@ -58,8 +93,8 @@ _read_env = environ_reader(ENV_VAR)
 
 
 def requested_backend() -> str:
-    """The backend name in force: `use_backend`'s choice, else ``$TEDEBUG_BACKEND`` (read at every call), else
-    ``"auto"``."""
+    """The default backend name (for calls that pass no ``kernel=``): `use_backend`'s choice, else
+    ``$TEDEBUG_BACKEND`` (read at every call), else ``"auto"``."""
     global _env_parsed
     if _override is not None:
         return _override
@@ -78,20 +113,22 @@ def cupy_available() -> bool:
     return cupy_runtime.cupy_importable()
 
 
-def use_kernels(tensor: torch.Tensor) -> bool:
-    """Whether `tensor` goes to the CuPy kernels under the current backend choice (errors for impossible "cupy")."""
-    name = requested_backend()
+def use_kernels(tensor: torch.Tensor, kernel: KernelChoice = None) -> bool:
+    """Whether `tensor` goes to the CuPy kernels under `kernel` (None: the default, `requested_backend()`); errors
+    for an impossible "cupy"."""
+    name = _name_of(kernel)
     if name == "torch":
         return False
     if name == "cupy":
+        asked = "kernel=" if kernel is not None else f"use_backend / {ENV_VAR}"
         if not tensor.is_cuda:
             raise RuntimeError(
-                f"tedebug backend 'cupy' was requested (use_backend / {ENV_VAR}) but the tensor is on "
+                f"tedebug backend 'cupy' was requested ({asked}) but the tensor is on "
                 f"{tensor.device}; the CuPy kernels only run on CUDA tensors (use 'auto' or 'torch')"
             )
         if not cupy_available():
             raise RuntimeError(
-                f"tedebug backend 'cupy' was requested (use_backend / {ENV_VAR}) but CuPy or CUDA is not "
+                f"tedebug backend 'cupy' was requested ({asked}) but CuPy or CUDA is not "
                 f"available (torch.cuda.is_available()={torch.cuda.is_available()}); install cupy-cuda12x/13x"
             )
         return True
@@ -115,55 +152,70 @@ def _kernel_input(tensor: torch.Tensor) -> bool:
     return tensor.dtype in _KERNEL_DTYPES and tensor.numel() > 0
 
 
-def stats_backend(tensor: torch.Tensor) -> ModuleType:
+def stats_backend(tensor: torch.Tensor, kernel: KernelChoice = None) -> ModuleType:
     """The module whose family functions compute statistics partials of `tensor`."""
-    if use_kernels(tensor) and _kernel_input(tensor):
+    if use_kernels(tensor, kernel) and _kernel_input(tensor):
         from tedebug.backends import cupy_stats
 
         return cupy_stats
     return torch_ref
 
 
-def quantize_mxfp8(quantizer, tensor: torch.Tensor):
-    """The kernel MXFP8Tensor for `tensor`, or None to let the torch reference quantize."""
-    if not (use_kernels(tensor) and _kernel_input(tensor)):
+def _matrix(tensor: torch.Tensor) -> torch.Tensor:
+    """The 2-D view [M, K] of a non-empty tensor (M = product of the leading dims, 1 for a 1-D tensor)."""
+    return tensor.detach().reshape(-1, tensor.shape[-1])
+
+
+def quantize_mxfp8(tensor: torch.Tensor, fp8_format: str, rowwise: bool, columnwise: bool, kernel: KernelChoice = None):
+    """The kernel's `cupy_mxfp8.MXFP8Buffers` of `tensor` (a valid MXFP8 shape), or None to let the torch reference
+    quantize."""
+    if not (use_kernels(tensor, kernel) and _kernel_input(tensor)):
         return None
     from tedebug.backends import cupy_mxfp8
 
-    return cupy_mxfp8.mxfp8_quantize(quantizer, tensor)
+    return cupy_mxfp8.mxfp8_quantize_raw(_matrix(tensor), fp8_format, rowwise, columnwise)
 
 
-def quantize_fp8_current(quantizer, tensor: torch.Tensor):
-    """The kernel Float8Tensor (current scaling) for `tensor`, or None for the torch reference."""
-    if not (use_kernels(tensor) and _kernel_input(tensor)):
+def quantize_fp8_current(tensor: torch.Tensor, fp8_format: str, epsilon: float, pow2: bool, rowwise: bool,
+                         columnwise: bool, kernel: KernelChoice = None):
+    """The kernel's `cupy_fp8_tensor.Float8Buffers` of `tensor` under current scaling, or None for the torch
+    reference."""
+    if not (use_kernels(tensor, kernel) and _kernel_input(tensor)):
         return None
     from tedebug.backends import cupy_fp8_tensor
 
-    return cupy_fp8_tensor.fp8_current_quantize(quantizer, tensor)
+    return cupy_fp8_tensor.fp8_current_quantize(_matrix(tensor), fp8_format, epsilon, pow2, rowwise, columnwise)
 
 
-def quantize_fp8_delayed(quantizer, tensor: torch.Tensor):
-    """The kernel Float8Tensor (delayed scaling) for `tensor`, or None for the torch reference."""
-    if not (use_kernels(tensor) and _kernel_input(tensor)):
+def quantize_fp8_delayed(tensor: torch.Tensor, history: torch.Tensor, scale: torch.Tensor, fp8_format: str,
+                         rowwise: bool, columnwise: bool, kernel: KernelChoice = None):
+    """The kernel's `cupy_fp8_tensor.Float8Buffers` of `tensor` under delayed scaling (max|x| recorded into
+    history[0], the cast with `scale`; both state tensors on tensor's device), or None for the torch reference."""
+    if not (use_kernels(tensor, kernel) and _kernel_input(tensor)):
         return None
     from tedebug.backends import cupy_fp8_tensor
 
-    return cupy_fp8_tensor.fp8_delayed_quantize(quantizer, tensor)
+    return cupy_fp8_tensor.fp8_delayed_quantize(_matrix(tensor), history, scale, fp8_format, rowwise, columnwise)
 
 
-def quantize_fp8_block(quantizer, tensor: torch.Tensor):
-    """The kernel Float8BlockwiseTensor (1x128 / 128x128 blocks) for `tensor`, or None for the torch reference."""
-    if not (use_kernels(tensor) and _kernel_input(tensor)):
+def quantize_fp8_block(tensor: torch.Tensor, fp8_format: str, block_scaling_dim: int, epsilon: float, pow2: bool,
+                       value_for_inf: float, rowwise: bool, columnwise: bool, kernel: KernelChoice = None):
+    """The kernel's `cupy_fp8_block.Float8BlockBuffers` of `tensor` (1x128 / 128x128 blocks), or None for the torch
+    reference."""
+    if not (use_kernels(tensor, kernel) and _kernel_input(tensor)):
         return None
     from tedebug.backends import cupy_fp8_block
 
-    return cupy_fp8_block.fp8_block_quantize(quantizer, tensor)
+    return cupy_fp8_block.fp8_block_quantize_raw(_matrix(tensor), fp8_format, block_scaling_dim, epsilon=epsilon,
+                                                 pow2=pow2, value_for_inf=value_for_inf, rowwise=rowwise,
+                                                 columnwise=columnwise)
 
 
-def quantize_nvfp4(quantizer, tensor: torch.Tensor):
-    """The kernel NVFP4Tensor for `tensor`, or None for the torch reference (also for calls the kernel does not
-    take: RHT, shapes NVFP4 rejects, which the reference then reports)."""
-    if not (use_kernels(tensor) and _kernel_input(tensor)):
+def quantize_nvfp4(quantizer, tensor: torch.Tensor, kernel: KernelChoice = None):
+    """The kernel's `cupy_nvfp4.NVFP4Buffers` of `tensor`, or None for the torch reference (also for calls the kernel
+    does not take: shapes NVFP4 rejects, which the reference then reports).  `quantizer` supplies the options and
+    the Philox offsets of stochastic rounding (`cupy_nvfp4.nvfp4_quantize`)."""
+    if not (use_kernels(tensor, kernel) and _kernel_input(tensor)):
         return None
     from tedebug.backends import cupy_nvfp4
 
@@ -172,36 +224,38 @@ def quantize_nvfp4(quantizer, tensor: torch.Tensor):
     return cupy_nvfp4.nvfp4_quantize(quantizer, tensor)
 
 
-def philox_bytes(seed: int, offset: int, n: int, device: torch.device) -> Optional[torch.Tensor]:
+def philox_bytes(seed: int, offset: int, n: int, device: torch.device,
+                 kernel: KernelChoice = None) -> Optional[torch.Tensor]:
     """Philox random bytes on a CUDA `device` from the kernel, or None for the torch reference
-    (`tedebug.quantization.philox`)."""
-    if n <= 0 or device.type != "cuda" or requested_backend() == "torch" or not _cupy_importable():
+    (`tedebug.quantization.philox`): unless `kernel` (or the default) is "torch", whenever CuPy imports."""
+    if n <= 0 or device.type != "cuda" or _name_of(kernel) == "torch" or not _cupy_importable():
         return None
     from tedebug.backends import cupy_philox
 
     return cupy_philox.philox_bytes(seed, offset, n, device)
 
 
-def gemm_kernels(tensor: torch.Tensor) -> Optional[ModuleType]:
-    """`tedebug.backends.cupy_dequant` when the kernels take `tensor`'s operands (a CUDA tensor under the current
-    backend choice), else None for the torch path of `tedebug.quantization.gemm_values`."""
-    if not use_kernels(tensor):
+def gemm_kernels(tensor: torch.Tensor, kernel: KernelChoice = None) -> Optional[ModuleType]:
+    """`tedebug.backends.cupy_dequant` when the kernels take `tensor`'s operands (a CUDA tensor under `kernel` or
+    the default), else None for the torch path of `tedebug.quantization.gemm_values`."""
+    if not use_kernels(tensor, kernel):
         return None
     from tedebug.backends import cupy_dequant
 
     return cupy_dequant
 
 
-def fp8_delayed_update(quantizer, scaled_max: float) -> bool:
-    """Run `quantizer.update_scale()` as one kernel when it applies (CUDA state under the current backend choice,
-    "max" / "most_recent", contiguous fp32 history of at most 2048 entries); False for the torch path."""
-    history, scale = quantizer._history, quantizer.scale
-    if quantizer.amax_compute_algo not in ("max", "most_recent") or not use_kernels(history):
+def fp8_delayed_update(history: torch.Tensor, scale: torch.Tensor, amax_compute_algo, scaled_max: float,
+                       kernel: KernelChoice = None) -> bool:
+    """Run a delayed-scaling update (`Float8Quantizer.update_scale`) as one kernel when it applies (CUDA state under
+    the current backend choice, "max" / "most_recent", contiguous fp32 history of at most 2048 entries); False for
+    the torch path."""
+    if amax_compute_algo not in ("max", "most_recent") or not use_kernels(history, kernel):
         return False
     from tedebug.backends import cupy_fp8_tensor
 
     if (history.numel() > cupy_fp8_tensor.DELAYED_UPDATE_MAX_LEN or not history.is_contiguous()
             or scale.device != history.device or scale.numel() != 1 or not scale.is_contiguous()):
         return False
-    cupy_fp8_tensor.fp8_delayed_update(history, scale, scaled_max, quantizer.amax_compute_algo == "most_recent")
+    cupy_fp8_tensor.fp8_delayed_update(history, scale, scaled_max, amax_compute_algo == "most_recent")
     return True

@@ -60,7 +60,7 @@ class FusedStats(Mapping):
         return len(self._index)
 
 
-def attach_fused(q, x: torch.Tensor, per_usage: Dict[str, Mapping]) -> None:
+def attach_fused(q, x: torch.Tensor, per_usage: Mapping[str, Mapping]) -> None:
     """Attach the statistics `per_usage` ({"rowwise" / "columnwise": {statistic: 0-d tensor}}) of quantizing `x`
     to the quantized tensor `q`."""
     q._fused_error_stats = {"source": weakref.ref(x), "version": x._version, **per_usage}

@@ -16,7 +16,7 @@ from typing import Dict
 
 import torch
 
-from tedebug.quantization.formats import FP8_MAX
+from tedebug.format_constants import FP8_MAX
 
 F64 = torch.float64
 Partials = Dict[str, torch.Tensor]

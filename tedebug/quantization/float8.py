@@ -23,6 +23,10 @@ from typing import Callable, Iterable, Optional, Tuple, Union
 
 import torch
 
+from tedebug.backends import dispatch
+from tedebug.backends.dispatch import KernelChoice
+from tedebug.backends.fused_stats import FP8_STATS, FP8_STATS_WITH_SCALE, FusedStats, attach_fused
+
 from .formats import (
     FLT_MAX,
     FP8_MAX,
@@ -137,6 +141,28 @@ def _cast_per_tensor(
     )
 
 
+def _from_kernel_buffers(quantizer: "Float8Quantizer | Float8CurrentScalingQuantizer", tensor: torch.Tensor,
+                         buffers) -> Float8Tensor:
+    """The Float8Tensor of the kernel path's `cupy_fp8_tensor.Float8Buffers`, carrying the statistics the kernel
+    fused into the cast (one vector shared by both directions)."""
+    row = buffers.rowwise_data
+    out = Float8Tensor(
+        tensor.shape,
+        tensor.dtype,
+        tensor.device,
+        quantizer,
+        fp8_format=quantizer.fp8_format,
+        scale_inv=buffers.scale_inv,
+        rowwise_data=row.reshape(tensor.shape) if row is not None else None,
+        columnwise_data=buffers.columnwise_data,
+    )
+    index = FP8_STATS_WITH_SCALE if buffers.stats.numel() == len(FP8_STATS_WITH_SCALE) else FP8_STATS
+    per = FusedStats(buffers.stats, index)
+    attach_fused(out, tensor, {u: per for u, on in (("rowwise", quantizer.rowwise_usage),
+                                                    ("columnwise", quantizer.columnwise_usage)) if on})
+    return out
+
+
 def _empty_per_tensor(quantizer: Quantizer, shape, dtype, device, fp8_format: str) -> Float8Tensor:
     shape = torch.Size(int(s) for s in shape)
     m, k = matrix_shape(shape)
@@ -166,8 +192,9 @@ class Float8CurrentScalingQuantizer(Quantizer):
         force_pow_2_scales: bool = False,
         rowwise: bool = True,
         columnwise: bool = True,
+        kernel: KernelChoice = None,
     ) -> None:
-        super().__init__(rowwise=rowwise, columnwise=columnwise)
+        super().__init__(rowwise=rowwise, columnwise=columnwise, kernel=kernel)
         self.fp8_format = fp8_format_of(fp8_format)
         if not amax_epsilon >= 0.0:
             raise ValueError(f"Float8CurrentScalingQuantizer: amax_epsilon must be >= 0, got {amax_epsilon!r}")
@@ -183,11 +210,11 @@ class Float8CurrentScalingQuantizer(Quantizer):
 
     def _quantize(self, tensor: torch.Tensor) -> Float8Tensor:
         check_high_precision_input(tensor, type(self).__name__)
-        from tedebug.backends import dispatch  # GPU dispatch hook: CuPy kernel when it applies, else torch below
-
-        fast = dispatch.quantize_fp8_current(self, tensor)
-        if fast is not None:
-            return fast
+        # GPU dispatch hook: the CuPy kernel's buffers when it applies, else the torch path below
+        buffers = dispatch.quantize_fp8_current(tensor, self.fp8_format, self.amax_epsilon, self.force_pow_2_scales,
+                                                self.rowwise_usage, self.columnwise_usage, self.kernel)
+        if buffers is not None:
+            return _from_kernel_buffers(self, tensor, buffers)
         scale = self.compute_scale(tensor_amax(tensor))
         return _cast_per_tensor(self, tensor, scale, self.fp8_format)
 
@@ -224,8 +251,9 @@ class Float8Quantizer(Quantizer):
         amax_compute_algo: AmaxAlgo = "max",
         rowwise: bool = True,
         columnwise: bool = True,
+        kernel: KernelChoice = None,
     ) -> None:
-        super().__init__(rowwise=rowwise, columnwise=columnwise)
+        super().__init__(rowwise=rowwise, columnwise=columnwise, kernel=kernel)
         self.fp8_format = fp8_format_of(fp8_format)
         self.scale = _check_state(scale, "scale", lambda t: t.numel() == 1, "one element")
         self.amax_history = _check_state(
@@ -292,12 +320,12 @@ class Float8Quantizer(Quantizer):
 
     def _quantize(self, tensor: torch.Tensor) -> Float8Tensor:
         check_high_precision_input(tensor, type(self).__name__)
-        from tedebug.backends import dispatch  # GPU dispatch hook: CuPy kernel when it applies, else torch below
-
         self.state_to(tensor.device)
-        fast = dispatch.quantize_fp8_delayed(self, tensor)
-        if fast is not None:
-            return fast
+        # GPU dispatch hook: the CuPy kernel's buffers when it applies, else the torch path below
+        buffers = dispatch.quantize_fp8_delayed(tensor, self._history, self.scale, self.fp8_format,
+                                                self.rowwise_usage, self.columnwise_usage, self.kernel)
+        if buffers is not None:
+            return _from_kernel_buffers(self, tensor, buffers)
         amax = tensor_amax(tensor).to(self.amax_history.device)
         history = self._history
         history[0] = torch.maximum(history[0], amax)
@@ -320,9 +348,8 @@ class Float8Quantizer(Quantizer):
         """
         # fp32(fp8_max · 2^-margin) is exact in a Python float, which a fp32 tensor op uses as that fp32 value
         scaled_max = _scaled_max(FP8_MAX[self.fp8_format], self.margin)
-        from tedebug.backends import dispatch  # GPU: the whole update in one kernel (same values)
-
-        if dispatch.fp8_delayed_update(self, scaled_max):
+        # GPU: the whole update in one kernel (same values)
+        if dispatch.fp8_delayed_update(self._history, self.scale, self.amax_compute_algo, scaled_max, self.kernel):
             return
         history = self._history
         amax = self.compute_amax(history.clone()).to(device=self.scale.device, dtype=torch.float32)

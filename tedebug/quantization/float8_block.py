@@ -24,6 +24,10 @@ from typing import Iterable, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from tedebug.backends import dispatch
+from tedebug.backends.dispatch import KernelChoice
+from tedebug.backends.fused_stats import attach_fused
+
 from .formats import (
     FP8_MAX,
     abs_ignoring_nan,
@@ -213,8 +217,9 @@ class Float8BlockQuantizer(Quantizer):
         force_pow_2_scales: bool = True,
         rowwise: bool = True,
         columnwise: bool = True,
+        kernel: KernelChoice = None,
     ) -> None:
-        super().__init__(rowwise=rowwise, columnwise=columnwise)
+        super().__init__(rowwise=rowwise, columnwise=columnwise, kernel=kernel)
         self.fp8_format = fp8_format_of(fp8_format)
         self._block_rows = block_rows_of(block_scaling_dim)
         self.block_scaling_dim = block_scaling_dim
@@ -235,24 +240,32 @@ class Float8BlockQuantizer(Quantizer):
 
     def _quantize(self, tensor: torch.Tensor) -> Float8BlockwiseTensor:
         check_high_precision_input(tensor, type(self).__name__)
-        from tedebug.backends import dispatch  # GPU dispatch hook: CuPy kernel when it applies, else torch below
-
-        fast = dispatch.quantize_fp8_block(self, tensor)
-        if fast is not None:
-            return fast
-        m, k = matrix_shape(tensor.shape)
-        x2d = tensor.reshape(m, k)
         value_for_inf = torch.finfo(tensor.dtype).max
+        # GPU dispatch hook: the CuPy kernel's buffers when it applies, else the torch path below
+        buffers = dispatch.quantize_fp8_block(tensor, self.fp8_format, self.block_scaling_dim, self.amax_epsilon,
+                                              self.force_pow_2_scales, value_for_inf, self.rowwise_usage,
+                                              self.columnwise_usage, self.kernel)
         row = col = _ABSENT
-        if self.rowwise_usage:
-            codes, scale_inv = self._quantize_2d(x2d, value_for_inf)
-            row = (codes.reshape(tensor.shape), scale_inv)
-        if self.columnwise_usage:
-            if self.block_scaling_dim == 2 and self.rowwise_usage:
-                col = (codes.t().contiguous(), scale_inv.t().contiguous())
-            else:
-                col = self._quantize_2d(x2d.t(), value_for_inf)
-        return Float8BlockwiseTensor(
+        fused: dict = {}
+        if buffers is not None:
+            if self.rowwise_usage:
+                row = (buffers.rowwise_data.reshape(tensor.shape), buffers.rowwise_scale_inv)
+                fused["rowwise"] = {"underflows_num": buffers.stats[0], "sq_err": buffers.stats[1]}
+            if self.columnwise_usage:
+                col = (buffers.columnwise_data, buffers.columnwise_scale_inv)
+                fused["columnwise"] = {"underflows_num": buffers.stats[2], "sq_err": buffers.stats[3]}
+        else:
+            m, k = matrix_shape(tensor.shape)
+            x2d = tensor.reshape(m, k)
+            if self.rowwise_usage:
+                codes, scale_inv = self._quantize_2d(x2d, value_for_inf)
+                row = (codes.reshape(tensor.shape), scale_inv)
+            if self.columnwise_usage:
+                if self.block_scaling_dim == 2 and self.rowwise_usage:
+                    col = (codes.t().contiguous(), scale_inv.t().contiguous())
+                else:
+                    col = self._quantize_2d(x2d.t(), value_for_inf)
+        out = Float8BlockwiseTensor(
             tensor.shape,
             tensor.dtype,
             tensor.device,
@@ -264,6 +277,9 @@ class Float8BlockQuantizer(Quantizer):
             columnwise_data=col[0],
             columnwise_scale_inv=col[1],
         )
+        if buffers is not None:
+            attach_fused(out, tensor, fused)  # the statistics the kernel fused into the pass
+        return out
 
     def make_empty(self, shape, *, dtype: torch.dtype = torch.float32, device=None) -> Float8BlockwiseTensor:
         shape = torch.Size(int(s) for s in shape)

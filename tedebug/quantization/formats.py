@@ -12,12 +12,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-E4M3 = "E4M3"
-E5M2 = "E5M2"
-FP8_FORMATS = (E4M3, E5M2)
+# the format constants live on the ground floor (tedebug.format_constants), shared with tedebug.backends
+from tedebug.format_constants import E2M1_MAX as E2M1_MAX  # re-exported
+from tedebug.format_constants import E4M3, E5M2, FP8_FORMATS, FP8_MAX
 
-FP8_MAX = {E4M3: 448.0, E5M2: 57344.0}
-E2M1_MAX = 6.0
 FLT_MAX = torch.finfo(torch.float32).max
 
 TORCH_FP8_DTYPE = {E4M3: torch.float8_e4m3fn, E5M2: torch.float8_e5m2}

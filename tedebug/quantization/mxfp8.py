@@ -23,6 +23,10 @@ from typing import Iterable, Optional, Tuple
 
 import torch
 
+from tedebug.backends import dispatch
+from tedebug.backends.dispatch import KernelChoice
+from tedebug.backends.fused_stats import COLUMNWISE_STATS, ROWWISE_STATS, FusedStats, attach_fused
+
 from .formats import (
     FP8_MAX,
     abs_ignoring_nan,
@@ -160,21 +164,32 @@ class MXFP8Quantizer(Quantizer):
 
     recipe_name = "mxfp8"
 
-    def __init__(self, fp8_format="E4M3", *, rowwise: bool = True, columnwise: bool = True) -> None:
-        super().__init__(rowwise=rowwise, columnwise=columnwise)
+    def __init__(self, fp8_format="E4M3", *, rowwise: bool = True, columnwise: bool = True,
+                 kernel: KernelChoice = None) -> None:
+        super().__init__(rowwise=rowwise, columnwise=columnwise, kernel=kernel)
         self.fp8_format = fp8_format_of(fp8_format)
 
     def _quantize(self, tensor: torch.Tensor) -> MXFP8Tensor:
-        from tedebug.backends import dispatch  # GPU dispatch hook: CuPy kernel when it applies, else torch below
-
-        fast = dispatch.quantize_mxfp8(self, tensor)
-        if fast is not None:
-            return fast
         who = type(self).__name__
         _check_input(tensor, who)
         m, k = check_mxfp8_shape(tensor.shape, who)
-        x = tensor.detach().float().reshape(m, k)
         out = MXFP8Tensor(tensor.shape, tensor.dtype, tensor.device, self, fp8_format=self.fp8_format)
+        # GPU dispatch hook: the CuPy kernel's buffers when it applies, else the torch path below
+        buffers = dispatch.quantize_mxfp8(tensor, self.fp8_format, self.rowwise_usage, self.columnwise_usage,
+                                          self.kernel)
+        if buffers is not None:
+            fused = {}
+            if self.rowwise_usage:
+                out.rowwise_data = buffers.rowwise_data.reshape(tensor.shape)
+                out.rowwise_scale_inv = buffers.rowwise_scale_inv
+                fused["rowwise"] = FusedStats(buffers.stats, ROWWISE_STATS)
+            if self.columnwise_usage:
+                out.columnwise_data = buffers.columnwise_data.reshape(tensor.shape)
+                out.columnwise_scale_inv = buffers.columnwise_scale_inv
+                fused["columnwise"] = FusedStats(buffers.stats, COLUMNWISE_STATS)
+            attach_fused(out, tensor, fused)  # the statistics the kernel fused into the pass
+            return out
+        x = tensor.detach().float().reshape(m, k)
         if self.rowwise_usage:
             codes, scales = mxfp8_quantize_blocks(x.reshape(m, k // MXFP8_BLOCK, MXFP8_BLOCK), self.fp8_format, -1)
             out.rowwise_data = codes.reshape(tensor.shape)

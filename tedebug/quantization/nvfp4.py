@@ -28,11 +28,15 @@ from typing import Iterable, Optional, Tuple
 
 import torch
 
+from tedebug.backends import dispatch
+from tedebug.backends.dispatch import KernelChoice
+from tedebug.backends.fused_stats import attach_fused
+from tedebug.format_constants import NVFP4_GLOBAL_MAX, RHT_SIGNS  # 2688 = 448 * 6; TE's RHT signs
+
 from .formats import (
     E2M1_MAX,
     E4M3,
     FLT_MAX,
-    FP8_MAX,
     abs_ignoring_nan,
     decode_e2m1,
     decode_fp8,
@@ -47,14 +51,11 @@ from .philox import philox_bytes
 from .tensor import USAGES, QuantizedTensor, Quantizer, matrix_shape
 
 NVFP4_BLOCK = 16
-NVFP4_GLOBAL_MAX = FP8_MAX[E4M3] * E2M1_MAX  # 2688 = 448 * 6, exact in fp32
 _HIGH_PRECISION = (torch.float32, torch.bfloat16, torch.float16)
 
 #: fp32(1/2688) as a Python float (a tensor times it multiplies in fp32, as TE's reference quantizer's `_f32(1/2688)`)
 _INV_GLOBAL_MAX = float(torch.tensor(1.0 / NVFP4_GLOBAL_MAX, dtype=torch.float32))
 
-#: TE's fixed RHT sign vector (applied to the rows of the Hadamard matrix).
-RHT_SIGNS = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
 
 
 def _f32(value: float, like: torch.Tensor) -> torch.Tensor:
@@ -321,8 +322,9 @@ class NVFP4Quantizer(Quantizer):
         seed: Optional[int] = None,
         rowwise: bool = True,
         columnwise: bool = True,
+        kernel: KernelChoice = None,
     ) -> None:
-        super().__init__(rowwise=rowwise, columnwise=columnwise)
+        super().__init__(rowwise=rowwise, columnwise=columnwise, kernel=kernel)
         if with_2d_quantization and with_rht:
             raise ValueError(
                 "NVFP4Quantizer: with_2d_quantization and with_rht cannot be combined (2D scales are shared "
@@ -349,14 +351,32 @@ class NVFP4Quantizer(Quantizer):
         kernels compute the same bytes in place from (`sr_seed`, offset) instead."""
         if not self.stochastic_rounding:
             return None
-        return philox_bytes(self.sr_seed, self.next_sr_offset(), shape[0] * shape[1], device).view(shape)
+        return philox_bytes(self.sr_seed, self.next_sr_offset(), shape[0] * shape[1], device, self.kernel).view(shape)
+
+    def _from_kernel_buffers(self, tensor: torch.Tensor, buffers) -> NVFP4Tensor:
+        """The NVFP4Tensor of the kernel path's `cupy_nvfp4.NVFP4Buffers`, carrying the statistics the kernels fused
+        into the pass."""
+        out = NVFP4Tensor(tensor.shape, tensor.dtype, tensor.device, self, columnwise_rht=self.with_rht)
+        stats = buffers.stats
+        fused = {}
+        if self.rowwise_usage:
+            out.rowwise_data = buffers.rowwise_data.reshape(*tensor.shape[:-1], tensor.shape[-1] // 2)
+            out.rowwise_scale_inv = buffers.rowwise_scale_inv
+            out.amax_rowwise = buffers.amax[0]
+            fused["rowwise"] = {"underflows_num": stats[0], "sq_err": stats[1]}
+        if self.columnwise_usage:
+            out.columnwise_data = buffers.columnwise_data
+            out.columnwise_scale_inv = buffers.columnwise_scale_inv
+            out.amax_columnwise = buffers.amax[1]
+            fused["columnwise"] = {"underflows_num": stats[2], "sq_err": stats[3]}
+        attach_fused(out, tensor, fused)
+        return out
 
     def _quantize(self, tensor: torch.Tensor) -> NVFP4Tensor:
-        from tedebug.backends import dispatch  # GPU dispatch hook: CuPy kernel when it applies, else torch below
-
-        fast = dispatch.quantize_nvfp4(self, tensor)
-        if fast is not None:
-            return fast
+        # GPU dispatch hook: the CuPy kernel's buffers when it applies, else the torch path below
+        buffers = dispatch.quantize_nvfp4(self, tensor, self.kernel)
+        if buffers is not None:
+            return self._from_kernel_buffers(tensor, buffers)
         who = type(self).__name__
         if tensor.dtype not in _HIGH_PRECISION:
             raise TypeError(f"{who}: expected a float32/bfloat16/float16 tensor, got dtype {tensor.dtype}")

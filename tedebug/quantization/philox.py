@@ -57,16 +57,17 @@ def philox4x32_10(counter: Tuple[torch.Tensor, ...], key: Tuple[int, int]) -> Tu
     return c0, c1, c2, c3
 
 
-def philox_bytes(seed: int, offset: int, n: int, device=None) -> torch.Tensor:
+def philox_bytes(seed: int, offset: int, n: int, device=None, kernel=None) -> torch.Tensor:
     """`n` random bytes (uint8, 1-D) of draw `offset` under `seed`, in tedebug's layout (see the module docstring).
 
-    CUDA tensors come from the kernel when CuPy is available (same bytes), else from this torch path."""
+    CUDA tensors come from the kernel when CuPy is available (same bytes) unless `kernel` (a
+    `tedebug.backends.dispatch.KernelPreference`; None: the default) is "torch", else from this torch path."""
     seed, offset, n = int(seed) & (2 ** 64 - 1), int(offset) & (2 ** 64 - 1), int(n)
     device = torch.device(device) if device is not None else torch.device("cpu")
     if device.type == "cuda":
         from tedebug.backends import dispatch
 
-        fast = dispatch.philox_bytes(seed, offset, n, device)
+        fast = dispatch.philox_bytes(seed, offset, n, device, kernel)
         if fast is not None:
             return fast
     if device.type == "cpu":

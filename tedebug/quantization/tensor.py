@@ -17,6 +17,8 @@ from typing import Iterable, List, Optional, Tuple, TypeVar
 
 import torch
 
+from tedebug.backends.dispatch import KernelChoice, KernelPreference, kernel_preference
+
 USAGES = ("rowwise", "columnwise")
 HIGH_PRECISION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -56,10 +58,14 @@ class Quantizer(abc.ABC):
     #: name used by the statistics grammar (``fp8_delayed_scaling``, ``fp8_current_scaling``, ``mxfp8``,
     #: ``fp8_block_scaling``, ``nvfp4``); empty for formats without one (identity, hybrid).
     recipe_name: str = ""
+    #: which implementation quantizes (`KernelPreference`: auto, torch or the CuPy kernels); None follows the
+    #: default (`tedebug.backends.dispatch.use_backend`, else ``TEDEBUG_BACKEND``, else auto)
+    kernel: Optional[KernelPreference] = None
 
-    def __init__(self, *, rowwise: bool = True, columnwise: bool = True) -> None:
+    def __init__(self, *, rowwise: bool = True, columnwise: bool = True, kernel: KernelChoice = None) -> None:
         self.rowwise_usage = bool(rowwise)
         self.columnwise_usage = bool(columnwise)
+        self.kernel = kernel_preference(kernel, f"{type(self).__name__}(kernel=...)")
         # TE compatibility knobs; tedebug always returns full QuantizedTensor objects.
         self.internal = False
         self.optimize_for_gemm = False
