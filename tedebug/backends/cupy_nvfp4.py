@@ -37,13 +37,17 @@ from tedebug.backends.cupy_kernels import (
     prepare_input,
 )
 
-NV_BLOCKS_PER_SM = 3  # NV_MIN_BLOCKS in kernels/nvfp4.cu (__launch_bounds__(256, 3))
+NV_BLOCKS_PER_SM = 2  # NV_MIN_BLOCKS in kernels/nvfp4.cu (ted_nvfp4_quantize: 128 registers, no local memory)
 NQ_BLOCKS_PER_SM = 3  # NQ_MIN_BLOCKS in kernels/nvfp4.cu (ted_nvfp4_quantize16, 80 registers)
 NQ_TILE = (64, 128)   # ted_nvfp4_quantize16's tile: rows, columns
 NV_THREADS = 256
 NV_TILE_ROWS = 64
-RHT_TILE = (4, 64)     # ted_nvfp4_rht_*'s tile: 16-row groups (NR_GROUPS), columns (NR_COLS)
-RHT_BLOCKS_PER_SM = 3  # NR_MIN_BLOCKS in kernels/nvfp4.cu (ted_nvfp4_rht_col: __launch_bounds__(256, 3))
+RHT_TILE_ROWS = 256        # ted_nvfp4_rht_col's tile: NR_ROWS rows x NR_TB = 64 bytes of columns
+RHT_TILE_BYTES = 64
+RHT_BLOCKS_PER_SM = 2      # NR_MIN_BLOCKS in kernels/nvfp4.cu (ted_nvfp4_rht_col: 128 registers)
+RHT_AMAX_BYTES = 8         # ted_nvfp4_rht_amax: bytes per thread and row (NR_APT)
+RHT_AMAX_BLOCKS_PER_SM = 2  # NR_AMAX_MIN_BLOCKS in kernels/nvfp4.cu
+RHT_V1_TILE = (4, 64)      # the v1 RHT kernels (TEDEBUG_NVFP4_RHT_COL=old): 16-row groups, columns; 3 blocks per SM
 _INV6 = np.float32(1.0 / 6.0)        # fp32(1/6), as the reference's `_f32(1 / E2M1_MAX)`
 _INV2688 = np.float32(1.0 / 2688.0)  # fp32(1/2688), as the reference's `_f32(1 / NVFP4_GLOBAL_MAX)`
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -74,7 +78,8 @@ def _tile_cols(dtype: torch.dtype) -> int:
 def _general_options(x2d: torch.Tensor, sr: bool) -> Tuple[str, ...]:
     """NVRTC options of nvfp4.cu (one compiled module per dtype and SR holds every kernel of the file)."""
     return _dtype_options(x2d) + ("-DTED_FP8=0", f"-DNV_SR={int(sr)}", f"-DNV_MIN_BLOCKS={NV_BLOCKS_PER_SM}",
-                                  f"-DNQ_MIN_BLOCKS={NQ_BLOCKS_PER_SM}", f"-DNR_MIN_BLOCKS={RHT_BLOCKS_PER_SM}")
+                                  f"-DNQ_MIN_BLOCKS={NQ_BLOCKS_PER_SM}", f"-DNR_MIN_BLOCKS={RHT_BLOCKS_PER_SM}",
+                                  f"-DNR_AMAX_MIN_BLOCKS={RHT_AMAX_BLOCKS_PER_SM}")
 
 
 def rht_sign_mask() -> int:
@@ -172,22 +177,51 @@ def nvfp4_rht_columnwise(
     col_data = torch.empty((k, m // 2), dtype=torch.uint8, device=dev)
     col_scales = torch.empty((k, m // 16), dtype=torch.uint8, device=dev)
     stats = torch.empty(2, dtype=torch.float64, device=dev)
-    tiles = -(-(m // 16) // RHT_TILE[0]) * -(-k // RHT_TILE[1])
-    grid = max(1, min(RHT_BLOCKS_PER_SM * _sm_count(_device_index(dev)), tiles))
+    sms = _sm_count(_device_index(dev))
     opts = _general_options(x2d, sr is not None)
+    elem = x2d.element_size()
+    if _rht_variant() == "old":
+        opts += ("-DNR_V1=1",)
+        names = ("ted_nvfp4_rht_amax_v1", "ted_nvfp4_rht_col_v1")
+        tiles = -(-(m // 16) // RHT_V1_TILE[0]) * -(-k // RHT_V1_TILE[1])
+        amax_grid = col_grid = max(1, min(3 * sms, tiles))
+    else:
+        names = ("ted_nvfp4_rht_amax", "ted_nvfp4_rht_col")
+        items = (m // 16) * (k * elem // RHT_AMAX_BYTES)  # ted_nvfp4_rht_amax: one thread per (group, 8 bytes)
+        if items >= 2 ** 31:
+            raise ValueError(f"nvfp4_rht_columnwise: tensor too large for the RHT kernels ({m} x {k})")
+        amax_grid = max(1, min(RHT_AMAX_BLOCKS_PER_SM * sms, -(-items // NV_THREADS)))
+        tiles = -(-m // RHT_TILE_ROWS) * -(-k // (RHT_TILE_BYTES // elem))
+        col_grid = max(1, min(RHT_BLOCKS_PER_SM * sms, tiles))
     mask = np.uint32(rht_sign_mask())
     amax[1:].zero_()  # ted_nvfp4_rht_amax takes the atomic max of the fp32 bits into it
-    _launch(get_kernel("nvfp4.cu", "ted_nvfp4_rht_amax", opts), grid, NV_THREADS,
+    _launch(get_kernel("nvfp4.cu", names[0], opts), amax_grid, NV_THREADS,
             (x2d.data_ptr(), np.int64(m), np.int64(k), mask, amax.data_ptr() + 4), dev)
-    partial = torch.empty((grid, 2), dtype=torch.float64, device=dev)
+    partial = torch.empty((col_grid, 2), dtype=torch.float64, device=dev)
     args = (
         x2d.data_ptr(), np.int64(m), np.int64(k), mask, amax.data_ptr(), _INV6, _INV2688,
         *(_words(sr[0]) + _words(sr[1]) if sr is not None else _words(0) + _words(0)),
         col_data.data_ptr(), col_scales.data_ptr(), partial.data_ptr(),
     )
-    _launch(get_kernel("nvfp4.cu", "ted_nvfp4_rht_col", opts), grid, NV_THREADS, args, dev)
+    _launch(get_kernel("nvfp4.cu", names[1], opts), col_grid, NV_THREADS, args, dev)
     _sum_columns(partial, stats)
     return col_data, col_scales, stats
+
+
+_RHT_VARIANT: list = []  # the value of TEDEBUG_NVFP4_RHT_COL, once read
+
+
+def _rht_variant() -> str:
+    """Which RHT kernels `nvfp4_rht_columnwise` launches: ``new`` (default) or ``old`` (the v1 kernels, kept for a
+    side-by-side GPU comparison; to be removed), from the environment variable TEDEBUG_NVFP4_RHT_COL, read once."""
+    if not _RHT_VARIANT:
+        import os
+
+        value = os.environ.get("TEDEBUG_NVFP4_RHT_COL", "new").strip().lower()
+        if value not in ("new", "old"):
+            raise ValueError(f"TEDEBUG_NVFP4_RHT_COL must be 'new' or 'old', got {value!r}")
+        _RHT_VARIANT.append(value)
+    return _RHT_VARIANT[0]
 
 
 def nvfp4_quantize(quantizer, tensor: torch.Tensor):
