@@ -116,13 +116,21 @@ __device__ __forceinline__ unsigned int nv_rn(float v, float& r) {
 
 __device__ __forceinline__ float nv_step(float a) { return a < 2.0f ? 0.5f : (a < 4.0f ? 1.0f : 2.0f); }
 
-// TE's software stochastic rounding of min(|v|, 6) with 8 random bits (tedebug.quantization.nvfp4).
+// TE's software stochastic rounding of min(|v|, 6) with 8 random bits (tedebug.quantization.nvfp4):
+//   u = bits / 256, t = a + u * step(a), g = min(floor(t / step(t)) * step(t), 6).
+// Every operation runs on the fp32 / integer pipes, none on the conversion / MUFU unit (16 results per clock and
+// SM, which bounded the SR kernels): u = (1 + bits / 256) - 1 built from its bits (exact), t / step(t) as
+// t * (1 / step(t)) with the power of two chosen directly (exact, as rcp.rn of a power of two is), and
+// floor(q) for 0 <= q < 2^23 as (q + 2^23 rounded toward zero) - 2^23 (q >= +0 here: a >= +0, u * step >= +0).
 __device__ __forceinline__ unsigned int nv_sr(float v, unsigned int bits8, float& r) {
     const float a = ted_min(ted_abs(v), 6.0f);
-    const float u = ted_mul((float)bits8, 0.00390625f);  // bits / 256, exact
+    const float u = ted_sub(__uint_as_float(0x3F800000u | (bits8 << 15)), 1.0f);  // bits / 256, exact
     const float t = ted_add(a, ted_mul(u, nv_step(a)));
     const float st = nv_step(t);
-    const float g = ted_min(ted_mul(floorf(ted_mul(t, nv_rcp(st))), st), 6.0f);  // t / st exact (power of two)
+    const float inv_st = t < 2.0f ? 2.0f : (t < 4.0f ? 1.0f : 0.5f);  // 1 / st
+    float q;
+    asm("add.rz.f32 %0, %1, 0f4B000000;" : "=f"(q) : "f"(ted_mul(t, inv_st)));  // floor(t / st) + 2^23
+    const float g = ted_min(ted_mul(ted_sub(q, 8388608.0f), st), 6.0f);
     return nv_rn(g, r);  // g is on the grid: the code of g and r == g
 }
 
@@ -1023,10 +1031,12 @@ __device__ __forceinline__ void nr_prefetch(const ted_raw_t* x, long long M, lon
 
 // One (column, 16-row group) block: rotation of the 16 elements e of the words w, 1x16 quantization (packed codes,
 // scale code), fp64 squared error of the inverse-rotated dequantization against x, non-zero counts.
+// NV_SR: the random bytes are block `sr_block` of the Philox draw `ph`, computed only after the rotation (a
+// shorter live range: no local memory at 128 registers).
 __device__ __forceinline__ void nr_col_block(const unsigned int (&w)[16], int e, unsigned int sign_mask,
-                                             const NvDir& cdir, float inv2688, uint4 rb, uint2& packed,
-                                             unsigned int& code, double& err, unsigned int& nz_y,
-                                             unsigned int& nz_q) {
+                                             const NvDir& cdir, float inv2688, const TedPhilox& ph,
+                                             unsigned long long sr_block, uint2& packed, unsigned int& code,
+                                             double& err, unsigned int& nz_y, unsigned int& nz_q) {
     float y[16];
     {
         float v[16];
@@ -1043,6 +1053,13 @@ __device__ __forceinline__ void nr_col_block(const unsigned int (&w)[16], int e,
     }
     const NvBlock blk = nv_block(bam, cdir, inv2688);
     code = blk.code;
+#if NV_SR
+    const uint4 rb = ted_philox_block(ph, sr_block);
+#else
+    (void)ph;
+    (void)sr_block;
+    const uint4 rb = make_uint4(0u, 0u, 0u, 0u);
+#endif
     unsigned int lo = 0u, hi = 0u;
     float deq[16];
 #pragma unroll
@@ -1120,16 +1137,10 @@ ted_nvfp4_rht_col(const ted_raw_t* __restrict__ x, long long M, long long K, uns
 #pragma unroll
             for (int e = 0; e < NV_CW; ++e) {
                 const int kk = p * NV_CW + e;
-                uint4 rb = make_uint4(0u, 0u, 0u, 0u);
-#if NV_SR
-                rb = ted_philox_block(TedPhilox{seed_lo, seed_hi, off_lo, off_hi},
-                                      (unsigned long long)((k0 + kk) * n_groups + g0 + g));
-#else
-                (void)seed_lo; (void)seed_hi; (void)off_lo; (void)off_hi;
-#endif
                 uint2 packed;
                 unsigned int code;
-                nr_col_block(w, e, sign_mask, cdir, inv2688, rb, packed, code, err, nz_y, nz_q);
+                nr_col_block(w, e, sign_mask, cdir, inv2688, TedPhilox{seed_lo, seed_hi, off_lo, off_hi},
+                             (unsigned long long)((k0 + kk) * n_groups + g0 + g), packed, code, err, nz_y, nz_q);
                 s_data[kk * 16 + (g ^ p)] = packed;
                 reinterpret_cast<unsigned char*>(s_scale)[16 * kk + 4 * ((g >> 2) ^ ((p >> 2) & 3)) + (g & 3)] =
                     (unsigned char)code;
