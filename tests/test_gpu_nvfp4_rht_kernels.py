@@ -76,3 +76,30 @@ def test_nvfp4_kernels_use_no_local_memory(dtype, sr):
     for name in names:
         raw = get_kernel("nvfp4.cu", name, _general_options(x, sr)).raw(torch.cuda.current_device())
         assert raw.local_size_bytes == 0, (name, dtype, sr, raw.local_size_bytes, raw.num_regs)
+
+
+def _time_rht_columnwise(shape, dtype, variant, sr=None, reps=20):
+    """Mean microseconds of one `nvfp4_rht_columnwise` call (amax pass, quantize, partial sums) for `variant`."""
+    from tedebug.backends import cupy_nvfp4
+
+    cupy_nvfp4._RHT_VARIANT[:] = [variant]
+    x = (torch.randn(shape, generator=torch.Generator().manual_seed(3)) * 3).to(dtype).cuda()
+    amax = torch.zeros(2, dtype=torch.float32, device=x.device)
+    cupy_nvfp4.nvfp4_rht_columnwise(x, amax, sr)  # compile, warm up
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        cupy_nvfp4.nvfp4_rht_columnwise(x, amax, sr)
+    end.record()
+    torch.cuda.synchronize()
+    return 1000 * start.elapsed_time(end) / reps
+
+
+if __name__ == "__main__":
+    # old vs new RHT kernels in one run: python tests/test_gpu_nvfp4_rht_kernels.py
+    for shape in ((8192, 2048), (8192, 6144), (8192, 8192)):
+        for sr in (None, (1234, 0)):
+            times = {v: _time_rht_columnwise(shape, torch.bfloat16, v, sr) for v in ("old", "new")}
+            print(f"nvfp4_rht_columnwise bf16 {shape} sr={sr is not None}: "
+                  + ", ".join(f"{v} {t:.1f} us" for v, t in times.items()))
