@@ -427,8 +427,13 @@ ted_nvfp4_quantize(const ted_raw_t* __restrict__ x, long long M, long long K, co
 
 
 // ---------------------------------------------------------------------------------------------- fast kernel
-// `ted_nvfp4_quantize16`: bf16 / fp16, round to nearest, 1D blocks, M % 64 == 0 and K % 128 == 0 (the host picks
-// it; every other call takes `ted_nvfp4_quantize`).  Same results bit for bit, less work per element:
+// `ted_nvfp4_quantize16`: bf16 / fp16, round to nearest, 1D blocks or (compiled with NQ_2D=1) 16x16 tiles,
+// M % 64 == 0 and K % 128 == 0 (the host picks it; every other call takes `ted_nvfp4_quantize`).  2D: the column
+// pass always runs; warp w's 32 column units are the 4 row groups x 16 columns of tile column block w, so each
+// 16x16 tile amax is a 3-step xor-shuffle max over the lanes of one row group (lanes l, l ^ 4, l ^ 8, l ^ 16, ...),
+// shared with the row pass through shared memory (one more barrier per tile); both directions take their scale
+// code from the tile amax (NaN dropped), as the general kernel does.  Same results bit for bit, less work per
+// element:
 //   - tiles walked in bands of NQ_BAND tile rows, column by column (nq_walk / nq_tile: 32-bit arithmetic, no
 //     division per tile), 3 resident blocks per SM (80 registers);
 //   - column units numbered so that the 4 lanes of one column pair hold its 4 16-row groups: one 8-byte store
@@ -452,6 +457,9 @@ ted_nvfp4_quantize(const ted_raw_t* __restrict__ x, long long M, long long K, co
 #define NQ_TK 128
 #define NQ_WPR 64  // 32-bit words per tile row
 #define NQ_BAND 8  // tile rows per band of the tile order (see nq_tile)
+#ifndef NQ_2D
+#define NQ_2D 0  // 1: 16x16 scale tiles (a separate compile, -DNQ_2D=1; the 1D code is unchanged by it)
+#endif
 #ifndef NQ_MIN_BLOCKS
 #define NQ_MIN_BLOCKS 3  // resident blocks per SM (80 registers); cupy_nvfp4.NQ_BLOCKS_PER_SM must match
 #endif
@@ -642,6 +650,9 @@ ted_nvfp4_quantize16(const ted_raw_t* __restrict__ x, long long M, long long K, 
                      double* __restrict__ partial, unsigned int* __restrict__ ticket, double* __restrict__ out) {
     __shared__ __align__(16) uint4 stage[2][NQ_TM * 16];
     __shared__ float2 tab[2][128];  // (mult, dscale) of every E4M3 scale code, rowwise / columnwise
+#if NQ_2D
+    __shared__ float s_tam[NQ_TM / 16][NQ_TK / 16];  // 16x16 tile amaxes of the tile
+#endif
     const NvDir rdir = nv_dir(amax[0], inv6);
     const NvDir cdir = nv_dir(amax[1], inv6);
     {
@@ -683,6 +694,23 @@ ted_nvfp4_quantize16(const ted_raw_t* __restrict__ x, long long M, long long K, 
         const long long m0 = (long long)tm * NQ_TM, k0 = (long long)tk * NQ_TK;
 
         // ---- columns: 16 rows x 2 columns per thread
+#if NQ_2D
+        {  // 2D: every tile amax (the rows need them too); then the columns when do_col
+            unsigned int cw[16];
+            unsigned int pm = 0u;
+#pragma unroll
+            for (int i = 0; i < 16; ++i) {
+                cw[i] = nq_lds32(sb + th.c_off + 256u * i);
+                pm = ted_pmax(pm, cw[i] & 0x7FFF7FFFu);
+            }
+            // warp w holds word columns 8w .. 8w + 7 (tile column block w); lane l their row group l & 3
+            float tam = ted_max(ted_lo(pm), ted_hi(pm));
+            tam = ted_max(tam, __shfl_xor_sync(0xFFFFFFFFu, tam, 4));
+            tam = ted_max(tam, __shfl_xor_sync(0xFFFFFFFFu, tam, 8));
+            tam = ted_max(tam, __shfl_xor_sync(0xFFFFFFFFu, tam, 16));
+            if ((threadIdx.x & 28u) == 0u) s_tam[threadIdx.x & 3u][threadIdx.x >> 5] = tam;
+            if (do_col) {
+#else
         if (do_col) {
             unsigned int cw[16];
             unsigned int pm = 0u;
@@ -691,11 +719,16 @@ ted_nvfp4_quantize16(const ted_raw_t* __restrict__ x, long long M, long long K, 
                 cw[i] = nq_lds32(sb + th.c_off + 256u * i);
                 pm = ted_pmax(pm, cw[i] & 0x7FFF7FFFu);
             }
+#endif
             unsigned char* cdata = col_data + k0 * (M / 2) + m0 / 2 + th.c_st;
             unsigned char* cscale = col_scales + k0 * (M / 16) + m0 / 16 + (th.c_st >> 3);
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
+#if NQ_2D
+                const unsigned int code = nv_code(tam, cdir);
+#else
                 const unsigned int code = nv_code(e ? ted_hi(pm) : ted_lo(pm), cdir);
+#endif
                 const float2 md = tab[1][code];
                 cscale[e * (M / 16)] = (unsigned char)code;
                 unsigned int lo = 0u, hi = 0u;
@@ -718,7 +751,13 @@ ted_nvfp4_quantize16(const ted_raw_t* __restrict__ x, long long M, long long K, 
                                                threadIdx.x >> 2, e, md.x, md.y, col_err, nz_col);
                 *reinterpret_cast<uint2*>(cdata + e * (M / 2)) = packed;
             }
+#if NQ_2D
+            }
+#endif
         }
+#if NQ_2D
+        __syncthreads();  // s_tam is written (its readers of the previous tile passed the loop's first barrier)
+#endif
         // ---- rows: two 1x16 blocks per thread
         if (do_row) {
             unsigned char* rdata = row_data + m0 * (K / 2) + k0 / 2 + th.r_st;
@@ -729,10 +768,14 @@ ted_nvfp4_quantize16(const ted_raw_t* __restrict__ x, long long M, long long K, 
                 const uint4 c0 = nq_lds128(sb + roff);
                 const uint4 c1 = nq_lds128(sb + (roff ^ 16u));
                 const unsigned int w[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+#if NQ_2D
+                const unsigned int code = nv_code(s_tam[(threadIdx.x >> 7) + 2 * n][threadIdx.x & 7u], rdir);
+#else
                 unsigned int pm = 0u;
 #pragma unroll
                 for (int i = 0; i < 8; ++i) pm = ted_pmax(pm, w[i] & 0x7FFF7FFFu);
                 const unsigned int code = nv_code(ted_max(ted_lo(pm), ted_hi(pm)), rdir);
+#endif
                 const float2 md = tab[0][code];
                 rscale[n * 2 * K] = (unsigned char)code;
                 unsigned int lo = 0u, hi = 0u;

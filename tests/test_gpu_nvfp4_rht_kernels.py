@@ -7,6 +7,8 @@ tests/test_gpu_nvfp4.py has to avoid): column data, scale codes, the rotated ama
 fp64 squared error is summed over other blocks, so it agrees within 2 (n + 1) fp64 roundings.
 """
 
+import math
+
 import pytest
 import torch
 
@@ -103,3 +105,34 @@ if __name__ == "__main__":
             times = {v: _time_rht_columnwise(shape, torch.bfloat16, v, sr) for v in ("old", "new")}
             print(f"nvfp4_rht_columnwise bf16 {shape} sr={sr is not None}: "
                   + ", ".join(f"{v} {t:.1f} us" for v, t in times.items()))
+
+
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
+@pytest.mark.parametrize("shape", [(64, 128), (128, 1024), (1024, 640)])
+def test_fast_2d_kernel_bit_identical(shape, dtype):
+    """ted_nvfp4_quantize16 compiled for 16x16 tiles (NQ_2D=1) against the torch reference: data, scales, amaxes;
+    underflows exact, squared errors within the fp32 per-block sums' bound (32 U relative)."""
+    from tedebug.backends import cupy_nvfp4, dispatch, torch_ref
+    from tedebug.quantization.nvfp4 import NVFP4Quantizer
+
+    assert cupy_nvfp4.uses_fast_2d_kernel(*shape, dtype, True, False)
+    for seed, with_inf in ((11, False), (12, True)):
+        x = wide_input(shape, dtype, seed)
+        if not with_inf:
+            x = torch.where(x.isinf(), torch.zeros_like(x), x)
+        for kw in ({}, {"columnwise": False}, {"rowwise": False}):
+            with dispatch.use_backend("cupy"):
+                got = NVFP4Quantizer(with_2d_quantization=True, **kw).quantize(x)
+            with dispatch.use_backend("torch"):
+                ref = NVFP4Quantizer(with_2d_quantization=True, **kw).quantize(x)
+            for usage in ("rowwise", "columnwise"):
+                if getattr(ref, f"{usage}_data") is None:
+                    continue
+                for field in (f"{usage}_data", f"{usage}_scale_inv", f"amax_{usage}"):
+                    assert torch.equal(getattr(got, field), getattr(ref, field)), (usage, field)
+                fused = got._fused_error_stats[usage]
+                want_uf = torch_ref.underflow_partials(x, ref, usage)["underflows_num"].item()
+                assert fused["underflows_num"].item() == want_uf, usage
+                err, want = fused["sq_err"].item(), torch_ref.mse_partials(x, ref, usage)["sq_err"].item()
+                assert (math.isnan(err) and math.isnan(want)) or err == want or \
+                    abs(err - want) <= 32 * 2.0 ** -24 * abs(want) + x.numel() * 2.0 ** -126, (usage, err, want)

@@ -5,7 +5,7 @@ Returns the same `NVFP4Tensor` fields as `NVFP4Quantizer._quantize`, bit for bit
 Without RHT: two launches, the global amax (`cupy_kernels._amax_launch`, NaN ignored, written to both amax slots;
 for the fast kernel also count_nonzero(x)) and the quantize kernel, which finishes its statistics in its last block; no
 host synchronisation.  The quantize
-kernel is `ted_nvfp4_quantize16` (fast path: bf16 / fp16, round to nearest, 1D, M % 64 == 0, K % 128 == 0) or the
+kernel is `ted_nvfp4_quantize16` (fast path: bf16 / fp16, round to nearest, 1D or 2D, M % 64 == 0, K % 128 == 0) or the
 general `ted_nvfp4_quantize` (everything else).
 With RHT (`quantizer.with_rht`, columnwise only): the rowwise direction is quantized as above from the amax of x;
 the columnwise direction by `ted_nvfp4_rht_amax` (max |y| of the rotated values y, recomputed on the fly, never
@@ -71,6 +71,17 @@ def uses_fast_kernel(m: int, k: int, dtype: torch.dtype, two_d: bool, sr: bool) 
             and k % NQ_TILE[1] == 0 and m < 2 ** 24 and k < 2 ** 24)  # 32-bit offsets within the kernel
 
 
+def uses_fast_2d_kernel(m: int, k: int, dtype: torch.dtype, two_d: bool, sr: bool) -> bool:
+    """Whether `nvfp4_quantize_raw` takes `ted_nvfp4_quantize16` compiled for 16x16 scale tiles (NQ_2D=1): a 2D
+    call that `uses_fast_kernel` would take in 1D."""
+    return two_d and uses_fast_kernel(m, k, dtype, False, sr)
+
+
+def takes_fast_kernel(m: int, k: int, dtype: torch.dtype, two_d: bool, sr: bool) -> bool:
+    """Whether `nvfp4_quantize_raw` takes `ted_nvfp4_quantize16` (1D or 2D), which needs count_nonzero(x)."""
+    return uses_fast_kernel(m, k, dtype, two_d, sr) or uses_fast_2d_kernel(m, k, dtype, two_d, sr)
+
+
 def _tile_cols(dtype: torch.dtype) -> int:
     return 64 if dtype == torch.float32 else 128  # NV_TK in kernels/nvfp4.cu
 
@@ -107,7 +118,7 @@ def nvfp4_quantize_raw(
     """Quantize a contiguous CUDA [M, K] tensor with the global amaxes `amax` (fp32 [2]: rowwise, columnwise).
 
     `nonzero`: count_nonzero(x) as an int64 [1] device tensor (`_amax_launch(..., count_out=)` computes it with
-    the amaxes); the fast kernel (`uses_fast_kernel`) needs it for the underflow counts, the general one counts
+    the amaxes); the fast kernel (`takes_fast_kernel`) needs it for the underflow counts, the general one counts
     itself.
 
     Returns (row data [M, K/2], row scales [M, K/16], col data [K, M/2], col scales [K, M/16], stats) with None for
@@ -127,13 +138,14 @@ def nvfp4_quantize_raw(
     def ptr(t):
         return t.data_ptr() if t is not None else 0
 
-    if uses_fast_kernel(m, k, x2d.dtype, two_d, sr is not None):
+    if takes_fast_kernel(m, k, x2d.dtype, two_d, sr is not None):
         if nonzero is None or nonzero.dtype != torch.int64 or nonzero.device != dev:
             raise ValueError("nvfp4_quantize_raw: the fast kernel needs `nonzero`, count_nonzero(x) as an int64 "
                              f"tensor on {dev} (from _amax_launch(..., count_out=))")
         tiles = (m // NQ_TILE[0]) * (k // NQ_TILE[1])
         grid = max(1, min(NQ_BLOCKS_PER_SM * _sm_count(_device_index(dev)), tiles))
-        kernel = get_kernel("nvfp4.cu", "ted_nvfp4_quantize16", _general_options(x2d, False))
+        opts = _general_options(x2d, False) + (("-DNQ_2D=1",) if two_d else ())
+        kernel = get_kernel("nvfp4.cu", "ted_nvfp4_quantize16", opts)
         args = (
             x2d.data_ptr(), np.int64(m), np.int64(k), amax.data_ptr(), nonzero.data_ptr(), _INV6, _INV2688,
             np.int32(rowwise), np.int32(columnwise), ptr(row_data), ptr(row_scales), ptr(col_data), ptr(col_scales),
@@ -240,7 +252,7 @@ def nvfp4_quantize(quantizer, tensor: torch.Tensor):
     sr = quantizer.stochastic_rounding
     # the fast kernel takes count_nonzero(x) from the amax pass; with RHT it only runs for the rowwise direction
     # (and in 1D: the RHT path quantizes rows with two_d=False)
-    fast = (quantizer.rowwise_usage or not rht) and uses_fast_kernel(
+    fast = (quantizer.rowwise_usage or not rht) and takes_fast_kernel(
         m, k, x2d.dtype, quantizer.with_2d_quantization and not rht, sr)
     nonzero = torch.empty(1, dtype=torch.int64, device=x2d.device) if fast else None
     if not rht:
