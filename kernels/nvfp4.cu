@@ -37,7 +37,7 @@
 #define NV_SR 0
 #endif
 #ifndef NV_MIN_BLOCKS
-#define NV_MIN_BLOCKS 2  // resident blocks per SM (register cap: 128, no spills); cupy_nvfp4.NV_BLOCKS_PER_SM must match
+#define NV_MIN_BLOCKS 2  // resident blocks per SM (128 registers: no spills); cupy_nvfp4.NV_BLOCKS_PER_SM must match
 #endif
 
 #define NV_TM 64
@@ -852,9 +852,10 @@ ted_nvfp4_quantize16(const ted_raw_t* __restrict__ x, long long M, long long K, 
 // rounds once per block.
 //
 //   ted_nvfp4_rht_amax: *amax_bits (fp32 bits, 0 before the launch) = max |y| (NaN ignored); a streaming max.  One
-//   thread per (16-row group, NR_APT = 8 bytes of columns): sixteen 8-byte loads (consecutive threads take
-//   consecutive pieces of a row: 256 contiguous bytes per warp and row), the NR_AEPT columns rotated in registers,
-//   one atomicMax per block.
+//   thread per (16-row group, NR_APT = 8 bytes of columns, 4 for fp32): sixteen loads (consecutive threads take
+//   consecutive pieces of a row: 256 / 128 contiguous bytes per warp and row), the NR_AEPT columns rotated in
+//   registers, one atomicMax per block.  Optionally (the rowwise direction of the same quantize call) max |x| and
+//   count_nonzero(x) from the same loads, which saves the separate amax pass over x (ted_amax_count).
 //   ted_nvfp4_rht_col: the columnwise data / scales of y (the 1x16 rule of the kernels above: nv_block, nv_round,
 //   a NaN scaled value -> code 7) with global amax amax[1], and per block partial[b][0..1] = (count_nonzero(y) -
 //   non-zero codes, squared error) where the squared error is the torch path's: sum (x - z)^2 in fp64 against the
@@ -1011,41 +1012,95 @@ __device__ __forceinline__ float nr_elem(unsigned int w, int e) {
 #endif
 }
 
-#define NR_APT 8                        // rht_amax: bytes per thread and row (one 8-byte load)
-#define NR_AEPT (NR_APT / TED_ELEM_BYTES)  // rht_amax: columns per thread (4 or 2)
+// rht_amax: one piece of NR_APT bytes per thread and row (8 bytes, 4 columns for 16-bit types; 4 bytes, 1 column for
+// fp32: the fp64 rotation paths of fp32 inputs need the registers)
+#if TED_DTYPE == 0
+#define NR_APT 4
+typedef unsigned int nr_piece_t;
+__device__ __forceinline__ unsigned int nr_piece_word(unsigned int p, int j) { (void)j; return p; }
+#else
+#define NR_APT 8
+typedef uint2 nr_piece_t;
+__device__ __forceinline__ unsigned int nr_piece_word(const uint2& p, int j) { return j ? p.y : p.x; }
+#endif
+#define NR_AEPT (NR_APT / TED_ELEM_BYTES)  // rht_amax: columns per thread (4 or 1)
 #ifndef NR_AMAX_MIN_BLOCKS
 #define NR_AMAX_MIN_BLOCKS 2  // resident blocks per SM (register cap); cupy_nvfp4.RHT_AMAX_BLOCKS_PER_SM must match
 #endif
-// n_items = (M / 16) * (K / NR_AEPT) < 2^31 (checked by the host).
+
+// max |x| (NaN dropped) and non-zero elements (NaN counts, -0 does not) of one 32-bit word folded into (xm, nz):
+// ted_amax_count's rules (fp8_tensor.cu).  16-bit types: xm packed (bf16x2 / f16x2 max).
+__device__ __forceinline__ void nr_fold_x(unsigned int w, unsigned int& xm, unsigned int& nz) {
+#if TED_DTYPE == 0
+    xm = __float_as_uint(ted_max(__uint_as_float(xm), ted_abs(__uint_as_float(w))));
+    nz += (w & 0x7FFFFFFFu) ? 1u : 0u;
+#else
+    xm = ted_pmax(xm, w & 0x7FFF7FFFu);
+    nz += ted_pk_total(ted_pk_nonzero(w));
+#endif
+}
+
+// n_items = (M / 16) * (K / NR_AEPT) < 2^31 (checked by the host).  Unless null, also *row_amax_bits = max |x|
+// (fp32 bits, NaN ignored) and *nonzero = count_nonzero(x), from the same loads (the rowwise direction's amax pass);
+// each 0 before the launch.
 extern "C" __global__ void __launch_bounds__(256, NR_AMAX_MIN_BLOCKS)
 ted_nvfp4_rht_amax(const ted_raw_t* __restrict__ x, long long M, long long K, unsigned int sign_mask,
-                   unsigned int* __restrict__ amax_bits) {
-    __shared__ float warp_max[8];
-    const unsigned int n_c = (unsigned int)(K / NR_AEPT);  // 8-byte pieces per row
+                   unsigned int* __restrict__ amax_bits, unsigned int* __restrict__ row_amax_bits,
+                   unsigned long long* __restrict__ nonzero) {
+    __shared__ float warp_max[8], warp_xmax[8];
+    __shared__ unsigned long long warp_nz[8];
+    const unsigned int n_c = (unsigned int)(K / NR_AEPT);  // pieces per row
     const unsigned int n_items = (unsigned int)(M / 16) * n_c;
-    float am = 0.0f;  // max |RN32(y)| (NaN dropped)
+    float am = 0.0f;       // max |RN32(y)| (NaN dropped)
+    unsigned int xm = 0u;  // max |x| (fp32 bits, or packed 16-bit maxima)
+    unsigned int nz = 0u;  // non-zero x: < 2^32 per thread for any tensor below 2^40 elements
     for (unsigned int it = blockIdx.x * 256u + threadIdx.x; it < n_items; it += gridDim.x * 256u) {
         const unsigned int g = it / n_c, c = it - g * n_c;
-        const uint2* src = reinterpret_cast<const uint2*>(x + 16ll * g * K) + c;
-        uint2 ch[16];
+        const nr_piece_t* src = reinterpret_cast<const nr_piece_t*>(x + 16ll * g * K) + c;
+        nr_piece_t ch[16];
 #pragma unroll
         for (int i = 0; i < 16; ++i) ch[i] = __ldg(src + (long long)i * n_c);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+#pragma unroll
+            for (int j = 0; j < NR_APT / 4; ++j) nr_fold_x(nr_piece_word(ch[i], j), xm, nz);
+        }
 #pragma unroll
         for (int e = 0; e < NR_AEPT; ++e) {
             float v[16], y[16];
 #pragma unroll
-            for (int i = 0; i < 16; ++i) v[i] = nr_elem(e / NV_CW ? ch[i].y : ch[i].x, e % NV_CW);
+            for (int i = 0; i < 16; ++i) v[i] = nr_elem(nr_piece_word(ch[i], e / NV_CW), e % NV_CW);
             nr_rotate(v, sign_mask, y);
 #pragma unroll
             for (int j = 0; j < 16; ++j) am = ted_max(am, ted_abs(y[j]));
         }
     }
-    for (int off = 16; off > 0; off >>= 1) am = ted_max(am, __shfl_down_sync(0xFFFFFFFFu, am, off));
-    if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = am;
+#if TED_DTYPE == 0
+    float xam = __uint_as_float(xm);
+#else
+    float xam = ted_max(ted_lo(xm), ted_hi(xm));
+#endif
+    unsigned long long nzl = nz;
+    for (int off = 16; off > 0; off >>= 1) {
+        am = ted_max(am, __shfl_down_sync(0xFFFFFFFFu, am, off));
+        xam = ted_max(xam, __shfl_down_sync(0xFFFFFFFFu, xam, off));
+        nzl += __shfl_down_sync(0xFFFFFFFFu, nzl, off);
+    }
+    if ((threadIdx.x & 31) == 0) {
+        warp_max[threadIdx.x >> 5] = am;
+        warp_xmax[threadIdx.x >> 5] = xam;
+        warp_nz[threadIdx.x >> 5] = nzl;
+    }
     __syncthreads();
     if (threadIdx.x == 0) {
-        for (int w = 1; w < 8; ++w) am = ted_max(am, warp_max[w]);
+        for (int w = 1; w < 8; ++w) {
+            am = ted_max(am, warp_max[w]);
+            xam = ted_max(xam, warp_xmax[w]);
+            nzl += warp_nz[w];
+        }
         atomicMax(amax_bits, __float_as_uint(nr_dtype(am)));  // non-negative floats order like their bits
+        if (row_amax_bits != nullptr) atomicMax(row_amax_bits, __float_as_uint(xam));
+        if (nonzero != nullptr) atomicAdd(nonzero, nzl);
     }
 }
 
@@ -1072,19 +1127,30 @@ __device__ __forceinline__ void nr_prefetch(const ted_raw_t* x, long long M, lon
     }
 }
 
-// One (column, 16-row group) block: rotation of the 16 elements e of the words w, 1x16 quantization (packed codes,
-// scale code), fp64 squared error of the inverse-rotated dequantization against x, non-zero counts.
-// NV_SR: the random bytes are block `sr_block` of the Philox draw `ph`, computed only after the rotation (a
-// shorter live range: no local memory at 128 registers).
-__device__ __forceinline__ void nr_col_block(const unsigned int (&w)[16], int e, unsigned int sign_mask,
+// Word i of a column unit in shared memory: `col` = the shared address of the unit's word in shared row 16 g,
+// `gb` = g & 1 (tile row 16 g + i is stored in shared row 16 g + (i ^ gb), rows of 64 bytes: nr_prow).  A volatile
+// load: the block reads its words again where it needs them instead of holding them in registers across the
+// rotation and the inverse (ted_nvfp4_rht_col stays at 128 registers without local memory).
+__device__ __forceinline__ unsigned int nr_word_at(unsigned int col, int gb, int i) {
+    unsigned int v;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(col + 64u * (unsigned int)(i ^ gb)));
+    return v;
+}
+
+// One (column, 16-row group) block: rotation of the 16 elements e of the unit's words, 1x16 quantization (packed
+// codes and scale code stored to their staging slots as soon as known), fp64 squared error of the inverse-rotated
+// dequantization against x, non-zero counts.
+// NV_SR: the random bytes are block `sr_block` of the Philox draw `ph`.
+__device__ __forceinline__ void nr_col_block(unsigned int col, int gb, int e, unsigned int sign_mask,
                                              const NvDir& cdir, float inv2688, const TedPhilox& ph,
-                                             unsigned long long sr_block, uint2& packed, unsigned int& code,
-                                             double& err, unsigned int& nz_y, unsigned int& nz_q) {
+                                             unsigned long long sr_block, uint2* packed_out,
+                                             unsigned char* code_out, double& err, unsigned int& nz_y,
+                                             unsigned int& nz_q) {
     float y[16];
     {
         float v[16];
 #pragma unroll
-        for (int i = 0; i < 16; ++i) v[i] = nr_elem(w[i], e);
+        for (int i = 0; i < 16; ++i) v[i] = nr_elem(nr_word_at(col, gb, i), e);
         nr_rotate(v, sign_mask, y);
     }
     float bam = 0.0f;
@@ -1095,7 +1161,7 @@ __device__ __forceinline__ void nr_col_block(const unsigned int (&w)[16], int e,
         nz_y += ted_nonzero(y[j]) ? 1u : 0u;
     }
     const NvBlock blk = nv_block(bam, cdir, inv2688);
-    code = blk.code;
+    *code_out = (unsigned char)blk.code;
 #if NV_SR
     const uint4 rb = ted_philox_block(ph, sr_block);
 #else
@@ -1122,12 +1188,12 @@ __device__ __forceinline__ void nr_col_block(const unsigned int (&w)[16], int e,
         deq[j] = __uint_as_float(__float_as_uint(ted_mul(r, blk.dscale)) | ((c & 8u) << 28));
     }
     nz_q += nv_nonzero8(lo) + nv_nonzero8(hi);
-    packed = make_uint2(lo, hi);
+    *packed_out = make_uint2(lo, hi);
     float z[16];
     nr_inverse(deq, sign_mask, z);
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
-        const double d = ted_f2d(nr_elem(w[i], e)) - ted_f2d(z[i]);
+        const double d = ted_f2d(nr_elem(nr_word_at(col, gb, i), e)) - ted_f2d(z[i]);
         err += d * d;
     }
 }
@@ -1135,7 +1201,7 @@ __device__ __forceinline__ void nr_col_block(const unsigned int (&w)[16], int e,
 // amax[1]: the columnwise (rotated) global amax.  NV_SR only: the Philox seed and the offset of the [K, M] draw.
 // partial: gridDim.x * 2.
 #ifndef NR_MIN_BLOCKS
-#define NR_MIN_BLOCKS 2  // resident blocks per SM (register cap: 128, no spills); cupy_nvfp4.RHT_BLOCKS_PER_SM must match
+#define NR_MIN_BLOCKS 2  // resident blocks per SM (128 registers: no spills); cupy_nvfp4.RHT_BLOCKS_PER_SM must match
 #endif
 extern "C" __global__ void __launch_bounds__(256, NR_MIN_BLOCKS)
 ted_nvfp4_rht_col(const ted_raw_t* __restrict__ x, long long M, long long K, unsigned int sign_mask,
@@ -1147,24 +1213,26 @@ ted_nvfp4_rht_col(const ted_raw_t* __restrict__ x, long long M, long long K, uns
     __shared__ __align__(16) unsigned int s_scale[NR_TC * 4];  // column kk: 16 scale codes
     __shared__ double scratch[32];
     const NvDir cdir = nv_dir(amax[1], inv6);
-    const long long n_groups = M / 16;
-    const long long n_tk = (K + NR_TC - 1) / NR_TC;
-    const long long n_tiles = ((M + NR_ROWS - 1) / NR_ROWS) * n_tk;
-    const bool data16 = ((M / 2) & 15) == 0;  // every row of column data starts 16-byte aligned
-    const bool scale16 = (n_groups & 15) == 0;  // every tile has 16 groups, its scales 16-byte aligned
-    const int p = threadIdx.x & 15, g = threadIdx.x >> 4;  // word column, group of the tile
+    // 32-bit tile arithmetic (the host keeps M, K and the tile count below 2^31; 64-bit offsets where stored)
+    const unsigned int Mu = (unsigned int)M, Ku = (unsigned int)K;
+    const unsigned int n_groups = Mu / 16u;
+    const unsigned int n_tk = (Ku + NR_TC - 1) / NR_TC;
+    const unsigned int n_tiles = ((Mu + NR_ROWS - 1) / NR_ROWS) * n_tk;
+    const bool data16 = ((Mu / 2u) & 15u) == 0u;  // every row of column data starts 16-byte aligned
+    const bool scale16 = (n_groups & 15u) == 0u;  // every tile has 16 groups, its scales 16-byte aligned
+    const unsigned int p = threadIdx.x & 15u, g = threadIdx.x >> 4;  // word column, group of the tile
     double err = 0.0;
     unsigned int nz_y = 0u, nz_q = 0u;  // per thread: far below 2^32
     int buf = 0;
-    if ((long long)blockIdx.x < n_tiles)
+    if (blockIdx.x < n_tiles)
         nr_prefetch(x, M, K, (blockIdx.x / n_tk) * NR_ROWS, (blockIdx.x % n_tk) * NR_TC, stage[0]);
     asm volatile("cp.async.commit_group;\n" ::);
-    for (long long tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, buf ^= 1) {
-        const long long m0 = (tile / n_tk) * NR_ROWS, k0 = (tile % n_tk) * NR_TC;
-        const long long g0 = m0 / 16;  // first group of the tile
+    for (unsigned int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, buf ^= 1) {
+        const unsigned int k0 = (tile % n_tk) * NR_TC;
+        const unsigned int g0 = (tile / n_tk) * (NR_ROWS / 16);  // first group of the tile
         __syncthreads();  // the previous tile's readers of stage[buf ^ 1], s_data and s_scale are done
         if (tile + gridDim.x < n_tiles) {
-            const long long nt = tile + gridDim.x;
+            const unsigned int nt = tile + gridDim.x;
             nr_prefetch(x, M, K, (nt / n_tk) * NR_ROWS, (nt % n_tk) * NR_TC, stage[buf ^ 1]);
         }
         asm volatile("cp.async.commit_group;\n" ::);
@@ -1172,21 +1240,18 @@ ted_nvfp4_rht_col(const ted_raw_t* __restrict__ x, long long M, long long K, uns
         __syncthreads();  // this tile is in stage[buf]
 
         // ---- rotate + quantize: thread (p, g), NV_CW columns
-        if (g0 + g < n_groups && k0 + p * NV_CW < K) {
-            const unsigned int* sw = reinterpret_cast<const unsigned int*>(stage[buf]);
-            unsigned int w[16];
-#pragma unroll
-            for (int i = 0; i < 16; ++i) w[i] = sw[nr_prow(16 * g + i) * NR_WC + p];
-#pragma unroll
-            for (int e = 0; e < NV_CW; ++e) {
-                const int kk = p * NV_CW + e;
-                uint2 packed;
-                unsigned int code;
-                nr_col_block(w, e, sign_mask, cdir, inv2688, TedPhilox{seed_lo, seed_hi, off_lo, off_hi},
-                             (unsigned long long)((k0 + kk) * n_groups + g0 + g), packed, code, err, nz_y, nz_q);
-                s_data[kk * 16 + (g ^ p)] = packed;
-                reinterpret_cast<unsigned char*>(s_scale)[16 * kk + 4 * ((g >> 2) ^ ((p >> 2) & 3)) + (g & 3)] =
-                    (unsigned char)code;
+        if (g0 + g < n_groups && k0 + p * NV_CW < Ku) {
+            // the unit's word in shared row 16 g (tile row 16 g + i sits in shared row 16 g + (i ^ (g & 1)))
+            const unsigned int col = (unsigned int)__cvta_generic_to_shared(stage[buf]) + 4u * (16u * NR_WC * g + p);
+#pragma unroll 1
+            for (int e = 0; e < NV_CW; ++e) {  // not unrolled: the two columns' blocks would share the registers
+                const unsigned int kk = p * NV_CW + e;
+                nr_col_block(col, (int)(g & 1u), e, sign_mask, cdir, inv2688,
+                             TedPhilox{seed_lo, seed_hi, off_lo, off_hi},
+                             (unsigned long long)(k0 + kk) * n_groups + g0 + g, &s_data[kk * 16 + (g ^ p)],
+                             reinterpret_cast<unsigned char*>(s_scale) + 16 * kk + 4 * ((g >> 2) ^ ((p >> 2) & 3)) +
+                                 (g & 3),
+                             err, nz_y, nz_q);
             }
         }
         __syncthreads();  // the tile's codes and scales are staged
@@ -1194,14 +1259,14 @@ ted_nvfp4_rht_col(const ted_raw_t* __restrict__ x, long long M, long long K, uns
         // ---- column data: per column 8 chunks of 16 bytes (groups 2c, 2c + 1), consecutive threads
 #pragma unroll
         for (int u0 = 0; u0 < NR_TC * 8; u0 += 256) {
-            const int u = u0 + threadIdx.x;
-            const int kk = u >> 3, c = u & 7;
-            const long long k = k0 + kk, gl = g0 + 2 * c;
-            if (u < NR_TC * 8 && k < K && gl < n_groups) {
-                const int s = (kk / NV_CW) & 15;  // the writers' p
+            const unsigned int u = u0 + threadIdx.x;
+            const unsigned int kk = u >> 3, c = u & 7u;
+            const unsigned int k = k0 + kk, gl = g0 + 2 * c;
+            if (u < NR_TC * 8 && k < Ku && gl < n_groups) {
+                const unsigned int s = (kk / NV_CW) & 15u;  // the writers' p
                 uint4 v = reinterpret_cast<const uint4*>(s_data)[kk * 8 + (c ^ (s >> 1))];
-                if (s & 1) v = make_uint4(v.z, v.w, v.x, v.y);
-                unsigned char* dst = col_data + k * (M / 2) + 8 * gl;
+                if (s & 1u) v = make_uint4(v.z, v.w, v.x, v.y);
+                unsigned char* dst = col_data + (unsigned long long)k * (Mu / 2u) + 8u * gl;
                 if (data16 && gl + 1 < n_groups) {
                     *reinterpret_cast<uint4*>(dst) = v;
                 } else {
@@ -1211,19 +1276,19 @@ ted_nvfp4_rht_col(const ted_raw_t* __restrict__ x, long long M, long long K, uns
             }
         }
         // ---- scales: 16 bytes per column
-        if (threadIdx.x < NR_TC && k0 + threadIdx.x < K) {
-            const int kk = threadIdx.x;
-            const int s2 = ((kk / NV_CW) >> 2) & 3;
+        if (threadIdx.x < NR_TC && k0 + threadIdx.x < Ku) {
+            const unsigned int kk = threadIdx.x;
+            const unsigned int s2 = ((kk / NV_CW) >> 2) & 3u;
             const unsigned int* ws = s_scale + 4 * kk;
             const uint4 v = make_uint4(ws[s2], ws[1 ^ s2], ws[2 ^ s2], ws[3 ^ s2]);
-            unsigned char* dst = col_scales + (k0 + kk) * n_groups + g0;
+            unsigned char* dst = col_scales + (unsigned long long)(k0 + kk) * n_groups + g0;
             if (scale16) {
                 *reinterpret_cast<uint4*>(dst) = v;
             } else {
-                const long long ng = n_groups - g0;  // groups of this tile: min(16, ng)
+                const unsigned int ng = n_groups - g0;  // groups of this tile: min(16, ng)
 #pragma unroll
-                for (int j = 0; j < 16; ++j)
-                    if (j < ng) dst[j] = (unsigned char)nv_byte(v, j);
+                for (unsigned int j = 0; j < 16; ++j)
+                    if (j < ng) dst[j] = (unsigned char)nv_byte(v, (int)j);
             }
         }
     }

@@ -136,3 +136,23 @@ def test_fast_2d_kernel_bit_identical(shape, dtype):
                 err, want = fused["sq_err"].item(), torch_ref.mse_partials(x, ref, usage)["sq_err"].item()
                 assert (math.isnan(err) and math.isnan(want)) or err == want or \
                     abs(err - want) <= 32 * 2.0 ** -24 * abs(want) + x.numel() * 2.0 ** -126, (usage, err, want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(16, 16), (48, 272), (1040, 2064)])
+def test_rht_amax_pass_also_gives_the_rowwise_amax_and_count(shape, dtype):
+    """ted_nvfp4_rht_amax with the rowwise slots: max|x| (NaN ignored) and count_nonzero(x) as torch computes them,
+    the rotated amax unchanged."""
+    from tedebug.backends import cupy_nvfp4
+    from tedebug.quantization.formats import abs_ignoring_nan
+
+    for seed in (3, 4):
+        x = wide_input(shape, dtype, seed)
+        alone = torch.zeros(2, dtype=torch.float32, device=x.device)
+        cupy_nvfp4.nvfp4_rht_amax(x, alone)
+        both = torch.full((2,), 7.0, dtype=torch.float32, device=x.device)  # the pass zeroes the slots itself
+        nonzero = torch.full((1,), 5, dtype=torch.int64, device=x.device)
+        cupy_nvfp4.nvfp4_rht_amax(x, both, rowwise=True, nonzero=nonzero)
+        assert both[1].item() == alone[1].item()
+        assert both[0].item() == abs_ignoring_nan(x.float()).amax().item()
+        assert nonzero.item() == torch.count_nonzero(x).item()
