@@ -37,7 +37,7 @@
 #define NV_SR 0
 #endif
 #ifndef NV_MIN_BLOCKS
-#define NV_MIN_BLOCKS 4  // resident blocks per SM (register cap); cupy_nvfp4.NV_BLOCKS_PER_SM must match
+#define NV_MIN_BLOCKS 2  // resident blocks per SM (128 registers: no spills); cupy_nvfp4.NV_BLOCKS_PER_SM must match
 #endif
 
 #define NV_TM 64
@@ -116,13 +116,21 @@ __device__ __forceinline__ unsigned int nv_rn(float v, float& r) {
 
 __device__ __forceinline__ float nv_step(float a) { return a < 2.0f ? 0.5f : (a < 4.0f ? 1.0f : 2.0f); }
 
-// TE's software stochastic rounding of min(|v|, 6) with 8 random bits (tedebug.quantization.nvfp4).
+// TE's software stochastic rounding of min(|v|, 6) with 8 random bits (tedebug.quantization.nvfp4):
+//   u = bits / 256, t = a + u * step(a), g = min(floor(t / step(t)) * step(t), 6).
+// Every operation runs on the fp32 / integer pipes, none on the conversion / MUFU unit (16 results per clock and
+// SM, which bounded the SR kernels): u = (1 + bits / 256) - 1 built from its bits (exact), t / step(t) as
+// t * (1 / step(t)) with the power of two chosen directly (exact, as rcp.rn of a power of two is), and
+// floor(q) for 0 <= q < 2^23 as (q + 2^23 rounded toward zero) - 2^23 (q >= +0 here: a >= +0, u * step >= +0).
 __device__ __forceinline__ unsigned int nv_sr(float v, unsigned int bits8, float& r) {
     const float a = ted_min(ted_abs(v), 6.0f);
-    const float u = ted_mul((float)bits8, 0.00390625f);  // bits / 256, exact
+    const float u = ted_sub(__uint_as_float(0x3F800000u | (bits8 << 15)), 1.0f);  // bits / 256, exact
     const float t = ted_add(a, ted_mul(u, nv_step(a)));
     const float st = nv_step(t);
-    const float g = ted_min(ted_mul(floorf(ted_mul(t, nv_rcp(st))), st), 6.0f);  // t / st exact (power of two)
+    const float inv_st = t < 2.0f ? 2.0f : (t < 4.0f ? 1.0f : 0.5f);  // 1 / st
+    float q;
+    asm("add.rz.f32 %0, %1, 0f4B000000;" : "=f"(q) : "f"(ted_mul(t, inv_st)));  // floor(t / st) + 2^23
+    const float g = ted_min(ted_mul(ted_sub(q, 8388608.0f), st), 6.0f);
     return nv_rn(g, r);  // g is on the grid: the code of g and r == g
 }
 
@@ -419,8 +427,13 @@ ted_nvfp4_quantize(const ted_raw_t* __restrict__ x, long long M, long long K, co
 
 
 // ---------------------------------------------------------------------------------------------- fast kernel
-// `ted_nvfp4_quantize16`: bf16 / fp16, round to nearest, 1D blocks, M % 64 == 0 and K % 128 == 0 (the host picks
-// it; every other call takes `ted_nvfp4_quantize`).  Same results bit for bit, less work per element:
+// `ted_nvfp4_quantize16`: bf16 / fp16, round to nearest, 1D blocks or (compiled with NQ_2D=1) 16x16 tiles,
+// M % 64 == 0 and K % 128 == 0 (the host picks it; every other call takes `ted_nvfp4_quantize`).  2D: the column
+// pass always runs; warp w's 32 column units are the 4 row groups x 16 columns of tile column block w, so each
+// 16x16 tile amax is a 3-step xor-shuffle max over the lanes of one row group (lanes l, l ^ 4, l ^ 8, l ^ 16, ...),
+// shared with the row pass through shared memory (one more barrier per tile); both directions take their scale
+// code from the tile amax (NaN dropped), as the general kernel does.  Same results bit for bit, less work per
+// element:
 //   - tiles walked in bands of NQ_BAND tile rows, column by column (nq_walk / nq_tile: 32-bit arithmetic, no
 //     division per tile), 3 resident blocks per SM (80 registers);
 //   - column units numbered so that the 4 lanes of one column pair hold its 4 16-row groups: one 8-byte store
@@ -444,6 +457,9 @@ ted_nvfp4_quantize(const ted_raw_t* __restrict__ x, long long M, long long K, co
 #define NQ_TK 128
 #define NQ_WPR 64  // 32-bit words per tile row
 #define NQ_BAND 8  // tile rows per band of the tile order (see nq_tile)
+#ifndef NQ_2D
+#define NQ_2D 0  // 1: 16x16 scale tiles (a separate compile, -DNQ_2D=1; the 1D code is unchanged by it)
+#endif
 #ifndef NQ_MIN_BLOCKS
 #define NQ_MIN_BLOCKS 3  // resident blocks per SM (80 registers); cupy_nvfp4.NQ_BLOCKS_PER_SM must match
 #endif
@@ -634,6 +650,9 @@ ted_nvfp4_quantize16(const ted_raw_t* __restrict__ x, long long M, long long K, 
                      double* __restrict__ partial, unsigned int* __restrict__ ticket, double* __restrict__ out) {
     __shared__ __align__(16) uint4 stage[2][NQ_TM * 16];
     __shared__ float2 tab[2][128];  // (mult, dscale) of every E4M3 scale code, rowwise / columnwise
+#if NQ_2D
+    __shared__ float s_tam[NQ_TM / 16][NQ_TK / 16];  // 16x16 tile amaxes of the tile
+#endif
     const NvDir rdir = nv_dir(amax[0], inv6);
     const NvDir cdir = nv_dir(amax[1], inv6);
     {
@@ -675,6 +694,23 @@ ted_nvfp4_quantize16(const ted_raw_t* __restrict__ x, long long M, long long K, 
         const long long m0 = (long long)tm * NQ_TM, k0 = (long long)tk * NQ_TK;
 
         // ---- columns: 16 rows x 2 columns per thread
+#if NQ_2D
+        {  // 2D: every tile amax (the rows need them too); then the columns when do_col
+            unsigned int cw[16];
+            unsigned int pm = 0u;
+#pragma unroll
+            for (int i = 0; i < 16; ++i) {
+                cw[i] = nq_lds32(sb + th.c_off + 256u * i);
+                pm = ted_pmax(pm, cw[i] & 0x7FFF7FFFu);
+            }
+            // warp w holds word columns 8w .. 8w + 7 (tile column block w); lane l their row group l & 3
+            float tam = ted_max(ted_lo(pm), ted_hi(pm));
+            tam = ted_max(tam, __shfl_xor_sync(0xFFFFFFFFu, tam, 4));
+            tam = ted_max(tam, __shfl_xor_sync(0xFFFFFFFFu, tam, 8));
+            tam = ted_max(tam, __shfl_xor_sync(0xFFFFFFFFu, tam, 16));
+            if ((threadIdx.x & 28u) == 0u) s_tam[threadIdx.x & 3u][threadIdx.x >> 5] = tam;
+            if (do_col) {
+#else
         if (do_col) {
             unsigned int cw[16];
             unsigned int pm = 0u;
@@ -683,11 +719,16 @@ ted_nvfp4_quantize16(const ted_raw_t* __restrict__ x, long long M, long long K, 
                 cw[i] = nq_lds32(sb + th.c_off + 256u * i);
                 pm = ted_pmax(pm, cw[i] & 0x7FFF7FFFu);
             }
+#endif
             unsigned char* cdata = col_data + k0 * (M / 2) + m0 / 2 + th.c_st;
             unsigned char* cscale = col_scales + k0 * (M / 16) + m0 / 16 + (th.c_st >> 3);
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
+#if NQ_2D
+                const unsigned int code = nv_code(tam, cdir);
+#else
                 const unsigned int code = nv_code(e ? ted_hi(pm) : ted_lo(pm), cdir);
+#endif
                 const float2 md = tab[1][code];
                 cscale[e * (M / 16)] = (unsigned char)code;
                 unsigned int lo = 0u, hi = 0u;
@@ -710,7 +751,13 @@ ted_nvfp4_quantize16(const ted_raw_t* __restrict__ x, long long M, long long K, 
                                                threadIdx.x >> 2, e, md.x, md.y, col_err, nz_col);
                 *reinterpret_cast<uint2*>(cdata + e * (M / 2)) = packed;
             }
+#if NQ_2D
+            }
+#endif
         }
+#if NQ_2D
+        __syncthreads();  // s_tam is written (its readers of the previous tile passed the loop's first barrier)
+#endif
         // ---- rows: two 1x16 blocks per thread
         if (do_row) {
             unsigned char* rdata = row_data + m0 * (K / 2) + k0 / 2 + th.r_st;
@@ -721,10 +768,14 @@ ted_nvfp4_quantize16(const ted_raw_t* __restrict__ x, long long M, long long K, 
                 const uint4 c0 = nq_lds128(sb + roff);
                 const uint4 c1 = nq_lds128(sb + (roff ^ 16u));
                 const unsigned int w[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+#if NQ_2D
+                const unsigned int code = nv_code(s_tam[(threadIdx.x >> 7) + 2 * n][threadIdx.x & 7u], rdir);
+#else
                 unsigned int pm = 0u;
 #pragma unroll
                 for (int i = 0; i < 8; ++i) pm = ted_pmax(pm, w[i] & 0x7FFF7FFFu);
                 const unsigned int code = nv_code(ted_max(ted_lo(pm), ted_hi(pm)), rdir);
+#endif
                 const float2 md = tab[0][code];
                 rscale[n * 2 * K] = (unsigned char)code;
                 unsigned int lo = 0u, hi = 0u;
@@ -769,14 +820,42 @@ ted_nvfp4_quantize16(const ted_raw_t* __restrict__ x, long long M, long long K, 
 
 // ---------------------------------------------------------------------------------------------- RHT columnwise
 // NVFP4 columnwise with the random Hadamard transform (tedebug.quantization.nvfp4: `apply_rht` of the transposed
-// view, bit-identical).  For column k of x [M, K] and 16-row group g:
-//   y[16g + j, k] = sum_i x[16g + i, k] * s_i * (-1)^popc(i & j) / 4,
-// every term exact in fp64, summed in order i = 0..15 from +0 (the reference's fp64 matmul; for 16-bit inputs the
-// sum is exact whenever the group spans < ~40 binades, so the order does not matter there), rounded fp64 -> fp32 ->
-// x's dtype (round to nearest even, subnormals kept); a NaN y is a positive NaN.  Bit i of `sign_mask` is set iff
-// s_i = -1 (the host derives it from RHT_SIGNS).  One thread per (16-row group, column), tiles of NR_COLS columns x
-// NR_GROUPS groups per 256-thread block (a column's NR_GROUPS groups: 32 contiguous bytes of column data).
-//   ted_nvfp4_rht_amax: *amax_bits (fp32 bits, 0 before the launch) = max |y| (NaN ignored), by atomicMax.
+// view, bit-identical).  For column k of x [M, K] and 16-row group g (v_i = x[16g + i, k] as fp32):
+//   y[16g + j, k] = sum_i v_i * s_i * (-1)^popc(i & j) / 4,
+// in the reference an fp64 matmul (every term exact), rounded fp64 -> fp32 -> x's dtype (round to nearest even,
+// subnormals kept); a NaN y is a positive NaN.  Bit i of `sign_mask` is set iff s_i = -1 (the host derives it from
+// RHT_SIGNS).
+//
+// Rotation (`nr_rotate`: RN32(y), the fp64 value rounded to fp32; `nr_dtype` then rounds to x's dtype).  Where the
+// fp64 sum is exact, every summation order gives it, so the kernels take the cheapest; elsewhere they sum in the
+// order i = 0..15 from +0, as the first kernels did (the reference's order there is cuBLAS's, unspecified: the GPU
+// tests avoid such groups, see tests/test_gpu_nvfp4.py).  Exactness: with E(a) the biased fp32 exponent field of
+// |a| (subnormals and zero counted as 1), e_max = E(max |v_i|) (NaN dropped) and e_min = E(min non-zero |v_i|),
+// every v_i is a multiple of 2^(e_min - 127 - (p - 1)) (p = 8 bf16, 11 fp16, 24 fp32 significand bits; fp16
+// subnormals are multiples of 2^-24, which their fp32 exponent bound covers) and every signed partial sum of the
+// v_i is below 16 * 2^(e_max - 127 + 1) in magnitude, so all partial sums are integer multiples of that power of
+// two below 2^(span + p + 4), span = e_max - e_min; they are exact in a format of W significand bits when
+// span + p + 4 <= W:
+//   A. span <= 20 - p (16-bit dtypes: 12 bf16, 9 fp16) and e_max <= 250 (partial sums < 2^128: no fp32 overflow):
+//      the 4-stage Walsh-Hadamard butterfly in fp32 (IEEE adds, no flush) on s_i v_i (sign flips by XOR, exact),
+//      then RN32(S / 4) = fma(S, 0.25, +0): one rounding, and an exact -0 becomes +0 as in the sequential sum from
+//      +0 (a sum of two values is -0 only when both are);
+//   B. span <= 49 - p (41 bf16, 38 fp16, 25 fp32): the same butterfly in fp64, then RN32(fma(S, 0.25, +0));
+//   C. otherwise: the sequential fp64 sum.
+// Each butterfly node holds, up to its sign, a partial sum of the very terms of each output it feeds, so the bound
+// covers the butterfly.  Non-finite inputs: an Inf makes e_max = 255 (never path A); a sum with +-Inf / NaN terms
+// and no finite overflow (none in fp64) is NaN or +-Inf independently of the order, and a NaN input makes every y_j
+// NaN in every order (all coefficients are non-zero), so paths A and B are exact for such groups too.
+// Cost per element, path A: ~3 integer / min-max ops for the span, 1 XOR, 4 fp32 adds, 1 fma (the sequential fp64
+// sum: 16 fp64 adds and 2 conversions, which run at 1/4 of the fp32 rate).
+// The dtype rounding is monotone, so max |y| over the dtype values is RN_dtype(max |RN32(y)|): the amax kernel
+// rounds once per block.
+//
+//   ted_nvfp4_rht_amax: *amax_bits (fp32 bits, 0 before the launch) = max |y| (NaN ignored); a streaming max.  One
+//   thread per (16-row group, NR_APT = 8 bytes of columns, 4 for fp32): sixteen loads (consecutive threads take
+//   consecutive pieces of a row: 256 / 128 contiguous bytes per warp and row), the NR_AEPT columns rotated in
+//   registers, one atomicMax per block.  Optionally (the rowwise direction of the same quantize call) max |x| and
+//   count_nonzero(x) from the same loads, which saves the separate amax pass over x (ted_amax_count).
 //   ted_nvfp4_rht_col: the columnwise data / scales of y (the 1x16 rule of the kernels above: nv_block, nv_round,
 //   a NaN scaled value -> code 7) with global amax amax[1], and per block partial[b][0..1] = (count_nonzero(y) -
 //   non-zero codes, squared error) where the squared error is the torch path's: sum (x - z)^2 in fp64 against the
@@ -784,17 +863,32 @@ ted_nvfp4_quantize16(const ted_raw_t* __restrict__ x, long long M, long long K, 
 //   (NVFP4Tensor.dequantize("columnwise")).  That fp64 sum is exact in any order (the deq_j of a block are fp32
 //   multiples of one power of two spanning < 8 binades), so it runs as a 4-stage butterfly.  The host sums the
 //   partials (ted_sum_columns).
-#define NR_COLS 64
-#define NR_GROUPS (256 / NR_COLS)
+//   Layout: tiles of NR_ROWS = 256 rows (16 groups) x NR_TB = 64 bytes of columns (NR_TC = 32 16-bit or 16 fp32
+//   columns), double-buffered in shared memory by cp.async (16-byte chunks, 64 contiguous bytes per row).  Thread
+//   t takes word column p = t & 15 and group g = t >> 4 and reads its 16 words (NV_CW columns) down the group.
+//   Bank-conflict free: a warp reads one row of group g (16 words, half the banks) and one of group g + 1; tile row
+//   r is stored at row r ^ ((r >> 4) & 1), so odd groups land on the other 16 banks (a cp.async quarter warp still
+//   writes two whole rows).  The codes (8 bytes per (column kk, group g)) and scale codes are staged in shared
+//   memory: code slot g ^ p of column kk (p = kk / NV_CW, the writer's word column: the 16 lanes of a half warp hit
+//   16 distinct 8-byte slots), scale byte g & 3 of word (g >> 2) ^ ((p >> 2) & 3).  Then consecutive threads store
+//   whole rows of column data: per column and tile 128 contiguous bytes (16 groups; 8 threads x 16 bytes, reading
+//   the 8 chunks of one staged column, halves swapped back where p is odd; 8-byte stores when M % 32 != 0 or in the
+//   last, partial group tile) and 16 scale bytes (one 16-byte store when M % 256 == 0, else bytes).
 #if TED_DTYPE == 0
 #define NR_QNAN 0x7FC00000u
 #define NR_ABS 0x7FFFFFFFu
+#define NR_SPAN32 (-1)  // path A never applies to fp32 inputs
+#define NR_SPAN64 25u
 #elif TED_DTYPE == 1
 #define NR_QNAN 0x7FC0u
 #define NR_ABS 0x7FFFu
+#define NR_SPAN32 12u
+#define NR_SPAN64 41u
 #else
 #define NR_QNAN 0x7E00u
 #define NR_ABS 0x7FFFu
+#define NR_SPAN32 9u
+#define NR_SPAN64 38u
 #endif
 
 __device__ __forceinline__ constexpr int nr_parity(int v) { return (v ^ (v >> 1) ^ (v >> 2) ^ (v >> 3)) & 1; }
@@ -804,6 +898,416 @@ __device__ __forceinline__ float nr_d2f(double d) {  // fp64 -> fp32, RN, no flu
     asm("cvt.rn.f32.f64 %0, %1;" : "=f"(r) : "d"(d));
     return r;
 }
+
+// An fp32 value rounded to x's dtype (RN, subnormals kept), as fp32; NaN -> positive quiet NaN.
+__device__ __forceinline__ float nr_dtype(float f) {
+    if (isnan(f)) return __uint_as_float(0x7FC00000u);
+#if TED_DTYPE == 0
+    return f;
+#elif TED_DTYPE == 1
+    const unsigned int u = __float_as_uint(f);
+    return __uint_as_float(((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16) << 16);
+#else
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return ted_to_float(h);
+#endif
+}
+
+// s_i as a sign bit (bit 31) to XOR into the bits of v_i.
+__device__ __forceinline__ unsigned int nr_sign(unsigned int sign_mask, int i) {
+    return (sign_mask << (31 - i)) & 0x80000000u;
+}
+
+// In-place Walsh-Hadamard butterflies: t_j <- sum_i (-1)^popc(i & j) t_i (IEEE, no flush).
+__device__ __forceinline__ void nr_fwht32(float (&t)[16]) {
+#pragma unroll
+    for (int h = 1; h < 16; h <<= 1) {
+#pragma unroll
+        for (int a = 0; a < 16; ++a) {
+            if (a & h) continue;
+            const float u = t[a], w = t[a + h];
+            t[a] = ted_add(u, w);
+            t[a + h] = ted_sub(u, w);
+        }
+    }
+}
+
+__device__ __forceinline__ void nr_fwht64(double (&t)[16]) {
+#pragma unroll
+    for (int h = 1; h < 16; h <<= 1) {
+#pragma unroll
+        for (int a = 0; a < 16; ++a) {
+            if (a & h) continue;
+            const double u = t[a], w = t[a + h];
+            t[a] = __dadd_rn(u, w);
+            t[a + h] = __dsub_rn(u, w);
+        }
+    }
+}
+
+// y[j] = RN32(sum_i v_i * s_i * (-1)^popc(i & j) / 4) with the reference's fp64 value (see the header: paths A,
+// B, C).  A NaN y[j] may carry either sign (nr_dtype makes it positive).
+__device__ __forceinline__ void nr_rotate(const float (&v)[16], unsigned int sign_mask, float (&y)[16]) {
+    float am = 0.0f;              // max |v_i|, NaN dropped
+    unsigned int mn2 = 0xFFFFFFFFu;  // min over i of 2 |bits(v_i)| - 1 (mod 2^32: a zero gives 2^32 - 1)
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        am = ted_max(am, ted_abs(v[i]));
+        mn2 = min(mn2, __float_as_uint(v[i]) * 2u - 1u);
+    }
+    const unsigned int e_max = max(__float_as_uint(am) >> 23, 1u);  // biased exponents, fp32 subnormals as 1
+    const unsigned int e_min = max((mn2 + 1u) >> 24, 1u);          // all zero: mn2 + 1 == 0
+    const unsigned int span = e_max - e_min;                         // e_max < e_min (NaN / zero only): huge -> C
+#if TED_DTYPE != 0
+    if (span <= NR_SPAN32 && e_max <= 250u) {  // A: |partial sums| < 2^(e_max - 127 + 5) <= 2^128
+        float t[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) t[i] = __uint_as_float(__float_as_uint(v[i]) ^ nr_sign(sign_mask, i));
+        nr_fwht32(t);
+#pragma unroll
+        for (int j = 0; j < 16; ++j) y[j] = ted_fma(t[j], 0.25f, 0.0f);
+        return;
+    }
+#endif
+    if (span <= NR_SPAN64) {  // B
+        double t[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) t[i] = ted_f2d(__uint_as_float(__float_as_uint(v[i]) ^ nr_sign(sign_mask, i)));
+        nr_fwht64(t);
+#pragma unroll
+        for (int j = 0; j < 16; ++j) y[j] = nr_d2f(__fma_rn(t[j], 0.25, 0.0));
+        return;
+    }
+    // C: the sequential sum (every term exact)
+    double t[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) t[i] = ted_f2d(v[i]) * (((sign_mask >> i) & 1u) ? -0.25 : 0.25);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        double acc = 0.0;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) acc = nr_parity(i & j) ? __dsub_rn(acc, t[i]) : __dadd_rn(acc, t[i]);
+        y[j] = nr_d2f(acc);
+    }
+}
+
+// z[i] = fp32(sum_j d[j] * s_i * (-1)^popc(i & j) / 4) (exact fp64 sums: butterfly order).
+__device__ __forceinline__ void nr_inverse(const float (&d)[16], unsigned int sign_mask, float (&z)[16]) {
+    double t[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) t[j] = ted_f2d(d[j]);
+    nr_fwht64(t);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) z[i] = nr_d2f(t[i] * (((sign_mask >> i) & 1u) ? -0.25 : 0.25));
+}
+
+// Element e (0 .. NV_CW - 1, low half first) of a 32-bit word of x's elements, as fp32.
+__device__ __forceinline__ float nr_elem(unsigned int w, int e) {
+#if TED_DTYPE == 0
+    (void)e;
+    return __uint_as_float(w);
+#else
+    return e ? ted_hi(w) : ted_lo(w);
+#endif
+}
+
+// rht_amax: one piece of NR_APT bytes per thread and row (8 bytes, 4 columns for 16-bit types; 4 bytes, 1 column for
+// fp32: the fp64 rotation paths of fp32 inputs need the registers)
+#if TED_DTYPE == 0
+#define NR_APT 4
+typedef unsigned int nr_piece_t;
+__device__ __forceinline__ unsigned int nr_piece_word(unsigned int p, int j) { (void)j; return p; }
+#else
+#define NR_APT 8
+typedef uint2 nr_piece_t;
+__device__ __forceinline__ unsigned int nr_piece_word(const uint2& p, int j) { return j ? p.y : p.x; }
+#endif
+#define NR_AEPT (NR_APT / TED_ELEM_BYTES)  // rht_amax: columns per thread (4 or 1)
+#ifndef NR_AMAX_MIN_BLOCKS
+#define NR_AMAX_MIN_BLOCKS 2  // resident blocks per SM (register cap); cupy_nvfp4.RHT_AMAX_BLOCKS_PER_SM must match
+#endif
+
+// max |x| (NaN dropped) and non-zero elements (NaN counts, -0 does not) of one 32-bit word folded into (xm, nz):
+// ted_amax_count's rules (fp8_tensor.cu).  16-bit types: xm packed (bf16x2 / f16x2 max).
+__device__ __forceinline__ void nr_fold_x(unsigned int w, unsigned int& xm, unsigned int& nz) {
+#if TED_DTYPE == 0
+    xm = __float_as_uint(ted_max(__uint_as_float(xm), ted_abs(__uint_as_float(w))));
+    nz += (w & 0x7FFFFFFFu) ? 1u : 0u;
+#else
+    xm = ted_pmax(xm, w & 0x7FFF7FFFu);
+    nz += ted_pk_total(ted_pk_nonzero(w));
+#endif
+}
+
+// n_items = (M / 16) * (K / NR_AEPT) < 2^31 (checked by the host).  Unless null, also *row_amax_bits = max |x|
+// (fp32 bits, NaN ignored) and *nonzero = count_nonzero(x), from the same loads (the rowwise direction's amax pass);
+// each 0 before the launch.
+extern "C" __global__ void __launch_bounds__(256, NR_AMAX_MIN_BLOCKS)
+ted_nvfp4_rht_amax(const ted_raw_t* __restrict__ x, long long M, long long K, unsigned int sign_mask,
+                   unsigned int* __restrict__ amax_bits, unsigned int* __restrict__ row_amax_bits,
+                   unsigned long long* __restrict__ nonzero) {
+    __shared__ float warp_max[8], warp_xmax[8];
+    __shared__ unsigned long long warp_nz[8];
+    const unsigned int n_c = (unsigned int)(K / NR_AEPT);  // pieces per row
+    const unsigned int n_items = (unsigned int)(M / 16) * n_c;
+    float am = 0.0f;       // max |RN32(y)| (NaN dropped)
+    unsigned int xm = 0u;  // max |x| (fp32 bits, or packed 16-bit maxima)
+    unsigned int nz = 0u;  // non-zero x: < 2^32 per thread for any tensor below 2^40 elements
+    for (unsigned int it = blockIdx.x * 256u + threadIdx.x; it < n_items; it += gridDim.x * 256u) {
+        const unsigned int g = it / n_c, c = it - g * n_c;
+        const nr_piece_t* src = reinterpret_cast<const nr_piece_t*>(x + 16ll * g * K) + c;
+        nr_piece_t ch[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) ch[i] = __ldg(src + (long long)i * n_c);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+#pragma unroll
+            for (int j = 0; j < NR_APT / 4; ++j) nr_fold_x(nr_piece_word(ch[i], j), xm, nz);
+        }
+#pragma unroll
+        for (int e = 0; e < NR_AEPT; ++e) {
+            float v[16], y[16];
+#pragma unroll
+            for (int i = 0; i < 16; ++i) v[i] = nr_elem(nr_piece_word(ch[i], e / NV_CW), e % NV_CW);
+            nr_rotate(v, sign_mask, y);
+#pragma unroll
+            for (int j = 0; j < 16; ++j) am = ted_max(am, ted_abs(y[j]));
+        }
+    }
+#if TED_DTYPE == 0
+    float xam = __uint_as_float(xm);
+#else
+    float xam = ted_max(ted_lo(xm), ted_hi(xm));
+#endif
+    unsigned long long nzl = nz;
+    for (int off = 16; off > 0; off >>= 1) {
+        am = ted_max(am, __shfl_down_sync(0xFFFFFFFFu, am, off));
+        xam = ted_max(xam, __shfl_down_sync(0xFFFFFFFFu, xam, off));
+        nzl += __shfl_down_sync(0xFFFFFFFFu, nzl, off);
+    }
+    if ((threadIdx.x & 31) == 0) {
+        warp_max[threadIdx.x >> 5] = am;
+        warp_xmax[threadIdx.x >> 5] = xam;
+        warp_nz[threadIdx.x >> 5] = nzl;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < 8; ++w) {
+            am = ted_max(am, warp_max[w]);
+            xam = ted_max(xam, warp_xmax[w]);
+            nzl += warp_nz[w];
+        }
+        atomicMax(amax_bits, __float_as_uint(nr_dtype(am)));  // non-negative floats order like their bits
+        if (row_amax_bits != nullptr) atomicMax(row_amax_bits, __float_as_uint(xam));
+        if (nonzero != nullptr) atomicAdd(nonzero, nzl);
+    }
+}
+
+#define NR_ROWS 256                       // tile rows: 16 groups of 16
+#define NR_TB 64                          // tile bytes per row
+#define NR_TC (NR_TB / TED_ELEM_BYTES)    // tile columns (32 or 16)
+#define NR_CH (NR_TB / 16)                // 16-byte chunks per tile row (4)
+#define NR_WC (NR_TB / 4)                 // 32-bit word columns per tile row (16)
+
+// Shared-memory row of tile row r (odd groups on the other 16 banks, see the header).
+__device__ __forceinline__ int nr_prow(int r) { return r ^ ((r >> 4) & 1); }
+
+__device__ __forceinline__ void nr_prefetch(const ted_raw_t* x, long long M, long long K, long long m0, long long k0,
+                                            uint4* dst) {
+#pragma unroll
+    for (int j = 0; j < NR_ROWS * NR_CH / 256; ++j) {
+        const int i = threadIdx.x + 256 * j;
+        const int row = i / NR_CH, c = i % NR_CH;
+        const long long m = m0 + row, k = k0 + (long long)c * NV_EPC;
+        if (m < M && k < K) {  // K % 16 == 0: a chunk is entirely inside x or entirely outside
+            const unsigned int saddr = (unsigned int)__cvta_generic_to_shared(dst + nr_prow(row) * NR_CH + c);
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(saddr), "l"(x + m * K + k) : "memory");
+        }
+    }
+}
+
+// Word i of a column unit in shared memory: `col` = the shared address of the unit's word in shared row 16 g,
+// `gb` = g & 1 (tile row 16 g + i is stored in shared row 16 g + (i ^ gb), rows of 64 bytes: nr_prow).  A volatile
+// load: the block reads its words again where it needs them instead of holding them in registers across the
+// rotation and the inverse (ted_nvfp4_rht_col stays at 128 registers without local memory).
+__device__ __forceinline__ unsigned int nr_word_at(unsigned int col, int gb, int i) {
+    unsigned int v;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(col + 64u * (unsigned int)(i ^ gb)));
+    return v;
+}
+
+// One (column, 16-row group) block: rotation of the 16 elements e of the unit's words, 1x16 quantization (packed
+// codes and scale code stored to their staging slots as soon as known), fp64 squared error of the inverse-rotated
+// dequantization against x, non-zero counts.
+// NV_SR: the random bytes are block `sr_block` of the Philox draw `ph`.
+__device__ __forceinline__ void nr_col_block(unsigned int col, int gb, int e, unsigned int sign_mask,
+                                             const NvDir& cdir, float inv2688, const TedPhilox& ph,
+                                             unsigned long long sr_block, uint2* packed_out,
+                                             unsigned char* code_out, double& err, unsigned int& nz_y,
+                                             unsigned int& nz_q) {
+    float y[16];
+    {
+        float v[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) v[i] = nr_elem(nr_word_at(col, gb, i), e);
+        nr_rotate(v, sign_mask, y);
+    }
+    float bam = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        y[j] = nr_dtype(y[j]);
+        bam = ted_max(bam, ted_abs(y[j]));
+        nz_y += ted_nonzero(y[j]) ? 1u : 0u;
+    }
+    const NvBlock blk = nv_block(bam, cdir, inv2688);
+    *code_out = (unsigned char)blk.code;
+#if NV_SR
+    const uint4 rb = ted_philox_block(ph, sr_block);
+#else
+    (void)ph;
+    (void)sr_block;
+    const uint4 rb = make_uint4(0u, 0u, 0u, 0u);
+#endif
+    unsigned int lo = 0u, hi = 0u;
+    float deq[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        const float q = ted_mul(y[j], blk.mult);
+        unsigned int c;
+        float r;
+        if (isnan(q)) {
+            c = 7u;
+            r = 6.0f;
+        } else {
+            c = nv_round(q, nv_byte(rb, j), r) | ((__float_as_uint(y[j]) >> 28) & 8u);
+        }
+        if (j < 8) lo |= c << (4 * j);
+        else hi |= c << (4 * (j - 8));
+        // the code's sign on r * dscale (>= 0 or NaN) by its sign bit: a C negation would flush subnormals
+        deq[j] = __uint_as_float(__float_as_uint(ted_mul(r, blk.dscale)) | ((c & 8u) << 28));
+    }
+    nz_q += nv_nonzero8(lo) + nv_nonzero8(hi);
+    *packed_out = make_uint2(lo, hi);
+    float z[16];
+    nr_inverse(deq, sign_mask, z);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        const double d = ted_f2d(nr_elem(nr_word_at(col, gb, i), e)) - ted_f2d(z[i]);
+        err += d * d;
+    }
+}
+
+// amax[1]: the columnwise (rotated) global amax.  NV_SR only: the Philox seed and the offset of the [K, M] draw.
+// partial: gridDim.x * 2.
+#ifndef NR_MIN_BLOCKS
+#define NR_MIN_BLOCKS 2  // resident blocks per SM (128 registers: no spills); cupy_nvfp4.RHT_BLOCKS_PER_SM must match
+#endif
+extern "C" __global__ void __launch_bounds__(256, NR_MIN_BLOCKS)
+ted_nvfp4_rht_col(const ted_raw_t* __restrict__ x, long long M, long long K, unsigned int sign_mask,
+                  const float* __restrict__ amax, float inv6, float inv2688, unsigned int seed_lo,
+                  unsigned int seed_hi, unsigned int off_lo, unsigned int off_hi, unsigned char* __restrict__ col_data,
+                  unsigned char* __restrict__ col_scales, double* __restrict__ partial) {
+    __shared__ __align__(16) uint4 stage[2][NR_ROWS * NR_CH];
+    __shared__ __align__(16) uint2 s_data[NR_TC * 16];        // column kk: 16 slots of 8 bytes (one per group)
+    __shared__ __align__(16) unsigned int s_scale[NR_TC * 4];  // column kk: 16 scale codes
+    __shared__ double scratch[32];
+    const NvDir cdir = nv_dir(amax[1], inv6);
+    // 32-bit tile arithmetic (the host keeps M, K and the tile count below 2^31; 64-bit offsets where stored)
+    const unsigned int Mu = (unsigned int)M, Ku = (unsigned int)K;
+    const unsigned int n_groups = Mu / 16u;
+    const unsigned int n_tk = (Ku + NR_TC - 1) / NR_TC;
+    const unsigned int n_tiles = ((Mu + NR_ROWS - 1) / NR_ROWS) * n_tk;
+    const bool data16 = ((Mu / 2u) & 15u) == 0u;  // every row of column data starts 16-byte aligned
+    const bool scale16 = (n_groups & 15u) == 0u;  // every tile has 16 groups, its scales 16-byte aligned
+    const unsigned int p = threadIdx.x & 15u, g = threadIdx.x >> 4;  // word column, group of the tile
+    double err = 0.0;
+    unsigned int nz_y = 0u, nz_q = 0u;  // per thread: far below 2^32
+    int buf = 0;
+    if (blockIdx.x < n_tiles)
+        nr_prefetch(x, M, K, (blockIdx.x / n_tk) * NR_ROWS, (blockIdx.x % n_tk) * NR_TC, stage[0]);
+    asm volatile("cp.async.commit_group;\n" ::);
+    for (unsigned int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, buf ^= 1) {
+        const unsigned int k0 = (tile % n_tk) * NR_TC;
+        const unsigned int g0 = (tile / n_tk) * (NR_ROWS / 16);  // first group of the tile
+        __syncthreads();  // the previous tile's readers of stage[buf ^ 1], s_data and s_scale are done
+        if (tile + gridDim.x < n_tiles) {
+            const unsigned int nt = tile + gridDim.x;
+            nr_prefetch(x, M, K, (nt / n_tk) * NR_ROWS, (nt % n_tk) * NR_TC, stage[buf ^ 1]);
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+        asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+        __syncthreads();  // this tile is in stage[buf]
+
+        // ---- rotate + quantize: thread (p, g), NV_CW columns
+        if (g0 + g < n_groups && k0 + p * NV_CW < Ku) {
+            // the unit's word in shared row 16 g (tile row 16 g + i sits in shared row 16 g + (i ^ (g & 1)))
+            const unsigned int col = (unsigned int)__cvta_generic_to_shared(stage[buf]) + 4u * (16u * NR_WC * g + p);
+#pragma unroll 1
+            for (int e = 0; e < NV_CW; ++e) {  // not unrolled: the two columns' blocks would share the registers
+                const unsigned int kk = p * NV_CW + e;
+                nr_col_block(col, (int)(g & 1u), e, sign_mask, cdir, inv2688,
+                             TedPhilox{seed_lo, seed_hi, off_lo, off_hi},
+                             (unsigned long long)(k0 + kk) * n_groups + g0 + g, &s_data[kk * 16 + (g ^ p)],
+                             reinterpret_cast<unsigned char*>(s_scale) + 16 * kk + 4 * ((g >> 2) ^ ((p >> 2) & 3)) +
+                                 (g & 3),
+                             err, nz_y, nz_q);
+            }
+        }
+        __syncthreads();  // the tile's codes and scales are staged
+
+        // ---- column data: per column 8 chunks of 16 bytes (groups 2c, 2c + 1), consecutive threads
+#pragma unroll
+        for (int u0 = 0; u0 < NR_TC * 8; u0 += 256) {
+            const unsigned int u = u0 + threadIdx.x;
+            const unsigned int kk = u >> 3, c = u & 7u;
+            const unsigned int k = k0 + kk, gl = g0 + 2 * c;
+            if (u < NR_TC * 8 && k < Ku && gl < n_groups) {
+                const unsigned int s = (kk / NV_CW) & 15u;  // the writers' p
+                uint4 v = reinterpret_cast<const uint4*>(s_data)[kk * 8 + (c ^ (s >> 1))];
+                if (s & 1u) v = make_uint4(v.z, v.w, v.x, v.y);
+                unsigned char* dst = col_data + (unsigned long long)k * (Mu / 2u) + 8u * gl;
+                if (data16 && gl + 1 < n_groups) {
+                    *reinterpret_cast<uint4*>(dst) = v;
+                } else {
+                    *reinterpret_cast<uint2*>(dst) = make_uint2(v.x, v.y);
+                    if (gl + 1 < n_groups) *reinterpret_cast<uint2*>(dst + 8) = make_uint2(v.z, v.w);
+                }
+            }
+        }
+        // ---- scales: 16 bytes per column
+        if (threadIdx.x < NR_TC && k0 + threadIdx.x < Ku) {
+            const unsigned int kk = threadIdx.x;
+            const unsigned int s2 = ((kk / NV_CW) >> 2) & 3u;
+            const unsigned int* ws = s_scale + 4 * kk;
+            const uint4 v = make_uint4(ws[s2], ws[1 ^ s2], ws[2 ^ s2], ws[3 ^ s2]);
+            unsigned char* dst = col_scales + (unsigned long long)(k0 + kk) * n_groups + g0;
+            if (scale16) {
+                *reinterpret_cast<uint4*>(dst) = v;
+            } else {
+                const unsigned int ng = n_groups - g0;  // groups of this tile: min(16, ng)
+#pragma unroll
+                for (unsigned int j = 0; j < 16; ++j)
+                    if (j < ng) dst[j] = (unsigned char)nv_byte(v, (int)j);
+            }
+        }
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    const double uf = ted_block_sum((double)nz_y - (double)nz_q, scratch);
+    const double se = ted_block_sum(err, scratch);
+    if (threadIdx.x == 0) {
+        partial[2 * (long long)blockIdx.x] = uf;
+        partial[2 * (long long)blockIdx.x + 1] = se;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------- RHT, v1
+// The first RHT kernels (one thread per (16-row group, column), 8-byte column-data stores scattered over K rows,
+// the sequential fp64 rotation everywhere), kept for comparison on the GPU: compiled only with -DNR_V1=1, which
+// cupy_nvfp4 adds when TEDEBUG_NVFP4_RHT_COL=old.  Same arguments and results as the kernels above.
+#if NR_V1
+#define NR1_COLS 64
+#define NR1_GROUPS (256 / NR1_COLS)
 
 // fp64 -> fp32 -> x's dtype (both RN, subnormals kept) as raw bits; NaN -> positive quiet NaN.
 __device__ __forceinline__ unsigned int nr_round(double d) {
@@ -823,9 +1327,9 @@ __device__ __forceinline__ unsigned int nr_round(double d) {
 
 // The (group g, column k) item of tile `tile` for this thread; false when it lies outside x.
 __device__ __forceinline__ bool nr_item(long long tile, long long M, long long K, long long& g, long long& k) {
-    const long long n_tk = (K + NR_COLS - 1) / NR_COLS;
-    g = (tile / n_tk) * NR_GROUPS + threadIdx.x / NR_COLS;
-    k = (tile % n_tk) * NR_COLS + threadIdx.x % NR_COLS;
+    const long long n_tk = (K + NR1_COLS - 1) / NR1_COLS;
+    g = (tile / n_tk) * NR1_GROUPS + threadIdx.x / NR1_COLS;
+    k = (tile % n_tk) * NR1_COLS + threadIdx.x % NR1_COLS;
     return 16 * g < M && k < K;
 }
 
@@ -851,30 +1355,11 @@ __device__ __forceinline__ void nr_forward(const float (&v)[16], unsigned int si
     }
 }
 
-// z[i] = fp32(sum_j d[j] * s_i * (-1)^popc(i & j) / 4) (exact fp64 sums: butterfly order).
-__device__ __forceinline__ void nr_inverse(const float (&d)[16], unsigned int sign_mask, float (&z)[16]) {
-    double t[16];
-#pragma unroll
-    for (int j = 0; j < 16; ++j) t[j] = ted_f2d(d[j]);
-#pragma unroll
-    for (int h = 1; h < 16; h <<= 1) {
-#pragma unroll
-        for (int a = 0; a < 16; ++a) {
-            if (a & h) continue;
-            const double u = t[a], w = t[a + h];
-            t[a] = u + w;
-            t[a + h] = u - w;
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < 16; ++i) z[i] = nr_d2f(t[i] * (((sign_mask >> i) & 1u) ? -0.25 : 0.25));
-}
-
 extern "C" __global__ void __launch_bounds__(256)
-ted_nvfp4_rht_amax(const ted_raw_t* __restrict__ x, long long M, long long K, unsigned int sign_mask,
+ted_nvfp4_rht_amax_v1(const ted_raw_t* __restrict__ x, long long M, long long K, unsigned int sign_mask,
                    unsigned int* __restrict__ amax_bits) {
     __shared__ float warp_max[8];
-    const long long n_tiles = ((M / 16 + NR_GROUPS - 1) / NR_GROUPS) * ((K + NR_COLS - 1) / NR_COLS);
+    const long long n_tiles = ((M / 16 + NR1_GROUPS - 1) / NR1_GROUPS) * ((K + NR1_COLS - 1) / NR1_COLS);
     float am = 0.0f;
     for (long long tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
         long long g, k;
@@ -897,17 +1382,14 @@ ted_nvfp4_rht_amax(const ted_raw_t* __restrict__ x, long long M, long long K, un
 
 // amax[1]: the columnwise (rotated) global amax.  NV_SR only: the Philox seed and the offset of the [K, M] draw.
 // partial: gridDim.x * 2.
-#ifndef NR_MIN_BLOCKS
-#define NR_MIN_BLOCKS 3  // resident blocks per SM (register cap); cupy_nvfp4.RHT_BLOCKS_PER_SM must match
-#endif
-extern "C" __global__ void __launch_bounds__(256, NR_MIN_BLOCKS)
-ted_nvfp4_rht_col(const ted_raw_t* __restrict__ x, long long M, long long K, unsigned int sign_mask,
+extern "C" __global__ void __launch_bounds__(256, 3)
+ted_nvfp4_rht_col_v1(const ted_raw_t* __restrict__ x, long long M, long long K, unsigned int sign_mask,
                   const float* __restrict__ amax, float inv6, float inv2688, unsigned int seed_lo,
                   unsigned int seed_hi, unsigned int off_lo, unsigned int off_hi, unsigned char* __restrict__ col_data,
                   unsigned char* __restrict__ col_scales, double* __restrict__ partial) {
     __shared__ double scratch[32];
     const NvDir cdir = nv_dir(amax[1], inv6);
-    const long long n_tiles = ((M / 16 + NR_GROUPS - 1) / NR_GROUPS) * ((K + NR_COLS - 1) / NR_COLS);
+    const long long n_tiles = ((M / 16 + NR1_GROUPS - 1) / NR1_GROUPS) * ((K + NR1_COLS - 1) / NR1_COLS);
     double err = 0.0;
     unsigned int nz_y = 0u, nz_q = 0u;  // per thread: far below 2^32
     for (long long tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
@@ -965,3 +1447,4 @@ ted_nvfp4_rht_col(const ted_raw_t* __restrict__ x, long long M, long long K, uns
         partial[2 * (long long)blockIdx.x + 1] = se;
     }
 }
+#endif  // NR_V1

@@ -6,13 +6,14 @@ tensor and hands the statistics to the statistics backend (`tedebug.backends.fus
 Without RHT: two launches, the global amax (`cupy_fp8_tensor.amax_launch`, NaN ignored, written to both amax slots;
 for the fast kernel also count_nonzero(x)) and the quantize kernel, which finishes its statistics in its last block; no
 host synchronisation.  The quantize
-kernel is `ted_nvfp4_quantize16` (fast path: bf16 / fp16, round to nearest, 1D, M % 64 == 0, K % 128 == 0) or the
+kernel is `ted_nvfp4_quantize16` (fast path: bf16 / fp16, round to nearest, 1D or 2D, M % 64 == 0, K % 128 == 0) or the
 general `ted_nvfp4_quantize` (everything else).
-With RHT (`quantizer.with_rht`, columnwise only): the rowwise direction is quantized as above from the amax of x;
-the columnwise direction by `ted_nvfp4_rht_amax` (max |y| of the rotated values y, recomputed on the fly, never
-stored) and `ted_nvfp4_rht_col` (rotation again, 1x16 quantization of y, statistics per block: underflows against
-y, the squared error against x through the inverse rotation of the dequantized values, as the torch path measures
-it), whose per-block partials `ted_sum_columns` adds up.
+With RHT (`quantizer.with_rht`, columnwise only): the rowwise direction is quantized as above from the amax of x,
+which `ted_nvfp4_rht_amax` (max |y| of the rotated values y, recomputed on the fly, never stored) computes in the
+same pass (with count_nonzero(x)); the columnwise direction by `ted_nvfp4_rht_col` (rotation again, 1x16
+quantization of y, statistics per block: underflows against y, the squared error against x through the inverse
+rotation of the dequantized values, as the torch path measures it), whose per-block partials `ted_sum_columns` adds
+up.
 `supports(quantizer, tensor)` says which calls the kernels take; `tedebug.backends.dispatch.quantize_nvfp4` sends
 every other call to the torch reference.
 """
@@ -36,13 +37,17 @@ from tedebug.backends.cupy_runtime import workspace as _workspace
 from tedebug.backends.launch import launch as _launch
 from tedebug.format_constants import RHT_SIGNS
 
-NV_BLOCKS_PER_SM = 3  # NV_MIN_BLOCKS in kernels/nvfp4.cu (__launch_bounds__(256, 3))
+NV_BLOCKS_PER_SM = 2  # NV_MIN_BLOCKS in kernels/nvfp4.cu (ted_nvfp4_quantize: 128 registers, no local memory)
 NQ_BLOCKS_PER_SM = 3  # NQ_MIN_BLOCKS in kernels/nvfp4.cu (ted_nvfp4_quantize16, 80 registers)
 NQ_TILE = (64, 128)   # ted_nvfp4_quantize16's tile: rows, columns
 NV_THREADS = 256
 NV_TILE_ROWS = 64
-RHT_TILE = (4, 64)     # ted_nvfp4_rht_*'s tile: 16-row groups (NR_GROUPS), columns (NR_COLS)
-RHT_BLOCKS_PER_SM = 3  # NR_MIN_BLOCKS in kernels/nvfp4.cu (ted_nvfp4_rht_col: __launch_bounds__(256, 3))
+RHT_TILE_ROWS = 256        # ted_nvfp4_rht_col's tile: NR_ROWS rows x NR_TB = 64 bytes of columns
+RHT_TILE_BYTES = 64
+RHT_BLOCKS_PER_SM = 2      # NR_MIN_BLOCKS in kernels/nvfp4.cu (ted_nvfp4_rht_col: 128 registers)
+RHT_AMAX_BYTES = 8         # ted_nvfp4_rht_amax: bytes per thread and row (NR_APT; 4 for fp32)
+RHT_AMAX_BLOCKS_PER_SM = 2  # NR_AMAX_MIN_BLOCKS in kernels/nvfp4.cu
+RHT_V1_TILE = (4, 64)      # the v1 RHT kernels (TEDEBUG_NVFP4_RHT_COL=old): 16-row groups, columns; 3 blocks per SM
 _INV6 = np.float32(1.0 / 6.0)        # fp32(1/6), as the reference's `_f32(1 / E2M1_MAX)`
 _INV2688 = np.float32(1.0 / 2688.0)  # fp32(1/2688), as the reference's `_f32(1 / NVFP4_GLOBAL_MAX)`
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -80,6 +85,17 @@ def uses_fast_kernel(m: int, k: int, dtype: torch.dtype, two_d: bool, sr: bool) 
             and k % NQ_TILE[1] == 0 and m < 2 ** 24 and k < 2 ** 24)  # 32-bit offsets within the kernel
 
 
+def uses_fast_2d_kernel(m: int, k: int, dtype: torch.dtype, two_d: bool, sr: bool) -> bool:
+    """Whether `nvfp4_quantize_raw` takes `ted_nvfp4_quantize16` compiled for 16x16 scale tiles (NQ_2D=1): a 2D
+    call that `uses_fast_kernel` would take in 1D."""
+    return two_d and uses_fast_kernel(m, k, dtype, False, sr)
+
+
+def takes_fast_kernel(m: int, k: int, dtype: torch.dtype, two_d: bool, sr: bool) -> bool:
+    """Whether `nvfp4_quantize_raw` takes `ted_nvfp4_quantize16` (1D or 2D), which needs count_nonzero(x)."""
+    return uses_fast_kernel(m, k, dtype, two_d, sr) or uses_fast_2d_kernel(m, k, dtype, two_d, sr)
+
+
 def _tile_cols(dtype: torch.dtype) -> int:
     return 64 if dtype == torch.float32 else 128  # NV_TK in kernels/nvfp4.cu
 
@@ -87,7 +103,8 @@ def _tile_cols(dtype: torch.dtype) -> int:
 def _general_options(x2d: torch.Tensor, sr: bool) -> Tuple[str, ...]:
     """NVRTC options of nvfp4.cu (one compiled module per dtype and SR holds every kernel of the file)."""
     return _dtype_options(x2d) + ("-DTED_FP8=0", f"-DNV_SR={int(sr)}", f"-DNV_MIN_BLOCKS={NV_BLOCKS_PER_SM}",
-                                  f"-DNQ_MIN_BLOCKS={NQ_BLOCKS_PER_SM}", f"-DNR_MIN_BLOCKS={RHT_BLOCKS_PER_SM}")
+                                  f"-DNQ_MIN_BLOCKS={NQ_BLOCKS_PER_SM}", f"-DNR_MIN_BLOCKS={RHT_BLOCKS_PER_SM}",
+                                  f"-DNR_AMAX_MIN_BLOCKS={RHT_AMAX_BLOCKS_PER_SM}")
 
 
 def rht_sign_mask() -> int:
@@ -113,7 +130,7 @@ def nvfp4_quantize_raw(
     """Quantize a contiguous CUDA [M, K] tensor with the global amaxes `amax` (fp32 [2]: rowwise, columnwise).
 
     `nonzero`: count_nonzero(x) as an int64 [1] device tensor (`cupy_fp8_tensor.amax_launch(..., count_out=)`
-    computes it with the amaxes); the fast kernel (`uses_fast_kernel`) needs it for the underflow counts, the
+    computes it with the amaxes); the fast kernel (`takes_fast_kernel`) needs it for the underflow counts, the
     general one counts itself.
 
     Returns (row data [M, K/2], row scales [M, K/16], col data [K, M/2], col scales [K, M/16], stats) with None for
@@ -133,13 +150,14 @@ def nvfp4_quantize_raw(
     def ptr(t):
         return t.data_ptr() if t is not None else 0
 
-    if uses_fast_kernel(m, k, x2d.dtype, two_d, sr is not None):
+    if takes_fast_kernel(m, k, x2d.dtype, two_d, sr is not None):
         if nonzero is None or nonzero.dtype != torch.int64 or nonzero.device != dev:
             raise ValueError("nvfp4_quantize_raw: the fast kernel needs `nonzero`, count_nonzero(x) as an int64 "
                              f"tensor on {dev} (from _amax_launch(..., count_out=))")
         tiles = (m // NQ_TILE[0]) * (k // NQ_TILE[1])
         grid = max(1, min(NQ_BLOCKS_PER_SM * _sm_count(_device_index(dev)), tiles))
-        kernel = get_kernel("nvfp4.cu", "ted_nvfp4_quantize16", _general_options(x2d, False))
+        opts = _general_options(x2d, False) + (("-DNQ_2D=1",) if two_d else ())
+        kernel = get_kernel("nvfp4.cu", "ted_nvfp4_quantize16", opts)
         args = (
             x2d.data_ptr(), np.int64(m), np.int64(k), amax.data_ptr(), nonzero.data_ptr(), _INV6, _INV2688,
             np.int32(rowwise), np.int32(columnwise), ptr(row_data), ptr(row_scales), ptr(col_data), ptr(col_scales),
@@ -161,44 +179,111 @@ def nvfp4_quantize_raw(
     return row_data, row_scales, col_data, col_scales, stats
 
 
+def _check_rht_input(x2d: torch.Tensor, amax: torch.Tensor, who: str) -> None:
+    m, k = x2d.shape
+    if m % 16 or k % 16 or x2d.dtype not in _KERNEL_DTYPES or not x2d.is_contiguous():
+        raise ValueError(f"{who}: needs a contiguous fp32/bf16/fp16 [M, K] tensor with M and K "
+                         f"divisible by 16, got {x2d.dtype} {tuple(x2d.shape)}")
+    if amax.dtype != torch.float32 or amax.numel() != 2 or amax.device != x2d.device:
+        raise ValueError(f"{who}: amax must be a float32 [2] tensor on {x2d.device}, got {amax.dtype} "
+                         f"{tuple(amax.shape)} on {amax.device}")
+
+
+def nvfp4_rht_amax(x2d: torch.Tensor, amax: torch.Tensor, rowwise: bool = False,
+                   nonzero: Optional[torch.Tensor] = None) -> None:
+    """Set amax[1] (fp32 [2], the columnwise slot) to max|y| of the RHT-rotated values y of a contiguous CUDA [M, K]
+    tensor (NaN ignored).  `rowwise`: also amax[0] = max|x| (NaN ignored) and, with `nonzero` (int64 [1]),
+    nonzero[0] = count_nonzero(x), from the same pass over x (what `_amax_launch(..., count_out=)` gives the
+    rowwise direction).  Launches: the zero fills of the slots, `ted_nvfp4_rht_amax`; no sync."""
+    _check_rht_input(x2d, amax, "nvfp4_rht_amax")
+    m, k = x2d.shape
+    dev = x2d.device
+    if nonzero is not None and (not rowwise or nonzero.dtype != torch.int64 or nonzero.device != dev):
+        raise ValueError(f"nvfp4_rht_amax: `nonzero` goes with rowwise=True and must be an int64 tensor on {dev}")
+    sms = _sm_count(_device_index(dev))
+    mask = np.uint32(rht_sign_mask())
+    if _rht_variant() == "old":
+        if rowwise:
+            _amax_launch(x2d, amax[:1], count_out=nonzero)
+        amax[1:].zero_()  # the kernel takes the atomic max of the fp32 bits into it
+        tiles = -(-(m // 16) // RHT_V1_TILE[0]) * -(-k // RHT_V1_TILE[1])
+        kernel = get_kernel("nvfp4.cu", "ted_nvfp4_rht_amax_v1", _general_options(x2d, False) + ("-DNR_V1=1",))
+        _launch(kernel, max(1, min(3 * sms, tiles)), NV_THREADS,
+                (x2d.data_ptr(), np.int64(m), np.int64(k), mask, amax.data_ptr() + 4), dev)
+        return
+    piece = RHT_AMAX_BYTES if x2d.dtype != torch.float32 else 4  # NR_APT
+    items = (m // 16) * (k * x2d.element_size() // piece)  # one thread per (16-row group, piece of a row)
+    if items >= 2 ** 31:
+        raise ValueError(f"nvfp4_rht_amax: tensor too large for the RHT kernels ({m} x {k})")
+    grid = max(1, min(RHT_AMAX_BLOCKS_PER_SM * sms, -(-items // NV_THREADS)))
+    if rowwise:
+        amax.zero_()  # the kernel takes atomic maxima of the fp32 bits into both slots
+        if nonzero is not None:
+            nonzero.zero_()
+    else:
+        amax[1:].zero_()
+    args = (x2d.data_ptr(), np.int64(m), np.int64(k), mask, amax.data_ptr() + 4, amax.data_ptr() if rowwise else 0,
+            nonzero.data_ptr() if nonzero is not None else 0)
+    _launch(get_kernel("nvfp4.cu", "ted_nvfp4_rht_amax", _general_options(x2d, False)), grid, NV_THREADS, args, dev)
+
+
 def nvfp4_rht_columnwise(
-    x2d: torch.Tensor, amax: torch.Tensor, sr: Optional[Tuple[int, int]] = None
+    x2d: torch.Tensor, amax: torch.Tensor, sr: Optional[Tuple[int, int]] = None, amax_ready: bool = False
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Columnwise NVFP4 of the RHT-rotated transposed view of a contiguous CUDA [M, K] tensor (M % 16 == 0).
 
-    Sets amax[1] (fp32 [2], the columnwise slot) to max|y| of the rotated values y (NaN ignored) and returns
-    (col data [K, M/2], col scales [K, M/16], stats) with `stats` float64[2] = (underflows against y, Σ(x - deq)²
-    against x where deq is the inverse rotation of the dequantized values).  `sr` = (seed, offset) switches to
-    stochastic rounding with the bytes of that Philox draw ([K, M]), computed in the kernel.  Four launches (zero the
-    slot, amax, quantize, sum of the per-block partials), no sync.
+    Sets amax[1] (fp32 [2], the columnwise slot) to max|y| of the rotated values y (NaN ignored; `nvfp4_rht_amax`,
+    skipped when `amax_ready`: that call already ran) and returns (col data [K, M/2], col scales [K, M/16], stats)
+    with `stats` float64[2] = (underflows against y, Σ(x - deq)² against x where deq is the inverse rotation of the
+    dequantized values).  `sr` = (seed, offset) switches to stochastic rounding with the bytes of that Philox draw
+    ([K, M]), computed in the kernel.  Launches: the amax pass (two), quantize, sum of the per-block partials; no
+    sync.  `TEDEBUG_NVFP4_RHT_COL=old` takes the v1 kernels (`_rht_variant`).
     """
+    _check_rht_input(x2d, amax, "nvfp4_rht_columnwise")
     m, k = x2d.shape
     dev = x2d.device
-    if m % 16 or k % 16 or x2d.dtype not in _KERNEL_DTYPES or not x2d.is_contiguous():
-        raise ValueError(f"nvfp4_rht_columnwise: needs a contiguous fp32/bf16/fp16 [M, K] tensor with M and K "
-                         f"divisible by 16, got {x2d.dtype} {tuple(x2d.shape)}")
-    if amax.dtype != torch.float32 or amax.numel() != 2 or amax.device != dev:
-        raise ValueError(f"nvfp4_rht_columnwise: amax must be a float32 [2] tensor on {dev}, got {amax.dtype} "
-                         f"{tuple(amax.shape)} on {amax.device}")
+    if not amax_ready:
+        nvfp4_rht_amax(x2d, amax)
     col_data = torch.empty((k, m // 2), dtype=torch.uint8, device=dev)
     col_scales = torch.empty((k, m // 16), dtype=torch.uint8, device=dev)
     stats = torch.empty(2, dtype=torch.float64, device=dev)
-    tiles = -(-(m // 16) // RHT_TILE[0]) * -(-k // RHT_TILE[1])
-    grid = max(1, min(RHT_BLOCKS_PER_SM * _sm_count(_device_index(dev)), tiles))
+    sms = _sm_count(_device_index(dev))
     opts = _general_options(x2d, sr is not None)
-    mask = np.uint32(rht_sign_mask())
-    amax[1:].zero_()  # ted_nvfp4_rht_amax takes the atomic max of the fp32 bits into it
-    _launch(get_kernel("nvfp4.cu", "ted_nvfp4_rht_amax", opts), grid, NV_THREADS,
-            (x2d.data_ptr(), np.int64(m), np.int64(k), mask, amax.data_ptr() + 4), dev)
+    if _rht_variant() == "old":
+        name = "ted_nvfp4_rht_col_v1"
+        opts += ("-DNR_V1=1",)
+        grid = max(1, min(3 * sms, -(-(m // 16) // RHT_V1_TILE[0]) * -(-k // RHT_V1_TILE[1])))
+    else:
+        name = "ted_nvfp4_rht_col"
+        tiles = -(-m // RHT_TILE_ROWS) * -(-k // (RHT_TILE_BYTES // x2d.element_size()))
+        if max(m, k, tiles) >= 2 ** 31:  # the kernel's tile arithmetic is 32-bit
+            raise ValueError(f"nvfp4_rht_columnwise: tensor too large for the RHT kernels ({m} x {k})")
+        grid = max(1, min(RHT_BLOCKS_PER_SM * sms, tiles))
     partial = torch.empty((grid, 2), dtype=torch.float64, device=dev)
     args = (
-        x2d.data_ptr(), np.int64(m), np.int64(k), mask, amax.data_ptr(), _INV6, _INV2688,
+        x2d.data_ptr(), np.int64(m), np.int64(k), np.uint32(rht_sign_mask()), amax.data_ptr(), _INV6, _INV2688,
         *(_words(sr[0]) + _words(sr[1]) if sr is not None else _words(0) + _words(0)),
         col_data.data_ptr(), col_scales.data_ptr(), partial.data_ptr(),
     )
-    _launch(get_kernel("nvfp4.cu", "ted_nvfp4_rht_col", opts), grid, NV_THREADS, args, dev)
+    _launch(get_kernel("nvfp4.cu", name, opts), grid, NV_THREADS, args, dev)
     _sum_columns(partial, stats)
     return col_data, col_scales, stats
+
+
+_RHT_VARIANT: list = []  # the value of TEDEBUG_NVFP4_RHT_COL, once read
+
+
+def _rht_variant() -> str:
+    """Which RHT kernels `nvfp4_rht_columnwise` launches: ``new`` (default) or ``old`` (the v1 kernels, kept for a
+    side-by-side GPU comparison; to be removed), from the environment variable TEDEBUG_NVFP4_RHT_COL, read once."""
+    if not _RHT_VARIANT:
+        import os
+
+        value = os.environ.get("TEDEBUG_NVFP4_RHT_COL", "new").strip().lower()
+        if value not in ("new", "old"):
+            raise ValueError(f"TEDEBUG_NVFP4_RHT_COL must be 'new' or 'old', got {value!r}")
+        _RHT_VARIANT.append(value)
+    return _RHT_VARIANT[0]
 
 
 def nvfp4_quantize(quantizer, tensor: torch.Tensor) -> NVFP4Buffers:
@@ -217,14 +302,14 @@ def nvfp4_quantize(quantizer, tensor: torch.Tensor) -> NVFP4Buffers:
     sr = quantizer.stochastic_rounding
     # the fast kernel takes count_nonzero(x) from the amax pass; with RHT it only runs for the rowwise direction
     # (and in 1D: the RHT path quantizes rows with two_d=False)
-    fast = (quantizer.rowwise_usage or not rht) and uses_fast_kernel(
+    fast = (quantizer.rowwise_usage or not rht) and takes_fast_kernel(
         m, k, x2d.dtype, quantizer.with_2d_quantization and not rht, sr)
     nonzero = torch.empty(1, dtype=torch.int64, device=x2d.device) if fast else None
     if not rht:
         _amax_launch(x2d, amaxes, count_out=nonzero)  # amaxes[0] = amaxes[1] = max|x| (NaN ignored)
     elif quantizer.rowwise_usage:
-        # amaxes[0] = max|x|; amaxes[1] comes from the rotated values
-        _amax_launch(x2d, amaxes[:1], count_out=nonzero)
+        # one pass over x: amaxes[0] = max|x|, amaxes[1] = max|y| of the rotated values (and count_nonzero(x))
+        nvfp4_rht_amax(x2d, amaxes, rowwise=True, nonzero=nonzero)
     # Philox draws taken in the reference's order (rowwise first); the kernels compute their bytes in place
     row_offset = quantizer.next_sr_offset() if sr and quantizer.rowwise_usage else 0
     col_offset = quantizer.next_sr_offset() if sr and quantizer.columnwise_usage else 0
@@ -233,7 +318,8 @@ def nvfp4_quantize(quantizer, tensor: torch.Tensor) -> NVFP4Buffers:
         rd = rs = None
         if quantizer.rowwise_usage:
             rd, rs, _, _, row_stats = nvfp4_quantize_raw(x2d, amaxes, True, False, False, draws, nonzero)
-        cd, cs, col_stats = nvfp4_rht_columnwise(x2d, amaxes, (quantizer.sr_seed, col_offset) if sr else None)
+        cd, cs, col_stats = nvfp4_rht_columnwise(x2d, amaxes, (quantizer.sr_seed, col_offset) if sr else None,
+                                                 amax_ready=quantizer.rowwise_usage)
         stats = (row_stats[0], row_stats[1]) if quantizer.rowwise_usage else (None, None)
         stats += (col_stats[0], col_stats[1])
     else:
