@@ -1303,8 +1303,8 @@ ted_nvfp4_rht_col(const ted_raw_t* __restrict__ x, long long M, long long K, uns
 
 // ---------------------------------------------------------------------------------------------- RHT, v1
 // The first RHT kernels (one thread per (16-row group, column), 8-byte column-data stores scattered over K rows,
-// the sequential fp64 rotation everywhere), kept for comparison on the GPU: compiled only with -DNR_V1=1, which
-// cupy_nvfp4 adds when TEDEBUG_NVFP4_RHT_COL=old.  Same arguments and results as the kernels above.
+// the sequential fp64 rotation everywhere), kept as the tests' oracle of the fast ones: compiled only with
+// -DNR_V1=1, which cupy_nvfp4 adds for `reference=True`.  Same arguments and results as the kernels above.
 #if NR_V1
 #define NR1_COLS 64
 #define NR1_GROUPS (256 / NR1_COLS)

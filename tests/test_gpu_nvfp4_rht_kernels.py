@@ -1,4 +1,4 @@
-"""The rewritten RHT kernels of kernels/nvfp4.cu against the first ones (v1, TEDEBUG_NVFP4_RHT_COL=old), and no
+"""The rewritten RHT kernels of kernels/nvfp4.cu against the first ones (v1, `reference=True`), and no
 local memory in any NVFP4 kernel.  GPU tests (marked gpu, skipped without CUDA + CuPy).
 
 Both RHT versions sum a group's rotation in the order i = 0..15 wherever the fp64 sum is not provably exact, so
@@ -40,25 +40,25 @@ def wide_input(shape, dtype, seed):
     return x.to(dtype).cuda()
 
 
-def rht(x, variant, sr, monkeypatch):
+def rht(x, variant, sr):
     from tedebug.backends import cupy_nvfp4
 
-    monkeypatch.setattr(cupy_nvfp4, "_RHT_VARIANT", [variant])
     amax = torch.zeros(2, dtype=torch.float32, device=x.device)
-    data, scales, stats = cupy_nvfp4.nvfp4_rht_columnwise(x, amax, sr)
+    data, scales, stats = cupy_nvfp4.nvfp4_rht_columnwise(x, amax, sr, reference=variant == "old")
     return data, scales, amax[1].clone(), stats
 
 
 @pytest.mark.parametrize("sr", [None, (4321, 5)])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_new_rht_kernels_equal_v1(shape, dtype, sr, monkeypatch):
+def test_new_rht_kernels_equal_v1(shape, dtype, sr):
     for seed in (1, 2):
         x = wide_input(shape, dtype, seed)
-        new = rht(x, "new", sr, monkeypatch)
-        old = rht(x, "old", sr, monkeypatch)
+        new = rht(x, "new", sr)
+        old = rht(x, "old", sr)
         for a, b, name in zip(new[:3], old[:3], ("data", "scales", "amax")):
-            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (name, (a != b).sum().item())
+            assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)), \
+                (name, (a != b).sum().item())
         assert new[3][0].item() == old[3][0].item()  # underflows: exact counts
         err, want = new[3][1].item(), old[3][1].item()
         assert err == want or abs(err - want) <= 2 * (x.numel() + 1) * U64 * abs(want), (err, want)
@@ -68,7 +68,7 @@ def test_new_rht_kernels_equal_v1(shape, dtype, sr, monkeypatch):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_nvfp4_kernels_use_no_local_memory(dtype, sr):
     """Spills or dynamically indexed arrays (local memory) were seen to make launches blocking on the H200 host."""
-    from tedebug.backends.cupy_kernels import get_kernel
+    from tedebug.backends.cupy_runtime import get_kernel
     from tedebug.backends.cupy_nvfp4 import _general_options
 
     x = torch.zeros(64, 128, dtype=dtype, device="cuda")
@@ -84,15 +84,15 @@ def _time_rht_columnwise(shape, dtype, variant, sr=None, reps=20):
     """Mean microseconds of one `nvfp4_rht_columnwise` call (amax pass, quantize, partial sums) for `variant`."""
     from tedebug.backends import cupy_nvfp4
 
-    cupy_nvfp4._RHT_VARIANT[:] = [variant]
     x = (torch.randn(shape, generator=torch.Generator().manual_seed(3)) * 3).to(dtype).cuda()
     amax = torch.zeros(2, dtype=torch.float32, device=x.device)
-    cupy_nvfp4.nvfp4_rht_columnwise(x, amax, sr)  # compile, warm up
+    reference = variant == "old"
+    cupy_nvfp4.nvfp4_rht_columnwise(x, amax, sr, reference=reference)  # compile, warm up
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(reps):
-        cupy_nvfp4.nvfp4_rht_columnwise(x, amax, sr)
+        cupy_nvfp4.nvfp4_rht_columnwise(x, amax, sr, reference=reference)
     end.record()
     torch.cuda.synchronize()
     return 1000 * start.elapsed_time(end) / reps

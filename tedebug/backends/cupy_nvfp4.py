@@ -47,7 +47,7 @@ RHT_TILE_BYTES = 64
 RHT_BLOCKS_PER_SM = 2      # NR_MIN_BLOCKS in kernels/nvfp4.cu (ted_nvfp4_rht_col: 128 registers)
 RHT_AMAX_BYTES = 8         # ted_nvfp4_rht_amax: bytes per thread and row (NR_APT; 4 for fp32)
 RHT_AMAX_BLOCKS_PER_SM = 2  # NR_AMAX_MIN_BLOCKS in kernels/nvfp4.cu
-RHT_V1_TILE = (4, 64)      # the v1 RHT kernels (TEDEBUG_NVFP4_RHT_COL=old): 16-row groups, columns; 3 blocks per SM
+RHT_V1_TILE = (4, 64)      # the v1 RHT kernels (reference=True, the tests' oracle): 16-row groups, columns; 3 blocks per SM
 _INV6 = np.float32(1.0 / 6.0)        # fp32(1/6), as the reference's `_f32(1 / E2M1_MAX)`
 _INV2688 = np.float32(1.0 / 2688.0)  # fp32(1/2688), as the reference's `_f32(1 / NVFP4_GLOBAL_MAX)`
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -190,11 +190,13 @@ def _check_rht_input(x2d: torch.Tensor, amax: torch.Tensor, who: str) -> None:
 
 
 def nvfp4_rht_amax(x2d: torch.Tensor, amax: torch.Tensor, rowwise: bool = False,
-                   nonzero: Optional[torch.Tensor] = None) -> None:
+                   nonzero: Optional[torch.Tensor] = None, reference: bool = False) -> None:
     """Set amax[1] (fp32 [2], the columnwise slot) to max|y| of the RHT-rotated values y of a contiguous CUDA [M, K]
     tensor (NaN ignored).  `rowwise`: also amax[0] = max|x| (NaN ignored) and, with `nonzero` (int64 [1]),
     nonzero[0] = count_nonzero(x), from the same pass over x (what `_amax_launch(..., count_out=)` gives the
-    rowwise direction).  Launches: the zero fills of the slots, `ted_nvfp4_rht_amax`; no sync."""
+    rowwise direction).  Launches: the zero fills of the slots, `ted_nvfp4_rht_amax`; no sync.  `reference`: the
+    straightforward v1 kernel instead (tile-wise, sequential fp64 rotation), kept as the tests' oracle of the fast
+    one."""
     _check_rht_input(x2d, amax, "nvfp4_rht_amax")
     m, k = x2d.shape
     dev = x2d.device
@@ -202,7 +204,7 @@ def nvfp4_rht_amax(x2d: torch.Tensor, amax: torch.Tensor, rowwise: bool = False,
         raise ValueError(f"nvfp4_rht_amax: `nonzero` goes with rowwise=True and must be an int64 tensor on {dev}")
     sms = _sm_count(_device_index(dev))
     mask = np.uint32(rht_sign_mask())
-    if _rht_variant() == "old":
+    if reference:
         if rowwise:
             _amax_launch(x2d, amax[:1], count_out=nonzero)
         amax[1:].zero_()  # the kernel takes the atomic max of the fp32 bits into it
@@ -228,7 +230,8 @@ def nvfp4_rht_amax(x2d: torch.Tensor, amax: torch.Tensor, rowwise: bool = False,
 
 
 def nvfp4_rht_columnwise(
-    x2d: torch.Tensor, amax: torch.Tensor, sr: Optional[Tuple[int, int]] = None, amax_ready: bool = False
+    x2d: torch.Tensor, amax: torch.Tensor, sr: Optional[Tuple[int, int]] = None, amax_ready: bool = False,
+    reference: bool = False,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Columnwise NVFP4 of the RHT-rotated transposed view of a contiguous CUDA [M, K] tensor (M % 16 == 0).
 
@@ -237,19 +240,19 @@ def nvfp4_rht_columnwise(
     with `stats` float64[2] = (underflows against y, Σ(x - deq)² against x where deq is the inverse rotation of the
     dequantized values).  `sr` = (seed, offset) switches to stochastic rounding with the bytes of that Philox draw
     ([K, M]), computed in the kernel.  Launches: the amax pass (two), quantize, sum of the per-block partials; no
-    sync.  `TEDEBUG_NVFP4_RHT_COL=old` takes the v1 kernels (`_rht_variant`).
+    sync.  `reference`: the straightforward v1 kernels instead (the tests' oracle of the fast ones).
     """
     _check_rht_input(x2d, amax, "nvfp4_rht_columnwise")
     m, k = x2d.shape
     dev = x2d.device
     if not amax_ready:
-        nvfp4_rht_amax(x2d, amax)
+        nvfp4_rht_amax(x2d, amax, reference=reference)
     col_data = torch.empty((k, m // 2), dtype=torch.uint8, device=dev)
     col_scales = torch.empty((k, m // 16), dtype=torch.uint8, device=dev)
     stats = torch.empty(2, dtype=torch.float64, device=dev)
     sms = _sm_count(_device_index(dev))
     opts = _general_options(x2d, sr is not None)
-    if _rht_variant() == "old":
+    if reference:
         name = "ted_nvfp4_rht_col_v1"
         opts += ("-DNR_V1=1",)
         grid = max(1, min(3 * sms, -(-(m // 16) // RHT_V1_TILE[0]) * -(-k // RHT_V1_TILE[1])))
@@ -268,22 +271,6 @@ def nvfp4_rht_columnwise(
     _launch(get_kernel("nvfp4.cu", name, opts), grid, NV_THREADS, args, dev)
     _sum_columns(partial, stats)
     return col_data, col_scales, stats
-
-
-_RHT_VARIANT: list = []  # the value of TEDEBUG_NVFP4_RHT_COL, once read
-
-
-def _rht_variant() -> str:
-    """Which RHT kernels `nvfp4_rht_columnwise` launches: ``new`` (default) or ``old`` (the v1 kernels, kept for a
-    side-by-side GPU comparison; to be removed), from the environment variable TEDEBUG_NVFP4_RHT_COL, read once."""
-    if not _RHT_VARIANT:
-        import os
-
-        value = os.environ.get("TEDEBUG_NVFP4_RHT_COL", "new").strip().lower()
-        if value not in ("new", "old"):
-            raise ValueError(f"TEDEBUG_NVFP4_RHT_COL must be 'new' or 'old', got {value!r}")
-        _RHT_VARIANT.append(value)
-    return _RHT_VARIANT[0]
 
 
 def nvfp4_quantize(quantizer, tensor: torch.Tensor) -> NVFP4Buffers:
