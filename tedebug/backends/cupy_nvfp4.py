@@ -47,7 +47,7 @@ RHT_TILE_BYTES = 64
 RHT_BLOCKS_PER_SM = 2      # NR_MIN_BLOCKS in kernels/nvfp4.cu (ted_nvfp4_rht_col: 128 registers)
 RHT_AMAX_BYTES = 8         # ted_nvfp4_rht_amax: bytes per thread and row (NR_APT; 4 for fp32)
 RHT_AMAX_BLOCKS_PER_SM = 2  # NR_AMAX_MIN_BLOCKS in kernels/nvfp4.cu
-RHT_V1_TILE = (4, 64)      # the v1 RHT kernels (reference=True, the tests' oracle): 16-row groups, columns; 3 blocks per SM
+RHT_V1_TILE = (4, 64)  # the v1 RHT kernels (reference=True, the tests' oracle): 16-row groups, columns; 3 per SM
 _INV6 = np.float32(1.0 / 6.0)        # fp32(1/6), as the reference's `_f32(1 / E2M1_MAX)`
 _INV2688 = np.float32(1.0 / 2688.0)  # fp32(1/2688), as the reference's `_f32(1 / NVFP4_GLOBAL_MAX)`
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
