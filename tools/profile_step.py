@@ -56,6 +56,8 @@ def main() -> None:
     p.add_argument("--top", type=int, default=40)
     p.add_argument("--device", default="cuda")
     p.add_argument("--recipe", default="Float8CurrentScaling", help="the recipe of the fp8* settings")
+    p.add_argument("--kernels", action="store_true",
+                   help="instead of cProfile: torch.profiler's table of GPU kernels (total time over the steps)")
     a = p.parse_args()
     dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
     torch.manual_seed(0)
@@ -81,6 +83,15 @@ def main() -> None:
             one()
         if a.device == "cuda":
             torch.cuda.synchronize()
+        if a.kernels:
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as kprof:
+                for _ in range(a.steps):
+                    one()
+                torch.cuda.synchronize()
+            print(kprof.key_averages().table(sort_by="cuda_time_total", row_limit=a.top, max_name_column_width=60))
+            return
         prof = cProfile.Profile()
         t0 = time.perf_counter()
         prof.enable()
