@@ -136,14 +136,11 @@ class LogTensorStats(ScheduledInspectFeature):
         self._feed(config, inspect_plan(config, tensor_name), layer_name, tensor_name, iteration, tensor, tp_group,
                    tp_size, rowwise_quantized_tensor)
 
-    def prepare_inspect_tensor(self, config: dict, layer_name: str, tensor_name: str):
-        """`inspect_tensor` bound to one parsed route config, layer and tensor name for the rest of the session, as
+    def bind_inspect_tensor(self, config: dict, layer_name: str, tensor_name: str):
+        """`inspect_tensor` bound to one routed config, layer and tensor name for the rest of the session, as
         ``call(iteration, tensor, tp_group, tp_size, rowwise_quantized_tensor, columnwise_quantized_tensor,
-        quantizer)`` (what `tedebug.debug_quantization.DebugQuantizer` calls after its first call through the
-        namespace).  The plan is looked up once: a route's parsed config does not change during its session.  None
-        when a subclass overrides `inspect_tensor` (then that method is what must run)."""
-        if type(self).inspect_tensor is not LogTensorStats.inspect_tensor:
-            return None
+        quantizer)`` (what `tedebug.plan` calls on the debug path; used only while this class also defines
+        `inspect_tensor`).  The plan is looked up once: a route's config does not change during its session."""
         plan = inspect_plan(config, tensor_name)
         feed = self._feed
 

@@ -12,10 +12,11 @@ named ``<name>.fc1`` and ``<name>.fc2``; GroupedLinear one per ``<name>.gemm_<i>
   in that order); ``next_iter`` becomes the minimum of their non-None next iterations (None: this GEMM never
   enters debug again in the session); if none of them has a feature enabled, None is returned (the rest of the
   iteration then also returns None).
-* the six of the previous call are renewed (`DebugQuantizer.renew`) instead of built again when that is the same
-  thing: same layer name, the very same normal quantizers, and all six `renewable` (routing constant for the
-  session but for `inspect_tensor_enabled`, which `renew` asks again).  So a logged GEMM does not allocate six
-  quantizers per call; the returned dict is then the same object as the previous call's.
+* the six of the previous call are renewed (`DebugQuantizer.renew`: iteration set, usages reset, the plan's answers
+  taken again) instead of built again when that is the same thing: same layer name, the very same normal quantizers
+  and TP group, and each quantizer's `tedebug.plan.TensorPlan` still the session's plan for its tensor.  So a
+  logged GEMM does not allocate six quantizers per call; the returned dict is then the same object as the previous
+  call's.
 
 Returning None means "use the normal quantizers and the normal fused path".  A role missing from `quantizers`
 (or mapped to None) gets parent None; for LayerNormMLP the GEMM-output roles (grad_input -> dgrad,
@@ -32,7 +33,7 @@ import weakref
 from typing import Dict, Mapping, Optional, Tuple
 
 from tedebug import debug_api
-from tedebug.debug_quantization import DebugQuantizer
+from tedebug.debug_quantization import DebugQuantizer, plan_is_current
 from tedebug.usage_checks import note_layer
 
 #: (layer role, tensor name) in construction order.
@@ -119,11 +120,11 @@ class LayerDebugState:
             return None
         result = last[2]
         first = result["input"]
-        if first.tp_group is not tp_group or first.tp_size != tp_size or not first.renewable():
+        if first.tp_group is not tp_group or first.tp_size != tp_size:
             return None
-        api = first._api  # `renewable` for one quantizer; the others need the same namespace and a template
-        if not all(q.from_template and q._api is api for q in result.values()):
-            return None
+        for q in result.values():
+            if not plan_is_current(q.plan):
+                return None
         for q in result.values():
             q.renew()
         return result
