@@ -55,13 +55,14 @@ def tensor_plan(layer_name: str, tensor_name: str, has_parent: bool) -> Tuple[Te
     return plan, answers
 
 
-def plan_is_current(plan: TensorPlan) -> bool:
-    """True while `plan` is the active session's cached plan for its tensor (a quantizer holding it may then be
-    renewed instead of built again)."""
+def current_plans() -> Optional[dict]:
+    """The active session's table of compiled plans (its identity changes whenever the plans are dropped), or None
+    when there is no session or its plan cache is off.  A `DebugQuantizer` whose plan came from a table that is
+    still current may be renewed instead of built again."""
     current = debug_api.DEBUG_MANAGER
-    if current is None or not plan.cacheable or not current.plan_cache:
-        return False
-    return plan_table(current.transformer_engine).get((plan.layer_name, plan.tensor_name, plan.has_parent)) is plan
+    if current is None or not current.plan_cache:
+        return None
+    return plan_table(current.transformer_engine)
 
 
 class DebugQuantizer(Quantizer):
@@ -109,11 +110,12 @@ class DebugQuantizer(Quantizer):
             (self.inspect_tensor_enabled, nxt), directions = answers
             self._take(directions, nxt)
 
-    def renew(self) -> None:
-        """Make this quantizer what a new construction with the same arguments would be now: the current iteration,
-        both usages on, the plan's answers taken again.  `tedebug.nn.debug_gate` does this instead of building six
-        new quantizers per GEMM call while the session's plan is still this quantizer's."""
-        self.iteration = debug_api.get_iteration()
+    def renew(self, iteration: Optional[int] = None) -> None:
+        """Make this quantizer what a new construction with the same arguments would be at `iteration` (default: the
+        current one): both usages on, the plan's answers taken again.  `tedebug.nn.debug_gate` does this instead of
+        building six new quantizers per GEMM call while the session's plan is still this quantizer's
+        (`current_plans`)."""
+        self.iteration = debug_api.get_iteration() if iteration is None else iteration
         self.rowwise_usage = self.columnwise_usage = True
         self._resolve()
 

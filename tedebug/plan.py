@@ -219,7 +219,7 @@ class InspectCall:
     def __call__(self, iteration: int, tensor: Any, tp_group: Any, tp_size: int, rowwise: Any, columnwise: Any,
                  quantizer: Any) -> None:
         target = self._target
-        if target is None:
+        if target is None or INSPECT in self.api.__dict__:  # not bound yet, or overridden since: ask again
             target = self._bind()
         target(iteration, tensor, tp_group, tp_size, rowwise, columnwise, quantizer)
 
@@ -233,15 +233,17 @@ class InspectCall:
     def _bind(self) -> Callable:
         """Route the key (the namespace checks the names and logs the routing, as a call would) and pick the call."""
         api = self.api
-        target = self._through_namespace
-        if self.cacheable and not api.overridden(INSPECT):
-            routes = api.routes(INSPECT, self.layer_name, None, self.tensor_name)
-            if len(routes) == 1 and not routes[0].drop and not HOOKS[INSPECT].deprecated:
-                target = self._direct(routes[0])
-            elif not routes:
-                target = _nothing_to_inspect
-        if self.cacheable:
-            self._target = target
+        if not self.cacheable or api.overridden(INSPECT):
+            self._target = None
+            return self._through_namespace
+        routes = api.routes(INSPECT, self.layer_name, None, self.tensor_name)
+        if len(routes) == 1 and not routes[0].drop and not HOOKS[INSPECT].deprecated:
+            target = self._direct(routes[0])
+        elif not routes:
+            target = _nothing_to_inspect
+        else:
+            target = self._through_namespace
+        self._target = target
         return target
 
     def _direct(self, route: Any) -> Callable:
