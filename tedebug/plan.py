@@ -193,8 +193,8 @@ def compile_answer(api: Any, session: Any, hook: str, layer_name: str, gemm: Opt
     routes = api.routes(hook, layer_name, gemm, tensor_name)
     if not routes:
         return ConstantAnswer(HOOKS[hook].default(layer_name, {}))
-    features = [route.method.__self__ for route in routes]
-    if all(not r.drop for r in routes) and all(schedule_only(f, hook) for f in features):
+    features = [getattr(route.method, "__self__", None) for route in routes]
+    if all(not r.drop for r in routes) and all(f is not None and schedule_only(f, hook) for f in features):
         entries = tuple((Schedule.from_config(r.config), bool(getattr(f, "NOTE_STATS", False)))
                         for r, f in zip(routes, features))
         return ScheduledAnswer(entries, layer_name, session.stats.note_next_iteration)
@@ -247,8 +247,9 @@ class InspectCall:
         return target
 
     def _direct(self, route: Any) -> Callable:
-        feature = route.method.__self__
-        if declared_by_owner(feature, INSPECT, lambda cls: "bind_inspect_tensor" in cls.__dict__):
+        feature = getattr(route.method, "__self__", None)
+        if feature is not None and declared_by_owner(feature, INSPECT,
+                                                     lambda cls: "bind_inspect_tensor" in cls.__dict__):
             bound = feature.bind_inspect_tensor(route.config, self.layer_name, self.tensor_name)
             if bound is not None:
                 return bound
