@@ -450,3 +450,48 @@ def test_a_logged_model_reaches_the_features_only_where_it_must(tmp_path, monkey
     per_step = 2 * 6 - 1  # the first layer computes no dgrad (its input needs no gradient)
     assert len(inspected.calls) == 4 * per_step
     assert len(built.calls) == 2 * 6
+
+
+SUBCLASS_FEATURES = '''
+from tedebug.features.log_tensor_stats import LogTensorStats
+from tedebug.registry import api_method, register_feature
+
+CALLS = []
+
+
+@register_feature(namespace="transformer_engine")
+class OddIterationStats(LogTensorStats):
+    """LogTensorStats on odd iterations only: its own inspect_tensor_enabled, which no schedule describes."""
+
+    @api_method
+    def inspect_tensor_enabled(self, config, layer_name, tensor_name, iteration):
+        CALLS.append(iteration)
+        return iteration % 2 == 1, iteration + 1
+'''
+
+
+def test_a_subclass_overriding_a_schedule_only_hook_is_called_every_time(tmp_path):
+    """A custom LogTensorStats whose inspect_tensor_enabled answers what no schedule can say: asked at every
+    construction, its answers (not the inherited schedule's) decide, and its statistics are logged on odd
+    iterations only."""
+    import os
+    import sys
+
+    from tedebug.registry import user_module_name
+
+    feature_dir = tmp_path / "features"
+    feature_dir.mkdir()
+    path = feature_dir / "odd_stats.py"
+    path.write_text(SUBCLASS_FEATURES)
+    sink = RecordingSink()
+    config = section({"OddIterationStats": {"enabled": True, "stats": ["max"], "tensors": ["activation"]}})
+    with debug_session(config, tmp_path / "logs", sink, feature_dirs=[str(feature_dir)]):
+        module = sys.modules[user_module_name(os.path.realpath(path))]
+        for iteration in range(4):
+            q = DebugQuantizer("L", "activation", None, None)
+            assert (q.inspect_tensor_enabled, q.get_next_debug_iter()) == (iteration % 2 == 1, iteration + 1)
+            if q.inspect_tensor_enabled:
+                q.quantize(torch.tensor([float(iteration), -1.0]))
+            debug_api.step()
+        assert module.CALLS == [0, 1, 2, 3]
+    assert sink.values() == {("L_activation_max", 1): 1.0, ("L_activation_max", 3): 3.0}
