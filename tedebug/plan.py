@@ -354,9 +354,9 @@ class TensorPlan:
 
 def compile_plan(session: Any, api: Any, layer_name: str, tensor_name: str, has_parent: bool, iteration: int,
                  cacheable: bool) -> Tuple[TensorPlan, Optional[tuple]]:
-    """Compile the plan of one tensor, asking its questions at `iteration` in TransformerEngine's order; returns the
-    plan and that iteration's (inspect enabled, next) answer and `directions` (None when the plan is fixed: its
-    `fixed` holds them)."""
+    """Compile the plan of one tensor, asking its questions at `iteration` in TransformerEngine's order (each once);
+    returns the plan and that iteration's answers: ``((inspect enabled, next), directions(iteration))``.  The plan
+    is `fixed` when every direction answer asked is constant (and the plan is cacheable)."""
     rowwise_gemm, columnwise_gemm = GEMMS_OF_TENSOR[tensor_name]
     if cacheable:
         inspect_enabled = compile_answer(api, session, INSPECT_ENABLED, layer_name, None, tensor_name)
