@@ -79,6 +79,9 @@ class ScheduledInspectFeature(ValidatedFeature):
 
     SCHEDULED = True
     NOTE_STATS = True
+    #: `*_enabled` hooks answered from the schedule keys alone: `tedebug.plan` evaluates the schedule instead of
+    #: calling them (a subclass overriding one is called again unless it declares this itself)
+    SCHEDULE_ONLY_HOOKS = frozenset({"inspect_tensor_enabled"})
 
     @api_method
     def inspect_tensor_enabled(self, config: dict, layer_name: str, tensor_name: str, iteration: int):

@@ -60,13 +60,11 @@ class LogTensorStats(ScheduledInspectFeature):
         plan = inspect_plan(config, tensor_name, type(self).__name__)
         plan.feed(layer_name, iteration, tensor, tp_group, tp_size, rowwise_quantized_tensor)
 
-    def prepare_inspect_tensor(self, config: dict, layer_name: str, tensor_name: str):
-        """`inspect_tensor` bound to one parsed config, layer and tensor name for the rest of the session, as
+    def bind_inspect_tensor(self, config: dict, layer_name: str, tensor_name: str):
+        """`inspect_tensor` bound to one routed config, layer and tensor name for the rest of the session, as
         ``call(iteration, tensor, tp_group, tp_size, rowwise_quantized_tensor, columnwise_quantized_tensor,
-        quantizer)``: the plan is looked up once (a route's parsed config does not change during its session).
-        None when a subclass overrides `inspect_tensor` (then that method is what must run)."""
-        if type(self).inspect_tensor is not LogTensorStats.inspect_tensor:
-            return None
+        quantizer)`` (what `tedebug.plan` calls on the debug path; used only while this class also defines
+        `inspect_tensor`).  The plan is looked up once: a route's config does not change during its session."""
         feed = inspect_plan(config, tensor_name, type(self).__name__).feed
 
         def call(iteration: int, tensor: Optional[torch.Tensor], tp_group: Any, tp_size: int,

@@ -81,11 +81,16 @@ sys.modules[__name__].__class__ = _DebugApiModule
 def initialize(config_file: Any = "", feature_dirs: Union[None, str, Sequence[str]] = None,
                statistics_logger: Any = None, log_dir: Any = ".", init_training_step: int = 0, *,
                tb_writer: Any = None, default_logging_enabled: bool = False, background_logging: bool = True,
-               on_sink_error: str = "warn", statistics_rank0_only: bool = False) -> None:
-    """Start a debug session: load features and config, open logs and sinks (see tedebug.session)."""
+               on_sink_error: str = "warn", statistics_rank0_only: bool = False, plan_cache: bool = True) -> None:
+    """Start a debug session: load features and config, open logs and sinks (see tedebug.session).
+
+    ``plan_cache=False`` makes every hook question of the debug path reach the features, through
+    ``debug_api.transformer_engine`` (for tests that count or intercept hook calls; see `tedebug.plan`)."""
     if active.DEBUG_MANAGER is not None:
         raise RuntimeError("tedebug is already initialized; call tedebug.debug_api.end_debug() before initializing "
                            "again")
+    if not isinstance(plan_cache, bool):
+        raise TypeError(f"initialize: plan_cache must be a bool, got {plan_cache!r}")
     session = open_session(config_file, feature_dirs, statistics_logger, log_dir, init_training_step,
                            tb_writer=tb_writer, default_logging_enabled=default_logging_enabled,
                            queued_sinks=list(_queued_sinks),
@@ -95,6 +100,7 @@ def initialize(config_file: Any = "", feature_dirs: Union[None, str, Sequence[st
     _queued_sinks.clear()
     _queued_settings.clear()
     session.signal_guard = SignalGuard(session.flush)
+    session.plan_cache = plan_cache
     active.DEBUG_MANAGER = session
     _register_atexit()
 

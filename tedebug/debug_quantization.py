@@ -1,126 +1,68 @@
 """The debug path of one tensor of one GEMM layer: `DebugQuantizer` and `DebugQuantizedTensor`.
 
 A `DebugQuantizer` stands in for a layer's normal quantizer (its *parent*, possibly None) for one of the six tensor
-names (activation, weight, gradient, output, wgrad, dgrad) during a debug iteration.  At construction it asks the
-`transformer_engine` hooks what to do with the tensor and fixes a *plan* per GEMM direction (rowwise / columnwise):
+names (activation, weight, gradient, output, wgrad, dgrad) during a debug iteration.  It is a compiled
+`tedebug.plan.TensorPlan` plus an iteration: at construction (and `renew`) it takes from the plan, for its
+iteration, whether the tensor is inspected and the `Plan` of each GEMM direction (rowwise / columnwise):
 
 * ``"modify_tensor()"``  - a feature's `modify_tensor` produces that GEMM operand;
 * ``"Quantize"``         - the parent quantizes it as usual (one parent call shared by both directions);
 * ``"High Precision"``   - the operand is the high-precision tensor.
 
 `quantize` then produces a `DebugQuantizedTensor` holding one object per direction (possibly the same object) and
-runs the inspection hooks.  GEMM-output tensors (output, wgrad, dgrad) go through `process_gemm_output` instead.
-
-Every hook is called through the cached namespace object; routing (config lookup) is the namespace's business.
-
-Host cost: a layer builds six DebugQuantizers per GEMM call of a debug iteration.  When, for a (layer, tensor,
-parent or not), every hook but `inspect_tensor_enabled` has a session-constant answer (no feature serves it), the
-first construction stores a *route template* in the session memo (`TEMPLATE_TABLE`); later constructions ask only
-`inspect_tensor_enabled` and copy the plans.  Features observe the same calls either way (the namespace never calls
-a feature for those constant answers); a hook overridden on the namespace instance, or a stand-in installed as
-``debug_api.transformer_engine``, disables templates, so it sees every call.  A quantizer routed that way
-(`from_template`) can also be *renewed* for a later call (`renew`: the iteration set and `inspect_tensor_enabled`
-asked again, exactly what a new construction from the template does), which `tedebug.nn.debug_gate` does instead of
-building six new quantizers per GEMM call.  `inspect_tensor` goes through the namespace once per quantizer; later
-calls go straight to the one feature method serving it (`TransformerEngineNamespace.direct_route`), which is what the
-namespace would do with them, or to the feature's own bound form of that call when it offers one
-(``prepare_inspect_tensor(config, layer_name, tensor_name)``, e.g. LogTensorStats: its plan looked up once).
+runs the inspection through the plan's bound ``inspect_tensor``.  GEMM-output tensors (output, wgrad, dgrad) go
+through `process_gemm_output` instead.  `modify_tensor` and the deprecated post-quantization inspection go through
+the namespace at every call.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from tedebug import debug_api
+from tedebug import active, debug_api
 from tedebug.config.parsing import GEMMS_OF_TENSOR
-from tedebug.namespace import HOOKS, TE_NAMESPACE, check_output
+from tedebug.plan import Plan, TensorPlan, compile_plan, enabled_and_next, plan_table  # noqa: F401 (re-export)
 from tedebug.quantization.tensor import QuantizedTensor, Quantizer
 
-#: plan constants; their values are the strings written in the plan log lines.
-API_CALL_MODIFY = "modify_tensor()"
-STANDARD_QUANTIZE = "Quantize"
-HIGH_PRECISION = "High Precision"
+#: plan constants (`tedebug.plan.Plan` members); their values are the strings written in the plan log lines.
+API_CALL_MODIFY = Plan.MODIFY
+STANDARD_QUANTIZE = Plan.QUANTIZE
+HIGH_PRECISION = Plan.HIGH_PRECISION
 
 GemmOperand = Union[torch.Tensor, QuantizedTensor, None]
 
 
-def enabled_and_next(result, iteration: int, *, hook: str, layer_name: str) -> Tuple[bool, Optional[int]]:
-    """Normalise a `*_enabled` hook result to ``(enabled, next_iteration_or_None)``.
-
-    A tuple ``(bool, next)`` is taken as is; a bare bool (deprecated form) means "ask again next iteration".
-    """
-    if isinstance(result, tuple):
-        if len(result) != 2:
-            raise TypeError(
-                f"{hook}() for layer {layer_name!r} returned a tuple of length {len(result)}; "
-                f"expected (bool, Optional[int])"
-            )
-        enabled, nxt = result
-        if nxt is not None and not isinstance(nxt, int):
-            raise TypeError(
-                f"{hook}() for layer {layer_name!r} returned next iteration {nxt!r}; expected an int or None"
-            )
-        return bool(enabled), nxt
-    if isinstance(result, bool):
-        return result, iteration + 1
-    raise TypeError(
-        f"{hook}() for layer {layer_name!r} returned {type(result).__name__}; expected bool or (bool, Optional[int])"
-    )
+def tensor_plan(layer_name: str, tensor_name: str, has_parent: bool) -> Tuple[TensorPlan, Optional[tuple]]:
+    """The active session's plan of (layer, tensor, has a parent) and, when it was compiled just now, the answers
+    of the compiling iteration (see `tedebug.plan.compile_plan`); RuntimeError when tedebug is not initialised.
+    With the plan cache off (``initialize(..., plan_cache=False)``) every call compiles a plan that asks
+    ``debug_api.transformer_engine`` every question."""
+    current = active.session()
+    if not current.plan_cache:
+        return compile_plan(current, debug_api.transformer_engine, layer_name, tensor_name, has_parent,
+                            current.iteration, cacheable=False)
+    api = current.transformer_engine
+    table = plan_table(api)
+    key = (layer_name, tensor_name, has_parent)
+    plan = table.get(key)
+    if plan is not None:
+        return plan, None
+    plan, answers = compile_plan(current, api, layer_name, tensor_name, has_parent, current.iteration,
+                                 cacheable=True)
+    table[key] = plan
+    return plan, answers
 
 
-def _min_next(a: Optional[int], b: Optional[int]) -> Optional[int]:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return min(a, b)
-
-
-#: the one hook a route template still asks at every construction (schedule-driven: its answer varies)
-_LIVE_HOOK = "inspect_tensor_enabled"
-_INSPECT_HOOK = "inspect_tensor"
-#: the attributes `_route` fixes besides `inspect_tensor_enabled`, copied from a route template
-_TEMPLATE_ATTRS = ("rowwise_tensor_plan", "columnwise_tensor_plan", "rowwise_postquantize_enabled",
-                   "columnwise_postquantize_enabled")
-#: the session memo table of route templates, keyed by (layer, tensor, parent is not None)
-TEMPLATE_TABLE = "DebugQuantizer.route_templates"
-
-
-class RouteTemplate(NamedTuple):
-    """What `_route` found for one (layer, tensor, parent or not) when every hook but `inspect_tensor_enabled` had
-    a session-constant answer (no feature serves it: the namespace's `unrouted_answer`)."""
-
-    attrs: Dict[str, Any]  # the `_TEMPLATE_ATTRS` values
-
-
-_DEBUG_API_ATTRS = vars(debug_api)
-_UNSET = object()
-
-
-def te_namespace():
-    """``debug_api.transformer_engine``: a module attribute set on `debug_api` (a test's spy) first, as attribute
-    lookup does, else the module's ``__getattr__`` (the session's namespace; RuntimeError when not initialised)."""
-    api = _DEBUG_API_ATTRS.get("transformer_engine", _UNSET)
-    if api is _UNSET:
-        current = debug_api.DEBUG_MANAGER
-        api = current.namespaces.get(TE_NAMESPACE, _UNSET) if current is not None else _UNSET
-        if api is _UNSET:
-            return debug_api.transformer_engine
-    return api
-
-
-def route_templates(api) -> Optional[dict]:
-    """The active session's route-template table, or None when templates may not be used: `api` is not the
-    session's own `transformer_engine` namespace (a spy or wrapper sees every call), or a hook is overridden on
-    the namespace instance (an override is always called)."""
-    current = debug_api.DEBUG_MANAGER
-    if current is None or current.namespaces.get(TE_NAMESPACE) is not api:
+def current_plans() -> Optional[dict]:
+    """The active session's table of compiled plans (its identity changes whenever the plans are dropped), or None
+    when there is no session or its plan cache is off.  A `DebugQuantizer` whose plan came from a table that is
+    still current may be renewed instead of built again."""
+    current = active.DEBUG_MANAGER
+    if current is None or not current.plan_cache:
         return None
-    if not api.__dict__.keys().isdisjoint(HOOKS):
-        return None
-    return current.memo(TEMPLATE_TABLE)
+    return plan_table(current.transformer_engine)
 
 
 class DebugQuantizer(Quantizer):
@@ -156,143 +98,52 @@ class DebugQuantizer(Quantizer):
         self.tp_group = tp_group
         self.tp_size = tp_size
         self.rowwise_gemm_name, self.columnwise_gemm_name = gemms
-        self.iteration = debug_api.get_iteration()
-        api = self._api = te_namespace()
-        # the namespace's known-answer shortcut; absent on stand-ins (spies, wrappers), which see every call
-        self._known_answer = getattr(type(api), "known_answer", None)
-        self._next_debug_iter: Optional[int] = None
-        #: the feature route `_inspect` calls directly after its first call through the namespace (None: through
-        #: the namespace; see `TransformerEngineNamespace.direct_route`)
-        self._inspect_route = None
-        #: the route feature's `prepare_inspect_tensor` result for this tensor (None: call `_inspect_route`)
-        self._inspect_prepared = None
-        self._inspect_asked = False  # `direct_route` was asked (its None answer is not asked again)
-        #: True when every hook but `inspect_tensor_enabled` has a session-constant answer here (a route template
-        #: exists for this tensor): `renew` may then stand in for a new construction
-        self.from_template = False
         if parent_quantizer is not None:
             # Full tensor objects in the usual layout: debug features may run any op on them.
             parent_quantizer.internal = False
             parent_quantizer.optimize_for_gemm = False
-        templates = route_templates(api) if self._known_answer is not None else None
-        if templates is None:
-            self._route()
-            return
-        key = (layer_name, tensor_name, parent_quantizer is not None)
-        template = templates.get(key)
-        if template is not None:
-            self._route_from(template)
-            self.from_template = True
-            return
-        asked: List[Tuple[str, Optional[str], Optional[str], Optional[int]]] = []
-        self._route(asked)
-        template = self._make_template(api, asked)
-        if template is not None:
-            templates[key] = template
-            self.from_template = True
+        self.plan, answers = tensor_plan(layer_name, tensor_name, parent_quantizer is not None)
+        self.iteration = active.get_iteration()
+        if answers is None:
+            self._resolve()
+        else:  # the plan was compiled at this iteration: take its answers (each question asked once)
+            (self.inspect_tensor_enabled, nxt), directions = answers
+            self._take(directions, nxt)
 
-    def renew(self) -> None:
-        """Make this quantizer what a new construction with the same arguments would be now: the current iteration,
-        both usages on, `inspect_tensor_enabled` asked again (its next iteration recomputed).  Only for a quantizer
-        `from_template` while the session still uses route templates for its namespace (`renewable`); the plans
-        are session constants then."""
-        self.iteration = debug_api.get_iteration()
+    def renew(self, iteration: Optional[int] = None) -> None:
+        """Make this quantizer what a new construction with the same arguments would be at `iteration` (default: the
+        current one): both usages on, the plan's answers taken again.  `tedebug.nn.debug_gate` does this instead of
+        building six new quantizers per GEMM call while the session's plan is still this quantizer's
+        (`current_plans`)."""
+        self.iteration = active.get_iteration() if iteration is None else iteration
         self.rowwise_usage = self.columnwise_usage = True
-        self._next_debug_iter = None
-        self.inspect_tensor_enabled = self._ask(_LIVE_HOOK, None, self.tensor_name)
+        self._resolve()
 
-    def renewable(self) -> bool:
-        """True when `renew` may stand in for a new construction: routed from a template, and the active session's
-        namespace is still the one it asks and still allows templates (no hook overridden since)."""
-        return self.from_template and te_namespace() is self._api and route_templates(self._api) is not None
+    def _resolve(self) -> None:
+        """Take the plan's answers at `self.iteration`."""
+        plan = self.plan
+        self.inspect_tensor_enabled, nxt = plan.inspect_enabled.ask(self.iteration)
+        fixed = plan.fixed
+        if fixed is not None:
+            (self.rowwise_tensor_plan, self.columnwise_tensor_plan, self.rowwise_postquantize_enabled,
+             self.columnwise_postquantize_enabled) = fixed
+            self._next_debug_iter = nxt
+            return
+        directions = plan.directions(self.iteration)
+        plan.log_directions(directions[0], directions[1])
+        self._take(directions, nxt)
 
-    # ------------------------------------------------------------------ construction-time routing
+    def _take(self, directions: tuple, nxt: Optional[int]) -> None:
+        (self.rowwise_tensor_plan, self.columnwise_tensor_plan, self.rowwise_postquantize_enabled,
+         self.columnwise_postquantize_enabled, later) = directions
+        if nxt is None or (later is not None and later < nxt):
+            nxt = later
+        self._next_debug_iter = nxt
+
     @property
     def is_output_type(self) -> bool:
         """True for GEMM outputs (output, wgrad, dgrad): only `process_gemm_output` applies."""
         return self.columnwise_gemm_name is None
-
-    def _ask(self, hook: str, gemm: Optional[str] = None, tensor_name: Optional[str] = None,
-             asked: Optional[list] = None) -> bool:
-        """Call a `*_enabled` hook, fold its next iteration into `_next_debug_iter`, return the bool.
-
-        The hook gets ``gemm`` / ``tensor_name`` when given (not None).  After the first call for a (layer, gemm,
-        tensor), the namespace answers without calling the features when none serves the hook (its constant
-        default) or when the serving features answer from their schedules alone
-        (`TransformerEngineNamespace.known_answer`).  `asked` (when given) receives ``(hook, gemm, tensor_name,
-        next)`` for the route template.
-        """
-        known = self._known_answer
-        result = None if known is None else known(self._api, hook, self.layer_name, gemm, tensor_name,
-                                                  self.iteration)
-        if result is None:
-            kwargs = {}
-            if gemm is not None:
-                kwargs["gemm"] = gemm
-            if tensor_name is not None:
-                kwargs["tensor_name"] = tensor_name
-            result = getattr(self._api, hook)(self.layer_name, iteration=self.iteration, **kwargs)
-        enabled, nxt = enabled_and_next(result, self.iteration, hook=hook, layer_name=self.layer_name)
-        self._next_debug_iter = _min_next(self._next_debug_iter, nxt)
-        if asked is not None:
-            asked.append((hook, gemm, tensor_name, nxt))
-        return enabled
-
-    def _plan(self, gemm: str, asked: Optional[list]) -> str:
-        """Plan of one direction: modify > Quantize (parent exists and quantized GEMM enabled) > High Precision."""
-        if self._ask("modify_tensor_enabled", gemm, self.tensor_name, asked):
-            return API_CALL_MODIFY
-        if self.parent_quantizer is not None and self._ask("fp8_gemm_enabled", gemm, None, asked):
-            return STANDARD_QUANTIZE
-        return HIGH_PRECISION
-
-    def _route(self, asked: Optional[list] = None) -> None:
-        """Ask every `*_enabled` hook of this tensor and fix the plans (hook order: spec E.2)."""
-        self.inspect_tensor_enabled = self._ask("inspect_tensor_enabled", None, self.tensor_name, asked)
-        if self.is_output_type:
-            modify = self._ask("modify_tensor_enabled", self.rowwise_gemm_name, self.tensor_name, asked)
-            self.rowwise_tensor_plan = API_CALL_MODIFY if modify else HIGH_PRECISION
-            self.columnwise_tensor_plan = None
-            self.rowwise_postquantize_enabled = self.columnwise_postquantize_enabled = False
-            return
-        self.rowwise_postquantize_enabled = self._ask(
-            "inspect_tensor_postquantize_enabled", self.rowwise_gemm_name, self.tensor_name, asked)
-        self.columnwise_postquantize_enabled = self._ask(
-            "inspect_tensor_postquantize_enabled", self.columnwise_gemm_name, self.tensor_name, asked)
-        self.rowwise_tensor_plan = self._plan(self.rowwise_gemm_name, asked)
-        self.columnwise_tensor_plan = self._plan(self.columnwise_gemm_name, asked)
-        self._log_plans()
-
-    def _make_template(self, api, asked: list) -> Optional["RouteTemplate"]:
-        """The route template of this (layer, tensor, parent or not) after a full `_route`, or None when a hook other
-        than `inspect_tensor_enabled` is served by a feature (its answer may change, so every construction asks
-        again).  The constant answers (the spec defaults) name no next iteration, so they add nothing to
-        `_next_debug_iter`."""
-        for hook, gemm, tensor_name, nxt in asked:
-            if hook == _LIVE_HOOK:
-                continue
-            if nxt is not None or api.unrouted_answer(hook, self.layer_name, gemm, tensor_name) is None:
-                return None
-        return RouteTemplate({name: getattr(self, name) for name in _TEMPLATE_ATTRS})
-
-    def _route_from(self, template: "RouteTemplate") -> None:
-        """`_route` for a tensor whose hooks, but `inspect_tensor_enabled`, have session-constant answers: ask that
-        one hook (as `_route` would: through the namespace's known answer or a call), copy the rest.  Its plan
-        lines were written by the construction that made the template."""
-        self.inspect_tensor_enabled = self._ask(_LIVE_HOOK, None, self.tensor_name)
-        self.__dict__.update(template.attrs)
-
-    def _log_plans(self) -> None:
-        """The plan lines of both directions (written once per session and distinct line; the session memo skips
-        building lines that were already written)."""
-        logged = debug_api.session().memo("DebugQuantizer.plan_lines")
-        key = (self.layer_name, self.tensor_name, self.rowwise_tensor_plan, self.columnwise_tensor_plan)
-        if key in logged:
-            return
-        for gemm, plan in ((self.rowwise_gemm_name, self.rowwise_tensor_plan),
-                           (self.columnwise_gemm_name, self.columnwise_tensor_plan)):
-            debug_api.log_message(f"Tensor: {self.tensor_name}, gemm {gemm} - {plan}", layer_name=self.layer_name)
-        logged[key] = True
 
     # ------------------------------------------------------------------ gate queries
     def any_feature_enabled(self) -> bool:
@@ -410,7 +261,7 @@ class DebugQuantizer(Quantizer):
             kwargs["dtype"] = dtype
         if out is not None:
             kwargs["out"] = out
-        result = self._api.modify_tensor(self.layer_name, **kwargs)
+        result = self.plan.api.modify_tensor(self.layer_name, **kwargs)
         where = f"modify_tensor() for layer {self.layer_name!r}, tensor {self.tensor_name}, gemm {gemm}"
         if out is not None:
             if result is not None:
@@ -425,43 +276,19 @@ class DebugQuantizer(Quantizer):
 
     # ------------------------------------------------------------------ inspection
     def _inspect(self, tensor: Optional[torch.Tensor], rowwise: GemmOperand, columnwise: GemmOperand) -> None:
-        iteration = debug_api.get_iteration()
+        iteration = active.get_iteration()
         if self.inspect_tensor_enabled:
-            api = self._api
-            route = self._inspect_route
-            if route is None or _INSPECT_HOOK in api.__dict__:
-                api.inspect_tensor(
-                    self.layer_name, tensor=tensor, tensor_name=self.tensor_name, iteration=iteration,
-                    tp_group=self.tp_group, tp_size=self.tp_size, rowwise_quantized_tensor=rowwise,
-                    columnwise_quantized_tensor=columnwise, quantizer=self.parent_quantizer,
-                )
-                direct_route = None if self._inspect_asked else getattr(type(api), "direct_route", None)
-                self._inspect_asked = True  # routing is fixed for the session: ask for a direct route once
-                if direct_route is not None:
-                    route = self._inspect_route = direct_route(api, _INSPECT_HOOK, self.layer_name, None,
-                                                               self.tensor_name)
-                    prepare = getattr(route.method.__self__, "prepare_inspect_tensor", None) if route else None
-                    self._inspect_prepared = (None if prepare is None else
-                                              prepare(route.config, self.layer_name, self.tensor_name))
-            elif self._inspect_prepared is not None:  # the feature's own bound form of the same call
-                self._inspect_prepared(iteration, tensor, self.tp_group, self.tp_size, rowwise, columnwise,
-                                       self.parent_quantizer)
-            else:  # what the namespace would do with this call (`TransformerEngineNamespace.direct_route`)
-                result = route.method(
-                    route.config, self.layer_name, tensor=tensor, tensor_name=self.tensor_name, iteration=iteration,
-                    tp_group=self.tp_group, tp_size=self.tp_size, rowwise_quantized_tensor=rowwise,
-                    columnwise_quantized_tensor=columnwise, quantizer=self.parent_quantizer,
-                )
-                if result is not None:
-                    check_output(HOOKS[_INSPECT_HOOK], route.feature, self.layer_name, {}, result)
+            self.plan.inspect(iteration, tensor, self.tp_group, self.tp_size, rowwise, columnwise,
+                              self.parent_quantizer)
         if not (self.rowwise_postquantize_enabled or self.columnwise_postquantize_enabled):
             return
+        api = self.plan.api
         for operand, plan, enabled, is_rowwise in (
             (rowwise, self.rowwise_tensor_plan, self.rowwise_postquantize_enabled, True),
             (columnwise, self.columnwise_tensor_plan, self.columnwise_postquantize_enabled, False),
         ):
             if enabled and operand is not None and plan in (STANDARD_QUANTIZE, API_CALL_MODIFY):
-                self._api.inspect_tensor_postquantize(
+                api.inspect_tensor_postquantize(
                     self.layer_name, tensor=operand, tensor_name=self.tensor_name, iteration=iteration,
                     tp_group=self.tp_group, tp_size=self.tp_size, rowwise=is_rowwise,
                 )

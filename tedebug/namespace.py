@@ -8,8 +8,8 @@ A hook call ``debug_api.transformer_engine.<hook>(layer_name, **kwargs)``:
    are enabled; each candidate's ``parse_config_and_api`` decides whether it applies and produces its parsed config.
    The decision (a tuple of (feature, bound method, parsed config)) is cached per (layer, hook, gemm, tensor_name)
    for every hook, `fp8_gemm_enabled` and multi-feature results included; the cache never depends on the iteration.
-   The feature methods themselves run on every hook call (`DebugQuantizer` asks `known_answer` first, which answers
-   enabled hooks that no feature or only schedule-driven features serve without calling them);
+   The feature methods themselves run on every hook call; `routes` gives a key's decision to callers that compile
+   it (`tedebug.plan`, which answers keys no feature serves, or only schedule-only features serve, itself);
 3. no feature -> the default result (`fp8_gemm_enabled` (True, None); `*_enabled` (False, None); `inspect_*` None;
    `modify_tensor` raises NotImplementedError); one feature -> its result; several -> allowed only for the
    multi-feature hooks, combined as in spec D.2 step 7 (`*_enabled`: all tuples -> (any, min of non-None next);
@@ -288,28 +288,6 @@ class _Dispatcher:
         self._routes.clear()
 
 
-#: `known_answer` plan of a routing key whose hook must be called
-_CALL = "call"
-
-
-def _answer_plan(hook: str, routes: Tuple[Route, ...]):
-    """`TransformerEngineNamespace.known_answer`'s plan: () when no feature serves an `enabled` hook, a tuple of
-    (schedule, note_stats) when every route is the unmodified scheduled `inspect_tensor_enabled`, else `_CALL`."""
-    if HOOKS[hook].kind != "enabled":
-        return _CALL
-    if not routes:
-        return ()
-    from tedebug.feature_support import ScheduledInspectFeature, cached_schedule  # late: it imports debug_api
-
-    pure = ScheduledInspectFeature.inspect_tensor_enabled
-    plan = []
-    for route in routes:
-        if route.drop or getattr(route.method, "__func__", None) is not pure:
-            return _CALL
-        plan.append((cached_schedule(route.config), bool(route.method.__self__.NOTE_STATS)))
-    return tuple(plan)
-
-
 class TransformerEngineNamespace(_Dispatcher):
     """``debug_api.transformer_engine``: the seven hooks of spec D.1 (see the module docstring)."""
 
@@ -317,20 +295,50 @@ class TransformerEngineNamespace(_Dispatcher):
 
     def __init__(self, session: Any):
         super().__init__(session)
-        self._answer_plans: Dict[tuple, Any] = {}
+        #: tables derived from this namespace's routing by its callers (`tedebug.plan`'s compiled plans): dropped
+        #: at `end_debug()` and whenever a hook is overridden on (or removed from) this instance
+        self.compiled: Dict[str, Any] = {}
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in HOOKS:
+            self.compiled.clear()  # an override must be called: nothing compiled may answer for it
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if name in HOOKS:
+            self.compiled.clear()
+        object.__delattr__(self, name)
+
+    def overridden(self, hook: str) -> bool:
+        """True when `hook` is overridden on this instance (an override is always called)."""
+        return hook in self.__dict__
+
+    def routes(self, hook: str, layer_name: str, gemm: Optional[str] = None, tensor_name: Optional[str] = None
+               ) -> Tuple[Route, ...]:
+        """The features serving `hook` for this routing key (empty: the hook's default answers), routing the key
+        now (with the checks of a call: names, required routing kwargs) when it is new.  Routing is fixed for the
+        session, so callers may keep what they derive from it (`tedebug.plan`)."""
+        key = (layer_name, hook, gemm, tensor_name)
+        routes = self._routes.get(key)
+        if routes is None:
+            spec = HOOKS[hook]
+            kwargs = {k: v for k, v in (("gemm", gemm), ("tensor_name", tensor_name)) if v is not None}
+            check_kwargs(hook, layer_name, kwargs, ALLOWED_KWARGS[hook], spec.required)
+            check_routing_values(hook, layer_name, kwargs)
+            routes = self._decide(hook, layer_name, kwargs, multi=spec.multi, gemm_parsing=spec.gemm_parsing,
+                                  tensor_parsing=spec.tensor_parsing, legacy=spec.legacy_kwargs)
+            self._routes[key] = routes
+        return routes
 
     def _call(self, hook: str, layer_name: str, kwargs: dict) -> Any:
         spec = HOOKS[hook]
         check_kwargs(hook, layer_name, kwargs, ALLOWED_KWARGS[hook], spec.required)
         if "iteration" not in kwargs:
             kwargs["iteration"] = self._session.iteration
-        key = (layer_name, hook, kwargs.get("gemm"), kwargs.get("tensor_name"))
-        routes = self._routes.get(key)
+        gemm, tensor_name = kwargs.get("gemm"), kwargs.get("tensor_name")
+        routes = self._routes.get((layer_name, hook, gemm, tensor_name))
         if routes is None:
-            check_routing_values(hook, layer_name, kwargs)
-            routes = self._decide(hook, layer_name, kwargs, multi=spec.multi, gemm_parsing=spec.gemm_parsing,
-                                  tensor_parsing=spec.tensor_parsing, legacy=spec.legacy_kwargs)
-            self._routes[key] = routes
+            routes = self.routes(hook, layer_name, gemm, tensor_name)
         if not routes:
             return spec.default(layer_name, kwargs)
         if len(routes) == 1:
@@ -348,69 +356,6 @@ class TransformerEngineNamespace(_Dispatcher):
         if spec.kind == "enabled":
             return combine_enabled(outputs)
         return outputs[0]  # inspect hooks: every output was checked to be None
-
-    def unrouted_answer(self, hook: str, layer_name: str, gemm: Optional[str], tensor_name: Optional[str]) -> Any:
-        """The answer of `enabled` hook `hook` for this routing key when a previous call already found that no
-        feature serves it (the spec default, which depends on nothing else); None when the hook must be called.
-
-        Routing is fixed for a session, so a caller that already made one validated call with the same kwargs
-        shape may use this answer instead of calling the hook again (`DebugQuantizer` does, once per iteration).
-        """
-        routes = self._routes.get((layer_name, hook, gemm, tensor_name))
-        if routes is None or routes or hook in self.__dict__:  # a hook patched on this instance is always called
-            return None
-        spec = HOOKS[hook]
-        return spec.default(layer_name, {}) if spec.kind == "enabled" else None
-
-    def direct_route(self, hook: str, layer_name: str, gemm: Optional[str], tensor_name: Optional[str]
-                     ) -> Optional[Route]:
-        """The one feature route serving inspect hook `hook` for this routing key, for a caller that makes the same
-        shape of call again and again (`DebugQuantizer`): after one call through the namespace, which checked the
-        kwargs and routed the key, calling ``route.method(route.config, layer_name, **kwargs)`` and rejecting a
-        non-None result (`check_output`) is that call.  None when the call must go through the namespace: the key is
-        not routed yet, no feature or several serve it, the hook is deprecated (its warning), the feature takes
-        fewer kwargs than the caller passes, or the hook is overridden on this instance."""
-        if hook in self.__dict__:
-            return None
-        routes = self._routes.get((layer_name, hook, gemm, tensor_name))
-        if routes is None or len(routes) != 1:
-            return None
-        spec = HOOKS[hook]
-        route = routes[0]
-        if spec.kind != "inspect" or spec.deprecated or route.drop:
-            return None
-        return route
-
-    def known_answer(self, hook: str, layer_name: str, gemm: Optional[str], tensor_name: Optional[str],
-                     iteration: int) -> Any:
-        """`enabled` hook `hook`'s answer at `iteration` when it needs no feature call, else None.
-
-        Two cases, both only after a first validated call with the same routing key (so routing and argument
-        checks already happened): no feature serves the key (`unrouted_answer`), or every feature serving it
-        answers from its schedule alone (the unmodified `ScheduledInspectFeature.inspect_tensor_enabled` of the
-        statistics and dump features).  The second case evaluates the same schedules the features would, records
-        the next iteration in the stats engine as they would, and combines several answers as `_call` does.
-        """
-        if hook in self.__dict__:  # a hook patched on this instance is always called
-            return None
-        key = (layer_name, hook, gemm, tensor_name)
-        plan = self._answer_plans.get(key)
-        if plan is None:
-            routes = self._routes.get(key)
-            if routes is None:
-                return None
-            plan = self._answer_plans[key] = _answer_plan(hook, routes)
-        if plan is _CALL:
-            return None
-        if not plan:
-            return HOOKS[hook].default(layer_name, {})
-        outputs = []
-        for schedule, note_stats in plan:
-            answer = schedule.query(iteration)
-            if note_stats:
-                self._session.stats.note_next_iteration(layer_name, answer[1])
-            outputs.append(answer)
-        return outputs[0] if len(outputs) == 1 else combine_enabled(outputs)
 
     # The hooks (layer_name positional or keyword; everything else keyword-only).
     def fp8_gemm_enabled(self, layer_name: str, **kwargs: Any):
@@ -447,7 +392,7 @@ class TransformerEngineNamespace(_Dispatcher):
 
     def end_debug(self) -> None:
         super().end_debug()
-        self._answer_plans.clear()
+        self.compiled.clear()
         self._session.stats.reset()
 
 

@@ -103,6 +103,9 @@ class DebugSession:
         self.lock = lock
         #: the `tedebug.signal_guard.SignalGuard` that `debug_api.initialize` installs (None: no guard)
         self.signal_guard: Any = None
+        #: False (``initialize(..., plan_cache=False)``): no compiled plans, every hook question reaches the features
+        #: through ``debug_api.transformer_engine`` (`tedebug.plan`)
+        self.plan_cache = True
         self._memos: Dict[str, dict] = {}
         self._logged: set = set()  # (layer, message, extra) keys already written by log_message
 

@@ -28,13 +28,14 @@ def make_debug_config(features, regex=".*"):
 
 @pytest.fixture
 def start(tmp_path):
-    """start(features, regex=".*") -> the loaded test-feature module; the session ends with the test."""
+    """start(features, regex=".*", **initialize_kwargs) -> the loaded test-feature module; the session ends with
+    the test (``plan_cache=False``: every hook question reaches the features, for spies)."""
 
-    def _start(features, regex=".*"):
+    def _start(features, regex=".*", **initialize_kwargs):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # "running without config" when there are no features
             debug_api.initialize(config_file=make_debug_config(features, regex),
-                                 feature_dirs=[str(DEBUG_FEATURE_DIR)], log_dir=str(tmp_path))
+                                 feature_dirs=[str(DEBUG_FEATURE_DIR)], log_dir=str(tmp_path), **initialize_kwargs)
         return sys.modules[user_module_name(os.path.realpath(DEBUG_FEATURE_FILE))]
 
     yield _start

@@ -16,6 +16,7 @@ from tedebug.debug_quantization import (
     DebugQuantizer,
     enabled_and_next,
 )
+from tedebug.session import DebugSession
 from tedebug.quantization import (
     Float8BlockQuantizer,
     Float8CurrentScalingQuantizer,
@@ -51,7 +52,8 @@ class HookSpy:
 
 @pytest.fixture
 def spy():
-    """Install a HookSpy (call after the session is started).
+    """Install a HookSpy (call after a session started with ``plan_cache=False``, so that every hook question
+    goes through ``debug_api.transformer_engine``).
 
     The spy shadows the module-level `__getattr__` of debug_api as a plain module attribute; teardown deletes it
     again.  (monkeypatch.setattr would "restore" the session's namespace object it read through `__getattr__` as a
@@ -72,15 +74,15 @@ def spy():
 
 @pytest.fixture
 def messages(monkeypatch):
-    """Capture debug_api.log_message calls (still forwarded to the real one)."""
+    """Capture the sessions' main-log messages (still forwarded to the real method)."""
     captured = []
-    real = debug_api.log_message
+    real = DebugSession.log_message
 
-    def log_message(msg, layer_name=None, **kwargs):
+    def log_message(self, msg, layer_name=None, *args, **kwargs):
         captured.append((msg, layer_name))
-        return real(msg, layer_name=layer_name, **kwargs)
+        return real(self, msg, layer_name, *args, **kwargs)
 
-    monkeypatch.setattr(debug_api, "log_message", log_message)
+    monkeypatch.setattr(DebugSession, "log_message", log_message)
     return captured
 
 
@@ -180,7 +182,7 @@ def test_plan_lines_in_main_log(start, tmp_path):
 
 
 def test_routing_call_order(start, spy):
-    start({"DebugInspect": {"enabled": False, "tensors": ["activation"]}})
+    start({"DebugInspect": {"enabled": False, "tensors": ["activation"]}}, plan_cache=False)
     recorder = spy()
     DebugQuantizer(LAYER, "activation", Float8CurrentScalingQuantizer("E4M3"), None)
     assert recorder.calls == [

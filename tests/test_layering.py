@@ -28,7 +28,7 @@ import tedebug.features
 PACKAGE_DIR = os.path.dirname(tedebug.__file__)
 FEATURES_DIR = tedebug.features.__path__[0]
 UPPER = ("tedebug.debug_api", "tedebug.namespace", "tedebug.session", "tedebug.debug_quantization",
-         "tedebug.feature_support", "tedebug.nn", "tedebug.cli")
+         "tedebug.nn", "tedebug.cli")
 
 
 def _type_checking_block(node: ast.AST) -> bool:

@@ -290,3 +290,32 @@ def test_a_feature_file_replaces_the_generic_log_tensor_stats(tmp_path):
     builtin = os.path.join("tedebug", "compat", "nvdlfw_inspect", "debug_features", "log_tensor_stats.py")
     assert len(registry.replaced) == 1 and registry.replaced[0].startswith("base.LogTensorStats: ")
     assert registry.replaced[0].endswith(f"{builtin} -> {os.path.join(BASE_NS, 'generic_stats.py')}")
+
+
+# ------------------------------------------------------------------------------------------------ routes for compilers
+def test_routes_route_a_key_once_with_the_checks_of_a_call(tmp_path):
+    """`routes` gives the features serving a key (routing it now, with a call's name checks); a later call of the
+    hook uses the same decision; an override set on or deleted from the instance empties `compiled`."""
+    te = start(tmp_path, {"DisableFP8GEMM": {"enabled": True, "gemms": ["wgrad"]}})
+    routes = te.routes("fp8_gemm_enabled", "fc1", "wgrad")
+    assert [r.feature for r in routes] == ["DisableFP8GEMM"]
+    assert te.routes("fp8_gemm_enabled", "fc1", "wgrad") is routes
+    assert te.routes("fp8_gemm_enabled", "fc1", "fprop") == ()
+    assert te.fp8_gemm_enabled("fc1", gemm="wgrad", iteration=3) == (False, 4)
+    assert te.routes("fp8_gemm_enabled", "fc1", "wgrad") is routes
+    with pytest.raises(ValueError, match="unknown gemm 'fprob'; did you mean 'fprop'"):
+        te.routes("fp8_gemm_enabled", "fc1", "fprob")
+    with pytest.raises(TypeError, match="needs the keyword argument 'tensor_name'"):
+        te.routes("inspect_tensor_enabled", "fc1")
+    te.compiled["x"] = 1
+    assert not te.overridden("inspect_tensor")
+    te.inspect_tensor = lambda layer_name, **kwargs: None
+    assert te.overridden("inspect_tensor") and te.compiled == {}
+    te.compiled["x"] = 1
+    del te.inspect_tensor
+    assert not te.overridden("inspect_tensor") and te.compiled == {}
+    te.compiled["x"] = 1
+    te.unrelated = 1  # not a hook: compiled tables stay
+    assert te.compiled == {"x": 1}
+    debug_api.end_debug()
+    assert te.compiled == {}

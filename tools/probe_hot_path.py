@@ -8,13 +8,18 @@ fastest rounds (other work on the machine only adds time), on CPU float32 with t
 
 1. host time per logged tensor: a 12-block stack of tedebug layers (`tedebug.bench._Block`: LayerNormLinear,
    Linear, LayerNormMLP = 4 GEMMs per block), LogTensorStats with 8 statistics on the 6 tensors of every GEMM at
-   freq 1, minus the same steps without debug_api, divided by the 288 tensors logged per step;
+   freq 1, minus the same steps without debug_api, divided by the 288 tensors logged per step; and the part of it
+   that is the debug path without the statistics (the same logged steps with `StatsEngine.feed` replaced by a
+   no-op: the gate, the plans, the debug quantizers, the autograd function with debug operands, the feature's
+   inspection up to the statistics engine);
 2. a plain torch GPT stack (`tedebug.bench._TorchBlock`) converted with `tedebug.convert_model`, run without
    debug_api in high precision, against the plain torch model (overhead in %);
 3. FP8 current scaling: the converted model under `Float8CurrentScaling` minus the plain torch model, per
    converted linear layer (4 per block) and step.
 
-A machine shared with other work drifts: compare figures of one run only.
+A machine shared with other work drifts: compare figures of one run only.  ``--clock cpu`` measures the process's
+CPU time (`time.process_time`, every thread, the background sink writer included) instead of wall time: time
+spent waiting for a core that other work holds does not count, which makes figures from a busy machine compare.
 """
 
 from __future__ import annotations
@@ -37,7 +42,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--only", choices=("stats", "convert", "all"), default="all")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="wall: time.perf_counter; cpu: time.process_time (all threads of this process)")
     args = parser.parse_args()
+    clock = time.perf_counter if args.clock == "wall" else time.process_time
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
 
@@ -70,10 +78,10 @@ def main() -> int:
 
         for _ in range(3):
             one()
-        start = time.perf_counter()
+        start = clock()
         for _ in range(args.iters):
             one()
-        return (time.perf_counter() - start) * 1e6 / args.iters  # us per step
+        return (clock() - start) * 1e6 / args.iters  # us per step
 
     full = {"all": {"enabled": True, "layers": {"layer_types": ["all"]}, "transformer_engine": {
         "LogTensorStats": {"enabled": True, "stats": STATS, "tensors": TENSORS, "freq": 1}}}}
@@ -86,10 +94,21 @@ def main() -> int:
             finally:
                 debug_api.end_debug()
 
+    from tedebug.stats.engine import StatsEngine
+
+    def logged_without_statistics() -> float:
+        real = StatsEngine.feed
+        StatsEngine.feed = lambda self, *args, **kwargs: None
+        try:
+            return logged()
+        finally:
+            StatsEngine.feed = real
+
     settings = []
     if args.only in ("stats", "all"):
         settings += [("stack, no debug_api", lambda: run_steps(stack)),
-                     ("stack, LogTensorStats 8 stats x 6 tensors, freq 1", logged)]
+                     ("stack, LogTensorStats 8 stats x 6 tensors, freq 1", logged),
+                     ("stack, the same without the statistics (feed a no-op)", logged_without_statistics)]
     if args.only in ("convert", "all"):
         settings += [("plain torch", lambda: run_steps(plain)),
                      ("converted, high precision", lambda: run_steps(converted)),
@@ -101,7 +120,7 @@ def main() -> int:
     med = {label: statistics.median(values) for label, values in samples.items()}
     low = {label: min(values) for label, values in samples.items()}
     print(f"torch {torch.__version__}, CPU float32, {LAYERS} blocks, hidden {HIDDEN}, {BATCH}x{SEQ} tokens, "
-          f"{args.rounds} interleaved rounds x {args.iters} steps (median; min-max)")
+          f"{args.rounds} interleaved rounds x {args.iters} steps, {args.clock} clock (median; min-max)")
     for label, values in samples.items():
         print(f"  {label:55s} {med[label]:9.0f} us/step  ({min(values):.0f}-{max(values):.0f})")
     # figures from the medians, and from the fastest rounds (other work on the machine only ever adds time)
@@ -110,6 +129,9 @@ def main() -> int:
             logged = pick["stack, LogTensorStats 8 stats x 6 tensors, freq 1"]
             per = (logged - pick["stack, no debug_api"]) / (6 * gemms)
             print(f"[{name}] host time per logged tensor (LogTensorStats, 8 stats): {per:.1f} us")
+            path = (pick["stack, the same without the statistics (feed a no-op)"] - pick["stack, no debug_api"]) / (
+                6 * gemms)
+            print(f"[{name}]   of which the debug path without the statistics: {path:.1f} us")
         if "plain torch" in pick:
             base = pick["plain torch"]
             print(f"[{name}] converted model without debug_api vs plain torch: "

@@ -12,10 +12,11 @@ named ``<name>.fc1`` and ``<name>.fc2``; GroupedLinear one per ``<name>.gemm_<i>
   in that order); ``next_iter`` becomes the minimum of their non-None next iterations (None: this GEMM never
   enters debug again in the session); if none of them has a feature enabled, None is returned (the rest of the
   iteration then also returns None).
-* the six of the previous call are renewed (`DebugQuantizer.renew`) instead of built again when that is the same
-  thing: same layer name, the very same normal quantizers, and all six `renewable` (routing constant for the
-  session but for `inspect_tensor_enabled`, which `renew` asks again).  So a logged GEMM does not allocate six
-  quantizers per call; the returned dict is then the same object as the previous call's.
+* the six of the previous call are renewed (`DebugQuantizer.renew`: iteration set, usages reset, the plan's answers
+  taken again) instead of built again when that is the same thing: same layer name, the very same normal quantizers
+  and TP group, and each quantizer's `tedebug.plan.TensorPlan` still the session's plan for its tensor.  So a
+  logged GEMM does not allocate six quantizers per call; the returned dict is then the same object as the previous
+  call's.
 
 Returning None means "use the normal quantizers and the normal fused path".  A role missing from `quantizers`
 (or mapped to None) gets parent None; for LayerNormMLP the GEMM-output roles (grad_input -> dgrad,
@@ -31,8 +32,8 @@ import operator
 import weakref
 from typing import Dict, Mapping, Optional, Tuple
 
-from tedebug import debug_api
-from tedebug.debug_quantization import DebugQuantizer
+from tedebug import active
+from tedebug.debug_quantization import DebugQuantizer, current_plans
 from tedebug.usage_checks import note_layer
 
 #: (layer role, tensor name) in construction order.
@@ -64,13 +65,14 @@ class LayerDebugState:
         self.next_iter: Optional[int] = 0
         self._decided_iteration: Optional[int] = None
         self._active = False
-        #: (layer name, parents in ROLE_TO_TENSOR order, role -> DebugQuantizer) of the last build, for `_renewed`
-        self._last: Optional[Tuple[str, tuple, Dict[str, DebugQuantizer]]] = None
+        #: (layer name, parents in ROLE_TO_TENSOR order, TP group, TP size, the session's plan table or None,
+        #: role -> DebugQuantizer) of the last build: renewed while all of it still holds
+        self._last: Optional[Tuple[str, tuple, object, int, Optional[dict], Dict[str, DebugQuantizer]]] = None
 
     def debug_quantizers(self, layer_name: str, quantizers: Mapping[str, object], tp_group=None,
                          tp_size: int = 1) -> Optional[Dict[str, DebugQuantizer]]:
         """Role -> DebugQuantizer for this call, or None when the layer uses its normal quantizers."""
-        session = debug_api.DEBUG_MANAGER
+        session = active.DEBUG_MANAGER
         if session is None:
             return None
         if self._session_ref() is not session:
@@ -95,38 +97,28 @@ class LayerDebugState:
             raise KeyError(f"LayerDebugState for layer {layer_name!r}: unknown quantizer roles {sorted(unknown)}; "
                            f"expected a subset of {sorted(_ROLES)}")
         parents = tuple(quantizers.get(role) for role, _ in ROLE_TO_TENSOR)
-        result = self._renewed(layer_name, parents, tp_group, tp_size)
-        if result is None:
+        plans = current_plans()
+        last = self._last
+        if (plans is not None and last is not None and last[4] is plans and last[0] == layer_name
+                and last[2] is tp_group and last[3] == tp_size and all(map(operator.is_, parents, last[1]))):
+            result = last[5]  # the same plans, parents and TP group: renew (see the module docstring)
+            iteration = active.get_iteration()
+            for q in result.values():
+                q.renew(iteration)
+        else:
             result = {role: DebugQuantizer(layer_name, tensor, parent, tp_group, tp_size)
                       for (role, tensor), parent in zip(ROLE_TO_TENSOR, parents)}
-            self._last = (layer_name, parents, result)
+            # the table the new quantizers' plans are in (built after them: compiling may have created it)
+            self._last = (layer_name, parents, tp_group, tp_size, current_plans(), result)
         next_iter = None
+        enabled = False
         for q in result.values():
             nxt = q.get_next_debug_iter()
             if nxt is not None and (next_iter is None or nxt < next_iter):
                 next_iter = nxt
+            enabled = enabled or q.any_feature_enabled()
         self.next_iter = next_iter
-        if not any(q.any_feature_enabled() for q in result.values()):
-            return None
-        return result
-
-    def _renewed(self, layer_name: str, parents: tuple, tp_group, tp_size: int
-                 ) -> Optional[Dict[str, DebugQuantizer]]:
-        """The previous call's quantizers, renewed, when that equals building new ones (see the module docstring);
-        else None."""
-        last = self._last
-        if last is None or last[0] != layer_name or not all(map(operator.is_, parents, last[1])):
-            return None
-        result = last[2]
-        first = result["input"]
-        if first.tp_group is not tp_group or first.tp_size != tp_size or not first.renewable():
-            return None
-        api = first._api  # `renewable` for one quantizer; the others need the same namespace and a template
-        if not all(q.from_template and q._api is api for q in result.values()):
-            return None
-        for q in result.values():
-            q.renew()
-        return result
+        return result if enabled else None
 
     @property
     def active(self) -> bool:
