@@ -409,7 +409,8 @@ def test_log_tensor_stats_bound_form_looks_its_plan_up_once(tmp_path, monkeypatc
     """Through DebugQuantizers, LogTensorStats' inspection is bound once: its plan looked up once for the whole
     run, its inspect_tensor method never called, and the statistics are those of the tensors (freq 2: the feature
     re-checks its own schedule)."""
-    plans = Counter(monkeypatch, log_tensor_stats, "inspect_plan", record=lambda config, tensor_name: tensor_name)
+    plans = Counter(monkeypatch, log_tensor_stats, "inspect_plan",
+                    record=lambda config, tensor_name, *feature_name: tensor_name)
     method = Counter(monkeypatch, log_tensor_stats.LogTensorStats, "inspect_tensor")
     sink = RecordingSink()
     config = section({"LogTensorStats": {"enabled": True, "stats": ["min", "max", "l1_norm"],
@@ -434,8 +435,8 @@ def test_a_logged_model_reaches_the_features_only_where_it_must(tmp_path, monkey
     converted layers - the schedule hook never reaches the feature, inspect_tensor reaches it once per logged tensor,
     and each GEMM builds its six quantizers once."""
     enabled = Counter(monkeypatch, ScheduledInspectFeature, "inspect_tensor_enabled")
-    inspected = Counter(monkeypatch, log_tensor_stats.LogTensorStats, "_feed",
-                        record=lambda self, config, plan, layer, tensor, *args: (layer, tensor))
+    inspected = Counter(monkeypatch, log_tensor_stats.InspectPlan, "feed",
+                        record=lambda plan, layer, *args: (layer, plan.tensor_name))
     built = Counter(monkeypatch, DebugQuantizer, "__init__")
     torch.manual_seed(0)
     model = tedebug.convert_model(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(),
