@@ -72,7 +72,7 @@ class SortingDataset:
         while True:
             order = torch.randperm(self.train_x.shape[0], generator=generator)
             for start in range(0, order.numel() - batch_size + 1, batch_size):
-                index = order[start:start + batch_size]
+                index = order[start : start + batch_size]
                 yield self.train_x[index], self.train_y[index]
 
 
@@ -88,22 +88,26 @@ def _unique_rows(rows: torch.Tensor) -> torch.Tensor:
     return rows[keep]
 
 
-def make_sorting_dataset(n_train: int = 4096, n_val: int = 512, n_digits: int = 8, *,
-                         seed: int = 1234) -> SortingDataset:
+def make_sorting_dataset(
+    n_train: int = 4096, n_val: int = 512, n_digits: int = 8, *, seed: int = 1234
+) -> SortingDataset:
     """Draw `n_train` + `n_val` distinct digit strings of length `n_digits` from `seed` (validation strings never
     appear in training) and build the splits."""
     if n_train < 1 or n_val < 1 or n_digits < 1:
-        raise ValueError(f"make_sorting_dataset: n_train, n_val and n_digits must be >= 1, got "
-                         f"{n_train}, {n_val}, {n_digits}")
-    if n_train + n_val > 10 ** n_digits:
-        raise ValueError(f"make_sorting_dataset: only {10 ** n_digits} distinct strings of {n_digits} digits exist, "
-                         f"{n_train + n_val} requested")
+        raise ValueError(
+            f"make_sorting_dataset: n_train, n_val and n_digits must be >= 1, got {n_train}, {n_val}, {n_digits}"
+        )
+    if n_train + n_val > 10**n_digits:
+        raise ValueError(
+            f"make_sorting_dataset: only {10**n_digits} distinct strings of {n_digits} digits exist, "
+            f"{n_train + n_val} requested"
+        )
     generator = torch.Generator().manual_seed(seed)
     prompts = torch.empty(0, n_digits, dtype=torch.long)
     while prompts.shape[0] < n_train + n_val:  # redraw until enough distinct strings (rarely more than one round)
         draw = torch.randint(0, 10, (n_train + n_val, n_digits), generator=generator)
         prompts = _unique_rows(torch.cat([prompts, draw]))
-    prompts = prompts[:n_train + n_val]
+    prompts = prompts[: n_train + n_val]
     sequences = torch.stack([sorting_example(p) for p in prompts])
     train_x, train_y = inputs_and_targets(sequences[:n_train], n_digits)
     val_x, val_y = inputs_and_targets(sequences[n_train:], n_digits)

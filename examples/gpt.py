@@ -80,8 +80,9 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(config.n_embd)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
 
-    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None,
-                ignore_index: int = -100) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def forward(
+        self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None, ignore_index: int = -100
+    ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Logits ``[B, T, vocab]`` and, when `targets` is given, the mean cross-entropy over the targets that
         are not `ignore_index`."""
         time = idx.shape[1]

@@ -24,8 +24,7 @@ from tedebug.recipe import Float8CurrentScaling, MXFP8BlockScaling, NVFP4BlockSc
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 VOCAB = 128
-RECIPES = {"none": None, "current": Float8CurrentScaling(), "mxfp8": MXFP8BlockScaling(),
-           "nvfp4": NVFP4BlockScaling()}
+RECIPES = {"none": None, "current": Float8CurrentScaling(), "mxfp8": MXFP8BlockScaling(), "nvfp4": NVFP4BlockScaling()}
 
 
 def tiny_model(kind: str) -> torch.nn.Module:
@@ -33,16 +32,35 @@ def tiny_model(kind: str) -> torch.nn.Module:
 
     common = dict(vocab_size=VOCAB, max_position_embeddings=64)
     if kind == "llama":
-        return transformers.LlamaForCausalLM(transformers.LlamaConfig(
-            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            **common))
+        return transformers.LlamaForCausalLM(
+            transformers.LlamaConfig(
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                **common,
+            )
+        )
     if kind == "gpt2":
-        return transformers.GPT2LMHeadModel(transformers.GPT2Config(
-            vocab_size=VOCAB, n_positions=64, n_embd=64, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0))
+        return transformers.GPT2LMHeadModel(
+            transformers.GPT2Config(
+                vocab_size=VOCAB, n_positions=64, n_embd=64, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0
+            )
+        )
     if kind == "mixtral":
-        return transformers.MixtralForCausalLM(transformers.MixtralConfig(
-            hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            num_local_experts=4, num_experts_per_tok=2, **common))
+        return transformers.MixtralForCausalLM(
+            transformers.MixtralConfig(
+                hidden_size=64,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                num_local_experts=4,
+                num_experts_per_tok=2,
+                **common,
+            )
+        )
     raise ValueError(f"unknown model {kind!r}")
 
 

@@ -44,8 +44,9 @@ def record_files(log_dir: str) -> List[str]:
     pattern = os.path.join(log_dir, JSONL_DIR, "*.jsonl")
     files = sorted(glob.glob(pattern))
     if not files:
-        raise FileNotFoundError(f"no statistics record found: nothing matches {pattern} (was the run made with "
-                                f"log_dir={log_dir!r}?)")
+        raise FileNotFoundError(
+            f"no statistics record found: nothing matches {pattern} (was the run made with log_dir={log_dir!r}?)"
+        )
     return files
 
 
@@ -61,8 +62,7 @@ def parse_record(line: str, where: str) -> Optional[Row]:
         record = json.loads(line)
         if record["layer"] is None or record["tensor"] is None or record["stat"] is None:
             return None
-        return Row(int(record["iteration"]), record["layer"], record["tensor"], record["stat"],
-                   _record_value(record))
+        return Row(int(record["iteration"]), record["layer"], record["tensor"], record["stat"], _record_value(record))
     except (ValueError, KeyError, TypeError) as error:
         raise ValueError(f"{where}: not a tedebug statistics record ({error!r}): {line.strip()[:200]}") from error
 
@@ -138,8 +138,10 @@ def nonfinite_report(rows: Sequence[Row]) -> str:
                 first[key] = row
     if not first:
         return "Non-finite values (nan_count / inf_count): none"
-    lines = [f"  {r.layer} {r.tensor}: {r.stat}={format_value(r.value)} first at iteration {r.iteration}"
-             for r in sorted(first.values(), key=lambda r: (r.iteration, r.layer, r.tensor, r.stat))]
+    lines = [
+        f"  {r.layer} {r.tensor}: {r.stat}={format_value(r.value)} first at iteration {r.iteration}"
+        for r in sorted(first.values(), key=lambda r: (r.iteration, r.layer, r.tensor, r.stat))
+    ]
     return "\n".join(["Non-finite values (nan_count / inf_count):", *lines])
 
 

@@ -58,16 +58,26 @@ TENSORBOARD_SUBDIR = "tensorboard"
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Train a small GPT in low precision with a tedebug debug config.")
     parser.add_argument("--steps", type=int, default=400, help="training iterations (default 400)")
-    parser.add_argument("--config", default=None,
-                        help="debug config (default configs/demo.yaml; configs/demo_nvfp4.yaml for --recipe nvfp4)")
-    parser.add_argument("--recipe", choices=sorted(RECIPES), default="current",
-                        help="low-precision recipe (default current = FP8 per-tensor current scaling; bf16 = no "
-                             "quantization, torch.autocast to bfloat16)")
+    parser.add_argument(
+        "--config",
+        default=None,
+        help="debug config (default configs/demo.yaml; configs/demo_nvfp4.yaml for --recipe nvfp4)",
+    )
+    parser.add_argument(
+        "--recipe",
+        choices=sorted(RECIPES),
+        default="current",
+        help="low-precision recipe (default current = FP8 per-tensor current scaling; bf16 = no "
+        "quantization, torch.autocast to bfloat16)",
+    )
     parser.add_argument("--log-dir", default="runs/demo", help="where logs go (default runs/demo)")
     parser.add_argument("--device", default="auto", help="auto (CUDA when available, else CPU), cpu, cuda, cuda:1 ...")
-    parser.add_argument("--n-layer", type=int, default=2,
-                        help="transformer blocks (default 2; e.g. 32 gives 128 tedebug layers, to try the tools on a "
-                             "deep model)")
+    parser.add_argument(
+        "--n-layer",
+        type=int,
+        default=2,
+        help="transformer blocks (default 2; e.g. 32 gives 128 tedebug layers, to try the tools on a deep model)",
+    )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
@@ -97,10 +107,16 @@ def progress_bar(total: int, stream=None):
 
     stream = stream if stream is not None else sys.stdout
     interactive = hasattr(stream, "isatty") and stream.isatty()
-    return tqdm(total=total, file=stream, unit="step", ascii=not interactive, dynamic_ncols=interactive,
-                mininterval=0.1 if interactive else 0.0, miniters=None if interactive else max(1, total // 10),
-                bar_format="{l_bar}{bar:30}| step {n_fmt}/{total_fmt}{postfix} [{elapsed}<{remaining}, "
-                           "{rate_inv_fmt}]")
+    return tqdm(
+        total=total,
+        file=stream,
+        unit="step",
+        ascii=not interactive,
+        dynamic_ncols=interactive,
+        mininterval=0.1 if interactive else 0.0,
+        miniters=None if interactive else max(1, total // 10),
+        bar_format="{l_bar}{bar:30}| step {n_fmt}/{total_fmt}{postfix} [{elapsed}<{remaining}, {rate_inv_fmt}]",
+    )
 
 
 @dataclass
@@ -117,8 +133,9 @@ class DemoResult:
 
 
 @torch.no_grad()
-def validation_loss(model: GPT, data: SortingDataset, device: torch.device, recipe=None, *,
-                    low_precision: bool = False) -> float:
+def validation_loss(
+    model: GPT, data: SortingDataset, device: torch.device, recipe=None, *, low_precision: bool = False
+) -> float:
     """Mean loss over the validation answers, in high precision or (`low_precision`) in the training precision
     (`precision(recipe, device)`)."""
     model.eval()
@@ -147,9 +164,10 @@ def sorting_accuracy(model: GPT, data: SortingDataset, device: torch.device, n_s
     expected = torch.cat([data.val_x[:, prompt_len:], data.val_y[:, -1:]], dim=1).to(device)
     answers = sort_greedily(model, prompts, data.n_digits)[:, prompt_len:]
     correct = (answers == expected).all(dim=1)
-    samples = [f"{decode(p[:-1])} -> {decode(a)}  {'ok' if c else 'wrong (expected ' + decode(e) + ')'}"
-               for p, a, e, c in zip(prompts[:n_samples], answers[:n_samples], expected[:n_samples],
-                                     correct[:n_samples])]
+    samples = [
+        f"{decode(p[:-1])} -> {decode(a)}  {'ok' if c else 'wrong (expected ' + decode(e) + ')'}"
+        for p, a, e, c in zip(prompts[:n_samples], answers[:n_samples], expected[:n_samples], correct[:n_samples])
+    ]
     return correct.float().mean().item(), samples
 
 
@@ -188,16 +206,18 @@ def tensorboard_hint(tensorboard_dir: str, tag_filter: str = "summary/.*/max") -
     layer by default."""
     venv_tensorboard = os.path.join(os.path.dirname(sys.executable), "tensorboard")
     command = shown_path(venv_tensorboard) if os.path.isfile(venv_tensorboard) else "tensorboard"
-    return "\n".join([
-        f"Open TensorBoard: {command} --logdir {tensorboard_dir} --samples_per_plugin scalars=100000",
-        f"  then browse http://localhost:6006/?smoothing=0&tagFilter={tag_filter}#timeseries",
-        "  (summary/<tensor>/<stat>/max: the worst layer of each statistic; also p90 and median over layers; the "
-        "TEXT tab names the layer of the max)",
-        "  Change two settings, or the worst layer's line is cut off: TIME SERIES > Settings (right of the tag "
-        "filter): untick 'Ignore outliers in chart scaling';",
-        "  CUSTOM SCALARS (charts of at most 16 layers): untick 'Ignore outliers in chart scaling' and set "
-        "Smoothing to 0.",
-    ])
+    return "\n".join(
+        [
+            f"Open TensorBoard: {command} --logdir {tensorboard_dir} --samples_per_plugin scalars=100000",
+            f"  then browse http://localhost:6006/?smoothing=0&tagFilter={tag_filter}#timeseries",
+            "  (summary/<tensor>/<stat>/max: the worst layer of each statistic; also p90 and median over layers; the "
+            "TEXT tab names the layer of the max)",
+            "  Change two settings, or the worst layer's line is cut off: TIME SERIES > Settings (right of the tag "
+            "filter): untick 'Ignore outliers in chart scaling';",
+            "  CUSTOM SCALARS (charts of at most 16 layers): untick 'Ignore outliers in chart scaling' and set "
+            "Smoothing to 0.",
+        ]
+    )
 
 
 def learning_rate(step: int, total: int, peak: float, warmup: int = 20) -> float:
@@ -208,8 +228,14 @@ def learning_rate(step: int, total: int, peak: float, warmup: int = 20) -> float
     return peak * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
-def train(model: GPT, data: SortingDataset, args: argparse.Namespace, device: torch.device, recipe,
-          tensorboard: Optional[TensorBoardSink] = None) -> List[float]:
+def train(
+    model: GPT,
+    data: SortingDataset,
+    args: argparse.Namespace,
+    device: torch.device,
+    recipe,
+    tensorboard: Optional[TensorBoardSink] = None,
+) -> List[float]:
     """The training loop; returns the loss of every iteration (also logged to `tensorboard` as ``train/loss``)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     batches = data.batches(args.batch_size, seed=args.seed)
@@ -230,8 +256,9 @@ def train(model: GPT, data: SortingDataset, args: argparse.Namespace, device: to
         debug_api.step()  # ends the iteration: its statistics are reduced and written
         if not math.isfinite(losses[-1]):
             progress.close()
-            raise FloatingPointError(f"training loss became {losses[-1]} at step {step}; see the statistics "
-                                     f"(nan_count) in the logs")
+            raise FloatingPointError(
+                f"training loss became {losses[-1]} at step {step}; see the statistics (nan_count) in the logs"
+            )
         progress.set_postfix_str(f"loss {losses[-1]:.4f}", refresh=False)
         progress.update(1)
     progress.close()
@@ -251,10 +278,12 @@ def main(argv: Optional[Sequence[str]] = None) -> DemoResult:
         config = GPTConfig(vocab_size=len(VOCAB), block_size=data.seq_len, n_layer=args.n_layer)
         model = convert_to_tedebug(GPT(config)).to(device)
         n_params = sum(p.numel() for p in model.parameters())
-        print(f"Training a {model.config.n_layer}-layer GPT ({n_params / 1e3:.0f}k parameters) to sort "
-              f"{data.n_digits} digits on {device}, recipe {args.recipe} "
-              f"({type(recipe).__name__ if recipe is not None else 'torch.autocast to bfloat16'}), "
-              f"{args.steps} steps")
+        print(
+            f"Training a {model.config.n_layer}-layer GPT ({n_params / 1e3:.0f}k parameters) to sort "
+            f"{data.n_digits} digits on {device}, recipe {args.recipe} "
+            f"({type(recipe).__name__ if recipe is not None else 'torch.autocast to bfloat16'}), "
+            f"{args.steps} steps"
+        )
         print(f"Debug config: {shown_path(args.config)}; logs: {args.log_dir}")
         losses = train(model, data, args, device, recipe, tensorboard)
     finally:
@@ -263,16 +292,22 @@ def main(argv: Optional[Sequence[str]] = None) -> DemoResult:
     val_loss = validation_loss(model, data, device)
     val_loss_quantized = validation_loss(model, data, device, recipe, low_precision=True)
     accuracy, samples = sorting_accuracy(model, data, device)
-    print(f"\nValidation loss: {val_loss:.4f} in high precision, {val_loss_quantized:.4f} with {args.recipe} "
-          f"(chance: {math.log(10):.4f}); sorted exactly: {100 * accuracy:.1f}% of {data.val_x.shape[0]}")
+    print(
+        f"\nValidation loss: {val_loss:.4f} in high precision, {val_loss_quantized:.4f} with {args.recipe} "
+        f"(chance: {math.log(10):.4f}); sorted exactly: {100 * accuracy:.1f}% of {data.val_x.shape[0]}"
+    )
     for line in samples:
         print(f"  {line}")
     summary = summarize(args.log_dir)
     print(f"\n{summary}\n")
-    print(f"Statistics: text log under {os.path.join(args.log_dir, 'nvdlfw_inspect_statistics_logs')}, JSONL under "
-          f"{os.path.join(args.log_dir, 'tedebug_statistics')}")
-    print(f"Report: {shown_path(os.path.dirname(sys.executable))}/tedebug report {args.log_dir} "
-          f"-o {os.path.join(args.log_dir, 'report.html')}")
+    print(
+        f"Statistics: text log under {os.path.join(args.log_dir, 'nvdlfw_inspect_statistics_logs')}, JSONL under "
+        f"{os.path.join(args.log_dir, 'tedebug_statistics')}"
+    )
+    print(
+        f"Report: {shown_path(os.path.dirname(sys.executable))}/tedebug report {args.log_dir} "
+        f"-o {os.path.join(args.log_dir, 'report.html')}"
+    )
     print(tensorboard_hint(tensorboard_dir))
     return DemoResult(losses, val_loss, val_loss_quantized, accuracy, args.log_dir, summary, samples)
 

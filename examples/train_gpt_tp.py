@@ -50,10 +50,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--tp", type=int, default=None, help="tensor-parallel size (default: the world size)")
     p.add_argument("--sequence-parallel", action="store_true", help="split the residual stream along the sequence")
     p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--recipe", choices=["current", "none"], default="current",
-                   help="FP8 current scaling (default) or high precision")
-    p.add_argument("--config", default=os.path.join(REPO_ROOT, "configs", "demo.yaml"),
-                   help="debug config ('' for none)")
+    p.add_argument(
+        "--recipe",
+        choices=["current", "none"],
+        default="current",
+        help="FP8 current scaling (default) or high precision",
+    )
+    p.add_argument(
+        "--config", default=os.path.join(REPO_ROOT, "configs", "demo.yaml"), help="debug config ('' for none)"
+    )
     p.add_argument("--log-dir", default="runs/gpt_tp")
     p.add_argument("--batch-size", type=int, default=32, help="global batch (split over the data-parallel ranks)")
     p.add_argument("--n-layer", type=int, default=2)
@@ -95,8 +100,9 @@ class ParallelGPT(torch.nn.Module):
         self.sp = bool(args.sequence_parallel and tp_group is not None)
         self.wte = torch.nn.Embedding(vocab, args.n_embd, device=device)
         self.wpe = torch.nn.Embedding(block_size, args.n_embd, device=device)
-        self.blocks = torch.nn.ModuleList(Block(i, args.n_embd, args.n_head, tp_group, self.sp, device)
-                                          for i in range(args.n_layer))
+        self.blocks = torch.nn.ModuleList(
+            Block(i, args.n_embd, args.n_head, tp_group, self.sp, device) for i in range(args.n_layer)
+        )
         self.ln_f = torch.nn.LayerNorm(args.n_embd, device=device)
         self.lm_head = torch.nn.Linear(args.n_embd, vocab, bias=False, device=device)
         if self.sp:

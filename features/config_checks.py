@@ -67,13 +67,17 @@ def effective_configs(cfg: dict, uses_gemms: bool, uses_tensors: bool) -> Iterat
     top = _without(cfg, STRUCTURAL_KEYS)
     gemm_levels = [((), cfg, top)]
     if uses_gemms and isinstance(cfg.get("gemms_struct"), list):
-        gemm_levels = [(("gemms_struct", i), e, {**top, **_without(e, STRUCTURAL_KEYS)})
-                       for i, e in enumerate(entries(cfg, "gemms_struct"))]
+        gemm_levels = [
+            (("gemms_struct", i), e, {**top, **_without(e, STRUCTURAL_KEYS)})
+            for i, e in enumerate(entries(cfg, "gemms_struct"))
+        ]
     for path, level, merged in gemm_levels:
         if uses_tensors and isinstance(level.get("tensors_struct"), list):
             for j, entry in enumerate(entries(level, "tensors_struct")):
-                yield path + ("tensors_struct", j), {**merged, **_without(entry, STRUCTURAL_KEYS),
-                                                     "tensor": entry.get("tensor")}
+                yield (
+                    path + ("tensors_struct", j),
+                    {**merged, **_without(entry, STRUCTURAL_KEYS), "tensor": entry.get("tensor")},
+                )
         else:
             yield path, merged
 
@@ -86,7 +90,8 @@ def check_known_keys(feature: str, level: dict, allowed: Sequence[str], path: tu
         hint = closest(key, allowed)
         hint_text = f"; did you mean {hint!r}?" if hint else ""
         raise FeatureConfigError(
-            f"{feature}: unknown key {key!r}{hint_text} (valid keys here: {', '.join(allowed)})", path + (key,))
+            f"{feature}: unknown key {key!r}{hint_text} (valid keys here: {', '.join(allowed)})", path + (key,)
+        )
 
 
 def check_selection(feature: str, cfg: dict, uses_gemms: bool, uses_tensors: bool) -> None:
@@ -105,11 +110,14 @@ def check_selection(feature: str, cfg: dict, uses_gemms: bool, uses_tensors: boo
                     if not has_tensors(entry):
                         raise FeatureConfigError(
                             f"{feature}: the gemms_struct entry of gemm {entry.get('gemm')!r} lists no tensors; "
-                            f"{tensors_hint} inside the entry", ("gemms_struct", i))
+                            f"{tensors_hint} inside the entry",
+                            ("gemms_struct", i),
+                        )
             return
         if "gemms" not in cfg:
-            raise FeatureConfigError(f"{feature}: provide 'gemms: [...]' or 'gemms_struct: [...]' (the GEMMs it "
-                                     f"applies to)", ())
+            raise FeatureConfigError(
+                f"{feature}: provide 'gemms: [...]' or 'gemms_struct: [...]' (the GEMMs it applies to)", ()
+            )
     if uses_tensors and not has_tensors(cfg):
         raise FeatureConfigError(f"{feature}: {tensors_hint}", ())
 
@@ -126,8 +134,9 @@ def require_param(feature: str, params: dict, key: str, path: tuple, expected: s
     """The value of a required parameter; `FeatureConfigError` naming it when it is missing."""
     if key not in params or params[key] is None:
         where = "" if not params.get("tensor") else f" (tensor {params['tensor']!r})"
-        raise FeatureConfigError(f"{feature}: missing required parameter {key!r}{where}; expected {expected}",
-                                 path + (key,))
+        raise FeatureConfigError(
+            f"{feature}: missing required parameter {key!r}{where}; expected {expected}", path + (key,)
+        )
     return params[key]
 
 
@@ -135,6 +144,7 @@ def require_stats_list(feature: str, params: dict, path: tuple) -> list:
     """The non-empty ``stats`` list of an effective config; `FeatureConfigError` otherwise."""
     stats = require_param(feature, params, "stats", path, "a list of statistic names")
     if not isinstance(stats, list) or not stats:
-        raise FeatureConfigError(f"{feature}: 'stats' must be a non-empty list of statistic names, got {stats!r}",
-                                 path + ("stats",))
+        raise FeatureConfigError(
+            f"{feature}: 'stats' must be a non-empty list of statistic names, got {stats!r}", path + ("stats",)
+        )
     return stats

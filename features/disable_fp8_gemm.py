@@ -15,5 +15,8 @@ class DisableFP8GEMM(DisableQuantizationGEMM):
 
     def __init__(self) -> None:
         super().__init__()
-        warnings.warn("DisableFP8GEMM is deprecated; use DisableQuantizationGEMM (same parameters)",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "DisableFP8GEMM is deprecated; use DisableQuantizationGEMM (same parameters)",
+            DeprecationWarning,
+            stacklevel=2,
+        )

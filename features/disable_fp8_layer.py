@@ -15,5 +15,8 @@ class DisableFP8Layer(DisableQuantizationLayer):
 
     def __init__(self) -> None:
         super().__init__()
-        warnings.warn("DisableFP8Layer is deprecated; use DisableQuantizationLayer (same parameters)",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "DisableFP8Layer is deprecated; use DisableQuantizationLayer (same parameters)",
+            DeprecationWarning,
+            stacklevel=2,
+        )

@@ -29,9 +29,16 @@ class DisableQuantizationLayer(ValidatedFeature):
             raise FeatureConfigError(f"{cls.__name__}: the feature config must be a mapping, got {type(cfg).__name__}")
         check_known_keys(cls.__name__, cfg, ALLOWED_KEYS)
 
-    def parse_config_and_api(self, config: dict, *, gemm_parsing: bool = False, tensor_parsing: bool = False,
-                             gemm: Optional[str] = None, tensor_name: Optional[str] = None,
-                             **kwargs: Any) -> Tuple[bool, Optional[dict]]:
+    def parse_config_and_api(
+        self,
+        config: dict,
+        *,
+        gemm_parsing: bool = False,
+        tensor_parsing: bool = False,
+        gemm: Optional[str] = None,
+        tensor_name: Optional[str] = None,
+        **kwargs: Any,
+    ) -> Tuple[bool, Optional[dict]]:
         """Applies to every call of an enabled block; the config is passed through unparsed."""
         return bool(config.get("enabled")), config
 

@@ -75,8 +75,13 @@ def dump_stem(name: str) -> str:
 
 def dump_path(log_dir: str, rank: int, iteration: int, layer_name: str, tensor_name: str) -> str:
     """Where the dump of one (iteration, layer, tensor) goes."""
-    return os.path.join(log_dir, DUMP_DIR, f"rank_{rank}", f"iter_{iteration:06d}",
-                        f"{dump_stem(layer_name)}_{dump_stem(tensor_name)}.pt")
+    return os.path.join(
+        log_dir,
+        DUMP_DIR,
+        f"rank_{rank}",
+        f"iter_{iteration:06d}",
+        f"{dump_stem(layer_name)}_{dump_stem(tensor_name)}.pt",
+    )
 
 
 _PLAIN_ATTRIBUTE_TYPES = (str, int, float, bool)
@@ -85,8 +90,11 @@ _PLAIN_ATTRIBUTE_TYPES = (str, int, float, bool)
 def plain_quantized(obj: QuantizedTensor) -> dict:
     """A quantized tensor as a dict of tensors and plain values (see the module docstring); nothing is shared with
     `obj`."""
-    entry: dict = {"format": type(obj).__name__, "shape": list(obj.shape),
-                   "dtype": str(obj.dtype).replace("torch.", "")}
+    entry: dict = {
+        "format": type(obj).__name__,
+        "shape": list(obj.shape),
+        "dtype": str(obj.dtype).replace("torch.", ""),
+    }
     for key, value in vars(obj).items():
         if not key.startswith("_") and type(value) in _PLAIN_ATTRIBUTE_TYPES:
             entry[key] = value
@@ -123,26 +131,41 @@ class DumpTensors(ScheduledInspectFeature):
     def check_params(cls, params: dict, path: tuple) -> None:
         for flag in FLAGS:
             if flag in params and not isinstance(params[flag], bool):
-                raise FeatureConfigError(f"{cls.__name__}: {flag} must be true or false, got {params[flag]!r}",
-                                         path + (flag,))
+                raise FeatureConfigError(
+                    f"{cls.__name__}: {flag} must be true or false, got {params[flag]!r}", path + (flag,)
+                )
 
     @api_method
-    def inspect_tensor(self, config: dict, layer_name: str, tensor_name: str, iteration: int,
-                       tensor: Optional[torch.Tensor] = None, tp_group: Any = None, tp_size: int = 1,
-                       rowwise_quantized_tensor: Any = None, columnwise_quantized_tensor: Any = None,
-                       quantizer: Any = None) -> None:
+    def inspect_tensor(
+        self,
+        config: dict,
+        layer_name: str,
+        tensor_name: str,
+        iteration: int,
+        tensor: Optional[torch.Tensor] = None,
+        tp_group: Any = None,
+        tp_size: int = 1,
+        rowwise_quantized_tensor: Any = None,
+        columnwise_quantized_tensor: Any = None,
+        quantizer: Any = None,
+    ) -> None:
         if not scheduled_now(config, iteration):
             return
         name = type(self).__name__
         row, col = rowwise_quantized_tensor, columnwise_quantized_tensor
         if row is not None and col is not None and row is not col:
-            raise ValueError(f"{name}: layer {layer_name!r}, tensor {tensor_name}: the rowwise and columnwise GEMM "
-                             f"operands are different objects (a mixed plan: one GEMM quantized differently or not "
-                             f"at all); dump quantized_tensor only where both GEMMs use the same quantization")
+            raise ValueError(
+                f"{name}: layer {layer_name!r}, tensor {tensor_name}: the rowwise and columnwise GEMM "
+                f"operands are different objects (a mixed plan: one GEMM quantized differently or not "
+                f"at all); dump quantized_tensor only where both GEMMs use the same quantization"
+            )
         want_hp, want_q = config.get("high_precision_tensor", False), config.get("quantized_tensor", False)
         if not (want_hp or want_q):
-            log_once(f"Feature={name}: neither high_precision_tensor nor quantized_tensor is set for tensor "
-                     f"{tensor_name}; nothing is dumped", layer_name)
+            log_once(
+                f"Feature={name}: neither high_precision_tensor nor quantized_tensor is set for tensor "
+                f"{tensor_name}; nothing is dumped",
+                layer_name,
+            )
             return
         payload = {}
         if want_hp and tensor is not None:
@@ -151,14 +174,21 @@ class DumpTensors(ScheduledInspectFeature):
         if want_q and quantized is not None:
             payload["quantized"] = detached_clone(quantized)
         if not payload:
-            log_once(f"Feature={name}: tensor {tensor_name} has none of the requested representations; nothing is "
-                     f"dumped", layer_name, logging.WARNING)
+            log_once(
+                f"Feature={name}: tensor {tensor_name} has none of the requested representations; nothing is dumped",
+                layer_name,
+                logging.WARNING,
+            )
             return
         current = active.session()
         path = dump_path(current.log_dir, current.rank, iteration, layer_name, tensor_name)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         if os.path.exists(path):
-            current.log_message(f"Feature={name}: overwriting existing dump {path}", layer_name, logging.INFO,
-                                extra_cachable_args=(path, iteration))
+            current.log_message(
+                f"Feature={name}: overwriting existing dump {path}",
+                layer_name,
+                logging.INFO,
+                extra_cachable_args=(path, iteration),
+            )
         torch.save(payload, path)
         log_once(f"Feature={name}, API=inspect_tensor: {tensor_name}", layer_name)

@@ -50,8 +50,9 @@ def fake_quantize(tensor: torch.Tensor, quant_format: str) -> torch.Tensor:
         from tedebug.quantization.float8 import Float8Quantizer
 
         fmt = quant_format[3:]
-        quantizer = Float8Quantizer(fake_quant_fp8_scale(x, fmt), torch.zeros(1, device=x.device), fmt,
-                                    columnwise=False)
+        quantizer = Float8Quantizer(
+            fake_quant_fp8_scale(x, fmt), torch.zeros(1, device=x.device), fmt, columnwise=False
+        )
     elif quant_format.startswith("MXFP8"):
         from tedebug.quantization.mxfp8 import MXFP8Quantizer
 
@@ -74,8 +75,10 @@ class FakeQuant(ValidatedFeature):
     def check_params(cls, params: dict, path: tuple) -> None:
         fmt = require_param(cls.__name__, params, "quant_format", path, f"one of {list(QUANT_FORMATS)}")
         if fmt not in QUANT_FORMATS:
-            raise FeatureConfigError(f"{cls.__name__}: unsupported quant_format {fmt!r}; expected one of "
-                                     f"{list(QUANT_FORMATS)}", path + ("quant_format",))
+            raise FeatureConfigError(
+                f"{cls.__name__}: unsupported quant_format {fmt!r}; expected one of {list(QUANT_FORMATS)}",
+                path + ("quant_format",),
+            )
 
     @api_method
     def fp8_gemm_enabled(self, config: dict, layer_name: str, gemm: str, iteration: int):
@@ -86,17 +89,30 @@ class FakeQuant(ValidatedFeature):
         return True, iteration + 1
 
     @api_method
-    def modify_tensor(self, config: dict, layer_name: str, gemm: str, tensor_name: str,
-                      tensor: torch.Tensor, default_quantizer: Any = None, iteration: int = 0,
-                      dtype: Optional[torch.dtype] = None, out: Any = None):
+    def modify_tensor(
+        self,
+        config: dict,
+        layer_name: str,
+        gemm: str,
+        tensor_name: str,
+        tensor: torch.Tensor,
+        default_quantizer: Any = None,
+        iteration: int = 0,
+        dtype: Optional[torch.dtype] = None,
+        out: Any = None,
+    ):
         name = type(self).__name__
         check_known_keys(name, config, ("gemm", "tensor", "quant_format"))
         if "quant_format" not in config:
-            raise ValueError(f"{name}: layer {layer_name!r}, gemm {gemm}, tensor {tensor_name}: missing required "
-                             f"parameter 'quant_format' (one of {list(QUANT_FORMATS)})")
+            raise ValueError(
+                f"{name}: layer {layer_name!r}, gemm {gemm}, tensor {tensor_name}: missing required "
+                f"parameter 'quant_format' (one of {list(QUANT_FORMATS)})"
+            )
         if isinstance(tensor, QuantizedTensor) or not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{name}: layer {layer_name!r}, tensor {tensor_name}: expected a high-precision "
-                            f"torch.Tensor, got {type(tensor).__name__}")
+            raise TypeError(
+                f"{name}: layer {layer_name!r}, tensor {tensor_name}: expected a high-precision "
+                f"torch.Tensor, got {type(tensor).__name__}"
+            )
         result = fake_quantize(tensor, config["quant_format"])
         if dtype is not None:
             result = result.to(dtype)

@@ -67,22 +67,30 @@ def parse_fp8_stat(name: Any) -> Fp8StatName:
     recipe = None
     for candidate in FP8_RECIPE_NAMES + (RecipeName.NVFP4,):
         if body.startswith(candidate.value + "_"):
-            recipe, body = candidate.value, body[len(candidate.value) + 1:]
+            recipe, body = candidate.value, body[len(candidate.value) + 1 :]
             break
     delayed = RecipeName.DELAYED.value
     if recipe == RecipeName.NVFP4:
-        raise ValueError(f"LogFp8TensorStats: statistic {name!r} uses the nvfp4 recipe; NVFP4 statistics are logged "
-                         f"by the LogNvfp4TensorStats feature (stats: [underflows%, mse])")
+        raise ValueError(
+            f"LogFp8TensorStats: statistic {name!r} uses the nvfp4 recipe; NVFP4 statistics are logged "
+            f"by the LogNvfp4TensorStats feature (stats: [underflows%, mse])"
+        )
     if body not in FP8_STATS:
-        raise ValueError(f"LogFp8TensorStats: statistic {name!r} is not supported. Grammar: [<recipe>_]<stat>"
-                         f"[_columnwise] with recipe in {_RECIPE_VALUES} and stat in {list(FP8_STATS)}; "
-                         f"supported: {supported_fp8_stat_names()}")
+        raise ValueError(
+            f"LogFp8TensorStats: statistic {name!r} is not supported. Grammar: [<recipe>_]<stat>"
+            f"[_columnwise] with recipe in {_RECIPE_VALUES} and stat in {list(FP8_STATS)}; "
+            f"supported: {supported_fp8_stat_names()}"
+        )
     if body == "overflows%" and recipe not in (None, delayed):
-        raise ValueError(f"LogFp8TensorStats: statistic {name!r}: overflows% exists only for the "
-                         f"{delayed} recipe (bare overflows% under delayed scaling, or {delayed}_overflows%)")
+        raise ValueError(
+            f"LogFp8TensorStats: statistic {name!r}: overflows% exists only for the "
+            f"{delayed} recipe (bare overflows% under delayed scaling, or {delayed}_overflows%)"
+        )
     if columnwise and body == "overflows%":
-        raise ValueError(f"LogFp8TensorStats: statistic {name!r} is not supported: overflows% (delayed scaling, "
-                         f"per tensor) has no '_columnwise' form; supported: {supported_fp8_stat_names()}")
+        raise ValueError(
+            f"LogFp8TensorStats: statistic {name!r} is not supported: overflows% (delayed scaling, "
+            f"per tensor) has no '_columnwise' form; supported: {supported_fp8_stat_names()}"
+        )
     if columnwise:
         check_columnwise_recipe(name, recipe)
     return Fp8StatName(name, recipe, body, columnwise)
@@ -91,6 +99,8 @@ def parse_fp8_stat(name: Any) -> Fp8StatName:
 def check_columnwise_recipe(name: str, recipe: Optional[str]) -> None:
     """ValueError for a ``_columnwise`` statistic of a per-tensor recipe."""
     if recipe in PER_TENSOR_RECIPE_NAMES:
-        raise ValueError(f"LogFp8TensorStats: statistic {name!r}: '_columnwise' is not supported for the {recipe} "
-                         f"recipe (per-tensor scaling: the columnwise data is the transpose of the rowwise data; use "
-                         f"the statistic without '_columnwise')")
+        raise ValueError(
+            f"LogFp8TensorStats: statistic {name!r}: '_columnwise' is not supported for the {recipe} "
+            f"recipe (per-tensor scaling: the columnwise data is the transpose of the rowwise data; use "
+            f"the statistic without '_columnwise')"
+        )

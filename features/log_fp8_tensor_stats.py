@@ -67,8 +67,12 @@ def recipe_of(storage: QuantizedTensor) -> str:
     from tedebug.quantization.mxfp8 import MXFP8Tensor
     from tedebug.quantization.nvfp4 import NVFP4Tensor
 
-    by_type = ((MXFP8Tensor, RecipeName.MXFP8), (NVFP4Tensor, RecipeName.NVFP4),
-               (Float8BlockwiseTensor, RecipeName.BLOCK), (Float8Tensor, RecipeName.CURRENT))
+    by_type = (
+        (MXFP8Tensor, RecipeName.MXFP8),
+        (NVFP4Tensor, RecipeName.NVFP4),
+        (Float8BlockwiseTensor, RecipeName.BLOCK),
+        (Float8Tensor, RecipeName.CURRENT),
+    )
     for cls, recipe in by_type:
         if isinstance(storage, cls):
             return recipe.value
@@ -102,9 +106,11 @@ def make_what_if_quantizer(recipe: str, fp8_format: str) -> Quantizer:
 
         return Float8BlockQuantizer(fp8_format, block_scaling_dim=2, amax_epsilon=0.0, force_pow_2_scales=True)
     if recipe == RecipeName.DELAYED:
-        raise ValueError("LogFp8TensorStats: fp8_delayed_scaling statistics can only be computed when the tensor "
-                         "is trained with delayed scaling (a what-if delayed-scaling quantization needs the amax "
-                         "history, which does not exist)")
+        raise ValueError(
+            "LogFp8TensorStats: fp8_delayed_scaling statistics can only be computed when the tensor "
+            "is trained with delayed scaling (a what-if delayed-scaling quantization needs the amax "
+            "history, which does not exist)"
+        )
     raise ValueError(f"LogFp8TensorStats: no what-if quantizer for recipe {recipe!r}")
 
 
@@ -124,11 +130,15 @@ class _Plan:
 def _current_problem(stat: Fp8StatName, recipe: str) -> Optional[str]:
     """Why a training-recipe statistic cannot be computed for an operand trained with `recipe` (None: it can)."""
     if recipe == RecipeName.NVFP4:
-        return (f"the {stat.usage} operand is NVFP4; use LogNvfp4TensorStats for NVFP4 statistics, or prefix an FP8 "
-                f"recipe (mxfp8_, fp8_block_scaling_, fp8_current_scaling_) for a what-if statistic")
+        return (
+            f"the {stat.usage} operand is NVFP4; use LogNvfp4TensorStats for NVFP4 statistics, or prefix an FP8 "
+            f"recipe (mxfp8_, fp8_block_scaling_, fp8_current_scaling_) for a what-if statistic"
+        )
     if stat.columnwise and recipe in PER_TENSOR_RECIPE_NAMES:
-        return (f"'_columnwise' does not exist for the per-tensor recipe {recipe} (its columnwise data is the "
-                f"transpose of the rowwise data)")
+        return (
+            f"'_columnwise' does not exist for the per-tensor recipe {recipe} (its columnwise data is the "
+            f"transpose of the rowwise data)"
+        )
     if stat.stat == "overflows%" and recipe != RecipeName.DELAYED:
         return f"overflows% exists only for delayed scaling, but the tensor is trained with {recipe}"
     return None
@@ -158,22 +168,35 @@ def _request(stat: Fp8StatName, key: str) -> StatRequest:
     return StatRequest(stat.name, stat.stat, recipe=key, columnwise=stat.columnwise)
 
 
-def _fill_plan(plan: _Plan, stats: Tuple[Fp8StatName, ...], tensor_name: str, tensor: Optional[torch.Tensor],
-               operands: Dict[str, Any]) -> None:
+def _fill_plan(
+    plan: _Plan,
+    stats: Tuple[Fp8StatName, ...],
+    tensor_name: str,
+    tensor: Optional[torch.Tensor],
+    operands: Dict[str, Any],
+) -> None:
     """Requests of the statistics that can be computed; the others go to `plan.skipped` with their reason (a
     statistic never stops training: what cannot be known at config load is reported and skipped here)."""
     storages = {usage: storage_for(op, usage) for usage, op in operands.items()}
     for stat in stats:
         if tensor is None and stat.stat in STATS_NEEDING_TENSOR:
-            _skip(plan, "the high-precision tensor is not available (weight kept only in quantized form); only "
-                        "scale_inv_min / scale_inv_max / scale_inv_std can be logged", stat)
+            _skip(
+                plan,
+                "the high-precision tensor is not available (weight kept only in quantized form); only "
+                "scale_inv_min / scale_inv_max / scale_inv_std can be logged",
+                stat,
+            )
             continue
         storage = storages[stat.usage]
         current = recipe_of(storage) if storage is not None else None
         if stat.recipe is None or stat.recipe == current:
             if storage is None:
-                _skip(plan, f"its {stat.usage} GEMM operand runs in high precision (recipe-prefixed what-if "
-                            f"statistics such as mxfp8_mse work on high-precision tensors)", stat)
+                _skip(
+                    plan,
+                    f"its {stat.usage} GEMM operand runs in high precision (recipe-prefixed what-if "
+                    f"statistics such as mxfp8_mse work on high-precision tensors)",
+                    stat,
+                )
                 continue
             reason = _current_problem(stat, current) or _ensure_usage(plan, storage, stat.usage)
             if reason is not None:
@@ -183,12 +206,20 @@ def _fill_plan(plan: _Plan, stats: Tuple[Fp8StatName, ...], tensor_name: str, te
             key = CURRENT_KEY
         else:
             if stat.recipe == RecipeName.DELAYED:
-                _skip(plan, "fp8_delayed_scaling statistics need a tensor trained with delayed scaling (a what-if "
-                            "delayed-scaling quantization would need an amax history, which does not exist)", stat)
+                _skip(
+                    plan,
+                    "fp8_delayed_scaling statistics need a tensor trained with delayed scaling (a what-if "
+                    "delayed-scaling quantization would need an amax history, which does not exist)",
+                    stat,
+                )
                 continue
             if tensor is None:
-                _skip(plan, "a what-if statistic quantizes the high-precision tensor, which is not available "
-                            "(weight kept only in quantized form)", stat)
+                _skip(
+                    plan,
+                    "a what-if statistic quantizes the high-precision tensor, which is not available "
+                    "(weight kept only in quantized form)",
+                    stat,
+                )
                 continue
             if stat.recipe not in plan.what_if:
                 plan.what_if.append(stat.recipe)
@@ -204,8 +235,9 @@ def _current_view(plan: _Plan) -> Optional[QuantizedTensor]:
         return row if row is not None else col
     from tedebug.quantization.hybrid import HybridQuantizedTensor
 
-    return HybridQuantizedTensor(row.shape, row.dtype, row.device, None, rowwise_sub_storage=row,
-                                 columnwise_sub_storage=col)
+    return HybridQuantizedTensor(
+        row.shape, row.dtype, row.device, None, rowwise_sub_storage=row, columnwise_sub_storage=col
+    )
 
 
 def _restore(plan: _Plan) -> None:
@@ -230,10 +262,19 @@ class LogFp8TensorStats(ScheduledInspectFeature):
                 raise FeatureConfigError(str(err), path + ("stats", i)) from err
 
     @api_method
-    def inspect_tensor(self, config: dict, layer_name: str, tensor_name: str, iteration: int,
-                       tensor: Optional[torch.Tensor] = None, tp_group: Any = None, tp_size: int = 1,
-                       rowwise_quantized_tensor: Any = None, columnwise_quantized_tensor: Any = None,
-                       quantizer: Optional[Quantizer] = None) -> None:
+    def inspect_tensor(
+        self,
+        config: dict,
+        layer_name: str,
+        tensor_name: str,
+        iteration: int,
+        tensor: Optional[torch.Tensor] = None,
+        tp_group: Any = None,
+        tp_size: int = 1,
+        rowwise_quantized_tensor: Any = None,
+        columnwise_quantized_tensor: Any = None,
+        quantizer: Optional[Quantizer] = None,
+    ) -> None:
         if not scheduled_now(config, iteration):
             return
         name = type(self).__name__
@@ -250,11 +291,13 @@ class LogFp8TensorStats(ScheduledInspectFeature):
                 except (ValueError, TypeError, RuntimeError) as err:  # e.g. a shape the format cannot take
                     dropped = [r.name for r in plan.requests if r.recipe == recipe]
                     plan.requests = [r for r in plan.requests if r.recipe != recipe]
-                    plan.skipped.setdefault(f"the what-if {recipe} quantization of shape {tuple(tensor.shape)} "
-                                            f"failed: {err}", []).extend(dropped)
+                    plan.skipped.setdefault(
+                        f"the what-if {recipe} quantization of shape {tuple(tensor.shape)} failed: {err}", []
+                    ).extend(dropped)
             for reason, names in plan.skipped.items():
-                log_once(f"Feature={name}: skipping {names} of tensor {tensor_name}: {reason}", layer_name,
-                         logging.WARNING)
+                log_once(
+                    f"Feature={name}: skipping {names} of tensor {tensor_name}: {reason}", layer_name, logging.WARNING
+                )
             if not plan.requests:
                 return
             view = _current_view(plan)
@@ -267,13 +310,24 @@ class LogFp8TensorStats(ScheduledInspectFeature):
             requests = memoized("LogFp8TensorStats.requests", requests, lambda: requests)
             try:
                 current.stats.feed(
-                    layer_name, tensor_name, requests, tensor, iteration=iteration,
-                    options=schedule_options(config) + (MARKER,), quantized=plan.quantized,
-                    reduction_group=group, skip_reduction=skip, is_weight=is_weight,
+                    layer_name,
+                    tensor_name,
+                    requests,
+                    tensor,
+                    iteration=iteration,
+                    options=schedule_options(config) + (MARKER,),
+                    quantized=plan.quantized,
+                    reduction_group=group,
+                    skip_reduction=skip,
+                    is_weight=is_weight,
                 )
             except (ValueError, TypeError, RuntimeError) as err:  # a statistic never stops training
-                log_once(f"Feature={name}: skipping {[r.name for r in plan.requests]} of tensor {tensor_name}: "
-                         f"computing them failed: {err}", layer_name, logging.WARNING)
+                log_once(
+                    f"Feature={name}: skipping {[r.name for r in plan.requests]} of tensor {tensor_name}: "
+                    f"computing them failed: {err}",
+                    layer_name,
+                    logging.WARNING,
+                )
         finally:
             _restore(plan)
         log_once(f"Feature={name}, API=inspect_tensor: {tensor_name}", layer_name)

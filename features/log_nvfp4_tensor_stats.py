@@ -63,15 +63,26 @@ class LogNvfp4TensorStats(ScheduledInspectFeature):
         stats = require_stats_list(cls.__name__, params, path)
         for i, entry in enumerate(stats):
             if entry not in NVFP4_STATS:
-                raise FeatureConfigError(f"{cls.__name__}: statistic {entry!r} is not supported; supported stats: "
-                                         f"{list(NVFP4_STATS)} (logged as {[PREFIX + s for s in NVFP4_STATS]})",
-                                         path + ("stats", i))
+                raise FeatureConfigError(
+                    f"{cls.__name__}: statistic {entry!r} is not supported; supported stats: "
+                    f"{list(NVFP4_STATS)} (logged as {[PREFIX + s for s in NVFP4_STATS]})",
+                    path + ("stats", i),
+                )
 
     @api_method
-    def inspect_tensor(self, config: dict, layer_name: str, tensor_name: str, iteration: int,
-                       tensor: Optional[torch.Tensor] = None, tp_group: Any = None, tp_size: int = 1,
-                       rowwise_quantized_tensor: Any = None, columnwise_quantized_tensor: Any = None,
-                       quantizer: Optional[Quantizer] = None) -> None:
+    def inspect_tensor(
+        self,
+        config: dict,
+        layer_name: str,
+        tensor_name: str,
+        iteration: int,
+        tensor: Optional[torch.Tensor] = None,
+        tp_group: Any = None,
+        tp_size: int = 1,
+        rowwise_quantized_tensor: Any = None,
+        columnwise_quantized_tensor: Any = None,
+        quantizer: Optional[Quantizer] = None,
+    ) -> None:
         from tedebug.quantization.nvfp4 import NVFP4Tensor
 
         if not scheduled_now(config, iteration):
@@ -82,9 +93,12 @@ class LogNvfp4TensorStats(ScheduledInspectFeature):
             if stat not in NVFP4_STATS:
                 raise ValueError(f"{name}: statistic {stat!r} is not supported; supported stats: {list(NVFP4_STATS)}")
         if tensor is None:
-            log_once(f"Feature={name}: skipping {list(stats)} of tensor {tensor_name}: they need the high-precision "
-                     f"tensor, which is not available (weight kept only in quantized form)", layer_name,
-                     logging.WARNING)
+            log_once(
+                f"Feature={name}: skipping {list(stats)} of tensor {tensor_name}: they need the high-precision "
+                f"tensor, which is not available (weight kept only in quantized form)",
+                layer_name,
+                logging.WARNING,
+            )
             return
         source = usage = None
         for usage, operand in (("rowwise", rowwise_quantized_tensor), ("columnwise", columnwise_quantized_tensor)):
@@ -97,19 +111,33 @@ class LogNvfp4TensorStats(ScheduledInspectFeature):
             try:
                 source = what_if_nvfp4(tensor_name, tensor)
             except (ValueError, TypeError, RuntimeError) as err:
-                log_once(f"Feature={name}: skipping {list(stats)} of tensor {tensor_name}: the what-if NVFP4 "
-                         f"quantization of shape {tuple(tensor.shape)} failed: {err}", layer_name, logging.WARNING)
+                log_once(
+                    f"Feature={name}: skipping {list(stats)} of tensor {tensor_name}: the what-if NVFP4 "
+                    f"quantization of shape {tuple(tensor.shape)} failed: {err}",
+                    layer_name,
+                    logging.WARNING,
+                )
                 return
         current = active.session()
         group, skip, is_weight = reduction_args(current, tensor_name, tp_group, tp_size)
         try:
             current.stats.feed(
-                layer_name, tensor_name, [nvfp4_request(s, usage) for s in stats], tensor, iteration=iteration,
-                options=schedule_options(config) + (MARKER,), quantized={MARKER: source},
-                reduction_group=group, skip_reduction=skip, is_weight=is_weight,
+                layer_name,
+                tensor_name,
+                [nvfp4_request(s, usage) for s in stats],
+                tensor,
+                iteration=iteration,
+                options=schedule_options(config) + (MARKER,),
+                quantized={MARKER: source},
+                reduction_group=group,
+                skip_reduction=skip,
+                is_weight=is_weight,
             )
         except (ValueError, TypeError, RuntimeError) as err:  # a statistic never stops training
-            log_once(f"Feature={name}: skipping {list(stats)} of tensor {tensor_name}: computing them failed: {err}",
-                     layer_name, logging.WARNING)
+            log_once(
+                f"Feature={name}: skipping {list(stats)} of tensor {tensor_name}: computing them failed: {err}",
+                layer_name,
+                logging.WARNING,
+            )
             return
         log_once(f"Feature={name}, API=inspect_tensor: {tensor_name}", layer_name)

@@ -53,10 +53,19 @@ class LogTensorStats(ScheduledInspectFeature):
                 raise FeatureConfigError(f"{cls.__name__}: {err}", path + ("stats", i)) from err
 
     @api_method
-    def inspect_tensor(self, config: dict, layer_name: str, tensor_name: str, iteration: int,
-                       tensor: Optional[torch.Tensor] = None, tp_group: Any = None, tp_size: int = 1,
-                       rowwise_quantized_tensor: Any = None, columnwise_quantized_tensor: Any = None,
-                       quantizer: Any = None) -> None:
+    def inspect_tensor(
+        self,
+        config: dict,
+        layer_name: str,
+        tensor_name: str,
+        iteration: int,
+        tensor: Optional[torch.Tensor] = None,
+        tp_group: Any = None,
+        tp_size: int = 1,
+        rowwise_quantized_tensor: Any = None,
+        columnwise_quantized_tensor: Any = None,
+        quantizer: Any = None,
+    ) -> None:
         plan = inspect_plan(config, tensor_name, type(self).__name__)
         plan.feed(layer_name, iteration, tensor, tp_group, tp_size, rowwise_quantized_tensor)
 
@@ -67,8 +76,15 @@ class LogTensorStats(ScheduledInspectFeature):
         `inspect_tensor`).  The plan is looked up once: a route's config does not change during its session."""
         feed = inspect_plan(config, tensor_name, type(self).__name__).feed
 
-        def call(iteration: int, tensor: Optional[torch.Tensor], tp_group: Any, tp_size: int,
-                 rowwise_quantized_tensor: Any, columnwise_quantized_tensor: Any, quantizer: Any) -> None:
+        def call(
+            iteration: int,
+            tensor: Optional[torch.Tensor],
+            tp_group: Any,
+            tp_size: int,
+            rowwise_quantized_tensor: Any,
+            columnwise_quantized_tensor: Any,
+            quantizer: Any,
+        ) -> None:
             feed(layer_name, iteration, tensor, tp_group, tp_size, rowwise_quantized_tensor)
 
         return call
@@ -76,8 +92,15 @@ class LogTensorStats(ScheduledInspectFeature):
 
 def inspect_plan(config: dict, tensor_name: Optional[str], feature_name: str = "LogTensorStats") -> "InspectPlan":
     """The session's `InspectPlan` for this config content, tensor name and feature class name."""
-    key = (feature_name, tensor_name, config.get("stats"), config.get("freq"), config.get("start_step"),
-           config.get("end_step"), config.get("start_end_list"))
+    key = (
+        feature_name,
+        tensor_name,
+        config.get("stats"),
+        config.get("freq"),
+        config.get("start_step"),
+        config.get("end_step"),
+        config.get("start_end_list"),
+    )
     return memo.memoized("LogTensorStats.plan", key, lambda: InspectPlan(config, tensor_name, feature_name))
 
 
@@ -97,8 +120,15 @@ class InspectPlan:
         #: tensor shape -> (the requests that fit it, warnings for the others); used only with blockwise requests
         self.by_shape: Optional[Dict[torch.Size, tuple]] = None
 
-    def feed(self, layer_name: str, iteration: int, tensor: Optional[torch.Tensor], tp_group: Any, tp_size: int,
-             rowwise_quantized_tensor: Any) -> None:
+    def feed(
+        self,
+        layer_name: str,
+        iteration: int,
+        tensor: Optional[torch.Tensor],
+        tp_group: Any,
+        tp_size: int,
+        rowwise_quantized_tensor: Any,
+    ) -> None:
         """Feed the tensor's statistics to the stats engine when the schedule is active at `iteration`."""
         if not self.schedule.is_active(iteration):
             return
@@ -112,8 +142,17 @@ class InspectPlan:
                 return
         current = active.session()
         group, skip, is_weight = reduction_args(current, self.tensor_name, tp_group, tp_size)
-        current.stats.feed(layer_name, self.tensor_name, requests, x, iteration=iteration, options=self.options,
-                           reduction_group=group, skip_reduction=skip, is_weight=is_weight)
+        current.stats.feed(
+            layer_name,
+            self.tensor_name,
+            requests,
+            x,
+            iteration=iteration,
+            options=self.options,
+            reduction_group=group,
+            skip_reduction=skip,
+            is_weight=is_weight,
+        )
         log_once(self.message, layer_name)
 
     def _parse_requests(self) -> Tuple[StatRequest, ...]:
@@ -133,8 +172,10 @@ class InspectPlan:
                 if reason is None:
                     kept.append(request)
                 else:
-                    warnings.append(f"Feature=LogTensorStats: skipping {request.name} for tensor {self.tensor_name} "
-                                    f"of shape {list(x.shape)}: {reason}")
+                    warnings.append(
+                        f"Feature=LogTensorStats: skipping {request.name} for tensor {self.tensor_name} "
+                        f"of shape {list(x.shape)}: {reason}"
+                    )
             entry = self.by_shape[x.shape] = (requests if not warnings else tuple(kept), tuple(warnings))
         for warning in entry[1]:
             log_once(warning, layer_name, logging.WARNING)
@@ -153,8 +194,7 @@ def blockwise_misfit(request: StatRequest, shape: torch.Size) -> Optional[str]:
     return None
 
 
-def high_precision_input(layer_name: str, tensor_name: str, tensor: Any, rowwise_quantized_tensor: Any
-                         ) -> torch.Tensor:
+def high_precision_input(layer_name: str, tensor_name: str, tensor: Any, rowwise_quantized_tensor: Any) -> torch.Tensor:
     """The tensor to measure: `tensor`, or (when None: a weight kept only in quantized form) the dequantized
     rowwise operand.  Quantized or integer tensors are rejected."""
     if tensor is None:
@@ -163,8 +203,10 @@ def high_precision_input(layer_name: str, tensor_name: str, tensor: Any, rowwise
             return source.dequantize()
         if isinstance(source, torch.Tensor) and source.is_floating_point():
             return source
-        raise ValueError(f"LogTensorStats: layer {layer_name!r}, tensor {tensor_name!r}: no high-precision tensor "
-                         f"and no quantized rowwise tensor to dequantize (got {type(source).__name__})")
+        raise ValueError(
+            f"LogTensorStats: layer {layer_name!r}, tensor {tensor_name!r}: no high-precision tensor "
+            f"and no quantized rowwise tensor to dequantize (got {type(source).__name__})"
+        )
     if isinstance(tensor, QuantizedTensor) or not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
         kind = type(tensor).__name__ if not isinstance(tensor, torch.Tensor) else f"a {tensor.dtype} tensor"
         raise ValueError(

@@ -31,10 +31,15 @@ def current_scaling_quantizer(default_quantizer: Optional[Quantizer], where: str
 
     recipe = getattr(default_quantizer, "recipe_name", None)
     if default_quantizer is None or recipe not in PER_TENSOR_RECIPE_NAMES:
-        what = "no quantizer (the layer runs outside autocast)" if default_quantizer is None else (
-            f"recipe {recipe or '<none>'!r} ({type(default_quantizer).__name__})")
-        raise ValueError(f"PerTensorScaling ({where}) works only under a per-tensor FP8 recipe "
-                         f"({RecipeName.DELAYED} or {RecipeName.CURRENT}); the layer has {what}")
+        what = (
+            "no quantizer (the layer runs outside autocast)"
+            if default_quantizer is None
+            else (f"recipe {recipe or '<none>'!r} ({type(default_quantizer).__name__})")
+        )
+        raise ValueError(
+            f"PerTensorScaling ({where}) works only under a per-tensor FP8 recipe "
+            f"({RecipeName.DELAYED} or {RecipeName.CURRENT}); the layer has {what}"
+        )
     return Float8CurrentScalingQuantizer(default_quantizer.fp8_format, amax_epsilon=0.0, force_pow_2_scales=False)
 
 
@@ -48,30 +53,45 @@ class PerTensorScaling(ValidatedFeature):
     def check_params(cls, params: dict, path: tuple) -> None:
         tensor = params.get("tensor")
         if tensor is not None and tensor not in TENSORS:
-            raise FeatureConfigError(f"{cls.__name__}: tensor {tensor!r} cannot be scaled (GEMM outputs are not "
-                                     f"quantized); expected one of {list(TENSORS)}", path + ("tensor",))
+            raise FeatureConfigError(
+                f"{cls.__name__}: tensor {tensor!r} cannot be scaled (GEMM outputs are not "
+                f"quantized); expected one of {list(TENSORS)}",
+                path + ("tensor",),
+            )
 
     @classmethod
     def validate_feature_config(cls, cfg: dict) -> None:
         super().validate_feature_config(cfg)
         tensors = cfg.get("tensors")
         listed = [tensors] if isinstance(tensors, str) else list(tensors or [])
-        for entry in (cfg.get("gemms_struct") or []):
+        for entry in cfg.get("gemms_struct") or []:
             more = entry.get("tensors") if isinstance(entry, dict) else None
             listed += [more] if isinstance(more, str) else list(more or [])
         for name in listed:
             if name not in TENSORS:
-                raise FeatureConfigError(f"{cls.__name__}: tensor {name!r} cannot be scaled (GEMM outputs are not "
-                                         f"quantized); expected one of {list(TENSORS)}", ("tensors",))
+                raise FeatureConfigError(
+                    f"{cls.__name__}: tensor {name!r} cannot be scaled (GEMM outputs are not "
+                    f"quantized); expected one of {list(TENSORS)}",
+                    ("tensors",),
+                )
 
     @api_method
     def modify_tensor_enabled(self, config: dict, layer_name: str, gemm: str, tensor_name: str, iteration: int):
         return True, iteration + 1
 
     @api_method
-    def modify_tensor(self, config: dict, layer_name: str, gemm: str, tensor_name: str,
-                      tensor: torch.Tensor, default_quantizer: Optional[Quantizer] = None, iteration: int = 0,
-                      dtype: Optional[torch.dtype] = None, out: Any = None):
+    def modify_tensor(
+        self,
+        config: dict,
+        layer_name: str,
+        gemm: str,
+        tensor_name: str,
+        tensor: torch.Tensor,
+        default_quantizer: Optional[Quantizer] = None,
+        iteration: int = 0,
+        dtype: Optional[torch.dtype] = None,
+        out: Any = None,
+    ):
         check_known_keys(type(self).__name__, config, ("gemm", "tensor"))
         where = f"layer {layer_name!r}, gemm {gemm}, tensor {tensor_name}"
         quantizer = current_scaling_quantizer(default_quantizer, where)

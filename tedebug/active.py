@@ -52,7 +52,8 @@ def get_iteration() -> int:
     return session().iteration
 
 
-def log_message(message: str, layer_name: Optional[str] = None, level: int = logging.INFO,
-                extra_cachable_args: Any = None) -> None:
+def log_message(
+    message: str, layer_name: Optional[str] = None, level: int = logging.INFO, extra_cachable_args: Any = None
+) -> None:
     """Write `message` to the main log once per distinct (layer, message, extra_cachable_args) in this session."""
     session().log_message(message, layer_name, level, extra_cachable_args)

@@ -40,7 +40,7 @@ from tedebug.backends import dispatch, torch_ref
 @functools.lru_cache(maxsize=None)
 def _sleep_cycles_per_ms() -> float:
     """GPU clock cycles of `torch.cuda._sleep` per millisecond (measured once)."""
-    cycles = 10 ** 7
+    cycles = 10**7
     torch.cuda._sleep(cycles // 10)  # wake the clocks up
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -50,8 +50,9 @@ def _sleep_cycles_per_ms() -> float:
     return cycles / max(start.elapsed_time(end), 1e-3)
 
 
-def time_us(fn: Callable[[torch.Tensor], object], buffers: Sequence[torch.Tensor], iters: int, warmup: int,
-            queue: bool = True) -> float:
+def time_us(
+    fn: Callable[[torch.Tensor], object], buffers: Sequence[torch.Tensor], iters: int, warmup: int, queue: bool = True
+) -> float:
     """Mean GPU microseconds per call of fn(buffer), rotating over `buffers`.
 
     With `queue` the timed calls are enqueued behind a GPU spin-wait (`torch.cuda._sleep`) that lasts longer
@@ -90,7 +91,8 @@ def _torch_mxfp8(x):
     with dispatch.use_backend("torch"):
         q = MXFP8Quantizer("E4M3").quantize(x)
         return [torch_ref.underflow_partials(x, q, u) for u in ("rowwise", "columnwise")] + [
-            torch_ref.mse_partials(x, q, u) for u in ("rowwise", "columnwise")]
+            torch_ref.mse_partials(x, q, u) for u in ("rowwise", "columnwise")
+        ]
 
 
 def _kernel_mxfp8(x):
@@ -111,8 +113,11 @@ def _fp8_current_quantizer():
 def _torch_fp8(x):
     with dispatch.use_backend("torch"):
         q = _fp8_current_quantizer().quantize(x)
-        return (torch_ref.underflow_partials(x, q, "rowwise"), torch_ref.mse_partials(x, q, "rowwise"),
-                torch_ref.overflow_partials(x, q, "rowwise"))
+        return (
+            torch_ref.underflow_partials(x, q, "rowwise"),
+            torch_ref.mse_partials(x, q, "rowwise"),
+            torch_ref.overflow_partials(x, q, "rowwise"),
+        )
 
 
 def _kernel_fp8(x):
@@ -168,12 +173,24 @@ def bench_size(n: int, iters: int, warmup: int, nbuf: int) -> List[Dict[str, obj
         ("basic statistics", lambda x: torch_ref.basic_partials(x), _kernel_stats, in_bytes),
         ("MXFP8 row+col + err stats", _torch_mxfp8, _kernel_mxfp8, in_bytes + 2 * numel + 2 * numel // 32),
         ("FP8 current cast+transpose", _torch_fp8, _kernel_fp8, 2 * in_bytes + 2 * numel),
-        ("NVFP4 row+col (amax + quantize)", _quantizer_pair(_nvfp4, "torch"), _quantizer_pair(_nvfp4, "cupy"),
-         2 * in_bytes + numel + numel // 8),
-        ("FP8 block 1x128 row+col", _quantizer_pair(_fp8_block(1), "torch"), _quantizer_pair(_fp8_block(1), "cupy"),
-         in_bytes + 2 * numel + numel // 16),
-        ("FP8 block 128x128 row+col", _quantizer_pair(_fp8_block(2), "torch"),
-         _quantizer_pair(_fp8_block(2), "cupy"), in_bytes + 2 * numel + 8 * numel // (128 * 128)),
+        (
+            "NVFP4 row+col (amax + quantize)",
+            _quantizer_pair(_nvfp4, "torch"),
+            _quantizer_pair(_nvfp4, "cupy"),
+            2 * in_bytes + numel + numel // 8,
+        ),
+        (
+            "FP8 block 1x128 row+col",
+            _quantizer_pair(_fp8_block(1), "torch"),
+            _quantizer_pair(_fp8_block(1), "cupy"),
+            in_bytes + 2 * numel + numel // 16,
+        ),
+        (
+            "FP8 block 128x128 row+col",
+            _quantizer_pair(_fp8_block(2), "torch"),
+            _quantizer_pair(_fp8_block(2), "cupy"),
+            in_bytes + 2 * numel + 8 * numel // (128 * 128),
+        ),
     ]
     for name, torch_fn, kernel_fn, nbytes in cases:
         t_us = time_us(torch_fn, bufs, torch_iters, 1, queue=False)
@@ -228,13 +245,25 @@ def median_rows(samples: Dict[str, List[float]]) -> List[Dict[str, object]]:
     """One row per setting (in insertion order): the median of its rounds and their range."""
     import statistics
 
-    return [{"setting": label, "ms": statistics.median(v), "min_ms": min(v), "max_ms": max(v)}
-            for label, v in samples.items()]
+    return [
+        {"setting": label, "ms": statistics.median(v), "min_ms": min(v), "max_ms": max(v)}
+        for label, v in samples.items()
+    ]
 
 
-def bench_end_to_end(layers: int = 12, hidden: int = 2048, heads: int = 16, batch: int = 8, seq: int = 1024,
-                     iters: int = 20, warmup: int = 3, rounds: int = 5, device: str = "cuda",
-                     dtype: torch.dtype = torch.bfloat16, fp8: bool = False) -> List[Dict[str, object]]:
+def bench_end_to_end(
+    layers: int = 12,
+    hidden: int = 2048,
+    heads: int = 16,
+    batch: int = 8,
+    seq: int = 1024,
+    iters: int = 20,
+    warmup: int = 3,
+    rounds: int = 5,
+    device: str = "cuda",
+    dtype: torch.dtype = torch.bfloat16,
+    fp8: bool = False,
+) -> List[Dict[str, object]]:
     """ms per training step of the GPT-style stack in three debug settings (see the module docstring), and with
     `fp8` three more under ``tedebug.autocast(recipe=Float8CurrentScaling())``: no debug_api (the baseline of
     those rows), LogFp8TensorStats (underflows%, mse, scale_inv_min, scale_inv_max) on activation, weight and
@@ -259,8 +288,11 @@ def bench_end_to_end(layers: int = 12, hidden: int = 2048, heads: int = 16, batc
     on_gpu = torch.device(device).type == "cuda"
 
     def one(recipe) -> None:
-        with tedebug.autocast(enabled=recipe is not None, recipe=recipe) if recipe is not None \
-                else contextlib.nullcontext():
+        with (
+            tedebug.autocast(enabled=recipe is not None, recipe=recipe)
+            if recipe is not None
+            else contextlib.nullcontext()
+        ):
             y = model(x)
         y.float().square().mean().backward()
         opt.step()
@@ -279,29 +311,40 @@ def bench_end_to_end(layers: int = 12, hidden: int = 2048, heads: int = 16, batc
                 debug_api.end_debug()
 
     def section(name: str, **features: dict) -> dict:
-        return {name: {"enabled": True, "layers": {"layer_types": ["all"]}, "transformer_engine": {
-            feature: {"enabled": True, **params} for feature, params in features.items()}}}
+        return {
+            name: {
+                "enabled": True,
+                "layers": {"layer_types": ["all"]},
+                "transformer_engine": {feature: {"enabled": True, **params} for feature, params in features.items()},
+            }
+        }
 
     stats = ["min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range"]
     fp8_stats = ["underflows%", "mse", "scale_inv_min", "scale_inv_max"]
     tensors = ["activation", "weight", "gradient", "output", "wgrad", "dgrad"]
     inputs = ["activation", "weight", "gradient"]
     gemms = 4 * layers
-    idle = section("idle", LogTensorStats={"stats": stats, "tensors": tensors, "start_step": 10 ** 9})
+    idle = section("idle", LogTensorStats={"stats": stats, "tensors": tensors, "start_step": 10**9})
     full = section("all", LogTensorStats={"stats": stats, "tensors": tensors, "freq": 1})
     # (label, config, recipe or None, index of the baseline row, tensors fed per step)
-    settings = [("no debug_api (baseline)", None, None, 0, 0), ("initialised, nothing active", idle, None, 0, 0),
-                (f"LogTensorStats, 6 tensors x {gemms} GEMMs, freq 1", full, None, 0, 6 * gemms)]
+    settings = [
+        ("no debug_api (baseline)", None, None, 0, 0),
+        ("initialised, nothing active", idle, None, 0, 0),
+        (f"LogTensorStats, 6 tensors x {gemms} GEMMs, freq 1", full, None, 0, 6 * gemms),
+    ]
     if fp8:
         fp8_params = {"stats": fp8_stats, "tensors": inputs, "freq": 1}
         fp8_only = section("fp8", LogFp8TensorStats=fp8_params)
-        both = section("both", LogTensorStats={"stats": stats, "tensors": inputs, "freq": 1},
-                       LogFp8TensorStats=fp8_params)
+        both = section(
+            "both", LogTensorStats={"stats": stats, "tensors": inputs, "freq": 1}, LogFp8TensorStats=fp8_params
+        )
         recipe = Float8CurrentScaling()
         base = len(settings)
-        settings += [("FP8 current scaling, no debug_api (FP8 baseline)", None, recipe, base, 0),
-                     (f"FP8 + LogFp8TensorStats, 3 tensors x {gemms} GEMMs", fp8_only, recipe, base, 3 * gemms),
-                     (f"FP8 + LogTensorStats + LogFp8TensorStats, 3 x {gemms}", both, recipe, base, 3 * gemms)]
+        settings += [
+            ("FP8 current scaling, no debug_api (FP8 baseline)", None, recipe, base, 0),
+            (f"FP8 + LogFp8TensorStats, 3 tensors x {gemms} GEMMs", fp8_only, recipe, base, 3 * gemms),
+            (f"FP8 + LogTensorStats + LogFp8TensorStats, 3 x {gemms}", both, recipe, base, 3 * gemms),
+        ]
     samples: Dict[str, List[float]] = {label: [] for label, *_ in settings}
     for _ in range(max(1, rounds)):
         for label, cfg, recipe, _, _ in settings:
@@ -328,7 +371,7 @@ class _TorchBlock(torch.nn.Module):
         self.fc2 = torch.nn.Linear(4 * hidden, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, h = x.shape                                                   # [batch, seq, hidden]
+        b, t, h = x.shape  # [batch, seq, hidden]
         q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
         a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # [b, heads, t, h/heads]
         x = x + self.proj(a.transpose(1, 2).reshape(b, t, h))
@@ -339,9 +382,19 @@ class _TorchBlock(torch.nn.Module):
 RECIPES = ("Float8CurrentScaling", "DelayedScaling", "Float8BlockScaling", "MXFP8BlockScaling", "NVFP4BlockScaling")
 
 
-def bench_recipes(layers: int = 12, hidden: int = 2048, heads: int = 16, batch: int = 8, seq: int = 1024,
-                  iters: int = 20, warmup: int = 3, rounds: int = 5, device: str = "cuda",
-                  dtype: torch.dtype = torch.bfloat16, recipes: Sequence[str] = RECIPES) -> List[Dict[str, object]]:
+def bench_recipes(
+    layers: int = 12,
+    hidden: int = 2048,
+    heads: int = 16,
+    batch: int = 8,
+    seq: int = 1024,
+    iters: int = 20,
+    warmup: int = 3,
+    rounds: int = 5,
+    device: str = "cuda",
+    dtype: torch.dtype = torch.bfloat16,
+    recipes: Sequence[str] = RECIPES,
+) -> List[Dict[str, object]]:
     """ms per training step of a GPT stack of plain torch modules under each recipe (no debug_api).
 
     Rows: the plain torch model (the baseline), the same weights converted with `tedebug.convert_model` run in high
@@ -405,8 +458,10 @@ def format_e2e(rows: List[Dict[str, object]]) -> str:
 
 
 def format_table(rows: List[Dict[str, object]]) -> str:
-    head = f"{'size':>6} | {'operation':<32} | {'torch us':>10} | {'kernel us':>10} | {'speed-up':>8} | " \
-           f"{'TB/s':>6} | {'% copy BW':>9} | {'x / sum()':>9}"
+    head = (
+        f"{'size':>6} | {'operation':<32} | {'torch us':>10} | {'kernel us':>10} | {'speed-up':>8} | "
+        f"{'TB/s':>6} | {'% copy BW':>9} | {'x / sum()':>9}"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         t, k, b = r.get("torch_us"), r.get("kernel_us"), r.get("bytes")
@@ -428,17 +483,22 @@ def run_recipes(args: argparse.Namespace) -> int:
     """``tedebug bench --e2e --recipes``: the recipe table alone (on `--device cpu` a tiny float32 model)."""
     device = args.device
     if device == "cuda" and not torch.cuda.is_available():
-        print("tedebug bench: error: --device cuda needs a CUDA GPU; use --device cpu for the tiny CPU version",
-              file=sys.stderr)
+        print(
+            "tedebug bench: error: --device cuda needs a CUDA GPU; use --device cpu for the tiny CPU version",
+            file=sys.stderr,
+        )
         return 1
     shape, dtype = _e2e_shape(args)
-    rows = bench_recipes(**shape, iters=args.steps, rounds=args.rounds, device=device, dtype=dtype,
-                         recipes=args.only or RECIPES)
+    rows = bench_recipes(
+        **shape, iters=args.steps, rounds=args.rounds, device=device, dtype=dtype, recipes=args.only or RECIPES
+    )
     where = torch.cuda.get_device_name() if device == "cuda" else "CPU"
-    print(f"recipes: {where}, torch {torch.__version__}, {shape['layers']}-block GPT stack of torch.nn.Linear "
-          f"(with bias), hidden {shape['hidden']}, {shape['heads']} heads, {shape['batch']} x {shape['seq']} "
-          f"tokens, {str(dtype).replace('torch.', '')}, SGD; ms per training step, median of {args.rounds} "
-          f"interleaved rounds of {args.steps} steps")
+    print(
+        f"recipes: {where}, torch {torch.__version__}, {shape['layers']}-block GPT stack of torch.nn.Linear "
+        f"(with bias), hidden {shape['hidden']}, {shape['heads']} heads, {shape['batch']} x {shape['seq']} "
+        f"tokens, {str(dtype).replace('torch.', '')}, SGD; ms per training step, median of {args.rounds} "
+        f"interleaved rounds of {args.steps} steps"
+    )
     print(format_recipes(rows))
     return 0
 
@@ -454,13 +514,16 @@ def _e2e_shape(args: argparse.Namespace) -> Tuple[Dict[str, int], torch.dtype]:
 def run_e2e(args: argparse.Namespace) -> int:
     """``tedebug bench --e2e --no-kernels`` (or ``--device cpu``): the end-to-end logging table alone."""
     shape, dtype = _e2e_shape(args)
-    rows = bench_end_to_end(**shape, iters=args.steps, rounds=args.rounds, device=args.device, dtype=dtype,
-                            fp8=args.fp8)
+    rows = bench_end_to_end(
+        **shape, iters=args.steps, rounds=args.rounds, device=args.device, dtype=dtype, fp8=args.fp8
+    )
     where = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
-    print(f"end to end: {where}, torch {torch.__version__}, {shape['layers']}-block GPT-style stack of tedebug "
-          f"layers, hidden {shape['hidden']}, {shape['heads']} heads, {shape['batch']} x {shape['seq']} tokens, "
-          f"{str(dtype).replace('torch.', '')}; ms per training step, median of {args.rounds} interleaved rounds "
-          f"of {args.steps} steps")
+    print(
+        f"end to end: {where}, torch {torch.__version__}, {shape['layers']}-block GPT-style stack of tedebug "
+        f"layers, hidden {shape['hidden']}, {shape['heads']} heads, {shape['batch']} x {shape['seq']} tokens, "
+        f"{str(dtype).replace('torch.', '')}; ms per training step, median of {args.rounds} interleaved rounds "
+        f"of {args.steps} steps"
+    )
     print(format_e2e(rows))
     return 0
 
@@ -474,8 +537,11 @@ def run(args: argparse.Namespace) -> int:
     if args.recipes:
         return run_recipes(args)
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("tedebug bench: error: needs a CUDA GPU (torch.cuda.is_available() is False); "
-              "--e2e --device cpu runs a tiny CPU version", file=sys.stderr)
+        print(
+            "tedebug bench: error: needs a CUDA GPU (torch.cuda.is_available() is False); "
+            "--e2e --device cpu runs a tiny CPU version",
+            file=sys.stderr,
+        )
         return 1
     if args.e2e and (args.no_kernels or args.device == "cpu"):
         return run_e2e(args)
@@ -488,8 +554,10 @@ def run(args: argparse.Namespace) -> int:
     rows: List[Dict[str, object]] = []
     for n in args.sizes:
         rows.extend(bench_size(n, args.iters, args.warmup, args.buffers))
-    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  bf16 inputs, "
-          f"{args.iters} iterations, {args.buffers} rotating buffers, GPU time per call (launch cost excluded)")
+    print(
+        f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  bf16 inputs, "
+        f"{args.iters} iterations, {args.buffers} rotating buffers, GPU time per call (launch cost excluded)"
+    )
     print(format_table(rows))
     if args.e2e:
         print()
@@ -502,22 +570,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--iters", type=int, default=20, help="timed iterations per measurement (>= 20)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed warm-up calls")
     parser.add_argument("--buffers", type=int, default=2, help="rotating input buffers (>= 2 defeats the L2)")
-    parser.add_argument("--e2e", action="store_true",
-                        help="also time training steps of a GPT-style stack with and without debug logging")
-    parser.add_argument("--rounds", type=int, default=5,
-                        help="--e2e: interleaved rounds of the settings (the median is reported)")
-    parser.add_argument("--recipes", action="store_true",
-                        help="with --e2e: ms/step of a plain-torch GPT stack under each recipe (no debug) instead")
-    parser.add_argument("--only", nargs="+", choices=RECIPES, metavar="RECIPE",
-                        help=f"--recipes: time only these recipes (default: all of {', '.join(RECIPES)})")
-    parser.add_argument("--fp8", action="store_true",
-                        help="with --e2e: add FP8 current-scaling rows (no debug, LogFp8TensorStats, both features)")
-    parser.add_argument("--no-kernels", action="store_true",
-                        help="with --e2e: skip the kernel table, time only the end-to-end settings")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                        help="--e2e: cuda (the full model) or cpu (a tiny float32 version, for tests)")
+    parser.add_argument(
+        "--e2e",
+        action="store_true",
+        help="also time training steps of a GPT-style stack with and without debug logging",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="--e2e: interleaved rounds of the settings (the median is reported)"
+    )
+    parser.add_argument(
+        "--recipes",
+        action="store_true",
+        help="with --e2e: ms/step of a plain-torch GPT stack under each recipe (no debug) instead",
+    )
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=RECIPES,
+        metavar="RECIPE",
+        help=f"--recipes: time only these recipes (default: all of {', '.join(RECIPES)})",
+    )
+    parser.add_argument(
+        "--fp8",
+        action="store_true",
+        help="with --e2e: add FP8 current-scaling rows (no debug, LogFp8TensorStats, both features)",
+    )
+    parser.add_argument(
+        "--no-kernels", action="store_true", help="with --e2e: skip the kernel table, time only the end-to-end settings"
+    )
+    parser.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="--e2e: cuda (the full model) or cpu (a tiny float32 version, for tests)",
+    )
     parser.add_argument("--steps", type=int, default=20, help="--e2e: timed steps per round")
     for flag in ("layers", "hidden", "heads", "batch", "seq"):
-        parser.add_argument(f"--{flag}", type=int, default=None,
-                            help=f"--e2e: model {flag} (default 12/2048/16/8/1024 on cuda, 2/64/2/2/32 on cpu; "
-                                 f"the host-bound size of the docs is --hidden 256 --heads 2 --batch 1 --seq 128)")
+        parser.add_argument(
+            f"--{flag}",
+            type=int,
+            default=None,
+            help=f"--e2e: model {flag} (default 12/2048/16/8/1024 on cuda, 2/64/2/2/32 on cpu; "
+            f"the host-bound size of the docs is --hidden 256 --heads 2 --batch 1 --seq 128)",
+        )

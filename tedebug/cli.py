@@ -66,13 +66,23 @@ def _add_layer_source_arguments(parser, *, explicit_layers: bool) -> None:
     """``--layers-from RUN_DIR`` / ``--model MODULE:FACTORY`` (and, for `plan`, ``--layers NAME ...``)."""
     group = parser.add_mutually_exclusive_group(required=explicit_layers)
     if explicit_layers:
-        group.add_argument("--layers", nargs="+", metavar="NAME",
-                           help="layer names as the model assigns them (e.g. blocks.0.attn.qkv, or Layer_1)")
-    group.add_argument("--layers-from", metavar="RUN_DIR",
-                       help="the layer names a run logged (its log_dir: JSONL record or statistics text log)")
-    group.add_argument("--model", metavar="MODULE:FACTORY",
-                       help="import MODULE (dotted name or path to a .py file), call FACTORY() for the model, "
-                            "convert it with tedebug.convert_model and use its layer names")
+        group.add_argument(
+            "--layers",
+            nargs="+",
+            metavar="NAME",
+            help="layer names as the model assigns them (e.g. blocks.0.attn.qkv, or Layer_1)",
+        )
+    group.add_argument(
+        "--layers-from",
+        metavar="RUN_DIR",
+        help="the layer names a run logged (its log_dir: JSONL record or statistics text log)",
+    )
+    group.add_argument(
+        "--model",
+        metavar="MODULE:FACTORY",
+        help="import MODULE (dotted name or path to a .py file), call FACTORY() for the model, "
+        "convert it with tedebug.convert_model and use its layer names",
+    )
 
 
 def _layer_source(args: argparse.Namespace):
@@ -94,8 +104,9 @@ def run_validate(args: argparse.Namespace) -> int:
         return _error(f"config file not found: {args.config}")
     try:
         registry = build_registry(args.feature_dirs)
-        config = load_config(args.config, feature_names=registry.feature_names(),
-                             feature_validators=registry.feature_validators())
+        config = load_config(
+            args.config, feature_names=registry.feature_names(), feature_validators=registry.feature_validators()
+        )
     except (ConfigError, FeatureLoadError) as err:
         return _error(f"invalid config {args.config}:\n{err}" if isinstance(err, ConfigError) else str(err))
     try:
@@ -110,8 +121,10 @@ def run_validate(args: argparse.Namespace) -> int:
         if result.overlaps or (args.strict and result.empty_sections):
             code = 1
     if code == 0:
-        lines.append(f"OK: {len(config.sections)} enabled section(s); features available: "
-                     f"{', '.join(registry.qualified_names()) or '(none)'}")
+        lines.append(
+            f"OK: {len(config.sections)} enabled section(s); features available: "
+            f"{', '.join(registry.qualified_names()) or '(none)'}"
+        )
     _emit("\n".join(lines))
     return code
 
@@ -119,11 +132,19 @@ def run_validate(args: argparse.Namespace) -> int:
 def _add_validate(subparsers) -> None:
     parser = subparsers.add_parser("validate", help="check a debug config and print what it selects")
     parser.add_argument("config", help="path of the YAML config")
-    parser.add_argument("--feature-dirs", nargs="+", default=None, metavar="DIR",
-                        help="extra directories with feature files (as initialize(feature_dirs=...))")
+    parser.add_argument(
+        "--feature-dirs",
+        nargs="+",
+        default=None,
+        metavar="DIR",
+        help="extra directories with feature files (as initialize(feature_dirs=...))",
+    )
     _add_layer_source_arguments(parser, explicit_layers=False)
-    parser.add_argument("--strict", action="store_true",
-                        help="with --layers-from/--model: also fail (exit 1) when a section selects no layer")
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="with --layers-from/--model: also fail (exit 1) when a section selects no layer",
+    )
     parser.set_defaults(handler=run_validate)
 
 
@@ -147,8 +168,16 @@ def plan_table(layers: Sequence[str], iteration: int) -> List[tuple]:
             q = DebugQuantizer(layer, tensor, parent, None)
             col = f"{col_gemm}: {q.columnwise_tensor_plan}" if col_gemm is not None else "-"
             nxt = q.get_next_debug_iter()
-            rows.append((layer, tensor, f"{row_gemm}: {q.rowwise_tensor_plan}", col,
-                         "yes" if q.inspect_tensor_enabled else "no", "never" if nxt is None else str(nxt)))
+            rows.append(
+                (
+                    layer,
+                    tensor,
+                    f"{row_gemm}: {q.rowwise_tensor_plan}",
+                    col,
+                    "yes" if q.inspect_tensor_enabled else "no",
+                    "never" if nxt is None else str(nxt),
+                )
+            )
     return rows
 
 
@@ -193,17 +222,28 @@ def run_plan(args: argparse.Namespace) -> int:
                 layers = result.selected()
                 notes.append(f"layers: {source[1]}; {len(layers)} selected by the config")
                 if result.unselected:
-                    notes.append(f"not shown: {len(result.unselected)} layer(s) no section selects (every GEMM "
-                                 f"as the recipe, no inspection): " + ", ".join(result.unselected))
+                    notes.append(
+                        f"not shown: {len(result.unselected)} layer(s) no section selects (every GEMM "
+                        f"as the recipe, no inspection): " + ", ".join(result.unselected)
+                    )
                 for layer, sections in result.overlaps.items():
-                    notes.append(f"error: layer '{layer}' is selected by sections "
-                                 + ", ".join(f"'{s}'" for s in sections))
+                    notes.append(
+                        f"error: layer '{layer}' is selected by sections " + ", ".join(f"'{s}'" for s in sections)
+                    )
                     layers = [name for name in layers if name != layer]
             rows = plan_rows(layers, args.iteration)
         finally:
             debug_api.end_debug()
-    _emit("\n".join([f"plans at iteration {args.iteration} (Quantize = the layer's recipe; next = the next iteration "
-                     f"at which any hook of that tensor may answer differently)", *notes, *rows]))
+    _emit(
+        "\n".join(
+            [
+                f"plans at iteration {args.iteration} (Quantize = the layer's recipe; next = the next iteration "
+                f"at which any hook of that tensor may answer differently)",
+                *notes,
+                *rows,
+            ]
+        )
+    )
     return 1 if source is not None and result.overlaps else 0
 
 
@@ -212,8 +252,13 @@ def _add_plan(subparsers) -> None:
     parser.add_argument("config", help="path of the YAML config")
     _add_layer_source_arguments(parser, explicit_layers=True)
     parser.add_argument("--iteration", type=int, default=0, help="the training iteration to evaluate (default 0)")
-    parser.add_argument("--feature-dirs", nargs="+", default=None, metavar="DIR",
-                        help="extra directories with feature files (as initialize(feature_dirs=...))")
+    parser.add_argument(
+        "--feature-dirs",
+        nargs="+",
+        default=None,
+        metavar="DIR",
+        help="extra directories with feature files (as initialize(feature_dirs=...))",
+    )
     parser.set_defaults(handler=run_plan)
 
 
@@ -226,8 +271,9 @@ def statistic_names(registry) -> Dict[str, List[str]]:
     from tedebug.stats.definitions import BLOCKWISE_KIND, HP_KINDS
 
     builtin = {
-        "transformer_engine.LogTensorStats": lambda: list(HP_KINDS) + [
-            f"{BLOCKWISE_KIND} (a mapping: {{{BLOCKWISE_KIND}: {{block_size: 32, dims: 1}}}})"],
+        "transformer_engine.LogTensorStats": lambda: (
+            list(HP_KINDS) + [f"{BLOCKWISE_KIND} (a mapping: {{{BLOCKWISE_KIND}: {{block_size: 32, dims: 1}}}})"]
+        ),
         "transformer_engine.LogFp8TensorStats": supported_fp8_stat_names,
         "transformer_engine.LogNvfp4TensorStats": lambda: ["underflows%", "mse"],
     }
@@ -260,12 +306,21 @@ def run_schema(args: argparse.Namespace) -> int:
 
 
 def _add_schema(subparsers) -> None:
-    parser = subparsers.add_parser("schema", help="print the JSON Schema of debug configs (--stats: the statistic "
-                                                  "names each feature accepts)")
-    parser.add_argument("--feature-dirs", nargs="+", default=None, metavar="DIR",
-                        help="extra directories whose feature names are listed in the schema")
-    parser.add_argument("--stats", action="store_true",
-                        help="print the statistic names each statistics feature accepts, one feature per line")
+    parser = subparsers.add_parser(
+        "schema", help="print the JSON Schema of debug configs (--stats: the statistic names each feature accepts)"
+    )
+    parser.add_argument(
+        "--feature-dirs",
+        nargs="+",
+        default=None,
+        metavar="DIR",
+        help="extra directories whose feature names are listed in the schema",
+    )
+    parser.add_argument(
+        "--stats",
+        action="store_true",
+        help="print the statistic names each statistics feature accepts, one feature per line",
+    )
     parser.set_defaults(handler=run_schema)
 
 
@@ -289,10 +344,14 @@ def run_report(args: argparse.Namespace) -> int:  # body in tedebug/analysis/rep
     except ImportError as err:
         return _analysis_missing(err)
     try:
-        report = build_report(args.run_dir, compare_to=args.compare, threshold=args.threshold, stats=args.stat,
-                              config_path=args.config)
-        output = args.output or (os.path.join(args.run_dir, "report.html") if args.format == "html"
-                                 else os.path.join(args.run_dir, "figures"))
+        report = build_report(
+            args.run_dir, compare_to=args.compare, threshold=args.threshold, stats=args.stat, config_path=args.config
+        )
+        output = args.output or (
+            os.path.join(args.run_dir, "report.html")
+            if args.format == "html"
+            else os.path.join(args.run_dir, "figures")
+        )
         written = write_report(report, output, args.format)
     except (FileNotFoundError, ValueError) as err:
         return _error(str(err))
@@ -306,18 +365,31 @@ def _add_report(subparsers) -> None:
 
     parser = subparsers.add_parser("report", help="an HTML report (or figures) of a finished run")
     parser.add_argument("run_dir", help="the log_dir of the run (holds tedebug_statistics/)")
-    parser.add_argument("-o", "--output", default=None,
-                        help="output file (html, default RUN_DIR/report.html) or folder (png/svg/pdf, default "
-                             "RUN_DIR/figures)")
-    parser.add_argument("--format", choices=["html", "png", "svg", "pdf"], default="html",
-                        help="html: one self-contained page; png/svg/pdf: a folder of figures plus report.txt")
-    parser.add_argument("--compare", default=None, metavar="OTHER_RUN",
-                        help="add the comparison with another run (as `tedebug compare RUN_DIR OTHER_RUN`)")
+    parser.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        help="output file (html, default RUN_DIR/report.html) or folder (png/svg/pdf, default RUN_DIR/figures)",
+    )
+    parser.add_argument(
+        "--format",
+        choices=["html", "png", "svg", "pdf"],
+        default="html",
+        help="html: one self-contained page; png/svg/pdf: a folder of figures plus report.txt",
+    )
+    parser.add_argument(
+        "--compare",
+        default=None,
+        metavar="OTHER_RUN",
+        help="add the comparison with another run (as `tedebug compare RUN_DIR OTHER_RUN`)",
+    )
     parser.add_argument("--stat", nargs="+", default=None, metavar="STAT", help="only these statistics")
-    parser.add_argument("--threshold", type=float, default=None,
-                        help=f"relative threshold of --compare (default {DEFAULT_THRESHOLD})")
-    parser.add_argument("--config", default=None,
-                        help="the config file to show (default: the one named in the run's main log)")
+    parser.add_argument(
+        "--threshold", type=float, default=None, help=f"relative threshold of --compare (default {DEFAULT_THRESHOLD})"
+    )
+    parser.add_argument(
+        "--config", default=None, help="the config file to show (default: the one named in the run's main log)"
+    )
     parser.set_defaults(handler=run_report)
 
 
@@ -342,13 +414,22 @@ def _add_compare(subparsers) -> None:
     parser = subparsers.add_parser("compare", help="where the statistics of two runs part (e.g. bf16 vs FP8)")
     parser.add_argument("run_a", help="the reference run's log_dir (e.g. the high-precision run)")
     parser.add_argument("run_b", help="the other run's log_dir")
-    parser.add_argument("--stat", nargs="+", default=None, metavar="STAT",
-                        help="statistics to compare (default: every statistic both runs logged)")
-    parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
-                        help=f"a point departs when |b - a| / max(|a|, |b|) exceeds this (default "
-                             f"{DEFAULT_THRESHOLD})")
-    parser.add_argument("--fail-on-departure", action="store_true",
-                        help="exit with status 1 when any statistic departs (for CI)")
+    parser.add_argument(
+        "--stat",
+        nargs="+",
+        default=None,
+        metavar="STAT",
+        help="statistics to compare (default: every statistic both runs logged)",
+    )
+    parser.add_argument(
+        "--threshold",
+        type=float,
+        default=DEFAULT_THRESHOLD,
+        help=f"a point departs when |b - a| / max(|a|, |b|) exceeds this (default {DEFAULT_THRESHOLD})",
+    )
+    parser.add_argument(
+        "--fail-on-departure", action="store_true", help="exit with status 1 when any statistic departs (for CI)"
+    )
     parser.set_defaults(handler=run_compare)
 
 
@@ -358,8 +439,10 @@ SUBCOMMANDS: List[Callable] = [_add_validate, _add_plan, _add_schema, _add_bench
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tedebug", description="tedebug: precision debugging for low-precision "
-                                                                 "training (TransformerEngine-compatible configs)")
+    parser = argparse.ArgumentParser(
+        prog="tedebug",
+        description="tedebug: precision debugging for low-precision training (TransformerEngine-compatible configs)",
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     for add in SUBCOMMANDS:

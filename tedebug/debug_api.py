@@ -78,25 +78,44 @@ sys.modules[__name__].__class__ = _DebugApiModule
 
 
 # ------------------------------------------------------------------------------------------------- lifecycle
-def initialize(config_file: Any = "", feature_dirs: Union[None, str, Sequence[str]] = None,
-               statistics_logger: Any = None, log_dir: Any = ".", init_training_step: int = 0, *,
-               tb_writer: Any = None, default_logging_enabled: bool = False, background_logging: bool = True,
-               on_sink_error: str = "warn", statistics_rank0_only: bool = False, plan_cache: bool = True) -> None:
+def initialize(
+    config_file: Any = "",
+    feature_dirs: Union[None, str, Sequence[str]] = None,
+    statistics_logger: Any = None,
+    log_dir: Any = ".",
+    init_training_step: int = 0,
+    *,
+    tb_writer: Any = None,
+    default_logging_enabled: bool = False,
+    background_logging: bool = True,
+    on_sink_error: str = "warn",
+    statistics_rank0_only: bool = False,
+    plan_cache: bool = True,
+) -> None:
     """Start a debug session: load features and config, open logs and sinks (see tedebug.session).
 
     ``plan_cache=False`` makes every hook question of the debug path reach the features, through
     ``debug_api.transformer_engine`` (for tests that count or intercept hook calls; see `tedebug.plan`)."""
     if active.DEBUG_MANAGER is not None:
-        raise RuntimeError("tedebug is already initialized; call tedebug.debug_api.end_debug() before initializing "
-                           "again")
+        raise RuntimeError(
+            "tedebug is already initialized; call tedebug.debug_api.end_debug() before initializing again"
+        )
     if not isinstance(plan_cache, bool):
         raise TypeError(f"initialize: plan_cache must be a bool, got {plan_cache!r}")
-    session = open_session(config_file, feature_dirs, statistics_logger, log_dir, init_training_step,
-                           tb_writer=tb_writer, default_logging_enabled=default_logging_enabled,
-                           queued_sinks=list(_queued_sinks),
-                           weight_tensor_tp_group_reduce=_queued_settings.get("weight_tensor_tp_group_reduce", True),
-                           background_logging=background_logging, on_sink_error=on_sink_error,
-                           statistics_rank0_only=statistics_rank0_only)
+    session = open_session(
+        config_file,
+        feature_dirs,
+        statistics_logger,
+        log_dir,
+        init_training_step,
+        tb_writer=tb_writer,
+        default_logging_enabled=default_logging_enabled,
+        queued_sinks=list(_queued_sinks),
+        weight_tensor_tp_group_reduce=_queued_settings.get("weight_tensor_tp_group_reduce", True),
+        background_logging=background_logging,
+        on_sink_error=on_sink_error,
+        statistics_rank0_only=statistics_rank0_only,
+    )
     _queued_sinks.clear()
     _queued_settings.clear()
     session.signal_guard = SignalGuard(session.flush)
@@ -157,9 +176,11 @@ def set_tensor_reduction_group(group: Any, layer_name: Optional[str] = None) -> 
     """Set the process group over which activation/gradient statistics are reduced (None = world)."""
     current = session()
     current.reduction_group = group
-    current.log_message("Tensor reduction group set for statistics: activation and gradient statistics are reduced "
-                        "over it (weights over their TP group); pass skip_reduction=True to keep per-rank values.",
-                        level=logging.WARNING)
+    current.log_message(
+        "Tensor reduction group set for statistics: activation and gradient statistics are reduced "
+        "over it (weights over their TP group); pass skip_reduction=True to keep per-rank values.",
+        level=logging.WARNING,
+    )
 
 
 def get_tensor_reduction_group() -> Any:
@@ -200,8 +221,10 @@ def explain_features(features: Union[None, str, Sequence[str]] = None) -> str:
     ``"transformer_engine.LogTensorStats"``), a list of names, or ``"all"``; None prints a usage hint."""
     registry = _feature_registry()
     if features is None:
-        text = ("explain_features(features): pass a feature name such as 'transformer_engine.LogTensorStats', a list "
-                "of names, or 'all'. list_features() lists the available features.")
+        text = (
+            "explain_features(features): pass a feature name such as 'transformer_engine.LogTensorStats', a list "
+            "of names, or 'all'. list_features() lists the available features."
+        )
         _print_rank_0(text)
         return text
     if isinstance(features, str):
@@ -225,8 +248,10 @@ def _as_module(obj: Any, where: str) -> torch.nn.Module:
     inner = getattr(obj, "module", None)
     if isinstance(inner, torch.nn.Module):
         return inner
-    raise TypeError(f"infer_and_assign_layer_names: {where} is a {type(obj).__name__}, expected a torch.nn.Module "
-                    f"(or an object with a .module attribute that is one)")
+    raise TypeError(
+        f"infer_and_assign_layer_names: {where} is a {type(obj).__name__}, expected a torch.nn.Module "
+        f"(or an object with a .module attribute that is one)"
+    )
 
 
 def _assign_names(module: torch.nn.Module, name: str, assigned: List[str]) -> None:
@@ -249,8 +274,9 @@ def infer_and_assign_layer_names(model: Any) -> List[str]:
     """Set ``.name`` on every module of `model` (a module or a list of modules) from its dotted path; see the module
     docstring for the rules.  Returns the assigned names in visiting order; works without initialize."""
     if isinstance(model, (list, tuple)):
-        roots = [("model" if len(model) == 1 else f"model{i}", _as_module(m, f"model[{i}]"))
-                 for i, m in enumerate(model)]
+        roots = [
+            ("model" if len(model) == 1 else f"model{i}", _as_module(m, f"model[{i}]")) for i, m in enumerate(model)
+        ]
     else:
         roots = [("model", _as_module(model, "model"))]
     assigned: List[str] = []

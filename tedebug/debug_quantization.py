@@ -41,16 +41,22 @@ def tensor_plan(layer_name: str, tensor_name: str, has_parent: bool) -> Tuple[Te
     ``debug_api.transformer_engine`` every question."""
     current = active.session()
     if not current.plan_cache:
-        return compile_plan(current, debug_api.transformer_engine, layer_name, tensor_name, has_parent,
-                            current.iteration, cacheable=False)
+        return compile_plan(
+            current,
+            debug_api.transformer_engine,
+            layer_name,
+            tensor_name,
+            has_parent,
+            current.iteration,
+            cacheable=False,
+        )
     api = current.transformer_engine
     table = plan_table(api)
     key = (layer_name, tensor_name, has_parent)
     plan = table.get(key)
     if plan is not None:
         return plan, None
-    plan, answers = compile_plan(current, api, layer_name, tensor_name, has_parent, current.iteration,
-                                 cacheable=True)
+    plan, answers = compile_plan(current, api, layer_name, tensor_name, has_parent, current.iteration, cacheable=True)
     table[key] = plan
     return plan, answers
 
@@ -74,8 +80,9 @@ class DebugQuantizer(Quantizer):
 
     is_debug = True
 
-    def __init__(self, layer_name: str, tensor_name: str, parent_quantizer: Optional[Quantizer], tp_group,
-                 tp_size: int = 1) -> None:
+    def __init__(
+        self, layer_name: str, tensor_name: str, parent_quantizer: Optional[Quantizer], tp_group, tp_size: int = 1
+    ) -> None:
         super().__init__(rowwise=True, columnwise=True)
         gemms = GEMMS_OF_TENSOR.get(tensor_name)
         if gemms is None:
@@ -91,7 +98,8 @@ class DebugQuantizer(Quantizer):
                 )
             if getattr(parent_quantizer, "is_debug", False):
                 raise TypeError(
-                    f"DebugQuantizer for {layer_name!r}/{tensor_name}: the parent is already a DebugQuantizer")
+                    f"DebugQuantizer for {layer_name!r}/{tensor_name}: the parent is already a DebugQuantizer"
+                )
         self.layer_name = layer_name
         self.tensor_name = tensor_name
         self.parent_quantizer = parent_quantizer
@@ -125,8 +133,12 @@ class DebugQuantizer(Quantizer):
         self.inspect_tensor_enabled, nxt = plan.inspect_enabled.ask(self.iteration)
         fixed = plan.fixed
         if fixed is not None:
-            (self.rowwise_tensor_plan, self.columnwise_tensor_plan, self.rowwise_postquantize_enabled,
-             self.columnwise_postquantize_enabled) = fixed
+            (
+                self.rowwise_tensor_plan,
+                self.columnwise_tensor_plan,
+                self.rowwise_postquantize_enabled,
+                self.columnwise_postquantize_enabled,
+            ) = fixed
             self._next_debug_iter = nxt
             return
         directions = plan.directions(self.iteration)
@@ -134,8 +146,13 @@ class DebugQuantizer(Quantizer):
         self._take(directions, nxt)
 
     def _take(self, directions: tuple, nxt: Optional[int]) -> None:
-        (self.rowwise_tensor_plan, self.columnwise_tensor_plan, self.rowwise_postquantize_enabled,
-         self.columnwise_postquantize_enabled, later) = directions
+        (
+            self.rowwise_tensor_plan,
+            self.columnwise_tensor_plan,
+            self.rowwise_postquantize_enabled,
+            self.columnwise_postquantize_enabled,
+            later,
+        ) = directions
         if nxt is None or (later is not None and later < nxt):
             nxt = later
         self._next_debug_iter = nxt
@@ -151,8 +168,12 @@ class DebugQuantizer(Quantizer):
         if self.is_output_type:
             return self.inspect_tensor_enabled or self.rowwise_tensor_plan == API_CALL_MODIFY
         plans = (self.rowwise_tensor_plan, self.columnwise_tensor_plan)
-        if (self.inspect_tensor_enabled or self.rowwise_postquantize_enabled or self.columnwise_postquantize_enabled
-                or API_CALL_MODIFY in plans):
+        if (
+            self.inspect_tensor_enabled
+            or self.rowwise_postquantize_enabled
+            or self.columnwise_postquantize_enabled
+            or API_CALL_MODIFY in plans
+        ):
             return True
         # Quantization disabled for a GEMM also needs the debug path (the normal path would quantize).
         return self.parent_quantizer is not None and any(p != STANDARD_QUANTIZE for p in plans)
@@ -168,12 +189,16 @@ class DebugQuantizer(Quantizer):
     # ------------------------------------------------------------------ usage
     def _parent_usage(self) -> Tuple[bool, bool]:
         """(rowwise, columnwise) the parent must produce: own usage restricted to the Quantize directions."""
-        return (self.rowwise_usage and self.rowwise_tensor_plan == STANDARD_QUANTIZE,
-                self.columnwise_usage and self.columnwise_tensor_plan == STANDARD_QUANTIZE)
+        return (
+            self.rowwise_usage and self.rowwise_tensor_plan == STANDARD_QUANTIZE,
+            self.columnwise_usage and self.columnwise_tensor_plan == STANDARD_QUANTIZE,
+        )
 
     def _uses_parent(self) -> bool:
         return self.parent_quantizer is not None and STANDARD_QUANTIZE in (
-            self.rowwise_tensor_plan, self.columnwise_tensor_plan)
+            self.rowwise_tensor_plan,
+            self.columnwise_tensor_plan,
+        )
 
     def set_usage(self, *, rowwise: Optional[bool] = None, columnwise: Optional[bool] = None) -> None:
         """Set own usage flags and synchronise the parent's flags to the Quantize directions."""
@@ -197,16 +222,19 @@ class DebugQuantizer(Quantizer):
     def _quantize(self, tensor: torch.Tensor) -> "DebugQuantizedTensor":
         return self.quantize(tensor)
 
-    def quantize(self, tensor: torch.Tensor, *, out: Optional["DebugQuantizedTensor"] = None,
-                 dtype: Optional[torch.dtype] = None) -> "DebugQuantizedTensor":
+    def quantize(
+        self, tensor: torch.Tensor, *, out: Optional["DebugQuantizedTensor"] = None, dtype: Optional[torch.dtype] = None
+    ) -> "DebugQuantizedTensor":
         """Build the GEMM operands of `tensor` following the plans, run the inspect hooks, wrap them.
 
         With `out` (a DebugQuantizedTensor made by this quantizer) the operands are refreshed in place.
         """
         self._check_not_output("quantize")
         if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"DebugQuantizer.quantize ({self.layer_name!r}/{self.tensor_name}) expects a "
-                            f"torch.Tensor, got {type(tensor).__name__}")
+            raise TypeError(
+                f"DebugQuantizer.quantize ({self.layer_name!r}/{self.tensor_name}) expects a "
+                f"torch.Tensor, got {type(tensor).__name__}"
+            )
         if out is not None:
             return self.update_quantized(tensor, out)
         rowwise, columnwise = self._gemm_operands(tensor, dtype)
@@ -255,8 +283,13 @@ class DebugQuantizer(Quantizer):
         return self.parent_quantizer.quantize(tensor)
 
     def _modify(self, tensor: torch.Tensor, gemm: str, dtype: Optional[torch.dtype], out=None):
-        kwargs = dict(gemm=gemm, tensor_name=self.tensor_name, tensor=tensor,
-                      default_quantizer=self.parent_quantizer, iteration=self.iteration)
+        kwargs = dict(
+            gemm=gemm,
+            tensor_name=self.tensor_name,
+            tensor=tensor,
+            default_quantizer=self.parent_quantizer,
+            iteration=self.iteration,
+        )
         if dtype is not None:
             kwargs["dtype"] = dtype
         if out is not None:
@@ -265,8 +298,9 @@ class DebugQuantizer(Quantizer):
         where = f"modify_tensor() for layer {self.layer_name!r}, tensor {self.tensor_name}, gemm {gemm}"
         if out is not None:
             if result is not None:
-                raise ValueError(f"{where} was given out= and must fill it in place and return None, "
-                                 f"got {type(result).__name__}")
+                raise ValueError(
+                    f"{where} was given out= and must fill it in place and return None, got {type(result).__name__}"
+                )
             return None
         if not isinstance(result, (torch.Tensor, QuantizedTensor)):
             raise TypeError(f"{where} returned {type(result).__name__}; expected a torch.Tensor or QuantizedTensor")
@@ -278,8 +312,9 @@ class DebugQuantizer(Quantizer):
     def _inspect(self, tensor: Optional[torch.Tensor], rowwise: GemmOperand, columnwise: GemmOperand) -> None:
         iteration = active.get_iteration()
         if self.inspect_tensor_enabled:
-            self.plan.inspect(iteration, tensor, self.tp_group, self.tp_size, rowwise, columnwise,
-                              self.parent_quantizer)
+            self.plan.inspect(
+                iteration, tensor, self.tp_group, self.tp_size, rowwise, columnwise, self.parent_quantizer
+            )
         if not (self.rowwise_postquantize_enabled or self.columnwise_postquantize_enabled):
             return
         api = self.plan.api
@@ -289,16 +324,23 @@ class DebugQuantizer(Quantizer):
         ):
             if enabled and operand is not None and plan in (STANDARD_QUANTIZE, API_CALL_MODIFY):
                 api.inspect_tensor_postquantize(
-                    self.layer_name, tensor=operand, tensor_name=self.tensor_name, iteration=iteration,
-                    tp_group=self.tp_group, tp_size=self.tp_size, rowwise=is_rowwise,
+                    self.layer_name,
+                    tensor=operand,
+                    tensor_name=self.tensor_name,
+                    iteration=iteration,
+                    tp_group=self.tp_group,
+                    tp_size=self.tp_size,
+                    rowwise=is_rowwise,
                 )
 
     # ------------------------------------------------------------------ GEMM outputs
     def process_gemm_output(self, tensor: torch.Tensor) -> torch.Tensor:
         """Modify (if planned) and inspect a GEMM result; returns the tensor the layer should use."""
         if not self.is_output_type:
-            raise RuntimeError(f"DebugQuantizer.process_gemm_output: {self.layer_name!r}/{self.tensor_name} is not a "
-                               f"GEMM output (expected output, wgrad or dgrad)")
+            raise RuntimeError(
+                f"DebugQuantizer.process_gemm_output: {self.layer_name!r}/{self.tensor_name} is not a "
+                f"GEMM output (expected output, wgrad or dgrad)"
+            )
         if self.parent_quantizer is not None:
             raise RuntimeError(
                 f"Layer {self.layer_name!r}, tensor {self.tensor_name}: quantized GEMM outputs "
@@ -317,8 +359,9 @@ class DebugQuantizer(Quantizer):
         return tensor
 
     # ------------------------------------------------------------------ other quantizer methods
-    def update_quantized(self, src: torch.Tensor, dst: "DebugQuantizedTensor", *,
-                         noop_flag: Optional[torch.Tensor] = None) -> "DebugQuantizedTensor":
+    def update_quantized(
+        self, src: torch.Tensor, dst: "DebugQuantizedTensor", *, noop_flag: Optional[torch.Tensor] = None
+    ) -> "DebugQuantizedTensor":
         """Refresh the operands of `dst` in place from `src` (weight cache), then run the inspect hooks."""
         self._check_not_output("update_quantized")
         if noop_flag is not None:
@@ -326,10 +369,13 @@ class DebugQuantizer(Quantizer):
                 "DebugQuantizer.update_quantized: noop_flag (CUDA graphs) is not supported in debug mode"
             )
         if not isinstance(dst, DebugQuantizedTensor):
-            raise TypeError(f"DebugQuantizer.update_quantized expects a DebugQuantizedTensor destination, "
-                            f"got {type(dst).__name__}")
-        directions = ((dst.rowwise_gemm_tensor, self.rowwise_tensor_plan, self.rowwise_gemm_name),
-                      (dst.columnwise_gemm_tensor, self.columnwise_tensor_plan, self.columnwise_gemm_name))
+            raise TypeError(
+                f"DebugQuantizer.update_quantized expects a DebugQuantizedTensor destination, got {type(dst).__name__}"
+            )
+        directions = (
+            (dst.rowwise_gemm_tensor, self.rowwise_tensor_plan, self.rowwise_gemm_name),
+            (dst.columnwise_gemm_tensor, self.columnwise_tensor_plan, self.columnwise_gemm_name),
+        )
         done: List[object] = []
         for operand, plan, gemm in directions:
             if operand is None or any(operand is d for d in done):
@@ -365,21 +411,31 @@ class DebugQuantizer(Quantizer):
         raise RuntimeError("DebugQuantizer: calibration is not supported in debug mode")
 
     @classmethod
-    def multi_tensor_quantize(cls, tensor: torch.Tensor, quantizers: Sequence[Quantizer], m_splits: Sequence[int],
-                              activation_dtype: Optional[torch.dtype]) -> list:
+    def multi_tensor_quantize(
+        cls,
+        tensor: torch.Tensor,
+        quantizers: Sequence[Quantizer],
+        m_splits: Sequence[int],
+        activation_dtype: Optional[torch.dtype],
+    ) -> list:
         """Grouped GEMMs: split `tensor` along dim 0 by `m_splits` and quantize chunk i with quantizer i."""
         if len(quantizers) != len(m_splits):
             raise ValueError(f"multi_tensor_quantize: {len(quantizers)} quantizers for {len(m_splits)} splits")
         if sum(m_splits) != tensor.shape[0]:
-            raise ValueError(f"multi_tensor_quantize: m_splits sum to {sum(m_splits)}, "
-                             f"but the tensor has {tensor.shape[0]} rows")
+            raise ValueError(
+                f"multi_tensor_quantize: m_splits sum to {sum(m_splits)}, but the tensor has {tensor.shape[0]} rows"
+            )
         chunks = torch.split(tensor, list(m_splits))
-        return [q.quantize(c, dtype=activation_dtype) if getattr(q, "is_debug", False) else q.quantize(c)
-                for q, c in zip(quantizers, chunks)]
+        return [
+            q.quantize(c, dtype=activation_dtype) if getattr(q, "is_debug", False) else q.quantize(c)
+            for q, c in zip(quantizers, chunks)
+        ]
 
     def __repr__(self) -> str:
-        return (f"DebugQuantizer(layer={self.layer_name!r}, tensor={self.tensor_name}, "
-                f"parent={self.parent_quantizer!r}, plans=({self.rowwise_tensor_plan}, {self.columnwise_tensor_plan}))")
+        return (
+            f"DebugQuantizer(layer={self.layer_name!r}, tensor={self.tensor_name}, "
+            f"parent={self.parent_quantizer!r}, plans=({self.rowwise_tensor_plan}, {self.columnwise_tensor_plan}))"
+        )
 
 
 _PLAIN = object()  # marks a saved plain tensor (or None) in DebugQuantizedTensor's save layout
@@ -394,9 +450,14 @@ class DebugQuantizedTensor:
 
     is_debug = True
 
-    def __init__(self, rowwise_gemm_tensor: GemmOperand, columnwise_gemm_tensor: GemmOperand,
-                 quantizer: Optional[DebugQuantizer], layer_name: Optional[str] = None,
-                 tensor_name: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        rowwise_gemm_tensor: GemmOperand,
+        columnwise_gemm_tensor: GemmOperand,
+        quantizer: Optional[DebugQuantizer],
+        layer_name: Optional[str] = None,
+        tensor_name: Optional[str] = None,
+    ) -> None:
         self.rowwise_gemm_tensor = rowwise_gemm_tensor
         self.columnwise_gemm_tensor = columnwise_gemm_tensor
         self.quantizer = quantizer
@@ -412,8 +473,9 @@ class DebugQuantizedTensor:
     def _any(self):
         obj = self.rowwise_gemm_tensor if self.rowwise_gemm_tensor is not None else self.columnwise_gemm_tensor
         if obj is None:
-            raise RuntimeError(f"DebugQuantizedTensor ({self.layer_name}/{self.tensor_name}) holds no tensor "
-                               f"in either direction")
+            raise RuntimeError(
+                f"DebugQuantizedTensor ({self.layer_name}/{self.tensor_name}) holds no tensor in either direction"
+            )
         return obj
 
     @property
@@ -524,6 +586,8 @@ class DebugQuantizedTensor:
             return f"Tensor({obj.dtype})"
 
         shared = " (shared)" if self.rowwise_gemm_tensor is self.columnwise_gemm_tensor else ""
-        return (f"DebugQuantizedTensor(layer={self.layer_name!r}, tensor={self.tensor_name}, "
-                f"rowwise={describe(self.rowwise_gemm_tensor)}, "
-                f"columnwise={describe(self.columnwise_gemm_tensor)}{shared})")
+        return (
+            f"DebugQuantizedTensor(layer={self.layer_name!r}, tensor={self.tensor_name}, "
+            f"rowwise={describe(self.rowwise_gemm_tensor)}, "
+            f"columnwise={describe(self.columnwise_gemm_tensor)}{shared})"
+        )

@@ -101,8 +101,10 @@ def layers_from_run(run_dir: str) -> Tuple[List[str], str]:
             files = sorted(glob.glob(os.path.join(run_dir, STATS_LOG_GLOB)))
             reader = _layers_from_stats_logs
         if not files:
-            raise LayerSourceError(f"{run_dir}: no statistics found (expected {JSONL_GLOB} or {STATS_LOG_GLOB} "
-                                   f"under it: the log_dir given to debug_api.initialize)")
+            raise LayerSourceError(
+                f"{run_dir}: no statistics found (expected {JSONL_GLOB} or {STATS_LOG_GLOB} "
+                f"under it: the log_dir given to debug_api.initialize)"
+            )
     else:
         raise LayerSourceError(f"{run_dir}: no such run directory")
     layers = reader(files)
@@ -144,15 +146,17 @@ def layers_from_model(spec: str) -> Tuple[List[str], str]:
 
     module_part, sep, attribute = spec.rpartition(":")
     if not sep or not module_part or not attribute:
-        raise LayerSourceError(f"--model {spec!r}: expected MODULE:FACTORY, e.g. examples.gpt:build_model or "
-                               f"path/to/model.py:make_model")
+        raise LayerSourceError(
+            f"--model {spec!r}: expected MODULE:FACTORY, e.g. examples.gpt:build_model or path/to/model.py:make_model"
+        )
     try:
         target = _import_module(module_part)
     except LayerSourceError:
         raise
     except Exception as err:
-        raise LayerSourceError(f"--model {spec}: importing {module_part!r} failed: {type(err).__name__}: {err}") \
-            from err
+        raise LayerSourceError(
+            f"--model {spec}: importing {module_part!r} failed: {type(err).__name__}: {err}"
+        ) from err
     for part in attribute.split("."):
         if not hasattr(target, part):
             raise LayerSourceError(f"--model {spec}: {module_part!r} has no attribute {attribute!r}")
@@ -163,14 +167,18 @@ def layers_from_model(spec: str) -> Tuple[List[str], str]:
         try:
             model = target()
         except Exception as err:
-            raise LayerSourceError(f"--model {spec}: calling {attribute}() failed: {type(err).__name__}: {err}") \
-                from err
+            raise LayerSourceError(
+                f"--model {spec}: calling {attribute}() failed: {type(err).__name__}: {err}"
+            ) from err
     else:
-        raise LayerSourceError(f"--model {spec}: {attribute} is a {type(target).__name__}, expected a function "
-                               f"returning a torch.nn.Module (or a module)")
+        raise LayerSourceError(
+            f"--model {spec}: {attribute} is a {type(target).__name__}, expected a function "
+            f"returning a torch.nn.Module (or a module)"
+        )
     if not isinstance(model, torch.nn.Module):
-        raise LayerSourceError(f"--model {spec}: {attribute}() returned a {type(model).__name__}, expected a "
-                               f"torch.nn.Module")
+        raise LayerSourceError(
+            f"--model {spec}: {attribute}() returned a {type(model).__name__}, expected a torch.nn.Module"
+        )
     converted = not any(isinstance(m, BaseLayer) for m in model.modules())
     if converted:  # a factory that returns tedebug layers already chose which layers to convert
         convert_model(model)
@@ -233,6 +241,9 @@ def format_coverage(config, result: Coverage, source: str) -> List[str]:
     else:
         lines.append("every layer is selected by a section")
     for layer, sections in result.overlaps.items():
-        lines.append(f"error: layer '{layer}' is selected by {len(sections)} sections ("
-                     + ", ".join(f"'{s}'" for s in sections) + "); training raises at its first hook call")
+        lines.append(
+            f"error: layer '{layer}' is selected by {len(sections)} sections ("
+            + ", ".join(f"'{s}'" for s in sections)
+            + "); training raises at its first hook call"
+        )
     return lines

@@ -43,8 +43,11 @@ class LogDirLock:
             os.makedirs(log_dir, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
         except OSError as err:
-            raise OSError(err.errno, f"tedebug cannot write to log_dir {log_dir!r} ({err.strerror}); choose a "
-                                     f"writable directory", self.path) from None
+            raise OSError(
+                err.errno,
+                f"tedebug cannot write to log_dir {log_dir!r} ({err.strerror}); choose a writable directory",
+                self.path,
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -53,7 +56,8 @@ class LogDirLock:
             raise LogDirInUseError(
                 f"log_dir {log_dir!r} is in use by another live tedebug session of rank {rank} ({holder}); two runs "
                 f"writing one log_dir would truncate and corrupt each other's statistics files: give this run its "
-                f"own log_dir (initialize(..., log_dir=...)), or end the other one") from None
+                f"own log_dir (initialize(..., log_dir=...)), or end the other one"
+            ) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()} on host {socket.gethostname()}\n".encode())
         self._fd = fd

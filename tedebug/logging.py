@@ -151,8 +151,10 @@ class TextLog:
             except OSError as err:
                 if not self._flush_failed:
                     self._flush_failed = True
-                    sys.stderr.write(f"{STDERR_PREFIX}tedebug: the main log {self.path} could not be written "
-                                     f"({err}); later lines of it may be missing\n")
+                    sys.stderr.write(
+                        f"{STDERR_PREFIX}tedebug: the main log {self.path} could not be written "
+                        f"({err}); later lines of it may be missing\n"
+                    )
 
     def close(self) -> None:
         """Remove and close every handler and forget the logger; the log cannot be written afterwards."""

@@ -101,20 +101,54 @@ HOOKS: Dict[str, HookSpec] = {
     spec.name: spec
     for spec in (
         HookSpec("fp8_gemm_enabled", ("gemm",), ("iteration",), True, "enabled", _enabled_default(True)),
-        HookSpec("modify_tensor_enabled", ("tensor_name", "gemm"), ("iteration",), False, "enabled",
-                 _enabled_default(False)),
-        HookSpec("modify_tensor", ("tensor_name", "gemm"),
-                 ("tensor", "default_quantizer", "iteration", "dtype", "out"), False, "modify", _modify_default),
+        HookSpec(
+            "modify_tensor_enabled", ("tensor_name", "gemm"), ("iteration",), False, "enabled", _enabled_default(False)
+        ),
+        HookSpec(
+            "modify_tensor",
+            ("tensor_name", "gemm"),
+            ("tensor", "default_quantizer", "iteration", "dtype", "out"),
+            False,
+            "modify",
+            _modify_default,
+        ),
         HookSpec("inspect_tensor_enabled", ("tensor_name",), ("iteration",), True, "enabled", _enabled_default(False)),
-        HookSpec("inspect_tensor", ("tensor_name",),
-                 ("tensor", "iteration", "tp_group", "tp_size", "rowwise_quantized_tensor",
-                  "columnwise_quantized_tensor", "quantizer"), True, "inspect", _none_default,
-                 legacy_kwargs=INSPECT_LEGACY_KWARGS),
-        HookSpec("inspect_tensor_postquantize_enabled", ("tensor_name",), ("gemm", "iteration"), True, "enabled",
-                 _enabled_default(False), deprecated=True),
-        HookSpec("inspect_tensor_postquantize", ("tensor_name",),
-                 ("tensor", "iteration", "tp_group", "tp_size", "rowwise"), True, "inspect", _none_default,
-                 legacy_kwargs=POSTQUANTIZE_LEGACY_KWARGS, deprecated=True),
+        HookSpec(
+            "inspect_tensor",
+            ("tensor_name",),
+            (
+                "tensor",
+                "iteration",
+                "tp_group",
+                "tp_size",
+                "rowwise_quantized_tensor",
+                "columnwise_quantized_tensor",
+                "quantizer",
+            ),
+            True,
+            "inspect",
+            _none_default,
+            legacy_kwargs=INSPECT_LEGACY_KWARGS,
+        ),
+        HookSpec(
+            "inspect_tensor_postquantize_enabled",
+            ("tensor_name",),
+            ("gemm", "iteration"),
+            True,
+            "enabled",
+            _enabled_default(False),
+            deprecated=True,
+        ),
+        HookSpec(
+            "inspect_tensor_postquantize",
+            ("tensor_name",),
+            ("tensor", "iteration", "tp_group", "tp_size", "rowwise"),
+            True,
+            "inspect",
+            _none_default,
+            legacy_kwargs=POSTQUANTIZE_LEGACY_KWARGS,
+            deprecated=True,
+        ),
     )
 }
 
@@ -170,8 +204,10 @@ def check_routing_values(hook: str, layer_name: str, kwargs: dict) -> None:
         if value is not None and value not in valid:
             hint = closest(value, valid)
             hint_text = f"; did you mean {hint!r}?" if hint else ""
-            raise ValueError(f"{hook}(layer_name={layer_name!r}): unknown {key} {value!r}{hint_text} "
-                             f"(expected one of {', '.join(valid)})")
+            raise ValueError(
+                f"{hook}(layer_name={layer_name!r}): unknown {key} {value!r}{hint_text} "
+                f"(expected one of {', '.join(valid)})"
+            )
 
 
 def combine_enabled(outputs) -> Tuple[bool, Optional[int]]:
@@ -197,17 +233,22 @@ def check_output(spec: HookSpec, feature: str, layer_name: str, kwargs: dict, re
     kind = spec.kind
     if kind == "inspect":
         if result is not None:
-            raise TypeError(f"{_where(spec, feature, layer_name)}: inspect hooks must return None, "
-                            f"got {type(result).__name__}")
+            raise TypeError(
+                f"{_where(spec, feature, layer_name)}: inspect hooks must return None, got {type(result).__name__}"
+            )
         return
     if kind == "enabled":
         ok = isinstance(result, bool) or (
-            isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], bool)
+            isinstance(result, tuple)
+            and len(result) == 2
+            and isinstance(result[0], bool)
             and (result[1] is None or isinstance(result[1], int))
         )
         if not ok:
-            raise TypeError(f"{_where(spec, feature, layer_name)}: must return a bool or a "
-                            f"(bool, next_iteration_or_None) tuple, got {result!r}")
+            raise TypeError(
+                f"{_where(spec, feature, layer_name)}: must return a bool or a "
+                f"(bool, next_iteration_or_None) tuple, got {result!r}"
+            )
     else:  # modify
         where = _where(spec, feature, layer_name)
         if result is None:
@@ -235,8 +276,17 @@ class _Dispatcher:
     def cache_size(self) -> int:
         return len(self._routes)
 
-    def _decide(self, hook: str, layer_name: str, kwargs: dict, *, multi: bool, gemm_parsing: bool,
-                tensor_parsing: bool, legacy: FrozenSet[str]) -> Tuple[Route, ...]:
+    def _decide(
+        self,
+        hook: str,
+        layer_name: str,
+        kwargs: dict,
+        *,
+        multi: bool,
+        gemm_parsing: bool,
+        tensor_parsing: bool,
+        legacy: FrozenSet[str],
+    ) -> Tuple[Route, ...]:
         block = self._session.config.layer_config(layer_name).get(self.name) or {}
         registry = self._session.registry
         routing = {k: kwargs[k] for k in ("gemm", "tensor_name") if kwargs.get(k) is not None}
@@ -248,17 +298,20 @@ class _Dispatcher:
             if hook not in info.hooks or not feature_cfg:
                 continue
             if "enabled" not in feature_cfg:
-                raise ValueError(f"layer {layer_name!r}: missing required config field 'enabled' under "
-                                 f"{self.name}.{feature}")
+                raise ValueError(
+                    f"layer {layer_name!r}: missing required config field 'enabled' under {self.name}.{feature}"
+                )
             if not feature_cfg["enabled"]:
                 continue
             instance = info.instance()
-            applies, parsed = instance.parse_config_and_api(feature_cfg, gemm_parsing=gemm_parsing,
-                                                            tensor_parsing=tensor_parsing, **routing)
+            applies, parsed = instance.parse_config_and_api(
+                feature_cfg, gemm_parsing=gemm_parsing, tensor_parsing=tensor_parsing, **routing
+            )
             if applies:
                 method = getattr(instance, hook)
-                routes.append(Route(feature, method, feature_cfg if parsed is None else parsed,
-                                    kwargs_to_drop(method, legacy)))
+                routes.append(
+                    Route(feature, method, feature_cfg if parsed is None else parsed, kwargs_to_drop(method, legacy))
+                )
         if len(routes) > 1 and not multi:
             names = ", ".join(r.feature for r in routes)
             raise ValueError(
@@ -267,15 +320,19 @@ class _Dispatcher:
             )
         for route in routes:
             self._session.log_message(
-                f"Debug API call '{hook}' ({routing}) routed to feature '{route.feature}'.", layer_name,
-                logging.DEBUG)
+                f"Debug API call '{hook}' ({routing}) routed to feature '{route.feature}'.", layer_name, logging.DEBUG
+            )
         return tuple(routes)
 
     @staticmethod
     def _invoke(route: Route, hook: str, layer_name: str, kwargs: dict, deprecated: bool) -> Any:
         if deprecated:
-            warnings.warn(f"{hook} is deprecated (feature {route.feature!r}); use inspect_tensor, which receives "
-                          f"the quantized tensors", DeprecationWarning, stacklevel=4)
+            warnings.warn(
+                f"{hook} is deprecated (feature {route.feature!r}); use inspect_tensor, which receives "
+                f"the quantized tensors",
+                DeprecationWarning,
+                stacklevel=4,
+            )
         if route.drop:
             kwargs = {k: v for k, v in kwargs.items() if k not in route.drop}
         return route.method(route.config, layer_name, **kwargs)
@@ -313,8 +370,9 @@ class TransformerEngineNamespace(_Dispatcher):
         """True when `hook` is overridden on this instance (an override is always called)."""
         return hook in self.__dict__
 
-    def routes(self, hook: str, layer_name: str, gemm: Optional[str] = None, tensor_name: Optional[str] = None
-               ) -> Tuple[Route, ...]:
+    def routes(
+        self, hook: str, layer_name: str, gemm: Optional[str] = None, tensor_name: Optional[str] = None
+    ) -> Tuple[Route, ...]:
         """The features serving `hook` for this routing key (empty: the hook's default answers), routing the key
         now (with the checks of a call: names, required routing kwargs) when it is new.  Routing is fixed for the
         session, so callers may keep what they derive from it (`tedebug.plan`)."""
@@ -325,8 +383,15 @@ class TransformerEngineNamespace(_Dispatcher):
             kwargs = {k: v for k, v in (("gemm", gemm), ("tensor_name", tensor_name)) if v is not None}
             check_kwargs(hook, layer_name, kwargs, ALLOWED_KWARGS[hook], spec.required)
             check_routing_values(hook, layer_name, kwargs)
-            routes = self._decide(hook, layer_name, kwargs, multi=spec.multi, gemm_parsing=spec.gemm_parsing,
-                                  tensor_parsing=spec.tensor_parsing, legacy=spec.legacy_kwargs)
+            routes = self._decide(
+                hook,
+                layer_name,
+                kwargs,
+                multi=spec.multi,
+                gemm_parsing=spec.gemm_parsing,
+                tensor_parsing=spec.tensor_parsing,
+                legacy=spec.legacy_kwargs,
+            )
             self._routes[key] = routes
         return routes
 
@@ -384,8 +449,9 @@ class TransformerEngineNamespace(_Dispatcher):
             raise AttributeError(name)
         hint = closest(name, HOOKS)
         hint_text = f"; did you mean {hint!r}?" if hint else ""
-        raise AttributeError(f"namespace 'transformer_engine' has no hook {name!r}{hint_text} "
-                             f"(hooks: {', '.join(HOOKS)})")
+        raise AttributeError(
+            f"namespace 'transformer_engine' has no hook {name!r}{hint_text} (hooks: {', '.join(HOOKS)})"
+        )
 
     def step(self, finished_iteration: int) -> None:
         self._session.stats.step(finished_iteration)
@@ -422,8 +488,9 @@ class BaseNamespace(_Dispatcher):
         key = (layer_name, api, None, kwargs["tensor_name"])
         routes = self._routes.get(key)
         if routes is None:
-            routes = self._decide(api, layer_name, kwargs, multi=False, gemm_parsing=False, tensor_parsing=True,
-                                  legacy=frozenset())
+            routes = self._decide(
+                api, layer_name, kwargs, multi=False, gemm_parsing=False, tensor_parsing=True, legacy=frozenset()
+            )
             self._routes[key] = routes
         if not routes:
             return {}
@@ -474,8 +541,10 @@ class CustomNamespace:
         self.name = name
         self.api = api_class()
         if not hasattr(self.api, "_cacheable_api_kwargs_map"):
-            raise TypeError(f"the API class {api_class.__qualname__} of namespace {name!r} did not set up "
-                            f"BaseNamespaceAPI (call super().__init__() in its __init__)")
+            raise TypeError(
+                f"the API class {api_class.__qualname__} of namespace {name!r} did not set up "
+                f"BaseNamespaceAPI (call super().__init__() in its __init__)"
+            )
         self.api.name = name
         self._routes: Dict[tuple, tuple] = {}
 
@@ -502,13 +571,13 @@ class CustomNamespace:
             if api_name not in info.hooks or not cfg:
                 continue
             if "enabled" not in cfg:
-                raise ValueError(f"layer {layer_name!r}: missing required config field 'enabled' under "
-                                 f"{self.name}.{info.name}")
+                raise ValueError(
+                    f"layer {layer_name!r}: missing required config field 'enabled' under {self.name}.{info.name}"
+                )
             if not cfg["enabled"]:
                 continue
             feature = info.instance()
-            applies, modified = self.api.routing_condition(api_name, copy.deepcopy(cfg), layer_name, feature,
-                                                           **kwargs)
+            applies, modified = self.api.routing_condition(api_name, copy.deepcopy(cfg), layer_name, feature, **kwargs)
             if applies:
                 selected.append((info.name, getattr(feature, api_name), cfg if modified is None else modified))
         return selected
@@ -528,8 +597,10 @@ class CustomNamespace:
             if len(selected) > 1:
                 names = [name for name, _, _ in selected]
                 if not api.is_multiple_feature_invocation_allowed(api_name):
-                    raise ValueError(f"Only 1 operation permitted per API call. Found {len(selected)} features "
-                                     f"{names} enabled for {self.name}.{api_name} on layer {layer_name!r}")
+                    raise ValueError(
+                        f"Only 1 operation permitted per API call. Found {len(selected)} features "
+                        f"{names} enabled for {self.name}.{api_name} on layer {layer_name!r}"
+                    )
                 outputs = []
                 for _, method, cfg in selected:
                     result = api.call_feature(method, cfg, layer_name, **kwargs)
@@ -540,8 +611,11 @@ class CustomNamespace:
             if key is not None:
                 self._routes[key] = route
             if route[0]:
-                self._session.log_message(f"Debug API call '{self.name}.{api_name}' routed to feature "
-                                          f"'{route[0]}'.", layer_name, logging.DEBUG)
+                self._session.log_message(
+                    f"Debug API call '{self.name}.{api_name}' routed to feature '{route[0]}'.",
+                    layer_name,
+                    logging.DEBUG,
+                )
         feature, method, cfg = route
         if method is None:
             return {}
@@ -570,5 +644,7 @@ class CustomNamespace:
 
 def custom_namespaces(session: Any) -> Dict[str, CustomNamespace]:
     """The session's custom namespaces (one per API class in its registry), by name."""
-    return {name: CustomNamespace(session, name, api_class)
-            for name, (api_class, _source) in session.registry.namespace_apis.items()}
+    return {
+        name: CustomNamespace(session, name, api_class)
+        for name, (api_class, _source) in session.registry.namespace_apis.items()
+    }

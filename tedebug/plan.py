@@ -185,8 +185,9 @@ def schedule_only(feature: Any, hook: str) -> bool:
     return declared_by_owner(feature, hook, lambda cls: hook in cls.__dict__.get("SCHEDULE_ONLY_HOOKS", ()))
 
 
-def compile_answer(api: Any, session: Any, hook: str, layer_name: str, gemm: Optional[str],
-                   tensor_name: Optional[str]) -> Answer:
+def compile_answer(
+    api: Any, session: Any, hook: str, layer_name: str, gemm: Optional[str], tensor_name: Optional[str]
+) -> Answer:
     """The answer of one routing key of the session's own namespace `api` (routing it now if it is new)."""
     if api.overridden(hook):
         return CalledAnswer(api, hook, layer_name, gemm, tensor_name)
@@ -195,8 +196,9 @@ def compile_answer(api: Any, session: Any, hook: str, layer_name: str, gemm: Opt
         return ConstantAnswer(HOOKS[hook].default(layer_name, {}))
     features = [getattr(route.method, "__self__", None) for route in routes]
     if all(not r.drop for r in routes) and all(f is not None and schedule_only(f, hook) for f in features):
-        entries = tuple((Schedule.from_config(r.config), bool(getattr(f, "NOTE_STATS", False)))
-                        for r, f in zip(routes, features))
+        entries = tuple(
+            (Schedule.from_config(r.config), bool(getattr(f, "NOTE_STATS", False))) for r, f in zip(routes, features)
+        )
         return ScheduledAnswer(entries, layer_name, session.stats.note_next_iteration)
     return CalledAnswer(api, hook, layer_name, gemm, tensor_name)
 
@@ -216,19 +218,28 @@ class InspectCall:
         self.cacheable = cacheable
         self._target: Optional[Callable] = None
 
-    def __call__(self, iteration: int, tensor: Any, tp_group: Any, tp_size: int, rowwise: Any, columnwise: Any,
-                 quantizer: Any) -> None:
+    def __call__(
+        self, iteration: int, tensor: Any, tp_group: Any, tp_size: int, rowwise: Any, columnwise: Any, quantizer: Any
+    ) -> None:
         target = self._target
         if target is None or INSPECT in self.api.__dict__:  # not bound yet, or overridden since: ask again
             target = self._bind()
         target(iteration, tensor, tp_group, tp_size, rowwise, columnwise, quantizer)
 
-    def _through_namespace(self, iteration: int, tensor: Any, tp_group: Any, tp_size: int, rowwise: Any,
-                           columnwise: Any, quantizer: Any) -> None:
+    def _through_namespace(
+        self, iteration: int, tensor: Any, tp_group: Any, tp_size: int, rowwise: Any, columnwise: Any, quantizer: Any
+    ) -> None:
         self.api.inspect_tensor(
-            self.layer_name, tensor=tensor, tensor_name=self.tensor_name, iteration=iteration, tp_group=tp_group,
-            tp_size=tp_size, rowwise_quantized_tensor=rowwise, columnwise_quantized_tensor=columnwise,
-            quantizer=quantizer)
+            self.layer_name,
+            tensor=tensor,
+            tensor_name=self.tensor_name,
+            iteration=iteration,
+            tp_group=tp_group,
+            tp_size=tp_size,
+            rowwise_quantized_tensor=rowwise,
+            columnwise_quantized_tensor=columnwise,
+            quantizer=quantizer,
+        )
 
     def _bind(self) -> Callable:
         """Route the key (the namespace checks the names and logs the routing, as a call would) and pick the call."""
@@ -248,19 +259,30 @@ class InspectCall:
 
     def _direct(self, route: Any) -> Callable:
         feature = getattr(route.method, "__self__", None)
-        if feature is not None and declared_by_owner(feature, INSPECT,
-                                                     lambda cls: "bind_inspect_tensor" in cls.__dict__):
+        if feature is not None and declared_by_owner(
+            feature, INSPECT, lambda cls: "bind_inspect_tensor" in cls.__dict__
+        ):
             bound = feature.bind_inspect_tensor(route.config, self.layer_name, self.tensor_name)
             if bound is not None:
                 return bound
         method, config, layer_name, tensor_name = route.method, route.config, self.layer_name, self.tensor_name
         spec, name = HOOKS[INSPECT], route.feature
 
-        def call(iteration: int, tensor: Any, tp_group: Any, tp_size: int, rowwise: Any, columnwise: Any,
-                 quantizer: Any) -> None:
-            result = method(config, layer_name, tensor=tensor, tensor_name=tensor_name, iteration=iteration,
-                            tp_group=tp_group, tp_size=tp_size, rowwise_quantized_tensor=rowwise,
-                            columnwise_quantized_tensor=columnwise, quantizer=quantizer)
+        def call(
+            iteration: int, tensor: Any, tp_group: Any, tp_size: int, rowwise: Any, columnwise: Any, quantizer: Any
+        ) -> None:
+            result = method(
+                config,
+                layer_name,
+                tensor=tensor,
+                tensor_name=tensor_name,
+                iteration=iteration,
+                tp_group=tp_group,
+                tp_size=tp_size,
+                rowwise_quantized_tensor=rowwise,
+                columnwise_quantized_tensor=columnwise,
+                quantizer=quantizer,
+            )
             if result is not None:
                 check_output(spec, name, layer_name, {}, result)
 
@@ -310,10 +332,12 @@ class TensorPlan:
     def _compile(self, hook: str, gemm: Optional[str]) -> Answer:
         tensor = self.tensor_name
         if not self.cacheable:
-            return CalledAnswer(self.api, hook, self.layer_name, gemm, None if hook == QUANTIZED_GEMM_ENABLED
-                                else tensor)
-        return compile_answer(self.api, self.session, hook, self.layer_name, gemm,
-                              None if hook == QUANTIZED_GEMM_ENABLED else tensor)
+            return CalledAnswer(
+                self.api, hook, self.layer_name, gemm, None if hook == QUANTIZED_GEMM_ENABLED else tensor
+            )
+        return compile_answer(
+            self.api, self.session, hook, self.layer_name, gemm, None if hook == QUANTIZED_GEMM_ENABLED else tensor
+        )
 
     def directions(self, iteration: int) -> Tuple[Plan, Optional[Plan], bool, bool, Optional[int]]:
         """Questions 2 and 3 at `iteration`: (rowwise plan, columnwise plan, rowwise postquantize, columnwise
@@ -352,8 +376,9 @@ class TensorPlan:
             log(f"Tensor: {self.tensor_name}, gemm {gemm} - {plan.value}", self.layer_name)
 
 
-def compile_plan(session: Any, api: Any, layer_name: str, tensor_name: str, has_parent: bool, iteration: int,
-                 cacheable: bool) -> Tuple[TensorPlan, Optional[tuple]]:
+def compile_plan(
+    session: Any, api: Any, layer_name: str, tensor_name: str, has_parent: bool, iteration: int, cacheable: bool
+) -> Tuple[TensorPlan, Optional[tuple]]:
     """Compile the plan of one tensor, asking its questions at `iteration` in TransformerEngine's order (each once);
     returns the plan and that iteration's answers: ``((inspect enabled, next), directions(iteration))``.  The plan
     is `fixed` when every direction answer asked is constant (and the plan is cacheable)."""
@@ -362,8 +387,19 @@ def compile_plan(session: Any, api: Any, layer_name: str, tensor_name: str, has_
         inspect_enabled = compile_answer(api, session, INSPECT_ENABLED, layer_name, None, tensor_name)
     else:
         inspect_enabled = CalledAnswer(api, INSPECT_ENABLED, layer_name, None, tensor_name)
-    plan = TensorPlan(layer_name, tensor_name, has_parent, rowwise_gemm, columnwise_gemm, api, inspect_enabled,
-                      InspectCall(api, layer_name, tensor_name, cacheable), None, cacheable, session)
+    plan = TensorPlan(
+        layer_name,
+        tensor_name,
+        has_parent,
+        rowwise_gemm,
+        columnwise_gemm,
+        api,
+        inspect_enabled,
+        InspectCall(api, layer_name, tensor_name, cacheable),
+        None,
+        cacheable,
+        session,
+    )
     enabled = inspect_enabled.ask(iteration)
     directions = plan.directions(iteration)
     plan.log_directions(directions[0], directions[1])

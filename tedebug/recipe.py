@@ -83,9 +83,7 @@ def _fp8_format(recipe: str, value) -> Format:
     try:
         fmt = Format(value.value if isinstance(value, enum.Enum) else str(value).upper())
     except ValueError:
-        raise ValueError(
-            f"{recipe}: fp8_format must be 'E4M3' or 'HYBRID', got {value!r}"
-        ) from None
+        raise ValueError(f"{recipe}: fp8_format must be 'E4M3' or 'HYBRID', got {value!r}") from None
     if fmt is Format.E5M2:
         raise ValueError(
             f"{recipe}: fp8_format E5M2 is not supported (pure E5M2 training); use 'HYBRID' "
@@ -153,15 +151,17 @@ class DelayedScaling(Recipe):
     def __post_init__(self) -> None:
         object.__setattr__(self, "fp8_format", _fp8_format("DelayedScaling", self.fp8_format))
         _non_negative("DelayedScaling", "margin", self.margin)
-        if isinstance(self.amax_history_len, bool) or not isinstance(self.amax_history_len, int) \
-                or self.amax_history_len < 1:
+        if (
+            isinstance(self.amax_history_len, bool)
+            or not isinstance(self.amax_history_len, int)
+            or self.amax_history_len < 1
+        ):
             raise ValueError(f"DelayedScaling: amax_history_len must be an int >= 1, got {self.amax_history_len!r}")
         if not isinstance(self.reduce_amax, bool):
             raise ValueError(f"DelayedScaling: reduce_amax must be a bool, got {self.reduce_amax!r}")
         if self.amax_compute_algo not in AMAX_COMPUTE_ALGOS:
             raise ValueError(
-                f"DelayedScaling: amax_compute_algo must be one of {AMAX_COMPUTE_ALGOS}, "
-                f"got {self.amax_compute_algo!r}"
+                f"DelayedScaling: amax_compute_algo must be one of {AMAX_COMPUTE_ALGOS}, got {self.amax_compute_algo!r}"
             )
 
     def _make(self, role: str) -> Quantizer:
@@ -277,8 +277,9 @@ class CustomRecipe(Recipe):
 
     def __post_init__(self) -> None:
         if not callable(self.factory):
-            raise TypeError(f"CustomRecipe: factory must be callable (role -> Quantizer or None), "
-                            f"got {type(self.factory).__name__}")
+            raise TypeError(
+                f"CustomRecipe: factory must be callable (role -> Quantizer or None), got {type(self.factory).__name__}"
+            )
 
     def make_quantizer(self, role: str) -> Optional[Quantizer]:
         quantizer = self.factory(_check_role(role))

@@ -62,10 +62,16 @@ class FeatureLoadError(ImportError):
 # ------------------------------------------------------------------------------------------------- decorators
 def check_namespace_name(namespace: Any, what: str) -> str:
     """`namespace` when it is a valid namespace name (a Python identifier: it is also an attribute of debug_api)."""
-    if not isinstance(namespace, str) or not namespace.isidentifier() or keyword.iskeyword(namespace) \
-            or namespace.startswith("_"):
-        raise ValueError(f"{what}: invalid namespace {namespace!r}; expected {' or '.join(map(repr, NAMESPACES))} "
-                         f"or the name of a custom namespace (a Python identifier not starting with '_')")
+    if (
+        not isinstance(namespace, str)
+        or not namespace.isidentifier()
+        or keyword.iskeyword(namespace)
+        or namespace.startswith("_")
+    ):
+        raise ValueError(
+            f"{what}: invalid namespace {namespace!r}; expected {' or '.join(map(repr, NAMESPACES))} "
+            f"or the name of a custom namespace (a Python identifier not starting with '_')"
+        )
     return namespace
 
 
@@ -93,8 +99,9 @@ def register_namespace_api(namespace: str):
     """Class decorator tagging the API class of custom namespace `namespace` (nvdlfw's
     ``Registry.register_namespace_api``); the class follows the `BaseNamespaceAPI` contract of
     `tedebug.compat.nvdlfw_inspect.base` and is instantiated once per session with no arguments."""
-    return _class_tagger(NAMESPACE_API_ATTR, check_namespace_name(namespace, "register_namespace_api"),
-                         "register_namespace_api")
+    return _class_tagger(
+        NAMESPACE_API_ATTR, check_namespace_name(namespace, "register_namespace_api"), "register_namespace_api"
+    )
 
 
 def api_method(func: Callable) -> Callable:
@@ -116,13 +123,21 @@ class FeatureMapper:
     ``validate_feature_config(cls, cfg)`` raising ValueError with the offending key (called at config load).
     """
 
-    def parse_config_and_api(self, config: dict, *, gemm_parsing: bool = False, tensor_parsing: bool = False,
-                             gemm: Optional[str] = None, tensor_name: Optional[str] = None,
-                             **kwargs: Any) -> Tuple[bool, Optional[dict]]:
+    def parse_config_and_api(
+        self,
+        config: dict,
+        *,
+        gemm_parsing: bool = False,
+        tensor_parsing: bool = False,
+        gemm: Optional[str] = None,
+        tensor_name: Optional[str] = None,
+        **kwargs: Any,
+    ) -> Tuple[bool, Optional[dict]]:
         from tedebug.config.parsing import parse_feature_config
 
-        parsed = parse_feature_config(config, gemm=gemm, tensor_name=tensor_name, gemm_parsing=gemm_parsing,
-                                      tensor_parsing=tensor_parsing)
+        parsed = parse_feature_config(
+            config, gemm=gemm, tensor_name=tensor_name, gemm_parsing=gemm_parsing, tensor_parsing=tensor_parsing
+        )
         return (parsed is not None), parsed
 
 
@@ -204,14 +219,22 @@ class Registry:
             return
         existing = self.namespace_apis.get(namespace)
         if existing is not None and existing[0] is not cls:
-            raise FeatureLoadError(f"namespace {namespace!r} has two API classes: {existing[0].__qualname__} in "
-                                   f"{existing[1]} and {cls.__qualname__} in {source}; keep one")
-        for hook in ("input_assertions_hook", "routing_condition", "output_assertions_hook",
-                     "is_multiple_feature_invocation_allowed"):
+            raise FeatureLoadError(
+                f"namespace {namespace!r} has two API classes: {existing[0].__qualname__} in "
+                f"{existing[1]} and {cls.__qualname__} in {source}; keep one"
+            )
+        for hook in (
+            "input_assertions_hook",
+            "routing_condition",
+            "output_assertions_hook",
+            "is_multiple_feature_invocation_allowed",
+        ):
             if not callable(getattr(cls, hook, None)):
-                raise FeatureLoadError(f"the API class {cls.__qualname__} of namespace {namespace!r} ({source}) has no "
-                                       f"method {hook}; derive it from nvdlfw_inspect.base.BaseNamespaceAPI "
-                                       f"(tedebug.compat.nvdlfw_inspect.base)")
+                raise FeatureLoadError(
+                    f"the API class {cls.__qualname__} of namespace {namespace!r} ({source}) has no "
+                    f"method {hook}; derive it from nvdlfw_inspect.base.BaseNamespaceAPI "
+                    f"(tedebug.compat.nvdlfw_inspect.base)"
+                )
         self.namespace_apis[namespace] = (cls, source)
         self.features.setdefault(namespace, {})
 
@@ -235,7 +258,8 @@ class Registry:
                 raise FeatureLoadError(
                     f"Found features {sorted(features)} for namespace {namespace!r} but API was not found: register "
                     f"its API class with @Registry.register_namespace_api(namespace={namespace!r}) "
-                    f"({', '.join(sorted({info.source for info in features.values()}))})")
+                    f"({', '.join(sorted({info.source for info in features.values()}))})"
+                )
 
     @property
     def custom_namespaces(self) -> List[str]:
@@ -244,7 +268,7 @@ class Registry:
     # ------------------------------------------------------------------ loading
     def load_builtin(self, packages: Union[str, Sequence[str]] = BUILTIN_PACKAGES) -> None:
         """Import every module of the built-in feature packages and register their features."""
-        for package in ([packages] if isinstance(packages, str) else packages):
+        for package in [packages] if isinstance(packages, str) else packages:
             self._load_package(package)
 
     def _load_package(self, package: str) -> None:
@@ -256,8 +280,9 @@ class Registry:
                 module = importlib.import_module(module_name)
             except Exception as exc:
                 path = os.path.join(pkg.__path__[0], entry.name + ("/" if entry.ispkg else ".py"))
-                raise FeatureLoadError(f"failed to import built-in feature module {path}: "
-                                       f"{type(exc).__name__}: {exc}") from exc
+                raise FeatureLoadError(
+                    f"failed to import built-in feature module {path}: {type(exc).__name__}: {exc}"
+                ) from exc
             self._mark_loaded(module)
             self.add_module(module)
 
@@ -303,9 +328,12 @@ class Registry:
 
     def feature_validators(self) -> Dict[Tuple[str, str], Callable[[dict], None]]:
         """(namespace, feature name) -> ``validate_feature_config`` for the features that define one."""
-        return {(ns, name): info.cls.validate_feature_config
-                for ns, features in self.features.items() for name, info in features.items()
-                if callable(getattr(info.cls, "validate_feature_config", None))}
+        return {
+            (ns, name): info.cls.validate_feature_config
+            for ns, features in self.features.items()
+            for name, info in features.items()
+            if callable(getattr(info.cls, "validate_feature_config", None))
+        }
 
     def all_features(self) -> List[FeatureInfo]:
         return [info for features in self.features.values() for info in features.values()]

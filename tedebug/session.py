@@ -79,9 +79,19 @@ def global_rank() -> int:
 class DebugSession:
     """The state of one initialised debug session (see the module docstring)."""
 
-    def __init__(self, *, config: Any, registry: Registry, text_log: TextLog, metric_logger: MetricLogger,
-                 log_dir: str, rank: int, iteration: int = 0, weight_tensor_tp_group_reduce: bool = True,
-                 lock: Optional[LogDirLock] = None):
+    def __init__(
+        self,
+        *,
+        config: Any,
+        registry: Registry,
+        text_log: TextLog,
+        metric_logger: MetricLogger,
+        log_dir: str,
+        rank: int,
+        iteration: int = 0,
+        weight_tensor_tp_group_reduce: bool = True,
+        lock: Optional[LogDirLock] = None,
+    ):
         from tedebug.stats import StatsEngine
 
         self.config = config
@@ -134,8 +144,9 @@ class DebugSession:
         return self.namespaces[BaseNamespace.name]
 
     # ------------------------------------------------------------------ logging
-    def log_message(self, message: str, layer_name: Optional[str] = None, level: int = logging.INFO,
-                    extra_cachable_args: Any = None) -> bool:
+    def log_message(
+        self, message: str, layer_name: Optional[str] = None, level: int = logging.INFO, extra_cachable_args: Any = None
+    ) -> bool:
         """Write `message` (prefixed ``LAYER=<name>: `` when a layer is given) once per distinct
         (layer, message, extra_cachable_args) in this session; True when it was written."""
         key = (layer_name, message, extra_cachable_args)
@@ -208,8 +219,11 @@ class DebugSession:
         except Exception as exc:  # e.g. warnings turned into errors: close everything first, re-raised below
             errors.append(exc)
         self._memos.clear()
-        for action in [self._catch_up] + [ns.end_debug for ns in self.namespaces.values()] + [
-                self.metric_logger.close, self.text_log.close, release]:
+        for action in (
+            [self._catch_up]
+            + [ns.end_debug for ns in self.namespaces.values()]
+            + [self.metric_logger.close, self.text_log.close, release]
+        ):
             try:
                 action()
             except Exception as exc:  # keep closing the rest; re-raised below
@@ -218,9 +232,20 @@ class DebugSession:
             raise errors[0]
 
 
-def _select_sinks(log_dir: str, rank: int, file_name: str, *, statistics_logger: Any, tb_writer: Any, files: bool,
-                  default_logging_enabled: bool, queued: Iterable[Any], text_log: TextLog,
-                  metric_logger: MetricLogger, created: list) -> None:
+def _select_sinks(
+    log_dir: str,
+    rank: int,
+    file_name: str,
+    *,
+    statistics_logger: Any,
+    tb_writer: Any,
+    files: bool,
+    default_logging_enabled: bool,
+    queued: Iterable[Any],
+    text_log: TextLog,
+    metric_logger: MetricLogger,
+    created: list,
+) -> None:
     """Attach the session's sinks; the ones tedebug creates are also appended to `created`."""
     if statistics_logger is not None:
         metric_logger.add_sink(statistics_logger)
@@ -251,10 +276,13 @@ def _load_config(config_file: Any, registry: Registry, text_log: TextLog) -> Any
     elif isinstance(config_file, (str, os.PathLike)):
         text_log.log(f"Reading config from {escape_name(os.fspath(config_file))}.")
     else:
-        raise TypeError(f"initialize: config_file must be a path (str or PathLike), a dict or '', got "
-                        f"{type(config_file).__name__}: {config_file!r}")
-    config = load_config(config_file, feature_names=registry.feature_names(),
-                         feature_validators=registry.feature_validators())
+        raise TypeError(
+            f"initialize: config_file must be a path (str or PathLike), a dict or '', got "
+            f"{type(config_file).__name__}: {config_file!r}"
+        )
+    config = load_config(
+        config_file, feature_names=registry.feature_names(), feature_validators=registry.feature_validators()
+    )
     text_log.log(f"Loaded configs for {list(config.sections)}.")
     return config
 
@@ -272,11 +300,21 @@ def _check_arguments(log_dir: Any, init_training_step: Any, background_logging: 
         raise TypeError(f"initialize: background_logging must be a bool, got {background_logging!r}")
 
 
-def open_session(config_file: Any = "", feature_dirs: Any = None, statistics_logger: Any = None,
-                 log_dir: Any = ".", init_training_step: int = 0, *, tb_writer: Any = None,
-                 default_logging_enabled: bool = False, queued_sinks: Iterable[Any] = (),
-                 weight_tensor_tp_group_reduce: bool = True, background_logging: bool = True,
-                 on_sink_error: str = "warn", statistics_rank0_only: bool = False) -> DebugSession:
+def open_session(
+    config_file: Any = "",
+    feature_dirs: Any = None,
+    statistics_logger: Any = None,
+    log_dir: Any = ".",
+    init_training_step: int = 0,
+    *,
+    tb_writer: Any = None,
+    default_logging_enabled: bool = False,
+    queued_sinks: Iterable[Any] = (),
+    weight_tensor_tp_group_reduce: bool = True,
+    background_logging: bool = True,
+    on_sink_error: str = "warn",
+    statistics_rank0_only: bool = False,
+) -> DebugSession:
     """Build a `DebugSession` (see the module docstring); on failure nothing created is left open."""
     _check_arguments(log_dir, init_training_step, background_logging, on_sink_error)
     if not isinstance(statistics_rank0_only, bool):
@@ -296,22 +334,45 @@ def open_session(config_file: Any = "", feature_dirs: Any = None, statistics_log
     try:
         registry = build_registry(feature_dirs)
         for skipped in registry.skipped_dirs:
-            text_log.log(f"Skipping feature directory {skipped}: it is TransformerEngine's or nvdlfw-inspect's own "
-                         f"feature directory; "
-                         f"tedebug provides these features itself.")
-        for replaced in registry.replaced + [f"{api} ignored: tedebug implements this namespace itself"
-                                             for api in registry.ignored_apis]:
+            text_log.log(
+                f"Skipping feature directory {skipped}: it is TransformerEngine's or nvdlfw-inspect's own "
+                f"feature directory; "
+                f"tedebug provides these features itself."
+            )
+        for replaced in registry.replaced + [
+            f"{api} ignored: tedebug implements this namespace itself" for api in registry.ignored_apis
+        ]:
             text_log.log(f"Feature registry: {replaced}")
         config = _load_config(config_file, registry, text_log)
-        metric_logger = MetricLogger(background=background_logging, on_sink_error=on_sink_error,
-                                     report=lambda message: text_log.log(message, logging.WARNING))
-        session = DebugSession(config=config, registry=registry, text_log=text_log, metric_logger=metric_logger,
-                               log_dir=log_dir, rank=rank, iteration=init_training_step,
-                               weight_tensor_tp_group_reduce=weight_tensor_tp_group_reduce, lock=lock)
-        _select_sinks(log_dir, rank, file_name, statistics_logger=statistics_logger, tb_writer=tb_writer,
-                      files=not (statistics_rank0_only and rank != 0),
-                      default_logging_enabled=default_logging_enabled, queued=queued_sinks, text_log=text_log,
-                      metric_logger=session.metric_logger, created=created)
+        metric_logger = MetricLogger(
+            background=background_logging,
+            on_sink_error=on_sink_error,
+            report=lambda message: text_log.log(message, logging.WARNING),
+        )
+        session = DebugSession(
+            config=config,
+            registry=registry,
+            text_log=text_log,
+            metric_logger=metric_logger,
+            log_dir=log_dir,
+            rank=rank,
+            iteration=init_training_step,
+            weight_tensor_tp_group_reduce=weight_tensor_tp_group_reduce,
+            lock=lock,
+        )
+        _select_sinks(
+            log_dir,
+            rank,
+            file_name,
+            statistics_logger=statistics_logger,
+            tb_writer=tb_writer,
+            files=not (statistics_rank0_only and rank != 0),
+            default_logging_enabled=default_logging_enabled,
+            queued=queued_sinks,
+            text_log=text_log,
+            metric_logger=session.metric_logger,
+            created=created,
+        )
         return session
     except BaseException as error:
         for close in [sink.close for sink in created] + [text_log.close, lock.release]:

@@ -54,9 +54,12 @@ def after_step(session: Any, finished_iteration: int) -> None:
             continue
         seen = ", ".join(layers[:8]) + (f", ... ({len(layers)} in all)" if len(layers) > 8 else "")
         where = f" (line {section.line})" if getattr(section, "line", None) else ""
-        _warn(session, f"tedebug: config section '{section.name}'{where} selected no layer by the end of the first "
-                       f"iteration ({finished_iteration}); it will log nothing unless layers with other names run "
-                       f"later. Layers that ran: {seen or 'none (convert the model with tedebug.convert_model)'}")
+        _warn(
+            session,
+            f"tedebug: config section '{section.name}'{where} selected no layer by the end of the first "
+            f"iteration ({finished_iteration}); it will log nothing unless layers with other names run "
+            f"later. Layers that ran: {seen or 'none (convert the model with tedebug.convert_model)'}",
+        )
 
 
 def _hooks_called_directly(session: Any) -> bool:
@@ -70,15 +73,21 @@ def before_close(session: Any) -> None:
     layers = session.memo(_LAYERS)
     steps = session.memo(_STATE).get("steps", 0)
     if layers and steps == 0:
-        _warn(session, f"tedebug: {len(layers)} layers ran but debug_api.step() was never called; statistics are "
-                       f"emitted at step(), so nothing was logged. Call debug_api.step() at the end of every "
-                       f"training iteration.")
+        _warn(
+            session,
+            f"tedebug: {len(layers)} layers ran but debug_api.step() was never called; statistics are "
+            f"emitted at step(), so nothing was logged. Call debug_api.step() at the end of every "
+            f"training iteration.",
+        )
         return
     store = getattr(session.stats, "_store", None)
     pending = store.fed() if store is not None else ()
     if pending:
         names = sorted({f"{row.key[0]}/{row.key[1]}" for row in pending if hasattr(row, "key")})
         shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
-        _warn(session, f"tedebug: end_debug() drops the statistics of {len(pending)} tensors fed since the last "
-                       f"debug_api.step() (iteration {session.iteration}{': ' + shown if shown else ''}); call "
-                       f"debug_api.step() after the last iteration to write them.")
+        _warn(
+            session,
+            f"tedebug: end_debug() drops the statistics of {len(pending)} tensors fed since the last "
+            f"debug_api.step() (iteration {session.iteration}{': ' + shown if shown else ''}); call "
+            f"debug_api.step() after the last iteration to write them.",
+        )

@@ -34,8 +34,12 @@ def start(tmp_path):
     def _start(features, regex=".*", **initialize_kwargs):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # "running without config" when there are no features
-            debug_api.initialize(config_file=make_debug_config(features, regex),
-                                 feature_dirs=[str(DEBUG_FEATURE_DIR)], log_dir=str(tmp_path), **initialize_kwargs)
+            debug_api.initialize(
+                config_file=make_debug_config(features, regex),
+                feature_dirs=[str(DEBUG_FEATURE_DIR)],
+                log_dir=str(tmp_path),
+                **initialize_kwargs,
+            )
         return sys.modules[user_module_name(os.path.realpath(DEBUG_FEATURE_FILE))]
 
     yield _start

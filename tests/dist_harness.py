@@ -67,8 +67,9 @@ def spawn(worker, world: int, *args):
     skip_unless_runnable(world)
     out_dir = tempfile.mkdtemp(prefix="tedebug-dist-")
     name = worker.__name__
-    ctx = mp.start_processes(_entry, args=(world, _free_port(), out_dir, name, worker, args), nprocs=world,
-                             join=False, start_method="spawn")
+    ctx = mp.start_processes(
+        _entry, args=(world, _free_port(), out_dir, name, worker, args), nprocs=world, join=False, start_method="spawn"
+    )
     deadline = time.monotonic() + TIMEOUT_S
     try:
         while not ctx.join(timeout=0.5):

@@ -14,9 +14,15 @@ import torch
 
 from tedebug import debug_api
 
-CONFIG = {"s": {"enabled": True, "layers": {"layer_types": ["layer"]},
-                "transformer_engine": {"LogTensorStats": {"enabled": True, "tensors": ["activation"],
-                                                          "stats": ["max", "min", "mean"]}}}}
+CONFIG = {
+    "s": {
+        "enabled": True,
+        "layers": {"layer_types": ["layer"]},
+        "transformer_engine": {
+            "LogTensorStats": {"enabled": True, "tensors": ["activation"], "stats": ["max", "min", "mean"]}
+        },
+    }
+}
 PAUSE_S = 0.002
 
 
@@ -25,8 +31,9 @@ def loop(log_dir: str, raise_at: int) -> None:
     te = debug_api.transformer_engine
     base = torch.linspace(-1.0, 0.5, 64)
     for iteration in range(100_000):
-        te.inspect_tensor("layer", tensor=base + iteration, tensor_name="activation", iteration=iteration,
-                          tp_group=None)
+        te.inspect_tensor(
+            "layer", tensor=base + iteration, tensor_name="activation", iteration=iteration, tp_group=None
+        )
         debug_api.step()
         print(iteration, flush=True)
         if iteration == raise_at:

@@ -20,8 +20,10 @@ from dataclasses import dataclass, field
 from typing import List, Set
 
 CHILD = pathlib.Path(__file__).resolve().parent / "fault_child.py"
-TEXT_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} - INFO - layer_activation_(max|min|mean) \t\t\t\t "
-                       r"iteration=(\d{6}) \t\t\t\t value=-?\d+\.\d{4}$")
+TEXT_LINE = re.compile(
+    r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} - INFO - layer_activation_(max|min|mean) \t\t\t\t "
+    r"iteration=(\d{6}) \t\t\t\t value=-?\d+\.\d{4}$"
+)
 
 
 @dataclass

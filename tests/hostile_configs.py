@@ -48,8 +48,10 @@ _TEXTS: List[Tuple[str, object]] = [
     ("alias bomb 9^6", _alias_bomb(6)),
     ("alias bomb 9^9", _alias_bomb(9)),
     ("alias bomb 9^12", _alias_bomb(12)),
-    ("alias bomb inside a section", GOOD + "  bomb:\n" + "".join(
-        "    " + line + "\n" for line in _alias_bomb(9).splitlines())),
+    (
+        "alias bomb inside a section",
+        GOOD + "  bomb:\n" + "".join("    " + line + "\n" for line in _alias_bomb(9).splitlines()),
+    ),
     ("900-deep flow sequence", "a: " + "[" * 900 + "]" * 900 + "\n"),
     ("900-deep flow mapping", "a: " + "{a: " * 900 + "1" + "}" * 900 + "\n"),
     ("200-deep block mapping", "".join("  " * i + f"k{i}:\n" for i in range(200)) + "  " * 200 + "v\n"),
@@ -87,10 +89,15 @@ _TEXTS: List[Tuple[str, object]] = [
     ("section without enabled", _replace("  enabled: True\n  layers", "  layers")),
     ("section without layers", _replace("  layers:\n    layer_types: [fc1]\n", "")),
     ("empty tensors", _replace("[activation]", "[]")),
-    ("tensors items commented out", _replace("      tensors: [activation]",
-                                             "      tensors:\n      # - activation")),
-    ("empty gemms", GOOD.replace("    LogTensorStats:", "    FakeQuant:\n      enabled: True\n      gemms: []\n"
-                                 "      tensors: [activation]\n      quant_format: FP8E4M3\n    LogTensorStats:")),
+    ("tensors items commented out", _replace("      tensors: [activation]", "      tensors:\n      # - activation")),
+    (
+        "empty gemms",
+        GOOD.replace(
+            "    LogTensorStats:",
+            "    FakeQuant:\n      enabled: True\n      gemms: []\n"
+            "      tensors: [activation]\n      quant_format: FP8E4M3\n    LogTensorStats:",
+        ),
+    ),
     ("empty stats", _replace("[max]", "[]")),
     ("stats string", _replace("[max]", "max")),
     ("stats typo l2norm", _replace("[max]", "[l2norm]")),
@@ -111,16 +118,27 @@ _TEXTS: List[Tuple[str, object]] = [
     ("empty namespace block", "s:\n  enabled: True\n  layers:\n    layer_types: [fc1]\n  transformer_engine:\n"),
     ("empty feature block", _replace("      enabled: True\n      tensors: [activation]\n      stats: [max]\n", "")),
     # (a section-level LogTensorStats is nvdlfw-inspect's generic base feature: valid, with a warning)
-    ("feature outside its namespace", "s:\n  enabled: True\n  layers:\n    layer_types: [fc1]\n"
-                                      "  LogFp8TensorStats:\n    enabled: True\n    tensors: [activation]\n"
-                                      "    stats: [underflows%]\n"),
-    ("FakeQuant outside its namespace", "s:\n  enabled: True\n  layers:\n    layer_types: [fc1]\n"
-                                        "  FakeQuant:\n    enabled: True\n    gemms: [fprop]\n"
-                                        "    tensors: [activation]\n    quant_format: FP8E4M3\n"),
+    (
+        "feature outside its namespace",
+        "s:\n  enabled: True\n  layers:\n    layer_types: [fc1]\n"
+        "  LogFp8TensorStats:\n    enabled: True\n    tensors: [activation]\n"
+        "    stats: [underflows%]\n",
+    ),
+    (
+        "FakeQuant outside its namespace",
+        "s:\n  enabled: True\n  layers:\n    layer_types: [fc1]\n"
+        "  FakeQuant:\n    enabled: True\n    gemms: [fprop]\n"
+        "    tensors: [activation]\n    quant_format: FP8E4M3\n",
+    ),
     ("unknown namespace", _replace("transformer_engine:", "transformer_engin:")),
     ("unknown feature", _replace("LogTensorStats:", "LogTensorStat:")),
-    ("feature block a list", _replace("    LogTensorStats:\n      enabled: True\n      tensors: [activation]\n"
-                                      "      stats: [max]\n", "    LogTensorStats: [1, 2]\n")),
+    (
+        "feature block a list",
+        _replace(
+            "    LogTensorStats:\n      enabled: True\n      tensors: [activation]\n      stats: [max]\n",
+            "    LogTensorStats: [1, 2]\n",
+        ),
+    ),
     ("feature unknown key", _replace("      stats: [max]", "      stats: [max]\n      frequency: 2")),
     ("freq 0", _replace("      stats: [max]", "      stats: [max]\n      freq: 0")),
     ("freq string", _replace("      stats: [max]", "      stats: [max]\n      freq: '10'")),
@@ -131,29 +149,64 @@ _TEXTS: List[Tuple[str, object]] = [
     ("negative start_step", _replace("      stats: [max]", "      stats: [max]\n      start_step: -3")),
     ("unknown tensor name", _replace("[activation]", "[activations]")),
     ("tensor name number", _replace("[activation]", "[7]")),
-    ("tensors_struct without tensor", _replace("      tensors: [activation]",
-                                               "      tensors_struct:\n        - stats: [max]")),
+    (
+        "tensors_struct without tensor",
+        _replace("      tensors: [activation]", "      tensors_struct:\n        - stats: [max]"),
+    ),
     ("blockwise block_size 0", _replace("[max]", "[{max_blockwise_dynamic_range: {block_size: 0}}]")),
     ("blockwise dims 3", _replace("[max]", "[{max_blockwise_dynamic_range: {block_size: 4, dims: 3}}]")),
     ("blockwise unknown key", _replace("[max]", "[{max_blockwise_dynamic_range: {size: 4}}]")),
     ("blockwise as a string", _replace("[max]", "[max_blockwise_dynamic_range]")),
-    ("FakeQuant bad format", GOOD.replace("    LogTensorStats:", "    FakeQuant:\n      enabled: True\n"
-                                          "      gemms: [fprop]\n      tensors: [activation]\n"
-                                          "      quant_format: FP8E3M4\n    LogTensorStats:")),
-    ("FakeQuant bad gemm", GOOD.replace("    LogTensorStats:", "    FakeQuant:\n      enabled: True\n"
-                                        "      gemms: [fprop2]\n      tensors: [activation]\n"
-                                        "      quant_format: FP8E4M3\n    LogTensorStats:")),
-    ("gemms_struct with enabled", GOOD.replace("    LogTensorStats:", "    DisableQuantizationGEMM:\n"
-                                               "      enabled: True\n      gemms_struct:\n"
-                                               "        - gemm: fprop\n          enabled: True\n    LogTensorStats:")),
-    ("DumpTensors flag string", GOOD.replace("    LogTensorStats:", "    DumpTensors:\n      enabled: True\n"
-                                             "      tensors: [activation]\n      high_precision_tensor: 'yes'\n"
-                                             "    LogTensorStats:")),
-    ("garbage in a disabled section", GOOD + "spare:\n  enabled: False\n  layers: {layer_typo: [x]}\n"
-                                             "  transformer_engine:\n    NoSuchFeature: {enabled: True}\n"),
-    ("garbage in a disabled feature", _replace("      stats: [max]", "      stats: [max]\n    FakeQuant:\n"
-                                               "      enabled: False\n      gemms: [fprop]\n"
-                                               "      tensors: [activation]\n      quant_format: bogus")),
+    (
+        "FakeQuant bad format",
+        GOOD.replace(
+            "    LogTensorStats:",
+            "    FakeQuant:\n      enabled: True\n"
+            "      gemms: [fprop]\n      tensors: [activation]\n"
+            "      quant_format: FP8E3M4\n    LogTensorStats:",
+        ),
+    ),
+    (
+        "FakeQuant bad gemm",
+        GOOD.replace(
+            "    LogTensorStats:",
+            "    FakeQuant:\n      enabled: True\n"
+            "      gemms: [fprop2]\n      tensors: [activation]\n"
+            "      quant_format: FP8E4M3\n    LogTensorStats:",
+        ),
+    ),
+    (
+        "gemms_struct with enabled",
+        GOOD.replace(
+            "    LogTensorStats:",
+            "    DisableQuantizationGEMM:\n"
+            "      enabled: True\n      gemms_struct:\n"
+            "        - gemm: fprop\n          enabled: True\n    LogTensorStats:",
+        ),
+    ),
+    (
+        "DumpTensors flag string",
+        GOOD.replace(
+            "    LogTensorStats:",
+            "    DumpTensors:\n      enabled: True\n"
+            "      tensors: [activation]\n      high_precision_tensor: 'yes'\n"
+            "    LogTensorStats:",
+        ),
+    ),
+    (
+        "garbage in a disabled section",
+        GOOD + "spare:\n  enabled: False\n  layers: {layer_typo: [x]}\n"
+        "  transformer_engine:\n    NoSuchFeature: {enabled: True}\n",
+    ),
+    (
+        "garbage in a disabled feature",
+        _replace(
+            "      stats: [max]",
+            "      stats: [max]\n    FakeQuant:\n"
+            "      enabled: False\n      gemms: [fprop]\n"
+            "      tensors: [activation]\n      quant_format: bogus",
+        ),
+    ),
     ("every section disabled", _replace("  enabled: True\n  layers", "  enabled: False\n  layers")),
     ("section is a list", "s: [1, 2]\n"),
     ("section is a string", "s: on\n"),
@@ -164,15 +217,31 @@ _TEXTS: List[Tuple[str, object]] = [
 
 # (label, dict source) -- dict-only hostile inputs (no file)
 _DICTS: List[Tuple[str, object]] = [
-    ("dict: enabled 'False'", {"s": {"enabled": "False", "layers": {"layer_types": ["x"]},
-                                     "transformer_engine": {"LogTensorStats": {"enabled": True,
-                                                                              "tensors": ["activation"],
-                                                                              "stats": ["max"]}}}}),
+    (
+        "dict: enabled 'False'",
+        {
+            "s": {
+                "enabled": "False",
+                "layers": {"layer_types": ["x"]},
+                "transformer_engine": {
+                    "LogTensorStats": {"enabled": True, "tensors": ["activation"], "stats": ["max"]}
+                },
+            }
+        },
+    ),
     ("dict: enabled numpy-like int", {"s": {"enabled": 1, "layers": {"layer_types": ["x"]}}}),
-    ("dict: non-str stat", {"s": {"enabled": True, "layers": {"layer_types": ["x"]},
-                                  "transformer_engine": {"LogTensorStats": {"enabled": True,
-                                                                           "tensors": ["activation"],
-                                                                           "stats": [object()]}}}}),
+    (
+        "dict: non-str stat",
+        {
+            "s": {
+                "enabled": True,
+                "layers": {"layer_types": ["x"]},
+                "transformer_engine": {
+                    "LogTensorStats": {"enabled": True, "tensors": ["activation"], "stats": [object()]}
+                },
+            }
+        },
+    ),
     ("dict: empty", {}),
     ("dict: tuple section", {"s": (1, 2)}),
 ]
@@ -208,8 +277,21 @@ def hand_written(folder: pathlib.Path) -> List[Tuple[str, object]]:
 
 
 _MUTATIONS = (
-    "drop_line", "duplicate_line", "swap_lines", "truncate", "quote_bool", "flip_bool", "typo_key", "typo_value",
-    "indent", "dedent", "empty_list", "insert_tab", "insert_control", "insert_alias", "stringify_list",
+    "drop_line",
+    "duplicate_line",
+    "swap_lines",
+    "truncate",
+    "quote_bool",
+    "flip_bool",
+    "typo_key",
+    "typo_value",
+    "indent",
+    "dedent",
+    "empty_list",
+    "insert_tab",
+    "insert_control",
+    "insert_alias",
+    "stringify_list",
 )
 
 

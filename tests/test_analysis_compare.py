@@ -40,7 +40,7 @@ def write_run(run_dir, planted=()):
 
 
 PLANTED = [
-    ("blocks.10.mlp.fc1", "gradient", "std", 35, 1.3),   # the first departure of std (iteration 35) ...
+    ("blocks.10.mlp.fc1", "gradient", "std", 35, 1.3),  # the first departure of std (iteration 35) ...
     ("blocks.2.attn.qkv", "activation", "std", 35, 1.2),  # ... also at 35, shallower: named first
     ("blocks.1.attn.qkv", "activation", "std", 60, 2.0),  # shallowest, but later
     ("blocks.7.mlp.fc1", "activation", "max", 80, 1.04),  # below the default threshold of 5 %
@@ -76,13 +76,18 @@ def test_planted_divergence_is_found_at_its_layer_and_iteration(runs):
     assert (mx.iteration, mx.layer, mx.tensor, mx.rel) == (90, "blocks.9.attn.qkv", "gradient", 0.5)
     assert [d.stat for d in result.departures] == ["std", "max"]  # earliest first
     assert [(layer, it, stat, tensor) for layer, it, stat, tensor, _ in result.layer_first] == [
-        ("blocks.1.attn.qkv", 60, "std", "activation"), ("blocks.2.attn.qkv", 35, "std", "activation"),
-        ("blocks.9.attn.qkv", 90, "max", "gradient"), ("blocks.10.mlp.fc1", 35, "std", "gradient")]  # model order
+        ("blocks.1.attn.qkv", 60, "std", "activation"),
+        ("blocks.2.attn.qkv", 35, "std", "activation"),
+        ("blocks.9.attn.qkv", 90, "max", "gradient"),
+        ("blocks.10.mlp.fc1", 35, "std", "gradient"),
+    ]  # model order
 
     text = compare.format_comparison(result)
     assert a == 1.075  # layer index 4 (blocks.2.attn.qkv), tensor 0, stat 0, iteration 35
-    assert "  std  iteration     35  blocks.2.attn.qkv activation: A=1.075 B=1.29 rel=0.1667; also " \
-           "blocks.10.mlp.fc1 gradient\n" in text
+    assert (
+        "  std  iteration     35  blocks.2.attn.qkv activation: A=1.075 B=1.29 rel=0.1667; also "
+        "blocks.10.mlp.fc1 gradient\n" in text
+    )
     assert "  blocks.10.mlp.fc1  iteration     35  std of gradient (rel=0.2308)\n" in text  # 0.3 / 1.3
     assert "within the threshold throughout: underflows%" in text
 
@@ -93,8 +98,10 @@ def test_threshold_and_stat_selection(runs):
     assert (d.stat, d.iteration, d.layer, d.tensor) == ("max", 80, "blocks.7.mlp.fc1", "activation")
     assert set(low.aligned["stat"]) == {"max"}
     high = compare.compare_runs(*runs, threshold=0.45)  # only the 2x and 0.5x changes (rel 0.5) depart
-    assert [(d.stat, d.iteration, d.layer) for d in high.departures] == [("std", 60, "blocks.1.attn.qkv"),
-                                                                        ("max", 90, "blocks.9.attn.qkv")]
+    assert [(d.stat, d.iteration, d.layer) for d in high.departures] == [
+        ("std", 60, "blocks.1.attn.qkv"),
+        ("max", 90, "blocks.9.attn.qkv"),
+    ]
     none = compare.compare_runs(runs[0], runs[0])
     assert not none.departed and "no statistic departs" in compare.format_comparison(none)
     missing = compare.compare_runs(*runs, stats=["l2norm"])

@@ -95,8 +95,11 @@ def test_errors_name_the_file_and_line(tmp_path):
     with pytest.raises(ValueError, match=r"metrics_globalrank-0.jsonl:3: not a JSON object"):
         load.load_stats(str(tmp_path))
     with open(path, "w") as f:
-        f.write(json.dumps({"iteration": 0, "name": "a", "layer": "a", "tensor": "activation", "stat": "max",
-                            "value": 1.0}) + "\n" + '{"iteration": 1, "na')
+        f.write(
+            json.dumps({"iteration": 0, "name": "a", "layer": "a", "tensor": "activation", "stat": "max", "value": 1.0})
+            + "\n"
+            + '{"iteration": 1, "na'
+        )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         frame = load.load_stats(str(tmp_path))

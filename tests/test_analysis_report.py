@@ -45,8 +45,11 @@ def read_record(log_dir):
     """{(layer, tensor, stat, iteration): value} straight from the JSONL file (an oracle independent of pandas)."""
     path = os.path.join(log_dir, "tedebug_statistics", "metrics_globalrank-0.jsonl")
     with open(path) as f:
-        return {(r["layer"], r["tensor"], r["stat"], r["iteration"]): r["value"] for r in map(json.loads, f)
-                if r["layer"] is not None}
+        return {
+            (r["layer"], r["tensor"], r["stat"], r["iteration"]): r["value"]
+            for r in map(json.loads, f)
+            if r["layer"] is not None
+        }
 
 
 class Page(html.parser.HTMLParser):
@@ -92,7 +95,7 @@ def png_size(data_uri):
     """(width, height) from the PNG's IHDR chunk (checks the signature)."""
     prefix = "data:image/png;base64,"
     assert data_uri.startswith(prefix)
-    raw = base64.b64decode(data_uri[len(prefix):])
+    raw = base64.b64decode(data_uri[len(prefix) :])
     assert raw[:8] == b"\x89PNG\r\n\x1a\n" and raw[12:16] == b"IHDR"
     return struct.unpack(">II", raw[16:24])
 
@@ -176,17 +179,21 @@ def write_nonfinite_run(run_dir):
     records = []
     for iteration in range(0, 50, 10):
         bad = iteration >= 20
-        records += [("l0_activation_nan_count", 0, iteration, "l0", "activation", "nan_count"),
-                    ("l1_gradient_nan_count", 7 if bad else 0, iteration, "l1", "gradient", "nan_count"),
-                    ("l1_gradient_max", float("nan") if bad else 1.0, iteration, "l1", "gradient", "max"),
-                    ("l0_activation_max", 2.0, iteration, "l0", "activation", "max")]
+        records += [
+            ("l0_activation_nan_count", 0, iteration, "l0", "activation", "nan_count"),
+            ("l1_gradient_nan_count", 7 if bad else 0, iteration, "l1", "gradient", "nan_count"),
+            ("l1_gradient_max", float("nan") if bad else 1.0, iteration, "l1", "gradient", "max"),
+            ("l0_activation_max", 2.0, iteration, "l0", "activation", "max"),
+        ]
     sink.log_scalars(records)
     sink.close()
     os.makedirs(os.path.join(run_dir, "nvdlfw_inspect_logs"))
     with open(os.path.join(run_dir, "nvdlfw_inspect_logs", "nvdlfw_inspect_globalrank-0.log"), "w") as f:
-        f.write("2026-01-01 00:00:00,000 - INFO - Reading config from Python dictionary.\n"
-                "2026-01-01 00:00:01,000 - WARNING - LAYER=l1: First non-finite values: layer=l1 tensor=gradient "
-                "gemm=dgrad/wgrad iteration=20 nan_count=7 inf_count=0\n")
+        f.write(
+            "2026-01-01 00:00:00,000 - INFO - Reading config from Python dictionary.\n"
+            "2026-01-01 00:00:01,000 - WARNING - LAYER=l1: First non-finite values: layer=l1 tensor=gradient "
+            "gemm=dgrad/wgrad iteration=20 nan_count=7 inf_count=0\n"
+        )
 
 
 def test_nonfinite_events_name_layer_tensor_gemm_and_iterations(tmp_path):
@@ -194,14 +201,25 @@ def test_nonfinite_events_name_layer_tensor_gemm_and_iterations(tmp_path):
     built = report.build_report(str(tmp_path))
     section = next(s for s in built.sections if s.anchor == "nonfinite")
     lines = section.text.splitlines()
-    assert lines[0].split() == ["layer", "tensor", "GEMMs", "statistic", "event", "first", "iteration", "last",
-                                "iteration", "iterations", "largest", "count"]
-    assert lines[2].split() == ["l1", "gradient", "dgrad/wgrad", "nan_count", "count", ">", "0", "20", "40", "3",
-                                "7"]
-    assert lines[3].split() == ["l1", "gradient", "dgrad/wgrad", "max", "value", "is", "NaN/Inf", "20", "40", "3",
-                                "-"]
-    assert lines[4].endswith("First non-finite values: layer=l1 tensor=gradient gemm=dgrad/wgrad iteration=20 "
-                             "nan_count=7 inf_count=0")
+    assert lines[0].split() == [
+        "layer",
+        "tensor",
+        "GEMMs",
+        "statistic",
+        "event",
+        "first",
+        "iteration",
+        "last",
+        "iteration",
+        "iterations",
+        "largest",
+        "count",
+    ]
+    assert lines[2].split() == ["l1", "gradient", "dgrad/wgrad", "nan_count", "count", ">", "0", "20", "40", "3", "7"]
+    assert lines[3].split() == ["l1", "gradient", "dgrad/wgrad", "max", "value", "is", "NaN/Inf", "20", "40", "3", "-"]
+    assert lines[4].endswith(
+        "First non-finite values: layer=l1 tensor=gradient gemm=dgrad/wgrad iteration=20 nan_count=7 inf_count=0"
+    )
     config = next(s for s in built.sections if s.anchor == "config")
     assert "Python dictionary" in config.text
 
@@ -226,9 +244,21 @@ def test_report_renders_in_headless_chromium(page, tmp_path):
     text, _ = page
     path, shot = tmp_path / "report.html", tmp_path / "shot.png"
     path.write_text(text, encoding="utf-8")
-    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                    f"--screenshot={shot}", "--window-size=1400,4000", path.as_uri()],
-                   check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            f"--screenshot={shot}",
+            "--window-size=1400,4000",
+            path.as_uri(),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     import matplotlib.image
 
     pixels = matplotlib.image.imread(str(shot))

@@ -21,10 +21,23 @@ def test_end_to_end_bench_runs_its_three_settings(monkeypatch):
 
     monkeypatch.setattr(engine_module.StatsEngine, "feed", counting_feed)
     layers, iters, warmup, rounds = 2, 2, 1, 2
-    rows = bench.bench_end_to_end(layers=layers, hidden=32, heads=2, batch=1, seq=8, iters=iters, warmup=warmup,
-                                  rounds=rounds, device="cpu", dtype=torch.float32)
-    assert [r["setting"] for r in rows] == ["no debug_api (baseline)", "initialised, nothing active",
-                                            "LogTensorStats, 6 tensors x 8 GEMMs, freq 1"]
+    rows = bench.bench_end_to_end(
+        layers=layers,
+        hidden=32,
+        heads=2,
+        batch=1,
+        seq=8,
+        iters=iters,
+        warmup=warmup,
+        rounds=rounds,
+        device="cpu",
+        dtype=torch.float32,
+    )
+    assert [r["setting"] for r in rows] == [
+        "no debug_api (baseline)",
+        "initialised, nothing active",
+        "LogTensorStats, 6 tensors x 8 GEMMs, freq 1",
+    ]
     for row in rows:
         assert 0 < row["min_ms"] <= row["ms"] <= row["max_ms"]
         assert row["overhead"] == pytest.approx(row["ms"] / rows[0]["ms"] - 1.0)
@@ -51,19 +64,40 @@ def test_recipe_bench_runs_every_recipe_on_cpu(monkeypatch):
         return real(self, tensor, **kwargs)
 
     monkeypatch.setattr(Quantizer, "quantize", counting)
-    rows = bench.bench_recipes(layers=1, hidden=64, heads=2, batch=1, seq=32, iters=1, warmup=1, rounds=1,
-                               device="cpu", dtype=torch.float32)
+    rows = bench.bench_recipes(
+        layers=1, hidden=64, heads=2, batch=1, seq=32, iters=1, warmup=1, rounds=1, device="cpu", dtype=torch.float32
+    )
     assert [r["setting"] for r in rows] == ["plain torch (baseline)", "converted, high precision", *bench.RECIPES]
     assert rows[0]["ratio"] == 1.0 and all(r["ms"] > 0 and r["ratio"] > 0 for r in rows)
-    assert set(used) == {"Float8CurrentScalingQuantizer", "Float8Quantizer", "Float8BlockQuantizer",
-                         "MXFP8Quantizer", "NVFP4Quantizer"}
+    assert set(used) == {
+        "Float8CurrentScalingQuantizer",
+        "Float8Quantizer",
+        "Float8BlockQuantizer",
+        "MXFP8Quantizer",
+        "NVFP4Quantizer",
+    }
 
 
 def test_recipe_bench_command_on_cpu(capsys):
     from tedebug.cli import main
 
-    code = main(["bench", "--e2e", "--recipes", "--device", "cpu", "--rounds", "1", "--steps", "1", "--layers", "1",
-                 "--only", "MXFP8BlockScaling"])
+    code = main(
+        [
+            "bench",
+            "--e2e",
+            "--recipes",
+            "--device",
+            "cpu",
+            "--rounds",
+            "1",
+            "--steps",
+            "1",
+            "--layers",
+            "1",
+            "--only",
+            "MXFP8BlockScaling",
+        ]
+    )
     out = capsys.readouterr().out
     assert not code  # main returns 0 (or None) on success and raises SystemExit otherwise
     assert "plain torch (baseline)" in out and "MXFP8BlockScaling" in out and "NVFP4BlockScaling" not in out
@@ -81,12 +115,25 @@ def test_end_to_end_bench_fp8_rows_feed_three_tensors_each(monkeypatch):
 
     monkeypatch.setattr(engine_module.StatsEngine, "feed", counting_feed)
     layers, iters, warmup = 1, 1, 1
-    rows = bench.bench_end_to_end(layers=layers, hidden=32, heads=2, batch=1, seq=16, iters=iters, warmup=warmup,
-                                  rounds=1, device="cpu", dtype=torch.float32, fp8=True)
+    rows = bench.bench_end_to_end(
+        layers=layers,
+        hidden=32,
+        heads=2,
+        batch=1,
+        seq=16,
+        iters=iters,
+        warmup=warmup,
+        rounds=1,
+        device="cpu",
+        dtype=torch.float32,
+        fp8=True,
+    )
     labels = [r["setting"] for r in rows]
-    assert labels[3:] == ["FP8 current scaling, no debug_api (FP8 baseline)",
-                          "FP8 + LogFp8TensorStats, 3 tensors x 4 GEMMs",
-                          "FP8 + LogTensorStats + LogFp8TensorStats, 3 x 4"]
+    assert labels[3:] == [
+        "FP8 current scaling, no debug_api (FP8 baseline)",
+        "FP8 + LogFp8TensorStats, 3 tensors x 4 GEMMs",
+        "FP8 + LogTensorStats + LogFp8TensorStats, 3 x 4",
+    ]
     assert rows[3]["overhead"] == 0.0 and rows[3]["per_tensor_us"] is None
     assert rows[4]["overhead"] == pytest.approx(rows[4]["ms"] / rows[3]["ms"] - 1.0)
     assert rows[4]["per_tensor_us"] == pytest.approx((rows[4]["ms"] - rows[3]["ms"]) * 1e3 / 12)
@@ -101,8 +148,24 @@ def test_end_to_end_bench_fp8_rows_feed_three_tensors_each(monkeypatch):
 def test_end_to_end_bench_command_on_cpu(capsys):
     from tedebug.cli import main
 
-    code = main(["bench", "--e2e", "--device", "cpu", "--rounds", "1", "--steps", "1", "--layers", "1",
-                 "--hidden", "32", "--seq", "8"])
+    code = main(
+        [
+            "bench",
+            "--e2e",
+            "--device",
+            "cpu",
+            "--rounds",
+            "1",
+            "--steps",
+            "1",
+            "--layers",
+            "1",
+            "--hidden",
+            "32",
+            "--seq",
+            "8",
+        ]
+    )
     out = capsys.readouterr().out
     assert not code
     assert "no debug_api (baseline)" in out and "us/tensor" in out and "FP8" not in out

@@ -15,12 +15,22 @@ from tedebug.recipe import DelayedScaling, Float8CurrentScaling
 
 from support.features import RecordingSink, section
 
-CONFIG = section({
-    "LogTensorStats": {"enabled": True, "stats": ["l1_norm", "max", "std"],
-                       "tensors": ["activation", "gradient", "weight", "output"], "freq": 1},
-    "LogFp8TensorStats": {"enabled": True, "stats": ["underflows%", "mse", "mxfp8_mse"],
-                          "tensors": ["activation", "gradient", "weight"], "freq": 1},
-})
+CONFIG = section(
+    {
+        "LogTensorStats": {
+            "enabled": True,
+            "stats": ["l1_norm", "max", "std"],
+            "tensors": ["activation", "gradient", "weight", "output"],
+            "freq": 1,
+        },
+        "LogFp8TensorStats": {
+            "enabled": True,
+            "stats": ["underflows%", "mse", "mxfp8_mse"],
+            "tensors": ["activation", "gradient", "weight"],
+            "freq": 1,
+        },
+    }
+)
 
 
 class Block(torch.nn.Module):
@@ -74,8 +84,9 @@ def train(tmp_path, recipe, mode, *, backward_in_autocast=False, steps=3):
     return torch.stack(losses), sink.values(), [p.detach().clone() for p in model.parameters()]
 
 
-@pytest.mark.parametrize("recipe", [Float8CurrentScaling(), DelayedScaling(amax_history_len=4)],
-                         ids=["current", "delayed"])
+@pytest.mark.parametrize(
+    "recipe", [Float8CurrentScaling(), DelayedScaling(amax_history_len=4)], ids=["current", "delayed"]
+)
 @pytest.mark.parametrize("mode", ["reentrant", "non_reentrant"])
 def test_checkpointed_run_equals_the_plain_run(tmp_path, recipe, mode):
     ref_losses, ref_stats, ref_params = train(tmp_path, recipe, None)

@@ -64,8 +64,9 @@ def test_validate_bad_config(tmp_path, capsys):
     captured = capsys.readouterr()
     assert captured.out == ""
     assert f"{path}:4: section 's' -> layers -> layer_type: unknown key; did you mean 'layer_types'?" in captured.err
-    assert f"{path}:6: section 's' -> transformer_engine -> GemSwitch: Could not find feature 'GemSwitch'" \
-           in captured.err
+    assert (
+        f"{path}:6: section 's' -> transformer_engine -> GemSwitch: Could not find feature 'GemSwitch'" in captured.err
+    )
     assert "did you mean 'GemmSwitch'?" in captured.err
 
 
@@ -81,8 +82,10 @@ def test_validate_missing_file_and_broken_feature_dir(tmp_path, capsys):
 
 def test_validate_custom_feature_example(capsys):
     assert main(["validate", os.path.join(EXAMPLE, "config.yaml"), "--feature-dirs", EXAMPLE]) == 0
-    assert "PercentageGreaterThanThreshold: enabled; tensors=['activation', 'weight'], threshold=0.8, freq=2" \
+    assert (
+        "PercentageGreaterThanThreshold: enabled; tensors=['activation', 'weight'], threshold=0.8, freq=2"
         in capsys.readouterr().out
+    )
 
 
 def test_schema(capsys):

@@ -58,9 +58,19 @@ def config(tmp_path):
 
 def _logged_run(log_dir, names, **initialize_kwargs):
     """Two logged steps of tiny tedebug layers named `names` (statistics of every layer)."""
-    debug_api.initialize({"all": {"enabled": True, "layers": {"layer_types": ["all"]}, "transformer_engine": {
-        "LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["activation"]}}}},
-        log_dir=str(log_dir), **initialize_kwargs)
+    debug_api.initialize(
+        {
+            "all": {
+                "enabled": True,
+                "layers": {"layer_types": ["all"]},
+                "transformer_engine": {
+                    "LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["activation"]}
+                },
+            }
+        },
+        log_dir=str(log_dir),
+        **initialize_kwargs,
+    )
     try:
         layers = [tedebug.nn.Linear(4, 4, name=name) for name in names]
         for _ in range(2):
@@ -74,8 +84,10 @@ def _logged_run(log_dir, names, **initialize_kwargs):
 
 def test_layer_of_metric():
     assert layer_of_metric("blocks.0.mlp.fc1_activation_underflows%") == "blocks.0.mlp.fc1"
-    assert layer_of_metric("model.layers.3.mlp.down_proj_gradient_fp8_block_scaling_mse_columnwise") == \
-        "model.layers.3.mlp.down_proj"
+    assert (
+        layer_of_metric("model.layers.3.mlp.down_proj_gradient_fp8_block_scaling_mse_columnwise")
+        == "model.layers.3.mlp.down_proj"
+    )
     assert layer_of_metric("a_weight_b_gradient_max") == "a_weight_b"  # the rightmost tensor part
     assert layer_of_metric("loss") is None
 
@@ -97,14 +109,23 @@ def test_validate_layers_from_reports_selection(tmp_path, config, capsys):
     _logged_run(tmp_path / "run", DEMO_LAYERS)
     assert main(["validate", config, "--layers-from", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out
-    report = out[out.index("layers: 8 layer(s)"):].splitlines()
-    assert report[1:7] == ["section 'attention' (line 1) selects 4 of 8 layer(s):", "  blocks.0.attn.qkv",
-                           "  blocks.0.attn.proj", "  blocks.1.attn.qkv", "  blocks.1.attn.proj",
-                           "section 'last_mlp' (line 9) selects 1 of 8 layer(s):"]
+    report = out[out.index("layers: 8 layer(s)") :].splitlines()
+    assert report[1:7] == [
+        "section 'attention' (line 1) selects 4 of 8 layer(s):",
+        "  blocks.0.attn.qkv",
+        "  blocks.0.attn.proj",
+        "  blocks.1.attn.qkv",
+        "  blocks.1.attn.proj",
+        "section 'last_mlp' (line 9) selects 1 of 8 layer(s):",
+    ]
     assert report[7] == "  blocks.1.mlp.fc1"
     assert report[8].startswith("warning: section 'typo' (line 19) selects no layer (layer_types=['fc3']")
-    assert report[9:13] == ["3 layer(s) no section selects (they train without debug features):",
-                            "  blocks.0.mlp.fc1", "  blocks.0.mlp.fc2", "  blocks.1.mlp.fc2"]
+    assert report[9:13] == [
+        "3 layer(s) no section selects (they train without debug features):",
+        "  blocks.0.mlp.fc1",
+        "  blocks.0.mlp.fc2",
+        "  blocks.1.mlp.fc2",
+    ]
     assert report[13].startswith("OK: 3 enabled section(s)")
     with pytest.raises(SystemExit) as exc:
         main(["validate", config, "--layers-from", str(tmp_path / "run"), "--strict"])
@@ -113,7 +134,8 @@ def test_validate_layers_from_reports_selection(tmp_path, config, capsys):
 
 def test_validate_model_and_overlapping_sections(tmp_path, capsys):
     path = tmp_path / "c.yaml"
-    path.write_text(textwrap.dedent("""\
+    path.write_text(
+        textwrap.dedent("""\
         attention:
           enabled: True
           layers: {layer_types: [self_attn]}
@@ -124,15 +146,18 @@ def test_validate_model_and_overlapping_sections(tmp_path, capsys):
           layers: {layer_types: [q_proj]}
           transformer_engine:
             DisableQuantizationLayer: {enabled: True}
-    """))
+    """)
+    )
     with pytest.raises(SystemExit) as exc:
         main(["validate", str(path), "--model", f"{MODELS}:hf_llama"])
     assert exc.value.code == 1
     out = capsys.readouterr().out
     assert "layers: 14 tedebug layer(s) of" in out and "after tedebug.convert_model" in out
     assert "section 'attention' (line 1) selects 8 of 14 layer(s):" in out
-    assert ("error: layer 'model.layers.0.self_attn.q_proj' is selected by 2 sections ('attention', 'queries'); "
-            "training raises at its first hook call") in out
+    assert (
+        "error: layer 'model.layers.0.self_attn.q_proj' is selected by 2 sections ('attention', 'queries'); "
+        "training raises at its first hook call"
+    ) in out
     assert "error: layer 'model.layers.1.self_attn.q_proj' is selected by 2 sections" in out
     assert "OK:" not in out
 
@@ -147,23 +172,29 @@ def test_model_file_with_a_dataclass_and_a_sibling_import(tmp_path):
         "class Cfg:\n"
         "    n: int = 3\n"
         "def build():\n"
-        "    return torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(Cfg().n)])\n")
+        "    return torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(Cfg().n)])\n"
+    )
     assert layers_from_model(f"{tmp_path / 'net.py'}:build")[0] == ["0", "1", "2"]
 
 
 def test_layers_from_model_sources(tmp_path, monkeypatch):
     layers, source = layers_from_model(f"{MODELS}:megatron_gpt")
-    assert layers == [f"decoder.layers.{i}.{kind}" for i in range(2) for kind in (
-        "self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1", "mlp.linear_fc2")] + [
-        "output_layer"]
+    assert layers == [
+        f"decoder.layers.{i}.{kind}"
+        for i in range(2)
+        for kind in ("self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1", "mlp.linear_fc2")
+    ] + ["output_layer"]
     layers, source = layers_from_model(f"{MODELS}:demo_gpt")  # already converted: lm_head stays plain
     assert layers == DEMO_LAYERS and "the factory's own conversion" in source
     monkeypatch.chdir(ROOT)  # a dotted module importable from the current directory
     assert layers_from_model("tests.models.named_models:megatron_gpt")[0][-1] == "output_layer"
-    for spec, message in ((f"{MODELS}", "expected MODULE:FACTORY"), (f"{MODELS}:nope", "has no attribute 'nope'"),
-                          ("no_such_module_xyz:f", "importing 'no_such_module_xyz' failed: ModuleNotFoundError"),
-                          (f"{MODELS}:N_LAYERS", "is a int, expected a function"),
-                          (str(tmp_path / "m.py") + ":f", "no such file")):
+    for spec, message in (
+        (f"{MODELS}", "expected MODULE:FACTORY"),
+        (f"{MODELS}:nope", "has no attribute 'nope'"),
+        ("no_such_module_xyz:f", "importing 'no_such_module_xyz' failed: ModuleNotFoundError"),
+        (f"{MODELS}:N_LAYERS", "is a int, expected a function"),
+        (str(tmp_path / "m.py") + ":f", "no such file"),
+    ):
         with pytest.raises(LayerSourceError, match=message):
             layers_from_model(spec)
 
@@ -173,15 +204,27 @@ def test_plan_with_layers_from_shows_selected_layers_aligned(tmp_path, config, c
     _logged_run(tmp_path / "run", [long_name, "blocks.1.mlp.fc1", "blocks.0.mlp.fc2"])
     main(["plan", config, "--layers-from", str(tmp_path / "run"), "--iteration", "5"])
     lines = capsys.readouterr().out.splitlines()
-    assert lines[1] == "layers: 3 layer(s) logged in " + str(tmp_path / "run") + " (JSONL record); 1 selected by " \
-                       "the config"
-    assert lines[2] == ("not shown: 2 layer(s) no section selects (every GEMM as the recipe, no inspection): "
-                        f"{long_name}, blocks.0.mlp.fc2")
+    assert (
+        lines[1] == "layers: 3 layer(s) logged in " + str(tmp_path / "run") + " (JSONL record); 1 selected by "
+        "the config"
+    )
+    assert lines[2] == (
+        "not shown: 2 layer(s) no section selects (every GEMM as the recipe, no inspection): "
+        f"{long_name}, blocks.0.mlp.fc2"
+    )
     header, rule, *rows = lines[3:]
     assert header.split()[:2] == ["layer", "tensor"] and set(rule) == {"-"}
     activation = next(r for r in rows if r.split()[1] == "activation")
-    assert activation.split() == ["blocks.1.mlp.fc1", "activation", "fprop:", "Quantize", "wgrad:", "Quantize",
-                                  "yes", "10"]  # freq 5: next at 10
+    assert activation.split() == [
+        "blocks.1.mlp.fc1",
+        "activation",
+        "fprop:",
+        "Quantize",
+        "wgrad:",
+        "Quantize",
+        "yes",
+        "10",
+    ]  # freq 5: next at 10
     # a long name widens its column: every row's tensor column starts at the same offset
     main(["plan", config, "--layers", long_name, "blocks.1.mlp.fc1"])
     lines = capsys.readouterr().out.splitlines()[1:]
@@ -202,8 +245,14 @@ def test_schema_stats_and_closed_pipe(capsys):
     read_end, write_end = os.pipe()
     os.close(read_end)
     try:
-        proc = subprocess.run([sys.executable, "-m", "tedebug.cli", "schema"], stdout=write_end,
-                              stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-m", "tedebug.cli", "schema"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
+        )
     finally:
         os.close(write_end)
     assert proc.returncode == 0 and proc.stderr == ""

@@ -11,8 +11,13 @@ import torch.multiprocessing as mp
 
 WORLD = 2
 TIMEOUT_S = 90
-CONFIG = {"s": {"enabled": True, "layers": {"layer_types": ["fc1"]}, "LogTensorStats": {
-    "enabled": True, "tensors": ["activation"], "stats": ["min", "max", "mean"]}}}
+CONFIG = {
+    "s": {
+        "enabled": True,
+        "layers": {"layer_types": ["fc1"]},
+        "LogTensorStats": {"enabled": True, "tensors": ["activation"], "stats": ["min", "max", "mean"]},
+    }
+}
 
 
 def local_tensor(rank):
@@ -40,8 +45,11 @@ def _worker(rank, port, out_dir):
             stats = debug_api.log_tensor_stats("fc1", tensor=x, tensor_name="activation", **kw)
             return {k: v.item() for k, v in stats.items()}
 
-        results = {"default": call(), "group": call(reduction_group=dist.group.WORLD),
-                   "skip": call(skip_reduction=True)}
+        results = {
+            "default": call(),
+            "group": call(reduction_group=dist.group.WORLD),
+            "skip": call(skip_reduction=True),
+        }
         debug_api.set_tensor_reduction_group(dist.group.WORLD)
         results["global_group"] = call()
         debug_api.end_debug()
@@ -53,8 +61,9 @@ def _worker(rank, port, out_dir):
 
 @pytest.mark.distributed
 def test_generic_log_tensor_stats_reduction(tmp_path):
-    ctx = mp.start_processes(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=False,
-                             start_method="spawn")
+    ctx = mp.start_processes(
+        _worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=False, start_method="spawn"
+    )
     try:
         import time
 

@@ -47,14 +47,22 @@ def quant_section(features, layer_types=("fc1",)):
     return {"quant": {"enabled": True, "layers": {"layer_types": list(layer_types)}, "quant_ns": features}}
 
 
-FAKE_QUANT = {"enabled": True, "gemms": ["fprop"], "tensors": ["activation"], "scale": 0.5, "zero_point": 0,
-              "quant_min": -8, "quant_max": 7}
+FAKE_QUANT = {
+    "enabled": True,
+    "gemms": ["fprop"],
+    "tensors": ["activation"],
+    "scale": 0.5,
+    "zero_point": 0,
+    "quant_min": -8,
+    "quant_max": 7,
+}
 
 
 # ------------------------------------------------------------------------------------------------ custom namespace
 def test_custom_namespace_routes_like_nvdlfw(tmp_path):
-    debug_api.initialize(quant_section({"PerTensorFakeQuant": FAKE_QUANT}), feature_dirs=NAMESPACE_DIR,
-                         log_dir=str(tmp_path))
+    debug_api.initialize(
+        quant_section({"PerTensorFakeQuant": FAKE_QUANT}), feature_dirs=NAMESPACE_DIR, log_dir=str(tmp_path)
+    )
     ns = debug_api.quant_ns
     calls = sys.modules[type(ns.api).__module__].CALLS
     x = torch.tensor([0.26, -1.3, 9.0, -9.0, 0.74])
@@ -65,8 +73,11 @@ def test_custom_namespace_routes_like_nvdlfw(tmp_path):
         assert torch.equal(out["tensor"], expected)
     assert calls["routing_condition"] == 1  # cached per (layer, api, tensor_name, gemm)
     # not listed (gemm / tensor) or not selected (layer): the namespace's default implementation keeps the tensor
-    for layer, gemm, tensor_name in (("model.fc1", "wgrad", "activation"), ("model.fc1", "fprop", "weight"),
-                                     ("model.fc2", "fprop", "activation")):
+    for layer, gemm, tensor_name in (
+        ("model.fc1", "wgrad", "activation"),
+        ("model.fc1", "fprop", "weight"),
+        ("model.fc2", "fprop", "activation"),
+    ):
         assert ns.process_tensor(layer, tensor=x, gemm=gemm, tensor_name=tensor_name)["tensor"] is x
     # an API neither a feature nor the default implementation serves returns {} (attribute fallback routing)
     assert ns.some_other_api("model.fc1", tensor=x, gemm="fprop", tensor_name="activation") == {}
@@ -80,27 +91,45 @@ def test_custom_namespace_routes_like_nvdlfw(tmp_path):
 
 
 def test_custom_namespace_single_feature_rule_and_output_check(tmp_path):
-    debug_api.initialize(quant_section({"PerTensorFakeQuant": FAKE_QUANT, "Negate": {
-        "enabled": True, "gemms": ["fprop", "dgrad"], "tensors": ["activation", "gradient"]}}),
-        feature_dirs=NAMESPACE_DIR, log_dir=str(tmp_path))
+    debug_api.initialize(
+        quant_section(
+            {
+                "PerTensorFakeQuant": FAKE_QUANT,
+                "Negate": {"enabled": True, "gemms": ["fprop", "dgrad"], "tensors": ["activation", "gradient"]},
+            }
+        ),
+        feature_dirs=NAMESPACE_DIR,
+        log_dir=str(tmp_path),
+    )
     x = torch.tensor([1.0, -2.0])
-    with pytest.raises(ValueError, match=r"Only 1 operation permitted per API call. Found 2 features "
-                                         r"\['PerTensorFakeQuant', 'Negate'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"Only 1 operation permitted per API call. Found 2 features "
+        r"\['PerTensorFakeQuant', 'Negate'\]",
+    ):
         debug_api.quant_ns.process_tensor("fc1", tensor=x, gemm="fprop", tensor_name="activation")
-    assert torch.equal(debug_api.quant_ns.process_tensor("fc1", tensor=x, gemm="dgrad",
-                                                         tensor_name="gradient")["tensor"], -x)
+    assert torch.equal(
+        debug_api.quant_ns.process_tensor("fc1", tensor=x, gemm="dgrad", tensor_name="gradient")["tensor"], -x
+    )
     debug_api.end_debug()
-    debug_api.initialize(quant_section({"BadOutput": {"enabled": True, "gemms": ["fprop"], "tensors": ["weight"]}}),
-                         feature_dirs=NAMESPACE_DIR, log_dir=str(tmp_path))
+    debug_api.initialize(
+        quant_section({"BadOutput": {"enabled": True, "gemms": ["fprop"], "tensors": ["weight"]}}),
+        feature_dirs=NAMESPACE_DIR,
+        log_dir=str(tmp_path),
+    )
     with pytest.raises(AssertionError, match="must return a dict with 'tensor'"):
         debug_api.quant_ns.process_tensor("fc1", tensor=x, gemm="fprop", tensor_name="weight")
 
 
 def test_custom_namespace_config_errors(tmp_path):
-    with pytest.raises(ConfigError, match=r"Could not find feature 'NegateX' in namespace 'quant_ns'.*did you mean "
-                                          r"'Negate'"):
-        debug_api.initialize(quant_section({"NegateX": {"enabled": True}}), feature_dirs=NAMESPACE_DIR,
-                             log_dir=str(tmp_path))
+    with pytest.raises(
+        ConfigError,
+        match=r"Could not find feature 'NegateX' in namespace 'quant_ns'.*did you mean "
+        r"'Negate'",
+    ):
+        debug_api.initialize(
+            quant_section({"NegateX": {"enabled": True}}), feature_dirs=NAMESPACE_DIR, log_dir=str(tmp_path)
+        )
     # without the feature dir the namespace is unknown: the key is taken for a base feature, as in nvdlfw
     with pytest.raises(ConfigError, match="Could not find feature 'quant_ns' in namespace 'base'"):
         debug_api.initialize(quant_section({"Negate": {"enabled": True}}), log_dir=str(tmp_path))
@@ -114,9 +143,13 @@ def test_features_without_namespace_api_and_ignored_builtin_apis(tmp_path):
         "class Lost:\n"
         "    @api_method\n"
         "    def process(self, config, layer_name, **kw):\n"
-        "        return {}\n")
-    with pytest.raises(FeatureLoadError, match=r"Found features \['Lost'\] for namespace 'nowhere' but API was not "
-                                               r"found"):
+        "        return {}\n"
+    )
+    with pytest.raises(
+        FeatureLoadError,
+        match=r"Found features \['Lost'\] for namespace 'nowhere' but API was not "
+        r"found",
+    ):
         build_registry(str(tmp_path))
     (tmp_path / "orphan.py").unlink()
     (tmp_path / "te_api.py").write_text(
@@ -124,7 +157,8 @@ def test_features_without_namespace_api_and_ignored_builtin_apis(tmp_path):
         "from nvdlfw_inspect.registry import Registry\n"
         "@Registry.register_namespace_api(namespace='transformer_engine')\n"
         "class TransformerEngineAPI(BaseNamespaceAPI):\n"
-        "    pass\n")
+        "    pass\n"
+    )
     registry = build_registry(str(tmp_path))
     assert registry.ignored_apis == [f"transformer_engine ({tmp_path / 'te_api.py'})"]
     assert registry.custom_namespaces == []
@@ -158,9 +192,14 @@ fc1_section:
 """)
     sink = ListLogger()
     with pytest.warns(UserWarning, match=r"ignoring keyword argument\(s\) \['logger'\].*statistics_logger="):
-        nv_api.initialize(config_file=str(config), feature_dirs=[str(te_features), TE_STYLE_DIR],
-                          log_dir=str(tmp_path / "logs"), statistics_logger=sink, logger=sink,
-                          default_logging_enabled=True)
+        nv_api.initialize(
+            config_file=str(config),
+            feature_dirs=[str(te_features), TE_STYLE_DIR],
+            log_dir=str(tmp_path / "logs"),
+            statistics_logger=sink,
+            logger=sink,
+            default_logging_enabled=True,
+        )
     assert nv_api.DEBUG_MANAGER is debug_api.DEBUG_MANAGER is not None
     torch.manual_seed(0)
     model = torch.nn.Sequential()
@@ -179,8 +218,11 @@ fc1_section:
     assert ours == [("model.fc1_activation_percentage_above", 50.0, it) for it in (0, 3, 6)]
     generic = [r for r in sink.records if r[0].startswith("model.fc1_activation_m")]
     # nvdlfw's verified schedule: freq 2, start 2, end 6 logs at 2, 4, 6; max 2.0, mean 4/8 = 0.5
-    assert generic == [(name, value, it) for it in (2, 4, 6)
-                       for name, value in (("model.fc1_activation_max", 2.0), ("model.fc1_activation_mean", 0.5))]
+    assert generic == [
+        (name, value, it)
+        for it in (2, 4, 6)
+        for name, value in (("model.fc1_activation_max", 2.0), ("model.fc1_activation_mean", 0.5))
+    ]
     stats_file = tmp_path / "logs" / "nvdlfw_inspect_statistics_logs" / "nvdlfw_inspect_globalrank-0.log"
     lines = [line.split(" - INFO - ", 1)[1] for line in stats_file.read_text().splitlines()]
     assert "model.fc1_activation_percentage_above" + TABS + "iteration=000003" + TABS + "value=50.0000" in lines
@@ -192,24 +234,33 @@ fc1_section:
 
 def test_generic_log_tensor_stats_config_errors(tmp_path):
     def section(**cfg):
-        return {"s": {"enabled": True, "layers": {"layer_types": ["fc1"]}, "LogTensorStats": {"enabled": True,
-                                                                                            **cfg}}}
+        return {"s": {"enabled": True, "layers": {"layer_types": ["fc1"]}, "LogTensorStats": {"enabled": True, **cfg}}}
 
     with pytest.raises(ConfigError, match=r"LogTensorStats -> stats\[1\].*statistic 'cur_amax' is not supported"):
         debug_api.initialize(section(tensors=["activation"], stats=["min", "cur_amax"]), log_dir=str(tmp_path))
     with pytest.raises(ConfigError, match=r"LogTensorStats -> tensors_struct\[0\] -> stats\[0\]"):
-        debug_api.initialize(section(tensors_struct=[{"tensor": "weight", "stats": ["l3_norm"]}]),
-                             log_dir=str(tmp_path))
+        debug_api.initialize(
+            section(tensors_struct=[{"tensor": "weight", "stats": ["l3_norm"]}]), log_dir=str(tmp_path)
+        )
     with pytest.raises(ConfigError, match="unknown key 'threshold'"):
         debug_api.initialize(section(tensors=["activation"], stats=["min"], threshold=1), log_dir=str(tmp_path))
-    assert GenericLogTensorStats._get_supported_stats_list(None) == {"min", "max", "mean", "std", "l1_norm",
-                                                                     "l2_norm"}
+    assert GenericLogTensorStats._get_supported_stats_list(None) == {"min", "max", "mean", "std", "l1_norm", "l2_norm"}
 
 
 def test_generic_log_tensor_stats_values_and_inactive_calls(tmp_path):
-    debug_api.initialize({"s": {"enabled": True, "layers": {"layer_types": ["fc1"]}, "LogTensorStats": {
-        "enabled": True, "tensors_struct": [{"tensor": "weight", "stats": ["std", "l1_norm"], "freq": 3}]}}},
-        log_dir=str(tmp_path))
+    debug_api.initialize(
+        {
+            "s": {
+                "enabled": True,
+                "layers": {"layer_types": ["fc1"]},
+                "LogTensorStats": {
+                    "enabled": True,
+                    "tensors_struct": [{"tensor": "weight", "stats": ["std", "l1_norm"], "freq": 3}],
+                },
+            }
+        },
+        log_dir=str(tmp_path),
+    )
     w = torch.tensor([1.0, 2.0, 3.0, 6.0], dtype=torch.bfloat16)
     stats = debug_api.log_tensor_stats("fc1", tensor=w, tensor_name="weight", iteration=3)
     assert stats["l1_norm"].item() == 12.0 and stats["l1_norm"].dtype == torch.float32
@@ -227,6 +278,7 @@ def test_import_aliases_are_scoped_to_feature_files():
         with compat_imports():
             import nvdlfw_inspect.api as inside  # noqa: F401 - resolved through the aliases
             from transformer_engine.debug.features.api import TEConfigAPIMapper
+
             assert inside is nv_api and sys.modules["nvdlfw_inspect"] is not real
             assert TEConfigAPIMapper.__module__ == "tedebug.compat.te_features_api"
         assert sys.modules["nvdlfw_inspect"] is real
@@ -242,8 +294,12 @@ def test_base_classes_and_helpers(tmp_path):
             return False, None
 
     cfg = {"enabled": True, "stats": ["a"], "tensors_struct": [{"tensor": "weight", "stats": ["b"], "freq": 2}]}
-    assert Mapper()._process_tensor_config(cfg, "weight") == {"enabled": True, "stats": ["b"], "freq": 2,
-                                                             "tensor": "weight"}
+    assert Mapper()._process_tensor_config(cfg, "weight") == {
+        "enabled": True,
+        "stats": ["b"],
+        "freq": 2,
+        "tensor": "weight",
+    }
     assert Mapper()._process_tensor_config(cfg, "activation") is None
     with pytest.raises(ValueError, match="tensors"):
         Mapper()._process_tensor_config({"enabled": True}, "weight")
@@ -283,11 +339,20 @@ def test_base_classes_and_helpers(tmp_path):
     assert writer.calls == [("a_b_c", 1.5, 7)]
     with pytest.raises(RuntimeError, match="not initialized"):
         get_logger()
-    debug_api.initialize({"s": {"enabled": True, "layers": {"layer_types": ["fc1"]}, "transformer_engine": {
-        "DisableQuantizationLayer": {"enabled": True}}}}, log_dir=str(tmp_path))
+    debug_api.initialize(
+        {
+            "s": {
+                "enabled": True,
+                "layers": {"layer_types": ["fc1"]},
+                "transformer_engine": {"DisableQuantizationLayer": {"enabled": True}},
+            }
+        },
+        log_dir=str(tmp_path),
+    )
     assert get_logger().root_log_dir == str(tmp_path)
-    assert ConfigManager.get_config_for_layer("x.fc1") == {"transformer_engine": {
-        "DisableQuantizationLayer": {"enabled": True}}}
+    assert ConfigManager.get_config_for_layer("x.fc1") == {
+        "transformer_engine": {"DisableQuantizationLayer": {"enabled": True}}
+    }
     assert ConfigManager.get_config_for_layer("x.fc2") == {}
     ConfigManager.reset()
     assert debug_api.session().config._cache == {}
@@ -308,15 +373,28 @@ def test_te_style_subclass_of_the_generic_feature(tmp_path, capsys):
         "        return Generic._get_supported_stats_list(None) | {'spread'}\n"
         "    @api_method\n"
         "    def inspect_tensor(self, config, layer_name, tensor_name, tensor=None, iteration=0, **kw):\n"
-        "        return None\n")
-    debug_api.initialize({"s": {"enabled": True, "layers": {"layer_types": ["fc1"]}, "transformer_engine": {
-        "SpreadStats": {"enabled": True, "tensors": ["activation"], "stats": ["spread"], "margin": 2}}}},
-        feature_dirs=str(tmp_path), log_dir=str(tmp_path / "logs"))
+        "        return None\n"
+    )
+    debug_api.initialize(
+        {
+            "s": {
+                "enabled": True,
+                "layers": {"layer_types": ["fc1"]},
+                "transformer_engine": {
+                    "SpreadStats": {"enabled": True, "tensors": ["activation"], "stats": ["spread"], "margin": 2}
+                },
+            }
+        },
+        feature_dirs=str(tmp_path),
+        log_dir=str(tmp_path / "logs"),
+    )
     te = debug_api.transformer_engine
     assert te.inspect_tensor("m.fc1", tensor_name="activation", tensor=torch.ones(2), iteration=0) is None
     debug_api.end_debug()
     from tedebug.cli import main
 
     assert main(["schema", "--stats", "--feature-dirs", str(tmp_path)]) == 0
-    assert ("transformer_engine.SpreadStats: l1_norm, l2_norm, max, mean, min, spread, std"
-            in capsys.readouterr().out.splitlines())
+    assert (
+        "transformer_engine.SpreadStats: l1_norm, l2_norm, max, mean, min, spread, std"
+        in capsys.readouterr().out.splitlines()
+    )

@@ -12,9 +12,18 @@ from tedebug.config.loader import read_yaml
 
 CONFIGS = pathlib.Path(__file__).parent / "configs"
 FEATURE_NAMES = {
-    "transformer_engine": {"LogTensorStats", "LogFp8TensorStats", "FakeQuant", "PerTensorScaling",
-                           "DisableFP8GEMM", "DisableQuantizationGEMM", "DisableFP8Layer",
-                           "DisableQuantizationLayer", "DumpTensors", "LogNvfp4TensorStats"},
+    "transformer_engine": {
+        "LogTensorStats",
+        "LogFp8TensorStats",
+        "FakeQuant",
+        "PerTensorScaling",
+        "DisableFP8GEMM",
+        "DisableQuantizationGEMM",
+        "DisableFP8Layer",
+        "DisableQuantizationLayer",
+        "DumpTensors",
+        "LogNvfp4TensorStats",
+    },
     "base": {"LogTensorStats"},
 }
 
@@ -63,8 +72,9 @@ def test_yaml_file_as_str_and_path(tmp_path):
         config = load_config(source, feature_names=FEATURE_NAMES)
         assert isinstance(config, CompiledConfig) and not config.is_empty
         assert config.source_label == str(path)
-        assert config.layer_config("model.fc1") == {"transformer_engine": {"LogTensorStats": {
-            "enabled": True, "tensors": ["activation"], "stats": ["max"]}}}
+        assert config.layer_config("model.fc1") == {
+            "transformer_engine": {"LogTensorStats": {"enabled": True, "tensors": ["activation"], "stats": ["max"]}}
+        }
         assert config.sections["log_stats"].line == 1
 
 
@@ -84,8 +94,10 @@ def test_other_source_types_are_type_errors(source):
 
 def test_empty_file_and_non_mapping_top_level(tmp_path):
     err = load_error(write(tmp_path, "# only a comment\n"))
-    assert str(err) == f"{tmp_path / 'config.yaml'}: the config file is empty (expected a mapping of section " \
-                       "name -> section)"
+    assert (
+        str(err) == f"{tmp_path / 'config.yaml'}: the config file is empty (expected a mapping of section "
+        "name -> section)"
+    )
     err = load_error(write(tmp_path, "- a\n- b\n", "list.yaml"))
     assert err.file == str(tmp_path / "list.yaml") and "must be a mapping of section name -> section" in str(err)
     assert "got list" in str(err)
@@ -108,15 +120,23 @@ def test_invalid_yaml_reports_the_line(tmp_path):
 def test_duplicate_keys_are_errors(tmp_path):
     path = write(tmp_path, GOOD + "  enabled: False\n")
     err = load_error(path)
-    assert str(err) == (f"{path}:10: section 'log_stats' -> enabled: duplicate key 'enabled' (first given at "
-                        "line 2)")
+    assert str(err) == (f"{path}:10: section 'log_stats' -> enabled: duplicate key 'enabled' (first given at line 2)")
 
 
 def test_line_numbers_of_keys_and_items():
     data, lines = read_yaml("a:\n  b: [1,\n    2]\n  c:\n    - x: 1\n    - y: 2\n", "<t>")
     assert data == {"a": {"b": [1, 2], "c": [{"x": 1}, {"y": 2}]}}
-    assert lines == {("a",): 1, ("a", "b"): 2, ("a", "b", 0): 2, ("a", "b", 1): 3, ("a", "c"): 4,
-                     ("a", "c", 0): 5, ("a", "c", 0, "x"): 5, ("a", "c", 1): 6, ("a", "c", 1, "y"): 6}
+    assert lines == {
+        ("a",): 1,
+        ("a", "b"): 2,
+        ("a", "b", 0): 2,
+        ("a", "b", 1): 3,
+        ("a", "c"): 4,
+        ("a", "c", 0): 5,
+        ("a", "c", 0, "x"): 5,
+        ("a", "c", 1): 6,
+        ("a", "c", 1, "y"): 6,
+    }
 
 
 def test_anchors_and_merge_keys_load_like_safe_load():
@@ -134,56 +154,70 @@ def test_anchors_and_merge_keys_load_like_safe_load():
 def test_missing_enabled(tmp_path):
     path = write(tmp_path, edit("  enabled: True\n  layers:", "  layers:"))
     err = load_error(path)
-    assert str(err) == (f"{path}:1: section 'log_stats' -> enabled: Missing required config field `enabled` "
-                        "(expected enabled: True or False)")
+    assert str(err) == (
+        f"{path}:1: section 'log_stats' -> enabled: Missing required config field `enabled` "
+        "(expected enabled: True or False)"
+    )
     assert err.key_path == ("log_stats", "enabled") and err.line == 1 and err.expected == "enabled: True or False"
 
 
 def test_missing_layers(tmp_path):
     path = write(tmp_path, edit("  layers:\n    layer_types: [fc1]\n", ""))
     err = load_error(path)
-    assert str(err) == (f"{path}:1: section 'log_stats' -> layers: missing required key (an enabled section must "
-                        "select layers) (expected a 'layers:' selector)")
+    assert str(err) == (
+        f"{path}:1: section 'log_stats' -> layers: missing required key (an enabled section must "
+        "select layers) (expected a 'layers:' selector)"
+    )
 
 
 def test_no_selector(tmp_path):
     path = write(tmp_path, edit("  layers:\n    layer_types: [fc1]\n", "  layers: {}\n"))
     err = load_error(path)
     assert err.key_path == ("log_stats", "layers") and err.line == 3
-    assert str(err).startswith(f"{path}:3: section 'log_stats' -> layers: Atleast one of 'layer_numbers', "
-                               "'layer_types', 'exact_layer_names' or 'layer_name_regex_pattern' must be provided")
+    assert str(err).startswith(
+        f"{path}:3: section 'log_stats' -> layers: Atleast one of 'layer_numbers', "
+        "'layer_types', 'exact_layer_names' or 'layer_name_regex_pattern' must be provided"
+    )
 
 
 def test_layer_type_typo_suggests_layer_types(tmp_path):
     path = write(tmp_path, edit("layer_types:", "layer_type:"))
     err = load_error(path)
-    assert str(err) == f"{path}:4: section 'log_stats' -> layers -> layer_type: unknown key; did you mean " \
-                       "'layer_types'?"
+    assert (
+        str(err) == f"{path}:4: section 'log_stats' -> layers -> layer_type: unknown key; did you mean 'layer_types'?"
+    )
     assert err.suggestion == "layer_types"
 
 
 def test_unknown_feature_suggests_registered_name(tmp_path):
     path = write(tmp_path, edit("    LogTensorStats:", "    LogTensorStat:"))
     err = load_error(path)
-    assert str(err).startswith(f"{path}:6: section 'log_stats' -> transformer_engine -> LogTensorStat: Could not "
-                               "find feature 'LogTensorStat' in namespace 'transformer_engine'; did you mean "
-                               "'LogTensorStats'?")
+    assert str(err).startswith(
+        f"{path}:6: section 'log_stats' -> transformer_engine -> LogTensorStat: Could not "
+        "find feature 'LogTensorStat' in namespace 'transformer_engine'; did you mean "
+        "'LogTensorStats'?"
+    )
     assert err.suggestion == "LogTensorStats"
 
 
 def test_unknown_section_key_suggests_namespace(tmp_path):
     path = write(tmp_path, edit("  transformer_engine:", "  transformer_engin:"))
     err = load_error(path)
-    assert str(err).startswith(f"{path}:5: section 'log_stats' -> transformer_engin: Could not find feature "
-                               "'transformer_engin' in namespace 'base'; did you mean 'transformer_engine'?")
+    assert str(err).startswith(
+        f"{path}:5: section 'log_stats' -> transformer_engin: Could not find feature "
+        "'transformer_engin' in namespace 'base'; did you mean 'transformer_engine'?"
+    )
 
 
 def test_invalid_gemm(tmp_path):
-    path = write(tmp_path, edit("      tensors: [activation]\n",
-                                "      gemms: [fprop, fprp]\n      tensors: [weight]\n"))
+    path = write(
+        tmp_path, edit("      tensors: [activation]\n", "      gemms: [fprop, fprp]\n      tensors: [weight]\n")
+    )
     err = load_error(path)
-    assert str(err) == (f"{path}:8: section 'log_stats' -> transformer_engine -> LogTensorStats -> gemms[1]: "
-                        "invalid gemm name 'fprp'; did you mean 'fprop'? (expected one of fprop, dgrad, wgrad)")
+    assert str(err) == (
+        f"{path}:8: section 'log_stats' -> transformer_engine -> LogTensorStats -> gemms[1]: "
+        "invalid gemm name 'fprp'; did you mean 'fprop'? (expected one of fprop, dgrad, wgrad)"
+    )
 
 
 def test_gradients_suggests_gradient(tmp_path):
@@ -191,42 +225,56 @@ def test_gradients_suggests_gradient(tmp_path):
     err = load_error(path)
     assert err.key_path == ("log_stats", "transformer_engine", "LogTensorStats", "tensors", 1)
     assert err.line == line_of(path, "- gradients") == 10
-    assert str(err).startswith(f"{path}:10: section 'log_stats' -> transformer_engine -> LogTensorStats -> "
-                               "tensors[1]: invalid tensor name 'gradients'; did you mean 'gradient'?")
+    assert str(err).startswith(
+        f"{path}:10: section 'log_stats' -> transformer_engine -> LogTensorStats -> "
+        "tensors[1]: invalid tensor name 'gradients'; did you mean 'gradient'?"
+    )
 
 
 def test_enabled_inside_gemms_struct(tmp_path):
-    path = write(tmp_path, edit("      tensors: [activation]\n",
-                                "      gemms_struct:\n        - gemm: fprop\n          enabled: True\n"
-                                "          tensors: [activation]\n"))
+    path = write(
+        tmp_path,
+        edit(
+            "      tensors: [activation]\n",
+            "      gemms_struct:\n        - gemm: fprop\n          enabled: True\n          tensors: [activation]\n",
+        ),
+    )
     err = load_error(path)
     assert err.key_path == ("log_stats", "transformer_engine", "LogTensorStats", "gemms_struct", 0, "enabled")
     assert err.line == 10
-    assert str(err).startswith(f"{path}:10: section 'log_stats' -> transformer_engine -> LogTensorStats -> "
-                               "gemms_struct[0] -> enabled: 'enabled' is not allowed inside a gemms_struct entry")
+    assert str(err).startswith(
+        f"{path}:10: section 'log_stats' -> transformer_engine -> LogTensorStats -> "
+        "gemms_struct[0] -> enabled: 'enabled' is not allowed inside a gemms_struct entry"
+    )
 
 
 def test_all_sections_disabled(tmp_path):
     path = write(tmp_path, edit("  enabled: True\n  layers:", "  enabled: False\n  layers:"))
     err = load_error(path)
-    assert str(err) == (f"{path}: Could not load config from input: every section is disabled "
-                        "(expected at least one section with 'enabled: True')")
+    assert str(err) == (
+        f"{path}: Could not load config from input: every section is disabled "
+        "(expected at least one section with 'enabled: True')"
+    )
 
 
 def test_bad_regex(tmp_path):
     path = write(tmp_path, edit("layer_types: [fc1]", "layer_name_regex_pattern: '.*(fc1'"))
     err = load_error(path)
     assert err.key_path == ("log_stats", "layers", "layer_name_regex_pattern") and err.line == 4
-    assert str(err).startswith(f"{path}:4: section 'log_stats' -> layers -> layer_name_regex_pattern: invalid "
-                               "regular expression '.*(fc1': missing ), unterminated subpattern")
+    assert str(err).startswith(
+        f"{path}:4: section 'log_stats' -> layers -> layer_name_regex_pattern: invalid "
+        "regular expression '.*(fc1': missing ), unterminated subpattern"
+    )
 
 
 def test_start_after_end(tmp_path):
     path = write(tmp_path, edit("      stats: [max]\n", "      stats: [max]\n      start_end_list: [[0, 4], [9, 3]]\n"))
     err = load_error(path)
-    assert str(err) == (f"{path}:10: section 'log_stats' -> transformer_engine -> LogTensorStats -> "
-                        "start_end_list[1]: start_end_list entry [9, 3] is invalid: need 0 <= start <= end "
-                        "(expected [start, end] with 0 <= start <= end)")
+    assert str(err) == (
+        f"{path}:10: section 'log_stats' -> transformer_engine -> LogTensorStats -> "
+        "start_end_list[1]: start_end_list entry [9, 3] is invalid: need 0 <= start <= end "
+        "(expected [start, end] with 0 <= start <= end)"
+    )
     path = write(tmp_path, edit("      stats: [max]\n", "      stats: [max]\n      start_step: 8\n      end_step: 2\n"))
     err = load_error(path)
     assert err.key_path == ("log_stats", "transformer_engine", "LogTensorStats") and err.line == 6
@@ -236,20 +284,23 @@ def test_start_after_end(tmp_path):
 def test_freq_zero(tmp_path):
     path = write(tmp_path, edit("      stats: [max]\n", "      stats: [max]\n      freq: 0\n"))
     err = load_error(path)
-    assert str(err) == (f"{path}:10: section 'log_stats' -> transformer_engine -> LogTensorStats -> freq: "
-                        "freq must be an integer >= 1, got 0")
+    assert str(err) == (
+        f"{path}:10: section 'log_stats' -> transformer_engine -> LogTensorStats -> freq: "
+        "freq must be an integer >= 1, got 0"
+    )
 
 
 def test_feature_without_enabled(tmp_path):
     path = write(tmp_path, edit("      enabled: True\n", ""))
     err = load_error(path)
-    assert str(err).startswith(f"{path}:6: section 'log_stats' -> transformer_engine -> LogTensorStats -> "
-                               "enabled: Missing required config field `enabled`")
+    assert str(err).startswith(
+        f"{path}:6: section 'log_stats' -> transformer_engine -> LogTensorStats -> "
+        "enabled: Missing required config field `enabled`"
+    )
 
 
 def test_bad_layer_numbers_and_types_in_dict_source():
-    err = load_error({"s": {"enabled": True, "layers": {"layer_numbers": [1, "3-1", 2.5, True],
-                                                        "layer_types": [3]}}})
+    err = load_error({"s": {"enabled": True, "layers": {"layer_numbers": [1, "3-1", 2.5, True], "layer_types": [3]}}})
     assert str(err).splitlines() == [
         "<dict>: section 's' -> layers -> layer_types[0]: entry must be a string, got 3",
         "<dict>: section 's' -> layers -> layer_numbers[1]: invalid layer_numbers range '3-1': start 3 > end 1",
@@ -276,19 +327,24 @@ def test_disabled_sections_are_validated_too(tmp_path):
     path = write(tmp_path, GOOD + "spare:\n  enabled: False\n  layers: {bogus: 1}\n  NotAFeature: {x: 1}\n")
     err = load_error(path)
     assert [(issue.key_path, issue.line) for issue in err.issues] == [
-        (("spare", "layers", "bogus"), 12), (("spare", "NotAFeature"), 13)]
+        (("spare", "layers", "bogus"), 12),
+        (("spare", "NotAFeature"), 13),
+    ]
     config = load_config(write(tmp_path, GOOD + "spare:\n  enabled: False\n", "ok.yaml"), feature_names=FEATURE_NAMES)
     assert list(config.sections) == ["log_stats"] and config.disabled_sections == ("spare",)
     err = load_error(write(tmp_path, GOOD + "spare: [1, 2]\n", "bad.yaml"))
-    assert str(err) == f"{tmp_path / 'bad.yaml'}:10: section 'spare': a section must be a mapping, got list " \
-                       "(expected a mapping with 'enabled', 'layers' and features)"
+    assert (
+        str(err) == f"{tmp_path / 'bad.yaml'}:10: section 'spare': a section must be a mapping, got list "
+        "(expected a mapping with 'enabled', 'layers' and features)"
+    )
 
 
 @pytest.mark.parametrize("value", ["'False'", "'0'", "[False]", "0", "1", "'true'", "null"])
 def test_enabled_must_be_a_yaml_boolean(tmp_path, value):
-    for old, key_path, line in (("log_stats:\n  enabled: True", ("log_stats", "enabled"), 2),
-                                ("      enabled: True", ("log_stats", "transformer_engine", "LogTensorStats",
-                                                         "enabled"), 7)):
+    for old, key_path, line in (
+        ("log_stats:\n  enabled: True", ("log_stats", "enabled"), 2),
+        ("      enabled: True", ("log_stats", "transformer_engine", "LogTensorStats", "enabled"), 7),
+    ):
         path = write(tmp_path, edit(old, old.replace("True", value)))
         err = load_error(path)
         assert [(issue.key_path, issue.line) for issue in err.issues] == [(key_path, line)]
@@ -304,50 +360,95 @@ def test_yaml_booleans_are_accepted(tmp_path, value):
 
 
 def test_base_feature_at_section_level():
-    config = load_config({"s": {"enabled": True, "layers": {"layer_numbers": "all"},
-                                "LogTensorStats": {"enabled": True, "tensors": "activation", "stats": ["min"]}}},
-                         feature_names=FEATURE_NAMES)
+    config = load_config(
+        {
+            "s": {
+                "enabled": True,
+                "layers": {"layer_numbers": "all"},
+                "LogTensorStats": {"enabled": True, "tensors": "activation", "stats": ["min"]},
+            }
+        },
+        feature_names=FEATURE_NAMES,
+    )
     assert config.layer_config("layers.0.fc1") == {
-        "base": {"LogTensorStats": {"enabled": True, "tensors": "activation", "stats": ["min"]}}}
+        "base": {"LogTensorStats": {"enabled": True, "tensors": "activation", "stats": ["min"]}}
+    }
 
 
 def test_feature_outside_its_namespace_is_an_error_with_the_fix():
     names = {"transformer_engine": FEATURE_NAMES["transformer_engine"], "base": set()}
     with pytest.raises(ConfigError) as info:
-        load_config({"s": {"enabled": True, "layers": {"layer_types": ["fc1"]},
-                           "FakeQuant": {"enabled": True, "gemms": ["fprop"], "tensors": ["activation"]}}},
-                    feature_names=names)
+        load_config(
+            {
+                "s": {
+                    "enabled": True,
+                    "layers": {"layer_types": ["fc1"]},
+                    "FakeQuant": {"enabled": True, "gemms": ["fprop"], "tensors": ["activation"]},
+                }
+            },
+            feature_names=names,
+        )
     assert info.value.key_path == ("s", "FakeQuant")
     assert str(info.value) == (
         "<dict>: section 's' -> FakeQuant: 'FakeQuant' is a feature of namespace 'transformer_engine' and must be "
         "placed inside its namespace block, not directly in the section (there it would be ignored); write\n"
         "    s:\n      transformer_engine:\n        FakeQuant:\n          ... (expected 'transformer_engine:' -> "
-        "'FakeQuant:')")
+        "'FakeQuant:')"
+    )
 
 
-@pytest.mark.parametrize("features, key_path, message", [
-    ({"transformer_engine": {"FakeQuant": None}}, ("s", "transformer_engine", "FakeQuant"),
-     "the feature block 'FakeQuant' is empty"),
-    ({"transformer_engine": {"DumpTensors": {}}}, ("s", "transformer_engine", "DumpTensors"),
-     "the feature block 'DumpTensors' is empty"),
-    ({"transformer_engine": None}, ("s", "transformer_engine"), "the namespace block 'transformer_engine' is empty"),
-    ({}, ("s",), "the section configures no feature, so it does nothing"),
-    ({"transformer_engine": {"LogTensorStats": {"enabled": True, "tensors": [], "stats": ["min"]}}},
-     ("s", "transformer_engine", "LogTensorStats", "tensors"), "must not be empty"),
-    ({"transformer_engine": {"FakeQuant": {"enabled": True, "gemms": [], "tensors": ["weight"]}}},
-     ("s", "transformer_engine", "FakeQuant", "gemms"), "must not be empty"),
-])
+@pytest.mark.parametrize(
+    "features, key_path, message",
+    [
+        (
+            {"transformer_engine": {"FakeQuant": None}},
+            ("s", "transformer_engine", "FakeQuant"),
+            "the feature block 'FakeQuant' is empty",
+        ),
+        (
+            {"transformer_engine": {"DumpTensors": {}}},
+            ("s", "transformer_engine", "DumpTensors"),
+            "the feature block 'DumpTensors' is empty",
+        ),
+        (
+            {"transformer_engine": None},
+            ("s", "transformer_engine"),
+            "the namespace block 'transformer_engine' is empty",
+        ),
+        ({}, ("s",), "the section configures no feature, so it does nothing"),
+        (
+            {"transformer_engine": {"LogTensorStats": {"enabled": True, "tensors": [], "stats": ["min"]}}},
+            ("s", "transformer_engine", "LogTensorStats", "tensors"),
+            "must not be empty",
+        ),
+        (
+            {"transformer_engine": {"FakeQuant": {"enabled": True, "gemms": [], "tensors": ["weight"]}}},
+            ("s", "transformer_engine", "FakeQuant", "gemms"),
+            "must not be empty",
+        ),
+    ],
+)
 def test_blocks_that_would_do_nothing_are_errors(features, key_path, message):
     err = load_error({"s": {"enabled": True, "layers": {"layer_types": ["fc1"]}, **features}})
     assert [(issue.key_path, issue.message) for issue in err.issues] == [(key_path, message)]
 
 
 def test_layer_types_string_is_an_error_with_the_fix():
-    err = load_error({"s": {"enabled": True, "layers": {"layer_types": "fc1"},
-                            "transformer_engine": {"LogTensorStats": {"enabled": True, "tensors": ["activation"],
-                                                                      "stats": ["min"]}}}})
-    assert str(err) == ("<dict>: section 's' -> layers -> layer_types: layer_types must be a list, got the string "
-                        "'fc1' (expected a list such as [fc1])")
+    err = load_error(
+        {
+            "s": {
+                "enabled": True,
+                "layers": {"layer_types": "fc1"},
+                "transformer_engine": {
+                    "LogTensorStats": {"enabled": True, "tensors": ["activation"], "stats": ["min"]}
+                },
+            }
+        }
+    )
+    assert str(err) == (
+        "<dict>: section 's' -> layers -> layer_types: layer_types must be a list, got the string "
+        "'fc1' (expected a list such as [fc1])"
+    )
 
 
 # ---- feature validators ---------------------------------------------------------------------------------------
@@ -382,12 +483,18 @@ def test_feature_validator_errors_are_located(tmp_path):
     validators = {("transformer_engine", "FakeQuant"): fake_quant_validator}
     config = load_config(write(tmp_path, FQ), feature_names=FEATURE_NAMES, feature_validators=validators)
     assert config.layer_config("a.fc1")["transformer_engine"]["FakeQuant"] == {
-        "enabled": True, "gemms": ["fprop"], "tensors": ["activation"], "quant_format": "FP8E4M3"}
+        "enabled": True,
+        "gemms": ["fprop"],
+        "tensors": ["activation"],
+        "quant_format": "FP8E4M3",
+    }
 
     path = write(tmp_path, FQ.replace("FP8E4M3", "FP8E3M4"))
     err = load_error(path, feature_validators=validators)
-    assert str(err) == (f"{path}:9: section 'fq' -> transformer_engine -> FakeQuant -> quant_format: FakeQuant: "
-                        "unsupported quant_format 'FP8E3M4'")
+    assert str(err) == (
+        f"{path}:9: section 'fq' -> transformer_engine -> FakeQuant -> quant_format: FakeQuant: "
+        "unsupported quant_format 'FP8E3M4'"
+    )
     path = write(tmp_path, FQ + "      margin: 1\n")
     err = load_error(path, feature_validators=validators)
     assert str(err) == f"{path}:5: section 'fq' -> transformer_engine -> FakeQuant: FakeQuant: unexpected key 'margin'"
@@ -396,13 +503,19 @@ def test_feature_validator_errors_are_located(tmp_path):
 def test_feature_validator_runs_for_disabled_features_with_parameters(tmp_path):
     calls = []
     validators = {("transformer_engine", "FakeQuant"): calls.append}
-    load_config(write(tmp_path, FQ.replace("      enabled: True\n      gemms", "      enabled: False\n      gemms")),
-                feature_names=FEATURE_NAMES, feature_validators=validators)
+    load_config(
+        write(tmp_path, FQ.replace("      enabled: True\n      gemms", "      enabled: False\n      gemms")),
+        feature_names=FEATURE_NAMES,
+        feature_validators=validators,
+    )
     assert len(calls) == 1 and calls[0]["enabled"] is False
     bare = FQ.split("      gemms")[0].replace("enabled: True\n", "enabled: False\n", 2)
     bare = bare.replace("fq:\n  enabled: False", "fq:\n  enabled: True", 1)
-    load_config(write(tmp_path, bare + "    LogTensorStats: {enabled: True, tensors: [weight], stats: [min]}\n"),
-                feature_names=FEATURE_NAMES, feature_validators=validators)
+    load_config(
+        write(tmp_path, bare + "    LogTensorStats: {enabled: True, tensors: [weight], stats: [min]}\n"),
+        feature_names=FEATURE_NAMES,
+        feature_validators=validators,
+    )
     assert len(calls) == 1  # a bare `enabled: False` block has nothing to check
 
 
@@ -431,7 +544,11 @@ def test_json_schema():
     assert schema["type"] == "object"
     assert schema["additionalProperties"] == {"$ref": "#/$defs/SectionModel"}
     assert set(defs["LayersModel"]["properties"]) == {
-        "layer_name_regex_pattern", "layer_types", "layer_numbers", "exact_layer_names"}
+        "layer_name_regex_pattern",
+        "layer_types",
+        "layer_numbers",
+        "exact_layer_names",
+    }
     assert defs["LayersModel"]["additionalProperties"] is False
     assert defs["GemmEntry"]["properties"]["gemm"] == {"enum": ["fprop", "dgrad", "wgrad"], "title": "Gemm"}
     assert "enabled" not in defs["GemmEntry"]["properties"]
@@ -442,11 +559,20 @@ def test_json_schema():
     assert "transformer_engine" in config_json_schema()["$defs"]["SectionModel"]["properties"]
 
 
-@pytest.mark.parametrize("stale, suggestion", [("DisableFp8Gemm", "DisableFP8GEMM"), ("FakeQuantFp8", "FakeQuant"),
-                                               ("logtensorstats", "LogTensorStats")])
+@pytest.mark.parametrize(
+    "stale, suggestion",
+    [("DisableFp8Gemm", "DisableFP8GEMM"), ("FakeQuantFp8", "FakeQuant"), ("logtensorstats", "LogTensorStats")],
+)
 def test_stale_upstream_feature_names_get_suggestions(stale, suggestion):
-    err = load_error({"s": {"enabled": True, "layers": {"layer_types": ["fc1"]},
-                            "transformer_engine": {stale: {"enabled": True, "gemms": ["fprop"]}}}})
+    err = load_error(
+        {
+            "s": {
+                "enabled": True,
+                "layers": {"layer_types": ["fc1"]},
+                "transformer_engine": {stale: {"enabled": True, "gemms": ["fprop"]}},
+            }
+        }
+    )
     assert err.key_path == ("s", "transformer_engine", stale) and err.suggestion == suggestion
     expected = f"Could not find feature '{stale}' in namespace 'transformer_engine'; did you mean '{suggestion}'?"
     assert expected in str(err)

@@ -24,9 +24,12 @@ def brute_force(freq, intervals, i, horizon=400):
 def test_divisible_by_3_or_5_from_log_config():
     config = load_config(CONFIGS / "log_config.yaml", feature_names=FEATURE_NAMES)
     features = config.layer_config("decoder.1.mlp.fc1")["transformer_engine"]
-    schedules = [Schedule.from_config(parse_feature_config(cfg, tensor_name="activation", gemm_parsing=False,
-                                                           tensor_parsing=True))
-                 for cfg in features.values()]
+    schedules = [
+        Schedule.from_config(
+            parse_feature_config(cfg, tensor_name="activation", gemm_parsing=False, tensor_parsing=True)
+        )
+        for cfg in features.values()
+    ]
     assert schedules == [Schedule(freq=3, start_step=1), Schedule(freq=5, start_step=1)]
     for i in range(1, 20):
         assert any(s.query(i)[0] for s in schedules) == (i % 3 == 0 or i % 5 == 0), i
@@ -95,20 +98,23 @@ def test_matches_brute_force_oracle():
             assert schedule.query(i) == brute_force(freq, intervals, i), (freq, intervals, i)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"freq": 0}, "freq must be an integer >= 1, got 0"),
-    ({"freq": -2}, "freq must be an integer >= 1"),
-    ({"freq": True}, "freq must be an integer >= 1"),
-    ({"freq": 1.5}, "freq must be an integer >= 1"),
-    ({"start_step": -1}, "start_step must be an integer >= 0"),
-    ({"start_step": 7, "end_step": 3}, "start_step 7 must be <= end_step 3"),
-    ({"end_step": "10"}, "end_step must be an integer"),
-    ({"start_end_list": [[5, 3]]}, r"start_end_list\[0\] = \[5, 3\] must satisfy 0 <= start <= end"),
-    ({"start_end_list": [[0, 2], [-1, 3]]}, r"start_end_list\[1\] = \[-1, 3\] must satisfy"),
-    ({"start_end_list": [[0, -1]]}, r"start_end_list\[0\] = \[0, -1\] must satisfy"),
-    ({"start_end_list": [[1, 2, 3]]}, r"start_end_list\[0\] must be a pair"),
-    ({"start_end_list": [["1", 2]]}, r"start_end_list\[0\] must hold two integers"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"freq": 0}, "freq must be an integer >= 1, got 0"),
+        ({"freq": -2}, "freq must be an integer >= 1"),
+        ({"freq": True}, "freq must be an integer >= 1"),
+        ({"freq": 1.5}, "freq must be an integer >= 1"),
+        ({"start_step": -1}, "start_step must be an integer >= 0"),
+        ({"start_step": 7, "end_step": 3}, "start_step 7 must be <= end_step 3"),
+        ({"end_step": "10"}, "end_step must be an integer"),
+        ({"start_end_list": [[5, 3]]}, r"start_end_list\[0\] = \[5, 3\] must satisfy 0 <= start <= end"),
+        ({"start_end_list": [[0, 2], [-1, 3]]}, r"start_end_list\[1\] = \[-1, 3\] must satisfy"),
+        ({"start_end_list": [[0, -1]]}, r"start_end_list\[0\] = \[0, -1\] must satisfy"),
+        ({"start_end_list": [[1, 2, 3]]}, r"start_end_list\[0\] must be a pair"),
+        ({"start_end_list": [["1", 2]]}, r"start_end_list\[0\] must hold two integers"),
+    ],
+)
 def test_invalid_values(kwargs, message):
     with pytest.raises(ValueError, match=message):
         Schedule(**kwargs)

@@ -9,9 +9,18 @@ from tedebug.config.selection import layer_number, parse_layer_numbers
 
 CONFIGS = pathlib.Path(__file__).parent / "configs"
 FEATURE_NAMES = {
-    "transformer_engine": {"LogTensorStats", "LogFp8TensorStats", "FakeQuant", "PerTensorScaling",
-                           "DisableFP8GEMM", "DisableQuantizationGEMM", "DisableFP8Layer",
-                           "DisableQuantizationLayer", "DumpTensors", "LogNvfp4TensorStats"},
+    "transformer_engine": {
+        "LogTensorStats",
+        "LogFp8TensorStats",
+        "FakeQuant",
+        "PerTensorScaling",
+        "DisableFP8GEMM",
+        "DisableQuantizationGEMM",
+        "DisableFP8Layer",
+        "DisableQuantizationLayer",
+        "DumpTensors",
+        "LogNvfp4TensorStats",
+    },
     "base": {"LogTensorStats"},
 }
 
@@ -40,7 +49,10 @@ def test_layer_numbers_list():
 
 def test_layer_numbers_and_types():
     assert select(NAMES, layer_numbers=[1, 2, 3], layer_types=["mlp", "qkv"]) == [
-        "decoder.1.self_attention.qkv", "decoder.1.mlp.fc1", "decoder.2.mlp.fc2"]
+        "decoder.1.self_attention.qkv",
+        "decoder.1.mlp.fc1",
+        "decoder.2.mlp.fc2",
+    ]
 
 
 def test_all_numbers_and_all_types():
@@ -51,13 +63,17 @@ def test_all_numbers_and_all_types():
 def test_regex_is_unanchored_search():
     # '1\.' also matches the '1.' at the end of 'decoder.11.'
     assert select(NAMES, layer_name_regex_pattern=r"1\.") == [
-        "decoder.1.self_attention.qkv", "decoder.1.mlp.fc1", "decoder.11.mlp.fc2"]
+        "decoder.1.self_attention.qkv",
+        "decoder.1.mlp.fc1",
+        "decoder.11.mlp.fc2",
+    ]
     assert select(["x.fc12", "x.fc1"], layer_name_regex_pattern=r".*(fc1)") == ["x.fc12", "x.fc1"]
 
 
 def test_regex_takes_priority_over_types_and_numbers():
     assert select(NAMES, layer_name_regex_pattern="proj", layer_types=["mlp"], layer_numbers=[1]) == [
-        "decoder.3.self_attention.proj"]
+        "decoder.3.self_attention.proj"
+    ]
 
 
 # ---- the rest of B.2 ----------------------------------------------------------------------------------------
@@ -65,7 +81,10 @@ def test_regex_takes_priority_over_types_and_numbers():
 
 def test_types_are_case_sensitive_substrings_or():
     assert select(NAMES, layer_types=["fc2", "qkv"]) == [
-        "decoder.1.self_attention.qkv", "decoder.2.mlp.fc2", "decoder.11.mlp.fc2"]
+        "decoder.1.self_attention.qkv",
+        "decoder.2.mlp.fc2",
+        "decoder.11.mlp.fc2",
+    ]
     assert select(["a.fc12", "a.FC1"], layer_types=["fc1"]) == ["a.fc12"]
     assert select(["a.b*c", "a.bxc"], layer_types=["b*c"]) == ["a.b*c"]  # escaped, not a regex
 
@@ -82,7 +101,11 @@ def test_bare_int_layer_number():
 def test_inclusive_ranges_mixed_with_ints():
     assert select(NAMES, layer_numbers=["2-4"]) == NAMES[2:5]
     assert select(NAMES, layer_numbers=[1, "3-3", "10-11"]) == [
-        "decoder.1.self_attention.qkv", "decoder.1.mlp.fc1", "decoder.3.self_attention.proj", "decoder.11.mlp.fc2"]
+        "decoder.1.self_attention.qkv",
+        "decoder.1.mlp.fc1",
+        "decoder.3.self_attention.proj",
+        "decoder.11.mlp.fc2",
+    ]
     assert parse_layer_numbers(["2-4", 7]) == frozenset({2, 3, 4, 7})
     assert parse_layer_numbers([1, "all"]) is None
 
@@ -109,7 +132,8 @@ def test_exact_layer_names_select_only_the_listed_names():
     assert select(names, exact_layer_names=["decoder.1.mlp.fc1"]) == ["decoder.1.mlp.fc1"]
     # other keys are ignored when exact names are given
     assert select(names, exact_layer_names=["decoder.1.mlp.fc2"], layer_name_regex_pattern="fc1") == [
-        "decoder.1.mlp.fc2"]
+        "decoder.1.mlp.fc2"
+    ]
 
 
 def test_selector_needs_a_key():
@@ -119,29 +143,41 @@ def test_selector_needs_a_key():
 
 def test_describe():
     assert LayerSelector(layer_types=["mlp"], layer_numbers=["1-2"]).describe() == (
-        "layer_types=['mlp'] AND layer_numbers=[1, 2]")
+        "layer_types=['mlp'] AND layer_numbers=[1, 2]"
+    )
 
 
 # ---- sections through load_config --------------------------------------------------------------------------
 
 MULTI_DICT = {
-    "attention_stats": {"enabled": True, "layers": {"layer_name_regex_pattern": ".*(qkv|proj)"},
-                        "LogTensorStats": {"enabled": True, "stats": ["mean"], "tensors": ["activation", "weight"]}},
-    "mlp_stats": {"enabled": True, "layers": {"layer_name_regex_pattern": ".*mlp.*"},
-                  "LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["gradient"]}},
-    "fc2_stats": {"enabled": True, "layers": {"layer_name_regex_pattern": ".*fc2"},
-                  "LogTensorStats": {"enabled": True, "stats": ["min"], "tensors": ["output"]}},
+    "attention_stats": {
+        "enabled": True,
+        "layers": {"layer_name_regex_pattern": ".*(qkv|proj)"},
+        "LogTensorStats": {"enabled": True, "stats": ["mean"], "tensors": ["activation", "weight"]},
+    },
+    "mlp_stats": {
+        "enabled": True,
+        "layers": {"layer_name_regex_pattern": ".*mlp.*"},
+        "LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["gradient"]},
+    },
+    "fc2_stats": {
+        "enabled": True,
+        "layers": {"layer_name_regex_pattern": ".*fc2"},
+        "LogTensorStats": {"enabled": True, "stats": ["min"], "tensors": ["output"]},
+    },
 }
 
 
-@pytest.mark.parametrize("source", [CONFIGS / "multiple_configs.yaml", str(CONFIGS / "multiple_configs.yaml"),
-                                    MULTI_DICT])
+@pytest.mark.parametrize(
+    "source", [CONFIGS / "multiple_configs.yaml", str(CONFIGS / "multiple_configs.yaml"), MULTI_DICT]
+)
 def test_multiple_sections(source):
     config = load_config(source, feature_names=FEATURE_NAMES)
     assert list(config.sections) == ["attention_stats", "mlp_stats", "fc2_stats"]
     qkv = config.layer_config("decoder.1.self_attention.qkv")
-    assert qkv == {"base": {"LogTensorStats": {"enabled": True, "stats": ["mean"],
-                                               "tensors": ["activation", "weight"]}}}
+    assert qkv == {
+        "base": {"LogTensorStats": {"enabled": True, "stats": ["mean"], "tensors": ["activation", "weight"]}}
+    }
     assert config.layer_config("decoder.1.mlp.fc1")["base"]["LogTensorStats"]["tensors"] == ["gradient"]
     assert config.layer_config("decoder.1.embedding") == {}
     assert config.selected_section("decoder.1.mlp.fc1") == "mlp_stats"
@@ -164,8 +200,13 @@ def test_overlap_error_names_file_and_line():
 
 
 def test_layer_config_is_cached_and_independent_of_the_source():
-    source = {"s": {"enabled": True, "layers": {"layer_types": ["fc1"]},
-                    "transformer_engine": {"LogTensorStats": {"enabled": True, "tensors": ["activation"]}}}}
+    source = {
+        "s": {
+            "enabled": True,
+            "layers": {"layer_types": ["fc1"]},
+            "transformer_engine": {"LogTensorStats": {"enabled": True, "tensors": ["activation"]}},
+        }
+    }
     config = load_config(source, feature_names=FEATURE_NAMES)
     first = config.layer_config("a.fc1")
     assert config.layer_config("a.fc1") is first

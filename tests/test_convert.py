@@ -40,8 +40,17 @@ class TinyGPT(torch.nn.Module):
         return self.head(x)
 
 
-LINEAR_PATHS = ["blocks.0.qkv", "blocks.0.proj", "blocks.0.mlp.0", "blocks.0.mlp.2",
-                "blocks.1.qkv", "blocks.1.proj", "blocks.1.mlp.0", "blocks.1.mlp.2", "head"]
+LINEAR_PATHS = [
+    "blocks.0.qkv",
+    "blocks.0.proj",
+    "blocks.0.mlp.0",
+    "blocks.0.mlp.2",
+    "blocks.1.qkv",
+    "blocks.1.proj",
+    "blocks.1.mlp.0",
+    "blocks.1.mlp.2",
+    "head",
+]
 
 
 def _model(seed=0):
@@ -85,8 +94,9 @@ def test_filter_fn_and_already_converted_layers():
 
 def test_shared_module_converted_once_and_mha_out_proj_kept():
     shared = torch.nn.Linear(8, 8)
-    model = torch.nn.ModuleDict({"a": shared, "b": torch.nn.Sequential(shared),
-                                 "mha": torch.nn.MultiheadAttention(8, 2)})
+    model = torch.nn.ModuleDict(
+        {"a": shared, "b": torch.nn.Sequential(shared), "mha": torch.nn.MultiheadAttention(8, 2)}
+    )
     tedebug.convert_model(model)
     assert model["a"] is model["b"][0] and model["a"].name == "a"
     assert type(model["mha"].out_proj) is torch.nn.modules.linear.NonDynamicallyQuantizableLinear
@@ -110,8 +120,13 @@ def test_default_recipe_precedence():
     assert head.active_recipe() is None
 
 
-RECIPES = [R.DelayedScaling(), R.Float8CurrentScaling(), R.MXFP8BlockScaling(), R.NVFP4BlockScaling(seed=7),
-           R.Float8BlockScaling()]
+RECIPES = [
+    R.DelayedScaling(),
+    R.Float8CurrentScaling(),
+    R.MXFP8BlockScaling(),
+    R.NVFP4BlockScaling(seed=7),
+    R.Float8BlockScaling(),
+]
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda r: r.name)

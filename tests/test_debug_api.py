@@ -23,14 +23,22 @@ BROKEN = os.path.join(FEATURE_DIRS, "broken")
 EXAMPLE = os.path.join(HERE, "..", "examples", "custom_feature")
 ASCTIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}"
 TABS = " \t\t\t\t "
-DUMMY_CONFIG = {"all": {"enabled": True, "layers": {"layer_name_regex_pattern": ".*"},
-                        "transformer_engine": {"TestDummyFeature": {"enabled": True, "tensors": ["activation"]}}}}
+DUMMY_CONFIG = {
+    "all": {
+        "enabled": True,
+        "layers": {"layer_name_regex_pattern": ".*"},
+        "transformer_engine": {"TestDummyFeature": {"enabled": True, "tensors": ["activation"]}},
+    }
+}
 
 
 @pytest.fixture(autouse=True)
 def ended(monkeypatch):
-    for var in ("NVDLFW_INSPECT_LOG_LEVEL", "NVDLFW_INSPECT_ENABLE_LOG_OVERWRITE",
-                "NVDLFW_INSPECT_ENABLE_LOG_TIMESTAMP"):
+    for var in (
+        "NVDLFW_INSPECT_LOG_LEVEL",
+        "NVDLFW_INSPECT_ENABLE_LOG_OVERWRITE",
+        "NVDLFW_INSPECT_ENABLE_LOG_TIMESTAMP",
+    ):
         monkeypatch.delenv(var, raising=False)
     debug_api.end_debug()
     debug_api._queued_sinks.clear()
@@ -59,9 +67,13 @@ def stats_log(tmp_path):
 
 def session_loggers_with_handlers():
     """tedebug loggers that still hold one of tedebug's own handlers (file or stderr)."""
-    return [name for name, logger in logging.Logger.manager.loggerDict.items()
-            if name.startswith(("tedebug.session.", "tedebug.stats.")) and isinstance(logger, logging.Logger)
-            and any(isinstance(h, (logging.FileHandler, StderrHandler)) for h in logger.handlers)]
+    return [
+        name
+        for name, logger in logging.Logger.manager.loggerDict.items()
+        if name.startswith(("tedebug.session.", "tedebug.stats."))
+        and isinstance(logger, logging.Logger)
+        and any(isinstance(h, (logging.FileHandler, StderrHandler)) for h in logger.handlers)
+    ]
 
 
 # ------------------------------------------------------------------------------------------------ lifecycle
@@ -70,9 +82,15 @@ def test_before_initialize():
     debug_api.step()
     debug_api.end_debug()
     debug_api.initialize_training_step(5)
-    for call in (lambda: debug_api.log_message("x"), debug_api.get_tensor_reduction_group, debug_api.session,
-                 debug_api.get_iteration, lambda: debug_api.set_tensor_reduction_group(None),
-                 lambda: debug_api.transformer_engine, lambda: debug_api.log_tensor_stats):
+    for call in (
+        lambda: debug_api.log_message("x"),
+        debug_api.get_tensor_reduction_group,
+        debug_api.session,
+        debug_api.get_iteration,
+        lambda: debug_api.set_tensor_reduction_group(None),
+        lambda: debug_api.transformer_engine,
+        lambda: debug_api.log_tensor_stats,
+    ):
         with pytest.raises(RuntimeError, match="not initialized"):
             call()
     assert not hasattr(debug_api, "no_such_name")
@@ -100,13 +118,20 @@ def test_unknown_initialize_kwarg(tmp_path):
 
 @pytest.mark.parametrize("failure", ["feature_dir", "missing_dir", "config", "sink", "step"])
 def test_failed_initialize_leaves_nothing_and_retry_works(tmp_path, failure):
-    bad = {"feature_dir": dict(feature_dirs=[DUMMY, BROKEN]),
-           "missing_dir": dict(feature_dirs=[str(tmp_path / "missing")]),
-           "config": dict(config={"s": {"enabled": True, "layers": {"layer_type": ["fc1"]}}}),
-           "sink": dict(statistics_logger=object()),
-           "step": dict(init_training_step="3")}[failure]
-    expected = {"feature_dir": FeatureLoadError, "missing_dir": FeatureLoadError, "config": ConfigError,
-                "sink": TypeError, "step": TypeError}[failure]
+    bad = {
+        "feature_dir": dict(feature_dirs=[DUMMY, BROKEN]),
+        "missing_dir": dict(feature_dirs=[str(tmp_path / "missing")]),
+        "config": dict(config={"s": {"enabled": True, "layers": {"layer_type": ["fc1"]}}}),
+        "sink": dict(statistics_logger=object()),
+        "step": dict(init_training_step="3"),
+    }[failure]
+    expected = {
+        "feature_dir": FeatureLoadError,
+        "missing_dir": FeatureLoadError,
+        "config": ConfigError,
+        "sink": TypeError,
+        "step": TypeError,
+    }[failure]
     with pytest.raises(expected):
         init(tmp_path, **bad)
     assert debug_api.DEBUG_MANAGER is None
@@ -141,8 +166,11 @@ def test_end_debug_resets_routing_state(tmp_path):
 def test_init_messages(tmp_path):
     init(tmp_path)
     messages = [line.split(" - ", 2)[2] for line in main_log(tmp_path)]
-    assert messages == ["Reading config from Python dictionary.", "Loaded configs for ['all'].",
-                        f"Default logging to file enabled at {tmp_path}"]
+    assert messages == [
+        "Reading config from Python dictionary.",
+        "Loaded configs for ['all'].",
+        f"Default logging to file enabled at {tmp_path}",
+    ]
 
 
 # ------------------------------------------------------------------------------------------------ log_message
@@ -160,8 +188,13 @@ def test_log_message_once_per_key(tmp_path, capsys):
     lines = main_log(tmp_path)[3:]
     assert re.fullmatch(ASCTIME + r" - INFO - LAYER=model\.fc1: plan: Quantize", lines[0])
     assert [line.split(" - ", 2)[2] for line in lines] == [
-        "LAYER=model.fc1: plan: Quantize", "LAYER=model.fc2: plan: Quantize", "no layer",
-        "LAYER=model.fc1: with extra", "LAYER=model.fc1: with extra", "beware"]
+        "LAYER=model.fc1: plan: Quantize",
+        "LAYER=model.fc2: plan: Quantize",
+        "no layer",
+        "LAYER=model.fc1: with extra",
+        "LAYER=model.fc1: with extra",
+        "beware",
+    ]
     assert re.fullmatch("NVDLFW INSPECT - " + ASCTIME + " - WARNING - beware", capsys.readouterr().err.strip())
 
 
@@ -205,11 +238,18 @@ def test_sinks_before_and_after_initialize(tmp_path):
     init(tmp_path)
     debug_api.add_statistics_sink(late)
     MetricLogger.add_logger(plain)  # nvdlfw class-level spelling
-    debug_api.session().metric_logger.log_scalar("fc1_activation_max", 2.5, 0, layer="fc1", tensor="activation",
-                                                 stat="max")
+    debug_api.session().metric_logger.log_scalar(
+        "fc1_activation_max", 2.5, 0, layer="fc1", tensor="activation", stat="max"
+    )
     MetricLogger.log_scalar("fc1_activation_min", -1.0, 0)  # nvdlfw class-level spelling (custom features)
-    assert early.calls == late.calls == [("fc1_activation_max", 2.5, 0, "fc1", "activation", "max"),
-                                         ("fc1_activation_min", -1.0, 0, None, None, None)]
+    assert (
+        early.calls
+        == late.calls
+        == [
+            ("fc1_activation_max", 2.5, 0, "fc1", "activation", "max"),
+            ("fc1_activation_min", -1.0, 0, None, None, None),
+        ]
+    )
     assert plain.calls == [("fc1_activation_max", 2.5, 0), ("fc1_activation_min", -1.0, 0)]
     debug_api.end_debug()
     assert early.closed and late.closed and debug_api._queued_sinks == []
@@ -259,19 +299,29 @@ def test_stats_file_jsonl_and_flush_at_step(tmp_path, background):
     """Synchronous logging: a step's statistics are on disk when step() returns.  Background logging (the
     default): they are on disk when the next step() returns."""
     init(tmp_path, background_logging=background)
-    debug_api.session().metric_logger.log_scalar("fc1_activation_underflows%", 0.15625, 7, layer="fc1",
-                                                 tensor="activation", stat="underflows%")
+    debug_api.session().metric_logger.log_scalar(
+        "fc1_activation_underflows%", 0.15625, 7, layer="fc1", tensor="activation", stat="underflows%"
+    )
     debug_api.step()
     if background:
         debug_api.step()
     lines = stats_log(tmp_path)  # read before end_debug
     assert len(lines) == 1 and re.fullmatch(
-        ASCTIME + re.escape(" - INFO - fc1_activation_underflows%" + TABS + "iteration=000007" + TABS
-                            + "value=0.1562"), lines[0])
+        ASCTIME + re.escape(" - INFO - fc1_activation_underflows%" + TABS + "iteration=000007" + TABS + "value=0.1562"),
+        lines[0],
+    )
     with open(os.path.join(tmp_path, "tedebug_statistics", "metrics_globalrank-0.jsonl"), encoding="utf-8") as f:
         records = [json.loads(line) for line in f]
-    assert records == [{"iteration": 7, "name": "fc1_activation_underflows%", "layer": "fc1",
-                        "tensor": "activation", "stat": "underflows%", "value": 0.15625}]
+    assert records == [
+        {
+            "iteration": 7,
+            "name": "fc1_activation_underflows%",
+            "layer": "fc1",
+            "tensor": "activation",
+            "stat": "underflows%",
+            "value": 0.15625,
+        }
+    ]
 
 
 def test_sink_selection(tmp_path):
@@ -317,14 +367,29 @@ def test_list_and_explain_features(tmp_path, capsys):
     assert capsys.readouterr().out.strip() == str(builtin)
     init(tmp_path, feature_dirs=[ROUTING, DUMMY])
     names = debug_api.list_features()
-    assert set(names) - set(builtin) == {f"transformer_engine.{n}" for n in (
-        "GemmSwitch", "LayerSwitch", "ScaleModify", "OffsetModify", "WrongOutput", "TupleInspect", "BoolInspect",
-        "LegacyInspect", "PostquantizeInspect", "NestedFeature", "TestDummyFeature")}
+    assert set(names) - set(builtin) == {
+        f"transformer_engine.{n}"
+        for n in (
+            "GemmSwitch",
+            "LayerSwitch",
+            "ScaleModify",
+            "OffsetModify",
+            "WrongOutput",
+            "TupleInspect",
+            "BoolInspect",
+            "LegacyInspect",
+            "PostquantizeInspect",
+            "NestedFeature",
+            "TestDummyFeature",
+        )
+    }
     assert names == sorted(names)
     capsys.readouterr()
     text = debug_api.explain_features("GemmSwitch")
-    assert text == ("-----\nfeature: transformer_engine.GemmSwitch\n"
-                    "Turns the quantized GEMM off for the listed gemms (like DisableQuantizationGEMM).\n*****")
+    assert text == (
+        "-----\nfeature: transformer_engine.GemmSwitch\n"
+        "Turns the quantized GEMM off for the listed gemms (like DisableQuantizationGEMM).\n*****"
+    )
     assert capsys.readouterr().out == text + "\n"
     both = debug_api.explain_features(["transformer_engine.LayerSwitch", "Nope"])
     assert both.startswith("-----\nfeature: transformer_engine.LayerSwitch\n")
@@ -354,8 +419,16 @@ def test_infer_and_assign_layer_names():
     net = Net([None, None])
     net.layers[0].name = "preset"  # overwritten
     names = debug_api.infer_and_assign_layer_names(net)
-    assert names == ["model", "model.embed", "model.0", "model.0.fc1", "model.1", "model.1.fc1", "model.head",
-                     "model.head.0"]
+    assert names == [
+        "model",
+        "model.embed",
+        "model.0",
+        "model.0.fc1",
+        "model.1",
+        "model.1.fc1",
+        "model.head",
+        "model.head.0",
+    ]
     assert net.layers[0].name == "model.0" and net.layers[1].fc1.name == "model.1.fc1"
     assert not hasattr(net.layers, "name")  # a ModuleList gets no name
 
@@ -397,8 +470,10 @@ def readme_feature_dir(tmp_path):
     block = text.split("```python\nfrom tedebug import active\n", 1)[1].split("```", 1)[0]
     directory = tmp_path / "readme_feature"
     directory.mkdir()
-    (directory / "feature.py").write_text("import torch\n\nfrom tedebug import active\n" + block
-                                          + '\nSTAT = "percentage_greater_than_threshold"\n', encoding="utf-8")
+    (directory / "feature.py").write_text(
+        "import torch\n\nfrom tedebug import active\n" + block + '\nSTAT = "percentage_greater_than_threshold"\n',
+        encoding="utf-8",
+    )
     return str(directory)
 
 
@@ -427,8 +502,15 @@ def test_custom_feature_example_logs_its_statistic(tmp_path, source):
 
 
 def test_custom_feature_example_validates_threshold(tmp_path):
-    config = {"s": {"enabled": True, "layers": {"layer_types": ["fc1"]}, "transformer_engine": {
-        "PercentageGreaterThanThreshold": {"enabled": True, "tensors": ["activation"], "threshold": "high"}}}}
+    config = {
+        "s": {
+            "enabled": True,
+            "layers": {"layer_types": ["fc1"]},
+            "transformer_engine": {
+                "PercentageGreaterThanThreshold": {"enabled": True, "tensors": ["activation"], "threshold": "high"}
+            },
+        }
+    }
     with pytest.raises(ConfigError, match="threshold must be a number, got 'high'"):
         debug_api.initialize(config, feature_dirs=EXAMPLE, log_dir=str(tmp_path))
     assert debug_api.DEBUG_MANAGER is None
@@ -437,33 +519,59 @@ def test_custom_feature_example_validates_threshold(tmp_path):
 def test_readme_feature_on_the_shared_bases_checks_its_config_at_load(tmp_path):
     feature_dirs = readme_feature_dir(tmp_path)
     block = {"enabled": True, "tensors": ["activation"], "threshold": 0.5}
-    for bad, match in (({"treshold": 0.5}, "unknown key 'treshold'; did you mean 'threshold'"),
-                       ({"threshold": "high"}, "threshold must be a number, got 'high'"),
-                       ({"freq": 0}, "freq")):
-        config = {"s": {"enabled": True, "layers": {"layer_types": ["fc1"]}, "transformer_engine": {
-            "PercentageGreaterThanThreshold": {**block, **bad}}}}
+    for bad, match in (
+        ({"treshold": 0.5}, "unknown key 'treshold'; did you mean 'threshold'"),
+        ({"threshold": "high"}, "threshold must be a number, got 'high'"),
+        ({"freq": 0}, "freq"),
+    ):
+        config = {
+            "s": {
+                "enabled": True,
+                "layers": {"layer_types": ["fc1"]},
+                "transformer_engine": {"PercentageGreaterThanThreshold": {**block, **bad}},
+            }
+        }
         with pytest.raises(ConfigError, match=match):
             debug_api.initialize(config, feature_dirs=feature_dirs, log_dir=str(tmp_path))
         assert debug_api.DEBUG_MANAGER is None
 
 
 def test_step_emits_stats_of_the_finished_iteration(tmp_path):
-    config = {"s": {"enabled": True, "layers": {"layer_types": ["fc1"]}, "transformer_engine": {
-        "LogTensorStats": {"enabled": True, "tensors": ["activation"], "stats": ["max", "min"], "freq": 2}}}}
+    config = {
+        "s": {
+            "enabled": True,
+            "layers": {"layer_types": ["fc1"]},
+            "transformer_engine": {
+                "LogTensorStats": {"enabled": True, "tensors": ["activation"], "stats": ["max", "min"], "freq": 2}
+            },
+        }
+    }
     debug_api.initialize(config, log_dir=str(tmp_path))
     te = debug_api.transformer_engine
     x = torch.tensor([1.0, 2.5, -3.0])
     for it in range(3):
         if te.inspect_tensor_enabled("fc1", tensor_name="activation", iteration=it)[0]:
-            te.inspect_tensor("fc1", tensor=x, tensor_name="activation", iteration=it, tp_group=None, tp_size=1,
-                              rowwise_quantized_tensor=None, columnwise_quantized_tensor=None, quantizer=None)
+            te.inspect_tensor(
+                "fc1",
+                tensor=x,
+                tensor_name="activation",
+                iteration=it,
+                tp_group=None,
+                tp_size=1,
+                rowwise_quantized_tensor=None,
+                columnwise_quantized_tensor=None,
+                quantizer=None,
+            )
         debug_api.step()
         if it == 1:  # emitted by the step that finished iteration 0, on disk when the next step returns
             assert len(stats_log(tmp_path)) == 2
     debug_api.session().flush()
     messages = [line.split(" - INFO - ", 1)[1] for line in stats_log(tmp_path)]
-    assert messages == [f"fc1_activation_{stat}{TABS}iteration={it:06d}{TABS}value={value}"
-                        for it in (0, 2) for stat, value in (("max", "2.5000"), ("min", "-3.0000"))]
+    assert messages == [
+        f"fc1_activation_{stat}{TABS}iteration={it:06d}{TABS}value={value}"
+        for it in (0, 2)
+        for stat, value in (("max", "2.5000"), ("min", "-3.0000"))
+    ]
 
 
 def test_tb_writer_gets_transformer_engine_flat_tags(tmp_path):
@@ -474,7 +582,8 @@ def test_tb_writer_gets_transformer_engine_flat_tags(tmp_path):
     flat_writer, tree_writer = FakeWriter(), FakeWriter()
     init(tmp_path, tb_writer=flat_writer)
     debug_api.add_statistics_sink(TensorBoardSink(writer=tree_writer))
-    debug_api.session().metric_logger.log_scalar("fc1_activation_max", 2.0, 5, layer="fc1", tensor="activation",
-                                                 stat="max")
+    debug_api.session().metric_logger.log_scalar(
+        "fc1_activation_max", 2.0, 5, layer="fc1", tensor="activation", stat="max"
+    )
     assert flat_writer.scalars == [("fc1_activation_max", 2.0, 5)]
     assert tree_writer.scalars == [("fc1/activation/max", 2.0, 5)]

@@ -1,7 +1,6 @@
 """Tests of tedebug.nn.debug_gate.LayerDebugState (spec E.8): O(1) off path, once-per-iteration decision,
 next-iteration skipping without losing scheduled iterations, permanent opt-out, reset on re-initialisation."""
 
-
 import pytest
 import torch
 
@@ -13,8 +12,6 @@ from tedebug.quantization import Float8CurrentScalingQuantizer
 
 LAYER = "model.layers.1.proj"
 ALL_TENSORS = ["activation", "weight", "output", "dgrad", "wgrad", "gradient"]
-
-
 
 
 @pytest.fixture
@@ -32,9 +29,14 @@ def constructions(monkeypatch):
 
 
 def normal_quantizers():
-    return {"input": Float8CurrentScalingQuantizer("E4M3"), "weight": Float8CurrentScalingQuantizer("E4M3"),
-            "output": None, "grad_input": None, "grad_weight": None,
-            "grad_output": Float8CurrentScalingQuantizer("E5M2")}
+    return {
+        "input": Float8CurrentScalingQuantizer("E4M3"),
+        "weight": Float8CurrentScalingQuantizer("E4M3"),
+        "output": None,
+        "grad_input": None,
+        "grad_weight": None,
+        "grad_output": Float8CurrentScalingQuantizer("E5M2"),
+    }
 
 
 def run_layer(state, x, w, layer=LAYER):
@@ -98,9 +100,17 @@ def test_idle_costs_nothing(start, constructions):
 
 
 def test_logged_exactly_on_iterations_divisible_by_3_or_5(start, constructions):
-    mod = start({"DebugInspect": {"enabled": True, "tensors_struct": [
-        {"tensor": "activation", "start_step": 1, "freq": 3},
-        {"tensor": "weight", "start_step": 1, "freq": 5}]}})
+    mod = start(
+        {
+            "DebugInspect": {
+                "enabled": True,
+                "tensors_struct": [
+                    {"tensor": "activation", "start_step": 1, "freq": 3},
+                    {"tensor": "weight", "start_step": 1, "freq": 5},
+                ],
+            }
+        }
+    )
     state = LayerDebugState()
     active_iterations = []
     for iteration in range(20):
@@ -111,8 +121,10 @@ def test_logged_exactly_on_iterations_divisible_by_3_or_5(start, constructions):
     expected = {i for i in range(1, 20) if i % 3 == 0 or i % 5 == 0}
     assert inspected == expected
     assert active_iterations == sorted(expected)
-    by_tensor = {t: sorted(kw["iteration"] for hook, _, kw in mod.CALLS
-                           if hook == "inspect_tensor" and kw["tensor_name"] == t) for t in ("activation", "weight")}
+    by_tensor = {
+        t: sorted(kw["iteration"] for hook, _, kw in mod.CALLS if hook == "inspect_tensor" and kw["tensor_name"] == t)
+        for t in ("activation", "weight")
+    }
     assert by_tensor == {"activation": [3, 6, 9, 12, 15, 18], "weight": [5, 10, 15]}
     # quantizers were built only at iteration 0 (first call) and on the scheduled iterations
     assert sorted({it for it, _ in constructions}) == [0] + sorted(expected)

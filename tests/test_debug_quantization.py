@@ -31,8 +31,6 @@ LAYER = "decoder.1.fc1"
 TP_GROUP = object()  # stands for a process group: only its identity is checked
 
 
-
-
 class HookSpy:
     """Stands in for debug_api.transformer_engine: records (hook, kwargs-without-tensors) then forwards."""
 
@@ -196,9 +194,13 @@ def test_routing_call_order(start, spy):
     ]
     recorder.calls.clear()
     DebugQuantizer(LAYER, "gradient", None, None)  # no parent: fp8_gemm_enabled is not consulted
-    assert [c[0] for c in recorder.calls] == ["inspect_tensor_enabled", "inspect_tensor_postquantize_enabled",
-                                              "inspect_tensor_postquantize_enabled", "modify_tensor_enabled",
-                                              "modify_tensor_enabled"]
+    assert [c[0] for c in recorder.calls] == [
+        "inspect_tensor_enabled",
+        "inspect_tensor_postquantize_enabled",
+        "inspect_tensor_postquantize_enabled",
+        "modify_tensor_enabled",
+        "modify_tensor_enabled",
+    ]
     assert [c[2].get("gemm") for c in recorder.calls] == [None, "dgrad", "wgrad", "dgrad", "wgrad"]
     recorder.calls.clear()
     DebugQuantizer(LAYER, "wgrad", None, None)  # GEMM output: inspect + modify of its producing GEMM only
@@ -210,8 +212,12 @@ def test_routing_call_order(start, spy):
 
 def test_modify_beats_disable_and_parent_flags_forced(start):
     # modify and disable on the same GEMM: modify wins, fp8_gemm_enabled is not even asked
-    mod = start({"DebugModify": {"enabled": True, "gemms": ["fprop"], "tensors": ["activation"]},
-                 "DebugDisableGemm": {"enabled": True, "gemms": ["fprop", "wgrad"]}})
+    mod = start(
+        {
+            "DebugModify": {"enabled": True, "gemms": ["fprop"], "tensors": ["activation"]},
+            "DebugDisableGemm": {"enabled": True, "gemms": ["fprop", "wgrad"]},
+        }
+    )
     parent = Float8CurrentScalingQuantizer("E4M3")
     q = DebugQuantizer(LAYER, "activation", parent, None)
     assert (q.rowwise_tensor_plan, q.columnwise_tensor_plan) == (API_CALL_MODIFY, HIGH_PRECISION)
@@ -290,8 +296,9 @@ def test_hybrid_parent_shares_one_object(start):
 
 # ------------------------------------------------------------------------------------------------ modify
 def test_modify_order_values_and_dtype(start):
-    mod = start({"DebugModify": {"enabled": True, "gemms": ["fprop", "wgrad"], "tensors": ["activation"],
-                                 "factor": 0.5}})
+    mod = start(
+        {"DebugModify": {"enabled": True, "gemms": ["fprop", "wgrad"], "tensors": ["activation"], "factor": 0.5}}
+    )
     parent = Float8CurrentScalingQuantizer("E4M3")
     record = counting(parent)
     q = DebugQuantizer(LAYER, "activation", parent, None)
@@ -325,8 +332,7 @@ def test_modify_wrong_dtype_is_an_error(start):
 
 
 def test_modify_quantized_result_dtype_checked(start):
-    start({"DebugModify": {"enabled": True, "gemms": ["fprop"], "tensors": ["activation"],
-                           "return_quantized": True}})
+    start({"DebugModify": {"enabled": True, "gemms": ["fprop"], "tensors": ["activation"], "return_quantized": True}})
     parent = Float8CurrentScalingQuantizer("E4M3")
     q = DebugQuantizer(LAYER, "activation", parent, None)
     out = q.quantize(X)  # a QuantizedTensor from modify_tensor is a valid operand
@@ -338,9 +344,13 @@ def test_modify_quantized_result_dtype_checked(start):
 
 # ------------------------------------------------------------------------------------------------ inspect
 def test_inspect_arguments_and_postquantize(start):
-    mod = start({"DebugInspect": {"enabled": True, "tensors": ["gradient"]},
-                 "DebugPostquantize": {"enabled": True, "tensors": ["gradient"]},
-                 "DebugDisableGemm": {"enabled": True, "gemms": ["wgrad"]}})
+    mod = start(
+        {
+            "DebugInspect": {"enabled": True, "tensors": ["gradient"]},
+            "DebugPostquantize": {"enabled": True, "tensors": ["gradient"]},
+            "DebugDisableGemm": {"enabled": True, "gemms": ["wgrad"]},
+        }
+    )
     for _ in range(2):
         debug_api.step()
     parent = Float8CurrentScalingQuantizer("E5M2")
@@ -350,14 +360,14 @@ def test_inspect_arguments_and_postquantize(start):
     assert q.any_feature_enabled()
     with pytest.warns(DeprecationWarning):
         out = q.quantize(X)
-    (layer, kw), = calls_of(mod, "inspect_tensor")
+    ((layer, kw),) = calls_of(mod, "inspect_tensor")
     assert layer == LAYER and kw["tensor"] is X and kw["tensor_name"] == "gradient"
     assert kw["rowwise_quantized_tensor"] is out.rowwise_gemm_tensor
     assert kw["columnwise_quantized_tensor"] is out.columnwise_gemm_tensor is X
     assert kw["quantizer"] is parent and kw["tp_group"] is TP_GROUP and kw["tp_size"] == 4
     assert kw["iteration"] == 2
     # postquantize: only the Quantize/modify direction (rowwise = dgrad here), with its operand
-    (layer, kw), = calls_of(mod, "inspect_tensor_postquantize")
+    ((layer, kw),) = calls_of(mod, "inspect_tensor_postquantize")
     assert kw["rowwise"] is True and kw["tensor"] is out.rowwise_gemm_tensor and kw["tp_size"] == 4
 
 
@@ -380,16 +390,20 @@ def test_bare_bool_means_next_iteration(start):
 
 # ------------------------------------------------------------------------------------------------ GEMM outputs
 def test_process_gemm_output_modify_then_inspect(start):
-    mod = start({"DebugModify": {"enabled": True, "gemms": ["dgrad"], "tensors": ["dgrad"], "factor": 4.0},
-                 "DebugInspect": {"enabled": True, "tensors": ["dgrad"]}})
+    mod = start(
+        {
+            "DebugModify": {"enabled": True, "gemms": ["dgrad"], "tensors": ["dgrad"], "factor": 4.0},
+            "DebugInspect": {"enabled": True, "tensors": ["dgrad"]},
+        }
+    )
     q = DebugQuantizer(LAYER, "dgrad", None, TP_GROUP)
     assert q.rowwise_tensor_plan == API_CALL_MODIFY and q.columnwise_tensor_plan is None
     assert q.any_feature_enabled()
     result = q.process_gemm_output(X)
     assert torch.equal(result, X * 4)
-    (_, mkw), = calls_of(mod, "modify_tensor")
+    ((_, mkw),) = calls_of(mod, "modify_tensor")
     assert mkw["gemm"] == "dgrad" and mkw["tensor"] is X and mkw["default_quantizer"] is None
-    (_, ikw), = calls_of(mod, "inspect_tensor")
+    ((_, ikw),) = calls_of(mod, "inspect_tensor")
     assert ikw["tensor"] is result and ikw["rowwise_quantized_tensor"] is None
     assert ikw["columnwise_quantized_tensor"] is None and ikw["quantizer"] is None
     with pytest.raises(RuntimeError, match="process_gemm_output"):
@@ -556,8 +570,12 @@ def test_save_restore_two_distinct_objects(start):
 
 # ------------------------------------------------------------------------------------------------ other methods
 def test_update_quantized_refreshes_in_place(start):
-    mod = start({"DebugModify": {"enabled": True, "gemms": ["dgrad"], "tensors": ["weight"], "factor": 3.0},
-                 "DebugInspect": {"enabled": True, "tensors": ["weight"]}})
+    mod = start(
+        {
+            "DebugModify": {"enabled": True, "gemms": ["dgrad"], "tensors": ["weight"], "factor": 3.0},
+            "DebugInspect": {"enabled": True, "tensors": ["weight"]},
+        }
+    )
     parent = Float8CurrentScalingQuantizer("E4M3")
     q = DebugQuantizer(LAYER, "weight", parent, None)  # fprop Quantize, dgrad modify
     w1, w2 = X.clone(), X.flip(0).clone()
@@ -592,7 +610,7 @@ def test_wrap_quantized_tensor(start):
     qt = parent.quantize(X)
     out = q.wrap_quantized_tensor(qt)
     assert out.rowwise_gemm_tensor is qt and out.columnwise_gemm_tensor is qt
-    (_, kw), = calls_of(mod, "inspect_tensor")
+    ((_, kw),) = calls_of(mod, "inspect_tensor")
     assert kw["tensor"] is None and kw["rowwise_quantized_tensor"] is qt and kw["columnwise_quantized_tensor"] is qt
     debug_api.end_debug()
     start({"DebugDisableGemm": {"enabled": True, "gemms": ["dgrad"]}})
@@ -620,8 +638,7 @@ def test_multi_tensor_quantize(start):
     x = torch.arange(12.0).reshape(6, 2)
     outs = DebugQuantizer.multi_tensor_quantize(x, qs, [1, 3, 2], torch.float32)
     assert [tuple(o.shape) for o in outs] == [(1, 2), (3, 2), (2, 2)]
-    assert torch.equal(outs[1].rowwise_gemm_tensor, x[1:4] * 2) and torch.equal(outs[2].columnwise_gemm_tensor,
-                                                                                 x[4:6])
+    assert torch.equal(outs[1].rowwise_gemm_tensor, x[1:4] * 2) and torch.equal(outs[2].columnwise_gemm_tensor, x[4:6])
     assert [layer for layer, _ in calls_of(mod, "modify_tensor")] == ["moe.gemm_0", "moe.gemm_1", "moe.gemm_2"]
     with pytest.raises(ValueError, match="sum to 5"):
         DebugQuantizer.multi_tensor_quantize(x, qs, [1, 3, 1], torch.float32)
@@ -656,8 +673,15 @@ def test_builtin_disable_quantization_gemm_and_layer(start):
 
 
 def test_builtin_fake_quant_modifies_and_partner_goes_high_precision(start):
-    start({"FakeQuant": {"enabled": True, "gemms": ["fprop"], "tensors_struct": [
-        {"tensor": "activation", "quant_format": "FP8E4M3"}]}})
+    start(
+        {
+            "FakeQuant": {
+                "enabled": True,
+                "gemms": ["fprop"],
+                "tensors_struct": [{"tensor": "activation", "quant_format": "FP8E4M3"}],
+            }
+        }
+    )
     act = DebugQuantizer(LAYER, "activation", Float8CurrentScalingQuantizer("E4M3"), None)
     weight = DebugQuantizer(LAYER, "weight", Float8CurrentScalingQuantizer("E4M3"), None)
     assert (act.rowwise_tensor_plan, act.columnwise_tensor_plan) == (API_CALL_MODIFY, STANDARD_QUANTIZE)
@@ -674,12 +698,23 @@ def test_builtin_log_tensor_stats_logged_on_iterations_3_or_5(start, tmp_path):
     """TE's test_log_every_3_or_5_layers through DebugQuantizers built by the gate."""
     from tedebug.nn.debug_gate import LayerDebugState
 
-    start({"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors_struct": [
-        {"tensor": "activation", "start_step": 1, "freq": 3}, {"tensor": "weight", "start_step": 1, "freq": 5}]}})
+    start(
+        {
+            "LogTensorStats": {
+                "enabled": True,
+                "stats": ["max"],
+                "tensors_struct": [
+                    {"tensor": "activation", "start_step": 1, "freq": 3},
+                    {"tensor": "weight", "start_step": 1, "freq": 5},
+                ],
+            }
+        }
+    )
     state = LayerDebugState()
     for _ in range(20):
-        qs = state.debug_quantizers(LAYER, {"input": Float8CurrentScalingQuantizer("E4M3"),
-                                            "weight": Float8CurrentScalingQuantizer("E4M3")})
+        qs = state.debug_quantizers(
+            LAYER, {"input": Float8CurrentScalingQuantizer("E4M3"), "weight": Float8CurrentScalingQuantizer("E4M3")}
+        )
         if qs is not None:
             qs["input"].quantize(X)
             qs["weight"].quantize(X * 2)

@@ -21,10 +21,13 @@ SMALL = ["--steps", "3", "--n-layer", "1", "--n-embd", "32", "--batch-size", "8"
 
 
 def _worker(rank, world, log_dir):
-    runs = {"tp2": train_gpt_tp.train(train_gpt_tp.parse_args(SMALL + ["--tp", "2"])),
-            "tp2_sp": train_gpt_tp.train(train_gpt_tp.parse_args(SMALL + ["--tp", "2", "--sequence-parallel"]))}
-    args = train_gpt_tp.parse_args(["--steps", "2", "--n-layer", "1", "--n-embd", "64", "--batch-size", "32",
-                                    "--tp", "2", "--log-dir", log_dir])
+    runs = {
+        "tp2": train_gpt_tp.train(train_gpt_tp.parse_args(SMALL + ["--tp", "2"])),
+        "tp2_sp": train_gpt_tp.train(train_gpt_tp.parse_args(SMALL + ["--tp", "2", "--sequence-parallel"])),
+    }
+    args = train_gpt_tp.parse_args(
+        ["--steps", "2", "--n-layer", "1", "--n-embd", "64", "--batch-size", "32", "--tp", "2", "--log-dir", log_dir]
+    )
     train_gpt_tp.train(args)
     with open(os.path.join(log_dir, "tedebug_statistics", f"metrics_globalrank-{rank}.jsonl")) as f:
         runs["records"] = [json.loads(line) for line in f if line.strip()]

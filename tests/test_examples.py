@@ -34,8 +34,10 @@ from tedebug.registry import build_registry  # noqa: E402
 DEMO_LAYERS = [f"blocks.{b}.{part}" for b in (0, 1) for part in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")]
 GEMM_INPUTS = ("activation", "weight", "gradient")
 EXAMPLE_CONFIGS = ("stats_all_layers", "quantization_error", "disable_gemm", "fake_quant_whatif", "dump_tensors")
-STATS_LINE = re.compile(r"^\S+ \S+ - INFO - (?P<name>\S+) \t\t\t\t iteration=(?P<it>\d{6}) \t\t\t\t "
-                        r"value=(?P<value>\S+)$")
+STATS_LINE = re.compile(
+    r"^\S+ \S+ - INFO - (?P<name>\S+) \t\t\t\t iteration=(?P<it>\d{6}) \t\t\t\t "
+    r"value=(?P<value>\S+)$"
+)
 
 
 def config_path(name: str) -> str:
@@ -44,8 +46,9 @@ def config_path(name: str) -> str:
 
 def compiled(name: str):
     registry = build_registry()
-    return load_config(config_path(name), feature_names=registry.feature_names(),
-                       feature_validators=registry.feature_validators())
+    return load_config(
+        config_path(name), feature_names=registry.feature_names(), feature_validators=registry.feature_validators()
+    )
 
 
 def selected(name: str) -> dict:
@@ -82,23 +85,30 @@ def test_validate_rejects_a_broken_copy_of_a_config(tmp_path, capsys):
 
 def test_demo_configs_select_every_demo_layer():
     assert selected("demo") == {layer: ["LogFp8TensorStats", "LogTensorStats"] for layer in DEMO_LAYERS}
-    assert selected("demo_nvfp4") == {layer: ["LogFp8TensorStats", "LogNvfp4TensorStats", "LogTensorStats"]
-                                      for layer in DEMO_LAYERS}
+    assert selected("demo_nvfp4") == {
+        layer: ["LogFp8TensorStats", "LogNvfp4TensorStats", "LogTensorStats"] for layer in DEMO_LAYERS
+    }
     assert selected("stats_all_layers") == {layer: ["LogTensorStats"] for layer in DEMO_LAYERS}
     assert selected("quantization_error") == {layer: ["LogFp8TensorStats"] for layer in DEMO_LAYERS}
 
 
 def test_example_configs_select_the_documented_layers():
     assert selected("disable_gemm") == {
-        "blocks.0.attn.qkv": ["DisableQuantizationGEMM"], "blocks.0.attn.proj": ["DisableQuantizationGEMM"],
-        "blocks.0.mlp.fc1": [], "blocks.0.mlp.fc2": [],
-        "blocks.1.attn.qkv": ["DisableQuantizationGEMM"], "blocks.1.attn.proj": ["DisableQuantizationGEMM"],
-        "blocks.1.mlp.fc1": ["DisableQuantizationLayer"], "blocks.1.mlp.fc2": ["DisableQuantizationLayer"],
+        "blocks.0.attn.qkv": ["DisableQuantizationGEMM"],
+        "blocks.0.attn.proj": ["DisableQuantizationGEMM"],
+        "blocks.0.mlp.fc1": [],
+        "blocks.0.mlp.fc2": [],
+        "blocks.1.attn.qkv": ["DisableQuantizationGEMM"],
+        "blocks.1.attn.proj": ["DisableQuantizationGEMM"],
+        "blocks.1.mlp.fc1": ["DisableQuantizationLayer"],
+        "blocks.1.mlp.fc2": ["DisableQuantizationLayer"],
     }
     assert selected("fake_quant_whatif") == {
-        layer: (["FakeQuant", "LogTensorStats"] if layer.endswith("fc1") else []) for layer in DEMO_LAYERS}
+        layer: (["FakeQuant", "LogTensorStats"] if layer.endswith("fc1") else []) for layer in DEMO_LAYERS
+    }
     assert selected("dump_tensors") == {
-        layer: (["DumpTensors"] if layer in ("blocks.0.attn.qkv", "blocks.0.mlp.fc2") else []) for layer in DEMO_LAYERS}
+        layer: (["DumpTensors"] if layer in ("blocks.0.attn.qkv", "blocks.0.mlp.fc2") else []) for layer in DEMO_LAYERS
+    }
 
 
 def one_training_iteration(config: str, log_dir: str, recipe=None) -> gpt.GPT:
@@ -128,22 +138,32 @@ def test_stats_and_quantization_error_configs_log_every_layer_and_tensor(tmp_pat
     rows = jsonl_rows(str(tmp_path / "stats"))
     expected_stats = {"min", "max", "mean", "std", "l1_norm", "cur_amax", "dynamic_range", "nan_count"}
     assert {(r.layer, r.tensor, r.stat) for r in rows} == {
-        (layer, tensor, stat) for layer in DEMO_LAYERS for tensor in GEMM_INPUTS for stat in expected_stats}
+        (layer, tensor, stat) for layer in DEMO_LAYERS for tensor in GEMM_INPUTS for stat in expected_stats
+    }
     assert {r.iteration for r in rows} == {0}
 
     one_training_iteration(config_path("quantization_error"), str(tmp_path / "qerr"))
     rows = jsonl_rows(str(tmp_path / "qerr"))
-    expected_stats = {"underflows%", "mse", "scale_inv_min", "scale_inv_max", "mxfp8_underflows%", "mxfp8_mse",
-                      "fp8_block_scaling_mse"}
+    expected_stats = {
+        "underflows%",
+        "mse",
+        "scale_inv_min",
+        "scale_inv_max",
+        "mxfp8_underflows%",
+        "mxfp8_mse",
+        "fp8_block_scaling_mse",
+    }
     assert {(r.layer, r.tensor, r.stat) for r in rows} == {
-        (layer, tensor, stat) for layer in DEMO_LAYERS for tensor in GEMM_INPUTS for stat in expected_stats}
+        (layer, tensor, stat) for layer in DEMO_LAYERS for tensor in GEMM_INPUTS for stat in expected_stats
+    }
 
 
 def test_dump_tensors_config_writes_the_selected_tensors(tmp_path):
     one_training_iteration(config_path("dump_tensors"), str(tmp_path))
     folder = tmp_path / "tensor_dumps" / "rank_0" / "iter_000000"
     assert sorted(os.listdir(folder)) == sorted(
-        f"{layer}_{tensor}.pt" for layer in ("blocks_0_attn_qkv", "blocks_0_mlp_fc2") for tensor in GEMM_INPUTS)
+        f"{layer}_{tensor}.pt" for layer in ("blocks_0_attn_qkv", "blocks_0_mlp_fc2") for tensor in GEMM_INPUTS
+    )
     dumped = torch.load(folder / "blocks_0_attn_qkv_weight.pt", weights_only=False)
     assert set(dumped) == {"high_precision", "quantized"}
     assert dumped["high_precision"].shape == (192, 64)
@@ -153,6 +173,7 @@ def test_dump_tensors_config_writes_the_selected_tensors(tmp_path):
 @pytest.mark.parametrize("name", ["disable_gemm", "fake_quant_whatif"])
 def test_manipulation_configs_change_the_gradients(name, tmp_path):
     """Each manipulation changes some weight gradient relative to plain FP8 training (same weights, same batch)."""
+
     def weight_grads(config):
         model = one_training_iteration(config, str(tmp_path / (name if config else "plain")))
         return {layer: model.get_submodule(layer).weight.grad for layer in DEMO_LAYERS}
@@ -160,9 +181,12 @@ def test_manipulation_configs_change_the_gradients(name, tmp_path):
     plain = weight_grads("")
     changed = weight_grads(config_path(name))
     differs = {layer for layer in DEMO_LAYERS if not torch.equal(plain[layer], changed[layer])}
-    expected_direct = {"disable_gemm": {layer_name for layer_name in DEMO_LAYERS
-                                        if "attn" in layer_name or layer_name.startswith("blocks.1.mlp")},
-                       "fake_quant_whatif": {"blocks.0.mlp.fc1", "blocks.1.mlp.fc1"}}[name]
+    expected_direct = {
+        "disable_gemm": {
+            layer_name for layer_name in DEMO_LAYERS if "attn" in layer_name or layer_name.startswith("blocks.1.mlp")
+        },
+        "fake_quant_whatif": {"blocks.0.mlp.fc1", "blocks.1.mlp.fc1"},
+    }[name]
     assert expected_direct <= differs
 
 
@@ -250,30 +274,42 @@ def write_jsonl(log_dir, records):
 
 
 def rec(iteration, layer, tensor, stat, value, nonfinite=None):
-    record = {"iteration": iteration, "name": f"{layer}_{tensor}_{stat}", "layer": layer, "tensor": tensor,
-              "stat": stat, "value": value}
+    record = {
+        "iteration": iteration,
+        "name": f"{layer}_{tensor}_{stat}",
+        "layer": layer,
+        "tensor": tensor,
+        "stat": stat,
+        "value": value,
+    }
     if nonfinite:
         record["nonfinite"] = nonfinite
     return record
 
 
 def test_summary_ranks_the_last_logged_iteration(tmp_path):
-    write_jsonl(tmp_path, [
-        rec(0, "a", "activation", "underflows%", 99.0),          # older iteration: ignored
-        rec(10, "a", "activation", "underflows%", 1.5),
-        rec(10, "b", "gradient", "underflows%", 7.25),
-        rec(10, "c", "weight", "underflows%", None, "nan"),     # non-finite ranks first
-        rec(10, "d", "weight", "underflows%", 0.0),
-        rec(10, "a", "activation", "mse", 2e-6),
-        rec(20, "a", "activation", "mse", 3e-6),
-        rec(20, "b", "activation", "mse", 1e-6),
-        {"iteration": 20, "name": "loss", "layer": None, "tensor": None, "stat": None, "value": 1.0},
-    ])
+    write_jsonl(
+        tmp_path,
+        [
+            rec(0, "a", "activation", "underflows%", 99.0),  # older iteration: ignored
+            rec(10, "a", "activation", "underflows%", 1.5),
+            rec(10, "b", "gradient", "underflows%", 7.25),
+            rec(10, "c", "weight", "underflows%", None, "nan"),  # non-finite ranks first
+            rec(10, "d", "weight", "underflows%", 0.0),
+            rec(10, "a", "activation", "mse", 2e-6),
+            rec(20, "a", "activation", "mse", 3e-6),
+            rec(20, "b", "activation", "mse", 1e-6),
+            {"iteration": 20, "name": "loss", "layer": None, "tensor": None, "stat": None, "value": 1.0},
+        ],
+    )
     rows = summary.read_rows(str(tmp_path))
     assert len(rows) == 8
     top = summary.worst(rows, "underflows%", k=3)
-    assert [(r.iteration, r.layer, r.tensor) for r in top] == [(10, "c", "weight"), (10, "b", "gradient"),
-                                                               (10, "a", "activation")]
+    assert [(r.iteration, r.layer, r.tensor) for r in top] == [
+        (10, "c", "weight"),
+        (10, "b", "gradient"),
+        (10, "a", "activation"),
+    ]
     assert math.isnan(top[0].value) and top[1].value == 7.25
     assert [(r.layer, r.value) for r in summary.worst(rows, "mse")] == [("a", 3e-6), ("b", 1e-6)]
     assert summary.worst(rows, "overflows%") == []
@@ -290,17 +326,21 @@ def test_summary_ranks_the_last_logged_iteration(tmp_path):
 
 
 def test_summary_uses_nvfp4_names_and_reports_non_finite_counts(tmp_path):
-    write_jsonl(tmp_path, [
-        rec(0, "x", "gradient", "nvfp4_underflows%", 12.0),
-        rec(0, "x", "gradient", "nan_count", 0.0),
-        rec(10, "x", "gradient", "nan_count", 3.0),
-        rec(20, "x", "gradient", "nan_count", 5.0),
-    ])
+    write_jsonl(
+        tmp_path,
+        [
+            rec(0, "x", "gradient", "nvfp4_underflows%", 12.0),
+            rec(0, "x", "gradient", "nan_count", 0.0),
+            rec(10, "x", "gradient", "nan_count", 3.0),
+            rec(20, "x", "gradient", "nan_count", 5.0),
+        ],
+    )
     text = summary.summarize(str(tmp_path))
     assert "  x      gradient            12.0000" in text
     assert "Worst layers by MSE (quantized vs high precision): not logged" in text
-    assert text.endswith("Non-finite values (nan_count / inf_count):\n  x gradient: nan_count=3.0000 first at "
-                         "iteration 10")
+    assert text.endswith(
+        "Non-finite values (nan_count / inf_count):\n  x gradient: nan_count=3.0000 first at iteration 10"
+    )
 
 
 def test_summary_errors_name_the_problem(tmp_path):
@@ -373,8 +413,12 @@ def read_text_stats(log_dir):
 def test_demo_writes_text_log_jsonl_and_tensorboard(demo_run):
     log_dir, result, out = demo_run
     stats = read_text_stats(log_dir)
-    names = {f"{layer}_{tensor}_{stat}" for layer in DEMO_LAYERS for tensor in GEMM_INPUTS
-             for stat in ("max", "std", "cur_amax", "dynamic_range", "nan_count", "underflows%", "mse", "mxfp8_mse")}
+    names = {
+        f"{layer}_{tensor}_{stat}"
+        for layer in DEMO_LAYERS
+        for tensor in GEMM_INPUTS
+        for stat in ("max", "std", "cur_amax", "dynamic_range", "nan_count", "underflows%", "mse", "mxfp8_mse")
+    }
     assert set(stats) == {(name, it) for name in names for it in (0, 10)}
     rows = summary.read_rows(log_dir)
     assert {(f"{r.layer}_{r.tensor}_{r.stat}", r.iteration) for r in rows} == set(stats)
@@ -389,8 +433,11 @@ def test_demo_writes_text_log_jsonl_and_tensorboard(demo_run):
     events.Reload()
     scalars = events.Scalars("blocks.1.mlp.fc2/gradient/underflows%")
     assert [s.step for s in scalars] == [0, 10]
-    by_iteration = {r.iteration: r.value for r in rows
-                    if (r.layer, r.tensor, r.stat) == ("blocks.1.mlp.fc2", "gradient", "underflows%")}
+    by_iteration = {
+        r.iteration: r.value
+        for r in rows
+        if (r.layer, r.tensor, r.stat) == ("blocks.1.mlp.fc2", "gradient", "underflows%")
+    }
     assert [s.value for s in scalars] == [pytest.approx(by_iteration[0]), pytest.approx(by_iteration[10])]
     losses = events.Scalars("train/loss")  # the script's own scalar, at the iteration of the statistics
     assert [s.step for s in losses] == list(range(12))
@@ -414,8 +461,14 @@ def test_demo_summary_matches_the_text_log(demo_run):
         assert lines[0].endswith("iteration 10:")
         table = [line.split() for line in lines[3:]]
         assert len(table) == 5
-        ranked = sorted(((float(stats[(f"{layer}_{tensor}_{stat}", 10)]), layer, tensor)
-                         for layer in DEMO_LAYERS for tensor in GEMM_INPUTS), reverse=True)
+        ranked = sorted(
+            (
+                (float(stats[(f"{layer}_{tensor}_{stat}", 10)]), layer, tensor)
+                for layer in DEMO_LAYERS
+                for tensor in GEMM_INPUTS
+            ),
+            reverse=True,
+        )
         assert {(layer, tensor) for layer, tensor, _ in table} <= {(layer, t) for _, layer, t in ranked}
         printed = [float(value) for _, _, value in table]
         assert printed == sorted(printed, reverse=True)
@@ -428,14 +481,16 @@ def test_demo_summary_matches_the_text_log(demo_run):
 def test_demo_loss_decreases(demo_run):
     _, result, out = demo_run
     assert len(result.losses) == 12
-    assert result.losses[0] > math.log(10)          # an untrained model is worse than guessing a digit
+    assert result.losses[0] > math.log(10)  # an untrained model is worse than guessing a digit
     assert result.losses[-1] < result.losses[0] - 0.5
     assert result.val_loss < math.log(10) and result.val_loss_quantized < math.log(10)
     assert f"step 12/12, loss {result.losses[-1]:.4f}" in out
 
 
-@pytest.mark.parametrize("recipe,stat", [("mxfp8", "underflows%"), ("nvfp4", "nvfp4_underflows%"),
-                                         ("block", "underflows%"), ("delayed", "underflows%")])
+@pytest.mark.parametrize(
+    "recipe,stat",
+    [("mxfp8", "underflows%"), ("nvfp4", "nvfp4_underflows%"), ("block", "underflows%"), ("delayed", "underflows%")],
+)
 def test_demo_runs_with_every_recipe(recipe, stat, tmp_path):
     result, out = run_demo(["--steps", "1", "--log-dir", str(tmp_path), "--device", "cpu", "--recipe", recipe])
     rows = summary.worst(summary.read_rows(str(tmp_path)), stat, k=100)
@@ -449,8 +504,10 @@ def test_demo_script_entry_point(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["train_gpt.py", "--steps", "1", "--log-dir", "runs/demo", "--device", "cpu"])
     runpy.run_path(os.path.join(EXAMPLES, "train_gpt.py"), run_name="__main__")
     out = capsys.readouterr().out
-    assert out.startswith("Training a 2-layer GPT (103k parameters) to sort 8 digits on cpu, recipe current "
-                          "(Float8CurrentScaling), 1 steps\n")
+    assert out.startswith(
+        "Training a 2-layer GPT (103k parameters) to sort 8 digits on cpu, recipe current "
+        "(Float8CurrentScaling), 1 steps\n"
+    )
     assert "--logdir runs/demo/tensorboard --samples_per_plugin scalars=100000\n" in out
     assert "tedebug report runs/demo -o runs/demo/report.html\n" in out
     assert os.path.isfile(tmp_path / "runs" / "demo" / "tedebug_statistics" / "metrics_globalrank-0.jsonl")

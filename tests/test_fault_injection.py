@@ -25,9 +25,13 @@ from tedebug.sinks import BackgroundSinkError
 from tedebug.sinks.jsonl import JsonlSink
 from tedebug.sinks.record_file import RecordFile
 
-STATS = {"s": {"enabled": True, "layers": {"layer_types": ["fc1"]},
-               "transformer_engine": {"LogTensorStats": {"enabled": True, "tensors": ["activation"],
-                                                         "stats": ["max"]}}}}
+STATS = {
+    "s": {
+        "enabled": True,
+        "layers": {"layer_types": ["fc1"]},
+        "transformer_engine": {"LogTensorStats": {"enabled": True, "tensors": ["activation"], "stats": ["max"]}},
+    }
+}
 
 
 pytestmark = pytest.mark.usefixtures("no_debug_session")  # tests/conftest.py
@@ -45,8 +49,13 @@ def main_log(log_dir):
 def run_steps(layer, iterations, start=0):
     te = debug_api.transformer_engine
     for iteration in range(start, start + iterations):
-        te.inspect_tensor(layer, tensor=torch.full((4, 4), float(iteration)), tensor_name="activation",
-                          iteration=iteration, tp_group=None)
+        te.inspect_tensor(
+            layer,
+            tensor=torch.full((4, 4), float(iteration)),
+            tensor_name="activation",
+            iteration=iteration,
+            tp_group=None,
+        )
         debug_api.step()
 
 
@@ -57,8 +66,9 @@ def test_every_hand_written_hostile_config_is_a_config_error_naming_the_file(tmp
     assert len(cases) >= 100
     for label, source in cases:
         with pytest.raises(ConfigError) as info:
-            load_config(source, feature_names=registry.feature_names(),
-                        feature_validators=registry.feature_validators())
+            load_config(
+                source, feature_names=registry.feature_names(), feature_validators=registry.feature_validators()
+            )
         first = str(info.value).splitlines()[0]
         where = "<dict>" if isinstance(source, dict) else str(source)
         assert first.startswith(where), (label, first)
@@ -71,8 +81,9 @@ def test_mutants_of_the_shipped_configs_load_or_are_config_errors(tmp_path):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)
-                load_config(path, feature_names=registry.feature_names(),
-                            feature_validators=registry.feature_validators())
+                load_config(
+                    path, feature_names=registry.feature_names(), feature_validators=registry.feature_validators()
+                )
             outcomes["loaded"] += 1
         except ConfigError as err:
             assert str(err).startswith(path), label
@@ -92,21 +103,25 @@ def test_a_hostile_config_leaves_the_api_uninitialised_and_a_retry_works(tmp_pat
 
 def test_all_problems_of_a_file_in_one_error(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("a:\n  enabled: 'False'\n  layers:\n    layer_type: [fc1]\n  transformer_engine:\n"
-                    "    LogTensorStats:\n      enabled: True\n      tensors: [activation]\n"
-                    "      stats: [l2norm, underflows%, max]\n      freqq: 3\n")
+    path.write_text(
+        "a:\n  enabled: 'False'\n  layers:\n    layer_type: [fc1]\n  transformer_engine:\n"
+        "    LogTensorStats:\n      enabled: True\n      tensors: [activation]\n"
+        "      stats: [l2norm, underflows%, max]\n      freqq: 3\n"
+    )
     registry = build_registry()
     with pytest.raises(ConfigError) as info:
-        load_config(str(path), feature_names=registry.feature_names(),
-                    feature_validators=registry.feature_validators())
+        load_config(str(path), feature_names=registry.feature_names(), feature_validators=registry.feature_validators())
     found = [(issue.key_path, issue.line, issue.suggestion) for issue in info.value.issues]
     lts = ("a", "transformer_engine", "LogTensorStats")
-    assert found == [(("a", "enabled"), 2, None), (("a", "layers", "layer_type"), 4, "layer_types"),
-                     (lts + ("freqq",), 10, None), (lts + ("stats", 0), 9, "l2_norm"),
-                     (lts + ("stats", 1), 9, None)]
+    assert found == [
+        (("a", "enabled"), 2, None),
+        (("a", "layers", "layer_type"), 4, "layer_types"),
+        (lts + ("freqq",), 10, None),
+        (lts + ("stats", 0), 9, "l2_norm"),
+        (lts + ("stats", 1), 9, None),
+    ]
     assert "unknown key 'freqq'; did you mean 'freq'?" in info.value.issues[2].message
-    assert info.value.issues[4].message.endswith(
-        "'underflows%' belongs to LogFp8TensorStats or LogNvfp4TensorStats")
+    assert info.value.issues[4].message.endswith("'underflows%' belongs to LogFp8TensorStats or LogNvfp4TensorStats")
 
 
 def test_initialize_with_a_number_names_the_argument(tmp_path):
@@ -157,8 +172,10 @@ def test_a_full_disk_sink_is_reported_once_and_training_goes_on(tmp_path, backgr
     warnings_ = [line for line in main_log(tmp_path).splitlines() if " - WARNING - " in line]
     assert len(warnings_) == 1
     iterations = "0" if background else "up to 0"  # the writer thread knows the batch; a caller-thread flush the last
-    assert (f"statistics sink JsonlSink('/dev/full') failed while writing iteration(s) {iterations}: OSError: "
-            f"[Errno 28] No space left on device (errno 28, ENOSPC); this sink is stopped") in warnings_[0]
+    assert (
+        f"statistics sink JsonlSink('/dev/full') failed while writing iteration(s) {iterations}: OSError: "
+        f"[Errno 28] No space left on device (errno 28, ENOSPC); this sink is stopped"
+    ) in warnings_[0]
 
 
 @pytest.mark.parametrize("background", [True, False])
@@ -167,14 +184,15 @@ def test_training_goes_on_when_every_statistics_file_fails(tmp_path, monkeypatch
         raise OSError(errno.ENOSPC, "No space left on device", self.path)
 
     monkeypatch.setattr(RecordFile, "write", disk_full)
-    debug_api.initialize(STATS, log_dir=str(tmp_path), default_logging_enabled=True,
-                         background_logging=background)
+    debug_api.initialize(STATS, log_dir=str(tmp_path), default_logging_enabled=True, background_logging=background)
     run_steps("fc1", 5)
     assert debug_api.get_iteration() == 5
     debug_api.end_debug()
     reports = [line for line in main_log(tmp_path).splitlines() if " - WARNING - " in line]
     assert sorted(("TextStatsSink" in line, "JsonlSink" in line, "ENOSPC" in line) for line in reports) == [
-        (False, True, True), (True, False, True)]  # one report per sink, whichever failed first
+        (False, True, True),
+        (True, False, True),
+    ]  # one report per sink, whichever failed first
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
@@ -201,9 +219,14 @@ def test_a_raising_caller_thread_sink_is_stopped_and_reported_with_its_errno(tmp
     debug_api.end_debug()
     assert FullDisk.calls == 1
     assert [r["iteration"] for r in jsonl_records(tmp_path)] == [0, 1, 2]
-    assert main_log(tmp_path).count("statistics sink FullDisk failed while writing iteration(s) 0: OSError: "
-                                    "[Errno 28] No space left on device: '/mnt/full/stats.csv' (errno 28, "
-                                    "ENOSPC)") == 1
+    assert (
+        main_log(tmp_path).count(
+            "statistics sink FullDisk failed while writing iteration(s) 0: OSError: "
+            "[Errno 28] No space left on device: '/mnt/full/stats.csv' (errno 28, "
+            "ENOSPC)"
+        )
+        == 1
+    )
 
 
 def test_a_write_that_fails_part_way_leaves_only_whole_records(tmp_path, monkeypatch):
@@ -246,13 +269,15 @@ def test_an_unwritable_log_dir_is_a_clear_error(tmp_path):
 
 
 def test_a_second_live_run_on_a_log_dir_is_refused_and_a_killed_runs_lock_taken_over(tmp_path):
-    holder = subprocess.Popen([sys.executable, str(CHILD), "hold", str(tmp_path)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, str(CHILD), "hold", str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout.readline().strip() == "ready"
         before = main_log(tmp_path)
-        with pytest.raises(LogDirInUseError, match=f"in use by another live tedebug session of rank 0 "
-                                                   f"\\(pid {holder.pid} on host "):
+        with pytest.raises(
+            LogDirInUseError, match=f"in use by another live tedebug session of rank 0 \\(pid {holder.pid} on host "
+        ):
             debug_api.initialize(STATS, log_dir=str(tmp_path))
         assert main_log(tmp_path) == before  # nothing of the live run was truncated
         holder.kill()
@@ -291,23 +316,42 @@ def test_loggers_of_ended_sessions_are_freed(tmp_path):
 
 
 def test_a_block_size_that_does_not_fit_is_skipped_with_one_warning(tmp_path):
-    config = {"s": {"enabled": True, "layers": {"layer_types": ["fc1"]},
-                    "transformer_engine": {"LogTensorStats": {
-                        "enabled": True, "tensors": ["activation"],
-                        "stats": ["max", {"max_blockwise_dynamic_range": {"block_size": 3, "dims": 2}}]}}}}
+    config = {
+        "s": {
+            "enabled": True,
+            "layers": {"layer_types": ["fc1"]},
+            "transformer_engine": {
+                "LogTensorStats": {
+                    "enabled": True,
+                    "tensors": ["activation"],
+                    "stats": ["max", {"max_blockwise_dynamic_range": {"block_size": 3, "dims": 2}}],
+                }
+            },
+        }
+    }
     debug_api.initialize(config, log_dir=str(tmp_path))
     run_steps("a.fc1", 3)
     debug_api.end_debug()
     assert [(r["iteration"], r["stat"], r["value"]) for r in jsonl_records(tmp_path)] == [
-        (0, "max", 0.0), (1, "max", 1.0), (2, "max", 2.0)]
-    assert main_log(tmp_path).count("WARNING - LAYER=a.fc1: Feature=LogTensorStats: skipping "
-                                    "max_blockwise_dynamic_range_block_size_3_dims_2_max_over_orientations for tensor "
-                                    "activation of shape [4, 4]: dims=2 needs both dims of the 2-D view 4x4 "
-                                    "divisible by block_size 3") == 1
+        (0, "max", 0.0),
+        (1, "max", 1.0),
+        (2, "max", 2.0),
+    ]
+    assert (
+        main_log(tmp_path).count(
+            "WARNING - LAYER=a.fc1: Feature=LogTensorStats: skipping "
+            "max_blockwise_dynamic_range_block_size_3_dims_2_max_over_orientations for tensor "
+            "activation of shape [4, 4]: dims=2 needs both dims of the 2-D view 4x4 "
+            "divisible by block_size 3"
+        )
+        == 1
+    )
 
 
-@pytest.mark.parametrize("recipe_name", ["DelayedScaling", "Float8CurrentScaling", "MXFP8BlockScaling",
-                                         "Float8BlockScaling", "NVFP4BlockScaling"])
+@pytest.mark.parametrize(
+    "recipe_name",
+    ["DelayedScaling", "Float8CurrentScaling", "MXFP8BlockScaling", "Float8BlockScaling", "NVFP4BlockScaling"],
+)
 def test_linear_with_zero_in_features_under_autocast(recipe_name):
     import tedebug
     from tedebug import recipe

@@ -12,9 +12,18 @@ from tedebug.registry import build_registry
 
 from support.features import debug_session, section
 
-BUILTIN = {"LogTensorStats", "LogFp8TensorStats", "LogNvfp4TensorStats", "DisableQuantizationGEMM",
-           "DisableQuantizationLayer", "DisableFP8GEMM", "DisableFP8Layer", "PerTensorScaling", "FakeQuant",
-           "DumpTensors"}
+BUILTIN = {
+    "LogTensorStats",
+    "LogFp8TensorStats",
+    "LogNvfp4TensorStats",
+    "DisableQuantizationGEMM",
+    "DisableQuantizationLayer",
+    "DisableFP8GEMM",
+    "DisableFP8Layer",
+    "PerTensorScaling",
+    "FakeQuant",
+    "DumpTensors",
+}
 
 
 def test_every_builtin_feature_is_registered_in_transformer_engine():
@@ -35,52 +44,113 @@ def _load_error(features, tmp_path):
     return str(info.value)
 
 
-@pytest.mark.parametrize("features, expected", [
-    ({"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["activation"], "freqq": 2}},
-     ["LogTensorStats -> freqq", "unknown key 'freqq'", "did you mean 'freq'"]),
-    ({"LogTensorStats": {"enabled": True, "tensors": ["activation"]}},
-     ["missing required parameter 'stats'"]),
-    ({"LogTensorStats": {"enabled": True, "stats": ["max", "maxx"], "tensors": ["activation"]}},
-     ["stats[1]", "Statistic maxx is not supported", "cur_amax"]),
-    ({"LogTensorStats": {"enabled": True, "tensors": ["activation"],
-                         "stats": [{"max_blockwise_dynamic_range": {"block_size": 4, "dim": 1}}]}},
-     ["unknown key(s) ['dim']"]),
-    ({"LogTensorStats": {"enabled": True, "tensors_struct": [{"tensor": "weight", "stat": ["max"]}]}},
-     ["tensors_struct[0] -> stat", "did you mean 'stats'"]),
-    ({"LogFp8TensorStats": {"enabled": True, "stats": ["underflow%"], "tensors": ["activation"]}},
-     ["stats[0]", "'underflow%' is not supported", "mxfp8_underflows%_columnwise"]),
-    ({"LogFp8TensorStats": {"enabled": True, "stats": ["nvfp4_mse"], "tensors": ["activation"]}},
-     ["LogNvfp4TensorStats"]),
-    ({"LogFp8TensorStats": {"enabled": True, "stats": ["mxfp8_overflows%"], "tensors": ["activation"]}},
-     ["overflows% exists only for the fp8_delayed_scaling recipe"]),
-    ({"LogFp8TensorStats": {"enabled": True, "stats": ["fp8_current_scaling_mse_columnwise"],
-                            "tensors": ["activation"]}},
-     ["'_columnwise' is not supported for the fp8_current_scaling recipe"]),
-    ({"LogNvfp4TensorStats": {"enabled": True, "stats": ["scale_inv_min"], "tensors": ["activation"]}},
-     ["supported stats: ['underflows%', 'mse']"]),
-    ({"FakeQuant": {"enabled": True, "gemms": ["fprop"], "tensors": ["activation"]}},
-     ["missing required parameter 'quant_format'"]),
-    ({"FakeQuant": {"enabled": True, "gemms": ["fprop"], "tensors": ["activation"], "quant_format": "FP8E4M4"}},
-     ["unsupported quant_format 'FP8E4M4'", "MXFP8E5M2", "NVFP4"]),
-    ({"FakeQuant": {"enabled": True, "gemms_struct": [{"gemm": "fprop", "tensors": ["weight"],
-                                                       "quant_fromat": "FP8E4M3"}]}},
-     ["gemms_struct[0] -> quant_fromat", "did you mean 'quant_format'"]),
-    ({"PerTensorScaling": {"enabled": True, "gemms": ["fprop"], "tensors": ["activation"], "margin": 1}},
-     ["unknown key 'margin'"]),
-    ({"PerTensorScaling": {"enabled": True, "gemms": ["fprop"], "tensors": ["output"]}},
-     ["tensor 'output' cannot be scaled"]),
-    ({"DisableQuantizationGEMM": {"enabled": True, "gemms": ["fprop"], "tensors": ["activation"]}},
-     ["unknown key 'tensors'"]),
-    ({"DisableQuantizationLayer": {"enabled": True, "gemms": ["fprop"]}},
-     ["unknown key 'gemms'", "valid keys here: enabled, gemm"]),
-    ({"DumpTensors": {"enabled": True, "tensors": ["weight"], "high_precision_tensors": True}},
-     ["did you mean 'high_precision_tensor'"]),
-    ({"DumpTensors": {"enabled": True, "tensors": ["weight"], "quantized_tensor": "yes"}},
-     ["quantized_tensor must be true or false"]),
-    ({"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["activation"], "start_step": 5,
-                         "end_step": 3}},
-     ["start_step 5 is after end_step 3"]),
-])
+@pytest.mark.parametrize(
+    "features, expected",
+    [
+        (
+            {"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["activation"], "freqq": 2}},
+            ["LogTensorStats -> freqq", "unknown key 'freqq'", "did you mean 'freq'"],
+        ),
+        ({"LogTensorStats": {"enabled": True, "tensors": ["activation"]}}, ["missing required parameter 'stats'"]),
+        (
+            {"LogTensorStats": {"enabled": True, "stats": ["max", "maxx"], "tensors": ["activation"]}},
+            ["stats[1]", "Statistic maxx is not supported", "cur_amax"],
+        ),
+        (
+            {
+                "LogTensorStats": {
+                    "enabled": True,
+                    "tensors": ["activation"],
+                    "stats": [{"max_blockwise_dynamic_range": {"block_size": 4, "dim": 1}}],
+                }
+            },
+            ["unknown key(s) ['dim']"],
+        ),
+        (
+            {"LogTensorStats": {"enabled": True, "tensors_struct": [{"tensor": "weight", "stat": ["max"]}]}},
+            ["tensors_struct[0] -> stat", "did you mean 'stats'"],
+        ),
+        (
+            {"LogFp8TensorStats": {"enabled": True, "stats": ["underflow%"], "tensors": ["activation"]}},
+            ["stats[0]", "'underflow%' is not supported", "mxfp8_underflows%_columnwise"],
+        ),
+        (
+            {"LogFp8TensorStats": {"enabled": True, "stats": ["nvfp4_mse"], "tensors": ["activation"]}},
+            ["LogNvfp4TensorStats"],
+        ),
+        (
+            {"LogFp8TensorStats": {"enabled": True, "stats": ["mxfp8_overflows%"], "tensors": ["activation"]}},
+            ["overflows% exists only for the fp8_delayed_scaling recipe"],
+        ),
+        (
+            {
+                "LogFp8TensorStats": {
+                    "enabled": True,
+                    "stats": ["fp8_current_scaling_mse_columnwise"],
+                    "tensors": ["activation"],
+                }
+            },
+            ["'_columnwise' is not supported for the fp8_current_scaling recipe"],
+        ),
+        (
+            {"LogNvfp4TensorStats": {"enabled": True, "stats": ["scale_inv_min"], "tensors": ["activation"]}},
+            ["supported stats: ['underflows%', 'mse']"],
+        ),
+        (
+            {"FakeQuant": {"enabled": True, "gemms": ["fprop"], "tensors": ["activation"]}},
+            ["missing required parameter 'quant_format'"],
+        ),
+        (
+            {"FakeQuant": {"enabled": True, "gemms": ["fprop"], "tensors": ["activation"], "quant_format": "FP8E4M4"}},
+            ["unsupported quant_format 'FP8E4M4'", "MXFP8E5M2", "NVFP4"],
+        ),
+        (
+            {
+                "FakeQuant": {
+                    "enabled": True,
+                    "gemms_struct": [{"gemm": "fprop", "tensors": ["weight"], "quant_fromat": "FP8E4M3"}],
+                }
+            },
+            ["gemms_struct[0] -> quant_fromat", "did you mean 'quant_format'"],
+        ),
+        (
+            {"PerTensorScaling": {"enabled": True, "gemms": ["fprop"], "tensors": ["activation"], "margin": 1}},
+            ["unknown key 'margin'"],
+        ),
+        (
+            {"PerTensorScaling": {"enabled": True, "gemms": ["fprop"], "tensors": ["output"]}},
+            ["tensor 'output' cannot be scaled"],
+        ),
+        (
+            {"DisableQuantizationGEMM": {"enabled": True, "gemms": ["fprop"], "tensors": ["activation"]}},
+            ["unknown key 'tensors'"],
+        ),
+        (
+            {"DisableQuantizationLayer": {"enabled": True, "gemms": ["fprop"]}},
+            ["unknown key 'gemms'", "valid keys here: enabled, gemm"],
+        ),
+        (
+            {"DumpTensors": {"enabled": True, "tensors": ["weight"], "high_precision_tensors": True}},
+            ["did you mean 'high_precision_tensor'"],
+        ),
+        (
+            {"DumpTensors": {"enabled": True, "tensors": ["weight"], "quantized_tensor": "yes"}},
+            ["quantized_tensor must be true or false"],
+        ),
+        (
+            {
+                "LogTensorStats": {
+                    "enabled": True,
+                    "stats": ["max"],
+                    "tensors": ["activation"],
+                    "start_step": 5,
+                    "end_step": 3,
+                }
+            },
+            ["start_step 5 is after end_step 3"],
+        ),
+    ],
+)
 def test_bad_feature_parameters_fail_at_config_load(features, expected, tmp_path):
     message = _load_error(features, tmp_path)
     for fragment in expected:
@@ -89,15 +159,33 @@ def test_bad_feature_parameters_fail_at_config_load(features, expected, tmp_path
 
 def test_valid_configs_load_including_disabled_features_with_unknown_keys(tmp_path):
     features = {
-        "LogTensorStats": {"enabled": True, "tensors_struct": [
-            {"tensor": "activation", "stats": ["cur_amax", {"max_blockwise_dynamic_range": {"block_size": 4}}],
-             "freq": 3, "start_step": 1},
-            {"tensor": "weight", "stats": ["nan_count", "inf_count"], "start_end_list": [[0, 3], [7, 9]]}]},
-        "LogFp8TensorStats": {"enabled": True, "tensors": "activation",
-                              "stats": ["underflows%", "mxfp8_scale_inv_std_columnwise", "fp8_block_scaling_mse",
-                                        "fp8_delayed_scaling_overflows%", "scale_inv_std"]},
-        "FakeQuant": {"enabled": True, "gemms_struct": [
-            {"gemm": "dgrad", "tensors": ["weight", "gradient"], "quant_format": "MXFP8E5M2"}]},
+        "LogTensorStats": {
+            "enabled": True,
+            "tensors_struct": [
+                {
+                    "tensor": "activation",
+                    "stats": ["cur_amax", {"max_blockwise_dynamic_range": {"block_size": 4}}],
+                    "freq": 3,
+                    "start_step": 1,
+                },
+                {"tensor": "weight", "stats": ["nan_count", "inf_count"], "start_end_list": [[0, 3], [7, 9]]},
+            ],
+        },
+        "LogFp8TensorStats": {
+            "enabled": True,
+            "tensors": "activation",
+            "stats": [
+                "underflows%",
+                "mxfp8_scale_inv_std_columnwise",
+                "fp8_block_scaling_mse",
+                "fp8_delayed_scaling_overflows%",
+                "scale_inv_std",
+            ],
+        },
+        "FakeQuant": {
+            "enabled": True,
+            "gemms_struct": [{"gemm": "dgrad", "tensors": ["weight", "gradient"], "quant_format": "MXFP8E5M2"}],
+        },
         "DumpTensors": {"enabled": False},
     }
     with debug_session(section(features), tmp_path) as te:
@@ -106,31 +194,37 @@ def test_valid_configs_load_including_disabled_features_with_unknown_keys(tmp_pa
 
 
 # ------------------------------------------------------------------------------------------------ grammar
-@pytest.mark.parametrize("name, recipe, stat, columnwise", [
-    ("underflows%", None, "underflows%", False),
-    ("mse_columnwise", None, "mse", True),
-    ("mxfp8_scale_inv_min_columnwise", "mxfp8", "scale_inv_min", True),
-    ("fp8_block_scaling_scale_inv_std", "fp8_block_scaling", "scale_inv_std", False),
-    ("fp8_current_scaling_underflows%", "fp8_current_scaling", "underflows%", False),
-    ("fp8_delayed_scaling_overflows%", "fp8_delayed_scaling", "overflows%", False),
-    ("overflows%", None, "overflows%", False),
-])
+@pytest.mark.parametrize(
+    "name, recipe, stat, columnwise",
+    [
+        ("underflows%", None, "underflows%", False),
+        ("mse_columnwise", None, "mse", True),
+        ("mxfp8_scale_inv_min_columnwise", "mxfp8", "scale_inv_min", True),
+        ("fp8_block_scaling_scale_inv_std", "fp8_block_scaling", "scale_inv_std", False),
+        ("fp8_current_scaling_underflows%", "fp8_current_scaling", "underflows%", False),
+        ("fp8_delayed_scaling_overflows%", "fp8_delayed_scaling", "overflows%", False),
+        ("overflows%", None, "overflows%", False),
+    ],
+)
 def test_fp8_stat_grammar(name, recipe, stat, columnwise):
     parsed = parse_fp8_stat(name)
     assert (parsed.name, parsed.recipe, parsed.stat, parsed.columnwise) == (name, recipe, stat, columnwise)
     assert parsed.usage == ("columnwise" if columnwise else "rowwise")
 
 
-@pytest.mark.parametrize("name, fragment", [
-    ("mxfp8_", "is not supported"),
-    ("underflows%_mxfp8", "is not supported"),
-    ("MSE", "is not supported"),
-    ("nvfp4_underflows%", "LogNvfp4TensorStats"),
-    ("fp8_delayed_scaling_mse_columnwise", "'_columnwise' is not supported"),
-    ("fp8_block_scaling_overflows%", "overflows% exists only"),
-    ("overflows%_columnwise", "is not supported"),
-    (3, "must be a string"),
-])
+@pytest.mark.parametrize(
+    "name, fragment",
+    [
+        ("mxfp8_", "is not supported"),
+        ("underflows%_mxfp8", "is not supported"),
+        ("MSE", "is not supported"),
+        ("nvfp4_underflows%", "LogNvfp4TensorStats"),
+        ("fp8_delayed_scaling_mse_columnwise", "'_columnwise' is not supported"),
+        ("fp8_block_scaling_overflows%", "overflows% exists only"),
+        ("overflows%_columnwise", "is not supported"),
+        (3, "must be a string"),
+    ],
+)
 def test_fp8_stat_grammar_rejects(name, fragment):
     with pytest.raises(ValueError, match=None) as info:
         parse_fp8_stat(name)
@@ -153,8 +247,7 @@ def test_reduction_args_follow_the_weight_rule(tmp_path):
     """(reduction_group, skip_reduction, is_weight): activations and gradients over the session's group; a weight
     over its TP group only when the layer is split, has a group and weight reduction is on."""
     group = object()
-    with debug_session(section({"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": "weight"}}),
-                       tmp_path):
+    with debug_session(section({"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": "weight"}}), tmp_path):
         session = debug_api.session()
         session.reduction_group = "debug-group"
         assert reduction_args(session, "activation", group, 4) == ("debug-group", False, False)

@@ -24,8 +24,16 @@ def test_dump_layout_and_contents(tmp_path):
     q = quantizer.quantize(x)
     with debug_session(dump_config(high_precision_tensor=True, quantized_tensor=True), tmp_path) as te:
         assert te.inspect_tensor_enabled("test_layer", tensor_name="activation", iteration=0) == (True, 1)
-        te.inspect_tensor("test_layer", tensor=x, tensor_name="activation", iteration=0, tp_group=None,
-                          rowwise_quantized_tensor=q, columnwise_quantized_tensor=q, quantizer=quantizer)
+        te.inspect_tensor(
+            "test_layer",
+            tensor=x,
+            tensor_name="activation",
+            iteration=0,
+            tp_group=None,
+            rowwise_quantized_tensor=q,
+            columnwise_quantized_tensor=q,
+            quantizer=quantizer,
+        )
     root = tmp_path / "tensor_dumps"
     assert sorted(os.listdir(root)) == ["rank_0"]
     assert sorted(os.listdir(root / "rank_0")) == ["iter_000000"]
@@ -34,10 +42,22 @@ def test_dump_layout_and_contents(tmp_path):
     assert set(data) == {"high_precision", "quantized"}
     assert torch.equal(data["high_precision"], x)
     dumped = data["quantized"]
-    assert set(dumped) == {"format", "shape", "dtype", "fp8_format", "rowwise_data", "columnwise_data", "scale_inv",
-                           "dequantized"}
+    assert set(dumped) == {
+        "format",
+        "shape",
+        "dtype",
+        "fp8_format",
+        "rowwise_data",
+        "columnwise_data",
+        "scale_inv",
+        "dequantized",
+    }
     assert (dumped["format"], dumped["shape"], dumped["dtype"], dumped["fp8_format"]) == (
-        "Float8Tensor", [16, 32], "float32", "E4M3")
+        "Float8Tensor",
+        [16, 32],
+        "float32",
+        "E4M3",
+    )
     assert torch.equal(dumped["rowwise_data"], q.rowwise_data) and torch.equal(dumped["scale_inv"], q.scale_inv)
     assert torch.equal(dumped["dequantized"], q.dequantize())
     x.add_(1.0)  # the dump was a clone
@@ -51,10 +71,26 @@ def test_dump_flags_names_and_overwrite(tmp_path):
     with debug_session(dump_config(quantized_tensor=True, start_step=2, freq=2), tmp_path) as te:
         assert te.inspect_tensor_enabled("m.dec/0", tensor_name="weight", iteration=3) == (False, 4)
         for _ in range(2):
-            te.inspect_tensor("m.dec/0 x", tensor=x, tensor_name="weight", iteration=12, tp_group=None,
-                              rowwise_quantized_tensor=hq, columnwise_quantized_tensor=hq, quantizer=hybrid)
-        te.inspect_tensor("hp", tensor=x, tensor_name="weight", iteration=12, tp_group=None,
-                          rowwise_quantized_tensor=x, columnwise_quantized_tensor=x, quantizer=None)
+            te.inspect_tensor(
+                "m.dec/0 x",
+                tensor=x,
+                tensor_name="weight",
+                iteration=12,
+                tp_group=None,
+                rowwise_quantized_tensor=hq,
+                columnwise_quantized_tensor=hq,
+                quantizer=hybrid,
+            )
+        te.inspect_tensor(
+            "hp",
+            tensor=x,
+            tensor_name="weight",
+            iteration=12,
+            tp_group=None,
+            rowwise_quantized_tensor=x,
+            columnwise_quantized_tensor=x,
+            quantizer=None,
+        )
         log = open(tmp_path / "nvdlfw_inspect_logs" / "nvdlfw_inspect_globalrank-0.log").read()
     folder = tmp_path / "tensor_dumps" / "rank_0" / "iter_000012"
     assert sorted(os.listdir(folder)) == ["hp_weight.pt", "m_dec_0_x_weight.pt"]
@@ -63,8 +99,7 @@ def test_dump_flags_names_and_overwrite(tmp_path):
     dumped = data["quantized"]
     assert dumped["format"] == type(hq).__name__ == "HybridQuantizedTensor"
     assert dumped["columnwise_sub_storage"]["format"] == "Float8Tensor"
-    assert torch.equal(dumped["columnwise_sub_storage"]["columnwise_data"],
-                       hq.columnwise_sub_storage.columnwise_data)
+    assert torch.equal(dumped["columnwise_sub_storage"]["columnwise_data"], hq.columnwise_sub_storage.columnwise_data)
     assert torch.equal(dumped["rowwise_sub_storage"]["rowwise_data"], hq.rowwise_sub_storage.rowwise_data)
     assert dumped["rowwise_sub_storage"]["rowwise_data"].data_ptr() != hq.rowwise_sub_storage.rowwise_data.data_ptr()
     assert torch.equal(dumped["dequantized"], hq.dequantize())
@@ -76,12 +111,26 @@ def test_dump_nothing_without_flags_and_error_for_different_operands(tmp_path):
     x = torch.randn(32, 32)
     q1 = MXFP8Quantizer("E4M3").quantize(x)
     with debug_session(dump_config(), tmp_path) as te:
-        te.inspect_tensor("L", tensor=x, tensor_name="activation", iteration=0, tp_group=None,
-                          rowwise_quantized_tensor=q1, columnwise_quantized_tensor=q1)
+        te.inspect_tensor(
+            "L",
+            tensor=x,
+            tensor_name="activation",
+            iteration=0,
+            tp_group=None,
+            rowwise_quantized_tensor=q1,
+            columnwise_quantized_tensor=q1,
+        )
         assert not (tmp_path / "tensor_dumps").exists()
         with pytest.raises(ValueError, match="different objects"):
-            te.inspect_tensor("L", tensor=x, tensor_name="activation", iteration=0, tp_group=None,
-                              rowwise_quantized_tensor=x, columnwise_quantized_tensor=q1)
+            te.inspect_tensor(
+                "L",
+                tensor=x,
+                tensor_name="activation",
+                iteration=0,
+                tp_group=None,
+                rowwise_quantized_tensor=x,
+                columnwise_quantized_tensor=q1,
+            )
         log = open(tmp_path / "nvdlfw_inspect_logs" / "nvdlfw_inspect_globalrank-0.log").read()
     assert "neither high_precision_tensor nor quantized_tensor is set" in log
     assert debug_api.DEBUG_MANAGER is None
@@ -98,8 +147,11 @@ def test_hostile_layer_names_get_safe_distinct_bounded_file_names(tmp_path):
     def expected(name):  # independent oracle: cut to 107 bytes + "-" + 12 hex digits of SHA-256, or TE's names
         digest = hashlib.sha256(name.encode()).hexdigest()[:12]
         safe = "".join("_" if ord(c) < 32 or c in '/\\:*?"<>| .' else c for c in name)
-        return f"{safe[:107]}-{digest}_activation.pt" if safe != name.translate({46: 95, 32: 95}) or \
-            len(safe) > 120 else f"{safe}_activation.pt"
+        return (
+            f"{safe[:107]}-{digest}_activation.pt"
+            if safe != name.translate({46: 95, 32: 95}) or len(safe) > 120
+            else f"{safe}_activation.pt"
+        )
 
     assert sorted(os.listdir(folder)) == sorted(expected(n) for n in names)
     assert "model_layers_0_fc1_activation.pt" in os.listdir(folder)  # ordinary names: TransformerEngine's form

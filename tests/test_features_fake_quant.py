@@ -52,11 +52,14 @@ def test_fp8_scale_guards():
     assert torch.equal(fake_quantize(torch.zeros(2, 32), "FP8E5M2"), torch.zeros(2, 32))
 
 
-@pytest.mark.parametrize("quant_format, make", [
-    ("MXFP8E4M3", lambda: MXFP8Quantizer("E4M3")),
-    ("MXFP8E5M2", lambda: MXFP8Quantizer("E5M2")),
-    ("NVFP4", lambda: NVFP4Quantizer()),
-])
+@pytest.mark.parametrize(
+    "quant_format, make",
+    [
+        ("MXFP8E4M3", lambda: MXFP8Quantizer("E4M3")),
+        ("MXFP8E5M2", lambda: MXFP8Quantizer("E5M2")),
+        ("NVFP4", lambda: NVFP4Quantizer()),
+    ],
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_block_formats_equal_the_quantization_core(quant_format, make, dtype):
     x = sample(dtype, seed=1)
@@ -78,9 +81,18 @@ def test_mxfp8_fake_quant_against_a_hand_computed_block():
 
 
 def test_fake_quant_feature_hooks(tmp_path):
-    config = section({"FakeQuant": {"enabled": True, "gemms": ["fprop", "dgrad"],
-                                    "tensors_struct": [{"tensor": "activation", "quant_format": "NVFP4"},
-                                                       {"tensor": "gradient", "quant_format": "FP8E5M2"}]}})
+    config = section(
+        {
+            "FakeQuant": {
+                "enabled": True,
+                "gemms": ["fprop", "dgrad"],
+                "tensors_struct": [
+                    {"tensor": "activation", "quant_format": "NVFP4"},
+                    {"tensor": "gradient", "quant_format": "FP8E5M2"},
+                ],
+            }
+        }
+    )
     with debug_session(config, tmp_path) as te:
         x = sample(seed=2)
         kwargs = dict(gemm="fprop", tensor_name="activation", tensor=x, default_quantizer=None, iteration=0)
@@ -90,8 +102,7 @@ def test_fake_quant_feature_hooks(tmp_path):
         out = torch.empty_like(x)
         assert te.modify_tensor("L", out=out, **kwargs) is None
         assert torch.equal(out, fake_quantize(x, "NVFP4"))
-        y = te.modify_tensor("L", gemm="dgrad", tensor_name="gradient", tensor=x, default_quantizer=None,
-                             iteration=0)
+        y = te.modify_tensor("L", gemm="dgrad", tensor_name="gradient", tensor=x, default_quantizer=None, iteration=0)
         assert torch.equal(y, fp8_reference(x, "E5M2"))
         assert te.fp8_gemm_enabled("L", gemm="dgrad", iteration=4) == (False, 5)
         assert te.fp8_gemm_enabled("L", gemm="wgrad", iteration=4) == (True, None)

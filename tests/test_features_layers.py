@@ -18,8 +18,14 @@ from support.features import debug_session, section
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "configs")
 FP8 = {"E4M3": (torch.float8_e4m3fn, 448.0), "E5M2": (torch.float8_e5m2, 57344.0)}
-OPERANDS = (("fprop", "activation"), ("fprop", "weight"), ("dgrad", "weight"), ("dgrad", "gradient"),
-            ("wgrad", "activation"), ("wgrad", "gradient"))
+OPERANDS = (
+    ("fprop", "activation"),
+    ("fprop", "weight"),
+    ("dgrad", "weight"),
+    ("dgrad", "gradient"),
+    ("wgrad", "activation"),
+    ("wgrad", "gradient"),
+)
 FORMAT = {"activation": "E4M3", "weight": "E4M3", "gradient": "E5M2"}  # DelayedScaling HYBRID
 
 
@@ -41,8 +47,7 @@ def test_logged_exactly_on_iterations_divisible_by_3_or_5(tmp_path):
         names = set(re.findall(rf"(test_layer_activation_\S+) \t+ iteration={i:06d}", text))
         expected = set()
         if i % 3 == 0:
-            expected |= {f"test_layer_activation_{s}" for s in ("cur_amax", "dynamic_range", "mean", "std",
-                                                                "l1_norm")}
+            expected |= {f"test_layer_activation_{s}" for s in ("cur_amax", "dynamic_range", "mean", "std", "l1_norm")}
         if i % 5 == 0:
             expected.add("test_layer_activation_underflows%")
         assert names == expected, i
@@ -100,12 +105,16 @@ def check(got, expected):
         torch.testing.assert_close(a, b)
 
 
-@pytest.mark.parametrize("disabled", [c for n in range(4) for c in itertools.combinations(("fprop", "dgrad",
-                                                                                           "wgrad"), n)])
+@pytest.mark.parametrize(
+    "disabled", [c for n in range(4) for c in itertools.combinations(("fprop", "dgrad", "wgrad"), n)]
+)
 def test_disable_quantization_gemms(disabled, tmp_path):
     x, w, dy = data()
-    features = {"DisableQuantizationGEMM": {"enabled": True, "gemms": list(disabled)}} if disabled else {
-        "LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["activation"]}}
+    features = (
+        {"DisableQuantizationGEMM": {"enabled": True, "gemms": list(disabled)}}
+        if disabled
+        else {"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["activation"]}}
+    )
     got = run_layer(section(features), tmp_path, x, w, dy)
     v = values(x, w, dy)
     expected = emulate(x, w, dy, lambda k: v[k[1]] if k[0] in disabled else cast(v[k[1]], FORMAT[k[1]]), None)
@@ -132,12 +141,19 @@ def test_per_tensor_scaling_on_operand_subsets(scaled, tmp_path):
     gemms_struct = {}
     for gemm, tensor in scaled:
         gemms_struct.setdefault(gemm, []).append({"tensor": tensor})
-    config = section({"PerTensorScaling": {"enabled": True, "gemms_struct": [
-        {"gemm": g, "tensors_struct": entries} for g, entries in gemms_struct.items()]}})
+    config = section(
+        {
+            "PerTensorScaling": {
+                "enabled": True,
+                "gemms_struct": [{"gemm": g, "tensors_struct": entries} for g, entries in gemms_struct.items()],
+            }
+        }
+    )
     got = run_layer(config, tmp_path, x, w, dy)
     v = values(x, w, dy)
-    expected = emulate(x, w, dy, lambda k: current(v[k[1]], FORMAT[k[1]]) if k in scaled
-                       else cast(v[k[1]], FORMAT[k[1]]), None)
+    expected = emulate(
+        x, w, dy, lambda k: current(v[k[1]], FORMAT[k[1]]) if k in scaled else cast(v[k[1]], FORMAT[k[1]]), None
+    )
     check(got, expected)
 
 
@@ -158,8 +174,14 @@ def test_fake_quant_on_operand_subsets(formats, tmp_path):
     gemms_struct = {}
     for (gemm, tensor), fmt in chosen.items():
         gemms_struct.setdefault(gemm, []).append({"tensor": tensor, "quant_format": fmt})
-    config = section({"FakeQuant": {"enabled": True, "gemms_struct": [
-        {"gemm": g, "tensors_struct": entries} for g, entries in gemms_struct.items()]}})
+    config = section(
+        {
+            "FakeQuant": {
+                "enabled": True,
+                "gemms_struct": [{"gemm": g, "tensors_struct": entries} for g, entries in gemms_struct.items()],
+            }
+        }
+    )
     got = run_layer(config, tmp_path, x, w, dy)
     v = values(x, w, dy)
     fake_gemms = {g for g, _ in chosen}
@@ -180,8 +202,9 @@ def test_fake_quant_gemm_without_fake_operand_stays_high_precision_every_iterati
     # answers (False, iteration + 1) so the layer re-checks every iteration (TE's (False, None) would let the
     # layer leave debug mode after one iteration and quantize wgrad again).
     x, w, dy = data(4)
-    config = section({"FakeQuant": {"enabled": True, "gemms": ["wgrad"], "tensors": ["weight"],
-                                    "quant_format": "FP8E4M3"}})
+    config = section(
+        {"FakeQuant": {"enabled": True, "gemms": ["wgrad"], "tensors": ["weight"], "quant_format": "FP8E4M3"}}
+    )
     with debug_session(config, tmp_path):
         layer = tedebug.nn.Linear(128, 64, bias=False, name="decoder.1.fc1")
         with torch.no_grad():
@@ -201,9 +224,16 @@ def test_fp8_stats_with_a_mixed_plan_in_a_real_layer(tmp_path):
 
     x, w, dy = data(5)
     sink = RecordingSink()
-    config = section({"DisableQuantizationGEMM": {"enabled": True, "gemms": ["fprop"]},
-                      "LogFp8TensorStats": {"enabled": True, "tensors": ["activation"],
-                                            "stats": ["underflows%", "mse_columnwise", "fp8_current_scaling_mse"]}})
+    config = section(
+        {
+            "DisableQuantizationGEMM": {"enabled": True, "gemms": ["fprop"]},
+            "LogFp8TensorStats": {
+                "enabled": True,
+                "tensors": ["activation"],
+                "stats": ["underflows%", "mse_columnwise", "fp8_current_scaling_mse"],
+            },
+        }
+    )
     with debug_session(config, tmp_path, sink):
         layer = tedebug.nn.Linear(128, 64, bias=False, name="decoder.1.fc1")
         with torch.no_grad():
@@ -218,5 +248,6 @@ def test_fp8_stats_with_a_mixed_plan_in_a_real_layer(tmp_path):
 
     deq = MXFP8Quantizer("E4M3").quantize(x).dequantize(usage="columnwise", dtype=torch.float64)
     assert got["decoder.1.fc1_activation_mse_columnwise"] == pytest.approx(
-        ((deq - x.double()) ** 2).mean().item(), rel=1e-12)
+        ((deq - x.double()) ** 2).mean().item(), rel=1e-12
+    )
     assert "its rowwise GEMM operand runs in high precision" in log

@@ -60,11 +60,18 @@ def run_fp8_stats(tmp_path, stats, x, rowwise, columnwise, quantizer, tensor_nam
     sink = RecordingSink()
     config = section({"LogFp8TensorStats": {"enabled": True, "stats": list(stats), "tensors": [tensor_name]}})
     with debug_session(config, tmp_path, sink) as te:
-        te.inspect_tensor("L", tensor=x, tensor_name=tensor_name, iteration=4, tp_group=None,
-                          rowwise_quantized_tensor=rowwise, columnwise_quantized_tensor=columnwise,
-                          quantizer=quantizer)
+        te.inspect_tensor(
+            "L",
+            tensor=x,
+            tensor_name=tensor_name,
+            iteration=4,
+            tp_group=None,
+            rowwise_quantized_tensor=rowwise,
+            columnwise_quantized_tensor=columnwise,
+            quantizer=quantizer,
+        )
         debug_api.step()
-    return {name[len(f"L_{tensor_name}_"):]: v for (name, it), v in sink.values().items() if it == 4}
+    return {name[len(f"L_{tensor_name}_") :]: v for (name, it), v in sink.values().items() if it == 4}
 
 
 def main_log(tmp_path):
@@ -79,16 +86,24 @@ WHAT_IF = {
 }
 
 
-@pytest.mark.parametrize("training, what_if_fmt", [
-    (lambda: Float8Quantizer.from_recipe_defaults("E5M2"), "E5M2"),  # per-tensor FP8 training: its format
-    (lambda: MXFP8Quantizer("E5M2"), "E4M3"),                          # otherwise E4M3
-])
+@pytest.mark.parametrize(
+    "training, what_if_fmt",
+    [
+        (lambda: Float8Quantizer.from_recipe_defaults("E5M2"), "E5M2"),  # per-tensor FP8 training: its format
+        (lambda: MXFP8Quantizer("E5M2"), "E4M3"),  # otherwise E4M3
+    ],
+)
 def test_every_what_if_stat_matches_its_quantizer(training, what_if_fmt, tmp_path):
     x = sample()
     quantizer = training()
     q = quantizer.quantize(x)
-    stats = [f"{r}_{s}{c}" for r in WHAT_IF for s in STATS for c in ("", "_columnwise")
-             if not (c and r == "fp8_current_scaling") and r != quantizer.recipe_name]
+    stats = [
+        f"{r}_{s}{c}"
+        for r in WHAT_IF
+        for s in STATS
+        for c in ("", "_columnwise")
+        if not (c and r == "fp8_current_scaling") and r != quantizer.recipe_name
+    ]
     got = run_fp8_stats(tmp_path, stats, x, q, q, quantizer)
     assert set(got) == set(stats)
     for recipe, make in WHAT_IF.items():
@@ -145,8 +160,7 @@ def test_one_what_if_quantization_per_recipe_per_feed(tmp_path, monkeypatch):
     x = sample()
     quantizer = Float8CurrentScalingQuantizer("E4M3")
     q = quantizer.quantize(x)
-    run_fp8_stats(tmp_path, ["mxfp8_mse", "mxfp8_underflows%", "mxfp8_scale_inv_min_columnwise"], x, q, q,
-                  quantizer)
+    run_fp8_stats(tmp_path, ["mxfp8_mse", "mxfp8_underflows%", "mxfp8_scale_inv_min_columnwise"], x, q, q, quantizer)
     assert len(calls) == 1
 
 
@@ -155,8 +169,16 @@ def test_hybrid_quantizer_each_direction_in_its_own_format(tmp_path):
     x = sample(seed=5)
     quantizer = HybridQuantizer(MXFP8Quantizer("E4M3"), Float8BlockQuantizer("E5M2", block_scaling_dim=1))
     hq = quantizer.quantize(x)
-    stats = ["underflows%", "mse", "scale_inv_max", "underflows%_columnwise", "mse_columnwise",
-             "scale_inv_min_columnwise", "fp8_block_scaling_mse_columnwise", "mxfp8_mse_columnwise"]
+    stats = [
+        "underflows%",
+        "mse",
+        "scale_inv_max",
+        "underflows%_columnwise",
+        "mse_columnwise",
+        "scale_inv_min_columnwise",
+        "fp8_block_scaling_mse_columnwise",
+        "mxfp8_mse_columnwise",
+    ]
     got = run_fp8_stats(tmp_path, stats, x, hq, hq, quantizer)
     row, col = hq.rowwise_sub_storage, hq.columnwise_sub_storage
     for stat in ("underflows%", "mse", "scale_inv_max"):
@@ -179,18 +201,31 @@ def test_mixed_plan_high_precision_direction_is_skipped_with_one_warning(tmp_pat
     config = section({"LogFp8TensorStats": {"enabled": True, "stats": stats, "tensors": ["activation"]}})
     with debug_session(config, tmp_path, sink) as te:
         for _ in range(2):  # fprop disabled: the rowwise operand is the high-precision tensor
-            te.inspect_tensor("L", tensor=x, tensor_name="activation", iteration=0, tp_group=None,
-                              rowwise_quantized_tensor=x, columnwise_quantized_tensor=q, quantizer=quantizer)
+            te.inspect_tensor(
+                "L",
+                tensor=x,
+                tensor_name="activation",
+                iteration=0,
+                tp_group=None,
+                rowwise_quantized_tensor=x,
+                columnwise_quantized_tensor=q,
+                quantizer=quantizer,
+            )
         debug_api.step()
         log = main_log(tmp_path)
     got = {n: v for (n, _), v in sink.values().items()}
-    assert set(got) == {"L_activation_mse_columnwise", "L_activation_underflows%_columnwise",
-                        "L_activation_fp8_current_scaling_mse"}
+    assert set(got) == {
+        "L_activation_mse_columnwise",
+        "L_activation_underflows%_columnwise",
+        "L_activation_fp8_current_scaling_mse",
+    }
     assert got["L_activation_mse_columnwise"] == pytest.approx(oracle(x, q, "mse", "columnwise"), rel=1e-12)
     assert got["L_activation_underflows%_columnwise"] == pytest.approx(
-        oracle(x, q, "underflows%", "columnwise"), rel=1e-12)
-    assert log.count("skipping ['underflows%'] of tensor activation: its rowwise GEMM operand runs in high "
-                     "precision") == 1
+        oracle(x, q, "underflows%", "columnwise"), rel=1e-12
+    )
+    assert (
+        log.count("skipping ['underflows%'] of tensor activation: its rowwise GEMM operand runs in high precision") == 1
+    )
 
 
 def test_mixed_plan_two_quantized_objects(tmp_path):
@@ -231,18 +266,30 @@ def test_fp8_stats_that_cannot_be_computed_are_skipped_with_one_warning(tmp_path
         (["fp8_delayed_scaling_mse"], x, mq, mx, "need a tensor trained with delayed scaling"),
         (["underflows%"], x, nq, nv, "use LogNvfp4TensorStats"),
         (["underflows%"], None, mq, mx, "the high-precision tensor is not available"),
-        (["fp8_current_scaling_scale_inv_min"], None, mq, mx,
-         "a what-if statistic quantizes the high-precision tensor"),
+        (
+            ["fp8_current_scaling_scale_inv_min"],
+            None,
+            mq,
+            mx,
+            "a what-if statistic quantizes the high-precision tensor",
+        ),
     ]
     for i, (stats, tensor, q, quantizer, message) in enumerate(cases):
         sink = RecordingSink()
         kept = "mxfp8_scale_inv_max" if q is nq else "scale_inv_max"
-        config = section({"LogFp8TensorStats": {"enabled": True, "stats": stats + [kept],
-                                                "tensors": ["weight"]}})
+        config = section({"LogFp8TensorStats": {"enabled": True, "stats": stats + [kept], "tensors": ["weight"]}})
         with debug_session(config, tmp_path / str(i), sink) as te:
             for _ in range(2):
-                te.inspect_tensor("L", tensor=tensor, tensor_name="weight", iteration=0, tp_group=None,
-                                  rowwise_quantized_tensor=q, columnwise_quantized_tensor=q, quantizer=quantizer)
+                te.inspect_tensor(
+                    "L",
+                    tensor=tensor,
+                    tensor_name="weight",
+                    iteration=0,
+                    tp_group=None,
+                    rowwise_quantized_tensor=q,
+                    columnwise_quantized_tensor=q,
+                    quantizer=quantizer,
+                )
             debug_api.step()
             log = main_log(tmp_path / str(i))
         assert set(n for n, _, _ in sink.rows) == {f"L_weight_{kept}"}, stats
@@ -255,19 +302,32 @@ def test_fp8_stats_that_cannot_be_computed_are_skipped_with_one_warning(tmp_path
 def test_fp8_what_if_shape_the_format_cannot_take_is_skipped(tmp_path):
     x = torch.randn(3, 20)  # MXFP8 needs the last dim divisible by 32
     sink = RecordingSink()
-    config = section({"LogFp8TensorStats": {"enabled": True, "stats": ["mxfp8_mse", "fp8_current_scaling_mse"],
-                                            "tensors": ["activation"]}})
+    config = section(
+        {
+            "LogFp8TensorStats": {
+                "enabled": True,
+                "stats": ["mxfp8_mse", "fp8_current_scaling_mse"],
+                "tensors": ["activation"],
+            }
+        }
+    )
     with debug_session(config, tmp_path, sink) as te:
-        te.inspect_tensor("L", tensor=x, tensor_name="activation", iteration=0, tp_group=None,
-                          rowwise_quantized_tensor=x, columnwise_quantized_tensor=x, quantizer=None)
+        te.inspect_tensor(
+            "L",
+            tensor=x,
+            tensor_name="activation",
+            iteration=0,
+            tp_group=None,
+            rowwise_quantized_tensor=x,
+            columnwise_quantized_tensor=x,
+            quantizer=None,
+        )
         debug_api.step()
         log = main_log(tmp_path)
     cur = Float8CurrentScalingQuantizer("E4M3", amax_epsilon=0.0, force_pow_2_scales=False).quantize(x)
     assert set(n for n, _, _ in sink.rows) == {"L_activation_fp8_current_scaling_mse"}
-    assert sink.values()[("L_activation_fp8_current_scaling_mse", 0)] == pytest.approx(oracle(x, cur, "mse"),
-                                                                                        rel=1e-12)
-    assert "skipping ['mxfp8_mse'] of tensor activation: the what-if mxfp8 quantization of shape (3, 20) failed" \
-        in log
+    assert sink.values()[("L_activation_fp8_current_scaling_mse", 0)] == pytest.approx(oracle(x, cur, "mse"), rel=1e-12)
+    assert "skipping ['mxfp8_mse'] of tensor activation: the what-if mxfp8 quantization of shape (3, 20) failed" in log
 
 
 def test_fp8_stats_without_quantizer_or_tensor(tmp_path):
@@ -275,24 +335,49 @@ def test_fp8_stats_without_quantizer_or_tensor(tmp_path):
     mx = MXFP8Quantizer("E4M3")
     mq = mx.quantize(x)
     sink = RecordingSink()
-    config = section({"LogFp8TensorStats": {"enabled": True, "stats": ["scale_inv_min", "mxfp8_scale_inv_max",
-                                                                       "fp8_block_scaling_mse"],
-                                            "tensors": ["weight", "activation"]}})
+    config = section(
+        {
+            "LogFp8TensorStats": {
+                "enabled": True,
+                "stats": ["scale_inv_min", "mxfp8_scale_inv_max", "fp8_block_scaling_mse"],
+                "tensors": ["weight", "activation"],
+            }
+        }
+    )
     with debug_session(config, tmp_path, sink) as te:
-        te.inspect_tensor("L", tensor=x, tensor_name="activation", iteration=0, tp_group=None,
-                          rowwise_quantized_tensor=x, columnwise_quantized_tensor=x, quantizer=None)
-        te.inspect_tensor("L", tensor=None, tensor_name="weight", iteration=0, tp_group=None,
-                          rowwise_quantized_tensor=mq, columnwise_quantized_tensor=mq, quantizer=mx)
+        te.inspect_tensor(
+            "L",
+            tensor=x,
+            tensor_name="activation",
+            iteration=0,
+            tp_group=None,
+            rowwise_quantized_tensor=x,
+            columnwise_quantized_tensor=x,
+            quantizer=None,
+        )
+        te.inspect_tensor(
+            "L",
+            tensor=None,
+            tensor_name="weight",
+            iteration=0,
+            tp_group=None,
+            rowwise_quantized_tensor=mq,
+            columnwise_quantized_tensor=mq,
+            quantizer=mx,
+        )
         debug_api.step()
         log = main_log(tmp_path)
     # a high-precision layer still answers the what-if statistics (quantizing its high-precision tensor)
-    assert set(n for n, _, _ in sink.rows) == {"L_weight_scale_inv_min", "L_weight_mxfp8_scale_inv_max",
-                                               "L_activation_mxfp8_scale_inv_max", "L_activation_fp8_block_scaling_mse"}
+    assert set(n for n, _, _ in sink.rows) == {
+        "L_weight_scale_inv_min",
+        "L_weight_mxfp8_scale_inv_max",
+        "L_activation_mxfp8_scale_inv_max",
+        "L_activation_fp8_block_scaling_mse",
+    }
     assert sink.values()[("L_weight_scale_inv_min", 0)] == oracle(x, mq, "scale_inv_min")
     assert sink.values()[("L_activation_mxfp8_scale_inv_max", 0)] == oracle(x, mq, "scale_inv_max")
     block = Float8BlockQuantizer("E4M3", block_scaling_dim=2, amax_epsilon=0.0, force_pow_2_scales=True).quantize(x)
-    assert sink.values()[("L_activation_fp8_block_scaling_mse", 0)] == pytest.approx(oracle(x, block, "mse"),
-                                                                                      rel=1e-12)
+    assert sink.values()[("L_activation_fp8_block_scaling_mse", 0)] == pytest.approx(oracle(x, block, "mse"), rel=1e-12)
     assert "skipping ['scale_inv_min'] of tensor activation: its rowwise GEMM operand runs in high precision" in log
 
 
@@ -310,12 +395,23 @@ def test_nvfp4_stats_match_the_oracle(tmp_path):
     quantizer = NVFP4Quantizer()
     q = quantizer.quantize(x)
     sink = RecordingSink()
-    config = section({"LogNvfp4TensorStats": {"enabled": True, "stats": ["underflows%", "mse"],
-                                              "tensors": ["activation"]},
-                      "LogFp8TensorStats": {"enabled": True, "stats": ["mxfp8_mse"], "tensors": ["activation"]}})
+    config = section(
+        {
+            "LogNvfp4TensorStats": {"enabled": True, "stats": ["underflows%", "mse"], "tensors": ["activation"]},
+            "LogFp8TensorStats": {"enabled": True, "stats": ["mxfp8_mse"], "tensors": ["activation"]},
+        }
+    )
     with debug_session(config, tmp_path, sink) as te:
-        te.inspect_tensor("L", tensor=x, tensor_name="activation", iteration=2, tp_group=None,
-                          rowwise_quantized_tensor=q, columnwise_quantized_tensor=q, quantizer=quantizer)
+        te.inspect_tensor(
+            "L",
+            tensor=x,
+            tensor_name="activation",
+            iteration=2,
+            tp_group=None,
+            rowwise_quantized_tensor=q,
+            columnwise_quantized_tensor=q,
+            quantizer=quantizer,
+        )
         debug_api.step()
     got = sink.values()
     deq = q.dequantize(dtype=torch.float64)
@@ -335,22 +431,41 @@ def test_nvfp4_stats_skip_non_nvfp4_layers_and_read_a_hybrid_columnwise_operand(
     hybrid = HybridQuantizer(MXFP8Quantizer("E4M3"), NVFP4Quantizer())
     hq = hybrid.quantize(x)
     sink = RecordingSink()
-    config = section({"LogNvfp4TensorStats": {"enabled": True, "stats": ["mse"], "tensors": ["activation",
-                                                                                             "gradient"]}})
+    config = section(
+        {"LogNvfp4TensorStats": {"enabled": True, "stats": ["mse"], "tensors": ["activation", "gradient"]}}
+    )
     with debug_session(config, tmp_path, sink) as te:
-        te.inspect_tensor("L", tensor=x, tensor_name="activation", iteration=0, tp_group=None,
-                          rowwise_quantized_tensor=mq, columnwise_quantized_tensor=mq, quantizer=mx)
-        te.inspect_tensor("L", tensor=x, tensor_name="gradient", iteration=0, tp_group=None,
-                          rowwise_quantized_tensor=hq, columnwise_quantized_tensor=hq, quantizer=hybrid)
+        te.inspect_tensor(
+            "L",
+            tensor=x,
+            tensor_name="activation",
+            iteration=0,
+            tp_group=None,
+            rowwise_quantized_tensor=mq,
+            columnwise_quantized_tensor=mq,
+            quantizer=mx,
+        )
+        te.inspect_tensor(
+            "L",
+            tensor=x,
+            tensor_name="gradient",
+            iteration=0,
+            tp_group=None,
+            rowwise_quantized_tensor=hq,
+            columnwise_quantized_tensor=hq,
+            quantizer=hybrid,
+        )
         debug_api.step()
     assert set(n for n, _, _ in sink.rows) == {"L_gradient_nvfp4_mse", "L_activation_nvfp4_mse"}
     deq = hq.columnwise_sub_storage.dequantize(usage="columnwise", dtype=torch.float64)
-    assert sink.values()[("L_gradient_nvfp4_mse", 0)] == pytest.approx(((deq - x.double()) ** 2).mean().item(),
-                                                                        rel=1e-12)
+    assert sink.values()[("L_gradient_nvfp4_mse", 0)] == pytest.approx(
+        ((deq - x.double()) ** 2).mean().item(), rel=1e-12
+    )
     # the MXFP8 activation gets the what-if NVFP4 statistics (1x16 blocks, round to nearest)
     what_if = NVFP4Quantizer().quantize(x).dequantize(dtype=torch.float64)
     assert sink.values()[("L_activation_nvfp4_mse", 0)] == pytest.approx(
-        ((what_if - x.double()) ** 2).mean().item(), rel=1e-12)
+        ((what_if - x.double()) ** 2).mean().item(), rel=1e-12
+    )
 
 
 def test_nvfp4_what_if_on_a_high_precision_layer_and_skip_of_a_bad_shape(tmp_path):
@@ -358,21 +473,33 @@ def test_nvfp4_what_if_on_a_high_precision_layer_and_skip_of_a_bad_shape(tmp_pat
     w = nvfp4_sample()[:64]
     bad = torch.randn(5, 20)
     sink = RecordingSink()
-    config = section({"LogNvfp4TensorStats": {"enabled": True, "stats": ["underflows%", "mse"],
-                                              "tensors": ["activation", "weight"]}})
+    config = section(
+        {"LogNvfp4TensorStats": {"enabled": True, "stats": ["underflows%", "mse"], "tensors": ["activation", "weight"]}}
+    )
     with debug_session(config, tmp_path, sink) as te:
         for name, t, layer in (("activation", x, "L"), ("weight", w, "L"), ("activation", bad, "M")):
-            te.inspect_tensor(layer, tensor=t, tensor_name=name, iteration=0, tp_group=None,
-                              rowwise_quantized_tensor=t, columnwise_quantized_tensor=t, quantizer=None)
+            te.inspect_tensor(
+                layer,
+                tensor=t,
+                tensor_name=name,
+                iteration=0,
+                tp_group=None,
+                rowwise_quantized_tensor=t,
+                columnwise_quantized_tensor=t,
+                quantizer=None,
+            )
         debug_api.step()
         log = main_log(tmp_path)
     got = sink.values()
-    assert set(n for n, _, _ in sink.rows) == {f"L_{t}_nvfp4_{s}" for t in ("activation", "weight")
-                                               for s in ("underflows%", "mse")}
+    assert set(n for n, _, _ in sink.rows) == {
+        f"L_{t}_nvfp4_{s}" for t in ("activation", "weight") for s in ("underflows%", "mse")
+    }
     for name, t, q in (("activation", x, NVFP4Quantizer()), ("weight", w, NVFP4Quantizer(with_2d_quantization=True))):
         deq = q.quantize(t).dequantize(dtype=torch.float64)
         under = ((deq == 0).sum() - (t == 0).sum()).item() * 100.0 / t.numel()
         assert got[(f"L_{name}_nvfp4_underflows%", 0)] == pytest.approx(under, rel=1e-12)
         assert got[(f"L_{name}_nvfp4_mse", 0)] == pytest.approx(((deq - t.double()) ** 2).mean().item(), rel=1e-12)
-    assert "LAYER=M: Feature=LogNvfp4TensorStats: skipping ['underflows%', 'mse'] of tensor activation: the " \
-           "what-if NVFP4 quantization of shape (5, 20) failed" in log
+    assert (
+        "LAYER=M: Feature=LogNvfp4TensorStats: skipping ['underflows%', 'mse'] of tensor activation: the "
+        "what-if NVFP4 quantization of shape (5, 20) failed" in log
+    )

@@ -129,7 +129,7 @@ def test_input_dtypes(dtype):
     x = torch.tensor([[1.0, -2.5, 0.125], [7.0, 0.0, -0.0078125]], dtype=dtype)
     q = current(x)
     ref = current(x.float())
-    assert torch.equal(q.rowwise_data, ref.rowwise_data) and q.scale_inv.item() == 64.0 ** -1
+    assert torch.equal(q.rowwise_data, ref.rowwise_data) and q.scale_inv.item() == 64.0**-1
     assert q.dtype == dtype and q.dequantize().dtype == dtype
     assert q.dequantize(dtype=torch.float32).dtype == torch.float32
     assert torch.equal(q.dequantize().float(), ref.dequantize())
@@ -164,8 +164,11 @@ def test_nan_and_inf_inputs():
 # ------------------------------------------------------------------------------------------------ delayed scaling
 def delayed(history, algo="max", margin=0, scale=1.0):
     return Float8Quantizer(
-        torch.tensor(scale), torch.tensor(history, dtype=torch.float32), "E4M3",
-        margin=margin, amax_compute_algo=algo,
+        torch.tensor(scale),
+        torch.tensor(history, dtype=torch.float32),
+        "E4M3",
+        margin=margin,
+        amax_compute_algo=algo,
     )
 
 
@@ -179,7 +182,9 @@ def test_delayed_history_vector(algo, margin, scale):
 
 def test_delayed_callable_algo_and_2d_history():
     q = Float8Quantizer(
-        torch.ones(1), torch.tensor([[2.0], [8.0], [1.0], [4.0]]), "E4M3",
+        torch.ones(1),
+        torch.tensor([[2.0], [8.0], [1.0], [4.0]]),
+        "E4M3",
         amax_compute_algo=lambda h: h[1:].min(),
     )
     q.update_scale()
@@ -345,6 +350,13 @@ def test_input_validation_errors():
     with pytest.raises(ValueError, match="unknown FP8 format"):
         Float8CurrentScalingQuantizer("E2M1")
     with pytest.raises(ValueError, match="columnwise_data"):
-        Float8Tensor((2, 3), torch.float32, None, None, fp8_format="E4M3", scale_inv=torch.ones(()),
-                     columnwise_data=torch.zeros(2, 3, dtype=torch.uint8))
+        Float8Tensor(
+            (2, 3),
+            torch.float32,
+            None,
+            None,
+            fp8_format="E4M3",
+            scale_inv=torch.ones(()),
+            columnwise_data=torch.zeros(2, 3, dtype=torch.uint8),
+        )
     assert Float8CurrentScalingQuantizer.recipe_name == "fp8_current_scaling"

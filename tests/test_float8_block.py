@@ -55,7 +55,7 @@ def oracle_blockwise(x2d, block_rows, fmt="E4M3", pow2=True, eps=0.0):
     scale = torch.empty(rb, cb, dtype=torch.float64)
     for i in range(rb):
         for j in range(cb):
-            blk = xd[i * block_rows:(i + 1) * block_rows, j * 128:(j + 1) * 128]
+            blk = xd[i * block_rows : (i + 1) * block_rows, j * 128 : (j + 1) * 128]
             amax = max(blk.abs().nan_to_num(0.0).max().item(), eps)
             if amax == 0 or math.isinf(amax):
                 s = 1.0
@@ -297,12 +297,23 @@ def test_statistics_helpers():
 def test_layout_validation():
     with pytest.raises(ValueError, match="rowwise_scale_inv: expected float32 of shape"):
         Float8BlockwiseTensor(
-            (4, 256), torch.float32, None, None, fp8_format="E4M3", block_scaling_dim=1,
-            rowwise_data=torch.zeros(4, 256, dtype=torch.uint8), rowwise_scale_inv=torch.ones(4, 1),
+            (4, 256),
+            torch.float32,
+            None,
+            None,
+            fp8_format="E4M3",
+            block_scaling_dim=1,
+            rowwise_data=torch.zeros(4, 256, dtype=torch.uint8),
+            rowwise_scale_inv=torch.ones(4, 1),
         )
     with pytest.raises(ValueError, match="given together"):
         Float8BlockwiseTensor(
-            (4, 256), torch.float32, None, None, fp8_format="E4M3", block_scaling_dim=2,
+            (4, 256),
+            torch.float32,
+            None,
+            None,
+            fp8_format="E4M3",
+            block_scaling_dim=2,
             rowwise_data=torch.zeros(4, 256, dtype=torch.uint8),
         )
     with pytest.raises(ValueError, match="at least 1 dim"):

@@ -14,7 +14,7 @@ from tedebug.quantization import (
     NVFP4Quantizer,
 )
 
-EPS32 = 2.0 ** -24
+EPS32 = 2.0**-24
 
 
 def _ref64(a, b, layout):
@@ -28,7 +28,7 @@ def _ref64(a, b, layout):
 def _assert_fp32_bound(out, a, b, layout):
     """|out - exact| <= (K + 2)·2^-24 · (|op_B|·|op_A|): the fp32 accumulation error bound plus the final rounding."""
     ref = _ref64(a, b, layout)
-    k = (a.shape[-1] if layout[0] == "T" else a.shape[0])
+    k = a.shape[-1] if layout[0] == "T" else a.shape[0]
     bound = (k + 2) * EPS32 * _ref64(a.abs(), b.abs(), layout)
     err = (out.double() - ref).abs()
     assert out.dtype == torch.float32
@@ -54,10 +54,15 @@ def test_plain_layouts_match_float64(layout):
 
 def test_plain_linear_layouts_equal_torch_exactly():
     g = torch.Generator().manual_seed(1)
-    x, w, dy, bias = torch.randn(16, 48, generator=g), torch.randn(24, 48, generator=g), \
-        torch.randn(16, 24, generator=g), torch.randn(24, generator=g)
-    assert torch.equal(gemm(w, x, layout="TN", out_dtype=torch.float32, bias=bias),
-                       torch.nn.functional.linear(x, w, bias))
+    x, w, dy, bias = (
+        torch.randn(16, 48, generator=g),
+        torch.randn(24, 48, generator=g),
+        torch.randn(16, 24, generator=g),
+        torch.randn(24, generator=g),
+    )
+    assert torch.equal(
+        gemm(w, x, layout="TN", out_dtype=torch.float32, bias=bias), torch.nn.functional.linear(x, w, bias)
+    )
     assert torch.equal(gemm(w, dy, layout="NN", out_dtype=torch.float32), dy @ w)
     assert torch.equal(gemm(x, dy, layout="NT", out_dtype=torch.float32), dy.t() @ x)
 
@@ -108,7 +113,7 @@ def test_emulated_gemm_equals_float64_of_dequantized(name, layout):
 
 
 def _within_fp32_bound(out, a, b, layout) -> bool:
-    k = (a.shape[-1] if layout[0] == "T" else a.shape[0])
+    k = a.shape[-1] if layout[0] == "T" else a.shape[0]
     bound = (k + 2) * EPS32 * _ref64(a.abs(), b.abs(), layout)
     return bool(((out.double() - _ref64(a, b, layout)).abs() <= bound).all())
 
@@ -141,8 +146,12 @@ def test_operand_selection_per_layout(layout):
 
 @pytest.mark.parametrize(
     "layout,operand,usage,role,gemm_name",
-    [("NN", "A", "columnwise", "weight", "dgrad"), ("TN", "A", "rowwise", "weight", "fprop"),
-     ("NT", "B", "columnwise", "gradient", "wgrad"), ("NN", "B", "rowwise", "gradient", "dgrad")],
+    [
+        ("NN", "A", "columnwise", "weight", "dgrad"),
+        ("TN", "A", "rowwise", "weight", "fprop"),
+        ("NT", "B", "columnwise", "gradient", "wgrad"),
+        ("NN", "B", "rowwise", "gradient", "dgrad"),
+    ],
 )
 def test_missing_representation_error(layout, operand, usage, role, gemm_name):
     a, b = _operands(layout, m=32, n=32, k=64)
@@ -231,5 +240,5 @@ def test_scaled_mm_matches_emulation(layout, formats, out_dtype, monkeypatch):
     assert calls == ([] if formats == ("E5M2", "E5M2") else [out_dtype])  # cuBLAS has no E5M2 x E5M2
     assert native.dtype == out_dtype and native.shape == emulated.shape
     # FP8 tensor cores accumulate with limited precision (Hopper): a tolerance relative to the output scale
-    rtol = 2.0 ** -8 if out_dtype == torch.bfloat16 else 0.0
+    rtol = 2.0**-8 if out_dtype == torch.bfloat16 else 0.0
     torch.testing.assert_close(native.float(), emulated, rtol=rtol, atol=2e-3 * float(emulated.abs().max()))

@@ -33,7 +33,7 @@ try:
 except ImportError:
     HAS_CUPY = False
 DEV = torch.device("cuda") if HAS_GPU else None
-U = 2.0 ** -24
+U = 2.0**-24
 
 QUANTIZERS = {
     "mxfp8_e4m3": lambda: MXFP8Quantizer("E4M3"),
@@ -60,8 +60,10 @@ def spread(shape, seed, device=None):
 
 def reference(a, b, a_usage, b_usage, layout, bias):
     """float64 product of the fp32-dequantized operands (rotations undone), and the float64 |op_B|·|op_A|."""
+
     def deq(q, usage):
         return q.dequantize(dtype=torch.float32, usage=usage).reshape(-1, q.shape[-1]).double()
+
     a2, b2 = deq(a, a_usage), deq(b, b_usage)
     op_a = a2.t() if layout[0] == "T" else a2
     op_b = b2 if layout[1] == "N" else b2.t()
@@ -75,7 +77,7 @@ def check(got, exact, magnitude, k, out_dtype):
     got = got.double()
     bound = (k + 2) * U * magnitude
     if out_dtype == torch.bfloat16:
-        bound = bound + 2.0 ** -8 * exact.abs()
+        bound = bound + 2.0**-8 * exact.abs()
     assert torch.isfinite(got).all()
     excess = (got - exact).abs() - bound
     assert excess.max().item() <= 0, f"max excess {excess.max().item():.3g}"
@@ -102,7 +104,7 @@ def test_gemm_values_are_exact(name):
 
 def test_mxfp8_smallest_scales_are_exact_in_bf16():
     """Blocks with E8M0 codes 0..3 (values down to 2^-136, below bf16's subnormal step without the lift)."""
-    x = torch.full((32, 64), 2.0 ** -130)
+    x = torch.full((32, 64), 2.0**-130)
     x[:, :32] *= torch.linspace(0.01, 1.0, 32)
     x[:, 32:] = torch.linspace(-3.0, 3.0, 32)
     q = MXFP8Quantizer("E4M3").quantize(x)
@@ -151,10 +153,10 @@ def test_nvfp4_wgrad_on_rotated_operands(out_dtype):
 def test_mxfp8_gemm_with_the_smallest_scales():
     """Products of blocks below bf16's normal range with large values: exact only through the lift."""
     m, n, k = 64, 64, 128
-    x = torch.full((m, k), 2.0 ** -130, device=DEV) * (1 + torch.rand(m, k, device=DEV))
+    x = torch.full((m, k), 2.0**-130, device=DEV) * (1 + torch.rand(m, k, device=DEV))
     x[:, 64:] = torch.randn(m, 64, device=DEV)
     w = torch.randn(n, k, device=DEV) * 1e-3
-    w[:, :64] = 2.0 ** 100 * (1 + torch.rand(n, 64, device=DEV))
+    w[:, :64] = 2.0**100 * (1 + torch.rand(n, 64, device=DEV))
     xq, wq = MXFP8Quantizer().quantize(x), MXFP8Quantizer().quantize(w)
     assert int(xq.rowwise_scale_inv.min()) <= 2
     got = gemm(wq, xq, layout="TN", out_dtype=torch.float32)
@@ -169,8 +171,12 @@ def test_quantize_and_gemm_never_synchronise(name):
     from tedebug.quantization.float8 import Float8Quantizer
 
     delayed = [Float8Quantizer.from_recipe_defaults("E4M3") for _ in range(3)]  # state moves to the GPU once
-    makers = dict(QUANTIZERS, nvfp4_sr_rht=lambda: NVFP4Quantizer(with_rht=True, stochastic_rounding=True, seed=1),
-                  fp8_current=lambda: Float8CurrentScalingQuantizer("E4M3"), fp8_delayed=lambda: _next(delayed))
+    makers = dict(
+        QUANTIZERS,
+        nvfp4_sr_rht=lambda: NVFP4Quantizer(with_rht=True, stochastic_rounding=True, seed=1),
+        fp8_current=lambda: Float8CurrentScalingQuantizer("E4M3"),
+        fp8_delayed=lambda: _next(delayed),
+    )
     x, w, dy = spread((256, 512), 7, DEV), spread((128, 512), 8, DEV), spread((256, 128), 9, DEV)
     bias = torch.randn(128, device=DEV, dtype=torch.bfloat16)
 
@@ -193,8 +199,7 @@ def test_quantize_and_gemm_never_synchronise(name):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not (HAS_GPU and HAS_CUPY), reason="needs CUDA and CuPy")
-@pytest.mark.parametrize("seed, offset, n", [(0, 0, 16), (1234, 5, 1000), (2 ** 40 + 3, 2 ** 35, 4099),
-                                             (7, 1, 1 << 20)])
+@pytest.mark.parametrize("seed, offset, n", [(0, 0, 16), (1234, 5, 1000), (2**40 + 3, 2**35, 4099), (7, 1, 1 << 20)])
 def test_philox_kernel_equals_reference(seed, offset, n):
     with dispatch.use_backend("cupy"):
         got = philox_bytes(seed, offset, n, DEV)
@@ -217,8 +222,9 @@ def test_nvfp4_stochastic_rounding_same_bytes_on_cpu_and_gpu():
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Equal bf16 tensors, NaN matching NaN whatever its payload."""
     nan = torch.isnan(a)
-    return torch.equal(nan, torch.isnan(b)) and torch.equal(a.masked_fill(nan, 0).view(torch.int16),
-                                                          b.masked_fill(nan, 0).view(torch.int16))
+    return torch.equal(nan, torch.isnan(b)) and torch.equal(
+        a.masked_fill(nan, 0).view(torch.int16), b.masked_fill(nan, 0).view(torch.int16)
+    )
 
 
 @pytest.mark.gpu
@@ -230,7 +236,7 @@ def test_dequant_kernels_equal_the_torch_path(name, shape):
         pytest.skip("the format needs the dimension divisible by 32")
     g = torch.Generator().manual_seed(11)
     x = torch.randn(shape, generator=g) * torch.exp2(torch.randint(-130, 120, shape, generator=g).float())
-    x.view(-1)[:: 97] = float("nan")
+    x.view(-1)[::97] = float("nan")
     x = x.to(torch.bfloat16).to(DEV)
     q = QUANTIZERS[name]().quantize(x)
     for usage in ("rowwise", "columnwise"):
@@ -250,7 +256,7 @@ def test_epilogue_kernel_equals_the_torch_path(bias):
     from tedebug.backends import cupy_dequant
 
     g = torch.Generator().manual_seed(14)
-    acc = (torch.randn(96, 64, generator=g) * torch.exp2(torch.randint(-140, 120, (96, 64), generator=g).float()))
+    acc = torch.randn(96, 64, generator=g) * torch.exp2(torch.randint(-140, 120, (96, 64), generator=g).float())
     acc.view(-1)[::37] = float("nan")
     acc = acc.to(DEV)
     fa, fb = torch.tensor(3.7e-3, device=DEV), torch.tensor(0.11, device=DEV)
@@ -282,8 +288,9 @@ def test_delayed_update_kernel_equals_the_torch_path(algo, length, case):
         history.fill_(1e-45)
     qs = {}
     for backend in ("cupy", "torch"):
-        q = Float8Quantizer(torch.full((), 3.0, device=DEV), history.clone().to(DEV), "E4M3", margin=1,
-                            amax_compute_algo=algo)
+        q = Float8Quantizer(
+            torch.full((), 3.0, device=DEV), history.clone().to(DEV), "E4M3", margin=1, amax_compute_algo=algo
+        )
         with dispatch.use_backend(backend):
             q.update_scale()
             q.update_scale()

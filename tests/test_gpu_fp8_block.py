@@ -22,7 +22,7 @@ from tedebug.quantization.float8_block import Float8BlockQuantizer  # noqa: E402
 DEV = torch.device("cuda")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 FIELDS = ("rowwise_data", "rowwise_scale_inv", "columnwise_data", "columnwise_scale_inv")
-U = 2.0 ** -24  # fp32 unit roundoff
+U = 2.0**-24  # fp32 unit roundoff
 
 
 def err_chunk(dtype) -> int:
@@ -33,8 +33,30 @@ def err_chunk(dtype) -> int:
 def special_values(dtype):
     big = torch.finfo(dtype).max
     tiny = torch.finfo(dtype).tiny
-    vals = [float("nan"), float("inf"), -float("inf"), 0.0, -0.0, tiny / 4, -tiny / 2, tiny, 448.0, 449.0, 464.0,
-            465.0, 500.0, -1000.0, 57344.0, 61440.0, 2.0 ** -10, 1.5 * 2 ** -10, big, -big, 1e-3, 3.5]
+    vals = [
+        float("nan"),
+        float("inf"),
+        -float("inf"),
+        0.0,
+        -0.0,
+        tiny / 4,
+        -tiny / 2,
+        tiny,
+        448.0,
+        449.0,
+        464.0,
+        465.0,
+        500.0,
+        -1000.0,
+        57344.0,
+        61440.0,
+        2.0**-10,
+        1.5 * 2**-10,
+        big,
+        -big,
+        1e-3,
+        3.5,
+    ]
     return torch.tensor(vals, dtype=torch.float32).to(dtype)
 
 
@@ -97,7 +119,7 @@ def assert_fused_stats(x, got, ref):
         if math.isnan(want) or math.isinf(want):
             assert err == want or (math.isnan(err) and math.isnan(want)), (usage, err, want)
         else:
-            bound = (err_chunk(x.dtype) + 4) * U * want + n * 2.0 ** -148
+            bound = (err_chunk(x.dtype) + 4) * U * want + n * 2.0**-148
             assert abs(err - want) <= bound, (usage, err, want, bound)
 
 
@@ -171,7 +193,7 @@ def test_scale_edges(dtype):
     """Tiny blocks (fp8_max / amax overflows for bf16 / fp32 -> the dtype's max), dtype max, Inf and NaN blocks."""
     fin = torch.finfo(dtype)
     x = torch.zeros(256, 512, dtype=torch.float32)
-    x[:128, 0:128] = fin.tiny / 8 if dtype != torch.float16 else 2.0 ** -24  # smallest magnitudes
+    x[:128, 0:128] = fin.tiny / 8 if dtype != torch.float16 else 2.0**-24  # smallest magnitudes
     x[:128, 128:256] = fin.max
     x[:128, 256] = float("inf")
     x[:128, 384] = float("nan")
@@ -251,8 +273,10 @@ def test_fused_stats_only_for_the_source_tensor_and_no_overflow_stat():
 def test_raw_rejects_bad_arguments():
     x = torch.ones(4, 4, device=DEV)
     with pytest.raises(ValueError, match="block_scaling_dim"):
-        cupy_fp8_block.fp8_block_quantize_raw(x, "E4M3", 3, epsilon=0.0, pow2=True, value_for_inf=1.0,
-                                              rowwise=True, columnwise=True)
+        cupy_fp8_block.fp8_block_quantize_raw(
+            x, "E4M3", 3, epsilon=0.0, pow2=True, value_for_inf=1.0, rowwise=True, columnwise=True
+        )
     with pytest.raises(ValueError, match="nothing to produce"):
-        cupy_fp8_block.fp8_block_quantize_raw(x, "E4M3", 1, epsilon=0.0, pow2=True, value_for_inf=1.0,
-                                              rowwise=False, columnwise=False)
+        cupy_fp8_block.fp8_block_quantize_raw(
+            x, "E4M3", 1, epsilon=0.0, pow2=True, value_for_inf=1.0, rowwise=False, columnwise=False
+        )

@@ -18,23 +18,45 @@ from tedebug.quantization.mxfp8 import MXFP8Quantizer  # noqa: E402
 
 DEV = torch.device("cuda")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-U = 2.0 ** -24  # fp32 unit roundoff
-CHUNK = 16       # elements summed in fp32 before the fp64 accumulation (kernels/stats.cu)
-ERR_CHUNK = 32   # squared errors summed in fp32 per thread chunk before fp64 (mxfp8.cu, fp8_tensor.cu)
-TINY_SQ = 2.0 ** -126  # squared errors below the fp32 normal range are lost by the fp32 per-element squares
+U = 2.0**-24  # fp32 unit roundoff
+CHUNK = 16  # elements summed in fp32 before the fp64 accumulation (kernels/stats.cu)
+ERR_CHUNK = 32  # squared errors summed in fp32 per thread chunk before fp64 (mxfp8.cu, fp8_tensor.cu)
+TINY_SQ = 2.0**-126  # squared errors below the fp32 normal range are lost by the fp32 per-element squares
 
 
 def special_values(dtype):
     big = torch.finfo(dtype).max
     tiny = torch.finfo(dtype).tiny
-    vals = [float("nan"), float("inf"), -float("inf"), 0.0, -0.0, tiny / 4, -tiny / 2, tiny, 448.0, 449.0, 464.0,
-            465.0, 500.0, -1000.0, 57344.0, 61440.0, 2.0 ** -10, 1.5 * 2 ** -10, big, -big, 1e-3, 3.5]
+    vals = [
+        float("nan"),
+        float("inf"),
+        -float("inf"),
+        0.0,
+        -0.0,
+        tiny / 4,
+        -tiny / 2,
+        tiny,
+        448.0,
+        449.0,
+        464.0,
+        465.0,
+        500.0,
+        -1000.0,
+        57344.0,
+        61440.0,
+        2.0**-10,
+        1.5 * 2**-10,
+        big,
+        -big,
+        1e-3,
+        3.5,
+    ]
     return torch.tensor(vals, dtype=torch.float32).to(dtype)
 
 
 def adversarial(shape, dtype, seed):
     g = torch.Generator().manual_seed(seed)
-    x = (torch.randn(shape, generator=g) * torch.exp2(torch.randint(-20, 20, shape, generator=g).float()))
+    x = torch.randn(shape, generator=g) * torch.exp2(torch.randint(-20, 20, shape, generator=g).float())
     x = x.to(dtype).reshape(-1)
     sp = special_values(dtype)
     idx = torch.randint(0, x.numel(), (min(x.numel(), 64),), generator=g)
@@ -86,7 +108,8 @@ def check_stats(x):
     else:
         for key in ("sum", "abs_sum", "sq_sum", "m2"):
             assert same(got[key], ref[key]) or (
-                math.isfinite(ref[key].item()) and abs(got[key].item() - ref[key].item()) <= bound), key
+                math.isfinite(ref[key].item()) and abs(got[key].item() - ref[key].item()) <= bound
+            ), key
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -119,9 +142,9 @@ def test_stats_catastrophic_cancellation():
 
 def test_stats_unaligned_and_strided_inputs():
     base = random_input((4096 + 1,), torch.bfloat16, 7)
-    check_stats(base[1:])                     # data pointer not 16-byte aligned
+    check_stats(base[1:])  # data pointer not 16-byte aligned
     m = random_input((64, 96), torch.float16, 8)
-    check_stats(m.t())                        # non-contiguous
+    check_stats(m.t())  # non-contiguous
 
 
 def test_stats_deterministic():
@@ -185,8 +208,11 @@ def test_mxfp8_bit_identical(fmt, dtype, shape):
             assert uf.item() == torch_ref.underflow_partials(x, ref, usage)["underflows_num"].item()
             err = cupy_stats.mse_partials(x, got, usage)["sq_err"].item()
             want = torch_ref.mse_partials(x, ref, usage)["sq_err"].item()
-            assert (math.isnan(err) and math.isnan(want)) or err == want or \
-                abs(err - want) <= ERR_CHUNK * U * abs(want) + x.numel() * TINY_SQ
+            assert (
+                (math.isnan(err) and math.isnan(want))
+                or err == want
+                or abs(err - want) <= ERR_CHUNK * U * abs(want) + x.numel() * TINY_SQ
+            )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -209,8 +235,9 @@ def test_mxfp8_single_direction_and_deterministic(dtype):
         assert same(one._fused_error_stats[usage]["sq_err"], again._fused_error_stats[usage]["sq_err"])
         err = one._fused_error_stats[usage]["sq_err"].item()
         want = torch_ref.mse_partials(x, ref, usage)["sq_err"].item()
-        assert (math.isnan(err) and math.isnan(want)) or \
-            abs(err - want) <= ERR_CHUNK * U * abs(want) + x.numel() * TINY_SQ
+        assert (math.isnan(err) and math.isnan(want)) or abs(err - want) <= ERR_CHUNK * U * abs(
+            want
+        ) + x.numel() * TINY_SQ
 
 
 # ------------------------------------------------------------------------------------------------ per-tensor FP8
@@ -239,8 +266,11 @@ def check_fp8(got, ref, x):
         assert of == torch_ref.overflow_partials(x, ref, usage)["overflows_num"].item()
         err = cupy_stats.mse_partials(x, got, usage)["sq_err"].item()
         want = torch_ref.mse_partials(x, ref, usage)["sq_err"].item()
-        assert (math.isnan(err) and math.isnan(want)) or err == want or \
-            abs(err - want) <= ERR_CHUNK * U * abs(want) + x.numel() * TINY_SQ
+        assert (
+            (math.isnan(err) and math.isnan(want))
+            or err == want
+            or abs(err - want) <= ERR_CHUNK * U * abs(want) + x.numel() * TINY_SQ
+        )
 
 
 @pytest.mark.parametrize("fmt", ["E4M3", "E5M2"])
@@ -267,7 +297,7 @@ def test_fp8_current_scaling_tiny_and_zero_amax():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n", [1, 7, 8 * 256 * 7 + 5, 3 * 2 ** 20 + 3])
+@pytest.mark.parametrize("n", [1, 7, 8 * 256 * 7 + 5, 3 * 2**20 + 3])
 def test_amax_count_pass(dtype, n):
     """ted_amax_count (NVFP4's amax pass): max|x| (NaN ignored) in both slots and count_nonzero(x) (NaN counts,
     -0 does not), for sizes that end in the partial last round and in the scalar tail; the plain amax launch
@@ -318,9 +348,13 @@ def test_quantized_statistics_row_is_one_gather_of_the_cast_vector():
     from tedebug.stats import StatRequest
     from tedebug.stats.engine import StatsEngine
 
-    requests = {usage: tuple(StatRequest(f"{stat}{suffix}", stat, columnwise=usage == "columnwise")
-                             for stat in ("underflows%", "mse", "scale_inv_min", "scale_inv_max"))
-                for usage, suffix in (("rowwise", ""), ("columnwise", "_columnwise"))}
+    requests = {
+        usage: tuple(
+            StatRequest(f"{stat}{suffix}", stat, columnwise=usage == "columnwise")
+            for stat in ("underflows%", "mse", "scale_inv_min", "scale_inv_max")
+        )
+        for usage, suffix in (("rowwise", ""), ("columnwise", "_columnwise"))
+    }
     g = torch.Generator().manual_seed(5)
     xs = [(torch.randn(256, 512, generator=g) * s).to(DEV, torch.bfloat16) for s in (1.0, 1e-4, 300.0)]
     xs.append(finite_input((128, 256), torch.bfloat16, 9))
@@ -334,14 +368,23 @@ def test_quantized_statistics_row_is_one_gather_of_the_cast_vector():
                 for usage, reqs in requests.items():
                     engine.feed(f"l{i}", "activation", reqs, x, iteration=0, options=(usage,), quantized={"": q})
             if backend == "cupy":  # the fused row does not fall back to the torch reference
+
                 def refuse(*args):
                     raise AssertionError("torch reference used")
+
                 real = torch_ref.scale_inv_partials
                 torch_ref.scale_inv_partials = refuse
                 try:
                     for usage, reqs in requests.items():
-                        engine.feed("probe", "activation", reqs, xs[0], iteration=0, options=(usage,),
-                                    quantized={"": Float8CurrentScalingQuantizer("E4M3").quantize(xs[0])})
+                        engine.feed(
+                            "probe",
+                            "activation",
+                            reqs,
+                            xs[0],
+                            iteration=0,
+                            options=(usage,),
+                            quantized={"": Float8CurrentScalingQuantizer("E4M3").quantize(xs[0])},
+                        )
                 finally:
                     torch_ref.scale_inv_partials = real
             engine.step(0)

@@ -30,12 +30,18 @@ gpu = [pytest.mark.gpu, pytest.mark.skipif(not (HAS_GPU and HAS_CUPY), reason="n
 
 DEV = torch.device("cuda") if HAS_GPU else None
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-U = 2.0 ** -24        # fp32 unit roundoff
-U64 = 2.0 ** -53      # fp64 unit roundoff
-ERR_CHUNK = 32        # fp32 |x| - |deq|, square and 16-term fp32 sum per block before fp64 (nvfp4.cu): < 32 U
-TINY_SQ = 2.0 ** -126  # squared errors below the fp32 normal range are lost by the fp32 per-element squares
-FIELDS = ("rowwise_data", "rowwise_scale_inv", "amax_rowwise", "columnwise_data", "columnwise_scale_inv",
-          "amax_columnwise")
+U = 2.0**-24  # fp32 unit roundoff
+U64 = 2.0**-53  # fp64 unit roundoff
+ERR_CHUNK = 32  # fp32 |x| - |deq|, square and 16-term fp32 sum per block before fp64 (nvfp4.cu): < 32 U
+TINY_SQ = 2.0**-126  # squared errors below the fp32 normal range are lost by the fp32 per-element squares
+FIELDS = (
+    "rowwise_data",
+    "rowwise_scale_inv",
+    "amax_rowwise",
+    "columnwise_data",
+    "columnwise_scale_inv",
+    "amax_columnwise",
+)
 # (M, K) or N-d shapes: one tile, partial tiles in both dims, 3-D, several tiles per block
 SHAPES = [(16, 16), (64, 128), (48, 272), (2, 40, 96), (256, 1024), (1040, 2064)]
 
@@ -43,8 +49,27 @@ SHAPES = [(16, 16), (64, 128), (48, 272), (2, 40, 96), (256, 1024), (1040, 2064)
 def special_values(dtype):
     big = torch.finfo(dtype).max
     tiny = torch.finfo(dtype).tiny
-    vals = [float("nan"), -float("nan"), 0.0, -0.0, tiny / 4, -tiny / 2, tiny, 448.0, -1000.0, 2688.0, 6.0, 5.0,
-            0.25, -0.75, 2.0 ** -10, big, -big, 1e-3, 3.5]
+    vals = [
+        float("nan"),
+        -float("nan"),
+        0.0,
+        -0.0,
+        tiny / 4,
+        -tiny / 2,
+        tiny,
+        448.0,
+        -1000.0,
+        2688.0,
+        6.0,
+        5.0,
+        0.25,
+        -0.75,
+        2.0**-10,
+        big,
+        -big,
+        1e-3,
+        3.5,
+    ]
     return torch.tensor(vals, dtype=torch.float32).to(dtype)
 
 
@@ -81,8 +106,10 @@ def check_fields(got, ref):
         assert (a is None) == (b is None), field
         if a is not None:
             assert a.shape == b.shape and a.dtype == b.dtype, (field, a.shape, b.shape)
-            assert torch.equal(a, b) or (a.dtype == torch.float32 and torch.equal(a.isnan(), b.isnan())), \
-                (field, (a != b).sum().item())
+            assert torch.equal(a, b) or (a.dtype == torch.float32 and torch.equal(a.isnan(), b.isnan())), (
+                field,
+                (a != b).sum().item(),
+            )
 
 
 def check_stats(x, got, ref, *, rht=False):
@@ -297,8 +324,8 @@ def test_fast_kernel_selection():
     assert not uses_fast_kernel(64, 128, torch.bfloat16, False, True)  # stochastic rounding
     assert not uses_fast_kernel(48, 128, torch.bfloat16, False, False)  # M % 64
     assert not uses_fast_kernel(64, 144, torch.bfloat16, False, False)  # K % 128
-    assert not uses_fast_kernel(64, 2 ** 24, torch.bfloat16, False, False)  # 32-bit offsets inside the kernel
-    assert not uses_fast_kernel(2 ** 24, 128, torch.bfloat16, False, False)
+    assert not uses_fast_kernel(64, 2**24, torch.bfloat16, False, False)  # 32-bit offsets inside the kernel
+    assert not uses_fast_kernel(2**24, 128, torch.bfloat16, False, False)
 
 
 def test_supports_picks_the_calls_the_kernel_takes():
@@ -457,10 +484,12 @@ def test_rht_sign_mask_matches_the_reference_matrix():
     from tedebug.quantization.nvfp4 import rht_matrix
 
     mask = rht_sign_mask()
-    built = torch.tensor([[(-1.0) ** ((mask >> i) & 1) * (-1.0) ** bin(i & j).count("1") / 4 for j in range(16)]
-                          for i in range(16)], dtype=torch.float64)
+    built = torch.tensor(
+        [[(-1.0) ** ((mask >> i) & 1) * (-1.0) ** bin(i & j).count("1") / 4 for j in range(16)] for i in range(16)],
+        dtype=torch.float64,
+    )
     assert torch.equal(built, rht_matrix())
-    assert 0 < mask < 2 ** 16 and mask != 0xFFFF  # a mixed sign vector
+    assert 0 < mask < 2**16 and mask != 0xFFFF  # a mixed sign vector
 
 
 def test_rht_error_formula_matches_the_reference_on_cpu():

@@ -22,7 +22,7 @@ except ImportError:
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not (HAS_GPU and HAS_CUPY), reason="needs CUDA and CuPy")]
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-U64 = 2.0 ** -53
+U64 = 2.0**-53
 # one group; M % 32 != 0 (8-byte column-data stores); partial group and column tiles; several tiles per block
 SHAPES = [(16, 16), (48, 272), (1040, 2064), (4096, 1024)]
 
@@ -57,12 +57,17 @@ def test_new_rht_kernels_equal_v1(shape, dtype, sr):
         new = rht(x, "new", sr)
         old = rht(x, "old", sr)
         for a, b, name in zip(new[:3], old[:3], ("data", "scales", "amax")):
-            assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)), \
-                (name, (a != b).sum().item())
+            assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)), (
+                name,
+                (a != b).sum().item(),
+            )
         assert new[3][0].item() == old[3][0].item()  # underflows: exact counts
         err, want = new[3][1].item(), old[3][1].item()
-        assert err == want or (math.isnan(err) and math.isnan(want)) or \
-            abs(err - want) <= 2 * (x.numel() + 1) * U64 * abs(want), (err, want)
+        assert (
+            err == want
+            or (math.isnan(err) and math.isnan(want))
+            or abs(err - want) <= 2 * (x.numel() + 1) * U64 * abs(want)
+        ), (err, want)
 
 
 @pytest.mark.parametrize("sr", [False, True])
@@ -104,8 +109,10 @@ if __name__ == "__main__":
     for shape in ((8192, 2048), (8192, 6144), (8192, 8192)):
         for sr in (None, (1234, 0)):
             times = {v: _time_rht_columnwise(shape, torch.bfloat16, v, sr) for v in ("old", "new")}
-            print(f"nvfp4_rht_columnwise bf16 {shape} sr={sr is not None}: "
-                  + ", ".join(f"{v} {t:.1f} us" for v, t in times.items()))
+            print(
+                f"nvfp4_rht_columnwise bf16 {shape} sr={sr is not None}: "
+                + ", ".join(f"{v} {t:.1f} us" for v, t in times.items())
+            )
 
 
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
@@ -135,8 +142,11 @@ def test_fast_2d_kernel_bit_identical(shape, dtype):
                 want_uf = torch_ref.underflow_partials(x, ref, usage)["underflows_num"].item()
                 assert fused["underflows_num"].item() == want_uf, usage
                 err, want = fused["sq_err"].item(), torch_ref.mse_partials(x, ref, usage)["sq_err"].item()
-                assert (math.isnan(err) and math.isnan(want)) or err == want or \
-                    abs(err - want) <= 32 * 2.0 ** -24 * abs(want) + x.numel() * 2.0 ** -126, (usage, err, want)
+                assert (
+                    (math.isnan(err) and math.isnan(want))
+                    or err == want
+                    or abs(err - want) <= 32 * 2.0**-24 * abs(want) + x.numel() * 2.0**-126
+                ), (usage, err, want)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -21,29 +21,63 @@ VOCAB = 64
 
 
 def llama():
-    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)
+    cfg = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=32,
+    )
     return transformers.LlamaForCausalLM(cfg)
 
 
 def gpt2():
-    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2, n_positions=32,
-                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    cfg = transformers.GPT2Config(
+        vocab_size=VOCAB,
+        n_embd=32,
+        n_layer=1,
+        n_head=2,
+        n_positions=32,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     return transformers.GPT2LMHeadModel(cfg)
 
 
 def mixtral():
-    cfg = transformers.MixtralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=1,
-                                     num_attention_heads=2, num_key_value_heads=1, num_local_experts=4,
-                                     num_experts_per_tok=2, max_position_embeddings=32)
+    cfg = transformers.MixtralConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=32,
+    )
     return transformers.MixtralForCausalLM(cfg)
 
 
 def gpt_oss():
     """Experts stored transposed ([experts, in, out]), with biases and an interleaved gate/up layout."""
-    cfg = transformers.GptOssConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=1,
-                                    num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_local_experts=4,
-                                    num_experts_per_tok=2, layer_types=["full_attention"])
+    cfg = transformers.GptOssConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        layer_types=["full_attention"],
+    )
     model = transformers.GptOssForCausalLM(cfg)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -53,9 +87,18 @@ def gpt_oss():
 
 
 def qwen3_moe():
-    cfg = transformers.Qwen3MoeConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=32, moe_intermediate_size=32,
-                                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                                      num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1)
+    cfg = transformers.Qwen3MoeConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=32,
+        moe_intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_experts=4,
+        num_experts_per_tok=2,
+        decoder_sparse_step=1,
+    )
     return transformers.Qwen3MoeForCausalLM(cfg)
 
 
@@ -99,8 +142,10 @@ def test_conversion_keeps_outputs_and_state_dict_keys(factory):
     if factory in (mixtral, gpt_oss, qwen3_moe):
         router = {mixtral: "MixtralTopKRouter", gpt_oss: "GptOssTopKRouter", qwen3_moe: "Qwen3MoeTopKRouter"}[factory]
         assert layers["model.layers.0.mlp.experts"] == "Tedebug" + router.replace("TopKRouter", "Experts")
-        assert messages == ["tedebug.convert_model: these modules hold weights but are not converted, so their GEMMs "
-                            f"run in high precision and are not debugged: {router} x1 (128 weight parameters)"]
+        assert messages == [
+            "tedebug.convert_model: these modules hold weights but are not converted, so their GEMMs "
+            f"run in high precision and are not debugged: {router} x1 (128 weight parameters)"
+        ]
 
 
 def test_conv1d_linear_gradients_equal_transformers_conv1d():
@@ -119,8 +164,9 @@ def test_conv1d_linear_gradients_equal_transformers_conv1d():
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("recipe", ["DelayedScaling", "Float8CurrentScaling", "MXFP8BlockScaling",
-                                    "NVFP4BlockScaling", "Float8BlockScaling"])
+@pytest.mark.parametrize(
+    "recipe", ["DelayedScaling", "Float8CurrentScaling", "MXFP8BlockScaling", "NVFP4BlockScaling", "Float8BlockScaling"]
+)
 def test_conv1d_linear_equals_a_linear_with_the_transposed_weight_under_every_recipe(recipe):
     from tedebug import recipe as recipes
     from tedebug.nn import Linear
@@ -136,8 +182,14 @@ def test_conv1d_linear_equals_a_linear_with_the_transposed_weight_under_every_re
 
 
 def test_tied_decoder_and_lm_head_switch():
-    cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                  intermediate_size=64, max_position_embeddings=32)
+    cfg = transformers.BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=32,
+    )
     model = transformers.BertForMaskedLM(cfg)
     layers, _ = converted(model)
     assert "cls.predictions.decoder" not in layers and "cls.predictions.transform.dense" in layers
@@ -160,9 +212,20 @@ def run(factory, tmp_path, *, checkpointing=None, steps=2, config=None):
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     sink = RecordingSink()
     losses = []
-    debug_api.initialize(config or section({"LogTensorStats": {
-        "enabled": True, "stats": ["l1_norm", "max"], "tensors": ["activation", "weight", "gradient"]}}),
-        statistics_logger=sink, log_dir=str(tmp_path / str(checkpointing)))
+    debug_api.initialize(
+        config
+        or section(
+            {
+                "LogTensorStats": {
+                    "enabled": True,
+                    "stats": ["l1_norm", "max"],
+                    "tensors": ["activation", "weight", "gradient"],
+                }
+            }
+        ),
+        statistics_logger=sink,
+        log_dir=str(tmp_path / str(checkpointing)),
+    )
     try:
         for step in range(steps):
             ids = tokens(step)
@@ -179,10 +242,17 @@ def run(factory, tmp_path, *, checkpointing=None, steps=2, config=None):
 
 
 @pytest.mark.filterwarnings("ignore:tedebug.convert_model")
-@pytest.mark.parametrize("factory, use_reentrant", [(llama, True), (llama, False), (llama, "deprecated_default"),
-                                                    (gpt2, True), (mixtral, False)],
-                         ids=["llama-reentrant", "llama-non_reentrant", "llama-deprecated_default",
-                              "gpt2-reentrant", "mixtral-non_reentrant"])
+@pytest.mark.parametrize(
+    "factory, use_reentrant",
+    [(llama, True), (llama, False), (llama, "deprecated_default"), (gpt2, True), (mixtral, False)],
+    ids=[
+        "llama-reentrant",
+        "llama-non_reentrant",
+        "llama-deprecated_default",
+        "gpt2-reentrant",
+        "mixtral-non_reentrant",
+    ],
+)
 def test_hf_gradient_checkpointing_equals_the_plain_run(tmp_path, factory, use_reentrant):
     ref_losses, ref_stats = run(factory, tmp_path)
     with warnings.catch_warnings():
@@ -198,13 +268,16 @@ def test_hf_gradient_checkpointing_equals_the_plain_run(tmp_path, factory, use_r
 def test_moe_experts_log_each_expert_gemm(tmp_path):
     """Each expert's GEMMs are logged as `<experts>.<parameter>.gemm_<e>`; the activation of gate_up_proj.gemm_e is
     exactly the rows of the experts' input routed to expert e."""
-    config = section({"LogTensorStats": {"enabled": True, "stats": ["l1_norm"], "tensors": ["activation"]}},
-                     layer_name_regex_pattern="experts")
+    config = section(
+        {"LogTensorStats": {"enabled": True, "stats": ["l1_norm"], "tensors": ["activation"]}},
+        layer_name_regex_pattern="experts",
+    )
     model = build(mixtral)
     tedebug.convert_model(model, recipe=Float8CurrentScaling())
     seen = []
     model.model.layers[0].mlp.experts.register_forward_pre_hook(
-        lambda module, args: seen.append((args[0].detach().clone(), args[1].clone())))
+        lambda module, args: seen.append((args[0].detach().clone(), args[1].clone()))
+    )
     sink = RecordingSink()
     debug_api.initialize(config, statistics_logger=sink, log_dir=str(tmp_path))
     try:
@@ -215,7 +288,7 @@ def test_moe_experts_log_each_expert_gemm(tmp_path):
     finally:
         debug_api.end_debug()
     stats = sink.values()
-    (hidden, top_k_index), = seen
+    ((hidden, top_k_index),) = seen
     prefix = "model.layers.0.mlp.experts"
     expected = {}
     for e in range(4):
@@ -250,14 +323,22 @@ def test_vit_with_the_shipped_quantization_error_config_skips_what_mxfp8_cannot_
     import os
 
     torch.manual_seed(0)
-    cfg = transformers.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-                                 image_size=8, patch_size=4, num_labels=3)
+    cfg = transformers.ViTConfig(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        image_size=8,
+        patch_size=4,
+        num_labels=3,
+    )
     vit = transformers.ViTForImageClassification(cfg)
     tedebug.convert_model(vit)
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     sink = RecordingSink()
-    debug_api.initialize(os.path.join(repo, "configs", "quantization_error.yaml"), statistics_logger=sink,
-                         log_dir=str(tmp_path))
+    debug_api.initialize(
+        os.path.join(repo, "configs", "quantization_error.yaml"), statistics_logger=sink, log_dir=str(tmp_path)
+    )
     try:
         with tedebug.autocast(recipe=Float8CurrentScaling()):
             out = vit(pixel_values=torch.randn(2, 3, 8, 8), labels=torch.tensor([0, 1]))
@@ -271,6 +352,8 @@ def test_vit_with_the_shipped_quantization_error_config_skips_what_mxfp8_cannot_
     assert f"{layer}_activation_mxfp8_mse" not in names
     assert f"{layer}_activation_fp8_block_scaling_mse" in names  # block scaling pads: it takes the shape
     log = open(os.path.join(str(tmp_path), "nvdlfw_inspect_logs", "nvdlfw_inspect_globalrank-0.log")).read()
-    line = (f"LAYER={layer}: Feature=LogFp8TensorStats: skipping ['mxfp8_underflows%', 'mxfp8_mse'] of tensor "
-            f"activation: the what-if mxfp8 quantization of shape (10, 32) failed")
+    line = (
+        f"LAYER={layer}: Feature=LogFp8TensorStats: skipping ['mxfp8_underflows%', 'mxfp8_mse'] of tensor "
+        f"activation: the what-if mxfp8 quantization of shape (10, 32) failed"
+    )
     assert log.count(line) == 1

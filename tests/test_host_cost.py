@@ -24,8 +24,13 @@ TENSORS = ("activation", "weight", "gradient", "output", "wgrad", "dgrad")
 
 def hand_stats(x):
     v = x.double().flatten()
-    return {"min": v.min().item(), "max": v.max().item(), "mean": (v.sum() / v.numel()).item(),
-            "l1_norm": v.abs().sum().item(), "cur_amax": v.abs().max().item()}
+    return {
+        "min": v.min().item(),
+        "max": v.max().item(),
+        "mean": (v.sum() / v.numel()).item(),
+        "l1_norm": v.abs().sum().item(),
+        "cur_amax": v.abs().max().item(),
+    }
 
 
 def test_inspect_plan_follows_a_mutated_stats_list_and_keeps_the_error_order(tmp_path):
@@ -35,8 +40,9 @@ def test_inspect_plan_follows_a_mutated_stats_list_and_keeps_the_error_order(tmp
     feature = log_tensor_stats.LogTensorStats()
     config = {"stats": ["min", "max"], "freq": 2}
     x = torch.tensor([[1.5, -3.0], [0.25, 2.0]])
-    with debug_session(section({"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["weight"]}}),
-                       tmp_path, sink):
+    with debug_session(
+        section({"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["weight"]}}), tmp_path, sink
+    ):
         feature.inspect_tensor(config, "L", tensor_name="activation", iteration=0, tensor=x)
         debug_api.step()
         config["stats"][1] = "l1_norm"
@@ -55,20 +61,27 @@ def test_inspect_plan_follows_a_mutated_stats_list_and_keeps_the_error_order(tmp
             feature.inspect_tensor(config, "L", tensor_name="activation", iteration=4, tensor=x)
     expect, expect2 = hand_stats(x), hand_stats(-x)
     assert sink.values() == {
-        ("L_activation_min", 0): expect["min"], ("L_activation_max", 0): expect["max"],
-        ("L_activation_min", 2): expect2["min"], ("L_activation_l1_norm", 2): expect2["l1_norm"],
-        ("L_activation_mean", 2): expect2["mean"]}
+        ("L_activation_min", 0): expect["min"],
+        ("L_activation_max", 0): expect["max"],
+        ("L_activation_min", 2): expect2["min"],
+        ("L_activation_l1_norm", 2): expect2["l1_norm"],
+        ("L_activation_mean", 2): expect2["mean"],
+    }
 
 
 # ------------------------------------------------------------------------------------------------ whole runs
+
 
 # ------------------------------------------------------------------------------------------------ whole runs
 def _run_model(tmp_path, config, **initialize_kwargs):
     """Three-layer model under Float8CurrentScaling for six iterations: (statistics rows, main-log lines)."""
     sink = RecordingSink()
     torch.manual_seed(0)
-    model = torch.nn.Sequential(tedebug.nn.Linear(16, 24, name="m.0"), tedebug.nn.LayerNormMLP(24, 32, name="m.1"),
-                                tedebug.nn.Linear(24, 8, name="m.2"))
+    model = torch.nn.Sequential(
+        tedebug.nn.Linear(16, 24, name="m.0"),
+        tedebug.nn.LayerNormMLP(24, 32, name="m.1"),
+        tedebug.nn.Linear(24, 8, name="m.2"),
+    )
     x = torch.randn(4, 16)
     with debug_session(config, tmp_path, sink, **initialize_kwargs):
         for _ in range(6):
@@ -83,12 +96,18 @@ def _run_model(tmp_path, config, **initialize_kwargs):
 
 def test_whole_runs_equal_the_uncached_path(tmp_path, monkeypatch):
     """Statistics and main-log lines of a real model are identical with every shortcut on and with each off."""
-    config = section({
-        "LogTensorStats": {"enabled": True, "stats": ["min", "max", "mean", "std", "l1_norm", "l2_norm",
-                                                      "cur_amax", "dynamic_range"],
-                           "tensors": list(TENSORS), "freq": 2, "start_step": 1},
-        "DisableFP8GEMM": {"enabled": True, "gemms": ["wgrad"]},
-    })
+    config = section(
+        {
+            "LogTensorStats": {
+                "enabled": True,
+                "stats": ["min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range"],
+                "tensors": list(TENSORS),
+                "freq": 2,
+                "start_step": 1,
+            },
+            "DisableFP8GEMM": {"enabled": True, "gemms": ["wgrad"]},
+        }
+    )
     fast = _run_model(tmp_path / "fast", config)
     assert fast[0] and any("Tensor: activation, gemm wgrad - High Precision" in line for line in fast[1])
     assert sorted({it for _, _, it in fast[0]}) == [2, 4]  # freq 2 from step 1

@@ -74,8 +74,12 @@ def test_host_values_equal_the_reference_partials_bit_for_bit(x):
 def test_overflowing_sum_still_counts_no_nonfinite_element():
     """The shortcut "finite sum: no NaN, no infinity" is not taken for a float64 sum that overflows: the counts
     are taken from the elements (0 here), and amax is the largest magnitude."""
-    values = dict(zip(torch_ref.BASIC_KEYS, torch_ref.basic_partial_values(
-        torch.tensor([1e308, 1e308, -1e308], dtype=torch.float64))))
+    values = dict(
+        zip(
+            torch_ref.BASIC_KEYS,
+            torch_ref.basic_partial_values(torch.tensor([1e308, 1e308, -1e308], dtype=torch.float64)),
+        )
+    )
     assert values["sum"] == math.inf and values["nan_count"] == 0.0 and values["inf_count"] == 0.0
     assert values["amax"] == 1e308 and values["nz_abs_min"] == 1e308 and values["nonzero_count"] == 3.0
 
@@ -150,8 +154,9 @@ def test_recipe_or_debug_path_takes_the_tedebug_path(monkeypatch, tmp_path):
     x = torch.randn(3, 16)
     _train_step(model, x, Float8CurrentScaling())
     assert applied.calls == 2
-    cfg = section({"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": TENSORS, "start_step": 1,
-                                      "end_step": 1}})
+    cfg = section(
+        {"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": TENSORS, "start_step": 1, "end_step": 1}}
+    )
     with debug_session(cfg, tmp_path, sink=RecordingSink()):
         _train_step(model, x)  # iteration 0: nothing active
         assert applied.calls == 2

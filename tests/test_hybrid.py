@@ -186,8 +186,9 @@ def test_sub_storages_equal_standalone_quantization(name, dtype):
     assert fields_equal(out.rowwise_sub_storage, standalone(row, "rowwise", x))
     assert fields_equal(out.columnwise_sub_storage, standalone(col, "columnwise", x))
     assert torch.equal(out.dequantize(), standalone(row, "rowwise", x).dequantize())
-    assert torch.equal(out.dequantize(usage="columnwise"),
-                       standalone(col, "columnwise", x).dequantize(usage="columnwise"))
+    assert torch.equal(
+        out.dequantize(usage="columnwise"), standalone(col, "columnwise", x).dequantize(usage="columnwise")
+    )
 
 
 def test_statistics_helpers_delegate_to_the_sub_storage_of_that_usage():
@@ -210,8 +211,9 @@ def test_rowwise_dequantized_hand_vector():
     # formats.md §7: current scaling E4M3 with amax 3.5 -> scale 128; 1.0 -> 1.0, 3.5 -> 3.5,
     # -0.01 -> -0.009765625 (code 0xBA), 1e-4 -> 0.013671875 / 128 (largest subnormal 0x07).
     x = torch.tensor([[1.0, 3.5, -0.01, 1e-4]])
-    h = HybridQuantizer(Float8CurrentScalingQuantizer("E4M3"), IdentityQuantizer(),
-                        columnwise_source="rowwise_dequantized")
+    h = HybridQuantizer(
+        Float8CurrentScalingQuantizer("E4M3"), IdentityQuantizer(), columnwise_source="rowwise_dequantized"
+    )
     out = h.quantize(x)
     expected = torch.tensor([[1.0, 3.5, -0.009765625, 0.013671875 / 128]], dtype=torch.float64)
     assert torch.equal(out.dequantize(usage="columnwise").double(), expected)
@@ -227,8 +229,9 @@ def test_rowwise_dequantized_equals_quantize_of_dequantized_rowwise(dtype):
     assert fields_equal(out.rowwise_sub_storage, rowwise)
     assert fields_equal(out.columnwise_sub_storage, standalone(col, "columnwise", rowwise.dequantize()))
     # and it really differs from quantizing the original (double quantization is not a no-op here)
-    assert not torch.equal(out.dequantize(usage="columnwise"),
-                           standalone(col, "columnwise", x).dequantize(usage="columnwise"))
+    assert not torch.equal(
+        out.dequantize(usage="columnwise"), standalone(col, "columnwise", x).dequantize(usage="columnwise")
+    )
 
 
 def test_rowwise_dequantized_computes_rowwise_internally_when_rowwise_usage_is_off():
@@ -346,8 +349,9 @@ def test_split_quantize_mixed_list():
     chunks = [x[0:32], x[32:96], x[96:128], x[128:160], x[160:160]]
     assert isinstance(outs[0], HybridQuantizedTensor)
     assert fields_equal(outs[0].rowwise_sub_storage, standalone(hybrid.rowwise_quantizer, "rowwise", chunks[0]))
-    assert fields_equal(outs[0].columnwise_sub_storage,
-                        standalone(hybrid.columnwise_quantizer, "columnwise", chunks[0]))
+    assert fields_equal(
+        outs[0].columnwise_sub_storage, standalone(hybrid.columnwise_quantizer, "columnwise", chunks[0])
+    )
     assert fields_equal(outs[1], plain.quantize(chunks[1]))
     assert isinstance(outs[2], torch.Tensor) and torch.equal(outs[2], chunks[2])
     assert isinstance(outs[3], IdentityTensor) and torch.equal(outs[3].dequantize(), chunks[3])

@@ -13,8 +13,15 @@ def test_arguments_are_packed_one_slot_each_where_the_params_point():
     import ctypes
     import struct
 
-    args = (0x7F0012345670, np.int64(-5), np.int32(-3), np.uint32(4000000000), np.float32(0.1), np.float64(2.5),
-            np.uint64(2**64 - 1))
+    args = (
+        0x7F0012345670,
+        np.int64(-5),
+        np.int32(-3),
+        np.uint32(4000000000),
+        np.float32(0.1),
+        np.float64(2.5),
+        np.uint64(2**64 - 1),
+    )
     block = launch._arg_block(args, "k")
     base = ctypes.addressof(block.slots)
     assert [block.params[i] for i in range(len(args))] == [base + 8 * i for i in range(len(args))]
@@ -26,8 +33,9 @@ def test_arguments_are_packed_one_slot_each_where_the_params_point():
     assert struct.unpack_from("<f", raw, 32)[0] == float(np.float32(0.1))
     assert struct.unpack_from("<d", raw, 40)[0] == 2.5
     assert struct.unpack_from("<Q", raw, 48)[0] == 2**64 - 1
-    again = launch._arg_block((1, np.int64(2), np.int32(3), np.uint32(4), np.float32(5), np.float64(6),
-                               np.uint64(7)), "k")
+    again = launch._arg_block(
+        (1, np.int64(2), np.int32(3), np.uint32(4), np.float32(5), np.float64(6), np.uint64(7)), "k"
+    )
     assert again is block  # one block per signature and thread, repacked
     assert struct.unpack_from("<Qqi4xI4xf4xdQ", bytes(block.slots)) == (1, 2, 3, 4, 5.0, 6.0, 7)
 
@@ -101,8 +109,10 @@ def test_engine_slab_rows_on_the_gpu_equal_the_torch_path():
 
     stats = ("min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range", "nan_count")
     g = torch.Generator().manual_seed(2)
-    xs = [(torch.randn(300, 257, generator=g) * s).to("cuda", dt)
-          for s, dt in ((1.0, torch.bfloat16), (1e-3, torch.float16), (50.0, torch.float32))]
+    xs = [
+        (torch.randn(300, 257, generator=g) * s).to("cuda", dt)
+        for s, dt in ((1.0, torch.bfloat16), (1e-3, torch.float16), (50.0, torch.float32))
+    ]
     blockwise = ({"max_blockwise_dynamic_range": {"block_size": 4, "dims": 1}},)  # a row tensor, not a slab row
     emitted = {}
     for name, backend, defer in (("torch", "torch", False), ("cupy", "cupy", False), ("deferred", "cupy", True)):

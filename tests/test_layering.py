@@ -27,15 +27,22 @@ import tedebug.features
 
 PACKAGE_DIR = os.path.dirname(tedebug.__file__)
 FEATURES_DIR = tedebug.features.__path__[0]
-UPPER = ("tedebug.debug_api", "tedebug.namespace", "tedebug.session", "tedebug.debug_quantization",
-         "tedebug.nn", "tedebug.cli")
+UPPER = (
+    "tedebug.debug_api",
+    "tedebug.namespace",
+    "tedebug.session",
+    "tedebug.debug_quantization",
+    "tedebug.nn",
+    "tedebug.cli",
+)
 
 
 def _type_checking_block(node: ast.AST) -> bool:
     test = getattr(node, "test", None)
     return isinstance(node, ast.If) and (
         (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
-        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    )
 
 
 def _walk(node: ast.AST) -> Iterator[ast.AST]:
@@ -90,14 +97,17 @@ def hits(imports: Set[str], forbidden) -> Set[str]:
 
 
 def test_the_scanner_sees_lazy_relative_and_from_imports_but_not_type_checking_ones():
-    source = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from tedebug.session import DebugSession\n"
-              "def f():\n    from tedebug import debug_api\n    from ..namespace import X\n"
-              "    import tedebug.nn.gemm\n")
+    source = (
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from tedebug.session import DebugSession\n"
+        "def f():\n    from tedebug import debug_api\n    from ..namespace import X\n"
+        "    import tedebug.nn.gemm\n"
+    )
     found = imported_modules(source, "tedebug.sinks")
-    assert hits(found, UPPER) == {"tedebug.debug_api", "tedebug.namespace", "tedebug.namespace.X",
-                                  "tedebug.nn.gemm"}
+    assert hits(found, UPPER) == {"tedebug.debug_api", "tedebug.namespace", "tedebug.namespace.X", "tedebug.nn.gemm"}
     assert imported_modules("from .errors import closest\n", "tedebug.config") == {
-        "tedebug.config.errors", "tedebug.config.errors.closest"}
+        "tedebug.config.errors",
+        "tedebug.config.errors.closest",
+    }
     assert imported_modules("from . import x\n", "tedebug.config") == {"tedebug.config", "tedebug.config.x"}
 
 

@@ -17,8 +17,12 @@ TABS = " \t\t\t\t "
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
-    for var in ("NVDLFW_INSPECT_LOG_LEVEL", "NVDLFW_INSPECT_ENABLE_LOG_OVERWRITE",
-                "NVDLFW_INSPECT_ENABLE_LOG_TIMESTAMP", "NVDLFW_INSPECT_LOG_TIMESTAMP"):
+    for var in (
+        "NVDLFW_INSPECT_LOG_LEVEL",
+        "NVDLFW_INSPECT_ENABLE_LOG_OVERWRITE",
+        "NVDLFW_INSPECT_ENABLE_LOG_TIMESTAMP",
+        "NVDLFW_INSPECT_LOG_TIMESTAMP",
+    ):
         monkeypatch.delenv(var, raising=False)
 
 
@@ -37,8 +41,10 @@ def test_file_name_default_and_timestamp(monkeypatch):
     assert re.fullmatch(r"nvdlfw_inspect_\d{8}_\d{6}_globalrank-1\.log", log_file_name(1))
 
 
-@pytest.mark.parametrize("value, level", [(None, logging.INFO), ("DEBUG", logging.DEBUG), ("warning", logging.WARNING),
-                                          ("bogus", logging.INFO)])
+@pytest.mark.parametrize(
+    "value, level",
+    [(None, logging.INFO), ("DEBUG", logging.DEBUG), ("warning", logging.WARNING), ("bogus", logging.INFO)],
+)
 def test_level_from_env(monkeypatch, value, level):
     if value is not None:
         monkeypatch.setenv("NVDLFW_INSPECT_LOG_LEVEL", value)
@@ -108,14 +114,17 @@ def test_sessions_use_distinct_loggers(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ stats lines
-@pytest.mark.parametrize("value, iteration, expected", [
-    (1.4388, 20, "fc1_activation_max \t\t\t\t iteration=000020 \t\t\t\t value=1.4388"),
-    (0.15625, 7, "fc1_activation_max \t\t\t\t iteration=000007 \t\t\t\t value=0.1562"),  # exact tie -> even
-    (0.46875, 7, "fc1_activation_max \t\t\t\t iteration=000007 \t\t\t\t value=0.4688"),  # exact tie -> even
-    (-2.5, 1234567, "fc1_activation_max \t\t\t\t iteration=1234567 \t\t\t\t value=-2.5000"),
-    (torch.tensor(3.0), 0, "fc1_activation_max \t\t\t\t iteration=000000 \t\t\t\t value=3.0000"),
-    (float("nan"), 5, "fc1_activation_max \t\t\t\t iteration=000005 \t\t\t\t value=nan"),
-])
+@pytest.mark.parametrize(
+    "value, iteration, expected",
+    [
+        (1.4388, 20, "fc1_activation_max \t\t\t\t iteration=000020 \t\t\t\t value=1.4388"),
+        (0.15625, 7, "fc1_activation_max \t\t\t\t iteration=000007 \t\t\t\t value=0.1562"),  # exact tie -> even
+        (0.46875, 7, "fc1_activation_max \t\t\t\t iteration=000007 \t\t\t\t value=0.4688"),  # exact tie -> even
+        (-2.5, 1234567, "fc1_activation_max \t\t\t\t iteration=1234567 \t\t\t\t value=-2.5000"),
+        (torch.tensor(3.0), 0, "fc1_activation_max \t\t\t\t iteration=000000 \t\t\t\t value=3.0000"),
+        (float("nan"), 5, "fc1_activation_max \t\t\t\t iteration=000005 \t\t\t\t value=nan"),
+    ],
+)
 def test_stat_message_bytes(value, iteration, expected):
     assert format_stat_message("fc1_activation_max", value, iteration) == expected
 
@@ -125,17 +134,24 @@ def test_text_sink_file_through_metric_logger(tmp_path):
     assert path == os.path.join(str(tmp_path), "nvdlfw_inspect_statistics_logs", "nvdlfw_inspect_globalrank-0.log")
     metrics = MetricLogger()
     metrics.add_sink(TextStatsSink(path))
-    metrics.log_scalar("decoder.1.mlp.fc1_activation_l1_norm", 12.5, 3, layer="decoder.1.mlp.fc1",
-                       tensor="activation", stat="l1_norm")
+    metrics.log_scalar(
+        "decoder.1.mlp.fc1_activation_l1_norm", 12.5, 3, layer="decoder.1.mlp.fc1", tensor="activation", stat="l1_norm"
+    )
     metrics.log_scalar("decoder.1.mlp.fc1_activation_underflows%", 0.03125, 3)
     metrics.flush()
     lines = read_lines(path)  # visible after flush, before close
     metrics.close()
     assert len(lines) == 2
-    assert re.fullmatch(ASCTIME + re.escape(" - INFO - decoder.1.mlp.fc1_activation_l1_norm" + TABS
-                                            + "iteration=000003" + TABS + "value=12.5000"), lines[0])
-    assert lines[1].endswith(" - INFO - decoder.1.mlp.fc1_activation_underflows%" + TABS + "iteration=000003"
-                             + TABS + "value=0.0312")
+    assert re.fullmatch(
+        ASCTIME
+        + re.escape(
+            " - INFO - decoder.1.mlp.fc1_activation_l1_norm" + TABS + "iteration=000003" + TABS + "value=12.5000"
+        ),
+        lines[0],
+    )
+    assert lines[1].endswith(
+        " - INFO - decoder.1.mlp.fc1_activation_underflows%" + TABS + "iteration=000003" + TABS + "value=0.0312"
+    )
 
 
 # ------------------------------------------------------------------------------------------------ MetricLogger

@@ -23,8 +23,15 @@ def ended():
     debug_api.end_debug()
 
 
-def start(tmp_path, te_features=None, *, feature_dirs=(ROUTING, DUMMY), regex=".*fc1", section_level=None,
-          init_training_step=0):
+def start(
+    tmp_path,
+    te_features=None,
+    *,
+    feature_dirs=(ROUTING, DUMMY),
+    regex=".*fc1",
+    section_level=None,
+    init_training_step=0,
+):
     section = {"enabled": True, "layers": {"layer_name_regex_pattern": regex}}
     if te_features:
         section["transformer_engine"] = te_features
@@ -33,8 +40,9 @@ def start(tmp_path, te_features=None, *, feature_dirs=(ROUTING, DUMMY), regex=".
     config = {"section": section} if (te_features or section_level) else ""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "running without config"
-        debug_api.initialize(config, feature_dirs=list(feature_dirs), log_dir=str(tmp_path),
-                             init_training_step=init_training_step)
+        debug_api.initialize(
+            config, feature_dirs=list(feature_dirs), log_dir=str(tmp_path), init_training_step=init_training_step
+        )
     return debug_api.transformer_engine
 
 
@@ -48,23 +56,53 @@ def test_defaults_with_empty_config(tmp_path):
     assert te.fp8_gemm_enabled("fc1", gemm="fprop", iteration=0) == (True, None)
     assert te.modify_tensor_enabled("fc1", gemm="fprop", tensor_name="activation", iteration=0) == (False, None)
     assert te.inspect_tensor_enabled("fc1", tensor_name="weight", iteration=0) == (False, None)
-    assert te.inspect_tensor_postquantize_enabled("fc1", tensor_name="weight", gemm="fprop", iteration=0) == (False,
-                                                                                                            None)
+    assert te.inspect_tensor_postquantize_enabled("fc1", tensor_name="weight", gemm="fprop", iteration=0) == (
+        False,
+        None,
+    )
     x = torch.ones(2, 2)
-    assert te.inspect_tensor("fc1", tensor=x, tensor_name="activation", iteration=0, tp_group=None, tp_size=1,
-                             rowwise_quantized_tensor=None, columnwise_quantized_tensor=None, quantizer=None) is None
-    assert te.inspect_tensor_postquantize("fc1", tensor=x, tensor_name="activation", iteration=0, tp_group=None,
-                                          rowwise=True) is None
+    assert (
+        te.inspect_tensor(
+            "fc1",
+            tensor=x,
+            tensor_name="activation",
+            iteration=0,
+            tp_group=None,
+            tp_size=1,
+            rowwise_quantized_tensor=None,
+            columnwise_quantized_tensor=None,
+            quantizer=None,
+        )
+        is None
+    )
+    assert (
+        te.inspect_tensor_postquantize(
+            "fc1", tensor=x, tensor_name="activation", iteration=0, tp_group=None, rowwise=True
+        )
+        is None
+    )
     with pytest.raises(NotImplementedError, match="modify_tensor.*'fc1'.*activation.*fprop"):
         te.modify_tensor("fc1", gemm="fprop", tensor_name="activation", tensor=x, default_quantizer=None, iteration=0)
 
 
 def test_hook_table_matches_spec():
-    assert set(HOOKS) == {"fp8_gemm_enabled", "modify_tensor_enabled", "modify_tensor", "inspect_tensor_enabled",
-                          "inspect_tensor", "inspect_tensor_postquantize_enabled", "inspect_tensor_postquantize"}
+    assert set(HOOKS) == {
+        "fp8_gemm_enabled",
+        "modify_tensor_enabled",
+        "modify_tensor",
+        "inspect_tensor_enabled",
+        "inspect_tensor",
+        "inspect_tensor_postquantize_enabled",
+        "inspect_tensor_postquantize",
+    }
     multi = {name for name, spec in HOOKS.items() if spec.multi}
-    assert multi == {"fp8_gemm_enabled", "inspect_tensor_enabled", "inspect_tensor",
-                     "inspect_tensor_postquantize_enabled", "inspect_tensor_postquantize"}
+    assert multi == {
+        "fp8_gemm_enabled",
+        "inspect_tensor_enabled",
+        "inspect_tensor",
+        "inspect_tensor_postquantize_enabled",
+        "inspect_tensor_postquantize",
+    }
     assert HOOKS["modify_tensor"].required == ("tensor_name", "gemm")
     assert HOOKS["fp8_gemm_enabled"].required == ("gemm",)
     assert HOOKS["inspect_tensor"].required == ("tensor_name",)
@@ -97,12 +135,24 @@ def test_disabled_feature_is_not_routed(tmp_path):
 
 
 def test_modify_routing_per_gemm_and_tensor(tmp_path):
-    te = start(tmp_path, {"ScaleModify": {"enabled": True, "factor": 2.0, "gemms_struct": [
-        {"gemm": "fprop", "tensors": ["activation"]},
-        {"gemm": "wgrad", "tensors_struct": [{"tensor": "gradient", "factor": 0.5}]},
-    ]}})
-    enabled = {(g, t): te.modify_tensor_enabled("fc1", gemm=g, tensor_name=t, iteration=9)
-               for g in ("fprop", "dgrad", "wgrad") for t in ("activation", "weight", "gradient")}
+    te = start(
+        tmp_path,
+        {
+            "ScaleModify": {
+                "enabled": True,
+                "factor": 2.0,
+                "gemms_struct": [
+                    {"gemm": "fprop", "tensors": ["activation"]},
+                    {"gemm": "wgrad", "tensors_struct": [{"tensor": "gradient", "factor": 0.5}]},
+                ],
+            }
+        },
+    )
+    enabled = {
+        (g, t): te.modify_tensor_enabled("fc1", gemm=g, tensor_name=t, iteration=9)
+        for g in ("fprop", "dgrad", "wgrad")
+        for t in ("activation", "weight", "gradient")
+    }
     on = {k for k, v in enabled.items() if v[0]}
     assert on == {("fprop", "activation"), ("wgrad", "gradient")}
     assert enabled[("fprop", "activation")] == (True, 10)
@@ -119,32 +169,60 @@ def test_modify_routing_per_gemm_and_tensor(tmp_path):
 
 
 def test_modify_with_out_returning_none_is_accepted(tmp_path):
-    te = start(tmp_path, {"ScaleModify": {"enabled": True, "factor": 3.0, "gemms": ["fprop"],
-                                          "tensors": ["weight"]}})
+    te = start(tmp_path, {"ScaleModify": {"enabled": True, "factor": 3.0, "gemms": ["fprop"], "tensors": ["weight"]}})
     out = torch.zeros(2)
-    result = te.modify_tensor("fc1", gemm="fprop", tensor_name="weight", tensor=torch.tensor([1.0, 2.0]),
-                              default_quantizer=None, iteration=0, out=out)
+    result = te.modify_tensor(
+        "fc1",
+        gemm="fprop",
+        tensor_name="weight",
+        tensor=torch.tensor([1.0, 2.0]),
+        default_quantizer=None,
+        iteration=0,
+        out=out,
+    )
     assert result is None and torch.equal(out, torch.tensor([3.0, 6.0]))
-    half = te.modify_tensor("fc1", gemm="fprop", tensor_name="weight", tensor=torch.tensor([1.0, 2.0]),
-                            default_quantizer=None, iteration=0, dtype=torch.float16)
+    half = te.modify_tensor(
+        "fc1",
+        gemm="fprop",
+        tensor_name="weight",
+        tensor=torch.tensor([1.0, 2.0]),
+        default_quantizer=None,
+        iteration=0,
+        dtype=torch.float16,
+    )
     assert half.dtype == torch.float16 and torch.equal(half, torch.tensor([3.0, 6.0], dtype=torch.float16))
 
 
 def test_two_modify_features_on_one_tensor_is_an_error(tmp_path):
-    te = start(tmp_path, {
-        "ScaleModify": {"enabled": True, "factor": 2.0, "gemms": ["fprop"], "tensors": ["activation"]},
-        "OffsetModify": {"enabled": True, "offset": 1.0, "gemms": ["fprop", "dgrad"],
-                         "tensors": ["activation", "gradient"]},
-    })
+    te = start(
+        tmp_path,
+        {
+            "ScaleModify": {"enabled": True, "factor": 2.0, "gemms": ["fprop"], "tensors": ["activation"]},
+            "OffsetModify": {
+                "enabled": True,
+                "offset": 1.0,
+                "gemms": ["fprop", "dgrad"],
+                "tensors": ["activation", "gradient"],
+            },
+        },
+    )
     with pytest.raises(ValueError) as info:
         te.modify_tensor_enabled("fc1", gemm="fprop", tensor_name="activation", iteration=0)
     message = str(info.value)
-    for part in ("Only 1 operation permitted per API call", "ScaleModify", "OffsetModify", "'fc1'",
-                 "'modify_tensor_enabled'", "'gemm': 'fprop'", "'tensor_name': 'activation'"):
+    for part in (
+        "Only 1 operation permitted per API call",
+        "ScaleModify",
+        "OffsetModify",
+        "'fc1'",
+        "'modify_tensor_enabled'",
+        "'gemm': 'fprop'",
+        "'tensor_name': 'activation'",
+    ):
         assert part in message
     assert te.modify_tensor_enabled("fc1", gemm="dgrad", tensor_name="gradient", iteration=0) == (True, 1)
-    y = te.modify_tensor("fc1", gemm="dgrad", tensor_name="gradient", tensor=torch.tensor([1.0]),
-                         default_quantizer=None, iteration=0)
+    y = te.modify_tensor(
+        "fc1", gemm="dgrad", tensor_name="gradient", tensor=torch.tensor([1.0]), default_quantizer=None, iteration=0
+    )
     assert torch.equal(y, torch.tensor([2.0]))
 
 
@@ -159,12 +237,15 @@ def test_combine_enabled_rules():
 
 
 def test_multi_feature_inspect_enabled(tmp_path):
-    te = start(tmp_path, {
-        "TupleInspect": {"enabled": True, "tensors": ["activation", "weight"], "freq": 4},
-        "NestedFeature": {"enabled": True, "tensors": ["activation"]},
-        "TestDummyFeature": {"enabled": True, "tensors": ["weight"], "inspect_only_once": True},
-        "BoolInspect": {"enabled": True, "tensors": ["gradient"], "answer": False},
-    })
+    te = start(
+        tmp_path,
+        {
+            "TupleInspect": {"enabled": True, "tensors": ["activation", "weight"], "freq": 4},
+            "NestedFeature": {"enabled": True, "tensors": ["activation"]},
+            "TestDummyFeature": {"enabled": True, "tensors": ["weight"], "inspect_only_once": True},
+            "BoolInspect": {"enabled": True, "tensors": ["gradient"], "answer": False},
+        },
+    )
     # tuples only: (False, 8) + (True, 12) -> (True, 8)
     assert te.inspect_tensor_enabled("fc1", tensor_name="activation", iteration=5) == (True, 8)
     # tuples only: (False, 8) + (False, None) -> (False, 8)
@@ -175,10 +256,13 @@ def test_multi_feature_inspect_enabled(tmp_path):
 
 
 def test_multi_feature_with_bare_bool(tmp_path):
-    te = start(tmp_path, {
-        "TupleInspect": {"enabled": True, "tensors": ["activation"], "freq": 4},
-        "TestDummyFeature": {"enabled": True, "tensors": ["activation"]},
-    })
+    te = start(
+        tmp_path,
+        {
+            "TupleInspect": {"enabled": True, "tensors": ["activation"], "freq": 4},
+            "TestDummyFeature": {"enabled": True, "tensors": ["activation"]},
+        },
+    )
     assert te.inspect_tensor_enabled("fc1", tensor_name="activation", iteration=5) == (True, None)
     assert feature("TestDummyFeature").enabled_calls == 1
     x = torch.zeros(1)
@@ -188,8 +272,9 @@ def test_multi_feature_with_bare_bool(tmp_path):
 
 
 def test_iteration_defaults_to_session_iteration(tmp_path):
-    te = start(tmp_path, {"TupleInspect": {"enabled": True, "tensors": ["activation"], "freq": 4}},
-               init_training_step=4)
+    te = start(
+        tmp_path, {"TupleInspect": {"enabled": True, "tensors": ["activation"], "freq": 4}}, init_training_step=4
+    )
     assert te.inspect_tensor_enabled("fc1", tensor_name="activation") == (True, 8)
     debug_api.step()
     assert te.inspect_tensor_enabled("fc1", tensor_name="activation") == (False, 8)
@@ -224,8 +309,17 @@ def test_unknown_kwargs_and_values(tmp_path):
 
 def test_legacy_inspect_signature_gets_filtered_kwargs(tmp_path):
     te = start(tmp_path, {"LegacyInspect": {"enabled": True, "tensors": ["weight"]}})
-    te.inspect_tensor("fc1", tensor=torch.ones(1), tensor_name="weight", iteration=3, tp_group="tp", tp_size=2,
-                      rowwise_quantized_tensor=None, columnwise_quantized_tensor=None, quantizer=None)
+    te.inspect_tensor(
+        "fc1",
+        tensor=torch.ones(1),
+        tensor_name="weight",
+        iteration=3,
+        tp_group="tp",
+        tp_size=2,
+        rowwise_quantized_tensor=None,
+        columnwise_quantized_tensor=None,
+        quantizer=None,
+    )
     assert feature("LegacyInspect").received == [("weight", 3, "tp")]
 
 
@@ -233,15 +327,20 @@ def test_postquantize_hooks_warn(tmp_path):
     te = start(tmp_path, {"PostquantizeInspect": {"enabled": True, "tensors": ["weight"]}})
     with pytest.warns(DeprecationWarning, match="inspect_tensor_postquantize_enabled is deprecated"):
         assert te.inspect_tensor_postquantize_enabled("fc1", tensor_name="weight", gemm="fprop", iteration=1) == (
-            True, 2)
+            True,
+            2,
+        )
     with pytest.warns(DeprecationWarning, match="inspect_tensor_postquantize is deprecated"):
-        te.inspect_tensor_postquantize("fc1", tensor=torch.ones(1), tensor_name="weight", iteration=1,
-                                       tp_group=None, tp_size=4, rowwise=False)
+        te.inspect_tensor_postquantize(
+            "fc1", tensor=torch.ones(1), tensor_name="weight", iteration=1, tp_group=None, tp_size=4, rowwise=False
+        )
     assert feature("PostquantizeInspect").received == [("weight", False)]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the default path (no feature) does not warn
         assert te.inspect_tensor_postquantize_enabled("fc2", tensor_name="weight", gemm="fprop", iteration=1) == (
-            False, None)
+            False,
+            None,
+        )
 
 
 def test_output_checks(tmp_path):
@@ -256,28 +355,42 @@ def test_output_checks(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ base namespace
 def test_section_level_log_tensor_stats_is_the_builtin_generic_feature(tmp_path):
-    start(tmp_path, section_level={"LogTensorStats": {"enabled": True, "tensors": ["activation"],
-                                                      "stats": ["min", "L2_Norm"]}})
+    start(
+        tmp_path,
+        section_level={"LogTensorStats": {"enabled": True, "tensors": ["activation"], "stats": ["min", "L2_Norm"]}},
+    )
     x = torch.tensor([[3.0, -4.0], [0.0, 12.0]])
     stats = debug_api.log_tensor_stats("fc1", tensor=x, tensor_name="activation")
     assert {k: v.item() for k, v in stats.items()} == {"min": -4.0, "l2_norm": 13.0}  # sqrt(9 + 16 + 0 + 144)
     assert all(v.dtype == torch.float32 and v.dim() == 0 for v in stats.values())
     # TE never calls it: the transformer_engine hooks are unaffected
-    assert debug_api.transformer_engine.inspect_tensor_enabled("fc1", tensor_name="activation",
-                                                               iteration=0) == (False, None)
+    assert debug_api.transformer_engine.inspect_tensor_enabled("fc1", tensor_name="activation", iteration=0) == (
+        False,
+        None,
+    )
 
 
 def test_section_level_log_tensor_stats_without_te_block_warns_how_to_log_te_layers(tmp_path):
-    config = {"section": {"enabled": True, "layers": {"layer_name_regex_pattern": ".*fc1"},
-                          "LogTensorStats": {"enabled": True, "tensors": ["activation"], "stats": ["min"]}}}
+    config = {
+        "section": {
+            "enabled": True,
+            "layers": {"layer_name_regex_pattern": ".*fc1"},
+            "LogTensorStats": {"enabled": True, "tensors": ["activation"], "stats": ["min"]},
+        }
+    }
     with pytest.warns(UserWarning, match="generic feature .* only through debug_api.log_tensor_stats"):
         debug_api.initialize(config, feature_dirs=[str(ROUTING)], log_dir=str(tmp_path))
     assert debug_api.is_enabled()
 
 
 def test_a_feature_file_replaces_the_generic_log_tensor_stats(tmp_path):
-    start(tmp_path, feature_dirs=(BASE_NS,), section_level={"LogTensorStats": {
-        "enabled": True, "tensors_struct": [{"tensor": "activation", "stats": ["min", "max"]}]}})
+    start(
+        tmp_path,
+        feature_dirs=(BASE_NS,),
+        section_level={
+            "LogTensorStats": {"enabled": True, "tensors_struct": [{"tensor": "activation", "stats": ["min", "max"]}]}
+        },
+    )
     x = torch.tensor([[3.0, -1.5], [0.5, 8.0]])
     stats = debug_api.log_tensor_stats("fc1", tensor=x, tensor_name="activation")
     assert {k: v.item() for k, v in stats.items()} == {"min": -1.5, "max": 8.0}

@@ -53,8 +53,10 @@ class _RefGemm:
     """Plain-torch emulation of one linear GEMM: quantize-dequantize with fresh recipe quantizers, fp32 matmuls."""
 
     def __init__(self, recipe):
-        self.q = {role: (recipe.make_quantizer(role) if recipe is not None else None)
-                  for role in ("input", "weight", "grad_output")}
+        self.q = {
+            role: (recipe.make_quantizer(role) if recipe is not None else None)
+            for role in ("input", "weight", "grad_output")
+        }
 
     def _quant(self, role, t):
         q = self.q[role]
@@ -110,14 +112,12 @@ def test_high_precision_composite_layers_equal_torch():
     assert ln.layer_norm_bias is None
     assert torch.equal(ln(x), F.linear(F.rms_norm(x, (32,), ln.layer_norm_weight, 1e-5), ln.weight, ln.bias))
     mlp = LayerNormMLP(32, 64, activation="swiglu")
-    h = F.linear(F.layer_norm(x, (32,), mlp.layer_norm_weight, mlp.layer_norm_bias, 1e-5), mlp.fc1_weight,
-                 mlp.fc1_bias)
+    h = F.linear(F.layer_norm(x, (32,), mlp.layer_norm_weight, mlp.layer_norm_bias, 1e-5), mlp.fc1_weight, mlp.fc1_bias)
     a, g = h.chunk(2, dim=-1)
     assert torch.equal(mlp(x), F.linear(F.silu(a) * g, mlp.fc2_weight, mlp.fc2_bias))
     grouped = GroupedLinear(3, 32, 8)
     out = grouped(x, [5, 0, 11])
-    ref = torch.cat([F.linear(x[:5], grouped.weight0, grouped.bias0),
-                     F.linear(x[5:], grouped.weight2, grouped.bias2)])
+    ref = torch.cat([F.linear(x[:5], grouped.weight0, grouped.bias0), F.linear(x[5:], grouped.weight2, grouped.bias2)])
     assert out.shape == (16, 8) and torch.equal(out, ref)
 
 
@@ -160,8 +160,11 @@ def test_layernorm_linear_matches_emulation(recipe_name, normalization):
     y, dx = _run_layer(layer, x, dy, RECIPES[recipe_name]())
     xr = x.clone().requires_grad_(True)
     bias = None if layer.layer_norm_bias is None else layer.layer_norm_bias.detach()
-    ln = (F.layer_norm(xr, (128,), layer.layer_norm_weight.detach(), bias, 1e-5) if normalization == "LayerNorm"
-          else F.rms_norm(xr, (128,), layer.layer_norm_weight.detach(), 1e-5))
+    ln = (
+        F.layer_norm(xr, (128,), layer.layer_norm_weight.detach(), bias, 1e-5)
+        if normalization == "LayerNorm"
+        else F.rms_norm(xr, (128,), layer.layer_norm_weight.detach(), 1e-5)
+    )
     ref = _RefGemm(RECIPES[recipe_name]())
     y_ref = ref.forward(ln.detach(), layer.weight.detach(), layer.bias.detach())
     dln, dw_ref, db_ref = ref.backward(dy)
@@ -327,8 +330,14 @@ def test_debug_quantizers_replace_normal_ones_and_process_outputs(monkeypatch):
     x, dy = _randn(8, 32, seed=15), _randn(8, 16, seed=16)
     y, dx = _run_layer(layer, x, dy, None)
     assert log[0] == ("gate", "renamed", ("grad_input", "grad_output", "grad_weight", "input", "output", "weight"))
-    assert log[1:] == [("quantize", "input"), ("quantize", "weight"), ("output", "output"),
-                       ("quantize", "grad_output"), ("output", "grad_input"), ("output", "grad_weight")]
+    assert log[1:] == [
+        ("quantize", "input"),
+        ("quantize", "weight"),
+        ("output", "output"),
+        ("quantize", "grad_output"),
+        ("output", "grad_input"),
+        ("output", "grad_weight"),
+    ]
     assert torch.equal(y, 2 * F.linear(x, layer.weight, layer.bias))
     assert torch.equal(dx, 2 * (dy @ layer.weight.detach()))
     assert torch.equal(layer.weight.grad, 2 * (dy.t() @ x))
@@ -359,8 +368,13 @@ def test_input_shape_errors():
 def test_real_debug_session_disables_fprop_quantization_for_selected_layer(tmp_path):
     from tedebug import debug_api
 
-    cfg = {"sec": {"enabled": True, "layers": {"layer_name_regex_pattern": "^lin$"},
-                   "transformer_engine": {"DisableQuantizationGEMM": {"enabled": True, "gemms": ["fprop"]}}}}
+    cfg = {
+        "sec": {
+            "enabled": True,
+            "layers": {"layer_name_regex_pattern": "^lin$"},
+            "transformer_engine": {"DisableQuantizationGEMM": {"enabled": True, "gemms": ["fprop"]}},
+        }
+    }
     debug_api.initialize(cfg, log_dir=str(tmp_path))
     try:
         selected, other = Linear(128, 128, name="lin"), Linear(128, 128, name="other")

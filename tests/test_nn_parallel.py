@@ -105,15 +105,23 @@ def _linear_cases(rank, group, dev, results):
                     dw_exp, db_exp = _part(ref.weight.grad, 1, rank), ref.bias.grad
                 y, dx = _run(tp, x, dy, recipe)
                 grads = _grads(tp, group)
-                _compare(results, f"Linear-{mode}-sp{int(sp)}-{recipe_name}", {
-                    "y": (y, y_exp), "dx": (dx, dx_exp), "dw": (grads["weight"], dw_exp),
-                    "db": (grads["bias"], db_exp)}, exact=True)
+                _compare(
+                    results,
+                    f"Linear-{mode}-sp{int(sp)}-{recipe_name}",
+                    {
+                        "y": (y, y_exp),
+                        "dx": (dx, dx_exp),
+                        "dw": (grads["weight"], dw_exp),
+                        "db": (grads["bias"], db_exp),
+                    },
+                    exact=True,
+                )
                 if recipe is not None and not sp:  # without the TP amax reduction the FP8 results differ
                     from tedebug.nn.parallel import TPCurrentScalingQuantizer
 
                     results[f"Linear-{mode}-{recipe_name}-tp-quantizers"] = sorted(
-                        role for role, q in tp.gemm_state.quantizers.items()
-                        if isinstance(q, TPCurrentScalingQuantizer))
+                        role for role, q in tp.gemm_state.quantizers.items() if isinstance(q, TPCurrentScalingQuantizer)
+                    )
 
 
 def _grouped_cases(rank, group, dev, results):
@@ -145,8 +153,10 @@ def _grouped_cases(rank, group, dev, results):
             dy = _part(dy_full, 1, rank) if col else dy_full
             y, dx = _run(tp, x, dy, recipe, m_splits=splits)
             grads = _grads(tp, group)
-            pairs = {"y": (y, _part(y_ref, 1, rank) if col else y_ref),
-                     "dx": (dx, dx_ref if col else _part(dx_ref, 1, rank))}
+            pairs = {
+                "y": (y, _part(y_ref, 1, rank) if col else y_ref),
+                "dx": (dx, dx_ref if col else _part(dx_ref, 1, rank)),
+            }
             for i in (0, 2):
                 pairs[f"dw{i}"] = (grads[f"weight{i}"], _part(getattr(ref, f"weight{i}").grad, 0 if col else 1, rank))
                 rb = getattr(ref, f"bias{i}").grad
@@ -185,19 +195,27 @@ def _norm_cases(rank, group, dev, results):
             y, dx = _run(tp, x, dy, None)
             grads = _grads(tp, group)
             rg = {n: p.grad for n, p in ref.named_parameters()}
-            _compare(results, f"LayerNormLinear-{mode}-sp{int(sp)}", {
-                "y": (y, y_exp), "dx": (dx, _part(dx_ref, 0, rank) if sp else dx_ref),
-                "dln_w": (grads["layer_norm_weight"], rg["layer_norm_weight"]),
-                "dln_b": (grads["layer_norm_bias"], rg["layer_norm_bias"]),
-                "dw": (grads["weight"], _part(rg["weight"], 0 if col else 1, rank)),
-                "db": (grads["bias"], _part(rg["bias"], 0, rank) if col else rg["bias"])}, exact=False)
+            _compare(
+                results,
+                f"LayerNormLinear-{mode}-sp{int(sp)}",
+                {
+                    "y": (y, y_exp),
+                    "dx": (dx, _part(dx_ref, 0, rank) if sp else dx_ref),
+                    "dln_w": (grads["layer_norm_weight"], rg["layer_norm_weight"]),
+                    "dln_b": (grads["layer_norm_bias"], rg["layer_norm_bias"]),
+                    "dw": (grads["weight"], _part(rg["weight"], 0 if col else 1, rank)),
+                    "db": (grads["bias"], _part(rg["bias"], 0, rank) if col else rg["bias"]),
+                },
+                exact=False,
+            )
     tpl = TensorParallel.resolve("test", tp_group=group, parallel_mode="column")
     for activation, sp in (("gelu", False), ("swiglu", True)):
         torch.manual_seed(0)
         ref = LayerNormMLP(IN, FFN, activation=activation, device=dev)
         y_ref, dx_ref = _run(ref, x_full, dy_mlp, None)
-        tp = LayerNormMLP(IN, FFN, activation=activation, device=dev, tp_group=group, set_parallel_mode=True,
-                          sequence_parallel=sp)
+        tp = LayerNormMLP(
+            IN, FFN, activation=activation, device=dev, tp_group=group, set_parallel_mode=True, sequence_parallel=sp
+        )
         gated = activation == "swiglu"
         with torch.no_grad():
             tp.fc1_weight.copy_(shard_fc1(ref.fc1_weight, tpl, gated))
@@ -208,13 +226,20 @@ def _norm_cases(rank, group, dev, results):
         y, dx = _run(tp, x, dy, None)
         grads = _grads(tp, group)
         rg = {n: p.grad for n, p in ref.named_parameters()}
-        _compare(results, f"LayerNormMLP-{activation}-sp{int(sp)}", {
-            "y": (y, _part(y_ref, 0, rank) if sp else y_ref), "dx": (dx, _part(dx_ref, 0, rank) if sp else dx_ref),
-            "dln_w": (grads["layer_norm_weight"], rg["layer_norm_weight"]),
-            "dfc1_w": (grads["fc1_weight"], shard_fc1(rg["fc1_weight"], tpl, gated)),
-            "dfc1_b": (grads["fc1_bias"], shard_fc1(rg["fc1_bias"], tpl, gated)),
-            "dfc2_w": (grads["fc2_weight"], _part(rg["fc2_weight"], 1, rank)),
-            "dfc2_b": (grads["fc2_bias"], rg["fc2_bias"])}, exact=False)
+        _compare(
+            results,
+            f"LayerNormMLP-{activation}-sp{int(sp)}",
+            {
+                "y": (y, _part(y_ref, 0, rank) if sp else y_ref),
+                "dx": (dx, _part(dx_ref, 0, rank) if sp else dx_ref),
+                "dln_w": (grads["layer_norm_weight"], rg["layer_norm_weight"]),
+                "dfc1_w": (grads["fc1_weight"], shard_fc1(rg["fc1_weight"], tpl, gated)),
+                "dfc1_b": (grads["fc1_bias"], shard_fc1(rg["fc1_bias"], tpl, gated)),
+                "dfc2_w": (grads["fc2_weight"], _part(rg["fc2_weight"], 1, rank)),
+                "dfc2_b": (grads["fc2_bias"], rg["fc2_bias"]),
+            },
+            exact=False,
+        )
 
 
 def _layers_worker(rank, world):
@@ -266,8 +291,11 @@ def test_grouped_linear_tp2_equals_tp1_bit_exact(layer_results, case):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("case", [f"LayerNormLinear-{m}-sp{s}" for m in ("column", "row") for s in (0, 1)]
-                         + ["LayerNormMLP-gelu-sp0", "LayerNormMLP-swiglu-sp1"])
+@pytest.mark.parametrize(
+    "case",
+    [f"LayerNormLinear-{m}-sp{s}" for m in ("column", "row") for s in (0, 1)]
+    + ["LayerNormMLP-gelu-sp0", "LayerNormMLP-swiglu-sp1"],
+)
 def test_norm_layers_tp2_equal_tp1(layer_results, case):
     for results in layer_results:
         assert set(results[case].values()) == {"ok"}, results[case]

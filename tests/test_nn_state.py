@@ -24,8 +24,12 @@ def test_grouped_linear_flattens_leading_dims():
     x = torch.randn(2, 3, 16)
     out = layer(x, [4, 2])
     flat = x.reshape(-1, 16)
-    ref = torch.cat([torch.nn.functional.linear(flat[:4], layer.weight0, layer.bias0),
-                     torch.nn.functional.linear(flat[4:], layer.weight1, layer.bias1)]).reshape(2, 3, 8)
+    ref = torch.cat(
+        [
+            torch.nn.functional.linear(flat[:4], layer.weight0, layer.bias0),
+            torch.nn.functional.linear(flat[4:], layer.weight1, layer.bias1),
+        ]
+    ).reshape(2, 3, 8)
     assert out.shape == (2, 3, 8)
     torch.testing.assert_close(out, ref)
     with pytest.raises(ValueError, match=r"do not sum to 6 rows \(input \(2, 3, 16\) flattened"):
@@ -104,8 +108,12 @@ def _batch(i):
 
 
 def _scales(model):
-    return [q.scale.item() for layer in (model[0], model[2]) for role, q in layer.gemm_state.quantizers.items()
-            if q is not None and role != "grad_output"]
+    return [
+        q.scale.item()
+        for layer in (model[0], model[2])
+        for role, q in layer.gemm_state.quantizers.items()
+        if q is not None and role != "grad_output"
+    ]
 
 
 GROUPED_ROWS = {0: ([0, 1], [2, 0]), 1: ([2, 3], [1, 1])}  # rank -> (rows of _batch, m_splits)
@@ -124,8 +132,10 @@ def _grouped_scales(rank=None):
             rows, splits = GROUPED_ROWS[rank]
         with tedebug.autocast(recipe=DelayedScaling(amax_history_len=4)):
             layer(x[rows], splits).square().sum().backward()
-    return [[q.scale.item() for q in (state.quantizers[r] for r in ("input", "weight", "grad_output"))]
-            for state in layer.gemm_states]
+    return [
+        [q.scale.item() for q in (state.quantizers[r] for r in ("input", "weight", "grad_output"))]
+        for state in layer.gemm_states
+    ]
 
 
 def _worker(rank, port, out_dir):
@@ -136,7 +146,7 @@ def _worker(rank, port, out_dir):
             model = make()
             recipe = DelayedScaling(amax_history_len=4, reduce_amax=reduce_amax)
             for i in range(3):
-                x = _batch(i)[rank * 2:(rank + 1) * 2]  # this rank's half of the batch
+                x = _batch(i)[rank * 2 : (rank + 1) * 2]  # this rank's half of the batch
                 with tedebug.autocast(recipe=recipe):
                     model(x).sum().backward()
             torch.save(_scales(model), os.path.join(out_dir, f"{reduce_amax}-{rank}.pt"))
@@ -146,11 +156,18 @@ def _worker(rank, port, out_dir):
         # statistics_rank0_only: the reduced statistics are written once, by rank 0
         from tedebug import debug_api
 
-        config = {"s": {"enabled": True, "layers": {"layer_name_regex_pattern": "a"}, "transformer_engine": {
-            "LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["activation"]}}}}
+        config = {
+            "s": {
+                "enabled": True,
+                "layers": {"layer_name_regex_pattern": "a"},
+                "transformer_engine": {
+                    "LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["activation"]}
+                },
+            }
+        }
         debug_api.initialize(config, log_dir=os.path.join(out_dir, "logs"), statistics_rank0_only=True)
         try:
-            model(_batch(0)[rank * 2:(rank + 1) * 2])
+            model(_batch(0)[rank * 2 : (rank + 1) * 2])
             debug_api.step()
         finally:
             debug_api.end_debug()
@@ -186,4 +203,5 @@ def test_reduce_amax_gives_every_rank_the_one_big_batch_scales(tmp_path):
     (record,) = [json.loads(line) for line in open(stats_dir / "metrics_globalrank-0.jsonl")]
     assert record["value"] == _batch(0).max().item()  # both ranks' halves
     assert sorted(os.listdir(tmp_path / "logs" / "nvdlfw_inspect_statistics_logs")) == [
-        "nvdlfw_inspect_globalrank-0.log"]
+        "nvdlfw_inspect_globalrank-0.log"
+    ]

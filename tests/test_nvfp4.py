@@ -161,8 +161,15 @@ def test_multiplier_uses_reciprocal_of_product_not_quotient():
     """E.10 item 4: 1/(fp32(S_dec_b) * fp32(1/S_enc)) is bit-exact; S_enc/S_dec_b is one ulp larger here
     (5.9768900871 vs 5.9768896103) and would move each of these values just below a threshold one code up."""
     amax, block_amax = 81.76950073242188, 1.039381504058838
-    values = [0.04182777553796768, 0.12548331916332245, 0.209138885140419, 0.292794406414032,
-              0.418277770280838, 0.585588812828064, 0.836555540561676]
+    values = [
+        0.04182777553796768,
+        0.12548331916332245,
+        0.209138885140419,
+        0.292794406414032,
+        0.418277770280838,
+        0.585588812828064,
+        0.836555540561676,
+    ]
     x = torch.zeros(16, 16)
     x[0, 0] = amax
     x[1, 0] = block_amax
@@ -249,8 +256,10 @@ def test_2d_rowwise_equals_columnwise():
     assert torch.equal(q.dequantize(usage="rowwise"), q.dequantize(usage="columnwise"))
     assert torch.equal(unpack(q.columnwise_data), unpack(q.rowwise_data).t())
     tiles = x.abs().reshape(3, 16, 4, 16).amax(dim=(1, 3))
-    expected_scales = [[fp8_rne(float(np.float32(t) * (global_scale(amax_of(x)) * np.float32(1 / 6))), "E4M3")
-                        for t in row] for row in tiles.tolist()]
+    expected_scales = [
+        [fp8_rne(float(np.float32(t) * (global_scale(amax_of(x)) * np.float32(1 / 6))), "E4M3") for t in row]
+        for row in tiles.tolist()
+    ]
     assert torch.equal(q.rowwise_scale_inv, torch.tensor(expected_scales, dtype=torch.uint8).repeat_interleave(16, 0))
     block_amax = tiles.repeat_interleave(16, 0).tolist()
     codes, _ = nvfp4_rows_oracle(x, amax_of(x), block_amax)
@@ -330,8 +339,10 @@ def test_sr_reproducible_and_seed_dependent():
     # each SR code is one of the two grid neighbours of the scaled value (RNE code or the other side)
     rne = unpack(NVFP4Quantizer()(x).rowwise_data)
     sr = unpack(a.rowwise_data)
-    diff = (torch.tensor([e2m1_value(c) for c in sr.flatten().tolist()]) -
-            torch.tensor([e2m1_value(c) for c in rne.flatten().tolist()])).abs()
+    diff = (
+        torch.tensor([e2m1_value(c) for c in sr.flatten().tolist()])
+        - torch.tensor([e2m1_value(c) for c in rne.flatten().tolist()])
+    ).abs()
     assert diff.max().item() <= 2.0 and (diff > 0).any()
 
 
@@ -349,8 +360,10 @@ def test_sr_matches_oracle_with_philox_bits():
         upper = min(g for g in E2M1_GRID if g > a)
         return math.copysign(upper if b / 256.0 * (upper - lower) >= upper - a else lower, t)
 
-    expected = [[e2m1_rne(sr_exact(float(np.float32(v)), b)) for v, b in zip(row, brow)]
-                for row, brow in zip(x[1:17].tolist(), bits[1:17].tolist())]
+    expected = [
+        [e2m1_rne(sr_exact(float(np.float32(v)), b)) for v, b in zip(row, brow)]
+        for row, brow in zip(x[1:17].tolist(), bits[1:17].tolist())
+    ]
     assert unpack(q.rowwise_data)[1:17].tolist() == expected
 
 

@@ -88,9 +88,8 @@ def exact_oracle(v: torch.Tensor) -> torch.Tensor:
         n = []
         for x in row:
             num, den = float(x).as_integer_ratio()
-            n.append(num * (2 ** 149 // den))
-        out.append([sum(s[i] * n[i] * (-1) ** bin(i & j).count("1") for i in range(16)) / 2 ** 151
-                    for j in range(16)])
+            n.append(num * (2**149 // den))
+        out.append([sum(s[i] * n[i] * (-1) ** bin(i & j).count("1") for i in range(16)) / 2**151 for j in range(16)])
     return torch.tensor(out, dtype=torch.float64).float()
 
 
@@ -113,10 +112,10 @@ def groups(dtype: torch.dtype, n: int, seed: int) -> torch.Tensor:
     hi = max(min(top, 10), SPANS[dtype][1] + 1 + math.log2(fi.tiny * fi.eps))  # the smallest one representable
     for row, target in enumerate(b + d for b in SPANS[dtype] if b is not None for d in (0, 1)):
         x[row] = sign[row] * mant[row] * torch.exp2(hi - torch.rand(16, generator=g, dtype=torch.float64) * target)
-        x[row, 0], x[row, 1] = 2.0 ** hi * 1.5, -(2.0 ** (hi - target))
+        x[row, 0], x[row, 1] = 2.0**hi * 1.5, -(2.0 ** (hi - target))
     if dtype != torch.float32:
         sub = torch.randint(-40, 41, (n // 16, 16), generator=g).double() * fi.tiny / 64
-        x[n // 16: n // 8] = sub  # subnormal groups
+        x[n // 16 : n // 8] = sub  # subnormal groups
     return x.to(dtype).float()
 
 
@@ -143,7 +142,7 @@ def test_the_span_bound_is_needed(dtype):
     """Beyond path A's span the fp32 butterfly loses bits for some groups (the selection is not vacuous)."""
     v = groups(dtype, 256, 8)
     path_a, _, span = select_paths(v, dtype)
-    wide = (~path_a) & (span <= 41) & (v.abs().amax(dim=1) < 2.0 ** 100)
+    wide = (~path_a) & (span <= 41) & (v.abs().amax(dim=1) < 2.0**100)
     wrong = rotate_a(v[wide]).view(torch.int32) != exact_oracle(v[wide]).view(torch.int32)
     assert wrong.any()
 
@@ -162,7 +161,7 @@ def test_zero_groups_rotate_to_plus_zero():
 def test_non_finite_groups():
     """An Inf never takes path A; path B gives the sequential sum's Inf / NaN; a NaN makes every output NaN."""
     fi = torch.finfo(torch.bfloat16)
-    v = torch.ones(4, 16) * 2.0 ** 120
+    v = torch.ones(4, 16) * 2.0**120
     v[0, 3] = float("inf")
     v[1, 3], v[1, 9] = float("inf"), -float("inf")
     v[2, 5] = float("nan")

@@ -27,8 +27,9 @@ ASCTIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}"
 
 
 def stats_config(**schedule):
-    return section({"LogTensorStats": {"enabled": True, "stats": ["min", "max"], "tensors": ["activation"],
-                                       **schedule}})
+    return section(
+        {"LogTensorStats": {"enabled": True, "stats": ["min", "max"], "tensors": ["activation"], **schedule}}
+    )
 
 
 # ------------------------------------------------------------------------------------------------ exact_key
@@ -38,8 +39,9 @@ def test_exact_key_separates_types_and_keeps_order():
     assert exact_key([1, 2]) != exact_key([2, 1])
     assert exact_key([[1, 2]]) != exact_key([[1, True]])
     assert exact_key({"a": 1, "b": 2}) != exact_key({"b": 2, "a": 1})
-    assert exact_key(["min", {"max_blockwise_dynamic_range": {"block_size": 4}}]) == \
-        exact_key(["min", {"max_blockwise_dynamic_range": {"block_size": 4}}])
+    assert exact_key(["min", {"max_blockwise_dynamic_range": {"block_size": 4}}]) == exact_key(
+        ["min", {"max_blockwise_dynamic_range": {"block_size": 4}}]
+    )
     assert exact_key(None) is None and exact_key("x") == "x"
     with pytest.raises(TypeError):
         exact_key([object(), {1, 2}])
@@ -67,8 +69,10 @@ def test_memoized_needs_a_session_and_is_per_session(tmp_path):
 # ------------------------------------------------------------------------------------------------ schedules
 def hand_schedule(iteration, freq, start, end):
     """Oracle: (active, next active) for one [start, end] interval, counted by brute force."""
+
     def active(i):
         return i % freq == 0 and start <= i and (end is None or i <= end)
+
     nxt = next((i for i in range(iteration + 1, iteration + 10 * freq + 1) if active(i)), None)
     return active(iteration), nxt
 
@@ -166,23 +170,40 @@ def test_plan_lines_and_feature_messages_are_written_once(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ sinks
-JSON_VALUES = [0.1, -0.0, 0.0, 1e300, 5e-324, 2.5, 3, True, float("nan"), float("inf"), -float("inf"),
-               torch.tensor(0.75, dtype=torch.float64)]
+JSON_VALUES = [
+    0.1,
+    -0.0,
+    0.0,
+    1e300,
+    5e-324,
+    2.5,
+    3,
+    True,
+    float("nan"),
+    float("inf"),
+    -float("inf"),
+    torch.tensor(0.75, dtype=torch.float64),
+]
 
 
 def test_jsonl_fast_lines_equal_json_dumps(tmp_path):
     path = tmp_path / "s.jsonl"
     sink = JsonlSink(str(path))
     expected = []
-    for names in (("L_activation_max", "L", "activation", "max"), ("odd \"name\"\n\u00e9", None, "t", None)):
+    for names in (("L_activation_max", "L", "activation", "max"), ('odd "name"\n\u00e9', None, "t", None)):
         for iteration, value in enumerate(JSON_VALUES * 2):  # the second round uses the cached name part
             sink.log_scalar(names[0], value, iteration, layer=names[1], tensor=names[2], stat=names[3])
-            expected.append(json.dumps(make_record(names[0], value, iteration, layer=names[1], tensor=names[2],
-                                                   stat=names[3]), allow_nan=False))
+            expected.append(
+                json.dumps(
+                    make_record(names[0], value, iteration, layer=names[1], tensor=names[2], stat=names[3]),
+                    allow_nan=False,
+                )
+            )
     sink.log_scalars([("b", 1.5, 4, "x", "y", "z"), ("b", float("nan"), 5, "x", "y", "z")])
-    expected += ['{"iteration": 4, "name": "b", "layer": "x", "tensor": "y", "stat": "z", "value": 1.5}',
-                 '{"iteration": 5, "name": "b", "layer": "x", "tensor": "y", "stat": "z", "value": null, '
-                 '"nonfinite": "nan"}']
+    expected += [
+        '{"iteration": 4, "name": "b", "layer": "x", "tensor": "y", "stat": "z", "value": 1.5}',
+        '{"iteration": 5, "name": "b", "layer": "x", "tensor": "y", "stat": "z", "value": null, "nonfinite": "nan"}',
+    ]
     sink.close()
     assert path.read_text(encoding="utf-8").splitlines() == expected
 
@@ -209,8 +230,10 @@ def test_text_sink_batches_and_levels(tmp_path):
     metrics = MetricLogger()
     for sink in (text, ordered, plain):
         metrics.add_sink(sink)
-    records = [("L_activation_min", -1.25, 3, "L", "activation", "min"), ("L_activation_std", math.nan, 3, "L",
-                                                                         "activation", "std")]
+    records = [
+        ("L_activation_min", -1.25, 3, "L", "activation", "min"),
+        ("L_activation_std", math.nan, 3, "L", "activation", "std"),
+    ]
     metrics.log_scalars(records)
     metrics.log_scalars([])
     text.log_scalar("dropped", 1.0, 3, level=logging.DEBUG)
@@ -218,11 +241,13 @@ def test_text_sink_batches_and_levels(tmp_path):
     metrics.flush()
     lines = path.read_text(encoding="utf-8").splitlines()
     assert len(lines) == 3
-    assert re.fullmatch(ASCTIME + re.escape(" - INFO - L_activation_min" + TABS + "iteration=000003" + TABS
-                                            + "value=-1.2500"), lines[0])
+    assert re.fullmatch(
+        ASCTIME + re.escape(" - INFO - L_activation_min" + TABS + "iteration=000003" + TABS + "value=-1.2500"), lines[0]
+    )
     assert lines[1].endswith(" - INFO - L_activation_std" + TABS + "iteration=000003" + TABS + "value=nan")
-    assert re.fullmatch(ASCTIME + re.escape(" - WARNING - L_gradient_max" + TABS + "iteration=000012" + TABS
-                                            + "value=2.0000"), lines[2])
+    assert re.fullmatch(
+        ASCTIME + re.escape(" - WARNING - L_gradient_max" + TABS + "iteration=000012" + TABS + "value=2.0000"), lines[2]
+    )
     assert ordered.calls == records
     assert plain.calls == [r[:3] for r in records]
     metrics.close()
@@ -235,12 +260,15 @@ def _same_float(a: float, b: float) -> bool:
     return (math.isnan(a) and math.isnan(b)) or (a == b and math.copysign(1.0, a) == math.copysign(1.0, b))
 
 
-@pytest.mark.parametrize("data", [
-    [1.0, -2.0, 0.0, 4.0],        # hand-checked below
-    [3.5],                        # numel 1: std is NaN
-    [0.0, 0.0, 0.0],              # no non-zero element: dynamic_range is +inf
-    [1e-30, -7.25, 1e30, 0.5],
-])
+@pytest.mark.parametrize(
+    "data",
+    [
+        [1.0, -2.0, 0.0, 4.0],  # hand-checked below
+        [3.5],  # numel 1: std is NaN
+        [0.0, 0.0, 0.0],  # no non-zero element: dynamic_range is +inf
+        [1e-30, -7.25, 1e30, 0.5],
+    ],
+)
 def test_buffer_finalizers_equal_finalize(data):
     """Each buffer's index-resolved finalizer gives exactly `finalize`'s value (the emission fast path)."""
     from tedebug.backends import torch_ref
@@ -269,8 +297,9 @@ def test_buffer_finalizers_equal_finalize(data):
         assert got["dynamic_range"] == math.inf
 
 
-@pytest.mark.parametrize("stats", [("min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range"),
-                                   ("max", "nan_count")])
+@pytest.mark.parametrize(
+    "stats", [("min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range"), ("max", "nan_count")]
+)
 def test_feed_gathers_the_row_from_a_backend_vector(monkeypatch, stats):
     """A backend offering `basic_partials_row` (the CuPy kernel's output vector) gives the same rows, bit for bit,
     as the per-partial path; the gather follows the backend's own key order (shuffled here)."""
@@ -278,8 +307,24 @@ def test_feed_gathers_the_row_from_a_backend_vector(monkeypatch, stats):
     from tedebug.backends import torch_ref
     from tedebug.stats import engine as engine_module
 
-    keys = tuple(reversed(("min", "max", "sum", "m2", "abs_sum", "sq_sum", "amax", "nz_abs_min", "nz_abs_max",
-                           "nonzero_count", "nan_count", "inf_count")))
+    keys = tuple(
+        reversed(
+            (
+                "min",
+                "max",
+                "sum",
+                "m2",
+                "abs_sum",
+                "sq_sum",
+                "amax",
+                "nz_abs_min",
+                "nz_abs_max",
+                "nonzero_count",
+                "nan_count",
+                "inf_count",
+            )
+        )
+    )
     calls = []
 
     def basic_partials_row(x):
@@ -287,10 +332,14 @@ def test_feed_gathers_the_row_from_a_backend_vector(monkeypatch, stats):
         partials = torch_ref.basic_partials(x)
         return torch.stack([partials[k] for k in keys])
 
-    vector_backend = types.SimpleNamespace(BASIC_KEYS=keys, basic_partials_row=basic_partials_row,
-                                           basic_partials=torch_ref.basic_partials)
-    feeds = [torch.tensor([1.0, -2.0, 0.0, 4.0]), torch.tensor([float("nan"), 3.0, float("-inf")]),
-             torch.tensor([[0.5, 0.0], [-0.25, 8.0]], dtype=torch.bfloat16)]
+    vector_backend = types.SimpleNamespace(
+        BASIC_KEYS=keys, basic_partials_row=basic_partials_row, basic_partials=torch_ref.basic_partials
+    )
+    feeds = [
+        torch.tensor([1.0, -2.0, 0.0, 4.0]),
+        torch.tensor([float("nan"), 3.0, float("-inf")]),
+        torch.tensor([[0.5, 0.0], [-0.25, 8.0]], dtype=torch.bfloat16),
+    ]
     rows = {}
     for name, backend in (("reference", None), ("vector", vector_backend)):
         if backend is not None:
@@ -300,8 +349,9 @@ def test_feed_gathers_the_row_from_a_backend_vector(monkeypatch, stats):
             engine.feed(f"l{i}", "activation", stats, x, iteration=0)
         rows[name] = [b.row.tolist() for b in engine._store.fed()]
     assert len(calls) == len(feeds)
-    assert len(rows["vector"]) == len(feeds) and all(len(r) == len(rows["reference"][i])
-                                                     for i, r in enumerate(rows["vector"]))
+    assert len(rows["vector"]) == len(feeds) and all(
+        len(r) == len(rows["reference"][i]) for i, r in enumerate(rows["vector"])
+    )
     for ref_row, vec_row in zip(rows["reference"], rows["vector"]):
         assert all(_same_float(a, b) for a, b in zip(ref_row, vec_row)), (ref_row, vec_row)
     assert rows["reference"][0][0] == 4.0 and rows["reference"][2][0] == 4.0  # numel column
@@ -322,8 +372,12 @@ def _slab_backend(keys, calls):
         values = torch.stack([torch.tensor(float(x.numel()), dtype=torch.float64)] + [partials[k] for k in keys])
         ctypes.memmove(address, values.data_ptr(), 8 * len(row_keys))
 
-    return types.SimpleNamespace(BASIC_KEYS=keys, BASIC_ROW_KEYS=row_keys, basic_stats_into=basic_stats_into,
-                                 basic_partials=torch_ref.basic_partials)
+    return types.SimpleNamespace(
+        BASIC_KEYS=keys,
+        BASIC_ROW_KEYS=row_keys,
+        basic_stats_into=basic_stats_into,
+        basic_partials=torch_ref.basic_partials,
+    )
 
 
 def test_slab_rows_equal_the_reference_rows_with_microbatches_and_weights(monkeypatch):
@@ -334,22 +388,43 @@ def test_slab_rows_equal_the_reference_rows_with_microbatches_and_weights(monkey
     from tedebug.stats import slab as slab_module
 
     monkeypatch.setattr(slab_module, "CHUNK_ROWS", 3)
-    keys = tuple(reversed(("min", "max", "sum", "m2", "abs_sum", "sq_sum", "amax", "nz_abs_min", "nz_abs_max",
-                           "nonzero_count", "nan_count", "inf_count")))
+    keys = tuple(
+        reversed(
+            (
+                "min",
+                "max",
+                "sum",
+                "m2",
+                "abs_sum",
+                "sq_sum",
+                "amax",
+                "nz_abs_min",
+                "nz_abs_max",
+                "nonzero_count",
+                "nan_count",
+                "inf_count",
+            )
+        )
+    )
     stats = ("min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range", "nan_count")
     gen = torch.Generator().manual_seed(3)
-    feeds = [("l0", "activation", torch.randn(64, generator=gen) * 3 + 1, False),
-             ("l0", "activation", torch.randn(40, generator=gen), False),  # second microbatch: merged
-             ("l0", "weight", torch.randn(16, generator=gen), True),
-             ("l0", "weight", torch.randn(16, generator=gen) + 5, True),  # a weight keeps its first feed
-             ("l1", "gradient", torch.tensor([float("nan"), 3.0, float("-inf"), 0.0]), False),
-             ("l2", "output", torch.tensor([[0.5, 0.0], [-0.25, 8.0]], dtype=torch.bfloat16), False),
-             ("l3", "dgrad", torch.tensor([0.0, 0.0]), False)]
+    feeds = [
+        ("l0", "activation", torch.randn(64, generator=gen) * 3 + 1, False),
+        ("l0", "activation", torch.randn(40, generator=gen), False),  # second microbatch: merged
+        ("l0", "weight", torch.randn(16, generator=gen), True),
+        ("l0", "weight", torch.randn(16, generator=gen) + 5, True),  # a weight keeps its first feed
+        ("l1", "gradient", torch.tensor([float("nan"), 3.0, float("-inf"), 0.0]), False),
+        ("l2", "output", torch.tensor([[0.5, 0.0], [-0.25, 8.0]], dtype=torch.bfloat16), False),
+        ("l3", "dgrad", torch.tensor([0.0, 0.0]), False),
+    ]
     results = {}
     calls = []
     steps = 3
-    for name, backend, defer in (("reference", None, False), ("slab", _slab_backend(keys, calls), False),
-                                 ("deferred", _slab_backend(keys, calls), True)):
+    for name, backend, defer in (
+        ("reference", None, False),
+        ("slab", _slab_backend(keys, calls), False),
+        ("deferred", _slab_backend(keys, calls), True),
+    ):
         if backend is not None:
             monkeypatch.setattr(engine_module, "backend_for", lambda x, b=backend: b)
         sink = RecordingSink()
@@ -379,16 +454,25 @@ def test_jsonl_batched_lines_equal_json_dumps_on_every_round(tmp_path):
     keys of other types (layer 1 vs "1", None) never reuse a str entry."""
     path = tmp_path / "b.jsonl"
     sink = JsonlSink(str(path))
-    names = [("L_activation_max", "L", "activation", "max"), ("1_t_s", "1", "t", "s"), ("1_t_s", 1, "t", "s"),
-             ("q\"\u00e9", None, "t", "s"), ("1_t_s", "1", "t", "s")]
+    names = [
+        ("L_activation_max", "L", "activation", "max"),
+        ("1_t_s", "1", "t", "s"),
+        ("1_t_s", 1, "t", "s"),
+        ('q"\u00e9', None, "t", "s"),
+        ("1_t_s", "1", "t", "s"),
+    ]
     values = [1.5, -0.0, 1e-310, float("inf"), torch.tensor(2.25, dtype=torch.float64), 7, float("nan")]
     expected = []
     for round_ in range(3):
-        records = [(n, v, round_ * 10 + i, layer, tensor, stat)
-                   for i, (v, (n, layer, tensor, stat)) in enumerate(zip(values * 2, names * 3))]
+        records = [
+            (n, v, round_ * 10 + i, layer, tensor, stat)
+            for i, (v, (n, layer, tensor, stat)) in enumerate(zip(values * 2, names * 3))
+        ]
         sink.log_scalars(records)
-        expected += [json.dumps(make_record(n, v, it, layer=layer, tensor=tensor, stat=stat), allow_nan=False)
-                     for n, v, it, layer, tensor, stat in records]
+        expected += [
+            json.dumps(make_record(n, v, it, layer=layer, tensor=tensor, stat=stat), allow_nan=False)
+            for n, v, it, layer, tensor, stat in records
+        ]
     sink.close()
     lines = path.read_text(encoding="utf-8").splitlines()
     assert lines == expected
@@ -397,9 +481,17 @@ def test_jsonl_batched_lines_equal_json_dumps_on_every_round(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ compiled answers
 def _plans(qs):
-    return {role: (q.inspect_tensor_enabled, q.rowwise_tensor_plan, q.columnwise_tensor_plan,
-                   q.rowwise_postquantize_enabled, q.columnwise_postquantize_enabled, q.get_next_debug_iter())
-            for role, q in qs.items()}
+    return {
+        role: (
+            q.inspect_tensor_enabled,
+            q.rowwise_tensor_plan,
+            q.columnwise_tensor_plan,
+            q.rowwise_postquantize_enabled,
+            q.columnwise_postquantize_enabled,
+            q.get_next_debug_iter(),
+        )
+        for role, q in qs.items()
+    }
 
 
 def test_unserved_and_schedule_only_hooks_never_reach_a_hook_call(tmp_path, monkeypatch):
@@ -420,9 +512,14 @@ def test_unserved_and_schedule_only_hooks_never_reach_a_hook_call(tmp_path, monk
     monkeypatch.setattr(TransformerEngineNamespace, "_call", counting_call)
     config = section({"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["activation"], "freq": 2}})
     with debug_session(config, tmp_path) as api:
+
         def build():
-            return {t: DebugQuantizer("L", t, Float8CurrentScalingQuantizer() if t in ("activation", "weight")
-                                      else None, None) for t in ("activation", "weight", "output")}
+            return {
+                t: DebugQuantizer(
+                    "L", t, Float8CurrentScalingQuantizer() if t in ("activation", "weight") else None, None
+                )
+                for t in ("activation", "weight", "output")
+            }
 
         first = _plans(build())
         debug_api.step()
@@ -452,18 +549,32 @@ def test_scheduled_answers_equal_the_features_answers_and_note_the_next_iteratio
     the stats engine in the same order; a feature with its own `inspect_tensor_enabled` is called every time."""
     from tedebug.debug_quantization import DebugQuantizer
 
-    config = section({
-        "LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["activation", "weight"], "freq": 3,
-                           "start_step": 2},
-        "LogFp8TensorStats": {"enabled": True, "stats": ["underflows%"], "tensors": ["activation"],
-                              "start_end_list": [[4, 5], [9, 9]]},
-        "DumpTensors": {"enabled": True, "tensors": ["weight"], "freq": 4, "high_precision_tensor": True},
-    })
+    config = section(
+        {
+            "LogTensorStats": {
+                "enabled": True,
+                "stats": ["max"],
+                "tensors": ["activation", "weight"],
+                "freq": 3,
+                "start_step": 2,
+            },
+            "LogFp8TensorStats": {
+                "enabled": True,
+                "stats": ["underflows%"],
+                "tensors": ["activation"],
+                "start_end_list": [[4, 5], [9, 9]],
+            },
+            "DumpTensors": {"enabled": True, "tensors": ["weight"], "freq": 4, "high_precision_tensor": True},
+        }
+    )
     with debug_session(config, tmp_path) as api:
         notes = []
         real_note = api._session.stats.note_next_iteration
-        monkeypatch.setattr(api._session.stats, "note_next_iteration",
-                            lambda layer, nxt: (notes.append((layer, nxt)), real_note(layer, nxt)))
+        monkeypatch.setattr(
+            api._session.stats,
+            "note_next_iteration",
+            lambda layer, nxt: (notes.append((layer, nxt)), real_note(layer, nxt)),
+        )
         for it in range(12):
             for tensor in ("activation", "weight", "output"):
                 notes.clear()

@@ -11,8 +11,11 @@ from tedebug.quantization.philox import _bytes_torch, philox4x32_10, philox_byte
 KAT = [
     ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
     ((0xFFFFFFFF,) * 4, (0xFFFFFFFF, 0xFFFFFFFF), (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
-    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
-     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+    (
+        (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344),
+        (0xA4093822, 0x299F31D0),
+        (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1),
+    ),
 ]
 
 
@@ -35,7 +38,7 @@ def _oracle_block(j: int, seed: int, offset: int):
     return b"".join(w.to_bytes(4, "little") for w in c)
 
 
-@pytest.mark.parametrize("seed, offset, n", [(0, 0, 16), (1234, 7, 37), (2 ** 40 + 5, 2 ** 33 + 1, 100)])
+@pytest.mark.parametrize("seed, offset, n", [(0, 0, 16), (1234, 7, 37), (2**40 + 5, 2**33 + 1, 100)])
 def test_bytes_follow_the_documented_layout(seed, offset, n):
     expected = b"".join(_oracle_block(j, seed, offset) for j in range(-(-n // 16)))[:n]
     assert bytes(philox_bytes(seed, offset, n).tolist()) == expected  # the CPU (numpy) path

@@ -33,8 +33,14 @@ def parent_for(tensor):
 
 def decided(q):
     """Everything a DebugQuantizer takes from its plan."""
-    return (q.inspect_tensor_enabled, q.rowwise_tensor_plan, q.columnwise_tensor_plan,
-            q.rowwise_postquantize_enabled, q.columnwise_postquantize_enabled, q.get_next_debug_iter())
+    return (
+        q.inspect_tensor_enabled,
+        q.rowwise_tensor_plan,
+        q.columnwise_tensor_plan,
+        q.rowwise_postquantize_enabled,
+        q.columnwise_postquantize_enabled,
+        q.get_next_debug_iter(),
+    )
 
 
 def freq_schedule(iteration, freq, start):
@@ -120,7 +126,8 @@ def test_a_called_hook_is_asked_once_per_construction(start, with_parent):
                 module.CALLS.clear()
                 q = DebugQuantizer("L", tensor, parent, None)
                 assert module.CALLS == [
-                    ("inspect_tensor_enabled", "L", {"tensor_name": tensor, "iteration": iteration})]
+                    ("inspect_tensor_enabled", "L", {"tensor_name": tensor, "iteration": iteration})
+                ]
                 active, nxt = freq_schedule(iteration, 3, 2)
                 plan = Plan.QUANTIZE if with_parent and tensor in PARENTED else Plan.HIGH_PRECISION
                 columnwise = None if tensor not in PARENTED else plan
@@ -132,12 +139,21 @@ def test_schedule_only_features_are_never_called_and_note_what_they_would(tmp_pa
     """LogTensorStats answers from its schedule: its inspect_tensor_enabled is never called, the quantizers hold the
     schedule's answers and the stats engine gets the next iteration the feature would record, every construction."""
     hook = Counter(monkeypatch, ScheduledInspectFeature, "inspect_tensor_enabled")
-    config = section({"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["activation", "wgrad"],
-                                         "start_end_list": [[1, 2], [6, 7]]}})
+    config = section(
+        {
+            "LogTensorStats": {
+                "enabled": True,
+                "stats": ["max"],
+                "tensors": ["activation", "wgrad"],
+                "start_end_list": [[1, 2], [6, 7]],
+            }
+        }
+    )
     expected_next = {0: 1, 1: 2, 2: 6, 3: 6, 4: 6, 5: 6, 6: 7, 7: None, 8: None}
     with debug_session(config, tmp_path):
-        notes = Counter(monkeypatch, debug_api.session().stats, "note_next_iteration",
-                        record=lambda layer, nxt: (layer, nxt))
+        notes = Counter(
+            monkeypatch, debug_api.session().stats, "note_next_iteration", record=lambda layer, nxt: (layer, nxt)
+        )
         for iteration in range(9):
             for tensor in ("activation", "wgrad", "weight"):
                 notes.calls.clear()
@@ -153,13 +169,14 @@ def test_schedule_only_features_are_never_called_and_note_what_they_would(tmp_pa
 def test_several_schedule_only_features_combine_and_each_notes_its_own(tmp_path, monkeypatch):
     """LogTensorStats (notes) and DumpTensors (does not) on one tensor: enabled when either is, the earlier next
     iteration, and only LogTensorStats' next iteration recorded."""
-    config = section({
-        "LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["weight"], "freq": 3, "start_step": 2},
-        "DumpTensors": {"enabled": True, "tensors": ["weight"], "freq": 4, "high_precision_tensor": True},
-    })
+    config = section(
+        {
+            "LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["weight"], "freq": 3, "start_step": 2},
+            "DumpTensors": {"enabled": True, "tensors": ["weight"], "freq": 4, "high_precision_tensor": True},
+        }
+    )
     with debug_session(config, tmp_path):
-        notes = Counter(monkeypatch, debug_api.session().stats, "note_next_iteration",
-                        record=lambda layer, nxt: nxt)
+        notes = Counter(monkeypatch, debug_api.session().stats, "note_next_iteration", record=lambda layer, nxt: nxt)
         for iteration in range(13):
             notes.calls.clear()
             q = DebugQuantizer("L", "weight", None, None)
@@ -171,12 +188,15 @@ def test_several_schedule_only_features_combine_and_each_notes_its_own(tmp_path,
             debug_api.step()
 
 
-@pytest.mark.parametrize("features, tensor", [
-    ({"DebugModify": {"enabled": True, "tensors": ["activation"], "gemms": ["fprop"]}}, "activation"),
-    ({"DebugModify": {"enabled": True, "tensors": ["output"], "gemms": ["fprop"]}}, "output"),
-    ({"DebugDisableGemm": {"enabled": True, "gemms": ["wgrad"]}}, "gradient"),
-    ({"DebugPostquantize": {"enabled": True, "tensors": ["weight"]}}, "weight"),
-])
+@pytest.mark.parametrize(
+    "features, tensor",
+    [
+        ({"DebugModify": {"enabled": True, "tensors": ["activation"], "gemms": ["fprop"]}}, "activation"),
+        ({"DebugModify": {"enabled": True, "tensors": ["output"], "gemms": ["fprop"]}}, "output"),
+        ({"DebugDisableGemm": {"enabled": True, "gemms": ["wgrad"]}}, "gradient"),
+        ({"DebugPostquantize": {"enabled": True, "tensors": ["weight"]}}, "weight"),
+    ],
+)
 def test_a_feature_serving_a_direction_hook_is_asked_at_every_construction(start, features, tensor):
     module = start(features)
     parent = parent_for(tensor)
@@ -191,14 +211,19 @@ def test_a_feature_serving_a_direction_hook_is_asked_at_every_construction(start
 
 
 def test_plans_are_per_session_and_follow_its_config(tmp_path, start):
-    with debug_session(section({"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["weight"]}}),
-                       tmp_path / "a"):
+    with debug_session(
+        section({"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["weight"]}}), tmp_path / "a"
+    ):
         for _ in range(2):
             q = DebugQuantizer("L", "weight", parent_for("weight"), None)
             assert (q.rowwise_tensor_plan, q.columnwise_tensor_plan) == ("Quantize", "Quantize")
             assert DebugQuantizer("L", "weight", None, None).rowwise_tensor_plan == "High Precision"
-    start({"DebugInspect": {"enabled": True, "tensors": ["weight"]},
-           "DebugDisableGemm": {"enabled": True, "gemms": ["fprop"]}})
+    start(
+        {
+            "DebugInspect": {"enabled": True, "tensors": ["weight"]},
+            "DebugDisableGemm": {"enabled": True, "gemms": ["fprop"]},
+        }
+    )
     for _ in range(2):
         q = DebugQuantizer("L", "weight", parent_for("weight"), None)
         assert (q.rowwise_tensor_plan, q.columnwise_tensor_plan) == ("High Precision", "Quantize")
@@ -230,7 +255,8 @@ def test_an_override_on_the_namespace_instance_is_called_every_time(tmp_path):
             DebugQuantizer("L", "weight", parent_for("weight"), None)
         q.quantize(x)
         assert seen == [("fp8_gemm_enabled", "fprop"), ("fp8_gemm_enabled", "dgrad")] * 2 + [
-            ("inspect_tensor", "weight")]
+            ("inspect_tensor", "weight")
+        ]
         del api.fp8_gemm_enabled
         del api.inspect_tensor
         seen.clear()
@@ -264,9 +290,16 @@ def test_plan_cache_off_lets_a_stand_in_see_every_call(tmp_path):
                 q.quantize(torch.ones(2, 2))
         finally:
             del debug_api.transformer_engine
-    order = ["inspect_tensor_enabled", "inspect_tensor_postquantize_enabled", "inspect_tensor_postquantize_enabled",
-             "modify_tensor_enabled", "fp8_gemm_enabled", "modify_tensor_enabled", "fp8_gemm_enabled",
-             "inspect_tensor"]
+    order = [
+        "inspect_tensor_enabled",
+        "inspect_tensor_postquantize_enabled",
+        "inspect_tensor_postquantize_enabled",
+        "modify_tensor_enabled",
+        "fp8_gemm_enabled",
+        "modify_tensor_enabled",
+        "fp8_gemm_enabled",
+        "inspect_tensor",
+    ]
     assert seen == order * 2
     assert (q.rowwise_tensor_plan, q.columnwise_tensor_plan) == ("Quantize", "Quantize")
     with pytest.raises(TypeError, match="plan_cache must be a bool"):
@@ -343,9 +376,18 @@ def test_gate_builds_new_quantizers_when_renewal_would_differ(start, monkeypatch
 
 
 def test_gate_next_iteration_is_the_minimum_over_its_quantizers(start):
-    start({"DebugInspect": {"enabled": True, "tensors_struct": [
-        {"tensor": "activation", "start_step": 7}, {"tensor": "wgrad", "start_step": 4},
-        {"tensor": "gradient", "start_step": 9}]}})
+    start(
+        {
+            "DebugInspect": {
+                "enabled": True,
+                "tensors_struct": [
+                    {"tensor": "activation", "start_step": 7},
+                    {"tensor": "wgrad", "start_step": 4},
+                    {"tensor": "gradient", "start_step": 9},
+                ],
+            }
+        }
+    )
     state = LayerDebugState()
     quantizers = {role: parent_for(tensor) for role, tensor in ROLE_TO_TENSOR}
     assert state.debug_quantizers("L", quantizers) is None  # iteration 0: nothing enabled
@@ -374,14 +416,27 @@ def test_a_single_inspecting_feature_gets_the_kwargs_of_a_namespace_call_directl
     assert "inspect_tensor" not in through.calls
     direct = list(module.CALLS)
     module.CALLS.clear()
-    api.inspect_tensor("L", tensor=x, tensor_name="activation", iteration=0, tp_group=None, tp_size=1,
-                       rowwise_quantized_tensor=x, columnwise_quantized_tensor=x, quantizer=None)
+    api.inspect_tensor(
+        "L",
+        tensor=x,
+        tensor_name="activation",
+        iteration=0,
+        tp_group=None,
+        tp_size=1,
+        rowwise_quantized_tensor=x,
+        columnwise_quantized_tensor=x,
+        quantizer=None,
+    )
     assert module.CALLS[0] == direct[0]
 
 
 def test_several_inspecting_features_go_through_the_namespace(start, monkeypatch):
-    module = start({"DebugInspect": {"enabled": True, "tensors": ["activation"]},
-                    "LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["activation"]}})
+    module = start(
+        {
+            "DebugInspect": {"enabled": True, "tensors": ["activation"]},
+            "LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["activation"]},
+        }
+    )
     through = Counter(monkeypatch, TransformerEngineNamespace, "_call", record=lambda self, hook, *args: hook)
     q = DebugQuantizer("L", "activation", None, None)
     for _ in range(3):
@@ -395,8 +450,10 @@ def test_a_non_none_inspect_result_is_rejected_on_the_direct_path(start, monkeyp
     monkeypatch.setattr(module.DebugInspect, "inspect_tensor", lambda self, config, layer_name, **kwargs: 5)
     q = DebugQuantizer("L", "activation", None, None)
     for _ in range(2):
-        with pytest.raises(TypeError, match="feature 'DebugInspect', hook 'inspect_tensor', layer 'L': inspect hooks "
-                                            "must return None, got int"):
+        with pytest.raises(
+            TypeError,
+            match="feature 'DebugInspect', hook 'inspect_tensor', layer 'L': inspect hooks must return None, got int",
+        ):
             q.quantize(torch.ones(2, 2))
 
 
@@ -409,12 +466,14 @@ def test_log_tensor_stats_bound_form_looks_its_plan_up_once(tmp_path, monkeypatc
     """Through DebugQuantizers, LogTensorStats' inspection is bound once: its plan looked up once for the whole
     run, its inspect_tensor method never called, and the statistics are those of the tensors (freq 2: the feature
     re-checks its own schedule)."""
-    plans = Counter(monkeypatch, log_tensor_stats, "inspect_plan",
-                    record=lambda config, tensor_name, *feature_name: tensor_name)
+    plans = Counter(
+        monkeypatch, log_tensor_stats, "inspect_plan", record=lambda config, tensor_name, *feature_name: tensor_name
+    )
     method = Counter(monkeypatch, log_tensor_stats.LogTensorStats, "inspect_tensor")
     sink = RecordingSink()
-    config = section({"LogTensorStats": {"enabled": True, "stats": ["min", "max", "l1_norm"],
-                                         "tensors": ["activation"], "freq": 2}})
+    config = section(
+        {"LogTensorStats": {"enabled": True, "stats": ["min", "max", "l1_norm"], "tensors": ["activation"], "freq": 2}}
+    )
     xs = [torch.tensor([[1.5, -3.0], [0.25, 2.0]]) * (i + 1) for i in range(6)]
     with debug_session(config, tmp_path, sink):
         for x in xs:
@@ -435,12 +494,12 @@ def test_a_logged_model_reaches_the_features_only_where_it_must(tmp_path, monkey
     converted layers - the schedule hook never reaches the feature, inspect_tensor reaches it once per logged tensor,
     and each GEMM builds its six quantizers once."""
     enabled = Counter(monkeypatch, ScheduledInspectFeature, "inspect_tensor_enabled")
-    inspected = Counter(monkeypatch, log_tensor_stats.InspectPlan, "feed",
-                        record=lambda plan, layer, *args: (layer, plan.tensor_name))
+    inspected = Counter(
+        monkeypatch, log_tensor_stats.InspectPlan, "feed", record=lambda plan, layer, *args: (layer, plan.tensor_name)
+    )
     built = Counter(monkeypatch, DebugQuantizer, "__init__")
     torch.manual_seed(0)
-    model = tedebug.convert_model(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(),
-                                                      torch.nn.Linear(16, 4)))
+    model = tedebug.convert_model(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)))
     x = torch.randn(3, 8)
     config = section({"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": list(TENSORS)}})
     with debug_session(config, tmp_path, RecordingSink()):

@@ -39,13 +39,17 @@ CASES = {
     "fp8_block_1d": (lambda: Float8BlockQuantizer("E4M3", block_scaling_dim=1), False, True),
     "fp8_block_2d": (lambda: Float8BlockQuantizer("E4M3", block_scaling_dim=2), False, True),
     "fp8_block_2d_e5m2_fp32scales": (
-        lambda: Float8BlockQuantizer("E5M2", block_scaling_dim=2, force_pow_2_scales=False), False, True),
+        lambda: Float8BlockQuantizer("E5M2", block_scaling_dim=2, force_pow_2_scales=False),
+        False,
+        True,
+    ),
     "identity": (lambda: IdentityQuantizer(), False, True),
-    "hybrid_fp8_mxfp8": (lambda: HybridQuantizer(Float8CurrentScalingQuantizer("E4M3"), MXFP8Quantizer()), False,
-                         True),
+    "hybrid_fp8_mxfp8": (lambda: HybridQuantizer(Float8CurrentScalingQuantizer("E4M3"), MXFP8Quantizer()), False, True),
     "hybrid_mxfp8_nvfp4_double": (
         lambda: HybridQuantizer(MXFP8Quantizer(), NVFP4Quantizer(), columnwise_source="rowwise_dequantized"),
-        False, True),
+        False,
+        True,
+    ),
     "hybrid_identity_mxfp8e5m2": (lambda: HybridQuantizer(IdentityQuantizer(), MXFP8Quantizer("E5M2")), False, True),
 }
 NAMES = list(CASES)
@@ -69,8 +73,11 @@ def values(qt, usage):
 
 
 def same_bits(a, b):
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(
-        a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
+    return (
+        a.shape == b.shape
+        and a.dtype == b.dtype
+        and torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
+    )
 
 
 def single(name, usage):

@@ -68,16 +68,28 @@ def test_unknown_role_is_rejected(recipe):
 FP8_CASES = [
     (R.DelayedScaling(), Float8Quantizer, {"input": "E4M3", "weight": "E4M3", "grad_output": "E5M2"}),
     (R.DelayedScaling(fp8_format="E4M3"), Float8Quantizer, {"input": "E4M3", "weight": "E4M3", "grad_output": "E4M3"}),
-    (R.Float8CurrentScaling(), Float8CurrentScalingQuantizer,
-     {"input": "E4M3", "weight": "E4M3", "grad_output": "E5M2"}),
-    (R.Float8CurrentScaling(fp8_format="E4M3"), Float8CurrentScalingQuantizer,
-     {"input": "E4M3", "weight": "E4M3", "grad_output": "E4M3"}),
+    (
+        R.Float8CurrentScaling(),
+        Float8CurrentScalingQuantizer,
+        {"input": "E4M3", "weight": "E4M3", "grad_output": "E5M2"},
+    ),
+    (
+        R.Float8CurrentScaling(fp8_format="E4M3"),
+        Float8CurrentScalingQuantizer,
+        {"input": "E4M3", "weight": "E4M3", "grad_output": "E4M3"},
+    ),
     (R.MXFP8BlockScaling(), MXFP8Quantizer, {"input": "E4M3", "weight": "E4M3", "grad_output": "E4M3"}),
-    (R.MXFP8BlockScaling(fp8_format="HYBRID"), MXFP8Quantizer,
-     {"input": "E4M3", "weight": "E4M3", "grad_output": "E5M2"}),
+    (
+        R.MXFP8BlockScaling(fp8_format="HYBRID"),
+        MXFP8Quantizer,
+        {"input": "E4M3", "weight": "E4M3", "grad_output": "E5M2"},
+    ),
     (R.Float8BlockScaling(), Float8BlockQuantizer, {"input": "E4M3", "weight": "E4M3", "grad_output": "E4M3"}),
-    (R.Float8BlockScaling(fp8_format="HYBRID"), Float8BlockQuantizer,
-     {"input": "E4M3", "weight": "E4M3", "grad_output": "E5M2"}),
+    (
+        R.Float8BlockScaling(fp8_format="HYBRID"),
+        Float8BlockQuantizer,
+        {"input": "E4M3", "weight": "E4M3", "grad_output": "E5M2"},
+    ),
 ]
 
 
@@ -109,7 +121,7 @@ def test_current_scaling_parameters_reach_the_quantizer():
     assert q.amax_epsilon == 0.5 and q.force_pow_2_scales
     # amax 0.1 < epsilon 0.5 -> scale 448 / 0.5 = 896 -> pow2 512 -> scale_inv 2^-9
     out = q.quantize(torch.tensor([[0.1, 0.0]]))
-    assert float(out.scale_inv) == 2.0 ** -9
+    assert float(out.scale_inv) == 2.0**-9
 
 
 def test_fp8_block_scaling_dims_per_role():
@@ -253,8 +265,14 @@ def test_recipe_names_are_one_str_enum_that_behaves_like_its_strings():
         assert member == value and hash(member) == hash(value) and {value: 1}[member] == 1
         assert str(member) == f"{member}" == "%s" % member == value and repr(member) == repr(value)
         assert R.RecipeName(value) is member
-    recipes = (R.DelayedScaling(), R.Float8CurrentScaling(), R.MXFP8BlockScaling(), R.Float8BlockScaling(),
-               R.NVFP4BlockScaling(), R.CustomRecipe(lambda role: None))
+    recipes = (
+        R.DelayedScaling(),
+        R.Float8CurrentScaling(),
+        R.MXFP8BlockScaling(),
+        R.Float8BlockScaling(),
+        R.NVFP4BlockScaling(),
+        R.CustomRecipe(lambda role: None),
+    )
     assert [recipe.name for recipe in recipes] == list(R.RecipeName)
     assert all(isinstance(recipe.name, R.RecipeName) for recipe in recipes)
     assert R.FP8_RECIPE_NAMES == ("fp8_delayed_scaling", "fp8_current_scaling", "mxfp8", "fp8_block_scaling")

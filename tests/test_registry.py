@@ -63,14 +63,25 @@ def test_routing_dir_loads_recursively_with_sibling_imports():
     registry.load_dirs([ROUTING])
     assert sys.path == path_before  # the feature dirs were only on sys.path while their files ran
     names = registry.feature_names()["transformer_engine"]
-    assert names == {"GemmSwitch", "LayerSwitch", "ScaleModify", "OffsetModify", "WrongOutput", "TupleInspect",
-                     "BoolInspect", "LegacyInspect", "PostquantizeInspect", "NestedFeature"}
+    assert names == {
+        "GemmSwitch",
+        "LayerSwitch",
+        "ScaleModify",
+        "OffsetModify",
+        "WrongOutput",
+        "TupleInspect",
+        "BoolInspect",
+        "LegacyInspect",
+        "PostquantizeInspect",
+        "NestedFeature",
+    }
     assert "_Modify" not in names  # untagged base class: not a feature
     assert registry.get("transformer_engine", "ScaleModify").hooks == ("modify_tensor", "modify_tensor_enabled")
     nested = registry.get("transformer_engine", "NestedFeature")
     assert nested.source.endswith(os.path.join("routing", "nested", "nested_feature.py"))
     assert registry.instance("transformer_engine", "NestedFeature").inspect_tensor_enabled(
-        {}, "l", tensor_name="activation", iteration=3) == (True, 10)
+        {}, "l", tensor_name="activation", iteration=3
+    ) == (True, 10)
     assert registry.hook_providers("transformer_engine", "fp8_gemm_enabled") == ["GemmSwitch", "LayerSwitch"]
 
 
@@ -145,7 +156,9 @@ def test_duplicate_feature_name_names_both_files(tmp_path):
 
 
 def test_feature_without_parser_is_rejected(tmp_path):
-    write(tmp_path / "plain.py", """
+    write(
+        tmp_path / "plain.py",
+        """
         from tedebug.registry import api_method, register_feature
 
         @register_feature()
@@ -153,14 +166,17 @@ def test_feature_without_parser_is_rejected(tmp_path):
             @api_method
             def inspect_tensor(self, config, layer_name, **kw):
                 pass
-    """)
+    """,
+    )
     with pytest.raises(FeatureLoadError, match="Plain.*parse_config_and_api.*FeatureMapper"):
         build_registry(str(tmp_path))
 
 
 def test_builtin_package_loading(tmp_path, monkeypatch):
     write(tmp_path / "fake_builtin_pkg" / "__init__.py", "")
-    write(tmp_path / "fake_builtin_pkg" / "one.py", """
+    write(
+        tmp_path / "fake_builtin_pkg" / "one.py",
+        """
         from tedebug.registry import FeatureMapper, api_method, register_feature
 
         @register_feature(namespace="base")
@@ -170,7 +186,8 @@ def test_builtin_package_loading(tmp_path, monkeypatch):
             @api_method
             def log_tensor_stats(self, config, layer_name, **kw):
                 return {}
-    """)
+    """,
+    )
     write(tmp_path / "fake_builtin_pkg" / "two.py", "raise RuntimeError('boom in two')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     registry = Registry()
@@ -182,7 +199,9 @@ def test_builtin_package_loading(tmp_path, monkeypatch):
 
 
 def test_feature_names_and_validators(tmp_path):
-    write(tmp_path / "validated.py", """
+    write(
+        tmp_path / "validated.py",
+        """
         from tedebug.registry import FeatureMapper, register_feature
 
         @register_feature()
@@ -191,7 +210,8 @@ def test_feature_names_and_validators(tmp_path):
             def validate_feature_config(cls, cfg):
                 if "bad" in cfg:
                     raise ValueError("bad: not allowed")
-    """)
+    """,
+    )
     registry = build_registry(str(tmp_path))
     names = registry.feature_names()
     assert "Validated" in names["transformer_engine"]
@@ -212,7 +232,13 @@ def test_shared_feature_bases_are_not_features():
     registry = build_registry()
     names = {info.name for info in registry.all_features()}
     assert {"LogTensorStats", "LogFp8TensorStats", "DumpTensors", "FakeQuant"} <= names
-    assert not names & {"ValidatedFeature", "ScheduledInspectFeature", "FeatureMapper", "FeatureConfigError",
-                        "InspectPlan", "Fp8StatName"}
+    assert not names & {
+        "ValidatedFeature",
+        "ScheduledInspectFeature",
+        "FeatureMapper",
+        "FeatureConfigError",
+        "InspectPlan",
+        "Fp8StatName",
+    }
     sources = {os.path.basename(info.source) for info in registry.all_features()}
     assert not sources & {"base.py", "config_checks.py", "fp8_stat_names.py"}

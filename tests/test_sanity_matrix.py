@@ -22,8 +22,11 @@ RECIPES = {
     "nvfp4": lambda: R.NVFP4BlockScaling(seed=7),
     "block": R.Float8BlockScaling,
     "hybrid": lambda: R.CustomRecipe(
-        lambda role: HybridQuantizer(MXFP8Quantizer("E4M3"), Float8CurrentScalingQuantizer("E5M2"))
-        if role in ("input", "weight", "grad_output") else None
+        lambda role: (
+            HybridQuantizer(MXFP8Quantizer("E4M3"), Float8CurrentScalingQuantizer("E5M2"))
+            if role in ("input", "weight", "grad_output")
+            else None
+        )
     ),
 }
 
@@ -38,11 +41,22 @@ ALL_TENSORS = ["activation", "weight", "gradient", "output", "wgrad", "dgrad"]
 
 
 def _logging_config(recipe_name):
-    quantized = {"enabled": True, "stats": ["underflows%", "mse"], "tensors": ["activation", "weight", "gradient"],
-                 "start_step": 0, "end_step": 1}
-    block = {"LogTensorStats": {"enabled": True, "tensors": ALL_TENSORS, "start_step": 0, "end_step": 1,
-                                "stats": ["min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax",
-                                          "dynamic_range", "nan_count"]}}
+    quantized = {
+        "enabled": True,
+        "stats": ["underflows%", "mse"],
+        "tensors": ["activation", "weight", "gradient"],
+        "start_step": 0,
+        "end_step": 1,
+    }
+    block = {
+        "LogTensorStats": {
+            "enabled": True,
+            "tensors": ALL_TENSORS,
+            "start_step": 0,
+            "end_step": 1,
+            "stats": ["min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range", "nan_count"],
+        }
+    }
     if recipe_name == "nvfp4":
         block["LogNvfp4TensorStats"] = quantized
     else:
@@ -50,9 +64,20 @@ def _logging_config(recipe_name):
     return {"logging": {"enabled": True, "layers": {"layer_name_regex_pattern": ".*"}, "transformer_engine": block}}
 
 
-FAKE_QUANT = {"fake": {"enabled": True, "layers": {"layer_name_regex_pattern": ".*"}, "transformer_engine": {
-    "FakeQuant": {"enabled": True, "gemms": ["fprop", "dgrad", "wgrad"], "tensors": ALL_TENSORS,
-                  "quant_format": "FP8E5M2"}}}}
+FAKE_QUANT = {
+    "fake": {
+        "enabled": True,
+        "layers": {"layer_name_regex_pattern": ".*"},
+        "transformer_engine": {
+            "FakeQuant": {
+                "enabled": True,
+                "gemms": ["fprop", "dgrad", "wgrad"],
+                "tensors": ALL_TENSORS,
+                "quant_format": "FP8E5M2",
+            }
+        },
+    }
+}
 
 
 def _step(layer, recipe):

@@ -8,12 +8,31 @@ import torch
 
 from tedebug.quantization.formats import FLT_MAX, compute_scale_from_amax
 
-BF16_MAX = 3.3895313892515355e+38
+BF16_MAX = 3.3895313892515355e38
 
 
 def _values():
-    special = [0.0, 1e-45, 1e-40, 1.1754942e-38, 1e-30, 3e-3, 0.1, 1.0, 448.0, 449.0, 57344.0, 1e30, 3.4e38, FLT_MAX,
-               float("inf"), float("nan"), 2.5e-3, 1.5e-5, 7.0e-6]
+    special = [
+        0.0,
+        1e-45,
+        1e-40,
+        1.1754942e-38,
+        1e-30,
+        3e-3,
+        0.1,
+        1.0,
+        448.0,
+        449.0,
+        57344.0,
+        1e30,
+        3.4e38,
+        FLT_MAX,
+        float("inf"),
+        float("nan"),
+        2.5e-3,
+        1.5e-5,
+        7.0e-6,
+    ]
     g = torch.Generator().manual_seed(0)
     spread = torch.rand(100, generator=g) * torch.exp2(torch.randint(-149, 128, (100,), generator=g).float())
     return special + spread.tolist()
@@ -21,8 +40,9 @@ def _values():
 
 def test_one_cpu_value_equals_the_tensor_path():
     mismatches = []
-    for v, fp8_max, eps, pow2, for_inf in itertools.product(_values(), (448.0, 57344.0), (0.0, 1e-12, 2.5e-3, 1.0),
-                                                            (False, True), (FLT_MAX, BF16_MAX)):
+    for v, fp8_max, eps, pow2, for_inf in itertools.product(
+        _values(), (448.0, 57344.0), (0.0, 1e-12, 2.5e-3, 1.0), (False, True), (FLT_MAX, BF16_MAX)
+    ):
         amax = torch.tensor(v, dtype=torch.float32)
         fast = compute_scale_from_amax(amax, fp8_max, epsilon=eps, pow2=pow2, value_for_inf=for_inf)
         ref = compute_scale_from_amax(amax.reshape(1), fp8_max, epsilon=eps, pow2=pow2, value_for_inf=for_inf)[0]

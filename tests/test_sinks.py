@@ -19,7 +19,6 @@ from tedebug.stats import StatsEngine
 from support.tensorboard_events import LAYOUT_TAG, layouts, load, scalars
 
 
-
 def log(sink, layer, tensor, stat, value, it):
     sink.log_scalar(f"{layer}_{tensor}_{stat}", value, it, layer=layer, tensor=tensor, stat=stat)
 
@@ -39,8 +38,12 @@ def test_tensorboard_hierarchical_tags_and_layout(tmp_path):
     acc = load(str(tmp_path))
     got = scalars(acc)
     assert set(got) == {
-        "dec.1.fc1/activation/max", "dec.2.fc1/activation/max", "dec.1.fc1/gradient/underflows%",
-        "dec.2.fc1/gradient/underflows%", "dec.1.fc1/activation/std", "dec.1.fc1/activation/cur_amax",
+        "dec.1.fc1/activation/max",
+        "dec.2.fc1/activation/max",
+        "dec.1.fc1/gradient/underflows%",
+        "dec.2.fc1/gradient/underflows%",
+        "dec.1.fc1/activation/std",
+        "dec.1.fc1/activation/cur_amax",
         "free_form_name",
     }
     assert got["dec.2.fc1/activation/max"] == [(1, 19.0), (2, 29.0)]
@@ -109,12 +112,33 @@ def test_jsonl_records_nonfinite_and_flush(tmp_path):
     records = read_jsonl(path)
     assert records == [
         {"iteration": 7, "name": "L_activation_max", "layer": "L", "tensor": "activation", "stat": "max", "value": 2.5},
-        {"iteration": 7, "name": "L_activation_std", "layer": "L", "tensor": "activation", "stat": "std",
-         "value": None, "nonfinite": "nan"},
-        {"iteration": 7, "name": "L_activation_cur_amax", "layer": "L", "tensor": "activation", "stat": "cur_amax",
-         "value": None, "nonfinite": "inf"},
-        {"iteration": 7, "name": "L_activation_min", "layer": "L", "tensor": "activation", "stat": "min",
-         "value": None, "nonfinite": "-inf"},
+        {
+            "iteration": 7,
+            "name": "L_activation_std",
+            "layer": "L",
+            "tensor": "activation",
+            "stat": "std",
+            "value": None,
+            "nonfinite": "nan",
+        },
+        {
+            "iteration": 7,
+            "name": "L_activation_cur_amax",
+            "layer": "L",
+            "tensor": "activation",
+            "stat": "cur_amax",
+            "value": None,
+            "nonfinite": "inf",
+        },
+        {
+            "iteration": 7,
+            "name": "L_activation_min",
+            "layer": "L",
+            "tensor": "activation",
+            "stat": "min",
+            "value": None,
+            "nonfinite": "-inf",
+        },
         {"iteration": 8, "name": "custom", "layer": None, "tensor": None, "stat": None, "value": 1.0},
     ]
     assert "NaN" not in path.read_text() and "Infinity" not in path.read_text()  # strict JSON
@@ -138,12 +162,17 @@ def test_engine_to_sinks_end_to_end(tmp_path):
     x = torch.tensor([[1.0, -2.0], [0.5, 4.0]])
     engine.feed("enc.0", "activation", ["max", "mean"], x, iteration=5)
     engine.step(5)  # the engine flushes the logger once per step
-    assert [r["name"] for r in read_jsonl(tmp_path / "stats.jsonl")] == ["enc.0_activation_max",
-                                                                        "enc.0_activation_mean"]
+    assert [r["name"] for r in read_jsonl(tmp_path / "stats.jsonl")] == [
+        "enc.0_activation_max",
+        "enc.0_activation_mean",
+    ]
     logger.close()
     acc = load(glob.glob(str(tmp_path / "tb"))[0])
-    one_layer = {f"summary/activation/{stat}/{kind}": [(5, value)] for stat, value in (("max", 4.0), ("mean", 0.875))
-                 for kind in ("max", "p90", "median")}  # one layer: its value is every summary
+    one_layer = {
+        f"summary/activation/{stat}/{kind}": [(5, value)]
+        for stat, value in (("max", 4.0), ("mean", 0.875))
+        for kind in ("max", "p90", "median")
+    }  # one layer: its value is every summary
     assert scalars(acc) == {"enc.0/activation/max": [(5, 4.0)], "enc.0/activation/mean": [(5, 0.875)], **one_layer}
     assert len(layouts(acc)) == 1
 
@@ -153,17 +182,22 @@ def summary_events(log_dir):
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
     (path,) = glob.glob(f"{log_dir}/events.out.tfevents.*")
-    return [(e.step, [v.tag for v in e.summary.value]) for e in EventFileLoader(path).Load()
-            if e.summary.value and e.summary.value[0].tag != LAYOUT_TAG]
+    return [
+        (e.step, [v.tag for v in e.summary.value])
+        for e in EventFileLoader(path).Load()
+        if e.summary.value and e.summary.value[0].tag != LAYOUT_TAG
+    ]
 
 
 @pytest.mark.parametrize("tag_style", ["flat", "hierarchical"])
 def test_tensorboard_batch_is_one_event_per_iteration_run_with_add_scalar_values(tmp_path, tag_style):
     """`log_scalars` on a SummaryWriter writes one event per run of equal iterations; the decoded (tag, step, value)
     series equal those of one `add_scalar` per record (float32 rounding, overflow to inf, NaN, tensors)."""
-    values = [0.1, float("nan"), 2.0 ** 130, 5e-324, -float("inf"), torch.tensor(0.75, dtype=torch.float64), 3]
-    records = [(f"L{i % 2}_activation_s{i}", v, it, f"L{i % 2}", "activation", f"s{i}")
-               for i, (v, it) in enumerate(zip(values, [3, 3, 4, 3, 3, 5, 5]))]
+    values = [0.1, float("nan"), 2.0**130, 5e-324, -float("inf"), torch.tensor(0.75, dtype=torch.float64), 3]
+    records = [
+        (f"L{i % 2}_activation_s{i}", v, it, f"L{i % 2}", "activation", f"s{i}")
+        for i, (v, it) in enumerate(zip(values, [3, 3, 4, 3, 3, 5, 5]))
+    ]
     records.append(("free_form", 1.5, 5, None, None, None))
     batched = TensorBoardSink(SummaryWriter(str(tmp_path / "batched")), tag_style=tag_style, summaries=False)
     single = TensorBoardSink(SummaryWriter(str(tmp_path / "single")), tag_style=tag_style, summaries=False)
@@ -178,8 +212,12 @@ def test_tensorboard_batch_is_one_event_per_iteration_run_with_add_scalar_values
     tag = (lambda i: f"L{i % 2}_activation_s{i}") if tag_style == "flat" else (lambda i: f"L{i % 2}/activation/s{i}")
     assert got[tag(0)] == [(3, 0.10000000149011612)] and got[tag(2)] == [(4, math.inf)] and got[tag(3)] == [(3, 0.0)]
     assert got[tag(5)] == [(5, 0.75)] and math.isnan(got[tag(1)][0][1]) and got["free_form"] == [(5, 1.5)]
-    assert summary_events(str(tmp_path / "batched")) == [(3, [tag(0), tag(1)]), (4, [tag(2)]),
-                                                        (3, [tag(3), tag(4)]), (5, [tag(5), tag(6), "free_form"])]
+    assert summary_events(str(tmp_path / "batched")) == [
+        (3, [tag(0), tag(1)]),
+        (4, [tag(2)]),
+        (3, [tag(3), tag(4)]),
+        (5, [tag(5), tag(6), "free_form"]),
+    ]
     assert batched.layout() == single.layout()
 
 
@@ -192,9 +230,12 @@ def test_text_batch_lines_equal_format_stat_message(tmp_path, monkeypatch):
     from tedebug.sinks import text as text_module
     from tedebug.sinks.text import TextStatsSink, format_stat_message
 
-    monkeypatch.setattr(text_module, "time", types.SimpleNamespace(time=lambda: 1_000_000_000.5,
-                                                                   strftime=time.strftime, localtime=time.localtime))
-    values = [1.4388, 0.15625, -2.5, float("nan"), -float("inf"), 2.0 ** 70, torch.tensor(3.0), 7, True]
+    monkeypatch.setattr(
+        text_module,
+        "time",
+        types.SimpleNamespace(time=lambda: 1_000_000_000.5, strftime=time.strftime, localtime=time.localtime),
+    )
+    values = [1.4388, 0.15625, -2.5, float("nan"), -float("inf"), 2.0**70, torch.tensor(3.0), 7, True]
     iterations = [20, 20, 1234567, 1, True, 1.0, 0, torch.tensor(5), 20]
     records = [(f"n{i}", v, it, "l", "t", f"s{i}") for i, (v, it) in enumerate(zip(values, iterations))]
     sink = TextStatsSink(str(tmp_path / "s.log"))
@@ -222,14 +263,19 @@ def test_fast_event_checksum_equals_tensorboards_and_files_stay_readable(tmp_pat
 
     gen = torch.Generator().manual_seed(5)
     samples = [b"", b"\x00", b"123456789", _os.urandom(1)] + [
-        bytes(torch.randint(0, 256, (n,), generator=gen, dtype=torch.uint8).tolist()) for n in (3, 64, 1000, 4099)]
+        bytes(torch.randint(0, 256, (n,), generator=gen, dtype=torch.uint8).tolist()) for n in (3, 64, 1000, 4099)
+    ]
     for data in samples:
         assert tb_crc.masked_crc32c(data) == reference(data), data[:16]
     assert reference(b"123456789") == tb_crc.masked_crc32c(b"123456789")
     sink = TensorBoardSink(log_dir=str(tmp_path / "tb"))
     assert record_writer.masked_crc32c is tb_crc.masked_crc32c  # google_crc32c's C code on this machine
-    sink.log_scalars([("L_activation_max", 2.5, 3, "L", "activation", "max"),
-                      ("L_activation_min", -1.0, 3, "L", "activation", "min")])
+    sink.log_scalars(
+        [
+            ("L_activation_max", 2.5, 3, "L", "activation", "max"),
+            ("L_activation_min", -1.0, 3, "L", "activation", "min"),
+        ]
+    )
     sink.close()
     acc = EventAccumulator(str(tmp_path / "tb"))
     acc.Reload()
@@ -245,7 +291,7 @@ def test_tensorboard_summary_wire_bytes_equal_the_message_objects(tmp_path):
 
     sink = TensorBoardSink(SummaryWriter(str(tmp_path / "w")))
     tags = ["a", "L/activation/max", "x" * 127, "y" * 128, "z" * 300, "blöck/ü/σ", "q" * 20000]
-    values = [0.1, 2.0 ** 130, float("nan"), -0.0, 5e-324, -float("inf"), 3.0]
+    values = [0.1, 2.0**130, float("nan"), -0.0, 5e-324, -float("inf"), 3.0]
     got = sink._summary(tags, values)
     want = Summary(value=[Summary.Value(tag=t, simple_value=v) for t, v in zip(tags, values)])
     assert got.SerializeToString() == want.SerializeToString()

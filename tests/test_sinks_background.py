@@ -27,8 +27,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WRITER_THREAD = "tedebug-stats-writer"
 
 
-pytestmark = [pytest.mark.filterwarnings("ignore:Could not find config file"),
-              pytest.mark.usefixtures("no_debug_session")]  # tests/conftest.py
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Could not find config file"),
+    pytest.mark.usefixtures("no_debug_session"),
+]  # tests/conftest.py
 
 
 def rec(layer, stat, value, it, tensor="activation"):
@@ -129,8 +131,13 @@ def test_order_across_steps_and_threads():
         metrics.log_scalar(f"free_{it}", 0.25, it)  # single scalars keep their place between batches
         metrics.log_scalar(f"free_{it}_b", 0.5, it, layer="L2", tensor="t", stat="s")
         metrics.log_scalars([rec("L3", "std", 2.0, it)])
-        expected += [batch[0], batch[1], (f"free_{it}", 0.25, it, None, None, None),
-                     (f"free_{it}_b", 0.5, it, "L2", "t", "s"), rec("L3", "std", 2.0, it)]
+        expected += [
+            batch[0],
+            batch[1],
+            (f"free_{it}", 0.25, it, None, None, None),
+            (f"free_{it}_b", 0.5, it, "L2", "t", "s"),
+            rec("L3", "std", 2.0, it),
+        ]
         metrics.flush()
     metrics.drain()
     logged = [c[1] for c in threaded.calls if c[0] == "log"]
@@ -191,8 +198,10 @@ def test_writer_error_is_raised_in_the_caller_naming_the_sink(tmp_path):
     with pytest.raises(BackgroundSinkError) as info:
         metrics.log_scalars([rec("L", "max", 3.0, 3)])  # queued before the error is raised
     error = info.value
-    assert str(error).startswith(f"statistics sink Failing({str(tmp_path / 'x.log')!r}) failed in tedebug's "
-                                 f"background writer while writing iteration(s) 2: OSError: disk full")
+    assert str(error).startswith(
+        f"statistics sink Failing({str(tmp_path / 'x.log')!r}) failed in tedebug's "
+        f"background writer while writing iteration(s) 2: OSError: disk full"
+    )
     assert error.sink is failing and isinstance(error.__cause__, OSError)
     metrics.flush()  # reported once; step 3 (queued at the failing call) is handed over
     metrics.drain()
@@ -261,8 +270,9 @@ CRASH_SCRIPT = textwrap.dedent("""
 
 def test_crash_after_step_leaves_the_stepped_iterations_on_disk(tmp_path):
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run([sys.executable, "-c", CRASH_SCRIPT, str(tmp_path)], env=env, capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", CRASH_SCRIPT, str(tmp_path)], env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 1 and "RuntimeError: crash in iteration 3" in done.stderr, done.stderr
     after_step = json.loads(done.stdout.split("AFTER STEP 2 ", 1)[1].splitlines()[0])
     assert after_step[:2] == [0, 1]  # when step() returned for iteration 2, iteration 1 was on disk
@@ -270,10 +280,10 @@ def test_crash_after_step_leaves_the_stepped_iterations_on_disk(tmp_path):
     assert at_exit == {"iterations": [0, 1, 2], "writer_threads": []}  # drained and joined by tedebug's handler
     with open(tmp_path / "tedebug_statistics" / "metrics_globalrank-0.jsonl", encoding="utf-8") as f:
         assert [(r["iteration"], r["value"]) for r in map(json.loads, f)] == [(0, 2.0), (1, 3.0), (2, 4.0)]
-    with open(tmp_path / "nvdlfw_inspect_statistics_logs" / "nvdlfw_inspect_globalrank-0.log",
-              encoding="utf-8") as f:
+    with open(tmp_path / "nvdlfw_inspect_statistics_logs" / "nvdlfw_inspect_globalrank-0.log", encoding="utf-8") as f:
         assert [line.split(" - INFO - ")[1] for line in f.read().splitlines()] == [
-            f"L_activation_max \t\t\t\t iteration={it:06d} \t\t\t\t value={it + 2.0:.4f}" for it in range(3)]
+            f"L_activation_max \t\t\t\t iteration={it:06d} \t\t\t\t value={it + 2.0:.4f}" for it in range(3)
+        ]
 
 
 # ------------------------------------------------------------------------------------------------ sync == background
@@ -285,19 +295,20 @@ def run_session(log_dir, background):
     whether the last step's statistics were on disk when step() returned."""
     writer = SummaryWriter(log_dir=os.path.join(log_dir, "tb_flat"))
     debug_api.add_statistics_sink(TensorBoardSink(log_dir=os.path.join(log_dir, "tb_hier")))
-    debug_api.initialize("", log_dir=log_dir, tb_writer=writer, default_logging_enabled=True,
-                         background_logging=background)
+    debug_api.initialize(
+        "", log_dir=log_dir, tb_writer=writer, default_logging_enabled=True, background_logging=background
+    )
     session = debug_api.session()
     assert session.metric_logger.background is background
     in_flight = []
     x = torch.tensor([[1.0, -2.0, 0.0], [0.5, 4.0, 3.0e-5]])
     for it in range(3):
-        session.stats.feed("enc.0.fc1", "activation", ["min", "max", "mean", "std", "l1_norm"], x * (it + 1),
-                           iteration=it)
+        session.stats.feed(
+            "enc.0.fc1", "activation", ["min", "max", "mean", "std", "l1_norm"], x * (it + 1), iteration=it
+        )
         session.stats.feed("enc.0.fc1", "weight", ["max", "cur_amax"], x.flip(0) - it, iteration=it)
-        session.stats.feed("enc.1.fc2", "gradient", ["max", "std"], torch.tensor([float("nan"), 1.0]),
-                           iteration=it)
-        session.metric_logger.log_scalar(f"custom_{it}", 2.0 ** 130, it)  # no structured keywords; float32 inf in TB
+        session.stats.feed("enc.1.fc2", "gradient", ["max", "std"], torch.tensor([float("nan"), 1.0]), iteration=it)
+        session.metric_logger.log_scalar(f"custom_{it}", 2.0**130, it)  # no structured keywords; float32 inf in TB
         debug_api.step()
         in_flight.append(session.stats.has_in_flight)
     assert in_flight == [background] * 3  # background: the deferred read-back (records held back to keep the order)
@@ -312,8 +323,9 @@ def run_session(log_dir, background):
 def tb_events(log_dir):
     acc = EventAccumulator(log_dir)
     acc.Reload()
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}, \
-        {tag: [e.tensor_proto.SerializeToString() for e in acc.Tensors(tag)] for tag in acc.Tags()["tensors"]}
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}, {
+        tag: [e.tensor_proto.SerializeToString() for e in acc.Tensors(tag)] for tag in acc.Tags()["tensors"]
+    }
 
 
 def read_bytes(path):
@@ -328,17 +340,25 @@ def test_background_and_synchronous_sessions_write_the_same_files(tmp_path, monk
     assert run_session(sync_dir, background=False) is True  # synchronous: written inside step()
     run_session(bg_dir, background=True)
     assert writer_threads() == []
-    for rel in (os.path.join("nvdlfw_inspect_statistics_logs", "nvdlfw_inspect_globalrank-0.log"),
-                os.path.join("tedebug_statistics", "metrics_globalrank-0.jsonl")):
+    for rel in (
+        os.path.join("nvdlfw_inspect_statistics_logs", "nvdlfw_inspect_globalrank-0.log"),
+        os.path.join("tedebug_statistics", "metrics_globalrank-0.jsonl"),
+    ):
         sync_bytes = read_bytes(os.path.join(sync_dir, rel))
         assert sync_bytes and sync_bytes == read_bytes(os.path.join(bg_dir, rel)), rel
-    text_lines = read_bytes(os.path.join(sync_dir, "nvdlfw_inspect_statistics_logs",
-                                         "nvdlfw_inspect_globalrank-0.log")).decode().splitlines()
+    text_lines = (
+        read_bytes(os.path.join(sync_dir, "nvdlfw_inspect_statistics_logs", "nvdlfw_inspect_globalrank-0.log"))
+        .decode()
+        .splitlines()
+    )
     assert len(text_lines) == 3 * 10
-    assert text_lines[0].endswith(" - INFO - custom_0 \t\t\t\t iteration=000000 \t\t\t\t "
-                                  "value=1361129467683753853853498429727072845824.0000")  # 2**130
-    assert text_lines[1] == (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(FIXED_TIME)) + ",250 - INFO - "
-                             "enc.0.fc1_activation_min \t\t\t\t iteration=000000 \t\t\t\t value=-2.0000")
+    assert text_lines[0].endswith(
+        " - INFO - custom_0 \t\t\t\t iteration=000000 \t\t\t\t value=1361129467683753853853498429727072845824.0000"
+    )  # 2**130
+    assert text_lines[1] == (
+        time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(FIXED_TIME)) + ",250 - INFO - "
+        "enc.0.fc1_activation_min \t\t\t\t iteration=000000 \t\t\t\t value=-2.0000"
+    )
     for sub in ("tb_flat", "tb_hier"):
         sync_scalars, sync_tensors = tb_events(os.path.join(sync_dir, sub))
         bg_scalars, bg_tensors = tb_events(os.path.join(bg_dir, sub))
@@ -417,6 +437,7 @@ def test_deferred_records_are_built_once_on_the_writer_thread():
         def run():
             built.append(threading.current_thread().name)
             return records
+
         return run
 
     a, b = ThreadedRecorder(), ThreadedRecorder()
@@ -497,8 +518,11 @@ def test_a_caller_thread_sink_gets_each_iteration_at_its_own_step(tmp_path):
     assert not session.stats.has_in_flight
     assert late.calls == [("L_activation_max", 2.0, 1), ("L_activation_max", 3.0, 2)]  # 1 caught up, then 2
     debug_api.end_debug()
-    assert jsonl_iterations(str(tmp_path)) == [("L_activation_max", 0, 1.0), ("L_activation_max", 1, 2.0),
-                                              ("L_activation_max", 2, 3.0)]
+    assert jsonl_iterations(str(tmp_path)) == [
+        ("L_activation_max", 0, 1.0),
+        ("L_activation_max", 1, 2.0),
+        ("L_activation_max", 2, 3.0),
+    ]
 
     early = StatsRecorder()
     debug_api.initialize("", log_dir=str(tmp_path / "again"), statistics_logger=early)

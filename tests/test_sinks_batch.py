@@ -22,15 +22,50 @@ from tedebug.stats import StatsEngine
 FIXED_ASCTIME = "2024-05-06 07:08:09,010"
 
 SPECIAL_VALUES = [
-    0.0, -0.0, 1.0, -1.0, float("nan"), -float("nan"), float("inf"), float("-inf"), 1e300, -1e300,
+    0.0,
+    -0.0,
+    1.0,
+    -1.0,
+    float("nan"),
+    -float("nan"),
+    float("inf"),
+    float("-inf"),
+    1e300,
+    -1e300,
     1.7976931348623157e308,
-    5e-324, 1e-310, 2.2250738585072014e-308, 5e-05, 2.5e-05, 0.00015, 0.1 + 0.2, 123456789.123456789, 1e16,
-    1e22, 9.999999999999999e15, 12345.67895, -0.00004999, 0.49999999999999994, 2 ** 53 + 0.0,
+    5e-324,
+    1e-310,
+    2.2250738585072014e-308,
+    5e-05,
+    2.5e-05,
+    0.00015,
+    0.1 + 0.2,
+    123456789.123456789,
+    1e16,
+    1e22,
+    9.999999999999999e15,
+    12345.67895,
+    -0.00004999,
+    0.49999999999999994,
+    2**53 + 0.0,
 ]
 
 ADVERSARIAL_NAMES = [
-    "underflows%", "%s", "%%", "%(x)s", "%.4f", 'quo"te', "back\\slash", "λ_unicode", "日本語", "emoji_😀",
-    "tab\tname", "{brace}", "ctrl\x01", "\u2028sep", "",
+    "underflows%",
+    "%s",
+    "%%",
+    "%(x)s",
+    "%.4f",
+    'quo"te',
+    "back\\slash",
+    "λ_unicode",
+    "日本語",
+    "emoji_😀",
+    "tab\tname",
+    "{brace}",
+    "ctrl\x01",
+    "\u2028sep",
+    "",
 ]
 
 
@@ -93,16 +128,24 @@ def text_log_name(name):
 
 
 def expected_text(records):
-    return "".join(f"{FIXED_ASCTIME} - INFO - {text_log_name(name)} \t\t\t\t iteration={it:06d} \t\t\t\t "
-                   f"value={float(v):.4f}\n" for name, v, it, _, _, _ in records).encode()
+    return "".join(
+        f"{FIXED_ASCTIME} - INFO - {text_log_name(name)} \t\t\t\t iteration={it:06d} \t\t\t\t value={float(v):.4f}\n"
+        for name, v, it, _, _, _ in records
+    ).encode()
 
 
 def expected_jsonl(records):
     lines = []
     for name, value, it, layer, tensor, stat in records:
         value = float(value)
-        record = {"iteration": it, "name": name, "layer": layer, "tensor": tensor, "stat": stat,
-                  "value": value if math.isfinite(value) else None}
+        record = {
+            "iteration": it,
+            "name": name,
+            "layer": layer,
+            "tensor": tensor,
+            "stat": stat,
+            "value": value if math.isfinite(value) else None,
+        }
         if not math.isfinite(value):
             record["nonfinite"] = "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
         lines.append(json.dumps(record, allow_nan=False) + "\n")
@@ -185,11 +228,14 @@ def test_batch_files_exact_bytes(tmp_path):
     e = emitters_of("blk.0", "activation", ["underflows%", "std", "max"])
     batch = ScalarBatch([(e, [12.5, float("nan"), -0.0], 42, "blk.0", "activation")])
     text, jsonl = assert_same_files(tmp_path, [batch])
-    assert text == (
-        f"{FIXED_ASCTIME} - INFO - blk.0_activation_underflows% \t\t\t\t iteration=000042 \t\t\t\t value=12.5000\n"
-        f"{FIXED_ASCTIME} - INFO - blk.0_activation_std \t\t\t\t iteration=000042 \t\t\t\t value=nan\n"
-        f"{FIXED_ASCTIME} - INFO - blk.0_activation_max \t\t\t\t iteration=000042 \t\t\t\t value=-0.0000\n"
-    ).encode()
+    assert (
+        text
+        == (
+            f"{FIXED_ASCTIME} - INFO - blk.0_activation_underflows% \t\t\t\t iteration=000042 \t\t\t\t value=12.5000\n"
+            f"{FIXED_ASCTIME} - INFO - blk.0_activation_std \t\t\t\t iteration=000042 \t\t\t\t value=nan\n"
+            f"{FIXED_ASCTIME} - INFO - blk.0_activation_max \t\t\t\t iteration=000042 \t\t\t\t value=-0.0000\n"
+        ).encode()
+    )
     assert jsonl == (
         b'{"iteration": 42, "name": "blk.0_activation_underflows%", "layer": "blk.0", "tensor": "activation", '
         b'"stat": "underflows%", "value": 12.5}\n'
@@ -205,7 +251,7 @@ def test_special_values_and_names(tmp_path):
     rows = [(emitters_of("L", "t", stats), list(SPECIAL_VALUES), 7, "L", "t")]
     for i, name in enumerate(ADVERSARIAL_NAMES):
         layer, tensor = f"lay{name}", f"ten{name}"
-        rows.append((emitters_of(layer, tensor, [name, f"{name}2"]), SPECIAL_VALUES[i:i + 2], 7, layer, tensor))
+        rows.append((emitters_of(layer, tensor, [name, f"{name}2"]), SPECIAL_VALUES[i : i + 2], 7, layer, tensor))
     batch = ScalarBatch(rows)
     text, jsonl = assert_same_files(tmp_path, [batch])
     assert text == expected_text(batch)
@@ -237,8 +283,9 @@ def test_batch_paths_are_taken_and_fall_back(tmp_path):
 
 def test_several_iterations_in_one_batch(tmp_path):
     e1, e2 = emitters_of("A", "x", ["min", "max"]), emitters_of("B", "y", ["std"])
-    batch = ScalarBatch([(e1, [1.0, 2.0], 5, "A", "x"), (e2, [float("inf")], 6, "B", "y"),
-                         (e1, [3.0, 4.5], 5, "A", "x")])
+    batch = ScalarBatch(
+        [(e1, [1.0, 2.0], 5, "A", "x"), (e2, [float("inf")], 6, "B", "y"), (e1, [3.0, 4.5], 5, "A", "x")]
+    )
     text, jsonl = assert_same_files(tmp_path, [batch])
     assert text == expected_text(batch) and jsonl == expected_jsonl(batch)
 
@@ -273,8 +320,14 @@ def random_batches(seed, steps=6):
             b = rng.choice(buffers)
             b[0] = emitters_of(b[1], b[2], rng.sample(names, rng.randint(1, len(names))))
         mixed = rng.random() < 0.15
-        batches.append(ScalarBatch([(e, [value() for _ in e], step + (mixed and i % 2), layer, tensor)
-                                    for i, (e, layer, tensor) in enumerate(buffers)]))
+        batches.append(
+            ScalarBatch(
+                [
+                    (e, [value() for _ in e], step + (mixed and i % 2), layer, tensor)
+                    for i, (e, layer, tensor) in enumerate(buffers)
+                ]
+            )
+        )
     return batches
 
 
@@ -295,8 +348,13 @@ def test_layout_cache_reused_and_rebuilt(tmp_path):
         ScalarBatch([(e_a, [1.0, 2.0], 1, "A", "x"), (e_b, [3.0], 1, "B", "x")]),
         ScalarBatch([(e_a, [1.5, 2.5], 2, "A", "x"), (e_b, [3.5], 2, "B", "x")]),  # same objects: reused
         ScalarBatch([(e_a, [1.0, 2.0], 3, "A", "x")]),  # a buffer removed
-        ScalarBatch([(e_a, [1.0, 2.0], 4, "A", "x"), (e_b, [0.5], 4, "B", "x"),
-                     (emitters_of("C", "y", ["%x"]), [9.0], 4, "C", "y")]),  # added back, and one more
+        ScalarBatch(
+            [
+                (e_a, [1.0, 2.0], 4, "A", "x"),
+                (e_b, [0.5], 4, "B", "x"),
+                (emitters_of("C", "y", ["%x"]), [9.0], 4, "C", "y"),
+            ]
+        ),  # added back, and one more
         ScalarBatch([(emitters_of("A", "x", ["max", "min"]), [7.0, 8.0], 5, "A", "x")]),  # the same layer, new stats
     ]
     cached = []
@@ -384,7 +442,12 @@ def test_engine_emits_a_scalar_batch(tmp_path):
     assert all(type(batch) is ScalarBatch and batch.iteration == it for batch, it in zip(seen, (3, 4)))
     assert seen[0].same_layout(seen[1].layout)  # the same buffers: the cached line pieces were reused
     records = [r for batch in seen for r in batch]
-    assert [r[0] for r in records[:5]] == ["blk.0_activation_min", "blk.0_activation_max", "blk.0_activation_std",
-                                          "blk.0_activation_dynamic_range", "blk.1_weight_l1_norm"]
+    assert [r[0] for r in records[:5]] == [
+        "blk.0_activation_min",
+        "blk.0_activation_max",
+        "blk.0_activation_std",
+        "blk.0_activation_dynamic_range",
+        "blk.1_weight_l1_norm",
+    ]
     assert (tmp_path / "e.log").read_bytes() == expected_text(records)
     assert (tmp_path / "e.jsonl").read_bytes() == expected_jsonl(records)

@@ -85,8 +85,14 @@ def test_columns_closure_is_canonical_and_minimal():
     assert cols == columns_for([std, sstd])
     q = ("mxfp8", False)
     assert cols == (
-        NUMEL, Column("sum"), Column("m2"), Column("nan_count"), Column("inf_count"),
-        Column("scale_count", q), Column("scale_sum", q), Column("scale_m2", q),
+        NUMEL,
+        Column("sum"),
+        Column("m2"),
+        Column("nan_count"),
+        Column("inf_count"),
+        Column("scale_count", q),
+        Column("scale_sum", q),
+        Column("scale_m2", q),
     )
     # quantized-only requests do not pull in basic partials (no pass over x for nothing)
     assert columns_for([StatRequest("underflows%", "underflows%")]) == (NUMEL, Column("underflows_num", ("", False)))
@@ -118,6 +124,7 @@ def test_combine_rows_matches_decisions_formula():
     merged = combine_rows(COLS, torch.tensor([_row(g) for g in groups], dtype=torch.float64)).tolist()
     n_tot = sum(len(g) for g in groups)
     mean = sum(map(sum, groups)) / n_tot
+
     # decisions.md: (Σ (n_i − 1)·var_i + Σ n_i·(m_i − m)²) / (N − 1)
     def var(g):
         return sum((v - sum(g) / len(g)) ** 2 for v in g) / (len(g) - 1)
@@ -161,8 +168,18 @@ def test_basic_partials_hand_vector():
     assert all(v.dtype == torch.float64 and v.dim() == 0 for v in torch_ref.basic_partials(x).values())
     # mean 0.5; deviations -2.5, -0.5, 0, 3.5, -0.5
     assert p == {
-        "min": -2.0, "max": 4.0, "sum": 2.5, "m2": 19.0, "abs_sum": 6.5, "sq_sum": 20.25, "amax": 4.0,
-        "nz_abs_min": 0.5, "nz_abs_max": 4.0, "nonzero_count": 3.0, "nan_count": 0.0, "inf_count": 0.0,
+        "min": -2.0,
+        "max": 4.0,
+        "sum": 2.5,
+        "m2": 19.0,
+        "abs_sum": 6.5,
+        "sq_sum": 20.25,
+        "amax": 4.0,
+        "nz_abs_min": 0.5,
+        "nz_abs_max": 4.0,
+        "nonzero_count": 3.0,
+        "nan_count": 0.0,
+        "inf_count": 0.0,
     }
 
 
@@ -199,8 +216,9 @@ def test_blockwise_te_direct_checks():
     assert _blockwise(t, 4, 2, False) == pytest.approx(a - b_, abs=1e-12)  # 4x4 tiles span rows 0..3
     assert _blockwise(t, 8, 1, True) == pytest.approx(a - e, abs=1e-12)  # [A, B, B, B, eps x4]
     assert _blockwise(torch.full((64, 64), 42.0), 4, 1, True) == 0.0
-    t2 = torch.tensor([[1.0, 1.0, 10.0, 10.0], [1.0, 1.0, 10.0, 10.0],
-                       [100.0, 100.0, 1000.0, 1000.0], [100.0, 100.0, 1000.0, 1000.0]])
+    t2 = torch.tensor(
+        [[1.0, 1.0, 10.0, 10.0], [1.0, 1.0, 10.0, 10.0], [100.0, 100.0, 1000.0, 1000.0], [100.0, 100.0, 1000.0, 1000.0]]
+    )
     assert _blockwise(t2, 2, 2, False) == 0.0  # every 2x2 tile is uniform
     assert _blockwise(t2.reshape(2, 2, 4), 2, 2, False) == _blockwise(t2, 2, 2, False)
     assert _blockwise(t2, 4, 2, False) == pytest.approx(math.log2(1000.0), abs=1e-12)
@@ -208,6 +226,7 @@ def test_blockwise_te_direct_checks():
 
 def _blockwise_oracle(rows, b, d, orient):
     """Pure-python oracle on a list-of-lists 2-D tensor."""
+
     def block_value(vals):
         mags = [abs(v) for v in vals]
         nz = [m for m in mags if m != 0]
@@ -217,10 +236,11 @@ def _blockwise_oracle(rows, b, d, orient):
         n_r, n_c = len(r), len(r[0])
         if d == 1:
             flat = [v for row in r for v in row]
-            return max(block_value(flat[i:i + b]) for i in range(0, len(flat), b))
+            return max(block_value(flat[i : i + b]) for i in range(0, len(flat), b))
         return max(
             block_value([r[i + di][j + dj] for di in range(b) for dj in range(b)])
-            for i in range(0, n_r, b) for j in range(0, n_c, b)
+            for i in range(0, n_r, b)
+            for j in range(0, n_c, b)
         )
 
     value = one(rows)
@@ -287,10 +307,11 @@ def test_quantized_partials_hand_values():
     assert torch_ref.underflow_partials(x, q, "rowwise")["underflows_num"].item() == 1.0
     assert torch_ref.underflow_partials(x, q, "columnwise")["underflows_num"].item() == 0.0
     sq = torch_ref.mse_partials(x, q, "rowwise")["sq_err"].item()
-    assert sq == pytest.approx(torch.tensor(-0.001).double().item() ** 2 + 52.0 ** 2, rel=1e-15)
+    assert sq == pytest.approx(torch.tensor(-0.001).double().item() ** 2 + 52.0**2, rel=1e-15)
     sq_col = torch_ref.mse_partials(x, q, "columnwise")["sq_err"].item()
-    assert sq_col == pytest.approx((torch.tensor(-0.001).double().item() - torch.tensor(-0.002).double().item()) ** 2
-                                   + 52.0 ** 2, rel=1e-15)
+    assert sq_col == pytest.approx(
+        (torch.tensor(-0.001).double().item() - torch.tensor(-0.002).double().item()) ** 2 + 52.0**2, rel=1e-15
+    )
     # threshold 448 * 0.5 = 224: only 500 overflows
     assert torch_ref.overflow_partials(x, q, "rowwise")["overflows_num"].item() == 1.0
     # mean 0.625; deviations -0.625, -0.375, 1.375, -0.375 -> M2 = 0.390625 + 0.140625 + 1.890625 + 0.140625

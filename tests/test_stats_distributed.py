@@ -74,8 +74,15 @@ def _worker(rank, world):
         engine.feed("L", "gradient", ["max", "mean"], shard * (rank + 1), iteration=1, reduction_group=second_group)
         if rank == 0:
             engine.feed("only0", "activation", ["min", "max"], torch.tensor([-3.0, 9.0], device=dev), iteration=1)
-        engine.feed("L", "weight", ["max"], torch.tensor([float(10 + rank)], device=dev), iteration=1,
-                    skip_reduction=True, is_weight=True)
+        engine.feed(
+            "L",
+            "weight",
+            ["max"],
+            torch.tensor([float(10 + rank)], device=dev),
+            iteration=1,
+            skip_reduction=True,
+            is_weight=True,
+        )
         engine.step(1)
         results["step1"] = (list(log.records), counter["n"])
 
@@ -109,8 +116,7 @@ def _deferred(rank, dev):
     for it in (1, 2):
         engine.feed("L", "activation", REDUCED, shard * it, iteration=it)
         if rank == 0:
-            engine.feed("only0", "activation", ["min", "max"], torch.tensor([-3.0, 9.0], device=dev) * it,
-                        iteration=it)
+            engine.feed("only0", "activation", ["min", "max"], torch.tensor([-3.0, 9.0], device=dev) * it, iteration=it)
         engine.step(it)
         emitted.append(sorted({i for _, _, i in log.records}))
     engine.finish_pending()
@@ -122,9 +128,14 @@ def oracle(kind, x):
     d = x.double().reshape(-1)
     nz = d.abs()[d != 0]
     return {
-        "min": d.min().item(), "max": d.max().item(), "mean": d.mean().item(), "std": d.std().item(),
-        "l1_norm": d.abs().sum().item(), "l2_norm": torch.linalg.vector_norm(d).item(),
-        "cur_amax": d.abs().max().item(), "dynamic_range": math.log2(nz.max().item()) - math.log2(nz.min().item()),
+        "min": d.min().item(),
+        "max": d.max().item(),
+        "mean": d.mean().item(),
+        "std": d.std().item(),
+        "l1_norm": d.abs().sum().item(),
+        "l2_norm": torch.linalg.vector_norm(d).item(),
+        "cur_amax": d.abs().max().item(),
+        "dynamic_range": math.log2(nz.max().item()) - math.log2(nz.min().item()),
     }[kind]
 
 
@@ -161,8 +172,12 @@ def test_one_rank_buffer_and_skip_reduction(results):
     assert not any(name.startswith("only0") for name in r1)
     assert r0["L_weight_max"] == 10.0 and r1["L_weight_max"] == 11.0  # local values
     assert [n for n, _, _ in results[0]["step1"][0]] == [
-        *(f"L_activation_{k}" for k in REDUCED), "L_gradient_max", "L_gradient_mean",
-        "only0_activation_min", "only0_activation_max", "L_weight_max",
+        *(f"L_activation_{k}" for k in REDUCED),
+        "L_gradient_max",
+        "L_gradient_mean",
+        "only0_activation_min",
+        "only0_activation_max",
+        "L_weight_max",
     ]
 
 
@@ -186,8 +201,13 @@ def test_a_single_rank_group_keeps_the_deferred_read_back(monkeypatch):
 
     engine = StatsEngine(Capture(), defer_read_back=True)
     assert engine.defers()  # not initialised
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{_free_port()}",
+        rank=0,
+        world_size=1,
+        timeout=datetime.timedelta(seconds=TIMEOUT_S),
+    )
     try:
         assert reduce_module.distributed_ready() and not reduce_module.needs_communication()
         assert engine.defers()

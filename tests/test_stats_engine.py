@@ -36,7 +36,7 @@ def run(feeds, stats, *, tensor_name="activation", quantized_for=None, **kw):
         quantized = quantized_for(x) if quantized_for else None
         engine.feed("L", tensor_name, stats, x, iteration=7, quantized=quantized, **kw)
     engine.step(7)
-    return {name[len(f"L_{tensor_name}_"):]: v for name, v in log.values().items()}
+    return {name[len(f"L_{tensor_name}_") :]: v for name, v in log.values().items()}
 
 
 def random_tensor(dtype, shape=(64, 48), seed=0):
@@ -101,10 +101,13 @@ def test_nonfinite_counts_and_report():
     vals = log.values()
     assert vals["dec.3_gradient_nan_count"] == 1.0 and vals["dec.3_gradient_inf_count"] == 4.0
     assert math.isnan(vals["dec.3_gradient_min"])
-    assert messages == [(
-        "First non-finite values: layer=dec.3 tensor=gradient gemm=dgrad/wgrad iteration=12 nan_count=1 inf_count=4",
-        {"layer_name": "dec.3", "level": logging.WARNING},
-    )]
+    assert messages == [
+        (
+            "First non-finite values: layer=dec.3 tensor=gradient gemm=dgrad/wgrad iteration=12 nan_count=1 "
+            "inf_count=4",
+            {"layer_name": "dec.3", "level": logging.WARNING},
+        )
+    ]
     # only the first time in the session, even for another buffer; and not for a finite buffer
     engine.feed("dec.4", "activation", ["max"], x, iteration=13)
     engine.step(13)
@@ -197,8 +200,10 @@ def test_weight_keeps_first_feed_and_last_iteration():
     engine.feed("L", "activation", ["max", "min"], b, iteration=5)
     engine.step(5)
     assert [(n, v, i) for n, v, i, _ in log.records] == [
-        ("L_weight_max", 2.0, 5), ("L_weight_min", 1.0, 5),
-        ("L_activation_max", 10.0, 5), ("L_activation_min", -20.0, 5),
+        ("L_weight_max", 2.0, 5),
+        ("L_weight_min", 1.0, 5),
+        ("L_activation_max", 10.0, 5),
+        ("L_activation_min", -20.0, 5),
     ]
     assert log.records[0][3] == {"layer": "L", "tensor": "weight", "stat": "max"}
     assert log.flushes == 1
@@ -224,8 +229,14 @@ def test_options_separate_buffers_and_empty_tensors_skipped():
 def test_feed_errors_are_clear():
     engine = StatsEngine(Capture())
     with pytest.raises(ValueError, match=r"stats \['min'\] need the high-precision tensor"):
-        engine.feed("L", "weight", ["min", StatRequest("scale_inv_min", "scale_inv_min")], None, iteration=0,
-                    quantized=_mx(torch.ones(32, 32)))
+        engine.feed(
+            "L",
+            "weight",
+            ["min", StatRequest("scale_inv_min", "scale_inv_min")],
+            None,
+            iteration=0,
+            quantized=_mx(torch.ones(32, 32)),
+        )
     with pytest.raises(ValueError, match="no quantized tensor for recipe 'mxfp8'"):
         engine.feed("L", "activation", [MX_QUANTIZED[0]], torch.ones(32, 32), iteration=0)
     with pytest.raises(TypeError, match="floating-point"):
@@ -244,8 +255,10 @@ def test_feed_errors_are_clear():
 def test_scale_stats_without_hp_tensor():
     x = random_tensor(torch.float32, (64, 64), seed=4)
     q = MXFP8Quantizer("E4M3").quantize(x)
-    reqs = [StatRequest("scale_inv_min", "scale_inv_min"), StatRequest("scale_inv_max_columnwise", "scale_inv_max",
-                                                                       columnwise=True)]
+    reqs = [
+        StatRequest("scale_inv_min", "scale_inv_min"),
+        StatRequest("scale_inv_max_columnwise", "scale_inv_max", columnwise=True),
+    ]
     got = run([None], reqs, tensor_name="weight", quantized_for=lambda _: {"": q})
     rs, cs = q.scale_inv_values("rowwise"), q.scale_inv_values("columnwise")
     assert got["scale_inv_min"] == rs[rs != 0].min().item()
@@ -285,12 +298,18 @@ def test_te_log_stats_numerics(tensor_name):
     x = torch.zeros(1024, 1024) + eps
     x[0, :] = 1000.0
     x[1:4, :] = 50.0
-    stats = ["dynamic_range", {"max_blockwise_dynamic_range": {"block_size": 4, "dims": 1}},
-             {"max_blockwise_dynamic_range": {"block_size": 4, "dims": 2}}]
+    stats = [
+        "dynamic_range",
+        {"max_blockwise_dynamic_range": {"block_size": 4, "dims": 1}},
+        {"max_blockwise_dynamic_range": {"block_size": 4, "dims": 2}},
+    ]
     got = run([x], stats, tensor_name=tensor_name, is_weight=tensor_name == "weight")
     suffix = "_max_over_orientations" if tensor_name in ("activation", "weight") else ""
-    assert set(got) == {"dynamic_range", f"max_blockwise_dynamic_range_block_size_4_dims_1{suffix}",
-                        f"max_blockwise_dynamic_range_block_size_4_dims_2{suffix}"}
+    assert set(got) == {
+        "dynamic_range",
+        f"max_blockwise_dynamic_range_block_size_4_dims_1{suffix}",
+        f"max_blockwise_dynamic_range_block_size_4_dims_2{suffix}",
+    }
     eps32 = torch.tensor(eps).item()  # the fp32 value actually stored
     assert got["dynamic_range"] == math.log2(1000.0) - math.log2(eps32)
     assert got["dynamic_range"] == pytest.approx(math.log2(1000) - math.log2(eps), abs=1e-4)
@@ -307,8 +326,9 @@ def test_dynamic_range_of_all_zero_tensor_is_inf():
     assert got["dynamic_range"] == 5.0
 
 
-@pytest.mark.parametrize("quantizer", [Float8CurrentScalingQuantizer("E4M3"), MXFP8Quantizer("E4M3")],
-                         ids=["current", "mxfp8"])
+@pytest.mark.parametrize(
+    "quantizer", [Float8CurrentScalingQuantizer("E4M3"), MXFP8Quantizer("E4M3")], ids=["current", "mxfp8"]
+)
 def test_te_quantized_stats_numerics(quantizer):
     """Port of TE's test_log_quantized_stats_numerics (1024x1024 with a run of -0.0)."""
     g = torch.Generator().manual_seed(0)
@@ -316,11 +336,17 @@ def test_te_quantized_stats_numerics(quantizer):
     x[0, 100:200] = -0.0
     x[5, :300] *= 1e-6  # values that underflow under both recipes
     q = quantizer.quantize(x)
-    reqs = [StatRequest("underflows%", "underflows%"), StatRequest("mse", "mse"),
-            StatRequest("scale_inv_min", "scale_inv_min"), StatRequest("scale_inv_max", "scale_inv_max")]
+    reqs = [
+        StatRequest("underflows%", "underflows%"),
+        StatRequest("mse", "mse"),
+        StatRequest("scale_inv_min", "scale_inv_min"),
+        StatRequest("scale_inv_max", "scale_inv_max"),
+    ]
     if q.has_columnwise and isinstance(quantizer, MXFP8Quantizer):
-        reqs += [StatRequest("underflows%_columnwise", "underflows%", columnwise=True),
-                 StatRequest("mse_columnwise", "mse", columnwise=True)]
+        reqs += [
+            StatRequest("underflows%_columnwise", "underflows%", columnwise=True),
+            StatRequest("mse_columnwise", "mse", columnwise=True),
+        ]
     got = run([x], reqs, quantized_for=lambda _: {"": q})
     n = x.numel()
     for usage, suffix in (("rowwise", ""), ("columnwise", "_columnwise")):
@@ -356,8 +382,10 @@ def test_nvfp4_stats_numerics():
     x[3, :40] = 2.0  # a few large values push many small ones to zero
     x[7, 10:20] = 0.0
     q = NVFP4Quantizer().quantize(x)
-    reqs = [StatRequest("nvfp4_underflows%", "underflows%", recipe="nvfp4"),
-            StatRequest("nvfp4_mse", "mse", recipe="nvfp4")]
+    reqs = [
+        StatRequest("nvfp4_underflows%", "underflows%", recipe="nvfp4"),
+        StatRequest("nvfp4_mse", "mse", recipe="nvfp4"),
+    ]
     got = run([x], reqs, quantized_for=lambda _: {"nvfp4": q})
     # the exact dequantized values (fp32), not rounded to the nominal bf16 (TE rounds; see definitions.py)
     deq = q.dequantize(usage="rowwise", dtype=torch.float32)
@@ -387,7 +415,10 @@ def test_deferred_read_back_emits_what_the_finished_step_was_fed():
     engine.feed("L", "activation", ["std"], torch.tensor([1.0, 3.0]), iteration=1, skip_reduction=True)
     engine.step(1)
     assert [(r[0], r[1], r[2]) for r in log.records] == [
-        ("L_activation_min", -1.0, 0), ("L_activation_max", 3.0, 0), ("L_weight_max", 4.0, 0)]
+        ("L_activation_min", -1.0, 0),
+        ("L_activation_max", 3.0, 0),
+        ("L_weight_max", 4.0, 0),
+    ]
     engine.finish_pending()
     assert (log.records[-1][0], log.records[-1][1], log.records[-1][2]) == ("L_activation_std", math.sqrt(2.0), 1)
     assert not engine.has_in_flight and len(log.records) == 4

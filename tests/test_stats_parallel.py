@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 import dist_harness
 
+
 def _world():
     """4 ranks (DP=2 x TP=2); on NCCL with only 2 GPUs, 2 ranks (DP=1 x TP=2)."""
     if dist_harness.backend() == "nccl":
@@ -41,10 +42,20 @@ STATS = ["min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax"]
 
 
 def config():
-    return {"tp": {"enabled": True, "layers": {"layer_name_regex_pattern": "^(col|row)$"},
-                   "transformer_engine": {"LogTensorStats": {"enabled": True, "tensors": ["activation", "gradient",
-                                                                                           "weight"],
-                                                             "stats": STATS, "freq": 1}}}}
+    return {
+        "tp": {
+            "enabled": True,
+            "layers": {"layer_name_regex_pattern": "^(col|row)$"},
+            "transformer_engine": {
+                "LogTensorStats": {
+                    "enabled": True,
+                    "tensors": ["activation", "gradient", "weight"],
+                    "stats": STATS,
+                    "freq": 1,
+                }
+            },
+        }
+    }
 
 
 def global_tensors(it):
@@ -63,15 +74,27 @@ def reference(it):
     h = (x @ w1.T).detach().requires_grad_(True)
     y = h @ w2.T
     y.backward(dy)
-    return {("col", "activation"): x.detach(), ("col", "weight"): w1, ("col", "gradient"): h.grad,
-            ("row", "activation"): h.detach(), ("row", "weight"): w2, ("row", "gradient"): dy}
+    return {
+        ("col", "activation"): x.detach(),
+        ("col", "weight"): w1,
+        ("col", "gradient"): h.grad,
+        ("row", "activation"): h.detach(),
+        ("row", "weight"): w2,
+        ("row", "gradient"): dy,
+    }
 
 
 def oracle(t):
     d = t.double().reshape(-1)
-    return {"min": d.min().item(), "max": d.max().item(), "mean": d.mean().item(), "std": d.std().item(),
-            "l1_norm": d.abs().sum().item(), "l2_norm": torch.linalg.vector_norm(d).item(),
-            "cur_amax": d.abs().max().item()}
+    return {
+        "min": d.min().item(),
+        "max": d.max().item(),
+        "mean": d.mean().item(),
+        "std": d.std().item(),
+        "l1_norm": d.abs().sum().item(),
+        "l2_norm": torch.linalg.vector_norm(d).item(),
+        "cur_amax": d.abs().max().item(),
+    }
 
 
 def _session(rank, world, log_dir, tp_group, dp_group, case, dev):
@@ -139,8 +162,10 @@ def _worker(rank, world):
     dp_groups = [dist.new_group(list(range(t, world, TP))) for t in range(TP)]
     tp_group, dp_group = tp_groups[rank // TP], dp_groups[rank % TP]
     root = tempfile.mkdtemp(prefix=f"tedebug-tp-stats-{rank}-")
-    return {case: _session(rank, world, os.path.join(root, case), tp_group, dp_group, case, dev)
-            for case in ("world", "weights_local", "dp_group")}
+    return {
+        case: _session(rank, world, os.path.join(root, case), tp_group, dp_group, case, dev)
+        for case in ("world", "weights_local", "dp_group")
+    }
 
 
 @pytest.fixture(scope="module")

@@ -53,12 +53,15 @@ def test_cross_layer_summary_values():
 
 
 def test_layer_types_and_chart_groups():
-    assert [layer_type(n) for n in ("blocks.3.mlp.fc1", "model.layers.7.self_attn.q_proj", "Layer_12", "h.0.mlp.0",
-                                    "fc")] == ["fc1", "q_proj", "Layer", "mlp.0", "fc"]
+    assert [
+        layer_type(n) for n in ("blocks.3.mlp.fc1", "model.layers.7.self_attn.q_proj", "Layer_12", "h.0.mlp.0", "fc")
+    ] == ["fc1", "q_proj", "Layer", "mlp.0", "fc"]
     groups = chart_groups(LAYERS)
-    assert [label for label, _ in groups][:3] == ["qkv blocks.0.attn.qkv..blocks.15.attn.qkv",
-                                                  "qkv blocks.16.attn.qkv..blocks.31.attn.qkv",
-                                                  "qkv blocks.32.attn.qkv..blocks.39.attn.qkv"]
+    assert [label for label, _ in groups][:3] == [
+        "qkv blocks.0.attn.qkv..blocks.15.attn.qkv",
+        "qkv blocks.16.attn.qkv..blocks.31.attn.qkv",
+        "qkv blocks.32.attn.qkv..blocks.39.attn.qkv",
+    ]
     assert [len(members) for _, members in groups] == [16, 16, 8] * 4
     assert sorted(m for _, members in groups for m in members) == sorted(LAYERS)
     assert chart_groups(["a.fc1", "b.fc1", "a.fc2"]) == [("fc1", ["a.fc1", "b.fc1"]), ("fc2", ["a.fc2"])]
@@ -90,15 +93,27 @@ def test_layout_splits_charts_and_charts_user_scalars(tmp_path):
             covered += matched
     assert sorted(covered) == sorted(tags)  # every layer on exactly one chart
     assert sorted(t for t in got if re.match(charts["activation"][titles[0]][0], t)) == [
-        "summary/activation/mse/max", "summary/activation/mse/median", "summary/activation/mse/p90"]
+        "summary/activation/mse/max",
+        "summary/activation/mse/median",
+        "summary/activation/mse/p90",
+    ]
     with pytest.raises(ValueError, match="non-empty str"):
         sink.log_user_scalar("", 1.0, 0)
 
 
 def test_flat_style_writes_no_summaries_unless_asked(tmp_path):
-    for summaries, expected in ((None, {"L_activation_max"}), (True, {"L_activation_max", "summary/activation/max/max",
-                                                                     "summary/activation/max/p90",
-                                                                     "summary/activation/max/median"})):
+    for summaries, expected in (
+        (None, {"L_activation_max"}),
+        (
+            True,
+            {
+                "L_activation_max",
+                "summary/activation/max/max",
+                "summary/activation/max/p90",
+                "summary/activation/max/median",
+            },
+        ),
+    ):
         writer = SummaryWriter(str(tmp_path / str(summaries)))
         sink = TensorBoardSink(writer, tag_style="flat", summaries=summaries)
         sink.log_scalars([("L_activation_max", 1.0, 0, "L", "activation", "max")])

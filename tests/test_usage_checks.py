@@ -40,8 +40,9 @@ def test_correct_run_does_not_warn(tmp_path):
 def test_section_that_selects_no_layer(tmp_path):
     messages = run(tmp_path, config("attn"), forwards=2, steps_after=[True, True])
     assert len(messages) == 1
-    assert messages[0].startswith("tedebug: config section 'sec' selected no layer by the end of the first iteration "
-                                  "(0)")
+    assert messages[0].startswith(
+        "tedebug: config section 'sec' selected no layer by the end of the first iteration (0)"
+    )
     assert messages[0].endswith("Layers that ran: fc1")
 
 
@@ -56,16 +57,20 @@ def test_no_layer_ran_at_all(tmp_path):
 
 def test_step_never_called(tmp_path):
     messages = run(tmp_path, config(), forwards=3, steps_after=[False] * 3)
-    assert messages == ["tedebug: 1 layers ran but debug_api.step() was never called; statistics are emitted at "
-                        "step(), so nothing was logged. Call debug_api.step() at the end of every training "
-                        "iteration."]
+    assert messages == [
+        "tedebug: 1 layers ran but debug_api.step() was never called; statistics are emitted at "
+        "step(), so nothing was logged. Call debug_api.step() at the end of every training "
+        "iteration."
+    ]
 
 
 def test_statistics_dropped_at_end_debug(tmp_path):
     messages = run(tmp_path, config(), forwards=2, steps_after=[True, False])
-    assert messages == ["tedebug: end_debug() drops the statistics of 1 tensors fed since the last debug_api.step() "
-                        "(iteration 1: fc1/activation); call debug_api.step() after the last iteration to write "
-                        "them."]
+    assert messages == [
+        "tedebug: end_debug() drops the statistics of 1 tensors fed since the last debug_api.step() "
+        "(iteration 1: fc1/activation); call debug_api.step() after the last iteration to write "
+        "them."
+    ]
 
 
 def test_warnings_as_errors_still_close_the_session(tmp_path):

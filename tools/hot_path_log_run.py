@@ -26,13 +26,31 @@ ALL_TENSORS = ["activation", "weight", "gradient", "output", "wgrad", "dgrad"]
 def config() -> dict:
     blockwise = {"max_blockwise_dynamic_range": {"block_size": 4, "dims": 1}}
     return {
-        "blocks": {"enabled": True, "layers": {"layer_name_regex_pattern": "blocks"}, "transformer_engine": {
-            "LogTensorStats": {"enabled": True, "stats": STATS, "tensors": ALL_TENSORS, "freq": 1}}},
-        "converted": {"enabled": True, "layers": {"layer_name_regex_pattern": "^[0-9]"}, "transformer_engine": {
-            "LogTensorStats": {"enabled": True, "stats": STATS + [blockwise],
-                               "tensors": ["activation", "weight", "gradient"], "freq": 2},
-            "LogFp8TensorStats": {"enabled": True, "stats": ["underflows%", "mse", "scale_inv_min"],
-                                  "tensors": ["activation", "weight"], "freq": 1}}},
+        "blocks": {
+            "enabled": True,
+            "layers": {"layer_name_regex_pattern": "blocks"},
+            "transformer_engine": {
+                "LogTensorStats": {"enabled": True, "stats": STATS, "tensors": ALL_TENSORS, "freq": 1}
+            },
+        },
+        "converted": {
+            "enabled": True,
+            "layers": {"layer_name_regex_pattern": "^[0-9]"},
+            "transformer_engine": {
+                "LogTensorStats": {
+                    "enabled": True,
+                    "stats": STATS + [blockwise],
+                    "tensors": ["activation", "weight", "gradient"],
+                    "freq": 2,
+                },
+                "LogFp8TensorStats": {
+                    "enabled": True,
+                    "stats": ["underflows%", "mse", "scale_inv_min"],
+                    "tensors": ["activation", "weight"],
+                    "freq": 1,
+                },
+            },
+        },
     }
 
 

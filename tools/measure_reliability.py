@@ -35,8 +35,10 @@ def measure_configs(folder: pathlib.Path, mutants: int) -> dict:
     figures = collections.Counter()
     slowest = (0.0, "")
     crashes = []
-    groups = (("hand-written", hostile_configs.hand_written(folder / "hand")),
-              ("mutant", hostile_configs.mutants(folder / "mutants", mutants, seed=2026)))
+    groups = (
+        ("hand-written", hostile_configs.hand_written(folder / "hand")),
+        ("mutant", hostile_configs.mutants(folder / "mutants", mutants, seed=2026)),
+    )
     for group, cases in groups:
         for label, source in cases:
             figures[f"{group} tried"] += 1
@@ -70,8 +72,7 @@ def measure_kills(folder: pathlib.Path, trials: int) -> dict:
         row["trials"] += 1
         row["iterations returned"] += len(result.returned)
         row["iterations lost"] += len(result.lost)
-        row["trials losing the last iteration only"] += int(bool(result.lost) and
-                                                            result.lost == {max(result.returned)})
+        row["trials losing the last iteration only"] += int(bool(result.lost) and result.lost == {max(result.returned)})
         row["trials losing more"] += int(bool(result.lost - {max(result.returned)}))
         row["malformed lines"] += len(result.bad_lines)
         row["wrong values"] += len(result.wrong_values)

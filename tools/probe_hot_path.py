@@ -42,8 +42,12 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--only", choices=("stats", "convert", "all"), default="all")
-    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                        help="wall: time.perf_counter; cpu: time.process_time (all threads of this process)")
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="wall: time.perf_counter; cpu: time.process_time (all threads of this process)",
+    )
     args = parser.parse_args()
     clock = time.perf_counter if args.clock == "wall" else time.process_time
     torch.set_num_threads(1)
@@ -83,8 +87,13 @@ def main() -> int:
             one()
         return (clock() - start) * 1e6 / args.iters  # us per step
 
-    full = {"all": {"enabled": True, "layers": {"layer_types": ["all"]}, "transformer_engine": {
-        "LogTensorStats": {"enabled": True, "stats": STATS, "tensors": TENSORS, "freq": 1}}}}
+    full = {
+        "all": {
+            "enabled": True,
+            "layers": {"layer_types": ["all"]},
+            "transformer_engine": {"LogTensorStats": {"enabled": True, "stats": STATS, "tensors": TENSORS, "freq": 1}},
+        }
+    }
 
     def logged() -> float:
         with tempfile.TemporaryDirectory() as log_dir:
@@ -106,21 +115,27 @@ def main() -> int:
 
     settings = []
     if args.only in ("stats", "all"):
-        settings += [("stack, no debug_api", lambda: run_steps(stack)),
-                     ("stack, LogTensorStats 8 stats x 6 tensors, freq 1", logged),
-                     ("stack, the same without the statistics (feed a no-op)", logged_without_statistics)]
+        settings += [
+            ("stack, no debug_api", lambda: run_steps(stack)),
+            ("stack, LogTensorStats 8 stats x 6 tensors, freq 1", logged),
+            ("stack, the same without the statistics (feed a no-op)", logged_without_statistics),
+        ]
     if args.only in ("convert", "all"):
-        settings += [("plain torch", lambda: run_steps(plain)),
-                     ("converted, high precision", lambda: run_steps(converted)),
-                     ("converted, Float8CurrentScaling", lambda: run_steps(converted, Float8CurrentScaling()))]
+        settings += [
+            ("plain torch", lambda: run_steps(plain)),
+            ("converted, high precision", lambda: run_steps(converted)),
+            ("converted, Float8CurrentScaling", lambda: run_steps(converted, Float8CurrentScaling())),
+        ]
     samples = {label: [] for label, _ in settings}
     for _ in range(args.rounds):
         for label, fn in settings:
             samples[label].append(fn())
     med = {label: statistics.median(values) for label, values in samples.items()}
     low = {label: min(values) for label, values in samples.items()}
-    print(f"torch {torch.__version__}, CPU float32, {LAYERS} blocks, hidden {HIDDEN}, {BATCH}x{SEQ} tokens, "
-          f"{args.rounds} interleaved rounds x {args.iters} steps, {args.clock} clock (median; min-max)")
+    print(
+        f"torch {torch.__version__}, CPU float32, {LAYERS} blocks, hidden {HIDDEN}, {BATCH}x{SEQ} tokens, "
+        f"{args.rounds} interleaved rounds x {args.iters} steps, {args.clock} clock (median; min-max)"
+    )
     for label, values in samples.items():
         print(f"  {label:55s} {med[label]:9.0f} us/step  ({min(values):.0f}-{max(values):.0f})")
     # figures from the medians, and from the fastest rounds (other work on the machine only ever adds time)
@@ -130,15 +145,20 @@ def main() -> int:
             per = (logged - pick["stack, no debug_api"]) / (6 * gemms)
             print(f"[{name}] host time per logged tensor (LogTensorStats, 8 stats): {per:.1f} us")
             path = (pick["stack, the same without the statistics (feed a no-op)"] - pick["stack, no debug_api"]) / (
-                6 * gemms)
+                6 * gemms
+            )
             print(f"[{name}]   of which the debug path without the statistics: {path:.1f} us")
         if "plain torch" in pick:
             base = pick["plain torch"]
-            print(f"[{name}] converted model without debug_api vs plain torch: "
-                  f"{100 * (pick['converted, high precision'] / base - 1):+.1f} %")
+            print(
+                f"[{name}] converted model without debug_api vs plain torch: "
+                f"{100 * (pick['converted, high precision'] / base - 1):+.1f} %"
+            )
             extra = (pick["converted, Float8CurrentScaling"] - base) / gemms
-            print(f"[{name}] FP8 current scaling, extra host time per layer-step over plain torch: {extra:.0f} us "
-                  f"(per converted linear layer and training step)")
+            print(
+                f"[{name}] FP8 current scaling, extra host time per layer-step over plain torch: {extra:.0f} us "
+                f"(per converted linear layer and training step)"
+            )
     return 0
 
 

@@ -30,8 +30,13 @@ FP8_STATS = ["underflows%", "mse", "scale_inv_min", "scale_inv_max"]
 
 def config(setting: str):
     def section(**features):
-        return {"s": {"enabled": True, "layers": {"layer_types": ["all"]}, "transformer_engine": {
-            f: {"enabled": True, **p} for f, p in features.items()}}}
+        return {
+            "s": {
+                "enabled": True,
+                "layers": {"layer_types": ["all"]},
+                "transformer_engine": {f: {"enabled": True, **p} for f, p in features.items()},
+            }
+        }
 
     inputs = ["activation", "weight", "gradient"]
     if setting == "hp-log":
@@ -39,8 +44,10 @@ def config(setting: str):
     if setting == "fp8-log":
         return section(LogFp8TensorStats={"stats": FP8_STATS, "tensors": inputs, "freq": 1})
     if setting == "fp8-both":
-        return section(LogFp8TensorStats={"stats": FP8_STATS, "tensors": inputs, "freq": 1},
-                       LogTensorStats={"stats": STATS, "tensors": inputs, "freq": 1})
+        return section(
+            LogFp8TensorStats={"stats": FP8_STATS, "tensors": inputs, "freq": 1},
+            LogTensorStats={"stats": STATS, "tensors": inputs, "freq": 1},
+        )
     return None
 
 
@@ -56,8 +63,11 @@ def main() -> None:
     p.add_argument("--top", type=int, default=40)
     p.add_argument("--device", default="cuda")
     p.add_argument("--recipe", default="Float8CurrentScaling", help="the recipe of the fp8* settings")
-    p.add_argument("--kernels", action="store_true",
-                   help="instead of cProfile: torch.profiler's table of GPU kernels (total time over the steps)")
+    p.add_argument(
+        "--kernels",
+        action="store_true",
+        help="instead of cProfile: torch.profiler's table of GPU kernels (total time over the steps)",
+    )
     a = p.parse_args()
     dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
     torch.manual_seed(0)

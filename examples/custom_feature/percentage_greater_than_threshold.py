@@ -40,5 +40,5 @@ class PercentageGreaterThanThreshold(FeatureMapper):
         above = torch.count_nonzero(tensor.detach() > config["threshold"]).item()
         percentage = 100.0 * above / tensor.numel()
         debug_api.session().metric_logger.log_scalar(
-            f"{layer_name}_{tensor_name}_{STAT}", percentage, iteration,
-            layer=layer_name, tensor=tensor_name, stat=STAT)
+            f"{layer_name}_{tensor_name}_{STAT}", percentage, iteration, layer=layer_name, tensor=tensor_name, stat=STAT
+        )

@@ -86,13 +86,16 @@ def align(frame_a, frame_b):
     plain = []
     for frame in (frame_a, frame_b):
         frame = one_value_per_point(frame)
-        plain.append(pd.DataFrame({key: frame[key].astype(str) if key != "iteration" else frame[key]
-                                   for key in KEYS} | {"value": frame["value"]}))
+        plain.append(
+            pd.DataFrame(
+                {key: frame[key].astype(str) if key != "iteration" else frame[key] for key in KEYS}
+                | {"value": frame["value"]}
+            )
+        )
     merged = plain[0].merge(plain[1], on=KEYS, how="outer", suffixes=("_a", "_b"), indicator=True)
     only_a = int((merged["_merge"] == "left_only").sum())
     only_b = int((merged["_merge"] == "right_only").sum())
-    both = merged[merged["_merge"] == "both"].drop(columns="_merge").rename(columns={"value_a": "a",
-                                                                                     "value_b": "b"})
+    both = merged[merged["_merge"] == "both"].drop(columns="_merge").rename(columns={"value_a": "a", "value_b": "b"})
     both["rel"] = relative_difference(both["a"].to_numpy(), both["b"].to_numpy())
     depth = {layer: i for i, layer in enumerate(layers)}
     both["depth"] = both["layer"].map(depth).astype(np.int64)
@@ -100,8 +103,15 @@ def align(frame_a, frame_b):
     return both, layers, only_a, only_b
 
 
-def compare_frames(frame_a, frame_b, *, threshold: float = DEFAULT_THRESHOLD, stats: Optional[Sequence[str]] = None,
-                   run_a: str = "A", run_b: str = "B") -> Comparison:
+def compare_frames(
+    frame_a,
+    frame_b,
+    *,
+    threshold: float = DEFAULT_THRESHOLD,
+    stats: Optional[Sequence[str]] = None,
+    run_a: str = "A",
+    run_b: str = "B",
+) -> Comparison:
     """Compare two `load_stats` frames (see the module docstring); `stats` limits the statistics (default: all)."""
     if not threshold >= 0:
         raise ValueError(f"compare: threshold must be >= 0, got {threshold}")
@@ -117,8 +127,18 @@ def compare_frames(frame_a, frame_b, *, threshold: float = DEFAULT_THRESHOLD, st
         at = rows[rows["iteration"] == first_iteration].sort_values(["depth", "tensor"], kind="stable")
         head = at.iloc[0]
         others = tuple(zip(at["layer"].iloc[1:], at["tensor"].iloc[1:]))
-        departures.append(Departure(stat, int(first_iteration), head["layer"], head["tensor"], float(head["a"]),
-                                    float(head["b"]), float(head["rel"]), others))
+        departures.append(
+            Departure(
+                stat,
+                int(first_iteration),
+                head["layer"],
+                head["tensor"],
+                float(head["a"]),
+                float(head["b"]),
+                float(head["rel"]),
+                others,
+            )
+        )
     depth = {layer: i for i, layer in enumerate(layers)}
     departures.sort(key=lambda d: (d.iteration, depth[d.layer], d.stat))
     layer_first = []
@@ -126,15 +146,28 @@ def compare_frames(frame_a, frame_b, *, threshold: float = DEFAULT_THRESHOLD, st
         firsts = departing.sort_values(["iteration", "depth", "stat", "tensor"], kind="stable")
         firsts = firsts.drop_duplicates("layer", keep="first").sort_values("depth", kind="stable")
         layer_first = [(r.layer, int(r.iteration), r.stat, r.tensor, float(r.rel)) for r in firsts.itertuples()]
-    return Comparison(run_a, run_b, threshold, aligned, layers, sorted(set(aligned["stat"]), key=str), only_a,
-                      only_b, departures, layer_first, missing)
+    return Comparison(
+        run_a,
+        run_b,
+        threshold,
+        aligned,
+        layers,
+        sorted(set(aligned["stat"]), key=str),
+        only_a,
+        only_b,
+        departures,
+        layer_first,
+        missing,
+    )
 
 
-def compare_runs(run_a: str, run_b: str, *, threshold: float = DEFAULT_THRESHOLD,
-                 stats: Optional[Sequence[str]] = None) -> Comparison:
+def compare_runs(
+    run_a: str, run_b: str, *, threshold: float = DEFAULT_THRESHOLD, stats: Optional[Sequence[str]] = None
+) -> Comparison:
     """`compare_frames` of the records of two run directories."""
-    return compare_frames(load_stats(run_a), load_stats(run_b), threshold=threshold, stats=stats, run_a=run_a,
-                          run_b=run_b)
+    return compare_frames(
+        load_stats(run_a), load_stats(run_b), threshold=threshold, stats=stats, run_a=run_a, run_b=run_b
+    )
 
 
 def _number(value: float) -> str:
@@ -146,10 +179,12 @@ def _number(value: float) -> str:
 def format_comparison(comparison: Comparison, *, max_others: int = 3) -> str:
     """The text report of a comparison (terminals and CI logs)."""
     c = comparison
-    lines = [f"compare A={c.run_a}  B={c.run_b}",
-             f"  {len(c.aligned)} aligned points (layer, tensor, stat, iteration) over {len(c.stats)} statistic(s); "
-             f"only in A: {c.only_a}, only in B: {c.only_b}",
-             f"  departs: |b - a| / max(|a|, |b|) > {c.threshold:g}"]
+    lines = [
+        f"compare A={c.run_a}  B={c.run_b}",
+        f"  {len(c.aligned)} aligned points (layer, tensor, stat, iteration) over {len(c.stats)} statistic(s); "
+        f"only in A: {c.only_a}, only in B: {c.only_b}",
+        f"  departs: |b - a| / max(|a|, |b|) > {c.threshold:g}",
+    ]
     for stat in c.missing_stats:
         lines.append(f"  warning: statistic {stat!r} was logged by neither run")
     if not len(c.aligned):
@@ -157,8 +192,10 @@ def format_comparison(comparison: Comparison, *, max_others: int = 3) -> str:
         return "\n".join(lines)
     if not c.departures:
         worst = c.aligned.loc[c.aligned["rel"].idxmax()]
-        lines.append(f"no statistic departs; the largest relative difference is {_number(worst['rel'])} "
-                     f"({worst['stat']} of {worst['layer']} {worst['tensor']} at iteration {worst['iteration']})")
+        lines.append(
+            f"no statistic departs; the largest relative difference is {_number(worst['rel'])} "
+            f"({worst['stat']} of {worst['layer']} {worst['tensor']} at iteration {worst['iteration']})"
+        )
         return "\n".join(lines)
     lines.append("")
     lines.append("First departure per statistic (earliest first; at that iteration the shallowest layer):")
@@ -169,8 +206,10 @@ def format_comparison(comparison: Comparison, *, max_others: int = 3) -> str:
             shown = ", ".join(f"{layer} {tensor}" for layer, tensor in d.others[:max_others])
             extra = len(d.others) - max_others
             more = f"; also {shown}" + (f" (+{extra} more)" if extra > 0 else "")
-        lines.append(f"  {d.stat:<{width}}  iteration {d.iteration:>6}  {d.layer} {d.tensor}: "
-                     f"A={_number(d.a)} B={_number(d.b)} rel={_number(d.rel)}{more}")
+        lines.append(
+            f"  {d.stat:<{width}}  iteration {d.iteration:>6}  {d.layer} {d.tensor}: "
+            f"A={_number(d.a)} B={_number(d.b)} rel={_number(d.rel)}{more}"
+        )
     departed = {stat for stat in (d.stat for d in c.departures)}
     steady = [s for s in c.stats if s not in departed]
     if steady:

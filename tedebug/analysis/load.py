@@ -56,14 +56,17 @@ def record_files(run_dir: str) -> List[Tuple[int, str]]:
         match = RECORD_FILE.search(os.path.basename(path))
         if match is None:
             if os.path.isfile(run_dir):
-                raise ValueError(f"{path}: not a tedebug statistics record (expected a file named "
-                                 f"metrics_globalrank-<R>.jsonl)")
+                raise ValueError(
+                    f"{path}: not a tedebug statistics record (expected a file named metrics_globalrank-<R>.jsonl)"
+                )
             continue  # another tool's .jsonl next to ours
         files.append((int(match.group(1)), path))
     if not files:
-        raise FileNotFoundError(f"no tedebug statistics record under {run_dir!r}: expected "
-                                f"{os.path.join(run_dir, RECORD_DIR, 'metrics_globalrank-<R>.jsonl')} (the "
-                                f"log_dir given to debug_api.initialize)")
+        raise FileNotFoundError(
+            f"no tedebug statistics record under {run_dir!r}: expected "
+            f"{os.path.join(run_dir, RECORD_DIR, 'metrics_globalrank-<R>.jsonl')} (the "
+            f"log_dir given to debug_api.initialize)"
+        )
     return sorted(files)
 
 
@@ -138,13 +141,21 @@ def _canonical_columns(text: str, rank: int, out: Dict[str, list]) -> Optional[i
             return None
         if list(decoded) != ["name", "layer", "tensor", "stat"]:
             return None
-        names[part] = (None if None in (decoded["layer"], decoded["tensor"], decoded["stat"])
-                       else (decoded["layer"], decoded["tensor"], decoded["stat"]))
+        names[part] = (
+            None
+            if None in (decoded["layer"], decoded["tensor"], decoded["stat"])
+            else (decoded["layer"], decoded["tensor"], decoded["stat"])
+        )
     try:
         iterations = list(map(int, numbers))
-        values = list(map(float, value_texts)) if '"value": null' not in text else [
-            _NONFINITE[json.loads('{"value": ' + v + "}")["nonfinite"]] if v.startswith("null") else float(v)
-            for v in value_texts]
+        values = (
+            list(map(float, value_texts))
+            if '"value": null' not in text
+            else [
+                _NONFINITE[json.loads('{"value": ' + v + "}")["nonfinite"]] if v.startswith("null") else float(v)
+                for v in value_texts
+            ]
+        )
     except (ValueError, KeyError, json.JSONDecodeError):
         return None
     keys = [names[p] for p in parts]
@@ -180,14 +191,16 @@ def load_stats(run_dir: str):
             text = handle.read()
         skipped = _canonical_columns(text, rank, out) if text.endswith("\n") or not text else None
         unstructured += skipped if skipped is not None else _columns(_parse_lines(text, path), path, rank, out)
-    frame = pd.DataFrame({
-        "iteration": np.asarray(out["iteration"], dtype=np.int64),
-        "layer": pd.Categorical(out["layer"], categories=list(dict.fromkeys(out["layer"]))),
-        "tensor": pd.Categorical(out["tensor"], categories=list(dict.fromkeys(out["tensor"]))),
-        "stat": pd.Categorical(out["stat"], categories=list(dict.fromkeys(out["stat"]))),
-        "value": np.asarray(out["value"], dtype=np.float64),
-        "rank": np.asarray(out["rank"], dtype=np.int64),
-    })
+    frame = pd.DataFrame(
+        {
+            "iteration": np.asarray(out["iteration"], dtype=np.int64),
+            "layer": pd.Categorical(out["layer"], categories=list(dict.fromkeys(out["layer"]))),
+            "tensor": pd.Categorical(out["tensor"], categories=list(dict.fromkeys(out["tensor"]))),
+            "stat": pd.Categorical(out["stat"], categories=list(dict.fromkeys(out["stat"]))),
+            "value": np.asarray(out["value"], dtype=np.float64),
+            "rank": np.asarray(out["rank"], dtype=np.int64),
+        }
+    )
     frame.attrs["run_dir"] = os.fspath(run_dir)
     frame.attrs["files"] = [path for _, path in files]
     frame.attrs["unstructured"] = unstructured

@@ -26,8 +26,9 @@ GREY = "#9a9a9a"
 DPI = 80
 
 
-def downsample(iterations: np.ndarray, matrix: np.ndarray, max_columns: int = MAX_COLUMNS
-               ) -> Tuple[np.ndarray, np.ndarray]:
+def downsample(
+    iterations: np.ndarray, matrix: np.ndarray, max_columns: int = MAX_COLUMNS
+) -> Tuple[np.ndarray, np.ndarray]:
     """(iterations, matrix) with at most `max_columns` columns: equal-width bins of columns, each keeping the first
     iteration of the bin and, per row, the largest value (NaN where the whole bin is NaN; a NaN among numbers is
     not a maximum: non-finite values are reported in their own table)."""
@@ -49,13 +50,22 @@ def _figure(width: float, height: float):
     return Figure(figsize=(width, height), dpi=DPI)  # margins set by _margins (constrained layout: 2x slower)
 
 
-def _margins(figure, *, left: float, right: float = 0.25, top: float = 0.65, bottom: float = 0.5,
-             gap: float = 0.6, panels: int = 1) -> None:
+def _margins(
+    figure,
+    *,
+    left: float,
+    right: float = 0.25,
+    top: float = 0.65,
+    bottom: float = 0.5,
+    gap: float = 0.6,
+    panels: int = 1,
+) -> None:
     """Fixed margins in inches (`gap`: between panels)."""
     width, height = figure.get_size_inches()
     panel = max((width - left - right - gap * (panels - 1)) / panels, 0.5)
-    figure.subplots_adjust(left=left / width, right=1 - right / width, top=1 - top / height,
-                           bottom=bottom / height, wspace=gap / panel)
+    figure.subplots_adjust(
+        left=left / width, right=1 - right / width, top=1 - top / height, bottom=bottom / height, wspace=gap / panel
+    )
 
 
 def _use_log_scale(values: np.ndarray) -> bool:
@@ -80,8 +90,11 @@ def line_chart(title: str, panels: Sequence[Tuple[str, np.ndarray, np.ndarray, S
             ax.set_yscale("log")
         rest = [np.column_stack([x, row]) for i, row in enumerate(plotted) if i not in set(highlight)]
         if rest:
-            ax.add_collection(LineCollection(rest, colors=GREY, linewidths=0.6, antialiaseds=len(rest) < 64,
-                                             label=f"other layers ({len(rest)})"))
+            ax.add_collection(
+                LineCollection(
+                    rest, colors=GREY, linewidths=0.6, antialiaseds=len(rest) < 64, label=f"other layers ({len(rest)})"
+                )
+            )
         for colour, i in zip(HIGHLIGHT_COLOURS, highlight):
             ax.plot(x, plotted[i], color=colour, linewidth=1.6, label=names[i])
         finite = plotted[np.isfinite(plotted)]
@@ -99,9 +112,16 @@ def line_chart(title: str, panels: Sequence[Tuple[str, np.ndarray, np.ndarray, S
     return figure
 
 
-def heatmap(title: str, panels: Sequence[Tuple[str, np.ndarray, np.ndarray, Sequence[str]]], *,
-            log_colour: bool = False, colour_label: str = "", cmap: str = "viridis",
-            vmin: Optional[float] = None, vmax: Optional[float] = None):
+def heatmap(
+    title: str,
+    panels: Sequence[Tuple[str, np.ndarray, np.ndarray, Sequence[str]]],
+    *,
+    log_colour: bool = False,
+    colour_label: str = "",
+    cmap: str = "viridis",
+    vmin: Optional[float] = None,
+    vmax: Optional[float] = None,
+):
     """Panels of (tensor, iterations, matrix [layers × iterations], layer names): layers top to bottom in model
     order, iterations left to right; missing points blank.  `log_colour` uses a log colour scale (positive values
     only; zeros shown blank)."""
@@ -131,8 +151,14 @@ def heatmap(title: str, panels: Sequence[Tuple[str, np.ndarray, np.ndarray, Sequ
         x0 = float(iterations[0]) if iterations.size else 0.0
         x1 = float(iterations[-1]) if iterations.size else 0.0
         half = (x1 - x0) / (2 * (iterations.size - 1)) if iterations.size > 1 else 0.5  # columns centred
-        image = ax.imshow(np.ma.masked_invalid(values), aspect="auto", interpolation="nearest", cmap=cmap,
-                          norm=norm, extent=(x0 - half, x1 + half, len(names) - 0.5, -0.5))
+        image = ax.imshow(
+            np.ma.masked_invalid(values),
+            aspect="auto",
+            interpolation="nearest",
+            cmap=cmap,
+            norm=norm,
+            extent=(x0 - half, x1 + half, len(names) - 0.5, -0.5),
+        )
         ax.set_title(tensor, fontsize=10)
         ax.set_xlabel("iteration")
         step = max(1, -(-len(names) // 48))  # at most 48 labels
@@ -140,8 +166,9 @@ def heatmap(title: str, panels: Sequence[Tuple[str, np.ndarray, np.ndarray, Sequ
         ax.set_yticklabels([names[i] for i in range(0, len(names), step)], fontsize=6)
     if image is not None:
         width = figure.get_size_inches()[0]
-        bar = figure.add_axes((1 - 1.05 / width, axes[0].get_position().y0, 0.18 / width,
-                               axes[0].get_position().height))
+        bar = figure.add_axes(
+            (1 - 1.05 / width, axes[0].get_position().y0, 0.18 / width, axes[0].get_position().height)
+        )
         figure.colorbar(image, cax=bar, label=colour_label)
     figure.suptitle(title, fontsize=11)
     return figure

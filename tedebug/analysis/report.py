@@ -106,8 +106,7 @@ def grids(frame) -> Dict[str, List[Grid]]:
         used, local_rows = np.unique(rows_of[index], return_inverse=True)
         matrix = np.full((used.size, its.size), np.nan)
         matrix[local_rows.ravel(), columns.ravel()] = values[index]
-        out.setdefault(str(stat), []).append(Grid(str(stat), str(tensor), its, [layer_order[i] for i in used],
-                                                  matrix))
+        out.setdefault(str(stat), []).append(Grid(str(stat), str(tensor), its, [layer_order[i] for i in used], matrix))
     stat_order = list(frame["stat"].cat.categories)
     return {stat: out[stat] for stat in stat_order if stat in out}
 
@@ -135,17 +134,25 @@ def _slug(text: str) -> str:
 def overview_section(frame, run_dir: str, data: Dict[str, List[Grid]]) -> Section:
     iterations = np.unique(frame["iteration"].to_numpy())
     layers = model_depth_order(frame)
-    rows = [("run", run_dir),
-            ("records", f"{len(frame)} values in {len(frame.attrs.get('files', []))} file(s), ranks "
-                        f"{', '.join(map(str, sorted(frame['rank'].unique())))}"),
-            ("iterations", f"{iterations.size} logged, {iterations.min()} to {iterations.max()}"
-             if iterations.size else "none"),
-            ("layers", f"{len(layers)} (model order): {', '.join(layers[:8])}{' ...' if len(layers) > 8 else ''}"),
-            ("tensors", ", ".join(map(str, dict.fromkeys(g.tensor for gs in data.values() for g in gs)))),
-            ("statistics", ", ".join(data))]
+    rows = [
+        ("run", run_dir),
+        (
+            "records",
+            f"{len(frame)} values in {len(frame.attrs.get('files', []))} file(s), ranks "
+            f"{', '.join(map(str, sorted(frame['rank'].unique())))}",
+        ),
+        (
+            "iterations",
+            f"{iterations.size} logged, {iterations.min()} to {iterations.max()}" if iterations.size else "none",
+        ),
+        ("layers", f"{len(layers)} (model order): {', '.join(layers[:8])}{' ...' if len(layers) > 8 else ''}"),
+        ("tensors", ", ".join(map(str, dict.fromkeys(g.tensor for gs in data.values() for g in gs)))),
+        ("statistics", ", ".join(data)),
+    ]
     if frame.attrs.get("unstructured"):
-        rows.append(("other scalars", f"{frame.attrs['unstructured']} values logged without layer/tensor/stat "
-                                      f"(not shown)"))
+        rows.append(
+            ("other scalars", f"{frame.attrs['unstructured']} values logged without layer/tensor/stat (not shown)")
+        )
     table_html, text = _table(("", ""), rows)
     return Section("overview", "Overview", table_html, text)
 
@@ -169,20 +176,52 @@ def nonfinite_section(frame, run_dir: str) -> Section:
         if not len(events):
             continue
         grouped = events.groupby(["layer", "tensor", "stat"], observed=True, sort=False)
-        summary = grouped.agg(first=("iteration", "min"), last=("iteration", "max"), n=("iteration", "nunique"),
-                              peak=("value", "max")).reset_index().sort_values(["first", "layer"])
+        summary = (
+            grouped.agg(
+                first=("iteration", "min"), last=("iteration", "max"), n=("iteration", "nunique"), peak=("value", "max")
+            )
+            .reset_index()
+            .sort_values(["first", "layer"])
+        )
         for r in summary.itertuples():
             gemms = "/".join(g for g in GEMMS_OF_TENSOR.get(str(r.tensor), ()) if g) or "-"
-            rows.append((r.layer, r.tensor, gemms, r.stat, label, r.first, r.last, r.n,
-                         _fmt(r.peak) if label == "count > 0" else "-"))
+            rows.append(
+                (
+                    r.layer,
+                    r.tensor,
+                    gemms,
+                    r.stat,
+                    label,
+                    r.first,
+                    r.last,
+                    r.n,
+                    _fmt(r.peak) if label == "count > 0" else "-",
+                )
+            )
     log_lines = main_log_lines(run_dir, "First non-finite values")
     if not rows and not log_lines:
         text = "none: no nan_count / inf_count above zero and no NaN / Inf statistic"
         if not frame["stat"].isin(NONFINITE_COUNTS).any():
             text += " (the config logs neither nan_count nor inf_count)"
         return Section("nonfinite", "Non-finite events", f"<p>{html.escape(text)}</p>", text)
-    table_html, text = _table(("layer", "tensor", "GEMMs", "statistic", "event", "first iteration",
-                               "last iteration", "iterations", "largest count"), rows) if rows else ("", "")
+    table_html, text = (
+        _table(
+            (
+                "layer",
+                "tensor",
+                "GEMMs",
+                "statistic",
+                "event",
+                "first iteration",
+                "last iteration",
+                "iterations",
+                "largest count",
+            ),
+            rows,
+        )
+        if rows
+        else ("", "")
+    )
     if log_lines:
         table_html += "<p>From the main log:</p><pre>" + html.escape("\n".join(log_lines)) + "</pre>"
         text += ("\n" if text else "") + "\n".join(log_lines)
@@ -203,15 +242,27 @@ def worst_section(data: Dict[str, List[Grid]]) -> Section:
                     continue
                 logged = np.flatnonzero(~np.isnan(grid.matrix[i]))
                 last = logged[-1]
-                candidates.append((magnitude[i, peak_at[i]], layer, grid.tensor, grid.matrix[i, peak_at[i]],
-                                   grid.iterations[peak_at[i]], grid.matrix[i, last], grid.iterations[last]))
+                candidates.append(
+                    (
+                        magnitude[i, peak_at[i]],
+                        layer,
+                        grid.tensor,
+                        grid.matrix[i, peak_at[i]],
+                        grid.iterations[peak_at[i]],
+                        grid.matrix[i, last],
+                        grid.iterations[last],
+                    )
+                )
         candidates.sort(key=lambda c: -c[0])
         for place, (_, layer, tensor, peak, peak_it, last, last_it) in enumerate(candidates[:WORST_PER_STAT], 1):
             rows.append((stat, place, layer, tensor, _fmt(peak), peak_it, _fmt(last), last_it))
-    table_html, text = _table(("statistic", "#", "layer", "tensor", "peak", "at iteration", "last value",
-                               "last iteration"), rows)
-    note = (f"<p>Per statistic, the {WORST_PER_STAT} (layer, tensor) pairs with the largest peak magnitude over the "
-            f"run.</p>")
+    table_html, text = _table(
+        ("statistic", "#", "layer", "tensor", "peak", "at iteration", "last value", "last iteration"), rows
+    )
+    note = (
+        f"<p>Per statistic, the {WORST_PER_STAT} (layer, tensor) pairs with the largest peak magnitude over the "
+        f"run.</p>"
+    )
     return Section("worst", "Worst layers", note + table_html, text)
 
 
@@ -222,14 +273,18 @@ def heatmap_section(data: Dict[str, List[Grid]]) -> Section:
             continue
         log = "mse" in stat
         panels = [(g.tensor, g.iterations, g.matrix, g.layers) for g in stat_grids]
-        figure = plots.heatmap(f"{stat} (layers in model order)", panels, log_colour=log,
-                               colour_label=stat + (" (log scale)" if log else ""),
-                               cmap="magma" if log else "viridis")
-        section.figures.append(ReportFigure(f"heatmap_{_slug(stat)}", "heatmap", stat,
-                                            f"{stat}: layers × iterations", figure))
+        figure = plots.heatmap(
+            f"{stat} (layers in model order)",
+            panels,
+            log_colour=log,
+            colour_label=stat + (" (log scale)" if log else ""),
+            cmap="magma" if log else "viridis",
+        )
+        section.figures.append(
+            ReportFigure(f"heatmap_{_slug(stat)}", "heatmap", stat, f"{stat}: layers × iterations", figure)
+        )
     if not section.figures:
-        section.html = ("<p>No quantization statistic (underflows%, overflows%, mse, dynamic_range) in this "
-                        "record.</p>")
+        section.html = "<p>No quantization statistic (underflows%, overflows%, mse, dynamic_range) in this record.</p>"
         section.text = "no quantization statistic (underflows%, overflows%, mse, dynamic_range) logged"
     return section
 
@@ -243,8 +298,9 @@ def lines_section(data: Dict[str, List[Grid]]) -> Section:
     return section
 
 
-def comparison_section(frame, other_dir: str, run_dir: str, *, threshold: float,
-                       stats: Optional[Sequence[str]]) -> Section:
+def comparison_section(
+    frame, other_dir: str, run_dir: str, *, threshold: float, stats: Optional[Sequence[str]]
+) -> Section:
     from tedebug.analysis.compare import compare_frames, format_comparison
 
     other = load_stats(other_dir)
@@ -260,8 +316,9 @@ def comparison_section(frame, other_dir: str, run_dir: str, *, threshold: float,
     stat_groups = sorted(aligned.groupby("stat", sort=False), key=lambda g: stat_order.get(g[0], len(stat_order)))
     for stat, rows in stat_groups:  # in the order of this run's record, as the other sections
         panels = []
-        tensor_groups = sorted(rows.groupby("tensor", sort=False),
-                               key=lambda g: tensor_order.get(g[0], len(tensor_order)))
+        tensor_groups = sorted(
+            rows.groupby("tensor", sort=False), key=lambda g: tensor_order.get(g[0], len(tensor_order))
+        )
         for tensor, part in tensor_groups:
             its, columns = np.unique(part["iteration"].to_numpy(), return_inverse=True)
             layer_idx = part["layer"].map(layer_pos).to_numpy()
@@ -269,11 +326,17 @@ def comparison_section(frame, other_dir: str, run_dir: str, *, threshold: float,
             matrix = np.full((used.size, its.size), np.nan)
             matrix[local.ravel(), columns.ravel()] = np.minimum(part["rel"].to_numpy(), 2.0)
             panels.append((tensor, its, matrix, [comparison.layers[i] for i in used]))
-        figure = plots.heatmap(f"{stat}: |b - a| / max(|a|, |b|), threshold {threshold:g}", panels,
-                               colour_label="relative difference (capped at 2)", cmap="inferno", vmin=0.0,
-                               vmax=max(2 * threshold, float(np.nanmax(np.minimum(rows["rel"], 2.0))) or 1.0))
-        section.figures.append(ReportFigure(f"compare_{_slug(stat)}", "compare", stat,
-                                            f"{stat}: relative difference", figure))
+        figure = plots.heatmap(
+            f"{stat}: |b - a| / max(|a|, |b|), threshold {threshold:g}",
+            panels,
+            colour_label="relative difference (capped at 2)",
+            cmap="inferno",
+            vmin=0.0,
+            vmax=max(2 * threshold, float(np.nanmax(np.minimum(rows["rel"], 2.0))) or 1.0),
+        )
+        section.figures.append(
+            ReportFigure(f"compare_{_slug(stat)}", "compare", stat, f"{stat}: relative difference", figure)
+        )
     return section
 
 
@@ -299,8 +362,14 @@ def config_section(run_dir: str, config_path: Optional[str]) -> Section:
     return Section("config", "Config", f"<p>{html.escape(note)}</p>", note)
 
 
-def build_report(run_dir: str, *, compare_to: Optional[str] = None, threshold: Optional[float] = None,
-                 stats: Optional[Sequence[str]] = None, config_path: Optional[str] = None) -> Report:
+def build_report(
+    run_dir: str,
+    *,
+    compare_to: Optional[str] = None,
+    threshold: Optional[float] = None,
+    stats: Optional[Sequence[str]] = None,
+    config_path: Optional[str] = None,
+) -> Report:
     """Every section of the report of `run_dir` (figures not yet encoded)."""
     from tedebug.analysis.compare import DEFAULT_THRESHOLD
 
@@ -309,11 +378,19 @@ def build_report(run_dir: str, *, compare_to: Optional[str] = None, threshold: O
     if stats:
         frame = frame[frame["stat"].isin(list(stats))]
     data = grids(frame)
-    sections = [overview_section(frame, run_dir, data), nonfinite_section(frame, run_dir), worst_section(data),
-                heatmap_section(data), lines_section(data)]
+    sections = [
+        overview_section(frame, run_dir, data),
+        nonfinite_section(frame, run_dir),
+        worst_section(data),
+        heatmap_section(data),
+        lines_section(data),
+    ]
     if compare_to is not None:
-        sections.append(comparison_section(frame, compare_to, run_dir, stats=stats,
-                                           threshold=DEFAULT_THRESHOLD if threshold is None else threshold))
+        sections.append(
+            comparison_section(
+                frame, compare_to, run_dir, stats=stats, threshold=DEFAULT_THRESHOLD if threshold is None else threshold
+            )
+        )
     sections.append(config_section(run_dir, config_path))
     return Report(run_dir, sections, time.perf_counter() - start)
 
@@ -333,17 +410,24 @@ figure{margin:1em 0}figure img{max-width:100%;border:1px solid #eee}figcaption{f
 def render_html(report: Report) -> str:
     """The self-contained page (figures encoded as PNG data URIs)."""
     nav = " ".join(f'<a href="#{s.anchor}">{html.escape(s.title)}</a>' for s in report.sections)
-    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-             f"<title>tedebug report: {html.escape(report.run_dir)}</title>", f"<style>{STYLE}</style></head><body>",
-             f"<h1>tedebug report: {html.escape(report.run_dir)}</h1>", f"<nav>{nav}</nav>"]
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>tedebug report: {html.escape(report.run_dir)}</title>",
+        f"<style>{STYLE}</style></head><body>",
+        f"<h1>tedebug report: {html.escape(report.run_dir)}</h1>",
+        f"<nav>{nav}</nav>",
+    ]
     for section in report.sections:
         parts.append(f'<section id="{section.anchor}"><h2>{html.escape(section.title)}</h2>{section.html}')
         for fig in section.figures:
             data = base64.b64encode(plots.encode(fig.figure, "png")).decode("ascii")
-            parts.append(f'<figure class="chart" id="{fig.name}" data-kind="{fig.kind}" '
-                         f'data-stat="{html.escape(fig.stat)}"><img alt="{html.escape(fig.title)}" '
-                         f'src="data:image/png;base64,{data}"><figcaption>{html.escape(fig.title)}</figcaption>'
-                         f"</figure>")
+            parts.append(
+                f'<figure class="chart" id="{fig.name}" data-kind="{fig.kind}" '
+                f'data-stat="{html.escape(fig.stat)}"><img alt="{html.escape(fig.title)}" '
+                f'src="data:image/png;base64,{data}"><figcaption>{html.escape(fig.title)}</figcaption>'
+                f"</figure>"
+            )
         parts.append("</section>")
     parts.append(f"<footer><p>Made by tedebug report in {report.seconds:.1f} s (data and figures).</p></footer>")
     parts.append("</body></html>")

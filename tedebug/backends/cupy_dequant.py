@@ -22,31 +22,55 @@ def _grid(device: torch.device, items: int) -> int:
     return max(1, min(BLOCKS_PER_SM * sm_count(device_index(device)), (items + THREADS - 1) // THREADS))
 
 
-def _dequantize(kernel: str, fp8_format: str, data: torch.Tensor, scales: torch.Tensor, rows: int, cols: int,
-                middle: Tuple, per_thread: int) -> torch.Tensor:
+def _dequantize(
+    kernel: str,
+    fp8_format: str,
+    data: torch.Tensor,
+    scales: torch.Tensor,
+    rows: int,
+    cols: int,
+    middle: Tuple,
+    per_thread: int,
+) -> torch.Tensor:
     """The shape the dequantization kernels share: bf16 [rows, cols] from (data, scales, rows, cols, *`middle`, out),
     one thread per `per_thread` elements."""
     out = torch.empty((rows, cols), dtype=torch.bfloat16, device=data.device)
     args = (data.data_ptr(), scales.data_ptr(), np.int64(rows), np.int64(cols)) + middle + (out.data_ptr(),)
-    launch(get_kernel("dequant.cu", kernel, _FP8_OPTION[fp8_format]), _grid(data.device, rows * cols // per_thread),
-           THREADS, args, data.device)
+    launch(
+        get_kernel("dequant.cu", kernel, _FP8_OPTION[fp8_format]),
+        _grid(data.device, rows * cols // per_thread),
+        THREADS,
+        args,
+        data.device,
+    )
     return out
 
 
-def mxfp8_values(codes: torch.Tensor, scales: torch.Tensor, row_blocks: bool, fp8_format: str,
-                 lift: int) -> torch.Tensor:
+def mxfp8_values(
+    codes: torch.Tensor, scales: torch.Tensor, row_blocks: bool, fp8_format: str, lift: int
+) -> torch.Tensor:
     """bf16 [rows, cols] of MXFP8 `codes` (uint8 [rows, cols], cols % 32 == 0) and E8M0 `scales`."""
     rows, cols = codes.shape
-    return _dequantize("ted_dequant_mxfp8", fp8_format, codes, scales, rows, cols,
-                       (np.int32(row_blocks), np.int32(lift)), 8)
+    return _dequantize(
+        "ted_dequant_mxfp8", fp8_format, codes, scales, rows, cols, (np.int32(row_blocks), np.int32(lift)), 8
+    )
 
 
-def fp8_block_values(codes: torch.Tensor, scale_inv: torch.Tensor, block_rows: int, fp8_format: str,
-                     lift: int) -> torch.Tensor:
+def fp8_block_values(
+    codes: torch.Tensor, scale_inv: torch.Tensor, block_rows: int, fp8_format: str, lift: int
+) -> torch.Tensor:
     """bf16 [rows, cols] of FP8 block `codes` (uint8 [rows, cols], cols % 8 == 0) and fp32 `scale_inv`."""
     rows, cols = codes.shape
-    return _dequantize("ted_dequant_fp8_block", fp8_format, codes, scale_inv, rows, cols,
-                       (np.int32(block_rows), np.float32(2.0 ** lift)), 8)
+    return _dequantize(
+        "ted_dequant_fp8_block",
+        fp8_format,
+        codes,
+        scale_inv,
+        rows,
+        cols,
+        (np.int32(block_rows), np.float32(2.0**lift)),
+        8,
+    )
 
 
 def nvfp4_values(packed: torch.Tensor, scales: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
@@ -59,8 +83,15 @@ def epilogue_bf16(acc: torch.Tensor, fa: torch.Tensor, fb: torch.Tensor, bias) -
     and an optional bf16 bias [N]."""
     out = torch.empty(acc.shape, dtype=torch.bfloat16, device=acc.device)
     kernel = get_kernel("dequant.cu", "ted_epilogue_bf16", _FP8_OPTION["E4M3"])
-    args = (acc.data_ptr(), np.int64(acc.numel()), np.int64(acc.shape[-1]), fa.data_ptr(), fb.data_ptr(),
-            bias.data_ptr() if bias is not None else 0, out.data_ptr())
+    args = (
+        acc.data_ptr(),
+        np.int64(acc.numel()),
+        np.int64(acc.shape[-1]),
+        fa.data_ptr(),
+        fb.data_ptr(),
+        bias.data_ptr() if bias is not None else 0,
+        out.data_ptr(),
+    )
     launch(kernel, _grid(acc.device, acc.numel() // 4), THREADS, args, acc.device)
     return out
 
@@ -110,8 +141,9 @@ def _as_cublas(t: torch.Tensor) -> Optional[Tuple[int, int]]:
     return None
 
 
-def gemm_device_alpha(op_b: torch.Tensor, op_a: torch.Tensor, alpha: torch.Tensor,
-                      bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+def gemm_device_alpha(
+    op_b: torch.Tensor, op_a: torch.Tensor, alpha: torch.Tensor, bias: Optional[torch.Tensor]
+) -> Optional[torch.Tensor]:
     """bf16 ``alpha · (op_b @ op_a) + bias`` of bf16 op_b [M, K] and op_a [K, N], alpha a 0-d fp32 device tensor, in
     one cuBLAS GEMM: fp32 accumulation, alpha and the bias applied to the fp32 result (beta · C with C the bias
     broadcast), one rounding; reduced-precision reductions disallowed.  None when a stride layout does not fit."""
@@ -133,7 +165,25 @@ def gemm_device_alpha(op_b: torch.Tensor, op_a: torch.Tensor, alpha: torch.Tenso
     handle = _handle(index)
     cublas.setStream(handle, torch.cuda.current_stream(op_b.device).cuda_stream)
     # row-major out [M, N] is column-major outᵀ [N, M] = op_aᵀ [N, K] · op_bᵀ [K, M]
-    cublas.gemmEx(handle, layout_a[0], layout_b[0], n, m, k, alpha.data_ptr(), op_a.data_ptr(), _R_16BF, layout_a[1],
-                  op_b.data_ptr(), _R_16BF, layout_b[1], beta.data_ptr(), out.data_ptr(), _R_16BF, n, _COMPUTE_32F,
-                  _GEMM_DEFAULT)
+    cublas.gemmEx(
+        handle,
+        layout_a[0],
+        layout_b[0],
+        n,
+        m,
+        k,
+        alpha.data_ptr(),
+        op_a.data_ptr(),
+        _R_16BF,
+        layout_a[1],
+        op_b.data_ptr(),
+        _R_16BF,
+        layout_b[1],
+        beta.data_ptr(),
+        out.data_ptr(),
+        _R_16BF,
+        n,
+        _COMPUTE_32F,
+        _GEMM_DEFAULT,
+    )
     return out

@@ -95,10 +95,22 @@ def fp8_block_quantize_raw(
 
     kernel = get_kernel(SOURCE, _KERNEL[block_scaling_dim], dtype_options(x2d, fp8_format))
     args = (
-        x2d.data_ptr(), np.int64(m), np.int64(k), np.float32(FP8_MAX[fp8_format]), eps32, np.int32(bool(pow2)),
-        np.float32(value_for_inf), np.int32(bool(rowwise)), np.int32(bool(columnwise)),
-        pointer(row_codes), pointer(row_sinv), pointer(col_codes), pointer(col_sinv),
-        partials, ticket(tickets, "fp8_block"), stats.data_ptr(),
+        x2d.data_ptr(),
+        np.int64(m),
+        np.int64(k),
+        np.float32(FP8_MAX[fp8_format]),
+        eps32,
+        np.int32(bool(pow2)),
+        np.float32(value_for_inf),
+        np.int32(bool(rowwise)),
+        np.int32(bool(columnwise)),
+        pointer(row_codes),
+        pointer(row_sinv),
+        pointer(col_codes),
+        pointer(col_sinv),
+        partials,
+        ticket(tickets, "fp8_block"),
+        stats.data_ptr(),
     )
     launch(kernel, grid, THREADS, args, dev)
     return Float8BlockBuffers(row_codes, row_sinv, col_codes, col_sinv, stats)

@@ -53,9 +53,16 @@ class AmaxMode(enum.IntEnum):
 
 
 # ------------------------------------------------------------------------------------------------ amax
-def amax_launch(x: torch.Tensor, out: torch.Tensor, fp8_format: Optional[str] = None, epsilon: float = 0.0,
-                pow2: bool = False, count_out: Optional[torch.Tensor] = None, scale_inv_slot: int = 2,
-                record: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> None:
+def amax_launch(
+    x: torch.Tensor,
+    out: torch.Tensor,
+    fp8_format: Optional[str] = None,
+    epsilon: float = 0.0,
+    pow2: bool = False,
+    count_out: Optional[torch.Tensor] = None,
+    scale_inv_slot: int = 2,
+    record: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+) -> None:
     """One launch of ted_fp8_amax_scale over the prepared tensor `x`; the mode follows from the arguments:
 
     - with `fp8_format` (`AmaxMode.CURRENT_SCALE`): out[0] = amax, out[1] = scale, out[scale_inv_slot] = scale_inv
@@ -81,14 +88,26 @@ def amax_launch(x: torch.Tensor, out: torch.Tensor, fp8_format: Optional[str] = 
         mode = AmaxMode.BOTH_SLOTS if out.numel() == 2 else AmaxMode.AMAX
         scale_ptr = scale_inv_ptr = base  # not written in these modes
     fp8_max = FP8_MAX[fp8_format] if mode == AmaxMode.CURRENT_SCALE else 0.0
-    args = (x.data_ptr(), np.int64(n), ticket(tickets, "amax"), base, np.int32(mode), np.float32(fp8_max),
-            np.float32(epsilon), np.int32(pow2), scale_ptr, scale_inv_ptr)
+    args = (
+        x.data_ptr(),
+        np.int64(n),
+        ticket(tickets, "amax"),
+        base,
+        np.int32(mode),
+        np.float32(fp8_max),
+        np.float32(epsilon),
+        np.int32(pow2),
+        scale_ptr,
+        scale_inv_ptr,
+    )
     if count_out is None:
         kernel = get_kernel("fp8_tensor.cu", "ted_fp8_amax_scale", dtype_options(x))
     else:
         if count_out.dtype != torch.int64 or count_out.numel() < 1 or count_out.device != x.device:
-            raise ValueError(f"amax_launch: count_out must be an int64 tensor on {x.device}, got "
-                             f"{count_out.dtype} {tuple(count_out.shape)} on {count_out.device}")
+            raise ValueError(
+                f"amax_launch: count_out must be an int64 tensor on {x.device}, got "
+                f"{count_out.dtype} {tuple(count_out.shape)} on {count_out.device}"
+            )
         kernel = get_kernel("fp8_tensor.cu", "ted_amax_count", dtype_options(x))
         args += (count_out.data_ptr(),)
     launch(kernel, grid, THREADS, args, x.device)
@@ -122,8 +141,14 @@ def fp8_current_scale(amax: torch.Tensor, fp8_format: str, epsilon: float, pow2:
     scale = torch.empty((), dtype=torch.float32, device=amax.device)
     scale_inv = torch.empty_like(scale)
     kernel = get_kernel("fp8_tensor.cu", "ted_fp8_current_scale", ())
-    args = (amax.data_ptr(), np.float32(FP8_MAX[fp8_format]), np.float32(epsilon), np.int32(pow2),
-            scale.data_ptr(), scale_inv.data_ptr())
+    args = (
+        amax.data_ptr(),
+        np.float32(FP8_MAX[fp8_format]),
+        np.float32(epsilon),
+        np.int32(pow2),
+        scale.data_ptr(),
+        scale_inv.data_ptr(),
+    )
     launch(kernel, 1, 1, args, amax.device)
     return scale, scale_inv
 
@@ -138,16 +163,18 @@ def fp8_scale_inv(scale: torch.Tensor) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------------ cast + transpose
-def fp8_cast_transpose_raw(x2d: torch.Tensor, scale: torch.Tensor, scale_inv: torch.Tensor, fp8_format: str,
-                           rowwise: bool, columnwise: bool):
+def fp8_cast_transpose_raw(
+    x2d: torch.Tensor, scale: torch.Tensor, scale_inv: torch.Tensor, fp8_format: str, rowwise: bool, columnwise: bool
+):
     """(row codes [M, K] or None, col codes [K, M] or None, stats float64 (underflows, Σerr², overflows), followed by
     the scale_inv partials on the single-launch path: `fused_stats.FP8_STATS_WITH_SCALE`)."""
     x2d = prepare_input(x2d)
     return _cast_transpose(x2d, scale.data_ptr(), scale_inv.data_ptr(), fp8_format, rowwise, columnwise)
 
 
-def _cast_transpose(x2d: torch.Tensor, scale_ptr: int, scale_inv_ptr: int, fp8_format: str, rowwise: bool,
-                    columnwise: bool):
+def _cast_transpose(
+    x2d: torch.Tensor, scale_ptr: int, scale_inv_ptr: int, fp8_format: str, rowwise: bool, columnwise: bool
+):
     """`fp8_cast_transpose_raw` of a prepared (contiguous, aligned) [M, K] tensor, with device addresses of the fp32
     scale and scale_inv: the single-launch bf16 / fp16 kernel when M % 64 == 0 and K % 128 == 0, else the general
     kernel (per-block partials summed by a second launch)."""
@@ -158,8 +185,16 @@ def _cast_transpose(x2d: torch.Tensor, scale_ptr: int, scale_inv_ptr: int, fp8_f
     fast = x2d.dtype in SIXTEEN_BIT and m % 64 == 0 and k % 128 == 0 and m > 0 and k > 0
     stats = torch.empty(len(FP8_STATS_WITH_SCALE) if fast else 3, dtype=torch.float64, device=dev)
     codes = (row.data_ptr() if row is not None else 0, col.data_ptr() if col is not None else 0)
-    head = (x2d.data_ptr(), np.int64(m), np.int64(k), scale_ptr, scale_inv_ptr, np.float32(FP8_MAX[fp8_format]),
-            np.int32(rowwise), np.int32(columnwise)) + codes
+    head = (
+        x2d.data_ptr(),
+        np.int64(m),
+        np.int64(k),
+        scale_ptr,
+        scale_inv_ptr,
+        np.float32(FP8_MAX[fp8_format]),
+        np.int32(rowwise),
+        np.int32(columnwise),
+    ) + codes
     if fast:  # one launch; its vector also holds the scale_inv partials (FP8_STATS_WITH_SCALE)
         grid = max(1, min(CT_BLOCKS_PER_SM * sm_count(device_index(dev)), (m // 64) * (k // 128)))
         partials, tickets = workspace(dev)
@@ -187,14 +222,25 @@ class Float8Buffers(NamedTuple):
 
 
 # ------------------------------------------------------------------------------------------------ quantizers
-def fp8_quantize(x2d: torch.Tensor, scale: torch.Tensor, fp8_format: str, rowwise: bool, columnwise: bool,
-                 scale_inv: Optional[torch.Tensor] = None) -> Float8Buffers:
+def fp8_quantize(
+    x2d: torch.Tensor,
+    scale: torch.Tensor,
+    fp8_format: str,
+    rowwise: bool,
+    columnwise: bool,
+    scale_inv: Optional[torch.Tensor] = None,
+) -> Float8Buffers:
     """The cast + transpose of a CUDA [M, K] tensor with a given device `scale` (the same bytes as the torch path).
 
     `scale_inv` (0-d fp32 on the device, = 1 / scale) is computed here when not given.
     """
-    if not (scale.dtype is torch.float32 and scale.dim() == 0 and scale.device == x2d.device
-            and not scale.requires_grad and scale.is_contiguous()):
+    if not (
+        scale.dtype is torch.float32
+        and scale.dim() == 0
+        and scale.device == x2d.device
+        and not scale.requires_grad
+        and scale.is_contiguous()
+    ):
         scale = scale.detach().float().reshape(()).to(x2d.device).contiguous()
     if scale_inv is None:
         scale_inv = fp8_scale_inv(scale)
@@ -203,8 +249,9 @@ def fp8_quantize(x2d: torch.Tensor, scale: torch.Tensor, fp8_format: str, rowwis
     return Float8Buffers(row, col, scale_inv, stats)
 
 
-def fp8_current_quantize(x2d: torch.Tensor, fp8_format: str, epsilon: float, pow2: bool, rowwise: bool,
-                         columnwise: bool) -> Float8Buffers:
+def fp8_current_quantize(
+    x2d: torch.Tensor, fp8_format: str, epsilon: float, pow2: bool, rowwise: bool, columnwise: bool
+) -> Float8Buffers:
     """Current scaling of a CUDA [M, K] tensor: amax + scale (one launch), cast + transpose.
 
     The cast reads the scale and scale_inv the first launch wrote, by address: no tensor op in between."""
@@ -224,13 +271,19 @@ def fp8_delayed_update(history: torch.Tensor, scale: torch.Tensor, scaled_max: f
     """`Float8Quantizer.update_scale` in one launch (roll the contiguous fp32 `history`, refresh the 1-element
     fp32 `scale` in place); the caller checks devices, dtypes and len(history) <= DELAYED_UPDATE_MAX_LEN."""
     kernel = get_kernel("fp8_tensor.cu", "ted_fp8_delayed_update", ())
-    args = (history.data_ptr(), np.int32(history.numel()), scale.data_ptr(), np.float32(scaled_max),
-            np.int32(most_recent))
+    args = (
+        history.data_ptr(),
+        np.int32(history.numel()),
+        scale.data_ptr(),
+        np.float32(scaled_max),
+        np.int32(most_recent),
+    )
     launch(kernel, 1, THREADS, args, history.device)
 
 
-def fp8_delayed_quantize(x2d: torch.Tensor, history: torch.Tensor, scale: torch.Tensor, fp8_format: str,
-                         rowwise: bool, columnwise: bool) -> Float8Buffers:
+def fp8_delayed_quantize(
+    x2d: torch.Tensor, history: torch.Tensor, scale: torch.Tensor, fp8_format: str, rowwise: bool, columnwise: bool
+) -> Float8Buffers:
     """Delayed scaling of a CUDA [M, K] tensor: records max|x| into history[0] (as torch.maximum, NaN kept) and
     casts with the current `scale` (the quantizer's state on x's device: fp32 `history` [L] or [L, 1], `scale`)."""
     x = prepare_input(x2d)

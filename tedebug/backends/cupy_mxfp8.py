@@ -63,9 +63,17 @@ def mxfp8_quantize_raw(x2d: torch.Tensor, fp8_format: str, rowwise: bool, column
     stats = torch.empty(4, dtype=torch.float64, device=dev)
     kernel = get_kernel("mxfp8.cu", "ted_mxfp8_quantize", opts)
     args = (
-        x2d.data_ptr(), np.int64(m), np.int64(k), np.float32(1.0 / FP8_MAX[fp8_format]),
-        np.int32(rowwise), np.int32(columnwise),
-        pointer(row_codes), pointer(row_scales), pointer(col_codes), pointer(col_scales), partial.data_ptr(),
+        x2d.data_ptr(),
+        np.int64(m),
+        np.int64(k),
+        np.float32(1.0 / FP8_MAX[fp8_format]),
+        np.int32(rowwise),
+        np.int32(columnwise),
+        pointer(row_codes),
+        pointer(row_scales),
+        pointer(col_codes),
+        pointer(col_scales),
+        partial.data_ptr(),
     )
     launch(kernel, grid, THREADS, args, dev)
     sum_columns(partial, stats)
@@ -85,7 +93,7 @@ def _mxfp8_quantize16(x2d: torch.Tensor, fp8_format: str, rowwise: bool, columnw
     m, k = x2d.shape
     dev = x2d.device
     tiles = (m // 32) * ((k + 255) // 256)
-    if tiles >= 2 ** 31:  # the kernel walks tiles with 32-bit indices
+    if tiles >= 2**31:  # the kernel walks tiles with 32-bit indices
         raise ValueError(f"mxfp8 kernel: {m} x {k} has {tiles} tiles of 32 x 256, more than 2^31 - 1")
     grid = max(1, min(MX_BLOCKS_PER_SM * sm_count(device_index(dev)), tiles))
     row_codes, row_scales, col_codes, col_scales = _mxfp8_empty(m, k, dev, rowwise, columnwise)
@@ -93,10 +101,19 @@ def _mxfp8_quantize16(x2d: torch.Tensor, fp8_format: str, rowwise: bool, columnw
     partials, tickets = workspace(dev)
     kernel = get_kernel("mxfp8.cu", "ted_mxfp8_quantize16", opts)
     args = (
-        x2d.data_ptr(), np.int64(m), np.int64(k), np.float32(1.0 / FP8_MAX[fp8_format]),
-        np.int32(rowwise), np.int32(columnwise),
-        pointer(row_codes), pointer(row_scales), pointer(col_codes), pointer(col_scales),
-        partials, ticket(tickets, "mxfp8"), stats.data_ptr(),
+        x2d.data_ptr(),
+        np.int64(m),
+        np.int64(k),
+        np.float32(1.0 / FP8_MAX[fp8_format]),
+        np.int32(rowwise),
+        np.int32(columnwise),
+        pointer(row_codes),
+        pointer(row_scales),
+        pointer(col_codes),
+        pointer(col_scales),
+        partials,
+        ticket(tickets, "mxfp8"),
+        stats.data_ptr(),
     )
     launch(kernel, grid, THREADS, args, dev)
     return MXFP8Buffers(row_codes, row_scales, col_codes, col_scales, stats)

@@ -39,16 +39,16 @@ from tedebug.format_constants import RHT_SIGNS
 
 NV_BLOCKS_PER_SM = 2  # NV_MIN_BLOCKS in kernels/nvfp4.cu (ted_nvfp4_quantize: 128 registers, no local memory)
 NQ_BLOCKS_PER_SM = 3  # NQ_MIN_BLOCKS in kernels/nvfp4.cu (ted_nvfp4_quantize16, 80 registers)
-NQ_TILE = (64, 128)   # ted_nvfp4_quantize16's tile: rows, columns
+NQ_TILE = (64, 128)  # ted_nvfp4_quantize16's tile: rows, columns
 NV_THREADS = 256
 NV_TILE_ROWS = 64
-RHT_TILE_ROWS = 256        # ted_nvfp4_rht_col's tile: NR_ROWS rows x NR_TB = 64 bytes of columns
+RHT_TILE_ROWS = 256  # ted_nvfp4_rht_col's tile: NR_ROWS rows x NR_TB = 64 bytes of columns
 RHT_TILE_BYTES = 64
-RHT_BLOCKS_PER_SM = 2      # NR_MIN_BLOCKS in kernels/nvfp4.cu (ted_nvfp4_rht_col: 128 registers)
-RHT_AMAX_BYTES = 8         # ted_nvfp4_rht_amax: bytes per thread and row (NR_APT; 4 for fp32)
+RHT_BLOCKS_PER_SM = 2  # NR_MIN_BLOCKS in kernels/nvfp4.cu (ted_nvfp4_rht_col: 128 registers)
+RHT_AMAX_BYTES = 8  # ted_nvfp4_rht_amax: bytes per thread and row (NR_APT; 4 for fp32)
 RHT_AMAX_BLOCKS_PER_SM = 2  # NR_AMAX_MIN_BLOCKS in kernels/nvfp4.cu
 RHT_V1_TILE = (4, 64)  # the v1 RHT kernels (reference=True, the tests' oracle): 16-row groups, columns; 3 per SM
-_INV6 = np.float32(1.0 / 6.0)        # fp32(1/6), as the reference's `_f32(1 / E2M1_MAX)`
+_INV6 = np.float32(1.0 / 6.0)  # fp32(1/6), as the reference's `_f32(1 / E2M1_MAX)`
 _INV2688 = np.float32(1.0 / 2688.0)  # fp32(1/2688), as the reference's `_f32(1 / NVFP4_GLOBAL_MAX)`
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -81,8 +81,15 @@ def supports(quantizer, tensor: torch.Tensor) -> bool:
 
 def uses_fast_kernel(m: int, k: int, dtype: torch.dtype, two_d: bool, sr: bool) -> bool:
     """Whether `nvfp4_quantize_raw` takes `ted_nvfp4_quantize16` for this call (else `ted_nvfp4_quantize`)."""
-    return (dtype in (torch.bfloat16, torch.float16) and not two_d and not sr and m % NQ_TILE[0] == 0
-            and k % NQ_TILE[1] == 0 and m < 2 ** 24 and k < 2 ** 24)  # 32-bit offsets within the kernel
+    return (
+        dtype in (torch.bfloat16, torch.float16)
+        and not two_d
+        and not sr
+        and m % NQ_TILE[0] == 0
+        and k % NQ_TILE[1] == 0
+        and m < 2**24
+        and k < 2**24
+    )  # 32-bit offsets within the kernel
 
 
 def uses_fast_2d_kernel(m: int, k: int, dtype: torch.dtype, two_d: bool, sr: bool) -> bool:
@@ -102,9 +109,14 @@ def _tile_cols(dtype: torch.dtype) -> int:
 
 def _general_options(x2d: torch.Tensor, sr: bool) -> Tuple[str, ...]:
     """NVRTC options of nvfp4.cu (one compiled module per dtype and SR holds every kernel of the file)."""
-    return _dtype_options(x2d) + ("-DTED_FP8=0", f"-DNV_SR={int(sr)}", f"-DNV_MIN_BLOCKS={NV_BLOCKS_PER_SM}",
-                                  f"-DNQ_MIN_BLOCKS={NQ_BLOCKS_PER_SM}", f"-DNR_MIN_BLOCKS={RHT_BLOCKS_PER_SM}",
-                                  f"-DNR_AMAX_MIN_BLOCKS={RHT_AMAX_BLOCKS_PER_SM}")
+    return _dtype_options(x2d) + (
+        "-DTED_FP8=0",
+        f"-DNV_SR={int(sr)}",
+        f"-DNV_MIN_BLOCKS={NV_BLOCKS_PER_SM}",
+        f"-DNQ_MIN_BLOCKS={NQ_BLOCKS_PER_SM}",
+        f"-DNR_MIN_BLOCKS={RHT_BLOCKS_PER_SM}",
+        f"-DNR_AMAX_MIN_BLOCKS={RHT_AMAX_BLOCKS_PER_SM}",
+    )
 
 
 def rht_sign_mask() -> int:
@@ -125,8 +137,9 @@ def nvfp4_quantize_raw(
     two_d: bool = False,
     sr: Optional[Tuple[int, int, int]] = None,
     nonzero: Optional[torch.Tensor] = None,
-) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor],
-           torch.Tensor]:
+) -> Tuple[
+    Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor], torch.Tensor
+]:
     """Quantize a contiguous CUDA [M, K] tensor with the global amaxes `amax` (fp32 [2]: rowwise, columnwise).
 
     `nonzero`: count_nonzero(x) as an int64 [1] device tensor (`cupy_fp8_tensor.amax_launch(..., count_out=)`
@@ -152,16 +165,31 @@ def nvfp4_quantize_raw(
 
     if takes_fast_kernel(m, k, x2d.dtype, two_d, sr is not None):
         if nonzero is None or nonzero.dtype != torch.int64 or nonzero.device != dev:
-            raise ValueError("nvfp4_quantize_raw: the fast kernel needs `nonzero`, count_nonzero(x) as an int64 "
-                             f"tensor on {dev} (from _amax_launch(..., count_out=))")
+            raise ValueError(
+                "nvfp4_quantize_raw: the fast kernel needs `nonzero`, count_nonzero(x) as an int64 "
+                f"tensor on {dev} (from _amax_launch(..., count_out=))"
+            )
         tiles = (m // NQ_TILE[0]) * (k // NQ_TILE[1])
         grid = max(1, min(NQ_BLOCKS_PER_SM * _sm_count(_device_index(dev)), tiles))
         opts = _general_options(x2d, False) + (("-DNQ_2D=1",) if two_d else ())
         kernel = get_kernel("nvfp4.cu", "ted_nvfp4_quantize16", opts)
         args = (
-            x2d.data_ptr(), np.int64(m), np.int64(k), amax.data_ptr(), nonzero.data_ptr(), _INV6, _INV2688,
-            np.int32(rowwise), np.int32(columnwise), ptr(row_data), ptr(row_scales), ptr(col_data), ptr(col_scales),
-            partials, _ticket(tickets, "nvfp4"), stats.data_ptr(),
+            x2d.data_ptr(),
+            np.int64(m),
+            np.int64(k),
+            amax.data_ptr(),
+            nonzero.data_ptr(),
+            _INV6,
+            _INV2688,
+            np.int32(rowwise),
+            np.int32(columnwise),
+            ptr(row_data),
+            ptr(row_scales),
+            ptr(col_data),
+            ptr(col_scales),
+            partials,
+            _ticket(tickets, "nvfp4"),
+            stats.data_ptr(),
         )
         _launch(kernel, grid, NV_THREADS, args, dev)
         return row_data, row_scales, col_data, col_scales, stats
@@ -170,10 +198,29 @@ def nvfp4_quantize_raw(
     kernel = get_kernel("nvfp4.cu", "ted_nvfp4_quantize", _general_options(x2d, sr is not None))
     seed, row_offset, col_offset = sr if sr is not None else (0, 0, 0)
     args = (
-        x2d.data_ptr(), np.int64(m), np.int64(k), amax.data_ptr(), _INV6, _INV2688,
-        np.int32(rowwise), np.int32(columnwise), np.int32(two_d)) + _words(seed) + _words(row_offset) + \
-        _words(col_offset) + (ptr(row_data), ptr(row_scales), ptr(col_data), ptr(col_scales),
-        partials, _ticket(tickets, "nvfp4"), stats.data_ptr(),
+        (
+            x2d.data_ptr(),
+            np.int64(m),
+            np.int64(k),
+            amax.data_ptr(),
+            _INV6,
+            _INV2688,
+            np.int32(rowwise),
+            np.int32(columnwise),
+            np.int32(two_d),
+        )
+        + _words(seed)
+        + _words(row_offset)
+        + _words(col_offset)
+        + (
+            ptr(row_data),
+            ptr(row_scales),
+            ptr(col_data),
+            ptr(col_scales),
+            partials,
+            _ticket(tickets, "nvfp4"),
+            stats.data_ptr(),
+        )
     )
     _launch(kernel, grid, NV_THREADS, args, dev)
     return row_data, row_scales, col_data, col_scales, stats
@@ -182,15 +229,24 @@ def nvfp4_quantize_raw(
 def _check_rht_input(x2d: torch.Tensor, amax: torch.Tensor, who: str) -> None:
     m, k = x2d.shape
     if m % 16 or k % 16 or x2d.dtype not in _KERNEL_DTYPES or not x2d.is_contiguous():
-        raise ValueError(f"{who}: needs a contiguous fp32/bf16/fp16 [M, K] tensor with M and K "
-                         f"divisible by 16, got {x2d.dtype} {tuple(x2d.shape)}")
+        raise ValueError(
+            f"{who}: needs a contiguous fp32/bf16/fp16 [M, K] tensor with M and K "
+            f"divisible by 16, got {x2d.dtype} {tuple(x2d.shape)}"
+        )
     if amax.dtype != torch.float32 or amax.numel() != 2 or amax.device != x2d.device:
-        raise ValueError(f"{who}: amax must be a float32 [2] tensor on {x2d.device}, got {amax.dtype} "
-                         f"{tuple(amax.shape)} on {amax.device}")
+        raise ValueError(
+            f"{who}: amax must be a float32 [2] tensor on {x2d.device}, got {amax.dtype} "
+            f"{tuple(amax.shape)} on {amax.device}"
+        )
 
 
-def nvfp4_rht_amax(x2d: torch.Tensor, amax: torch.Tensor, rowwise: bool = False,
-                   nonzero: Optional[torch.Tensor] = None, reference: bool = False) -> None:
+def nvfp4_rht_amax(
+    x2d: torch.Tensor,
+    amax: torch.Tensor,
+    rowwise: bool = False,
+    nonzero: Optional[torch.Tensor] = None,
+    reference: bool = False,
+) -> None:
     """Set amax[1] (fp32 [2], the columnwise slot) to max|y| of the RHT-rotated values y of a contiguous CUDA [M, K]
     tensor (NaN ignored).  `rowwise`: also amax[0] = max|x| (NaN ignored) and, with `nonzero` (int64 [1]),
     nonzero[0] = count_nonzero(x), from the same pass over x (what `_amax_launch(..., count_out=)` gives the
@@ -210,12 +266,17 @@ def nvfp4_rht_amax(x2d: torch.Tensor, amax: torch.Tensor, rowwise: bool = False,
         amax[1:].zero_()  # the kernel takes the atomic max of the fp32 bits into it
         tiles = -(-(m // 16) // RHT_V1_TILE[0]) * -(-k // RHT_V1_TILE[1])
         kernel = get_kernel("nvfp4.cu", "ted_nvfp4_rht_amax_v1", _general_options(x2d, False) + ("-DNR_V1=1",))
-        _launch(kernel, max(1, min(3 * sms, tiles)), NV_THREADS,
-                (x2d.data_ptr(), np.int64(m), np.int64(k), mask, amax.data_ptr() + 4), dev)
+        _launch(
+            kernel,
+            max(1, min(3 * sms, tiles)),
+            NV_THREADS,
+            (x2d.data_ptr(), np.int64(m), np.int64(k), mask, amax.data_ptr() + 4),
+            dev,
+        )
         return
     piece = RHT_AMAX_BYTES if x2d.dtype != torch.float32 else 4  # NR_APT
     items = (m // 16) * (k * x2d.element_size() // piece)  # one thread per (16-row group, piece of a row)
-    if items >= 2 ** 31:
+    if items >= 2**31:
         raise ValueError(f"nvfp4_rht_amax: tensor too large for the RHT kernels ({m} x {k})")
     grid = max(1, min(RHT_AMAX_BLOCKS_PER_SM * sms, -(-items // NV_THREADS)))
     if rowwise:
@@ -224,13 +285,23 @@ def nvfp4_rht_amax(x2d: torch.Tensor, amax: torch.Tensor, rowwise: bool = False,
             nonzero.zero_()
     else:
         amax[1:].zero_()
-    args = (x2d.data_ptr(), np.int64(m), np.int64(k), mask, amax.data_ptr() + 4, amax.data_ptr() if rowwise else 0,
-            nonzero.data_ptr() if nonzero is not None else 0)
+    args = (
+        x2d.data_ptr(),
+        np.int64(m),
+        np.int64(k),
+        mask,
+        amax.data_ptr() + 4,
+        amax.data_ptr() if rowwise else 0,
+        nonzero.data_ptr() if nonzero is not None else 0,
+    )
     _launch(get_kernel("nvfp4.cu", "ted_nvfp4_rht_amax", _general_options(x2d, False)), grid, NV_THREADS, args, dev)
 
 
 def nvfp4_rht_columnwise(
-    x2d: torch.Tensor, amax: torch.Tensor, sr: Optional[Tuple[int, int]] = None, amax_ready: bool = False,
+    x2d: torch.Tensor,
+    amax: torch.Tensor,
+    sr: Optional[Tuple[int, int]] = None,
+    amax_ready: bool = False,
     reference: bool = False,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Columnwise NVFP4 of the RHT-rotated transposed view of a contiguous CUDA [M, K] tensor (M % 16 == 0).
@@ -259,14 +330,22 @@ def nvfp4_rht_columnwise(
     else:
         name = "ted_nvfp4_rht_col"
         tiles = -(-m // RHT_TILE_ROWS) * -(-k // (RHT_TILE_BYTES // x2d.element_size()))
-        if max(m, k, tiles) >= 2 ** 31:  # the kernel's tile arithmetic is 32-bit
+        if max(m, k, tiles) >= 2**31:  # the kernel's tile arithmetic is 32-bit
             raise ValueError(f"nvfp4_rht_columnwise: tensor too large for the RHT kernels ({m} x {k})")
         grid = max(1, min(RHT_BLOCKS_PER_SM * sms, tiles))
     partial = torch.empty((grid, 2), dtype=torch.float64, device=dev)
     args = (
-        x2d.data_ptr(), np.int64(m), np.int64(k), np.uint32(rht_sign_mask()), amax.data_ptr(), _INV6, _INV2688,
+        x2d.data_ptr(),
+        np.int64(m),
+        np.int64(k),
+        np.uint32(rht_sign_mask()),
+        amax.data_ptr(),
+        _INV6,
+        _INV2688,
         *(_words(sr[0]) + _words(sr[1]) if sr is not None else _words(0) + _words(0)),
-        col_data.data_ptr(), col_scales.data_ptr(), partial.data_ptr(),
+        col_data.data_ptr(),
+        col_scales.data_ptr(),
+        partial.data_ptr(),
     )
     _launch(get_kernel("nvfp4.cu", name, opts), grid, NV_THREADS, args, dev)
     _sum_columns(partial, stats)
@@ -279,8 +358,10 @@ def nvfp4_quantize(quantizer, tensor: torch.Tensor) -> NVFP4Buffers:
     rounding; `tedebug.quantization.nvfp4` builds the tensor."""
     who = type(quantizer).__name__
     if not supports(quantizer, tensor):
-        raise ValueError(f"{who}: the NVFP4 kernel does not take this call ({quantizer!r}, dtype {tensor.dtype}, "
-                         f"shape {tuple(tensor.shape)}); use the torch path (dispatch.quantize_nvfp4 returns None)")
+        raise ValueError(
+            f"{who}: the NVFP4 kernel does not take this call ({quantizer!r}, dtype {tensor.dtype}, "
+            f"shape {tuple(tensor.shape)}); use the torch path (dispatch.quantize_nvfp4 returns None)"
+        )
     k = tensor.shape[-1]
     m = tensor.numel() // k  # a valid NVFP4 shape (`supports`)
     x2d = prepare_input(tensor.reshape(m, k))
@@ -290,7 +371,8 @@ def nvfp4_quantize(quantizer, tensor: torch.Tensor) -> NVFP4Buffers:
     # the fast kernel takes count_nonzero(x) from the amax pass; with RHT it only runs for the rowwise direction
     # (and in 1D: the RHT path quantizes rows with two_d=False)
     fast = (quantizer.rowwise_usage or not rht) and takes_fast_kernel(
-        m, k, x2d.dtype, quantizer.with_2d_quantization and not rht, sr)
+        m, k, x2d.dtype, quantizer.with_2d_quantization and not rht, sr
+    )
     nonzero = torch.empty(1, dtype=torch.int64, device=x2d.device) if fast else None
     if not rht:
         _amax_launch(x2d, amaxes, count_out=nonzero)  # amaxes[0] = amaxes[1] = max|x| (NaN ignored)
@@ -305,13 +387,19 @@ def nvfp4_quantize(quantizer, tensor: torch.Tensor) -> NVFP4Buffers:
         rd = rs = None
         if quantizer.rowwise_usage:
             rd, rs, _, _, row_stats = nvfp4_quantize_raw(x2d, amaxes, True, False, False, draws, nonzero)
-        cd, cs, col_stats = nvfp4_rht_columnwise(x2d, amaxes, (quantizer.sr_seed, col_offset) if sr else None,
-                                                 amax_ready=quantizer.rowwise_usage)
+        cd, cs, col_stats = nvfp4_rht_columnwise(
+            x2d, amaxes, (quantizer.sr_seed, col_offset) if sr else None, amax_ready=quantizer.rowwise_usage
+        )
         stats = (row_stats[0], row_stats[1]) if quantizer.rowwise_usage else (None, None)
         stats += (col_stats[0], col_stats[1])
     else:
         rd, rs, cd, cs, stats = nvfp4_quantize_raw(
-            x2d, amaxes, quantizer.rowwise_usage, quantizer.columnwise_usage, quantizer.with_2d_quantization,
-            draws, nonzero,
+            x2d,
+            amaxes,
+            quantizer.rowwise_usage,
+            quantizer.columnwise_usage,
+            quantizer.with_2d_quantization,
+            draws,
+            nonzero,
         )
     return NVFP4Buffers(rd, rs, cd, cs, amaxes, stats)

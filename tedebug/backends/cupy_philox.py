@@ -15,7 +15,13 @@ def philox_bytes(seed: int, offset: int, n: int, device: torch.device) -> torch.
     out = torch.empty(n, dtype=torch.uint8, device=device)
     blocks = (n + 15) // 16
     grid = max(1, min(BLOCKS_PER_SM * sm_count(device_index(device)), (blocks + THREADS - 1) // THREADS))
-    args = (out.data_ptr(), np.int64(n), np.uint32(seed & 0xFFFFFFFF), np.uint32(seed >> 32),
-            np.uint32(offset & 0xFFFFFFFF), np.uint32(offset >> 32))
+    args = (
+        out.data_ptr(),
+        np.int64(n),
+        np.uint32(seed & 0xFFFFFFFF),
+        np.uint32(seed >> 32),
+        np.uint32(offset & 0xFFFFFFFF),
+        np.uint32(offset >> 32),
+    )
     launch(get_kernel("philox.cu", "ted_philox_bytes", ()), grid, THREADS, args, device)
     return out

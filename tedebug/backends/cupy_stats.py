@@ -70,8 +70,9 @@ def basic_stats_into(x: torch.Tensor, out_ptr: int) -> None:
     grid = min(max_grid, (max(n // vec, 1) + THREADS - 1) // THREADS)
     stream = raw_stream(index)
     partials, tickets = workspace_on(index, stream)
-    launch_on(kernel, index, stream, grid, THREADS,
-              (pointer, np.int64(n), partials, tickets + _STATS_TICKET_OFFSET, out_ptr))
+    launch_on(
+        kernel, index, stream, grid, THREADS, (pointer, np.int64(n), partials, tickets + _STATS_TICKET_OFFSET, out_ptr)
+    )
 
 
 #: (device index, dtype) -> (kernel, elements per 16-byte load, largest grid) of `basic_stats_into`

@@ -28,7 +28,6 @@ from tedebug.backends import torch_ref
 from tedebug.backends.environ import environ_reader
 
 
-
 class KernelPreference(str, enum.Enum):
     """Which implementation a caller asks for; the values are the names `use_backend` and ``TEDEBUG_BACKEND`` take
     (a member equals its name: ``KernelPreference.TORCH == "torch"``)."""
@@ -176,8 +175,15 @@ def quantize_mxfp8(tensor: torch.Tensor, fp8_format: str, rowwise: bool, columnw
     return cupy_mxfp8.mxfp8_quantize_raw(_matrix(tensor), fp8_format, rowwise, columnwise)
 
 
-def quantize_fp8_current(tensor: torch.Tensor, fp8_format: str, epsilon: float, pow2: bool, rowwise: bool,
-                         columnwise: bool, kernel: KernelChoice = None):
+def quantize_fp8_current(
+    tensor: torch.Tensor,
+    fp8_format: str,
+    epsilon: float,
+    pow2: bool,
+    rowwise: bool,
+    columnwise: bool,
+    kernel: KernelChoice = None,
+):
     """The kernel's `cupy_fp8_tensor.Float8Buffers` of `tensor` under current scaling, or None for the torch
     reference."""
     if not (use_kernels(tensor, kernel) and _kernel_input(tensor)):
@@ -187,8 +193,15 @@ def quantize_fp8_current(tensor: torch.Tensor, fp8_format: str, epsilon: float, 
     return cupy_fp8_tensor.fp8_current_quantize(_matrix(tensor), fp8_format, epsilon, pow2, rowwise, columnwise)
 
 
-def quantize_fp8_delayed(tensor: torch.Tensor, history: torch.Tensor, scale: torch.Tensor, fp8_format: str,
-                         rowwise: bool, columnwise: bool, kernel: KernelChoice = None):
+def quantize_fp8_delayed(
+    tensor: torch.Tensor,
+    history: torch.Tensor,
+    scale: torch.Tensor,
+    fp8_format: str,
+    rowwise: bool,
+    columnwise: bool,
+    kernel: KernelChoice = None,
+):
     """The kernel's `cupy_fp8_tensor.Float8Buffers` of `tensor` under delayed scaling (max|x| recorded into
     history[0], the cast with `scale`; both state tensors on tensor's device), or None for the torch reference."""
     if not (use_kernels(tensor, kernel) and _kernel_input(tensor)):
@@ -198,17 +211,33 @@ def quantize_fp8_delayed(tensor: torch.Tensor, history: torch.Tensor, scale: tor
     return cupy_fp8_tensor.fp8_delayed_quantize(_matrix(tensor), history, scale, fp8_format, rowwise, columnwise)
 
 
-def quantize_fp8_block(tensor: torch.Tensor, fp8_format: str, block_scaling_dim: int, epsilon: float, pow2: bool,
-                       value_for_inf: float, rowwise: bool, columnwise: bool, kernel: KernelChoice = None):
+def quantize_fp8_block(
+    tensor: torch.Tensor,
+    fp8_format: str,
+    block_scaling_dim: int,
+    epsilon: float,
+    pow2: bool,
+    value_for_inf: float,
+    rowwise: bool,
+    columnwise: bool,
+    kernel: KernelChoice = None,
+):
     """The kernel's `cupy_fp8_block.Float8BlockBuffers` of `tensor` (1x128 / 128x128 blocks), or None for the torch
     reference."""
     if not (use_kernels(tensor, kernel) and _kernel_input(tensor)):
         return None
     from tedebug.backends import cupy_fp8_block
 
-    return cupy_fp8_block.fp8_block_quantize_raw(_matrix(tensor), fp8_format, block_scaling_dim, epsilon=epsilon,
-                                                 pow2=pow2, value_for_inf=value_for_inf, rowwise=rowwise,
-                                                 columnwise=columnwise)
+    return cupy_fp8_block.fp8_block_quantize_raw(
+        _matrix(tensor),
+        fp8_format,
+        block_scaling_dim,
+        epsilon=epsilon,
+        pow2=pow2,
+        value_for_inf=value_for_inf,
+        rowwise=rowwise,
+        columnwise=columnwise,
+    )
 
 
 def quantize_nvfp4(quantizer, tensor: torch.Tensor, kernel: KernelChoice = None):
@@ -224,8 +253,9 @@ def quantize_nvfp4(quantizer, tensor: torch.Tensor, kernel: KernelChoice = None)
     return cupy_nvfp4.nvfp4_quantize(quantizer, tensor)
 
 
-def philox_bytes(seed: int, offset: int, n: int, device: torch.device,
-                 kernel: KernelChoice = None) -> Optional[torch.Tensor]:
+def philox_bytes(
+    seed: int, offset: int, n: int, device: torch.device, kernel: KernelChoice = None
+) -> Optional[torch.Tensor]:
     """Philox random bytes on a CUDA `device` from the kernel, or None for the torch reference
     (`tedebug.quantization.philox`): unless `kernel` (or the default) is "torch", whenever CuPy imports."""
     if n <= 0 or device.type != "cuda" or _name_of(kernel) == "torch" or not _cupy_importable():
@@ -245,8 +275,9 @@ def gemm_kernels(tensor: torch.Tensor, kernel: KernelChoice = None) -> Optional[
     return cupy_dequant
 
 
-def fp8_delayed_update(history: torch.Tensor, scale: torch.Tensor, amax_compute_algo, scaled_max: float,
-                       kernel: KernelChoice = None) -> bool:
+def fp8_delayed_update(
+    history: torch.Tensor, scale: torch.Tensor, amax_compute_algo, scaled_max: float, kernel: KernelChoice = None
+) -> bool:
     """Run a delayed-scaling update (`Float8Quantizer.update_scale`) as one kernel when it applies (CUDA state under
     the current backend choice, "max" / "most_recent", contiguous fp32 history of at most 2048 entries); False for
     the torch path."""
@@ -254,8 +285,13 @@ def fp8_delayed_update(history: torch.Tensor, scale: torch.Tensor, amax_compute_
         return False
     from tedebug.backends import cupy_fp8_tensor
 
-    if (history.numel() > cupy_fp8_tensor.DELAYED_UPDATE_MAX_LEN or not history.is_contiguous()
-            or scale.device != history.device or scale.numel() != 1 or not scale.is_contiguous()):
+    if (
+        history.numel() > cupy_fp8_tensor.DELAYED_UPDATE_MAX_LEN
+        or not history.is_contiguous()
+        or scale.device != history.device
+        or scale.numel() != 1
+        or not scale.is_contiguous()
+    ):
         return False
     cupy_fp8_tensor.fp8_delayed_update(history, scale, scaled_max, amax_compute_algo == "most_recent")
     return True

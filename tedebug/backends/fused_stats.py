@@ -22,8 +22,15 @@ import torch
 FP8_STATS = {"underflows_num": 0, "sq_err": 1, "overflows_num": 2}
 #: the vector of the single-launch 16-bit cast (ted_fp8_cast_transpose16), which also writes the scale_inv partials
 #: of the one decode scale (`torch_ref.scale_inv_partials`' names) and the number of elements
-FP8_STATS_WITH_SCALE = {**FP8_STATS, "scale_count": 3, "scale_sum": 4, "scale_m2": 5, "scale_nz_min": 6,
-                        "scale_max": 7, "numel": 8}
+FP8_STATS_WITH_SCALE = {
+    **FP8_STATS,
+    "scale_count": 3,
+    "scale_sum": 4,
+    "scale_m2": 5,
+    "scale_nz_min": 6,
+    "scale_max": 7,
+    "numel": 8,
+}
 #: statistic name -> index in the float64[4] vector of the block-scaled kernels (MXFP8, FP8 block, NVFP4)
 ROWWISE_STATS = {"underflows_num": 0, "sq_err": 1}
 COLUMNWISE_STATS = {"underflows_num": 2, "sq_err": 3}

@@ -76,8 +76,9 @@ def _driver():
         except OSError:
             continue
         launch_fn = lib.cuLaunchKernel
-        launch_fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p, ctypes.c_void_p,
-                                                                          ctypes.c_void_p]
+        launch_fn.argtypes = (
+            [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        )
         launch_fn.restype = ctypes.c_int
         error_name = lib.cuGetErrorName
         error_name.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
@@ -220,15 +221,17 @@ def _device_index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
-def launch(kernel: Kernel, grid: int, block: int, args: Sequence[Any], device: torch.device,
-           shared_mem: int = 0) -> None:
+def launch(
+    kernel: Kernel, grid: int, block: int, args: Sequence[Any], device: torch.device, shared_mem: int = 0
+) -> None:
     """Launch `kernel` with a 1-D `grid` x `block` on torch's current stream of `device`."""
     index = _device_index(device)
     launch_on(kernel, index, raw_stream(index), int(grid), int(block), args, shared_mem)
 
 
-def launch_on(kernel: Kernel, index: int, stream: int, grid: int, block: int, args: Sequence[Any],
-              shared_mem: int = 0) -> None:
+def launch_on(
+    kernel: Kernel, index: int, stream: int, grid: int, block: int, args: Sequence[Any], shared_mem: int = 0
+) -> None:
     """`launch` for a caller that already holds the device index and the raw stream (`raw_stream(index)`, torch's
     current stream there): the per-tensor statistics launch.  `grid` and `block` must be ints."""
     if launch_mode() == "driver":
@@ -237,8 +240,9 @@ def launch_on(kernel: Kernel, index: int, stream: int, grid: int, block: int, ar
         _launch_cupy(kernel, index, grid, block, args, stream, shared_mem)
 
 
-def _launch_driver(kernel: Kernel, index: int, grid: int, block: int, args: Sequence[Any], stream: int,
-                   shared_mem: int) -> None:
+def _launch_driver(
+    kernel: Kernel, index: int, grid: int, block: int, args: Sequence[Any], stream: int, shared_mem: int
+) -> None:
     launch_fn, _ = _driver()
     function = kernel.handle(index)
     params = _arg_block(args, kernel.name).params
@@ -254,8 +258,9 @@ def _launch_driver(kernel: Kernel, index: int, grid: int, block: int, args: Sequ
         )
 
 
-def _launch_cupy(kernel: Kernel, index: int, grid: int, block: int, args: Sequence[Any], stream: int,
-                 shared_mem: int) -> None:
+def _launch_cupy(
+    kernel: Kernel, index: int, grid: int, block: int, args: Sequence[Any], stream: int, shared_mem: int
+) -> None:
     import cupy as cp
 
     raw = kernel.raw(index)
@@ -266,4 +271,3 @@ def _launch_cupy(kernel: Kernel, index: int, grid: int, block: int, args: Sequen
         return
     with cp.cuda.Device(index):
         raw((grid,), (block,), cupy_args, stream=cupy_stream, shared_mem=shared_mem)
-

@@ -62,8 +62,18 @@ def basic_partials(x: torch.Tensor) -> Partials:
 
 #: the order of `basic_partials_row` (the same order as the CUDA kernels' row)
 BASIC_KEYS = (
-    "min", "max", "sum", "m2", "abs_sum", "sq_sum", "amax", "nz_abs_min", "nz_abs_max",
-    "nonzero_count", "nan_count", "inf_count",
+    "min",
+    "max",
+    "sum",
+    "m2",
+    "abs_sum",
+    "sq_sum",
+    "amax",
+    "nz_abs_min",
+    "nz_abs_max",
+    "nonzero_count",
+    "nan_count",
+    "inf_count",
 )
 #: a host row as `StatsEngine` lays it out before picking its columns: numel, then `BASIC_KEYS`
 BASIC_ROW_KEYS = ("numel",) + BASIC_KEYS
@@ -104,8 +114,20 @@ def basic_partial_values(x: torch.Tensor) -> tuple:
         nan_count = inf_count = 0
     else:
         nan_count, inf_count = torch.isnan(flat).sum().item(), torch.isinf(flat).sum().item()
-    return (low, high, total_value, m2, abs_sum, sq_sum, amax, nz_abs_min, amax, float(nonzero), float(nan_count),
-            float(inf_count))
+    return (
+        low,
+        high,
+        total_value,
+        m2,
+        abs_sum,
+        sq_sum,
+        amax,
+        nz_abs_min,
+        amax,
+        float(nonzero),
+        float(nan_count),
+        float(inf_count),
+    )
 
 
 # ------------------------------------------------------------------------------------------------ blockwise
@@ -146,8 +168,9 @@ def _max_block_dynamic_range(a2d: torch.Tensor, block_size: int, dims: int) -> t
     amax = blocks.amax(dim=1)
     inf = torch.full((), float("inf"), dtype=blocks.dtype, device=blocks.device)
     amin = torch.where(blocks != 0, blocks, inf).amin(dim=1)
-    per_block = torch.where(amax != 0, torch.log2(_f64(amax)) - torch.log2(_f64(amin)),
-                            torch.zeros((), dtype=F64, device=amax.device))
+    per_block = torch.where(
+        amax != 0, torch.log2(_f64(amax)) - torch.log2(_f64(amin)), torch.zeros((), dtype=F64, device=amax.device)
+    )
     return per_block.amax()
 
 

@@ -20,8 +20,18 @@ import sys
 from typing import Dict, Iterator
 
 COMPAT_ROOT = "tedebug.compat.nvdlfw_inspect"
-NVDLFW_MODULES = ("", ".api", ".registry", ".base", ".logging", ".utils", ".config_manager", ".debug_features",
-                  ".debug_features.log_tensor_stats", ".debug_features.generic_feature_api")
+NVDLFW_MODULES = (
+    "",
+    ".api",
+    ".registry",
+    ".base",
+    ".logging",
+    ".utils",
+    ".config_manager",
+    ".debug_features",
+    ".debug_features.log_tensor_stats",
+    ".debug_features.generic_feature_api",
+)
 TE_API = "transformer_engine.debug.features.api"
 
 
@@ -41,8 +51,11 @@ def compat_imports() -> Iterator[None]:
     table = alias_table()
     # Submodules of a real nvdlfw_inspect that the table does not cover would still be found through the real
     # package object; hide every entry under the names for the duration.
-    hidden = {name: module for name, module in list(sys.modules.items())
-              if name == "nvdlfw_inspect" or name.startswith("nvdlfw_inspect.")}
+    hidden = {
+        name: module
+        for name, module in list(sys.modules.items())
+        if name == "nvdlfw_inspect" or name.startswith("nvdlfw_inspect.")
+    }
     saved = {name: sys.modules.get(name, _MISSING) for name in table}
     for name in hidden:
         del sys.modules[name]

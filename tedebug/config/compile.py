@@ -70,8 +70,11 @@ class CompiledConfig:
             raise ConfigError(
                 f"Found multiple debug configs targeting the same layer(s): layer '{layer_name}' is selected by "
                 f"sections {names}",
-                file=self.source_label, key_path=(matching[1].name,), line=matching[1].line,
-                expected="at most one enabled section per layer")
+                file=self.source_label,
+                key_path=(matching[1].name,),
+                line=matching[1].line,
+                expected="at most one enabled section per layer",
+            )
         result = matching[0].features if matching else {}
         self._cache[layer_name] = result
         return result

@@ -81,8 +81,9 @@ class LineRecordingLoader(_BASE_LOADER):  # type: ignore[valid-type,misc]  # bas
             key = self.construct_object(key_node)
             line = key_node.start_mark.line + 1
             if key in first_line:
-                raise ConfigError(f"duplicate key {key!r} (first given at line {first_line[key]})",
-                                  key_path=path + (key,), line=line)
+                raise ConfigError(
+                    f"duplicate key {key!r} (first given at line {first_line[key]})", key_path=path + (key,), line=line
+                )
             first_line[key] = line
             lines[path + (key,)] = line
             self._record(value_node, path + (key,), lines, active)
@@ -112,17 +113,22 @@ def _check_shape(text: str) -> None:
             depth += 1
             open_counts.append((event.anchor, total))
             if depth > MAX_NESTING:
-                raise ConfigError(f"the YAML nests deeper than {MAX_NESTING} levels",
-                                  line=_line_of(event), expected=f"at most {MAX_NESTING} nested levels")
+                raise ConfigError(
+                    f"the YAML nests deeper than {MAX_NESTING} levels",
+                    line=_line_of(event),
+                    expected=f"at most {MAX_NESTING} nested levels",
+                )
         elif isinstance(event, _COLLECTION_END):
             depth -= 1
             anchor, started = open_counts.pop()
             if anchor is not None:
                 anchored[anchor] = total - started + 1
         if total > MAX_NODES:
-            raise ConfigError(f"the config holds more than {MAX_NODES} YAML nodes once its aliases are expanded",
-                              line=_line_of(event),
-                              expected=f"at most {MAX_NODES} nodes after alias expansion")
+            raise ConfigError(
+                f"the config holds more than {MAX_NODES} YAML nodes once its aliases are expanded",
+                line=_line_of(event),
+                expected=f"at most {MAX_NODES} nodes after alias expansion",
+            )
 
 
 def _yaml_error_line(err: yaml.YAMLError, text: str) -> Optional[int]:
@@ -146,17 +152,21 @@ def read_yaml(text: str, label: str):
     except ConfigError as err:
         raise err.located(label, lambda path: None) from None
     except yaml.reader.ReaderError as err:
-        raise ConfigError(f"invalid YAML: the file contains the unprintable character {err.character!r}",
-                          file=label, line=_yaml_error_line(err, text),
-                          expected="printable UTF-8 text") from None
+        raise ConfigError(
+            f"invalid YAML: the file contains the unprintable character {err.character!r}",
+            file=label,
+            line=_yaml_error_line(err, text),
+            expected="printable UTF-8 text",
+        ) from None
     except yaml.YAMLError as err:
         problem = getattr(err, "problem", None) or str(err)
         raise ConfigError(f"invalid YAML: {problem}", file=label, line=_yaml_error_line(err, text)) from None
     except (ValueError, OverflowError) as err:  # a scalar Python cannot build (e.g. an int of 5000 digits)
         raise ConfigError(f"invalid YAML value: {err}", file=label) from None
     except RecursionError:  # a safety net: `_check_shape` refuses deep nesting first
-        raise ConfigError("the YAML nests too deeply", file=label,
-                          expected=f"at most {MAX_NESTING} nested levels") from None
+        raise ConfigError(
+            "the YAML nests too deeply", file=label, expected=f"at most {MAX_NESTING} nested levels"
+        ) from None
     finally:
         if loader is not None:
             loader.dispose()
@@ -172,17 +182,20 @@ def read_config_text(path: pathlib.Path, label: str) -> str:
     if stat.S_ISDIR(info.st_mode):
         raise ConfigError("the config path is a directory", file=label, expected="a YAML file")
     if not stat.S_ISREG(info.st_mode):
-        raise ConfigError("the config path is not a regular file (a FIFO, socket or device?)", file=label,
-                          expected="a regular YAML file")
+        raise ConfigError(
+            "the config path is not a regular file (a FIFO, socket or device?)",
+            file=label,
+            expected="a regular YAML file",
+        )
     if info.st_size > MAX_CONFIG_BYTES:
-        raise ConfigError(f"the config file is {info.st_size} bytes long", file=label,
-                          expected=f"at most {MAX_CONFIG_BYTES} bytes")
+        raise ConfigError(
+            f"the config file is {info.st_size} bytes long", file=label, expected=f"at most {MAX_CONFIG_BYTES} bytes"
+        )
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         with os.fdopen(fd, "rb") as handle:
             if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):  # replaced between stat and open
-                raise ConfigError("the config path is not a regular file", file=label,
-                                  expected="a regular YAML file")
+                raise ConfigError("the config path is not a regular file", file=label, expected="a regular YAML file")
             data = handle.read(MAX_CONFIG_BYTES + 1)
     except OSError as err:
         raise ConfigError(f"cannot read the config file: {err.strerror or err}", file=label) from None
@@ -192,8 +205,12 @@ def read_config_text(path: pathlib.Path, label: str) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
         line = data.count(b"\n", 0, err.start) + 1
-        raise ConfigError(f"the config file is not valid UTF-8 (byte {data[err.start]:#04x} at offset {err.start})",
-                          file=label, line=line, expected="a UTF-8 text file") from None
+        raise ConfigError(
+            f"the config file is not valid UTF-8 (byte {data[err.start]:#04x} at offset {err.start})",
+            file=label,
+            line=line,
+            expected="a UTF-8 text file",
+        ) from None
 
 
 def line_finder(lines: Mapping):
@@ -217,19 +234,18 @@ def _read_source(source):
     if not isinstance(source, (str, os.PathLike)) or not isinstance(os.fspath(source), str):
         raise TypeError(
             "Config input must be either a filepath (str or Path) or a dictionary, got "
-            f"{type(source).__name__}: {source!r}")
+            f"{type(source).__name__}: {source!r}"
+        )
     label = os.fspath(source)
     path = pathlib.Path(source)
     if "\0" in label:
         raise ConfigError("the config path contains a NUL character", file=repr(label))
     if label == "" or not os.path.lexists(path):
-        warnings.warn(f"Could not find config file at {label!r}. Running without config.", UserWarning,
-                      stacklevel=3)
+        warnings.warn(f"Could not find config file at {label!r}. Running without config.", UserWarning, stacklevel=3)
         return None, label or "<no config>", {}
     data, lines = read_yaml(read_config_text(path, label), label)
     if data is None:
-        raise ConfigError("the config file is empty", file=label,
-                          expected="a mapping of section name -> section")
+        raise ConfigError("the config file is empty", file=label, expected="a mapping of section name -> section")
     return data, label, lines
 
 

@@ -132,8 +132,10 @@ def _check_pair(value):
         _fail(f"start_end_list entry must be a pair of integers [start, end], got {value!r}")
     start, end = value
     if not 0 <= start <= end:
-        _fail(f"start_end_list entry {list(value)} is invalid: need 0 <= start <= end",
-              expected="[start, end] with 0 <= start <= end")
+        _fail(
+            f"start_end_list entry {list(value)} is invalid: need 0 <= start <= end",
+            expected="[start, end] with 0 <= start <= end",
+        )
     return list(value)
 
 
@@ -178,16 +180,15 @@ def _not_allowed_in_gemm_entry(value):
     _fail("'enabled' is not allowed inside a gemms_struct entry (the feature's 'enabled' applies to all GEMMs)")
 
 
-GemmName = Annotated[str, BeforeValidator(_name_check("gemm", GEMM_NAMES)),
-                     WithJsonSchema({"enum": list(GEMM_NAMES)})]
-TensorName = Annotated[str, BeforeValidator(_name_check("tensor", TENSOR_NAMES)),
-                       WithJsonSchema({"enum": list(TENSOR_NAMES)})]
+GemmName = Annotated[str, BeforeValidator(_name_check("gemm", GEMM_NAMES)), WithJsonSchema({"enum": list(GEMM_NAMES)})]
+TensorName = Annotated[
+    str, BeforeValidator(_name_check("tensor", TENSOR_NAMES)), WithJsonSchema({"enum": list(TENSOR_NAMES)})
+]
 TensorList = Annotated[
     list[TensorName],
     BeforeValidator(_listify),
     Field(min_length=1),
-    WithJsonSchema({"anyOf": [{"enum": list(TENSOR_NAMES)},
-                              {"type": "array", "items": {"enum": list(TENSOR_NAMES)}}]}),
+    WithJsonSchema({"anyOf": [{"enum": list(TENSOR_NAMES)}, {"type": "array", "items": {"enum": list(TENSOR_NAMES)}}]}),
 ]
 LayerNumber = Annotated[Union[int, str], BeforeValidator(_check_layer_number)]
 _LAYER_NUMBER_SCHEMA = {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "pattern": r"^\d+-\d+$"}]}
@@ -205,31 +206,59 @@ class LayersModel(BaseModel):
     model_config = ConfigDict(extra="forbid", title="Layers")
 
     layer_name_regex_pattern: Optional[Annotated[str, BeforeValidator(_check_regex)]] = Field(
-        None, description="Python regex searched (unanchored) in the layer name; takes priority over types/numbers")
-    layer_types: Optional[Annotated[list[Str], BeforeValidator(_check_layer_types), Field(min_length=1),
-                                    WithJsonSchema({"type": "array", "items": {"type": "string"},
-                                                    "minItems": 1})]] = (
-        Field(None, description="substrings of the layer name (OR); 'all' selects every layer"))
-    layer_numbers: Optional[Annotated[
-        list[LayerNumber], BeforeValidator(_check_layer_numbers_container), Field(min_length=1),
-        WithJsonSchema({"anyOf": [_LAYER_NUMBER_SCHEMA, {"const": "all"},
-                                  {"type": "array", "items": {"anyOf": [_LAYER_NUMBER_SCHEMA, {"const": "all"}]}}]}),
-    ]] = Field(None, description="layer numbers, inclusive ranges 'a-b', or 'all'; AND-ed with layer_types")
+        None, description="Python regex searched (unanchored) in the layer name; takes priority over types/numbers"
+    )
+    layer_types: Optional[
+        Annotated[
+            list[Str],
+            BeforeValidator(_check_layer_types),
+            Field(min_length=1),
+            WithJsonSchema({"type": "array", "items": {"type": "string"}, "minItems": 1}),
+        ]
+    ] = Field(None, description="substrings of the layer name (OR); 'all' selects every layer")
+    layer_numbers: Optional[
+        Annotated[
+            list[LayerNumber],
+            BeforeValidator(_check_layer_numbers_container),
+            Field(min_length=1),
+            WithJsonSchema(
+                {
+                    "anyOf": [
+                        _LAYER_NUMBER_SCHEMA,
+                        {"const": "all"},
+                        {"type": "array", "items": {"anyOf": [_LAYER_NUMBER_SCHEMA, {"const": "all"}]}},
+                    ]
+                }
+            ),
+        ]
+    ] = Field(None, description="layer numbers, inclusive ranges 'a-b', or 'all'; AND-ed with layer_types")
     exact_layer_names: Optional[Annotated[list[Str], Field(min_length=1)]] = Field(
-        None, description="exactly these layer names (other keys are then ignored)")
+        None, description="exactly these layer names (other keys are then ignored)"
+    )
 
     @model_validator(mode="after")
     def _at_least_one_selector(self):
         if all(getattr(self, key) is None for key in type(self).model_fields):
-            _fail("Atleast one of 'layer_numbers', 'layer_types', 'exact_layer_names' or "
-                  "'layer_name_regex_pattern' must be provided",
-                  expected="at least one of " + ", ".join(type(self).model_fields))
+            _fail(
+                "Atleast one of 'layer_numbers', 'layer_types', 'exact_layer_names' or "
+                "'layer_name_regex_pattern' must be provided",
+                expected="at least one of " + ", ".join(type(self).model_fields),
+            )
         return self
 
 
 #: keys whose explicit null (``tensors:`` with its items commented out) is an error rather than "not given"
-_NOT_NULL_KEYS = ("freq", "start_step", "start_end_list", "gemm", "tensor", "gemms", "gemms_struct", "tensors",
-                  "tensors_struct")
+_NOT_NULL_KEYS = (
+    "freq",
+    "start_step",
+    "start_end_list",
+    "gemm",
+    "tensor",
+    "gemms",
+    "gemms_struct",
+    "tensors",
+    "tensors_struct",
+)
 
 
 class ScheduleKeys(BaseModel):
@@ -237,19 +266,28 @@ class ScheduleKeys(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    freq: Optional[Annotated[int, BeforeValidator(_int_at_least("freq", 1)),
-                             WithJsonSchema({"type": "integer", "minimum": 1})]] = Field(
-        None, description="active on iterations that are multiples of freq (default 1)")
-    start_step: Optional[Annotated[int, BeforeValidator(_int_at_least("start_step", 0)),
-                                   WithJsonSchema({"type": "integer", "minimum": 0})]] = Field(
-        None, description="first iteration (inclusive, default 0)")
+    freq: Optional[
+        Annotated[int, BeforeValidator(_int_at_least("freq", 1)), WithJsonSchema({"type": "integer", "minimum": 1})]
+    ] = Field(None, description="active on iterations that are multiples of freq (default 1)")
+    start_step: Optional[
+        Annotated[
+            int, BeforeValidator(_int_at_least("start_step", 0)), WithJsonSchema({"type": "integer", "minimum": 0})
+        ]
+    ] = Field(None, description="first iteration (inclusive, default 0)")
     end_step: Optional[Annotated[int, BeforeValidator(_check_end_step)]] = Field(
-        None, description="last iteration (inclusive); null or negative = no end")
-    start_end_list: Optional[list[Annotated[
-        list[int], BeforeValidator(_check_pair),
-        WithJsonSchema({"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 2, "maxItems": 2}),
-    ]]] = Field(
-        None, description="inclusive [start, end] intervals; overrides start_step/end_step")
+        None, description="last iteration (inclusive); null or negative = no end"
+    )
+    start_end_list: Optional[
+        list[
+            Annotated[
+                list[int],
+                BeforeValidator(_check_pair),
+                WithJsonSchema(
+                    {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 2, "maxItems": 2}
+                ),
+            ]
+        ]
+    ] = Field(None, description="inclusive [start, end] intervals; overrides start_step/end_step")
 
     @model_validator(mode="after")
     def _start_before_end(self):
@@ -294,7 +332,8 @@ class SectionModel(BaseModel):
     enabled: StrictBool = Field(description="required; True or False (disabled sections select nothing)")
     layers: Optional[LayersModel] = Field(None, description="required when enabled")
     transformer_engine: Optional[dict[str, FeatureBlock]] = Field(
-        None, description="TransformerEngine features: feature class name -> feature config")
+        None, description="TransformerEngine features: feature class name -> feature config"
+    )
 
 
 class ConfigModel(RootModel[dict[str, SectionModel]]):
@@ -373,8 +412,9 @@ def _issues_from_validation(err: ValidationError, raw, base: tuple, known_keys=(
         loc = _trim_loc(raw, tuple(item["loc"]), kind)
         ctx = item.get("ctx") or {}
         if kind == "tedebug":
-            issues.append(ConfigIssue(ctx["message"], base + loc, expected=ctx.get("expected"),
-                                      suggestion=ctx.get("suggestion")))
+            issues.append(
+                ConfigIssue(ctx["message"], base + loc, expected=ctx.get("expected"), suggestion=ctx.get("suggestion"))
+            )
             continue
         if kind == "value_error" and "error" in ctx:
             message = str(ctx["error"])
@@ -415,38 +455,61 @@ class _SectionValidator:
     def section(self, name, raw) -> Optional[SectionSpec]:
         path = (name,)
         if not isinstance(raw, dict):
-            self.issues.append(ConfigIssue(f"a section must be a mapping, got {type(raw).__name__}", path,
-                                           expected="a mapping with 'enabled', 'layers' and features"))
+            self.issues.append(
+                ConfigIssue(
+                    f"a section must be a mapping, got {type(raw).__name__}",
+                    path,
+                    expected="a mapping with 'enabled', 'layers' and features",
+                )
+            )
             return None
         if "enabled" not in raw:
-            self.issues.append(ConfigIssue("Missing required config field `enabled`", path + ("enabled",),
-                                           expected="enabled: True or False"))
+            self.issues.append(
+                ConfigIssue(
+                    "Missing required config field `enabled`", path + ("enabled",), expected="enabled: True or False"
+                )
+            )
             enabled = False
         elif not isinstance(raw["enabled"], bool):
             value = raw["enabled"]
             kind = "the string" if isinstance(value, str) else type(value).__name__
-            self.issues.append(ConfigIssue(f"enabled must be a YAML boolean, got {kind} {value!r}",
-                                           path + ("enabled",), expected=_BOOL_EXPECTED))
+            self.issues.append(
+                ConfigIssue(
+                    f"enabled must be a YAML boolean, got {kind} {value!r}",
+                    path + ("enabled",),
+                    expected=_BOOL_EXPECTED,
+                )
+            )
             enabled = False
         else:
             enabled = raw["enabled"]
         spec = SectionSpec(name, enabled)
         before = len(self.issues)
         if "layers" in raw:
-            model = _validate_model(LayersModel, raw["layers"], path + ("layers",), self.issues,
-                                    LayersModel.model_fields)
+            model = _validate_model(
+                LayersModel, raw["layers"], path + ("layers",), self.issues, LayersModel.model_fields
+            )
             if model is not None:
                 spec.layers = model.model_dump(exclude_none=True)
         elif enabled:
-            self.issues.append(ConfigIssue("missing required key (an enabled section must select layers)",
-                                           path + ("layers",), expected="a 'layers:' selector"))
+            self.issues.append(
+                ConfigIssue(
+                    "missing required key (an enabled section must select layers)",
+                    path + ("layers",),
+                    expected="a 'layers:' selector",
+                )
+            )
         for key, value in raw.items():
             if key not in SECTION_KEYS:
                 self._section_key(spec, key, value, raw.keys())
         if enabled and not spec.features and len(self.issues) == before:
-            self.issues.append(ConfigIssue(
-                "the section configures no feature, so it does nothing", path,
-                expected="a namespace block such as 'transformer_engine:' with at least one feature"))
+            self.issues.append(
+                ConfigIssue(
+                    "the section configures no feature, so it does nothing",
+                    path,
+                    expected="a namespace block such as 'transformer_engine:' with at least one feature",
+                )
+            )
         return spec
 
     def _section_key(self, spec: SectionSpec, key, value, spec_keys=()) -> None:
@@ -458,77 +521,123 @@ class _SectionValidator:
                 warnings.warn(
                     f"section '{spec.name}': '{key}' at section level is nvdlfw-inspect's generic feature (namespace "
                     f"'base'), which logs only through debug_api.log_tensor_stats(...) calls; to log the tensors of "
-                    f"tedebug / TransformerEngine layers, put it under 'transformer_engine:'", UserWarning,
-                    stacklevel=2)
+                    f"tedebug / TransformerEngine layers, put it under 'transformer_engine:'",
+                    UserWarning,
+                    stacklevel=2,
+                )
             self._feature(spec, BASE_NAMESPACE, key, value, path)
         elif (home := self._namespace_of(key)) is not None:
             if key in NVDLFW_BASE_FEATURES and home in spec_keys:
                 self._feature(spec, BASE_NAMESPACE, key, value, path, run_validator=False)
                 return
-            self.issues.append(ConfigIssue(
-                f"'{key}' is a feature of namespace '{home}' and must be placed inside its namespace block, not "
-                f"directly in the section (there it would be ignored); write\n"
-                f"    {spec.name}:\n      {home}:\n        {key}:\n          ...", path,
-                expected=f"'{home}:' -> '{key}:'"))
+            self.issues.append(
+                ConfigIssue(
+                    f"'{key}' is a feature of namespace '{home}' and must be placed inside its namespace block, not "
+                    f"directly in the section (there it would be ignored); write\n"
+                    f"    {spec.name}:\n      {home}:\n        {key}:\n          ...",
+                    path,
+                    expected=f"'{home}:' -> '{key}:'",
+                )
+            )
         else:
             candidates = set(SECTION_KEYS) | self.namespaces | self.feature_names.get(BASE_NAMESPACE, set())
-            self.issues.append(ConfigIssue(
-                f"Could not find feature '{key}' in namespace '{BASE_NAMESPACE}'", path,
-                expected="'enabled', 'layers', a namespace (" + ", ".join(sorted(self.namespaces))
-                + ") or a feature of namespace 'base'",
-                suggestion=closest(key, candidates)))
+            self.issues.append(
+                ConfigIssue(
+                    f"Could not find feature '{key}' in namespace '{BASE_NAMESPACE}'",
+                    path,
+                    expected="'enabled', 'layers', a namespace ("
+                    + ", ".join(sorted(self.namespaces))
+                    + ") or a feature of namespace 'base'",
+                    suggestion=closest(key, candidates),
+                )
+            )
 
     def _namespace_of(self, feature) -> Optional[str]:
         """The (non-base) namespace that has a feature named `feature`, if any."""
-        return next((ns for ns in sorted(self.feature_names)
-                     if ns != BASE_NAMESPACE and feature in self.feature_names[ns]), None)
+        return next(
+            (ns for ns in sorted(self.feature_names) if ns != BASE_NAMESPACE and feature in self.feature_names[ns]),
+            None,
+        )
 
     def _namespace_block(self, spec: SectionSpec, namespace: str, value) -> None:
         path = (spec.name, namespace)
         if _is_empty(value):
-            self.issues.append(ConfigIssue(f"the namespace block '{namespace}' is empty", path,
-                                           expected="a mapping of feature name -> feature config"))
+            self.issues.append(
+                ConfigIssue(
+                    f"the namespace block '{namespace}' is empty",
+                    path,
+                    expected="a mapping of feature name -> feature config",
+                )
+            )
             return
         if not isinstance(value, dict):
-            self.issues.append(ConfigIssue(f"a namespace block must be a mapping, got {type(value).__name__}",
-                                           path, expected="a mapping of feature name -> feature config"))
+            self.issues.append(
+                ConfigIssue(
+                    f"a namespace block must be a mapping, got {type(value).__name__}",
+                    path,
+                    expected="a mapping of feature name -> feature config",
+                )
+            )
             return
         known = self.feature_names.get(namespace, set())
         for feature, cfg in value.items():
             if feature not in known:
-                self.issues.append(ConfigIssue(
-                    f"Could not find feature '{feature}' in namespace '{namespace}'", path + (feature,),
-                    expected="one of " + (", ".join(sorted(known)) if known else "(no features registered)"),
-                    suggestion=closest(feature, known)))
+                self.issues.append(
+                    ConfigIssue(
+                        f"Could not find feature '{feature}' in namespace '{namespace}'",
+                        path + (feature,),
+                        expected="one of " + (", ".join(sorted(known)) if known else "(no features registered)"),
+                        suggestion=closest(feature, known),
+                    )
+                )
                 continue
             self._feature(spec, namespace, feature, cfg, path + (feature,))
 
-    def _feature(self, spec: SectionSpec, namespace: str, feature: str, cfg, path: tuple, *,
-                 run_validator: bool = True) -> None:
+    def _feature(
+        self, spec: SectionSpec, namespace: str, feature: str, cfg, path: tuple, *, run_validator: bool = True
+    ) -> None:
         if _is_empty(cfg):
-            self.issues.append(ConfigIssue(
-                f"the feature block '{feature}' is empty", path,
-                expected="'enabled: True' and the feature's parameters, or remove the block"))
+            self.issues.append(
+                ConfigIssue(
+                    f"the feature block '{feature}' is empty",
+                    path,
+                    expected="'enabled: True' and the feature's parameters, or remove the block",
+                )
+            )
             return
         if not isinstance(cfg, dict):
-            self.issues.append(ConfigIssue(f"a feature config must be a mapping, got {type(cfg).__name__}", path,
-                                           expected="a mapping with 'enabled' and the feature's parameters"))
+            self.issues.append(
+                ConfigIssue(
+                    f"a feature config must be a mapping, got {type(cfg).__name__}",
+                    path,
+                    expected="a mapping with 'enabled' and the feature's parameters",
+                )
+            )
             return
         block = spec.features.setdefault(namespace, {})
         if feature in block:
-            self.issues.append(ConfigIssue(f"feature '{feature}' of namespace '{namespace}' is given twice "
-                                           "in this section", path))
+            self.issues.append(
+                ConfigIssue(f"feature '{feature}' of namespace '{namespace}' is given twice in this section", path)
+            )
             return
         before = len(self.issues)
         for null_path in _null_keys(cfg):
-            self.issues.append(ConfigIssue(f"{null_path[-1]} has no value (were its items commented out?)",
-                                           path + null_path, expected=f"a value, or remove '{null_path[-1]}'"))
+            self.issues.append(
+                ConfigIssue(
+                    f"{null_path[-1]} has no value (were its items commented out?)",
+                    path + null_path,
+                    expected=f"a value, or remove '{null_path[-1]}'",
+                )
+            )
         if len(self.issues) > before:
             block[feature] = copy.deepcopy(cfg)
             return
         if "enabled" not in cfg:
-            self.issues.append(ConfigIssue("Missing required config field `enabled`", path + ("enabled",),
-                                           expected="enabled: True or False"))
+            self.issues.append(
+                ConfigIssue(
+                    "Missing required config field `enabled`", path + ("enabled",), expected="enabled: True or False"
+                )
+            )
         else:
             _validate_model(FeatureBlock, cfg, path, self.issues)
         has_params = any(key != "enabled" for key in cfg)
@@ -584,16 +693,22 @@ def validate_sections(
     Raises `ConfigError` (without file / line; the loader adds them) listing every problem found.
     """
     if not isinstance(raw, dict):
-        raise ConfigError(f"the config must be a mapping of section name -> section, got {type(raw).__name__}",
-                          expected="a mapping of section name -> section")
+        raise ConfigError(
+            f"the config must be a mapping of section name -> section, got {type(raw).__name__}",
+            expected="a mapping of section name -> section",
+        )
     if not raw:
         raise ConfigError("the config has no sections", expected="at least one enabled section")
     checker = _SectionValidator(feature_names, feature_validators)
     specs = [spec for name, section in raw.items() if (spec := checker.section(name, section)) is not None]
     if not checker.issues and not any(spec.enabled for spec in specs):
-        checker.issues.append(ConfigIssue(
-            "Could not load config from input: every section is disabled", (),
-            expected="at least one section with 'enabled: True'"))
+        checker.issues.append(
+            ConfigIssue(
+                "Could not load config from input: every section is disabled",
+                (),
+                expected="at least one section with 'enabled: True'",
+            )
+        )
     if checker.issues:
         raise ConfigError(issues=checker.issues)
     return specs

@@ -59,8 +59,7 @@ def layer_number(name: str) -> Optional[int]:
 class LayerSelector:
     """A compiled `layers:` selector. Build it once per section; `matches(name)` is then cheap."""
 
-    def __init__(self, *, layer_name_regex_pattern=None, layer_types=None, layer_numbers=None,
-                 exact_layer_names=None):
+    def __init__(self, *, layer_name_regex_pattern=None, layer_types=None, layer_numbers=None, exact_layer_names=None):
         if all(v is None for v in (layer_name_regex_pattern, layer_types, layer_numbers, exact_layer_names)):
             raise ValueError(
                 "at least one of 'layer_numbers', 'layer_types', 'exact_layer_names' or "

@@ -17,6 +17,7 @@ from .errors import closest
 _RECIPE_PREFIXES = ("fp8_delayed_scaling", "fp8_current_scaling", "mxfp8", "fp8_block_scaling", "nvfp4")
 _COLUMNWISE = "_columnwise"
 
+
 def candidate_stats() -> Tuple[str, ...]:
     """Every statistic name a built-in feature could accept (a superset; each feature's validator decides)."""
     from tedebug.stats.definitions import KINDS, QUANTIZED_KINDS
@@ -43,8 +44,13 @@ def accepts(validator: Callable[[dict], None], stat: str, cache: Dict[tuple, boo
     return answer
 
 
-def stat_hint(entry: str, namespace: str, feature: str, validators: Mapping[tuple, Callable[[dict], None]],
-              cache: Dict[tuple, bool]) -> Tuple[Optional[str], Optional[str]]:
+def stat_hint(
+    entry: str,
+    namespace: str,
+    feature: str,
+    validators: Mapping[tuple, Callable[[dict], None]],
+    cache: Dict[tuple, bool],
+) -> Tuple[Optional[str], Optional[str]]:
     """`(suggestion, note)`: the closest statistic `feature` accepts, or else a note naming the other features of
     `namespace` that accept `entry` as it is (``"'underflows%' belongs to LogFp8TensorStats"``)."""
     own = validators.get((namespace, feature))
@@ -52,8 +58,11 @@ def stat_hint(entry: str, namespace: str, feature: str, validators: Mapping[tupl
         suggestion = closest(entry, [name for name in candidate_stats() if accepts(own, name, cache)])
         if suggestion is not None and suggestion != entry:
             return suggestion, None
-    owners = sorted(name for (ns, name), validator in validators.items()
-                    if ns == namespace and name != feature and accepts(validator, entry, cache))
+    owners = sorted(
+        name
+        for (ns, name), validator in validators.items()
+        if ns == namespace and name != feature and accepts(validator, entry, cache)
+    )
     if owners:
         return None, f"'{entry}' belongs to " + " or ".join(owners)
     return None, None

@@ -140,8 +140,9 @@ class GemmState:
     def amax_rows(self, recipe) -> List[torch.Tensor]:
         """History row 0 (the amax being accumulated) of every delayed quantizer of `recipe` (built if needed)."""
         quantizers = self.normal_quantizers(recipe)
-        return [leaf.amax_history.view(-1)[:1] for role in QUANTIZED_ROLES
-                for leaf in _delayed_leaves(quantizers.get(role))]
+        return [
+            leaf.amax_history.view(-1)[:1] for role in QUANTIZED_ROLES for leaf in _delayed_leaves(quantizers.get(role))
+        ]
 
     # ---------------------------------------------------------------- state_dict (tedebug.nn.state)
     def delayed_state(self) -> Dict[str, dict]:
@@ -150,8 +151,11 @@ class GemmState:
         out: Dict[str, dict] = {}
         for role in QUANTIZED_ROLES:
             for i, leaf in enumerate(_delayed_leaves(self.quantizers.get(role))):
-                out[f"{role}.{i}"] = {"scale": leaf.scale.detach().clone(),
-                                      "amax_history": leaf.amax_history.detach().clone(), "used": role in self._used}
+                out[f"{role}.{i}"] = {
+                    "scale": leaf.scale.detach().clone(),
+                    "amax_history": leaf.amax_history.detach().clone(),
+                    "used": role in self._used,
+                }
         for key, entry in self._pending.items():
             out.setdefault(key, entry)
         return out
@@ -181,12 +185,12 @@ class GemmState:
             self._debug_state = LayerDebugState()
         return self._debug_state
 
-    def call_quantizers(self, layer_name: str,
-                        recipe) -> Tuple[Dict[str, Optional[object]], Dict[str, Optional[object]]]:
+    def call_quantizers(
+        self, layer_name: str, recipe
+    ) -> Tuple[Dict[str, Optional[object]], Dict[str, Optional[object]]]:
         """(normal quantizers, quantizers to use this call): the debug ones when the debug gate says so."""
         normal = self.normal_quantizers(recipe)
-        debug = self._debug().debug_quantizers(layer_name, normal, tp_group=self.tp_group,
-                                                   tp_size=self.tp_size)
+        debug = self._debug().debug_quantizers(layer_name, normal, tp_group=self.tp_group, tp_size=self.tp_size)
         return normal, (normal if debug is None else debug)
 
 
@@ -211,7 +215,7 @@ def _restore(ctx) -> List[object]:
     out: List[object] = []
     pos = 0
     for holder, count in ctx.saved_layout:
-        chunk = saved[pos:pos + count]
+        chunk = saved[pos : pos + count]
         pos += count
         if holder is None:
             out.append(chunk[0])
@@ -234,8 +238,9 @@ class _Call:
 
     __slots__ = ("state", "normal", "qs", "dtype", "grad_enabled", "replay")
 
-    def __init__(self, state: GemmState, normal, qs, dtype: torch.dtype, grad_enabled: bool,
-                 replay: bool = False) -> None:
+    def __init__(
+        self, state: GemmState, normal, qs, dtype: torch.dtype, grad_enabled: bool, replay: bool = False
+    ) -> None:
         self.state, self.normal, self.qs, self.dtype = state, normal, qs, dtype
         self.grad_enabled = grad_enabled  # autograd records this call (False under torch.no_grad)
         self.replay = replay  # an activation recompute of an earlier call (see the module docstring)
@@ -252,8 +257,9 @@ class _LinearFunction(torch.autograd.Function):
         x2 = x.reshape(-1, x.shape[-1])
         xq = _quantize(call, "input", x2, rowwise=True, columnwise=need_wgrad)
         wq = _quantize(call, "weight", weight, rowwise=True, columnwise=need_dgrad)
-        y = gemm(wq, xq, layout="TN", out_dtype=call.dtype, gemm_name="fprop", bias=bias,
-                 roles=("weight", "activation"))
+        y = gemm(
+            wq, xq, layout="TN", out_dtype=call.dtype, gemm_name="fprop", bias=bias, roles=("weight", "activation")
+        )
         y = _process_output(qs["output"], y, replay=call.replay)
         _save(ctx, [xq if need_wgrad else None, wq if need_dgrad else None])
         ctx.call = call
@@ -277,12 +283,17 @@ class _LinearFunction(torch.autograd.Function):
         if need_dgrad or need_wgrad:
             dyq = _quantize(call, "grad_output", dy, rowwise=need_dgrad, columnwise=need_wgrad)
             if need_dgrad:
-                dx = gemm(wq, dyq, layout="NN", out_dtype=call.dtype, gemm_name="dgrad",
-                          roles=("weight", "gradient"))
+                dx = gemm(wq, dyq, layout="NN", out_dtype=call.dtype, gemm_name="dgrad", roles=("weight", "gradient"))
                 dx = _process_output(qs["grad_input"], dx).reshape(ctx.x_shape)
             if need_wgrad:
-                dw = gemm(xq, dyq, layout="NT", out_dtype=ctx.weight_dtype, gemm_name="wgrad",
-                          roles=("activation", "gradient"))
+                dw = gemm(
+                    xq,
+                    dyq,
+                    layout="NT",
+                    out_dtype=ctx.weight_dtype,
+                    gemm_name="wgrad",
+                    roles=("activation", "gradient"),
+                )
                 dw = _process_output(qs["grad_weight"], dw)
         return dx, dw, db, None
 

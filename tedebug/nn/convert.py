@@ -52,8 +52,14 @@ def _convertible(module: torch.nn.Module) -> bool:
 
 
 def _swap_linear(linear: torch.nn.Linear, name: str, recipe) -> Linear:
-    layer = Linear(linear.in_features, linear.out_features, bias=linear.bias is not None, name=name,
-                   params_dtype=linear.weight.dtype, device="meta")
+    layer = Linear(
+        linear.in_features,
+        linear.out_features,
+        bias=linear.bias is not None,
+        name=name,
+        params_dtype=linear.weight.dtype,
+        device="meta",
+    )
     layer.weight = linear.weight
     layer.bias = linear.bias
     layer.default_recipe = recipe
@@ -80,7 +86,8 @@ def _is_output_head(fqn: str, module: torch.nn.Module, tied: Set[int]) -> bool:
 
 def _is_embedding(module: torch.nn.Module) -> bool:
     return isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) or type(module).__name__.endswith(
-        ("Embedding", "Embeddings"))
+        ("Embedding", "Embeddings")
+    )
 
 
 def _weight_like(name: str, param: torch.nn.Parameter) -> bool:
@@ -107,12 +114,15 @@ def _unconverted_report(model: torch.nn.Module, intentional: Set[int]) -> Option
     if not by_type:
         return None
     parts = [f"{name} x{count} ({numel:,} weight parameters)" for name, (count, numel) in sorted(by_type.items())]
-    return ("tedebug.convert_model: these modules hold weights but are not converted, so their GEMMs run in high "
-            "precision and are not debugged: " + "; ".join(parts))
+    return (
+        "tedebug.convert_model: these modules hold weights but are not converted, so their GEMMs run in high "
+        "precision and are not debugged: " + "; ".join(parts)
+    )
 
 
-def convert_model(model: torch.nn.Module, recipe=None, filter_fn: Optional[FilterFn] = None, *,
-                  convert_lm_head: bool = False) -> torch.nn.Module:
+def convert_model(
+    model: torch.nn.Module, recipe=None, filter_fn: Optional[FilterFn] = None, *, convert_lm_head: bool = False
+) -> torch.nn.Module:
     """Replace every (selected) convertible layer inside `model` by a tedebug layer; returns `model`.
 
     `filter_fn(fqn, module) -> bool` chooses which layers to convert (default: all).  `lm_head` and layers tied to
@@ -138,7 +148,8 @@ def convert_model(model: torch.nn.Module, recipe=None, filter_fn: Optional[Filte
         if not fqn or not _convertible(module):
             continue
         if (filter_fn is not None and not filter_fn(fqn, module)) or (
-                not convert_lm_head and _is_output_head(fqn, module, tied)):
+            not convert_lm_head and _is_output_head(fqn, module, tied)
+        ):
             intentional.add(id(module))
             continue
         targets.append((fqn, module))

@@ -69,8 +69,9 @@ class LayerDebugState:
         #: role -> DebugQuantizer) of the last build: renewed while all of it still holds
         self._last: Optional[Tuple[str, tuple, object, int, Optional[dict], Dict[str, DebugQuantizer]]] = None
 
-    def debug_quantizers(self, layer_name: str, quantizers: Mapping[str, object], tp_group=None,
-                         tp_size: int = 1) -> Optional[Dict[str, DebugQuantizer]]:
+    def debug_quantizers(
+        self, layer_name: str, quantizers: Mapping[str, object], tp_group=None, tp_size: int = 1
+    ) -> Optional[Dict[str, DebugQuantizer]]:
         """Role -> DebugQuantizer for this call, or None when the layer uses its normal quantizers."""
         session = active.DEBUG_MANAGER
         if session is None:
@@ -90,24 +91,36 @@ class LayerDebugState:
             self._active = False  # nothing enabled: the same answer for the rest of this iteration
         return built
 
-    def _build(self, layer_name: str, quantizers: Mapping[str, object], tp_group,
-               tp_size: int) -> Optional[Dict[str, DebugQuantizer]]:
+    def _build(
+        self, layer_name: str, quantizers: Mapping[str, object], tp_group, tp_size: int
+    ) -> Optional[Dict[str, DebugQuantizer]]:
         if not _ROLES.issuperset(quantizers):
             unknown = set(quantizers) - _ROLES
-            raise KeyError(f"LayerDebugState for layer {layer_name!r}: unknown quantizer roles {sorted(unknown)}; "
-                           f"expected a subset of {sorted(_ROLES)}")
+            raise KeyError(
+                f"LayerDebugState for layer {layer_name!r}: unknown quantizer roles {sorted(unknown)}; "
+                f"expected a subset of {sorted(_ROLES)}"
+            )
         parents = tuple(quantizers.get(role) for role, _ in ROLE_TO_TENSOR)
         plans = current_plans()
         last = self._last
-        if (plans is not None and last is not None and last[4] is plans and last[0] == layer_name
-                and last[2] is tp_group and last[3] == tp_size and all(map(operator.is_, parents, last[1]))):
+        if (
+            plans is not None
+            and last is not None
+            and last[4] is plans
+            and last[0] == layer_name
+            and last[2] is tp_group
+            and last[3] == tp_size
+            and all(map(operator.is_, parents, last[1]))
+        ):
             result = last[5]  # the same plans, parents and TP group: renew (see the module docstring)
             iteration = active.get_iteration()
             for q in result.values():
                 q.renew(iteration)
         else:
-            result = {role: DebugQuantizer(layer_name, tensor, parent, tp_group, tp_size)
-                      for (role, tensor), parent in zip(ROLE_TO_TENSOR, parents)}
+            result = {
+                role: DebugQuantizer(layer_name, tensor, parent, tp_group, tp_size)
+                for (role, tensor), parent in zip(ROLE_TO_TENSOR, parents)
+            }
             # the table the new quantizers' plans are in (built after them: compiling may have created it)
             self._last = (layer_name, parents, tp_group, tp_size, current_plans(), result)
         next_iter = None

@@ -50,9 +50,7 @@ def _is_debug_tensor(obj) -> bool:
 
 
 def _missing(gemm_name: str, usage: str, role: str) -> RuntimeError:
-    return RuntimeError(
-        f"GEMM '{gemm_name}' requested the {usage} representation of '{role}', but it is unavailable"
-    )
+    return RuntimeError(f"GEMM '{gemm_name}' requested the {usage} representation of '{role}', but it is unavailable")
 
 
 def gemm_operand(obj, usage: str, role: str, gemm_name: str) -> Operand:
@@ -109,8 +107,11 @@ _FP8_GEMM_DEVICES: dict = {}  # device -> whether torch._scaled_mm runs there (a
 def _fp8_gemm_supported(device: torch.device) -> bool:
     supported = _FP8_GEMM_DEVICES.get(device)
     if supported is None:
-        supported = _FP8_GEMM_DEVICES[device] = (device.type == "cuda" and hasattr(torch, "_scaled_mm")
-                                                 and torch.cuda.get_device_capability(device) >= (8, 9))
+        supported = _FP8_GEMM_DEVICES[device] = (
+            device.type == "cuda"
+            and hasattr(torch, "_scaled_mm")
+            and torch.cuda.get_device_capability(device) >= (8, 9)
+        )
     return supported
 
 
@@ -126,8 +127,9 @@ def _aligned_scale(scale_inv: torch.Tensor) -> torch.Tensor:
     return scale if scale.data_ptr() % 16 == 0 else scale.clone()
 
 
-def _try_scaled_mm(a, b, a_usage: str, b_usage: str, out_dtype: torch.dtype,
-                   bias: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+def _try_scaled_mm(
+    a, b, a_usage: str, b_usage: str, out_dtype: torch.dtype, bias: Optional[torch.Tensor] = None
+) -> Optional[torch.Tensor]:
     """``torch._scaled_mm`` for two per-tensor FP8 operands; None when this case must be emulated.
 
     ``_scaled_mm(mat1, mat2)`` wants mat1 row-major ``[M, K]`` and mat2 column-major ``[K, N]``.  mat1 = op_B(B):
@@ -147,13 +149,24 @@ def _try_scaled_mm(a, b, a_usage: str, b_usage: str, out_dtype: torch.dtype,
         return None
     if bias is not None and (out_dtype not in (torch.bfloat16, torch.float16) or bias.dtype != out_dtype):
         # cuBLASLt's bias epilogue takes a bias of the (16-bit) output type: add it to an fp32 result instead
-        res = torch._scaled_mm(mat1, mat2, scale_a=_aligned_scale(b.scale_inv), scale_b=_aligned_scale(a.scale_inv),
-                               out_dtype=torch.float32)
+        res = torch._scaled_mm(
+            mat1,
+            mat2,
+            scale_a=_aligned_scale(b.scale_inv),
+            scale_b=_aligned_scale(a.scale_inv),
+            out_dtype=torch.float32,
+        )
         res = res[0] if isinstance(res, tuple) else res
         return (res + bias.float()).to(out_dtype)
     # the bias (if any) is added to the fp32 result in the GEMM's epilogue, before the one rounding
-    res = torch._scaled_mm(mat1, mat2, scale_a=_aligned_scale(b.scale_inv), scale_b=_aligned_scale(a.scale_inv),
-                           bias=bias, out_dtype=out_dtype)
+    res = torch._scaled_mm(
+        mat1,
+        mat2,
+        scale_a=_aligned_scale(b.scale_inv),
+        scale_b=_aligned_scale(a.scale_inv),
+        bias=bias,
+        out_dtype=out_dtype,
+    )
     return res[0] if isinstance(res, tuple) else res
 
 
@@ -207,8 +220,12 @@ def _on_tensor_cores(a, b, a_usage, b_usage, layout, out_dtype, bias) -> Optiona
         if out is not None:
             return out
     out = torch.mm(op_b, op_a, out_dtype=torch.float32)  # [M, N] fp32
-    if (kernels is not None and device_factors and out.numel() % 4 == 0
-            and (bias is None or bias.dtype == torch.bfloat16)):
+    if (
+        kernels is not None
+        and device_factors
+        and out.numel() % 4 == 0
+        and (bias is None or bias.dtype == torch.bfloat16)
+    ):
         return kernels.epilogue_bf16(out, ga.scale, gb.scale, bias)  # the lines below, in one pass
     factor = ga.scale * gb.scale
     if not (isinstance(factor, float) and factor == 1.0):

@@ -50,8 +50,7 @@ class GroupedLinear(BaseLayer):
         who = f"GroupedLinear {self.name!r}"
         if sequence_parallel:
             raise ValueError(f"{who}: sequence_parallel is not supported for grouped (MoE) GEMMs")
-        self.tp = parallel.TensorParallel.resolve(who, tp_group=tp_group, tp_size=tp_size,
-                                                  parallel_mode=parallel_mode)
+        self.tp = parallel.TensorParallel.resolve(who, tp_group=tp_group, tp_size=tp_size, parallel_mode=parallel_mode)
         if int(num_gemms) < 1:
             raise ValueError(f"GroupedLinear: num_gemms must be >= 1, got {num_gemms}")
         self.num_gemms = int(num_gemms)
@@ -74,9 +73,7 @@ class GroupedLinear(BaseLayer):
     def forward(self, x: torch.Tensor, m_splits: Sequence[int]) -> torch.Tensor:
         m_splits = [int(m) for m in m_splits]
         if len(m_splits) != self.num_gemms:
-            raise ValueError(
-                f"GroupedLinear '{self.name}': got {len(m_splits)} m_splits for {self.num_gemms} GEMMs"
-            )
+            raise ValueError(f"GroupedLinear '{self.name}': got {len(m_splits)} m_splits for {self.num_gemms} GEMMs")
         if x.dim() < 1 or x.shape[-1] != self.in_features:
             raise ValueError(
                 f"GroupedLinear '{self.name}': input must be [..., {self.in_features}] with sum(m_splits) rows "
@@ -85,8 +82,10 @@ class GroupedLinear(BaseLayer):
         lead = x.shape[:-1]
         x = x.reshape(-1, self.in_features)
         if any(m < 0 for m in m_splits) or sum(m_splits) != x.shape[0]:
-            raise ValueError(f"GroupedLinear '{self.name}': m_splits {m_splits} do not sum to {x.shape[0]} rows "
-                             f"(input {tuple(lead) + (self.in_features,)} flattened to (-1, {self.in_features}))")
+            raise ValueError(
+                f"GroupedLinear '{self.name}': m_splits {m_splits} do not sum to {x.shape[0]} rows "
+                f"(input {tuple(lead) + (self.in_features,)} flattened to (-1, {self.in_features}))"
+            )
         recipe = self.active_recipe()
         if recipe is not None:
             reduce_amaxes(self.gemm_states, recipe)  # once for all GEMMs: the same collective on every rank
@@ -99,8 +98,11 @@ class GroupedLinear(BaseLayer):
                 outputs.append(torch.nn.functional.linear(chunk, weight, bias))
                 empty.append(self.gemm_states[i])
                 continue
-            outputs.append(linear_gemm(chunk, weight, bias, self.gemm_states[i], f"{self.name}.gemm_{i}", recipe,
-                                       reduce_amax=False))
+            outputs.append(
+                linear_gemm(
+                    chunk, weight, bias, self.gemm_states[i], f"{self.name}.gemm_{i}", recipe, reduce_amax=False
+                )
+            )
         y = skipped_uses(torch.cat(outputs, dim=0), empty, recipe)
         if row:
             y = parallel.reduce_from_tp(y, self.tp.group)
@@ -109,5 +111,7 @@ class GroupedLinear(BaseLayer):
         return y.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
-        return (f"num_gemms={self.num_gemms}, in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.use_bias}, name={self.name!r}{self.tp.describe()}")
+        return (
+            f"num_gemms={self.num_gemms}, in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.use_bias}, name={self.name!r}{self.tp.describe()}"
+        )

@@ -34,17 +34,22 @@ def is_hf_conv1d(module: torch.nn.Module) -> bool:
     """True for transformers' ``Conv1D`` (by class name, module and attributes; transformers is not imported)."""
     cls = type(module)
     weight = getattr(module, "weight", None)
-    return (cls.__name__ == "Conv1D" and cls.__module__.startswith("transformers")
-            and isinstance(weight, torch.nn.Parameter) and weight.dim() == 2
-            and tuple(weight.shape) == (getattr(module, "nx", None), getattr(module, "nf", None)))
+    return (
+        cls.__name__ == "Conv1D"
+        and cls.__module__.startswith("transformers")
+        and isinstance(weight, torch.nn.Parameter)
+        and weight.dim() == 2
+        and tuple(weight.shape) == (getattr(module, "nx", None), getattr(module, "nf", None))
+    )
 
 
 class Conv1DLinear(BaseLayer):
     """``y = x·W + b`` with ``W`` stored ``[in_features, out_features]`` (transformers' Conv1D layout); the GEMMs
     follow the active `tedebug.autocast` recipe like `tedebug.nn.Linear` (whose weight is ``Wᵀ``)."""
 
-    def __init__(self, nf: int, nx: int, *, name: Optional[str] = None, params_dtype: Optional[torch.dtype] = None,
-                 device=None) -> None:
+    def __init__(
+        self, nf: int, nx: int, *, name: Optional[str] = None, params_dtype: Optional[torch.dtype] = None, device=None
+    ) -> None:
         super().__init__(name)
         self.nf = int(nf)  # out features (transformers' name)
         self.nx = int(nx)  # in features
@@ -122,8 +127,9 @@ class _GroupedExpertsMixin(BaseLayer):
                 continue
             weight = weight3d[e].t() if self.is_transposed else weight3d[e]
             bias = None if bias2d is None else bias2d[e]
-            outputs.append(linear_gemm(chunk, weight, bias, states[e], f"{self.name}.{proj}.gemm_{e}", recipe,
-                                       reduce_amax=False))
+            outputs.append(
+                linear_gemm(chunk, weight, bias, states[e], f"{self.name}.{proj}.gemm_{e}", recipe, reduce_amax=False)
+            )
         out = torch.cat(outputs, dim=0) if outputs else x.new_zeros(0, out_dim)
         return skipped_uses(out, empty, recipe)
 
@@ -165,8 +171,11 @@ _SUBCLASSES: Dict[type, type] = {}
 def _converted_class(cls: type) -> type:
     sub = _SUBCLASSES.get(cls)
     if sub is None:
-        sub = _SUBCLASSES[cls] = type(f"Tedebug{cls.__name__}", (_GroupedExpertsMixin, cls),
-                                      {"__module__": __name__, "__doc__": f"{cls.__name__} with tedebug GEMMs."})
+        sub = _SUBCLASSES[cls] = type(
+            f"Tedebug{cls.__name__}",
+            (_GroupedExpertsMixin, cls),
+            {"__module__": __name__, "__doc__": f"{cls.__name__} with tedebug GEMMs."},
+        )
     return sub
 
 
@@ -174,12 +183,14 @@ def convert_experts(module: torch.nn.Module, name: str, recipe) -> torch.nn.Modu
     """Turn a transformers experts module into tedebug grouped experts in place (class swap; see the module
     docstring); returns the module."""
     if not is_grouped_experts(module):
-        raise TypeError(f"convert_experts: {type(module).__name__} is not a transformers experts module with 3-D "
-                        f"expert weights")
+        raise TypeError(
+            f"convert_experts: {type(module).__name__} is not a transformers experts module with 3-D expert weights"
+        )
     module.__class__ = _converted_class(type(module))
     module.name = name
     module.default_recipe = recipe
-    module.tedebug_gemm_states = {proj: [GemmState() for _ in range(module.num_experts)]
-                                  for proj in expert_projections(module)}
+    module.tedebug_gemm_states = {
+        proj: [GemmState() for _ in range(module.num_experts)] for proj in expert_projections(module)
+    }
     register_state_hooks(module)
     return module

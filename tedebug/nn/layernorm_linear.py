@@ -66,8 +66,9 @@ class LayerNormLinear(BaseLayer):
     ) -> None:
         super().__init__(name)
         who = f"LayerNormLinear {self.name!r}"
-        self.tp = parallel.TensorParallel.resolve(who, tp_group=tp_group, tp_size=tp_size,
-                                                  parallel_mode=parallel_mode, sequence_parallel=sequence_parallel)
+        self.tp = parallel.TensorParallel.resolve(
+            who, tp_group=tp_group, tp_size=tp_size, parallel_mode=parallel_mode, sequence_parallel=sequence_parallel
+        )
         self.in_features = int(in_features)
         self.out_features = int(out_features)
         self.eps = float(eps)
@@ -93,10 +94,13 @@ class LayerNormLinear(BaseLayer):
                 f"LayerNormLinear '{self.name}': input last dim {x.shape[-1]} != in_features {self.in_features}"
             )
         ln_out = normalize(x, self.normalization, self.layer_norm_weight, self.layer_norm_bias, self.eps)
-        return parallel.parallel_linear(ln_out, self.weight, self.bias, self.gemm_state, self.name,
-                                        self.active_recipe(), self.tp, input_whole=True)
+        return parallel.parallel_linear(
+            ln_out, self.weight, self.bias, self.gemm_state, self.name, self.active_recipe(), self.tp, input_whole=True
+        )
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"normalization={self.normalization}, bias={self.bias is not None}, name={self.name!r}"
-                f"{self.tp.describe()}")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"normalization={self.normalization}, bias={self.bias is not None}, name={self.name!r}"
+            f"{self.tp.describe()}"
+        )

@@ -69,11 +69,16 @@ class LayerNormMLP(BaseLayer):
             raise TypeError(f"{who}: set_parallel_mode must be a bool, got {set_parallel_mode!r}")
         self.set_parallel_mode = set_parallel_mode
         mode = "column" if set_parallel_mode else None
-        self.tp_fc1 = parallel.TensorParallel.resolve(who, tp_group=tp_group, tp_size=tp_size, parallel_mode=mode,
-                                                      sequence_parallel=sequence_parallel)
-        self.tp_fc2 = parallel.TensorParallel.resolve(who, tp_group=tp_group, tp_size=tp_size,
-                                                      parallel_mode="row" if set_parallel_mode else None,
-                                                      sequence_parallel=sequence_parallel)
+        self.tp_fc1 = parallel.TensorParallel.resolve(
+            who, tp_group=tp_group, tp_size=tp_size, parallel_mode=mode, sequence_parallel=sequence_parallel
+        )
+        self.tp_fc2 = parallel.TensorParallel.resolve(
+            who,
+            tp_group=tp_group,
+            tp_size=tp_size,
+            parallel_mode="row" if set_parallel_mode else None,
+            sequence_parallel=sequence_parallel,
+        )
         if activation not in ACTIVATIONS:
             raise ValueError(f"LayerNormMLP: activation must be one of {ACTIVATIONS}, got {activation!r}")
         self.hidden_size = int(hidden_size)
@@ -103,14 +108,18 @@ class LayerNormMLP(BaseLayer):
             )
         recipe = self.active_recipe()
         ln_out = normalize(x, self.normalization, self.layer_norm_weight, self.layer_norm_bias, self.eps)
-        h = parallel.parallel_linear(ln_out, self.fc1_weight, self.fc1_bias, self.fc1_state, f"{self.name}.fc1",
-                                     recipe, self.tp_fc1)
+        h = parallel.parallel_linear(
+            ln_out, self.fc1_weight, self.fc1_bias, self.fc1_state, f"{self.name}.fc1", recipe, self.tp_fc1
+        )
         h = apply_activation(self.activation, h)
-        return parallel.parallel_linear(h, self.fc2_weight, self.fc2_bias, self.fc2_state, f"{self.name}.fc2",
-                                        recipe, self.tp_fc2)
+        return parallel.parallel_linear(
+            h, self.fc2_weight, self.fc2_bias, self.fc2_state, f"{self.name}.fc2", recipe, self.tp_fc2
+        )
 
     def extra_repr(self) -> str:
-        return (f"hidden_size={self.hidden_size}, ffn_hidden_size={self.ffn_hidden_size}, "
-                f"activation={self.activation}, normalization={self.normalization}, name={self.name!r}"
-                + (f", set_parallel_mode=True, tp_size={self.tp_fc1.size}" if self.tp_fc1.active else "")
-                + (", sequence_parallel=True" if self.tp_fc1.active and self.tp_fc1.sequence_parallel else ""))
+        return (
+            f"hidden_size={self.hidden_size}, ffn_hidden_size={self.ffn_hidden_size}, "
+            f"activation={self.activation}, normalization={self.normalization}, name={self.name!r}"
+            + (f", set_parallel_mode=True, tp_size={self.tp_fc1.size}" if self.tp_fc1.active else "")
+            + (", sequence_parallel=True" if self.tp_fc1.active and self.tp_fc1.sequence_parallel else "")
+        )

@@ -58,8 +58,13 @@ class Linear(BaseLayer):
         sequence_parallel: bool = False,
     ) -> None:
         super().__init__(name)
-        self.tp = parallel.TensorParallel.resolve(f"Linear {self.name!r}", tp_group=tp_group, tp_size=tp_size,
-                                                  parallel_mode=parallel_mode, sequence_parallel=sequence_parallel)
+        self.tp = parallel.TensorParallel.resolve(
+            f"Linear {self.name!r}",
+            tp_group=tp_group,
+            tp_size=tp_size,
+            parallel_mode=parallel_mode,
+            sequence_parallel=sequence_parallel,
+        )
         self.in_features = int(in_features)
         self.out_features = int(out_features)
         if self.tp.active and self.tp.mode == "column":
@@ -78,9 +83,12 @@ class Linear(BaseLayer):
             raise ValueError(
                 f"{type(self).__name__} '{self.name}': input last dim {x.shape[-1]} != in_features {self.in_features}"
             )
-        return parallel.parallel_linear(x, self.weight, self.bias, self.gemm_state, self.name, self.active_recipe(),
-                                        self.tp)
+        return parallel.parallel_linear(
+            x, self.weight, self.bias, self.gemm_state, self.name, self.active_recipe(), self.tp
+        )
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, name={self.name!r}{self.tp.describe()}")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}, name={self.name!r}{self.tp.describe()}"
+        )

@@ -80,8 +80,15 @@ class TensorParallel:
         return self.size > 1 and self.mode is not None
 
     @classmethod
-    def resolve(cls, layer: str, *, tp_group: Any = None, tp_size: Optional[int] = None,
-                parallel_mode: Optional[str] = None, sequence_parallel: bool = False) -> "TensorParallel":
+    def resolve(
+        cls,
+        layer: str,
+        *,
+        tp_group: Any = None,
+        tp_size: Optional[int] = None,
+        parallel_mode: Optional[str] = None,
+        sequence_parallel: bool = False,
+    ) -> "TensorParallel":
         """Check TE's constructor arguments: with a `tp_group` the size is the group's (`tp_size` may be left at 1 or
         give that size); without one `tp_size` must be 1 (a split layer needs a group to communicate over)."""
         if parallel_mode not in PARALLEL_MODES:
@@ -272,7 +279,7 @@ def local_slice(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
     if not tp.active:
         return x
     width = tp.split(x.shape[-1], "input width", "row-parallel layer")
-    return x[..., tp.rank * width:(tp.rank + 1) * width]
+    return x[..., tp.rank * width : (tp.rank + 1) * width]
 
 
 def configure(state, tp: TensorParallel) -> None:
@@ -285,8 +292,17 @@ def configure(state, tp: TensorParallel) -> None:
         state.customize_quantizers = functools.partial(reduce_current_scaling_amax, tp=tp)
 
 
-def parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], state, layer_name: str,
-                    recipe, tp: TensorParallel, *, input_whole: bool = False) -> torch.Tensor:
+def parallel_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    state,
+    layer_name: str,
+    recipe,
+    tp: TensorParallel,
+    *,
+    input_whole: bool = False,
+) -> torch.Tensor:
     """One linear GEMM of a (possibly) split layer: column-parallel gathers / replicates its input and adds its
     bias slice in the GEMM; row-parallel reduces its output and then adds the full bias.  `input_whole`: a
     row-parallel layer receives the whole input (after its normalization) and takes its slice itself."""
@@ -356,8 +372,14 @@ class TPCurrentScalingQuantizer(Float8CurrentScalingQuantizer):
 
     @classmethod
     def like(cls, q: Float8CurrentScalingQuantizer, amax_group: Any) -> "TPCurrentScalingQuantizer":
-        return cls(q.fp8_format, amax_group=amax_group, amax_epsilon=q.amax_epsilon,
-                   force_pow_2_scales=q.force_pow_2_scales, rowwise=q.rowwise_usage, columnwise=q.columnwise_usage)
+        return cls(
+            q.fp8_format,
+            amax_group=amax_group,
+            amax_epsilon=q.amax_epsilon,
+            force_pow_2_scales=q.force_pow_2_scales,
+            rowwise=q.rowwise_usage,
+            columnwise=q.columnwise_usage,
+        )
 
     def _quantize(self, tensor: torch.Tensor):
         check_high_precision_input(tensor, type(self).__name__)

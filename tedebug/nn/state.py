@@ -56,14 +56,16 @@ def _state_dict_hook(module, state_dict, prefix, local_metadata) -> None:
         state_dict[prefix + STATE_KEY] = entries
 
 
-def _load_pre_hook(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                   error_msgs) -> None:
+def _load_pre_hook(
+    module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+) -> None:
     entries = state_dict.pop(prefix + STATE_KEY, None)
     if entries is None:
         return
     if not isinstance(entries, dict):
-        error_msgs.append(f"{prefix}{STATE_KEY}: expected a dict of delayed-scaling states, got "
-                          f"{type(entries).__name__}")
+        error_msgs.append(
+            f"{prefix}{STATE_KEY}: expected a dict of delayed-scaling states, got {type(entries).__name__}"
+        )
         return
     by_state = dict(named_gemm_states(module))
     for key, entry in entries.items():
@@ -71,8 +73,9 @@ def _load_pre_hook(module, state_dict, prefix, local_metadata, strict, missing_k
         gemm, _, role = name.rpartition(".")
         state = by_state.get(gemm)
         if state is None:
-            error_msgs.append(f"{prefix}{STATE_KEY}: no GEMM {gemm!r} in {type(module).__name__} "
-                              f"(GEMMs: {sorted(by_state)})")
+            error_msgs.append(
+                f"{prefix}{STATE_KEY}: no GEMM {gemm!r} in {type(module).__name__} (GEMMs: {sorted(by_state)})"
+            )
             continue
         state.load_delayed_state(role, int(rest), entry, where=f"{prefix}{STATE_KEY}[{key!r}]")
 
@@ -88,8 +91,12 @@ def register_state_hooks(module: torch.nn.Module) -> None:
 
 def check_history(where: str, have: torch.Tensor, got: torch.Tensor) -> bool:
     if have.numel() != got.numel():
-        warnings.warn(f"{where}: amax history of length {got.numel()} does not fit the layer's history length "
-                      f"{have.numel()}; the delayed-scaling state starts fresh", UserWarning, stacklevel=4)
+        warnings.warn(
+            f"{where}: amax history of length {got.numel()} does not fit the layer's history length "
+            f"{have.numel()}; the delayed-scaling state starts fresh",
+            UserWarning,
+            stacklevel=4,
+        )
         return False
     return True
 
@@ -114,4 +121,4 @@ def all_reduce_max(rows: List[torch.Tensor]) -> None:
     dist.all_reduce(flat, op=dist.ReduceOp.MAX)
     flat = flat.to(rows[0].device)
     for i, row in enumerate(rows):
-        row.copy_(flat[i:i + 1].reshape(row.shape))
+        row.copy_(flat[i : i + 1].reshape(row.shape))

@@ -93,8 +93,7 @@ class Float8Tensor(QuantizedTensor):
     def gemm_values(self, usage: str) -> GemmValues:
         """The codes as bf16 (exact) with the 0-d fp32 scale_inv as the factor: see `gemm_values`."""
         self._require(usage)
-        return GemmValues(fp8_codes_to_bf16(self._codes_2d(usage), self.fp8_format),
-                          self.scale_inv.float().reshape(()))
+        return GemmValues(fp8_codes_to_bf16(self._codes_2d(usage), self.fp8_format), self.scale_inv.float().reshape(()))
 
     def _create(self, usage: str) -> None:
         m, k = self._mk
@@ -121,9 +120,7 @@ class Float8Tensor(QuantizedTensor):
 
 
 # ------------------------------------------------------------------------------------------------ quantizers
-def _cast_per_tensor(
-    quantizer: Quantizer, tensor: torch.Tensor, scale: torch.Tensor, fp8_format: str
-) -> Float8Tensor:
+def _cast_per_tensor(quantizer: Quantizer, tensor: torch.Tensor, scale: torch.Tensor, fp8_format: str) -> Float8Tensor:
     """Encode `tensor` with one fp32 `scale` into the directions enabled on `quantizer`."""
     scale = scale.float().reshape(()).to(tensor.device)
     m, k = matrix_shape(tensor.shape)
@@ -141,8 +138,9 @@ def _cast_per_tensor(
     )
 
 
-def _from_kernel_buffers(quantizer: "Float8Quantizer | Float8CurrentScalingQuantizer", tensor: torch.Tensor,
-                         buffers) -> Float8Tensor:
+def _from_kernel_buffers(
+    quantizer: "Float8Quantizer | Float8CurrentScalingQuantizer", tensor: torch.Tensor, buffers
+) -> Float8Tensor:
     """The Float8Tensor of the kernel path's `cupy_fp8_tensor.Float8Buffers`, carrying the statistics the kernel
     fused into the cast (one vector shared by both directions)."""
     row = buffers.rowwise_data
@@ -158,8 +156,11 @@ def _from_kernel_buffers(quantizer: "Float8Quantizer | Float8CurrentScalingQuant
     )
     index = FP8_STATS_WITH_SCALE if buffers.stats.numel() == len(FP8_STATS_WITH_SCALE) else FP8_STATS
     per = FusedStats(buffers.stats, index)
-    attach_fused(out, tensor, {u: per for u, on in (("rowwise", quantizer.rowwise_usage),
-                                                    ("columnwise", quantizer.columnwise_usage)) if on})
+    attach_fused(
+        out,
+        tensor,
+        {u: per for u, on in (("rowwise", quantizer.rowwise_usage), ("columnwise", quantizer.columnwise_usage)) if on},
+    )
     return out
 
 
@@ -211,8 +212,15 @@ class Float8CurrentScalingQuantizer(Quantizer):
     def _quantize(self, tensor: torch.Tensor) -> Float8Tensor:
         check_high_precision_input(tensor, type(self).__name__)
         # GPU dispatch hook: the CuPy kernel's buffers when it applies, else the torch path below
-        buffers = dispatch.quantize_fp8_current(tensor, self.fp8_format, self.amax_epsilon, self.force_pow_2_scales,
-                                                self.rowwise_usage, self.columnwise_usage, self.kernel)
+        buffers = dispatch.quantize_fp8_current(
+            tensor,
+            self.fp8_format,
+            self.amax_epsilon,
+            self.force_pow_2_scales,
+            self.rowwise_usage,
+            self.columnwise_usage,
+            self.kernel,
+        )
         if buffers is not None:
             return _from_kernel_buffers(self, tensor, buffers)
         scale = self.compute_scale(tensor_amax(tensor))
@@ -322,8 +330,9 @@ class Float8Quantizer(Quantizer):
         check_high_precision_input(tensor, type(self).__name__)
         self.state_to(tensor.device)
         # GPU dispatch hook: the CuPy kernel's buffers when it applies, else the torch path below
-        buffers = dispatch.quantize_fp8_delayed(tensor, self._history, self.scale, self.fp8_format,
-                                                self.rowwise_usage, self.columnwise_usage, self.kernel)
+        buffers = dispatch.quantize_fp8_delayed(
+            tensor, self._history, self.scale, self.fp8_format, self.rowwise_usage, self.columnwise_usage, self.kernel
+        )
         if buffers is not None:
             return _from_kernel_buffers(self, tensor, buffers)
         amax = tensor_amax(tensor).to(self.amax_history.device)
@@ -377,8 +386,9 @@ class Float8Quantizer(Quantizer):
 @functools.lru_cache(maxsize=None)
 def _scaled_max(fp8_max: float, margin: float) -> float:
     """fp32(fp8_max · 2^-margin), computed in fp32 as TE does."""
-    return float(torch.tensor(fp8_max, dtype=torch.float32) * torch.exp2(torch.tensor(-float(margin),
-                                                                                     dtype=torch.float32)))
+    return float(
+        torch.tensor(fp8_max, dtype=torch.float32) * torch.exp2(torch.tensor(-float(margin), dtype=torch.float32))
+    )
 
 
 def _check_state(t, name: str, ok: Callable[[torch.Tensor], bool], want: str) -> torch.Tensor:

@@ -81,9 +81,7 @@ def quantize_blocks(
     padded = F.pad(x2d.float(), (0, cb * BLOCK - cols, 0, rb * block_rows - rows))
     tiles = padded.reshape(rb, block_rows, cb, BLOCK)
     amax = abs_ignoring_nan(tiles).amax(dim=(1, 3))
-    scale = compute_scale_from_amax(
-        amax, FP8_MAX[fp8_format], epsilon=epsilon, pow2=pow2, value_for_inf=value_for_inf
-    )
+    scale = compute_scale_from_amax(amax, FP8_MAX[fp8_format], epsilon=epsilon, pow2=pow2, value_for_inf=value_for_inf)
     codes = encode_fp8(tiles * scale[:, None, :, None], fp8_format)
     codes = codes.reshape(rb * block_rows, cb * BLOCK)[:rows, :cols].contiguous()
     return codes, torch.ones_like(scale) / scale
@@ -172,7 +170,7 @@ class Float8BlockwiseTensor(QuantizedTensor):
         rows, cols = (m, k) if usage == "rowwise" else (k, m)
         lift = MXFP8_LIFT[self.fp8_format]
         values = fp8_block_values_bf16(codes.reshape(rows, cols), scale_inv, self._block_rows, self.fp8_format, lift)
-        return GemmValues(values if usage == "rowwise" else values.t(), 2.0 ** -lift)
+        return GemmValues(values if usage == "rowwise" else values.t(), 2.0**-lift)
 
     def _create(self, usage: str) -> None:
         """128x128 tiles: each direction is the transpose of the other; 1x128 blocks cannot be derived."""
@@ -242,9 +240,17 @@ class Float8BlockQuantizer(Quantizer):
         check_high_precision_input(tensor, type(self).__name__)
         value_for_inf = torch.finfo(tensor.dtype).max
         # GPU dispatch hook: the CuPy kernel's buffers when it applies, else the torch path below
-        buffers = dispatch.quantize_fp8_block(tensor, self.fp8_format, self.block_scaling_dim, self.amax_epsilon,
-                                              self.force_pow_2_scales, value_for_inf, self.rowwise_usage,
-                                              self.columnwise_usage, self.kernel)
+        buffers = dispatch.quantize_fp8_block(
+            tensor,
+            self.fp8_format,
+            self.block_scaling_dim,
+            self.amax_epsilon,
+            self.force_pow_2_scales,
+            value_for_inf,
+            self.rowwise_usage,
+            self.columnwise_usage,
+            self.kernel,
+        )
         row = col = _ABSENT
         fused: dict = {}
         if buffers is not None:

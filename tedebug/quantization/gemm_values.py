@@ -39,8 +39,16 @@ import torch
 
 from .formats import E2M1_VALUES, E4M3, TORCH_FP8_DTYPE
 
-__all__ = ["GemmValues", "MXFP8_LIFT", "e8m0_to_bf16", "fp8_block_values_bf16", "fp8_codes_to_bf16",
-           "mxfp8_values_bf16", "nvfp4_values_bf16", "pow2_to_bf16"]
+__all__ = [
+    "GemmValues",
+    "MXFP8_LIFT",
+    "e8m0_to_bf16",
+    "fp8_block_values_bf16",
+    "fp8_codes_to_bf16",
+    "mxfp8_values_bf16",
+    "nvfp4_values_bf16",
+    "pow2_to_bf16",
+]
 
 #: log2 of the fixed lift of MXFP8 / FP8-block values (see the module docstring), by element format.
 MXFP8_LIFT = {"E4M3": 3, "E5M2": 10}
@@ -67,7 +75,7 @@ def fp8_codes_to_bf16(codes: torch.Tensor, fp8_format: str) -> torch.Tensor:
 
 def pow2_to_bf16(scales: torch.Tensor, lift: int) -> torch.Tensor:
     """fp32 powers of two (>= 2^-127, or Inf / NaN) times 2^lift as bf16, exact (NaN and Inf pass through)."""
-    return (scales.float() * float(2.0 ** lift)).to(torch.bfloat16)
+    return (scales.float() * float(2.0**lift)).to(torch.bfloat16)
 
 
 def _kernels(t: torch.Tensor):
@@ -88,8 +96,9 @@ def e8m0_to_bf16(codes: torch.Tensor, lift: int) -> torch.Tensor:
     return bits.view(torch.bfloat16)
 
 
-def mxfp8_values_bf16(codes: torch.Tensor, scales: torch.Tensor, row_blocks: bool, fp8_format: str,
-                      lift: int) -> torch.Tensor:
+def mxfp8_values_bf16(
+    codes: torch.Tensor, scales: torch.Tensor, row_blocks: bool, fp8_format: str, lift: int
+) -> torch.Tensor:
     """MXFP8 values x 2^lift as bf16 [rows, cols] (exact) from codes [rows, cols] and E8M0 scales: [rows, cols/32]
     for 1x32 blocks along the rows (`row_blocks`), else [rows/32, cols] for 32x1 blocks."""
     rows, cols = codes.shape
@@ -104,8 +113,9 @@ def mxfp8_values_bf16(codes: torch.Tensor, scales: torch.Tensor, row_blocks: boo
     return values.reshape(rows, cols)
 
 
-def fp8_block_values_bf16(codes: torch.Tensor, scale_inv: torch.Tensor, block_rows: int, fp8_format: str,
-                          lift: int) -> torch.Tensor:
+def fp8_block_values_bf16(
+    codes: torch.Tensor, scale_inv: torch.Tensor, block_rows: int, fp8_format: str, lift: int
+) -> torch.Tensor:
     """FP8 block values x 2^lift as bf16 [rows, cols] (exact for power-of-two scales) from codes [rows, cols] and
     fp32 scale_inv per `block_rows` x 128 block."""
     rows, cols = codes.shape

@@ -137,8 +137,10 @@ class HybridQuantizedTensor(QuantizedTensor):
         if not isinstance(other, HybridQuantizedTensor):
             raise TypeError(f"HybridQuantizedTensor can only be refreshed from another one, got {type(other).__name__}")
         if other.shape != self._shape:
-            raise ValueError(f"HybridQuantizedTensor: cannot refresh a tensor of shape {tuple(self._shape)} "
-                             f"from one of shape {tuple(other.shape)}")
+            raise ValueError(
+                f"HybridQuantizedTensor: cannot refresh a tensor of shape {tuple(self._shape)} "
+                f"from one of shape {tuple(other.shape)}"
+            )
         for usage in USAGES:
             mine = getattr(self, f"{usage}_sub_storage")
             theirs = getattr(other, f"{usage}_sub_storage")
@@ -238,11 +240,14 @@ class HybridQuantizer(Quantizer):
     def update_quantized(self, src: torch.Tensor, dst: QuantizedTensor) -> HybridQuantizedTensor:
         """Refresh each sub-storage of `dst` in place with its own sub-quantizer."""
         if not isinstance(dst, HybridQuantizedTensor):
-            raise TypeError(f"HybridQuantizer.update_quantized: dst must be a HybridQuantizedTensor, "
-                            f"got {type(dst).__name__}")
+            raise TypeError(
+                f"HybridQuantizer.update_quantized: dst must be a HybridQuantizedTensor, got {type(dst).__name__}"
+            )
         if tuple(src.shape) != tuple(dst.shape):
-            raise ValueError(f"HybridQuantizer.update_quantized: src shape {tuple(src.shape)} does not match "
-                             f"dst shape {tuple(dst.shape)}")
+            raise ValueError(
+                f"HybridQuantizer.update_quantized: src shape {tuple(src.shape)} does not match "
+                f"dst shape {tuple(dst.shape)}"
+            )
         rowwise = dst.rowwise_sub_storage
         if rowwise is not None:
             with _pinned(self.rowwise_quantizer, "rowwise") as q:

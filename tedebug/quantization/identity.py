@@ -83,9 +83,7 @@ class IdentityQuantizer(Quantizer):
             columnwise_data=data if self.columnwise_usage else None,
         )
 
-    def make_empty(
-        self, shape: Iterable[int], *, dtype: torch.dtype = torch.float32, device=None
-    ) -> IdentityTensor:
+    def make_empty(self, shape: Iterable[int], *, dtype: torch.dtype = torch.float32, device=None) -> IdentityTensor:
         if not (self.rowwise_usage or self.columnwise_usage):
             raise ValueError("IdentityQuantizer.make_empty: both rowwise and columnwise usage are off")
         shape = torch.Size(shape)

@@ -130,7 +130,7 @@ class MXFP8Tensor(QuantizedTensor):
         m, k = self._view2d()
         lift = MXFP8_LIFT[self.fp8_format]
         values = mxfp8_values_bf16(data.reshape(m, k), scale_codes, usage == "rowwise", self.fp8_format, lift)
-        return GemmValues(values, 2.0 ** -lift)
+        return GemmValues(values, 2.0**-lift)
 
     def _fields_of(self, usage: str) -> Tuple[torch.Tensor, torch.Tensor]:
         if usage not in USAGES:
@@ -164,8 +164,9 @@ class MXFP8Quantizer(Quantizer):
 
     recipe_name = "mxfp8"
 
-    def __init__(self, fp8_format="E4M3", *, rowwise: bool = True, columnwise: bool = True,
-                 kernel: KernelChoice = None) -> None:
+    def __init__(
+        self, fp8_format="E4M3", *, rowwise: bool = True, columnwise: bool = True, kernel: KernelChoice = None
+    ) -> None:
         super().__init__(rowwise=rowwise, columnwise=columnwise, kernel=kernel)
         self.fp8_format = fp8_format_of(fp8_format)
 
@@ -175,8 +176,9 @@ class MXFP8Quantizer(Quantizer):
         m, k = check_mxfp8_shape(tensor.shape, who)
         out = MXFP8Tensor(tensor.shape, tensor.dtype, tensor.device, self, fp8_format=self.fp8_format)
         # GPU dispatch hook: the CuPy kernel's buffers when it applies, else the torch path below
-        buffers = dispatch.quantize_mxfp8(tensor, self.fp8_format, self.rowwise_usage, self.columnwise_usage,
-                                          self.kernel)
+        buffers = dispatch.quantize_mxfp8(
+            tensor, self.fp8_format, self.rowwise_usage, self.columnwise_usage, self.kernel
+        )
         if buffers is not None:
             fused = {}
             if self.rowwise_usage:

@@ -57,7 +57,6 @@ _HIGH_PRECISION = (torch.float32, torch.bfloat16, torch.float16)
 _INV_GLOBAL_MAX = float(torch.tensor(1.0 / NVFP4_GLOBAL_MAX, dtype=torch.float32))
 
 
-
 def _f32(value: float, like: torch.Tensor) -> torch.Tensor:
     """The 0-d fp32 constant `value` on `like`'s device; one copy per (value, device), so that the torch path
     copies no constant from the host per call (callers must not modify it)."""
@@ -336,7 +335,7 @@ class NVFP4Quantizer(Quantizer):
         self.seed = seed
         #: the Philox key of the stochastic-rounding bits: `seed`, or one drawn from torch's default CPU generator
         #: (so `torch.manual_seed` makes it reproducible)
-        self.sr_seed: int = int(seed) if seed is not None else int(torch.randint(0, 2 ** 62, ()).item())
+        self.sr_seed: int = int(seed) if seed is not None else int(torch.randint(0, 2**62, ()).item())
         #: Philox offset of the next draw (one per direction quantized with stochastic rounding)
         self.sr_offset = 0
 

@@ -62,7 +62,7 @@ def philox_bytes(seed: int, offset: int, n: int, device=None, kernel=None) -> to
 
     CUDA tensors come from the kernel when CuPy is available (same bytes) unless `kernel` (a
     `tedebug.backends.dispatch.KernelPreference`; None: the default) is "torch", else from this torch path."""
-    seed, offset, n = int(seed) & (2 ** 64 - 1), int(offset) & (2 ** 64 - 1), int(n)
+    seed, offset, n = int(seed) & (2**64 - 1), int(offset) & (2**64 - 1), int(n)
     device = torch.device(device) if device is not None else torch.device("cpu")
     if device.type == "cuda":
         from tedebug.backends import dispatch

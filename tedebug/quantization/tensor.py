@@ -111,9 +111,7 @@ class Quantizer(abc.ABC):
             self.rowwise_usage, self.columnwise_usage = saved
 
     @abc.abstractmethod
-    def make_empty(
-        self, shape: Iterable[int], *, dtype: torch.dtype = torch.float32, device=None
-    ) -> "QuantizedTensor":
+    def make_empty(self, shape: Iterable[int], *, dtype: torch.dtype = torch.float32, device=None) -> "QuantizedTensor":
         """Allocate an uninitialised QuantizedTensor of logical `shape` for the enabled directions."""
 
     def copy(self: _Q) -> _Q:
@@ -272,7 +270,7 @@ class QuantizedTensor(abc.ABC):
         fields = self._tensor_fields()
         for f, t in zip(fields, tensors):
             setattr(self, f, t)
-        return list(tensors[len(fields):])
+        return list(tensors[len(fields) :])
 
     def _copy_from(self, other: "QuantizedTensor") -> None:
         """In-place refresh used by `Quantizer.update_quantized` (both must have the same logical shape)."""

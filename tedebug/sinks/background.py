@@ -52,8 +52,9 @@ _LIVENESS_POLL_S = 0.5
 class BackgroundSinkError(RuntimeError):
     """A statistics sink failed in the background writer; ``sink`` is the sink, ``__cause__`` the original error."""
 
-    def __init__(self, message: str, sink: Any, failures: Sequence[Tuple[Any, BaseException]] = (),
-                 iterations: str = ""):
+    def __init__(
+        self, message: str, sink: Any, failures: Sequence[Tuple[Any, BaseException]] = (), iterations: str = ""
+    ):
         super().__init__(message)
         self.sink = sink
         #: (sink, exception) of every sink that failed (empty when building the batch failed)
@@ -111,8 +112,10 @@ class BackgroundWriter:
             return
         while not self._idle.wait(_LIVENESS_POLL_S):
             if self._thread is None or not self._thread.is_alive():
-                raise RuntimeError(f"tedebug's statistics writer thread {self.name!r} ended with a job in flight; "
-                                   f"that batch of statistics was not written")
+                raise RuntimeError(
+                    f"tedebug's statistics writer thread {self.name!r} ended with a job in flight; "
+                    f"that batch of statistics was not written"
+                )
 
     def take_error(self) -> Optional[BackgroundSinkError]:
         """The first error of the finished jobs not yet taken (later ones attached as notes), or None."""
@@ -151,8 +154,9 @@ class BackgroundWriter:
         try:  # deferred chunks (`MetricLogger.log_deferred`) are built here, once for every sink
             chunks = [chunk() if callable(chunk) else chunk for chunk in chunks]
         except BaseException as exc:  # kept and re-raised in the caller's thread (never swallowed)
-            error = BackgroundSinkError(f"tedebug's background writer could not build a batch of statistics: "
-                                        f"{type(exc).__name__}: {exc}", None)
+            error = BackgroundSinkError(
+                f"tedebug's background writer could not build a batch of statistics: {type(exc).__name__}: {exc}", None
+            )
             error.__cause__ = exc
             self._errors.append(error)
             return
@@ -176,8 +180,10 @@ class BackgroundWriter:
     def _failure_error(failures: List[Tuple[Any, BaseException]], chunks) -> BackgroundSinkError:
         sink, exc = failures[0]
         iterations = _iterations(chunks)
-        message = (f"statistics sink {describe_sink(sink)} failed in tedebug's background writer while writing "
-                   f"iteration(s) {iterations}: {type(exc).__name__}: {exc}")
+        message = (
+            f"statistics sink {describe_sink(sink)} failed in tedebug's background writer while writing "
+            f"iteration(s) {iterations}: {type(exc).__name__}: {exc}"
+        )
         if len(failures) > 1:
             others = "; ".join(f"{describe_sink(s)}: {type(e).__name__}: {e}" for s, e in failures[1:])
             message += f" (also failed: {others})"

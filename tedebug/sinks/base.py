@@ -52,8 +52,15 @@ from tedebug.sinks.batch import ScalarBatch
 #: one scalar of a batch: (name, value, iteration, layer, tensor, stat)
 Record = Tuple[str, Any, int, Optional[str], Optional[str], Optional[str]]
 
-__all__ = ["BackgroundSinkError", "MetricLogger", "Record", "SINK_ERROR_POLICIES", "Sink", "check_sink",
-           "describe_failure"]
+__all__ = [
+    "BackgroundSinkError",
+    "MetricLogger",
+    "Record",
+    "SINK_ERROR_POLICIES",
+    "Sink",
+    "check_sink",
+    "describe_failure",
+]
 
 #: what a `MetricLogger` does when a sink fails: report once and stop that sink, or raise
 SINK_ERROR_POLICIES = ("warn", "raise")
@@ -69,8 +76,16 @@ class Sink:
 
     thread_safe: bool = False
 
-    def log_scalar(self, name: str, value: Any, iteration: int, *, layer: Optional[str] = None,
-                   tensor: Optional[str] = None, stat: Optional[str] = None) -> None:
+    def log_scalar(
+        self,
+        name: str,
+        value: Any,
+        iteration: int,
+        *,
+        layer: Optional[str] = None,
+        tensor: Optional[str] = None,
+        stat: Optional[str] = None,
+    ) -> None:
         raise NotImplementedError(f"{type(self).__name__} must implement log_scalar(name, value, iteration, ...)")
 
     def log_scalars(self, records: Sequence[Record]) -> None:
@@ -135,8 +150,10 @@ def describe_failure(sink: Any, exc: BaseException, iterations: str) -> str:
     code = getattr(exc, "errno", None)
     if isinstance(code, int) and code in errno.errorcode:
         detail += f" (errno {code}, {errno.errorcode[code]})"
-    return (f"tedebug: statistics sink {describe_sink(sink)} failed while writing iteration(s) {iterations}: "
-            f"{detail}; this sink is stopped for the rest of the session, training and the other sinks go on")
+    return (
+        f"tedebug: statistics sink {describe_sink(sink)} failed while writing iteration(s) {iterations}: "
+        f"{detail}; this sink is stopped for the rest of the session, training and the other sinks go on"
+    )
 
 
 def _warn(message: str) -> None:
@@ -152,8 +169,9 @@ class MetricLogger:
     """Fans each scalar out to the sinks of one session (see the module docstring for background mode and sink
     errors)."""
 
-    def __init__(self, *, background: bool = False, on_sink_error: str = "raise",
-                 report: Optional[Callable[[str], None]] = None) -> None:
+    def __init__(
+        self, *, background: bool = False, on_sink_error: str = "raise", report: Optional[Callable[[str], None]] = None
+    ) -> None:
         if on_sink_error not in SINK_ERROR_POLICIES:
             raise ValueError(f"on_sink_error must be one of {SINK_ERROR_POLICIES}, got {on_sink_error!r}")
         self.on_sink_error = on_sink_error
@@ -169,7 +187,8 @@ class MetricLogger:
         self._pending: List[Any] = []
         self._loose: List[Record] = []  # the last pending chunk when it collects single log_scalar records
         self._writer: Optional[BackgroundWriter] = (
-            BackgroundWriter(skip_failed=on_sink_error == "warn") if self.background else None)
+            BackgroundWriter(skip_failed=on_sink_error == "warn") if self.background else None
+        )
         self._held: List[Any] = []  # chunks held back by `one_step_behind` until the next one
 
     def add_sink(self, sink: Any) -> Any:
@@ -181,8 +200,16 @@ class MetricLogger:
             self._caller_sinks.append(sink)
         return sink
 
-    def _log_scalar(self, name: str, value: Any, iteration: int, *, layer: Optional[str] = None,
-                    tensor: Optional[str] = None, stat: Optional[str] = None) -> None:
+    def _log_scalar(
+        self,
+        name: str,
+        value: Any,
+        iteration: int,
+        *,
+        layer: Optional[str] = None,
+        tensor: Optional[str] = None,
+        stat: Optional[str] = None,
+    ) -> None:
         self._dirty = True
         self._last_iteration = iteration
         for sink in self._caller_sinks:

@@ -38,8 +38,9 @@ def nonfinite_label(value: float) -> Optional[str]:
     return None
 
 
-def make_record(name: str, value: Any, iteration: int, *, layer: Optional[str], tensor: Optional[str],
-                stat: Optional[str]) -> Dict[str, Any]:
+def make_record(
+    name: str, value: Any, iteration: int, *, layer: Optional[str], tensor: Optional[str], stat: Optional[str]
+) -> Dict[str, Any]:
     """The JSON object of one scalar."""
     value = float(value)
     label = nonfinite_label(value)
@@ -63,8 +64,10 @@ _NONFINITE_TEXT = {label: f'null, "nonfinite": "{label}"' for label in ("nan", "
 def _names_part(name: Any, layer: Any, tensor: Any, stat: Any) -> str:
     """The ``"name": ..., "layer": ..., "tensor": ..., "stat": ...`` part of a record line, as `json.dumps` writes
     it."""
-    return ", ".join(f"{json.dumps(k)}: {json.dumps(v, allow_nan=False)}"
-                     for k, v in (("name", name), ("layer", layer), ("tensor", tensor), ("stat", stat)))
+    return ", ".join(
+        f"{json.dumps(k)}: {json.dumps(v, allow_nan=False)}"
+        for k, v in (("name", name), ("layer", layer), ("tensor", tensor), ("stat", stat))
+    )
 
 
 class JsonlSink(Sink):
@@ -84,8 +87,16 @@ class JsonlSink(Sink):
         self._batch_layout: Optional[tuple] = None
         self._batch_names: Optional[List[str]] = None
 
-    def log_scalar(self, name: str, value: Any, iteration: int, *, layer: Optional[str] = None,
-                   tensor: Optional[str] = None, stat: Optional[str] = None) -> None:
+    def log_scalar(
+        self,
+        name: str,
+        value: Any,
+        iteration: int,
+        *,
+        layer: Optional[str] = None,
+        tensor: Optional[str] = None,
+        stat: Optional[str] = None,
+    ) -> None:
         self._pending.append(self._line(name, value, iteration, layer, tensor, stat))
 
     def log_scalars(self, records: Sequence[Record]) -> None:
@@ -156,8 +167,9 @@ class JsonlSink(Sink):
         except TypeError:  # unhashable name parts: the plain encoder
             names = key = None
         if names is None:
-            line = json.dumps(make_record(name, value, iteration, layer=layer, tensor=tensor, stat=stat),
-                              allow_nan=False)
+            line = json.dumps(
+                make_record(name, value, iteration, layer=layer, tensor=tensor, stat=stat), allow_nan=False
+            )
             if key is not None:
                 names = self._encoded_names[key] = _names_part(name, layer, tensor, stat)
                 if type(name) is str and type(layer) is str and type(tensor) is str and type(stat) is str:

@@ -128,7 +128,7 @@ def chart_groups(layers: Sequence[str], max_lines: int = MAX_LINES_PER_CHART) ->
             groups.append((kind, members))
             continue
         for start in range(0, len(members), max_lines):
-            chunk = members[start:start + max_lines]
+            chunk = members[start : start + max_lines]
             groups.append((f"{kind} {chunk[0]}..{chunk[-1]}", chunk))
     return groups
 
@@ -147,8 +147,14 @@ def cross_layer_summary(layers: Sequence[str], values: Sequence[float]) -> Tuple
 class TensorBoardSink(Sink):
     """Writes each statistic with `SummaryWriter.add_scalar`; see the module docstring for tags and layout."""
 
-    def __init__(self, writer: Any = None, log_dir: Optional[str] = None, *, tag_style: str = "hierarchical",
-                 summaries: Optional[bool] = None):
+    def __init__(
+        self,
+        writer: Any = None,
+        log_dir: Optional[str] = None,
+        *,
+        tag_style: str = "hierarchical",
+        summaries: Optional[bool] = None,
+    ):
         if tag_style not in TAG_STYLES:
             raise ValueError(f"TensorBoardSink: tag_style must be one of {TAG_STYLES}, got {tag_style!r}")
         if (writer is None) == (log_dir is None):
@@ -177,8 +183,16 @@ class TensorBoardSink(Sink):
             return name
         return hierarchical_tag(layer, tensor, stat)
 
-    def log_scalar(self, name: str, value: Any, iteration: int, *, layer: Optional[str] = None,
-                   tensor: Optional[str] = None, stat: Optional[str] = None) -> None:
+    def log_scalar(
+        self,
+        name: str,
+        value: Any,
+        iteration: int,
+        *,
+        layer: Optional[str] = None,
+        tensor: Optional[str] = None,
+        stat: Optional[str] = None,
+    ) -> None:
         tag = self.tag_for(name, layer=layer, tensor=tensor, stat=stat)
         self.writer.add_scalar(tag, float(value), iteration)
         if tag != name:
@@ -238,7 +252,7 @@ class TensorBoardSink(Sink):
             if prefix is None:
                 prefix = prefixes[tag] = _value_prefix(tag)
             parts.append(prefix)
-            parts.append(raw[4 * i: 4 * i + 4])
+            parts.append(raw[4 * i : 4 * i + 4])
         return Summary.FromString(b"".join(parts))
 
     def _note_chart(self, tensor: str, stat: str, layer: str) -> None:
@@ -259,8 +273,9 @@ class TensorBoardSink(Sink):
         chart (with summaries on) and one chart per `chart_groups` group of at most 16 layers."""
         with self._layout_lock:
             user = list(self._user_tags)
-            charts = {tensor: {stat: list(layers) for stat, layers in stats.items()}
-                      for tensor, stats in self._charts.items()}
+            charts = {
+                tensor: {stat: list(layers) for stat, layers in stats.items()} for tensor, stats in self._charts.items()
+            }
         layout: Dict[str, Dict[str, list]] = {}
         if user:
             layout[USER_CATEGORY] = {tag: ["Multiline", [f"^{re.escape(tag)}$"]] for tag in user}
@@ -269,7 +284,9 @@ class TensorBoardSink(Sink):
             for stat, layers in stats.items():
                 if self.summaries:
                     category[f"{tensor}/{stat} summary (max, p{SUMMARY_PERCENTILE}, median over layers)"] = [
-                        "Multiline", [summary_regex(tensor, stat)]]
+                        "Multiline",
+                        [summary_regex(tensor, stat)],
+                    ]
                 groups = chart_groups(layers)
                 if len(groups) == 1:  # every layer on one chart: the regex of any layer
                     category[f"{tensor}/{stat}"] = ["Multiline", [stat_regex(tensor, stat)]]

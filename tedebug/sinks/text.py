@@ -101,8 +101,17 @@ class TextStatsSink(Sink):
         self._batch_layout: Optional[tuple] = None
         self._batch_names: Optional[List[str]] = None
 
-    def log_scalar(self, name: str, value: Any, iteration: int, *, layer: Optional[str] = None,
-                   tensor: Optional[str] = None, stat: Optional[str] = None, level: int = logging.INFO) -> None:
+    def log_scalar(
+        self,
+        name: str,
+        value: Any,
+        iteration: int,
+        *,
+        layer: Optional[str] = None,
+        tensor: Optional[str] = None,
+        stat: Optional[str] = None,
+        level: int = logging.INFO,
+    ) -> None:
         if level < MIN_LEVEL or self._file.closed:  # below the file's level, or logged after close(): dropped
             return
         message = format_stat_message(name, value, iteration)

@@ -18,8 +18,16 @@ from typing import Any, Callable, Dict, Hashable, Iterator, List, NamedTuple, Op
 
 import torch
 
-from tedebug.stats.definitions import (NONFINITE_COLUMNS, NUMEL, Column, StatRequest, columns_for, combine_rows,
-                                       family_of, finalizer)
+from tedebug.stats.definitions import (
+    NONFINITE_COLUMNS,
+    NUMEL,
+    Column,
+    StatRequest,
+    columns_for,
+    combine_rows,
+    family_of,
+    finalizer,
+)
 from tedebug.stats.slab import RowSlab
 
 #: the partial families of quantization statistics (they read a quantized direction)
@@ -59,7 +67,9 @@ class StatBuffer:
         #: positions of the NaN and Inf count columns in `columns` (None unless both are there)
         self.nonfinite_positions: Optional[Tuple[int, int]] = (
             (self.columns.index(NONFINITE_COLUMNS[0]), self.columns.index(NONFINITE_COLUMNS[1]))
-            if all(column in self.columns for column in NONFINITE_COLUMNS) else None)
+            if all(column in self.columns for column in NONFINITE_COLUMNS)
+            else None
+        )
         self.stat_names: Tuple[str, ...] = tuple(f"{self.key.layer}_{self.key.tensor}_{r.name}" for r in requests)
         #: True when the basic family produces every column but numel (`StatsEngine`'s one-vector feed path)
         self.basic_only = len(self.families) == 1 and self.families[0][0] == "basic"
@@ -68,14 +78,17 @@ class StatBuffer:
         #: statistics vector (`StatsEngine`'s fused path); None otherwise
         qualifiers = {qualifier for family, qualifier, _ in self.families}
         self.quantized_source: Optional[Tuple[Any, ...]] = (
-            next(iter(qualifiers)) if len(qualifiers) == 1 and all(
-                family in QUANTIZED_FAMILIES for family, _, _ in self.families) else None)
+            next(iter(qualifiers))
+            if len(qualifiers) == 1 and all(family in QUANTIZED_FAMILIES for family, _, _ in self.families)
+            else None
+        )
         self._covered: Dict[Tuple[str, ...], bool] = {}
         self._gathers: Dict[tuple, torch.Tensor] = {}
         self._positions: Dict[Tuple[str, ...], Tuple[int, ...]] = {}
         #: (emitted name, request name, value of the request from a merged row in `columns` order) per request
         self.emitters: Tuple[Tuple[str, str, Callable[[Sequence[float]], float]], ...] = tuple(
-            (name, r.name, finalizer(r, self.columns)) for name, r in zip(self.stat_names, requests))
+            (name, r.name, finalizer(r, self.columns)) for name, r in zip(self.stat_names, requests)
+        )
 
     def covered_by(self, keys: Tuple[str, ...]) -> bool:
         """True when every column but numel is a partial named in `keys` (remembered per keys order)."""

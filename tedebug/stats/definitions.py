@@ -37,7 +37,16 @@ import torch
 
 # ------------------------------------------------------------------------------------------------ statistic kinds
 HP_KINDS = (
-    "min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range", "nan_count", "inf_count",
+    "min",
+    "max",
+    "mean",
+    "std",
+    "l1_norm",
+    "l2_norm",
+    "cur_amax",
+    "dynamic_range",
+    "nan_count",
+    "inf_count",
 )
 BLOCKWISE_KIND = "max_blockwise_dynamic_range"
 QUANTIZED_KINDS = ("underflows%", "overflows%", "mse", "scale_inv_min", "scale_inv_max", "scale_inv_std")
@@ -127,8 +136,7 @@ class StatRequest:
                 return cls(entry, entry)
             if entry == BLOCKWISE_KIND:
                 raise ValueError(
-                    f"Statistic {entry!r} needs the mapping form "
-                    f"{{{BLOCKWISE_KIND}: {{block_size: <int>, dims: 1|2}}}}"
+                    f"Statistic {entry!r} needs the mapping form {{{BLOCKWISE_KIND}: {{block_size: <int>, dims: 1|2}}}}"
                 )
             raise ValueError(f"Statistic {entry} is not supported. Supported: {list(HP_KINDS) + [BLOCKWISE_KIND]}")
         if isinstance(entry, Mapping):

@@ -130,8 +130,9 @@ class DeferredReduction:
             for key, _ in mine.items():
                 at = layout.offsets[key]
                 columns = layout.columns[key]
-                rows = [(r[at + _SLOT_HEADER: at + _SLOT_HEADER + len(columns)], r[at + 1])
-                        for r in matrix if r[at] != 0.0]
+                rows = [
+                    (r[at + _SLOT_HEADER : at + _SLOT_HEADER + len(columns)], r[at + 1]) for r in matrix if r[at] != 0.0
+                ]
                 merged[key] = _merge(key, columns, keep_first_replicas(rows))
             if not any(r[0] != 0.0 for r in matrix):
                 continue
@@ -168,8 +169,13 @@ class GroupReducer:
         self._layouts.clear()
         self._index_cache.clear()
 
-    def start(self, groups: Sequence[Any], group_key, fed_by_group: Dict[Hashable, List[Any]],
-              replicas: Dict[Tuple[str, str], float]) -> DeferredReduction:
+    def start(
+        self,
+        groups: Sequence[Any],
+        group_key,
+        fed_by_group: Dict[Hashable, List[Any]],
+        replicas: Dict[Tuple[str, str], float],
+    ) -> DeferredReduction:
         """Launch one all-gather per group of `groups` (in that order, the same on every rank).  `fed_by_group`:
         group key -> this rank's fed buffers (`StatBuffer`s) reduced over it; `replicas`: (layer, tensor) -> the
         replica id of tensors held whole by a TP group."""
@@ -180,15 +186,24 @@ class GroupReducer:
             device = collective_device(group)
             fed = fed_by_group.get(gkey, [])
             in_layout = [b for b in fed if layout.fits(b.key, b.columns)]
-            pending = {b.key: (b.columns, replicas.get((b.key.layer, b.key.tensor), NO_REPLICA))
-                       for b in fed if not layout.fits(b.key, b.columns)}
+            pending = {
+                b.key: (b.columns, replicas.get((b.key.layer, b.key.tensor), NO_REPLICA))
+                for b in fed
+                if not layout.fits(b.key, b.columns)
+            }
             vector, mine = self._vector(layout, in_layout, bool(pending), replicas, device)
             step.exchanges.append((_Exchange(group, layout, vector), mine))
             step.pending.append((group, layout, pending))
         return step
 
-    def _vector(self, layout: GroupLayout, buffers: List[Any], pending: bool,
-                replicas: Dict[Tuple[str, str], float], device: torch.device):
+    def _vector(
+        self,
+        layout: GroupLayout,
+        buffers: List[Any],
+        pending: bool,
+        replicas: Dict[Tuple[str, str], float],
+        device: torch.device,
+    ):
         """This rank's vector for `layout` on `device`, built without a host synchronisation."""
         header = [0.0] * layout.length
         header[0] = 1.0 if pending else 0.0
@@ -206,7 +221,7 @@ class GroupReducer:
         pieces: List[torch.Tensor] = [meta[:1]]
         for key, columns in layout.slots:
             at = layout.offsets[key]
-            pieces.append(meta[at: at + _SLOT_HEADER])
+            pieces.append(meta[at : at + _SLOT_HEADER])
             row = rows.get(at)
             pieces.append(row if row is not None else meta.new_zeros(len(columns)))
         return torch.cat(pieces), mine

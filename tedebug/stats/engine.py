@@ -52,8 +52,14 @@ _NUMEL_CACHE_SIZE = 1024
 class StatsEngine:
     """Buffers, reduction and emission of statistics for one debug session."""
 
-    def __init__(self, metric_logger, *, log_message: Optional[Callable[..., Any]] = None,
-                 flush_at_step: bool = True, defer_read_back: bool = False) -> None:
+    def __init__(
+        self,
+        metric_logger,
+        *,
+        log_message: Optional[Callable[..., Any]] = None,
+        flush_at_step: bool = True,
+        defer_read_back: bool = False,
+    ) -> None:
         self.metric_logger = metric_logger
         #: flush the logger at the end of `step`; False when the owner flushes it itself (`DebugSession.step`
         #: decides when the background writer runs)
@@ -123,8 +129,11 @@ class StatsEngine:
                 values_of = getattr(backend, "basic_partial_values", None)
                 if values_of is not None and tensor.device.type == "cpu":  # host values: one tensor for the row
                     values = (float(numel),) + values_of(tensor.detach())  # no autograd record of the math
-                    buffer.accumulate(torch.tensor([values[i] for i in buffer.row_positions(backend.BASIC_ROW_KEYS)],
-                                                   dtype=torch.float64))
+                    buffer.accumulate(
+                        torch.tensor(
+                            [values[i] for i in buffer.row_positions(backend.BASIC_ROW_KEYS)], dtype=torch.float64
+                        )
+                    )
                     return
                 into = getattr(backend, "basic_stats_into", None)
                 if into is not None:  # one launch writing the whole row into this step's slab
@@ -287,11 +296,13 @@ class StatsEngine:
         for b in fed:
             if not b.skip_reduction:
                 by_group.setdefault(_reduce.group_order_key(b.reduction_group), []).append(b)
-        reduction = self._group_reducer.start(_reduce.ordered_groups(known), _reduce.group_order_key, by_group,
-                                              self._replicas)
+        reduction = self._group_reducer.start(
+            _reduce.ordered_groups(known), _reduce.group_order_key, by_group, self._replicas
+        )
         pending = {key for _, _, keys in reduction.pending for key in keys}
-        return _StepInFlight([FedRow(b) for b in fed],
-                             RowsInFlight([b for b in fed if b.skip_reduction or b.key in pending]), reduction)
+        return _StepInFlight(
+            [FedRow(b) for b in fed], RowsInFlight([b for b in fed if b.skip_reduction or b.key in pending]), reduction
+        )
 
     def finish_pending(self) -> None:
         """Reduce and emit the iteration whose rows are still in flight, if any (deferred read-back)."""
@@ -442,8 +453,15 @@ def _parse_requests(layer: str, tensor_name: str, entries: Sequence[Any]) -> Tup
     return tuple(requests)
 
 
-def _fused_row(backend, buffer: StatBuffer, direction: Tuple[Any, ...], x: torch.Tensor,
-               quantized: Mapping[str, Any], numel_value: torch.Tensor, device: torch.device) -> Optional[torch.Tensor]:
+def _fused_row(
+    backend,
+    buffer: StatBuffer,
+    direction: Tuple[Any, ...],
+    x: torch.Tensor,
+    quantized: Mapping[str, Any],
+    numel_value: torch.Tensor,
+    device: torch.device,
+) -> Optional[torch.Tensor]:
     """The row of a buffer of quantization statistics of one direction as one gather of the statistics vector its
     quantize kernel wrote for exactly `x` (`tedebug.backends.fused_stats`), or None when there is none or it lacks a
     partial (the families are then computed one by one)."""
@@ -472,7 +490,7 @@ def _family_partials(backend, family: str, qualifier: Tuple[Any, ...], x, quanti
     recipe, columnwise = qualifier
     if recipe not in quantized:
         raise ValueError(
-            f"no quantized tensor for recipe {recipe!r} (\"\" = training recipe); got recipes {sorted(quantized)}"
+            f'no quantized tensor for recipe {recipe!r} ("" = training recipe); got recipes {sorted(quantized)}'
         )
     q = quantized[recipe]
     usage = "columnwise" if columnwise else "rowwise"

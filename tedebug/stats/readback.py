@@ -27,8 +27,18 @@ from tedebug.stats.slab import RowSlab
 class FedRow:
     """What the reduction and the emission read from one fed buffer, fixed when its step ended."""
 
-    __slots__ = ("key", "columns", "emitters", "iteration", "reduction_group", "skip_reduction", "row",
-                 "slab_rows", "positions", "nonfinite_positions")
+    __slots__ = (
+        "key",
+        "columns",
+        "emitters",
+        "iteration",
+        "reduction_group",
+        "skip_reduction",
+        "row",
+        "slab_rows",
+        "positions",
+        "nonfinite_positions",
+    )
 
     def __init__(self, buffer: StatBuffer) -> None:
         self.key: BufferKey = buffer.key
@@ -82,7 +92,7 @@ class RowsInFlight:
             values = flat.tolist()
             offset = 0
             for entry in entries:
-                host[entry.key] = values[offset: offset + len(entry.columns)]
+                host[entry.key] = values[offset : offset + len(entry.columns)]
                 offset += len(entry.columns)
         # An entry whose row is exactly one slab row (one feed through a kernel: the common case) takes its columns
         # from one gather per (slab, column positions); the others are merged below.

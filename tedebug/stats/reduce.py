@@ -55,9 +55,12 @@ def gather_rows(local: Dict[_Key, tuple], group: Any) -> Dict[_Key, List[HostRow
     world = dist.get_world_size(group)
     gathered: List[Any] = [None] * world
     dist.all_gather_object(gathered, local, group=group)
-    return {key: keep_first_replicas([((g[key][0], g[key][1]), g[key][2] if len(g[key]) > 2 else -1.0)
-                                      for g in gathered if key in g])
-            for key in local}
+    return {
+        key: keep_first_replicas(
+            [((g[key][0], g[key][1]), g[key][2] if len(g[key]) > 2 else -1.0) for g in gathered if key in g]
+        )
+        for key in local
+    }
 
 
 def keep_first_replicas(rows: Sequence[Tuple[Any, float]]) -> List[Any]:

@@ -86,8 +86,10 @@ class RowSlab:
         `start_host_copy` (whose event the caller waited on), else with one blocking device-to-host copy per chunk
         in use (a CPU slab: its own rows)."""
         mirrored = self._copied == self._used and self._used > 0
-        parts = [self._mirrors[index][:count] if mirrored else self._chunks[index][:count].cpu()
-                 for index, count in self._in_use()]
+        parts = [
+            self._mirrors[index][:count] if mirrored else self._chunks[index][:count].cpu()
+            for index, count in self._in_use()
+        ]
         if not parts:
             return torch.empty((0, self.width), dtype=torch.float64)
         return parts[0] if len(parts) == 1 else torch.cat(parts)

@@ -30,23 +30,28 @@ def _lin():
 
 def hf_llama() -> nn.Module:
     layers = nn.ModuleList(
-        _Namespace(self_attn=_Namespace(q_proj=_lin(), k_proj=_lin(), v_proj=_lin(), o_proj=_lin()),
-                   mlp=_Namespace(gate_proj=_lin(), up_proj=_lin(), down_proj=_lin()))
-        for _ in range(N_LAYERS))
+        _Namespace(
+            self_attn=_Namespace(q_proj=_lin(), k_proj=_lin(), v_proj=_lin(), o_proj=_lin()),
+            mlp=_Namespace(gate_proj=_lin(), up_proj=_lin(), down_proj=_lin()),
+        )
+        for _ in range(N_LAYERS)
+    )
     return _Namespace(model=_Namespace(layers=layers), lm_head=_lin())
 
 
 def megatron_gpt() -> nn.Module:
     layers = nn.ModuleList(
-        _Namespace(self_attention=_Namespace(linear_qkv=_lin(), linear_proj=_lin()),
-                   mlp=_Namespace(linear_fc1=_lin(), linear_fc2=_lin()))
-        for _ in range(N_LAYERS))
+        _Namespace(
+            self_attention=_Namespace(linear_qkv=_lin(), linear_proj=_lin()),
+            mlp=_Namespace(linear_fc1=_lin(), linear_fc2=_lin()),
+        )
+        for _ in range(N_LAYERS)
+    )
     return _Namespace(decoder=_Namespace(layers=layers), output_layer=_lin())
 
 
 def demo_gpt() -> nn.Module:
-    examples = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                            "examples")
+    examples = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples")
     if examples not in sys.path:
         sys.path.insert(0, examples)
     from gpt import GPT, GPTConfig, convert_to_tedebug

@@ -28,8 +28,13 @@ class RecordingSink(Sink):
 
 def section(features, **layers):
     """A one-section config selecting every layer (or `layers`) with the given transformer_engine features."""
-    return {"test": {"enabled": True, "layers": layers or {"layer_name_regex_pattern": ".*"},
-                     "transformer_engine": features}}
+    return {
+        "test": {
+            "enabled": True,
+            "layers": layers or {"layer_name_regex_pattern": ".*"},
+            "transformer_engine": features,
+        }
+    }
 
 
 @contextlib.contextmanager

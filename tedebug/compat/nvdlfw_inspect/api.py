@@ -28,16 +28,31 @@ set_weight_tensor_tp_group_reduce = _debug_api.set_weight_tensor_tp_group_reduce
 _PASSED_ON = ("tb_writer", "default_logging_enabled", "background_logging")
 
 
-def initialize(config_file: Any = "", feature_dirs: Any = None, statistics_logger: Any = None, log_dir: Any = ".",
-               init_training_step: int = 0, **kwargs: Any) -> None:
+def initialize(
+    config_file: Any = "",
+    feature_dirs: Any = None,
+    statistics_logger: Any = None,
+    log_dir: Any = ".",
+    init_training_step: int = 0,
+    **kwargs: Any,
+) -> None:
     """nvdlfw-inspect's ``initialize``; see the module docstring for the keyword arguments it ignores."""
     ignored = sorted(k for k in kwargs if k not in _PASSED_ON)
     if ignored:
         hint = " (the statistics sink argument is statistics_logger=)" if "logger" in ignored else ""
-        warnings.warn(f"initialize: ignoring keyword argument(s) {ignored}, which nvdlfw-inspect does not read"
-                      f"{hint}", UserWarning, stacklevel=2)
-    _debug_api.initialize(config_file, feature_dirs, statistics_logger, log_dir, init_training_step,
-                          **{k: v for k, v in kwargs.items() if k in _PASSED_ON})
+        warnings.warn(
+            f"initialize: ignoring keyword argument(s) {ignored}, which nvdlfw-inspect does not read{hint}",
+            UserWarning,
+            stacklevel=2,
+        )
+    _debug_api.initialize(
+        config_file,
+        feature_dirs,
+        statistics_logger,
+        log_dir,
+        init_training_step,
+        **{k: v for k, v in kwargs.items() if k in _PASSED_ON},
+    )
 
 
 def __getattr__(name: str) -> Any:

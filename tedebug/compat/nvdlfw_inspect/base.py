@@ -27,8 +27,12 @@ __all__ = ["BaseConfigAPIMapper", "BaseNamespaceAPI"]
 def outputs_equal(a: Any, b: Any) -> bool:
     """Equality that also compares tensors (by value) inside dicts, lists and tuples."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape \
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.shape == b.shape
             and bool(torch.equal(a, b))
+        )
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(outputs_equal(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
@@ -48,8 +52,9 @@ class BaseNamespaceAPI(abc.ABC):
         """Check the kwargs of a call (raise on bad input)."""
 
     @abc.abstractmethod
-    def routing_condition(self, api_name: str, config: dict, layer_name: str, feature_obj: Any,
-                          **kwargs: Any) -> "tuple[bool, Optional[dict]]":
+    def routing_condition(
+        self, api_name: str, config: dict, layer_name: str, feature_obj: Any, **kwargs: Any
+    ) -> "tuple[bool, Optional[dict]]":
         """``(applies, modified config or None)`` for one enabled feature; usually
         ``feature_obj.parse_config_and_api(config, gemm_parsing=..., tensor_parsing=..., **kwargs)``."""
 
@@ -65,14 +70,15 @@ class BaseNamespaceAPI(abc.ABC):
         """Call one feature method (override to adapt the kwargs)."""
         return call(feat_config, layer_name, **kwargs)
 
-    def handle_multi_feature_output(self, api_name: str, outputs: list, features_to_invoke: list,
-                                    **kwargs: Any) -> Any:
+    def handle_multi_feature_output(self, api_name: str, outputs: list, features_to_invoke: list, **kwargs: Any) -> Any:
         """Combine the results of several features; by default they must all be equal."""
         first = outputs[0]
         if not all(outputs_equal(first, other) for other in outputs[1:]):
-            raise AssertionError(f"Different Outputs when invoking multiple features per API call is not allowed "
-                                 f"(API {api_name!r}, features {list(features_to_invoke)}): override "
-                                 f"handle_multi_feature_output to combine them")
+            raise AssertionError(
+                f"Different Outputs when invoking multiple features per API call is not allowed "
+                f"(API {api_name!r}, features {list(features_to_invoke)}): override "
+                f"handle_multi_feature_output to combine them"
+            )
         return first
 
     def step(self) -> None:

@@ -10,8 +10,13 @@ from typing import Any, Optional, Tuple
 
 import torch
 
-__all__ = ["append_parent_docstring", "gather_along_first_dim", "gather_tensor_on_last_rank",
-           "get_distributed_rank", "get_distributed_world_size"]
+__all__ = [
+    "append_parent_docstring",
+    "gather_along_first_dim",
+    "gather_tensor_on_last_rank",
+    "get_distributed_rank",
+    "get_distributed_world_size",
+]
 
 
 def _distributed() -> bool:
@@ -26,8 +31,9 @@ def get_distributed_rank(group: Any = None) -> int:
     return torch.distributed.get_rank(group) if _distributed() else 0
 
 
-def gather_along_first_dim(tensor: torch.Tensor, process_group: Any = None,
-                           async_op: bool = False) -> Tuple[torch.Tensor, Any]:
+def gather_along_first_dim(
+    tensor: torch.Tensor, process_group: Any = None, async_op: bool = False
+) -> Tuple[torch.Tensor, Any]:
     """All-gather `tensor` over `process_group` along dim 0: ``(gathered, work handle or None)``."""
     world = get_distributed_world_size(process_group)
     if world == 1:
@@ -38,8 +44,9 @@ def gather_along_first_dim(tensor: torch.Tensor, process_group: Any = None,
     return out, handle
 
 
-def gather_tensor_on_last_rank(tensor: torch.Tensor, process_group: Any = None,
-                               async_op: bool = False) -> Tuple[Optional[torch.Tensor], Any]:
+def gather_tensor_on_last_rank(
+    tensor: torch.Tensor, process_group: Any = None, async_op: bool = False
+) -> Tuple[Optional[torch.Tensor], Any]:
     """Gather `tensor` along dim 0 on the last rank of `process_group`: ``(gathered on that rank else None,
     handle)``."""
     world = get_distributed_world_size(process_group)

@@ -16,8 +16,9 @@ class GenericConfigAPIMapper(BaseConfigAPIMapper):
     """``parse_config_and_api(config, tensor_parsing=, tensor_name=)``: ``(True, cfg without enabled)`` when the
     tensor is listed, ``(False, None)`` when it is not or `tensor_parsing` is false."""
 
-    def parse_config_and_api(self, config: dict, *, tensor_parsing: bool = False, tensor_name: Optional[str] = None,
-                             **kwargs: Any) -> Tuple[bool, Optional[dict]]:
+    def parse_config_and_api(
+        self, config: dict, *, tensor_parsing: bool = False, tensor_name: Optional[str] = None, **kwargs: Any
+    ) -> Tuple[bool, Optional[dict]]:
         if not tensor_parsing:
             return False, None
         parsed = self._process_tensor_config(copy.deepcopy(config), tensor_name)

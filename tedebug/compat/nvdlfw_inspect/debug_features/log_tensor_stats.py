@@ -73,17 +73,22 @@ class LogTensorStats(GenericConfigAPIMapper):
             return
         for key in cfg:
             if key not in CONFIG_KEYS:
-                error = ValueError(f"LogTensorStats (section level): unknown key {key!r}; expected one of "
-                                   f"{', '.join(CONFIG_KEYS)}")
+                error = ValueError(
+                    f"LogTensorStats (section level): unknown key {key!r}; expected one of {', '.join(CONFIG_KEYS)}"
+                )
                 error.key_path = (key,)
                 raise error
         if "tensors" not in cfg and "tensors_struct" not in cfg:
-            raise ValueError("Provide 'tensors_struct: List[Dict]' or 'tensors: List[str]' (the tensors whose "
-                             "statistics debug_api.log_tensor_stats logs)")
+            raise ValueError(
+                "Provide 'tensors_struct: List[Dict]' or 'tensors: List[str]' (the tensors whose "
+                "statistics debug_api.log_tensor_stats logs)"
+            )
         supported = set(GENERIC_STATS)
-        levels = [((), cfg)] + [(("tensors_struct", i), entry) for i, entry in enumerate(cfg.get("tensors_struct")
-                                                                                         or ()) if
-                                isinstance(entry, dict)]
+        levels = [((), cfg)] + [
+            (("tensors_struct", i), entry)
+            for i, entry in enumerate(cfg.get("tensors_struct") or ())
+            if isinstance(entry, dict)
+        ]
         for path, level in levels:
             stats = level.get("stats", [])
             if not isinstance(stats, list):
@@ -92,23 +97,32 @@ class LogTensorStats(GenericConfigAPIMapper):
                 raise error
             for index, stat in enumerate(stats):
                 if not isinstance(stat, str) or stat.lower() not in supported:
-                    error = ValueError(f"LogTensorStats (section level): statistic {stat!r} is not supported; "
-                                       f"supported: {sorted(supported)}")
+                    error = ValueError(
+                        f"LogTensorStats (section level): statistic {stat!r} is not supported; "
+                        f"supported: {sorted(supported)}"
+                    )
                     error.key_path = path + ("stats", index)
                     raise error
             Schedule.from_config({**cfg, **level})
 
     @api_method
-    def log_tensor_stats(self, config: dict, layer_name: str, tensor: Any = None, tensor_name: Optional[str] = None,
-                         iteration: int = 0, skip_reduction: bool = False, reduction_group: Any = None,
-                         **kwargs: Any) -> Dict[str, torch.Tensor]:
+    def log_tensor_stats(
+        self,
+        config: dict,
+        layer_name: str,
+        tensor: Any = None,
+        tensor_name: Optional[str] = None,
+        iteration: int = 0,
+        skip_reduction: bool = False,
+        reduction_group: Any = None,
+        **kwargs: Any,
+    ) -> Dict[str, torch.Tensor]:
         session = active.session()
         if not isinstance(tensor, torch.Tensor) or not config.get("stats"):
             return {}
         if not schedule_of(config).is_active(iteration):
             return {}
-        session.log_message(f"Feature=LogTensorStats, API=log_tensor_stats, TENSOR={tensor_name}: Called",
-                            layer_name)
+        session.log_message(f"Feature=LogTensorStats, API=log_tensor_stats, TENSOR={tensor_name}: Called", layer_name)
         tensor = _reduce(session, layer_name, tensor.detach(), skip_reduction, reduction_group)
         if tensor is None:  # gathered on the last rank; this rank does not log
             return {}
@@ -117,18 +131,24 @@ class LogTensorStats(GenericConfigAPIMapper):
             name = stat.lower()
             value = _COMPUTE[name](tensor).to(torch.float32)
             results[name] = value
-            session.metric_logger.log_scalar(f"{layer_name}_{tensor_name}_{name}", value, iteration,
-                                             layer=layer_name, tensor=tensor_name, stat=name)
+            session.metric_logger.log_scalar(
+                f"{layer_name}_{tensor_name}_{name}", value, iteration, layer=layer_name, tensor=tensor_name, stat=name
+            )
         return results
 
 
-def _reduce(session: Any, layer_name: str, tensor: torch.Tensor, skip_reduction: bool,
-            reduction_group: Any) -> Optional[torch.Tensor]:
+def _reduce(
+    session: Any, layer_name: str, tensor: torch.Tensor, skip_reduction: bool, reduction_group: Any
+) -> Optional[torch.Tensor]:
     if skip_reduction or get_distributed_world_size() == 1:
         return tensor
     group = reduction_group if reduction_group is not None else session.reduction_group
     if group is not None:
         return gather_along_first_dim(tensor, group)[0]
-    session.log_message("`reduction_group` not found and `skip_reduction` is False: the tensor is gathered on the "
-                        "last rank, which alone logs its statistics", layer_name, logging.WARNING)
+    session.log_message(
+        "`reduction_group` not found and `skip_reduction` is False: the tensor is gathered on the "
+        "last rank, which alone logs its statistics",
+        layer_name,
+        logging.WARNING,
+    )
     return gather_tensor_on_last_rank(tensor)[0]
