@@ -7,7 +7,7 @@ import pytest
 from tedebug.config import ConfigError, LayerSelector, load_config
 from tedebug.config.selection import layer_number, parse_layer_numbers
 
-CONFIGS = pathlib.Path(__file__).parent / "configs"
+CONFIGS = pathlib.Path(__file__).parent.parent / "configs"
 FEATURE_NAMES = {
     "transformer_engine": {
         "LogTensorStats",

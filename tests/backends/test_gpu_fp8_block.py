@@ -2,7 +2,8 @@
 for 1x128 and 128x128 blocks (rowwise, columnwise, both; pow2 and exact scales; epsilon; partial blocks; fp32 /
 bf16 / fp16), fused statistics vs torch_ref's float64 values, dispatch routing, determinism.  Needs CUDA and CuPy.
 
-Run as a script (``python tests/test_gpu_fp8_block.py``) it times the kernels at 8192^2 bf16 against a device copy.
+Run as a script (``python tests/backends/test_gpu_fp8_block.py``) it times the kernels at 8192^2 bf16 against a device
+copy.
 """
 
 import math

@@ -8,7 +8,7 @@ import pytest
 
 from tedebug.config import load_config, parse_feature_config
 
-CONFIGS = pathlib.Path(__file__).parent / "configs"
+CONFIGS = pathlib.Path(__file__).parent.parent / "configs"
 FEATURE_NAMES = {
     "transformer_engine": {
         "LogTensorStats",
