@@ -1,4 +1,5 @@
-"""Feature scheduling (spec B.4 + decisions.md): hand-derived values and a brute-force oracle."""
+"""Feature scheduling (TransformerEngine's rules, except that a negative end_step means no end and bad values are
+errors): hand-derived values and a brute-force oracle."""
 
 import pathlib
 import random

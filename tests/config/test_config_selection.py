@@ -1,4 +1,5 @@
-"""Layer selection (spec B.2 + decisions.md): LayerSelector directly, then sections resolved through load_config."""
+"""Layer selection (TransformerEngine's selector keys; exact_layer_names selects only the listed names and a bare int
+is a valid layer_numbers): LayerSelector directly, then sections resolved through load_config."""
 
 import pathlib
 
@@ -76,7 +77,7 @@ def test_regex_takes_priority_over_types_and_numbers():
     ]
 
 
-# ---- the rest of B.2 ----------------------------------------------------------------------------------------
+# ---- the other selector keys -------------------------------------------------------------------------------
 
 
 def test_types_are_case_sensitive_substrings_or():
