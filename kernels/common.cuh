@@ -1,6 +1,6 @@
 // Shared device helpers of the tedebug kernels: element loads (fp32 / bf16 / fp16 picked by TED_DTYPE),
 // FP8 encode/decode (TED_FP8: 0 = E4M3, 1 = E5M2), E8M0 RCEIL codes, and fixed-order reductions.
-// Compile-time switches (passed as -D options by tedebug/backends/cupy_kernels.py):
+// Compile-time switches (passed as -D options by tedebug/backends/cupy_runtime.py's dtype_options):
 //   TED_DTYPE 0 = float32, 1 = bfloat16, 2 = float16;  TED_FP8 0 = E4M3, 1 = E5M2.
 #pragma once
 #include <cuda_bf16.h>
@@ -87,7 +87,7 @@ __device__ __forceinline__ float ted_decode_fp8(unsigned int code) {
 __device__ __forceinline__ bool ted_fp8_is_zero(unsigned int code) { return (code & 0x7Fu) == 0u; }
 
 // ---------------------------------------------------------------------------------------------- E8M0
-// Code of a non-negative fp32 ratio rounded toward +Inf to a power of two (TE "RCEIL", formats.md 4):
+// Code of a non-negative fp32 ratio rounded toward +Inf to a power of two (TE's MXFP8 scale rule "RCEIL"):
 // NaN -> 255, +Inf -> 254, 0 -> 0, fp32-subnormal ratio -> 1 iff > 2^-127, no increment at exponent 254.
 __device__ __forceinline__ unsigned int ted_e8m0_rceil(float ratio) {
     unsigned int bits = __float_as_uint(ratio);

@@ -14,9 +14,9 @@
 // - 1x128 columnwise (blocks of 128 along M = one tile column): per-lane column maxima go to shared memory, thread
 //   t < 128 reduces column t over the 16 row groups and publishes the column's scale.
 // - 128x128: one amax per tile (warp reduce + shared memory); the columnwise codes are the rowwise codes.
-// - Scale rule (formats.md §2a/§3, = formats.compute_scale_from_amax): amax < epsilon -> epsilon; 0 / Inf / NaN
-//   amax -> 1; else fp8_max / amax (IEEE), Inf -> the input dtype's max; pow2 keeps sign + exponent bits;
-//   scale_inv = 1 / scale (IEEE).  Codes: satfinite-RNE-FP8(x * scale), NaN -> 0x7F.
+// - Scale rule (TE's current-scaling rule applied to each block, = formats.compute_scale_from_amax): amax <
+//   epsilon -> epsilon; 0 / Inf / NaN amax -> 1; else fp8_max / amax (IEEE), Inf -> the input dtype's max; pow2
+//   keeps sign + exponent bits; scale_inv = 1 / scale (IEEE).  Codes: satfinite-RNE-FP8(x * scale), NaN -> 0x7F.
 // - Columnwise codes: 4x4 byte transposes in registers (__byte_perm); the lane's FB_R rows of one column become
 //   FB_R contiguous bytes of the transposed output (8- or 16-byte stores).
 // - Error: (|x| - |decode(q)| * scale_inv)² summed in fp32 over one chunk (FB_EPC elements) then in fp64; a

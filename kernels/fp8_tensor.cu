@@ -3,7 +3,7 @@
 // transposed columnwise codes [K, M], with fused statistics: underflows (count_nonzero(x) - non-zero codes), squared
 // error (x - decode(q) * scale_inv)^2 (fp32 per element and per 32-element chunk, fp64 sums) and overflows
 // (|x| > fp8_max * scale_inv in fp32).
-// Fast path (used by tedebug/backends/cupy_kernels.py): `ted_fp8_amax_scale` (one launch: packed amax, atomic max,
+// Fast path (used by tedebug/backends/cupy_fp8_tensor.py): `ted_fp8_amax_scale` (one launch: packed amax, atomic max,
 // the last block writes amax and, for current scaling, scale and scale_inv) and `ted_fp8_cast_transpose16` (bf16 /
 // fp16, M % 64 == 0, K % 128 == 0: 64 x 128 tiles, 16-byte loads, 8-byte row stores, 4x4 byte transposes in
 // registers, chunk-swizzled shared memory, 16-byte transposed stores, the stats finished by the last block).
@@ -40,7 +40,9 @@ ted_fp8_amax(const ted_raw_t* __restrict__ x, long long n, unsigned int* __restr
     }
 }
 
-// TE's compute_scale_from_amax (formats.md 2a) for current scaling: writes scale and scale_inv = 1 / scale.
+// TE's compute_scale_from_amax for current scaling (amax < epsilon -> epsilon; 0 / Inf / NaN amax -> 1; else
+// fp8_max / amax rounded once, Inf -> FLT_MAX; pow2 rounds down to a power of two): writes scale and
+// scale_inv = 1 / scale.
 extern "C" __global__ void ted_fp8_current_scale(const float* __restrict__ amax_in, float fp8_max, float epsilon,
                                                  int pow2, float* __restrict__ scale_out,
                                                  float* __restrict__ scale_inv_out) {
@@ -216,7 +218,7 @@ ted_fp8_cast_transpose(const ted_raw_t* __restrict__ x, long long M, long long K
 
 
 // ------------------------------------------------------------------------------------------------ fast path
-// TE's compute_scale_from_amax (formats.md 2a) for current scaling.
+// TE's compute_scale_from_amax for current scaling (the rule of ted_fp8_current_scale above).
 __device__ __forceinline__ void current_scale(float amax, float fp8_max, float epsilon, int pow2, float& scale,
                                               float& scale_inv) {
     if (epsilon > 0.0f && __float_as_uint(amax) < __float_as_uint(epsilon)) amax = epsilon;  // amax >= 0
@@ -349,7 +351,7 @@ __device__ __forceinline__ void am_run(const ted_raw_t* __restrict__ x, long lon
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4)  // 4 blocks/SM (cupy_kernels._grid_for): 8 loads in flight
+extern "C" __global__ void __launch_bounds__(256, 4)  // 4 blocks/SM (cupy_runtime.grid_for): 8 loads in flight
 ted_fp8_amax_scale(const ted_raw_t* __restrict__ x, long long n, unsigned int* __restrict__ ws,
                    float* __restrict__ amax_out, int mode, float fp8_max, float epsilon, int pow2,
                    float* __restrict__ scale_out, float* __restrict__ scale_inv_out) {

@@ -1,6 +1,6 @@
 // MXFP8 quantize (tedebug.quantization.mxfp8, bit-identical): rowwise 1x32 and columnwise 32x1 blocks from one
 // read of x [M, K] (M, K multiples of 32), with fused error statistics per direction.
-// Fast kernel `ted_mxfp8_quantize16` (bf16 / fp16, used by tedebug/backends/cupy_kernels.py): a block of 8 warps
+// Fast kernel `ted_mxfp8_quantize16` (bf16 / fp16, used by tedebug/backends/cupy_mxfp8.py): a block of 8 warps
 // owns a tile of 32 rows x 256 columns; warp w holds rows w, w+8, w+16, w+24 and lane l columns 8l..8l+7 (one
 // 16-byte cp.async per row into shared memory, double-buffered: the next tile streams in while this one is
 // processed).  Per tile:
@@ -175,7 +175,7 @@ ted_mxfp8_quantize(const ted_raw_t* __restrict__ x, long long M, long long K, fl
 #if TED_DTYPE != 0
 #define MX_K 256  // tile columns: 8 per lane
 #ifndef MX_MIN_BLOCKS
-#define MX_MIN_BLOCKS 4  // resident blocks per SM (register cap); cupy_kernels.MX_BLOCKS_PER_SM must match
+#define MX_MIN_BLOCKS 4  // resident blocks per SM (register cap); cupy_mxfp8.MX_BLOCKS_PER_SM must match
 #endif
 #if TED_FP8 == 0
 #define MX_MAG_EXP 120   // ted_fp8_mag(c) = |decode(c)| * 2^-MX_MAG_EXP (TED_FP8_MAG_SCALE = 2^MX_MAG_EXP)

@@ -829,7 +829,7 @@ ted_nvfp4_quantize16(const ted_raw_t* __restrict__ x, long long M, long long K, 
 // Rotation (`nr_rotate`: RN32(y), the fp64 value rounded to fp32; `nr_dtype` then rounds to x's dtype).  Where the
 // fp64 sum is exact, every summation order gives it, so the kernels take the cheapest; elsewhere they sum in the
 // order i = 0..15 from +0, as the first kernels did (the reference's order there is cuBLAS's, unspecified: the GPU
-// tests avoid such groups, see tests/test_gpu_nvfp4.py).  Exactness: with E(a) the biased fp32 exponent field of
+// tests avoid such groups, see tests/backends/test_gpu_nvfp4.py).  Exactness: with E(a) the biased fp32 exponent field of
 // |a| (subnormals and zero counted as 1), e_max = E(max |v_i|) (NaN dropped) and e_min = E(min non-zero |v_i|),
 // every v_i is a multiple of 2^(e_min - 127 - (p - 1)) (p = 8 bf16, 11 fp16, 24 fp32 significand bits; fp16
 // subnormals are multiples of 2^-24, which their fp32 exponent bound covers) and every signed partial sum of the

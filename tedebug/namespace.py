@@ -2,8 +2,9 @@
 
 A hook call ``debug_api.transformer_engine.<hook>(layer_name, **kwargs)``:
 
-1. checks the kwargs: unknown names raise TypeError naming the closest valid kwarg; a missing required kwarg raises
-   TypeError naming it (spec D.1 / D.2 step 1); ``iteration`` defaults to the session's iteration;
+1. checks the kwargs: unknown names raise TypeError naming the closest valid kwarg; a missing required kwarg (the
+   `required` kwargs of the hook in `HOOKS`) raises TypeError naming it; ``iteration`` defaults to the session's
+   iteration;
 2. routes: the candidates are the features of the layer's ``transformer_engine`` block that implement the hook and
    are enabled; each candidate's ``parse_config_and_api`` decides whether it applies and produces its parsed config.
    The decision (a tuple of (feature, bound method, parsed config)) is cached per (layer, hook, gemm, tensor_name)
@@ -12,12 +13,13 @@ A hook call ``debug_api.transformer_engine.<hook>(layer_name, **kwargs)``:
    it (`tedebug.plan`, which answers keys no feature serves, or only schedule-only features serve, itself);
 3. no feature -> the default result (`fp8_gemm_enabled` (True, None); `*_enabled` (False, None); `inspect_*` None;
    `modify_tensor` raises NotImplementedError); one feature -> its result; several -> allowed only for the
-   multi-feature hooks, combined as in spec D.2 step 7 (`*_enabled`: all tuples -> (any, min of non-None next);
-   any bare bool -> (any, None); `inspect_*`: all results equal).  Two features on a single-feature hook raise
-   ValueError "Only 1 operation permitted per API call" naming both features, the layer, the hook and the kwargs.
+   multi-feature hooks, combined as TransformerEngine combines them (`*_enabled`: all tuples -> (any, min of
+   non-None next); any bare bool -> (any, None); `inspect_*`: all results equal).  Two features on a single-feature
+   hook raise ValueError "Only 1 operation permitted per API call" naming both features, the layer, the hook and
+   the kwargs.
 4. output checks: `*_enabled` must return a bool or a (bool, next_iteration) tuple; `inspect_*` must return None;
    `modify_tensor` must return a torch.Tensor or a QuantizedTensor (of ``dtype`` when that kwarg is given) or, when
-   ``out`` is given, may return None after filling ``out`` (decisions.md).
+   ``out`` is given, may return None after filling ``out`` (TE's check rejects that documented None; we accept it).
 
 Backward compatibility: for `inspect_tensor` the kwargs ``quantizer``, ``rowwise_quantized_tensor``,
 ``columnwise_quantized_tensor`` and ``tp_size`` (for `inspect_tensor_postquantize`: ``tp_size``) are dropped when the
@@ -73,7 +75,7 @@ def _modify_default(layer_name: str, kwargs: dict):
 
 @dataclass(frozen=True)
 class HookSpec:
-    """Static description of one hook (spec D.1)."""
+    """Static description of one hook: its kwargs, its default answer, whether several features may serve it."""
 
     name: str
     required: Tuple[str, ...]
@@ -211,7 +213,8 @@ def check_routing_values(hook: str, layer_name: str, kwargs: dict) -> None:
 
 
 def combine_enabled(outputs) -> Tuple[bool, Optional[int]]:
-    """D.2 step 7: all tuples -> (any, min non-None next or None); any bare bool -> (any, None)."""
+    """Several `*_enabled` answers as one: all tuples -> (any, min non-None next or None); any bare bool -> (any,
+    None)."""
     if all(isinstance(o, tuple) for o in outputs):
         nexts = [o[1] for o in outputs if o[1] is not None]
         return any(bool(o[0]) for o in outputs), (min(nexts) if nexts else None)
@@ -229,7 +232,8 @@ def _where(spec: HookSpec, feature: str, layer_name: str) -> str:
 
 
 def check_output(spec: HookSpec, feature: str, layer_name: str, kwargs: dict, result: Any) -> None:
-    """Spec D.2 step 6 with the decisions.md correction for ``modify_tensor(out=...)``."""
+    """Check a feature's answer against the hook's contract (see the module docstring, step 4); unlike TE, a
+    ``modify_tensor(out=...)`` that filled ``out`` may return None."""
     kind = spec.kind
     if kind == "inspect":
         if result is not None:
@@ -346,7 +350,7 @@ class _Dispatcher:
 
 
 class TransformerEngineNamespace(_Dispatcher):
-    """``debug_api.transformer_engine``: the seven hooks of spec D.1 (see the module docstring)."""
+    """``debug_api.transformer_engine``: the seven hooks of `HOOKS` (see the module docstring)."""
 
     name = TE_NAMESPACE
 
@@ -515,7 +519,7 @@ def _cache_value(value: Any) -> Any:
 
 class CustomNamespace:
     """``debug_api.<namespace>`` for a namespace registered with ``register_namespace_api`` (nvdlfw-inspect's
-    routing, nvdlfw_inspect_reference.md C.4, driven by the namespace's `BaseNamespaceAPI` object ``api``).
+    routing, driven by the namespace's `BaseNamespaceAPI` object ``api``).
 
     ``debug_api.<namespace>.<api>(layer_name, **kwargs)`` (every attribute not starting with ``_`` routes an API):
 

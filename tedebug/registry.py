@@ -115,7 +115,8 @@ def is_api_method(obj: Any) -> bool:
 
 
 class FeatureMapper:
-    """Base class of features: config parsing by the B.3 algorithm (`tedebug.config.parsing`).
+    """Base class of features: the parsing of ``gemms`` / ``gemms_struct`` / ``tensors`` / ``tensors_struct`` into
+    the config one hook call receives (`tedebug.config.parsing`).
 
     ``parse_config_and_api(config, *, gemm_parsing, tensor_parsing, gemm=None, tensor_name=None)`` returns
     ``(True, parsed_config)`` when the feature applies to this (gemm, tensor) and ``(False, None)`` otherwise.

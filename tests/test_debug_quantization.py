@@ -1,5 +1,5 @@
 """Tests of tedebug.debug_quantization: plans, routing-call order, shared parent quantization, usage rules,
-modify/inspect hooks, GEMM outputs, save/restore and the DebugQuantizedTensor usage routing (spec E.1-E.7, E.9)."""
+modify/inspect hooks, GEMM outputs, save/restore and the DebugQuantizedTensor usage routing, with hybrid quantizers."""
 
 import itertools
 from pathlib import Path

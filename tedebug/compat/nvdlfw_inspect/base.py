@@ -8,7 +8,8 @@ A custom namespace's API class derives from `BaseNamespaceAPI`, implements the f
 - ``_cacheable_api_kwargs_map``: API name -> the kwarg names whose values key the routing cache (an API not listed
   is routed on every call).
 
-`tedebug.namespace.CustomNamespace` runs the routing (nvdlfw_inspect_reference.md C.4) with these hooks.
+`tedebug.namespace.CustomNamespace` runs nvdlfw-inspect's routing (input check, cached feature choice, default
+implementation, output check, combination of several features' answers) with these hooks.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ class BaseConfigAPIMapper(abc.ABC):
         """``(applies, parsed config or None)``."""
 
     def _process_tensor_config(self, config: dict, tensor_name: Optional[str]) -> Optional[dict]:
-        """nvdlfw_inspect_reference.md B.5: ``tensors_struct`` (first entry whose ``tensor`` matches, its keys over
+        """nvdlfw-inspect's tensor parsing: ``tensors_struct`` (first entry whose ``tensor`` matches, its keys over
         the outer ones) before ``tensors``; the result has ``tensor: <name>`` and no list key; None when the tensor
         is not listed; ValueError when neither key is given.  ``enabled`` is kept (callers drop it)."""
         parsed = parse_feature_config(config, tensor_name=tensor_name, gemm_parsing=False, tensor_parsing=True)

@@ -16,7 +16,7 @@ from tedebug.recipe import DelayedScaling
 
 from support.features import debug_session, section
 
-CONFIGS = os.path.join(os.path.dirname(__file__), "configs")
+CONFIGS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs")
 FP8 = {"E4M3": (torch.float8_e4m3fn, 448.0), "E5M2": (torch.float8_e5m2, 57344.0)}
 OPERANDS = (
     ("fprop", "activation"),

@@ -22,9 +22,9 @@ from tedebug.config import ConfigError
 from tedebug.recipe import Float8CurrentScaling
 from tedebug.registry import FeatureLoadError, build_registry
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-NAMESPACE_DIR = os.path.join(HERE, "feature_dirs", "nvdlfw_namespace")
-TE_STYLE_DIR = os.path.join(HERE, "feature_dirs", "te_style")
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NAMESPACE_DIR = os.path.join(TESTS, "feature_dirs", "nvdlfw_namespace")
+TE_STYLE_DIR = os.path.join(TESTS, "feature_dirs", "te_style")
 TABS = " \t\t\t\t "
 
 

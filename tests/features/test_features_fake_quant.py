@@ -1,5 +1,6 @@
 """FakeQuant numerics: each quant_format equals quantize-then-dequantize by the quantization core bit for bit, and
-the FP8 formats also match a hand-written float64 / torch-float8 reference of the E.10 item 1 scale rule."""
+the FP8 formats also match a hand-written float64 / torch-float8 reference of the delayed-scaling scale rule (margin 0,
+previous scale 1)."""
 
 import pytest
 import torch

@@ -1,5 +1,6 @@
-"""Feature-config parsing (spec B.3): the exact dicts of nvdlfw's test_config_parsing and TE's
-test_transformer_engine_config_parsing, plus precedence, copies and the error texts."""
+"""Feature-config parsing (gemms / gemms_struct / tensors / tensors_struct into the config of one hook call): the exact
+dicts of nvdlfw's test_config_parsing and TE's test_transformer_engine_config_parsing, plus precedence, copies and
+the error texts."""
 
 import copy
 import pathlib
@@ -8,7 +9,7 @@ import pytest
 
 from tedebug.config import load_config, parse_feature_config
 
-CONFIGS = pathlib.Path(__file__).parent / "configs"
+CONFIGS = pathlib.Path(__file__).parent.parent / "configs"
 FEATURE_NAMES = {
     "transformer_engine": {
         "LogTensorStats",

@@ -13,7 +13,7 @@ from tedebug.quantization.float8 import Float8CurrentScalingQuantizer, Float8Qua
 
 from support.features import RecordingSink, debug_session, section
 
-CONFIGS = os.path.join(os.path.dirname(__file__), "configs")
+CONFIGS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs")
 
 
 def test_no_config_gives_the_defaults(tmp_path):

@@ -1,4 +1,5 @@
-"""Codec tests for tedebug.quantization.formats: formats.md §7 vectors plus independent float64 / bit-field oracles.
+"""Codec tests for tedebug.quantization.formats: hand-derived cast vectors (SATFINITE, round to nearest even, as
+TE's CUDA casts) plus independent float64 / bit-field oracles.
 
 The oracles here never use torch's float8 casts: FP8 and E2M1 values are built from their bit fields in Python,
 rounding is nearest-with-ties-to-even-code over that table, and E8M0 codes come from `math.frexp`.
@@ -150,7 +151,7 @@ def test_fp8_agrees_with_torch_cast_in_range(fmt, torch_dtype):
 
     We differ on purpose out of range: tedebug saturates (|x| > max and +-Inf become +-max, the SATFINITE
     behaviour of TE's CUDA kernels), while torch's eager E5M2 cast produces Inf and torch 2.11's E4M3 cast
-    produced NaN (formats.md §1).  That case is covered by the spec vectors above, not compared with torch.
+    produced NaN.  That case is covered by the hand-derived vectors above, not compared with torch.
     """
     g = torch.Generator().manual_seed(0)
     fmax = positive_table(fmt)[-1]

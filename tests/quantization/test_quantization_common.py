@@ -1,4 +1,5 @@
-"""The contract every quantizer / quantized tensor honours (docs/internals.md §1), checked over all of them (CPU).
+"""The contract every quantizer / quantized tensor honours (docs/internals.md, "Quantization core"), checked over all of
+them (CPU).
 
 Each case is a factory, so a reference run can use a quantizer with the same (fresh) state as the one under test:
 delayed scaling and seeded stochastic rounding then give reproducible results without sharing state.

@@ -1,8 +1,8 @@
 """HybridQuantizer / HybridQuantizedTensor / split_quantize (CPU).
 
-Covers every review finding of seed 004 as a regression test (usage flags respected, child flags restored after an
-exception, `None` in repr, mixed lists in split_quantize), bit-exact equality of each sub-storage with the standalone
-quantization, and the `rowwise_dequantized` double quantization.
+Covers each fault found when hybrid quantization was reviewed, as a regression test (usage flags respected, child
+flags restored after an exception, `None` in repr, mixed lists in split_quantize), bit-exact equality of each
+sub-storage with the standalone quantization, and the `rowwise_dequantized` double quantization.
 """
 
 import pytest
@@ -93,7 +93,7 @@ def test_recipe_name_is_empty():
     assert HybridQuantizer(IdentityQuantizer(), IdentityQuantizer()).recipe_name == ""
 
 
-# ----------------------------------------------------------------------------------------- usage flags (seed 004)
+# ----------------------------------------------------------------------------------------------------- usage flags
 @pytest.mark.parametrize(
     "rowwise,columnwise,row_calls,col_calls",
     [(True, True, 1, 1), (True, False, 1, 0), (False, True, 0, 1)],
@@ -154,7 +154,7 @@ def test_make_empty_builds_enabled_sub_storages_only():
     assert (col.rowwise_usage, col.columnwise_usage) == (True, True)
 
 
-# ------------------------------------------------------------------------------------------------ repr (seed 004)
+# ------------------------------------------------------------------------------------------------------------ repr
 def test_repr_shows_none_for_absent_direction():
     h = HybridQuantizer(IdentityQuantizer(), MXFP8Quantizer())
     h.set_usage(rowwise=False)
@@ -208,7 +208,7 @@ def test_statistics_helpers_delegate_to_the_sub_storage_of_that_usage():
 
 # ------------------------------------------------------------------------------------------------ rowwise_dequantized
 def test_rowwise_dequantized_hand_vector():
-    # formats.md §7: current scaling E4M3 with amax 3.5 -> scale 128; 1.0 -> 1.0, 3.5 -> 3.5,
+    # by hand: current scaling E4M3 with amax 3.5 -> scale 128; 1.0 -> 1.0, 3.5 -> 3.5,
     # -0.01 -> -0.009765625 (code 0xBA), 1e-4 -> 0.013671875 / 128 (largest subnormal 0x07).
     x = torch.tensor([[1.0, 3.5, -0.01, 1e-4]])
     h = HybridQuantizer(

@@ -1,5 +1,5 @@
-"""Tests of tedebug.nn.debug_gate.LayerDebugState (spec E.8): O(1) off path, once-per-iteration decision,
-next-iteration skipping without losing scheduled iterations, permanent opt-out, reset on re-initialisation."""
+"""Tests of tedebug.nn.debug_gate.LayerDebugState (a layer's debug on/off decision): O(1) off path, once-per-iteration
+decision, next-iteration skipping without losing scheduled iterations, permanent opt-out, reset on re-initialisation."""
 
 import pytest
 import torch

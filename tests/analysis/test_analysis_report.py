@@ -20,7 +20,7 @@ from tedebug.analysis import plots, report
 from tedebug.sinks.jsonl import JsonlSink
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "examples"))
 
 import train_gpt  # noqa: E402

@@ -1,4 +1,4 @@
-"""Tests of tedebug.quantization.nvfp4 against formats.md §7 vectors and an independent scalar oracle.
+"""Tests of tedebug.quantization.nvfp4 against hand-derived E2M1 vectors and an independent scalar oracle.
 
 The oracle (pure Python + numpy float32) recomputes TE's scale rule with numpy scalars, E4M3 rounding with the
 table search of test_mxfp8.py, E2M1 rounding by nearest grid value (ties to even code), the RHT with the closed
@@ -114,7 +114,7 @@ def amax_of(x: torch.Tensor) -> float:
     return nan_max_abs(x.flatten().tolist())
 
 
-# ================================================================================================ §7 vectors
+# ================================================================================================ hand vectors
 def _vector_tensor() -> torch.Tensor:
     x = torch.zeros(16, 32)
     x[0, :5] = torch.tensor([6.0, 5.0, 2.9, -0.3, 0.0])
@@ -158,8 +158,9 @@ def test_vector_amax_zero():
 
 
 def test_multiplier_uses_reciprocal_of_product_not_quotient():
-    """E.10 item 4: 1/(fp32(S_dec_b) * fp32(1/S_enc)) is bit-exact; S_enc/S_dec_b is one ulp larger here
-    (5.9768900871 vs 5.9768896103) and would move each of these values just below a threshold one code up."""
+    """TE's per-element multiplier 1/(fp32(S_dec_b) * fp32(1/S_enc)) is the bit-exact rule; S_enc/S_dec_b is one ulp
+    larger here (5.9768900871 vs 5.9768896103) and would move each of these values just below a threshold one code
+    up."""
     amax, block_amax = 81.76950073242188, 1.039381504058838
     values = [
         0.04182777553796768,

@@ -125,7 +125,7 @@ def test_combine_rows_matches_decisions_formula():
     n_tot = sum(len(g) for g in groups)
     mean = sum(map(sum, groups)) / n_tot
 
-    # decisions.md: (Σ (n_i − 1)·var_i + Σ n_i·(m_i − m)²) / (N − 1)
+    # the exact pooled variance (Chan et al.): (Σ (n_i − 1)·var_i + Σ n_i·(m_i − m)²) / (N − 1)
     def var(g):
         return sum((v - sum(g) / len(g)) ** 2 for v in g) / (len(g) - 1)
 

@@ -1,4 +1,4 @@
-"""Per-tensor FP8 (current and delayed scaling) and Float8Tensor: formats.md §2 / §7 vectors and float64 oracles.
+"""Per-tensor FP8 (current and delayed scaling) and Float8Tensor: hand-derived vectors and float64 oracles.
 
 Expected codes come from an FP8 table built from the bit fields (round to nearest, ties to the even code); expected
 scales from float64 arithmetic rounded once to fp32 (exact for a single fp32 division or product).

@@ -7,8 +7,8 @@ dispatch routing.  CPU tests: the dispatch hook in `NVFP4Quantizer._quantize` le
 `cupy_nvfp4.supports` picks the calls the kernels take, and the RHT kernels' sign mask and squared-error formula
 reproduce the reference on CPU.
 
-Run as a script on a GPU machine (``python tests/test_gpu_nvfp4.py``) to time the RHT kernel path against the torch
-path.
+Run as a script on a GPU machine (``python tests/backends/test_gpu_nvfp4.py``) to time the RHT kernel path against the
+torch path.
 """
 
 import math

@@ -1,4 +1,5 @@
-"""Feature scheduling (spec B.4 + decisions.md): hand-derived values and a brute-force oracle."""
+"""Feature scheduling (TransformerEngine's rules, except that a negative end_step means no end and bad values are
+errors): hand-derived values and a brute-force oracle."""
 
 import pathlib
 import random
@@ -7,7 +8,7 @@ import pytest
 
 from tedebug.config import Schedule, load_config, parse_feature_config
 
-CONFIGS = pathlib.Path(__file__).parent / "configs"
+CONFIGS = pathlib.Path(__file__).parent.parent / "configs"
 FEATURE_NAMES = {"transformer_engine": {"LogTensorStats", "LogFp8TensorStats"}, "base": {"LogTensorStats"}}
 
 

@@ -10,7 +10,7 @@ import pytest
 from tedebug.config import CompiledConfig, ConfigError, config_json_schema, load_config
 from tedebug.config.loader import read_yaml
 
-CONFIGS = pathlib.Path(__file__).parent / "configs"
+CONFIGS = pathlib.Path(__file__).parent.parent / "configs"
 FEATURE_NAMES = {
     "transformer_engine": {
         "LogTensorStats",

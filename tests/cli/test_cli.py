@@ -10,10 +10,10 @@ from tedebug.cli import SUBCOMMANDS, build_parser, main
 from tedebug.config import config_json_schema
 from tedebug.registry import build_registry
 
-HERE = os.path.dirname(__file__)
-ROUTING = os.path.join(HERE, "feature_dirs", "routing")
-BROKEN = os.path.join(HERE, "feature_dirs", "broken")
-EXAMPLE = os.path.join(HERE, "..", "examples", "custom_feature")
+TESTS = os.path.dirname(os.path.dirname(__file__))
+ROUTING = os.path.join(TESTS, "feature_dirs", "routing")
+BROKEN = os.path.join(TESTS, "feature_dirs", "broken")
+EXAMPLE = os.path.join(TESTS, "..", "examples", "custom_feature")
 
 GOOD = """\
 fc1_section:

@@ -2,7 +2,8 @@
 for 1x128 and 128x128 blocks (rowwise, columnwise, both; pow2 and exact scales; epsilon; partial blocks; fp32 /
 bf16 / fp16), fused statistics vs torch_ref's float64 values, dispatch routing, determinism.  Needs CUDA and CuPy.
 
-Run as a script (``python tests/test_gpu_fp8_block.py``) it times the kernels at 8192^2 bf16 against a device copy.
+Run as a script (``python tests/backends/test_gpu_fp8_block.py``) it times the kernels at 8192^2 bf16 against a device
+copy.
 """
 
 import math
@@ -165,7 +166,7 @@ def test_epsilon(dim, dtype):
 
 
 def test_hand_derived_scales():
-    """formats.md §7: block amax 3 -> scale 128 (pow2) / 448/3; amax 1 -> 256; amax 0.1 -> 4096 (fp32: 4480)."""
+    """Hand-derived: block amax 3 -> scale 128 (pow2) / 448/3; amax 1 -> 256; amax 0.1 -> 4096 (fp32: 4480)."""
     x = torch.zeros(3, 384, dtype=torch.float32)
     x[0, 5], x[0, 200], x[0, 300] = 3.0, -1.0, 0.1
     x[1, :128] = 1.5

@@ -1,4 +1,5 @@
-"""Layer selection (spec B.2 + decisions.md): LayerSelector directly, then sections resolved through load_config."""
+"""Layer selection (TransformerEngine's selector keys; exact_layer_names selects only the listed names and a bare int
+is a valid layer_numbers): LayerSelector directly, then sections resolved through load_config."""
 
 import pathlib
 
@@ -7,7 +8,7 @@ import pytest
 from tedebug.config import ConfigError, LayerSelector, load_config
 from tedebug.config.selection import layer_number, parse_layer_numbers
 
-CONFIGS = pathlib.Path(__file__).parent / "configs"
+CONFIGS = pathlib.Path(__file__).parent.parent / "configs"
 FEATURE_NAMES = {
     "transformer_engine": {
         "LogTensorStats",
@@ -76,7 +77,7 @@ def test_regex_takes_priority_over_types_and_numbers():
     ]
 
 
-# ---- the rest of B.2 ----------------------------------------------------------------------------------------
+# ---- the other selector keys -------------------------------------------------------------------------------
 
 
 def test_types_are_case_sensitive_substrings_or():

@@ -3,7 +3,7 @@ local memory in any NVFP4 kernel.  GPU tests (marked gpu, skipped without CUDA +
 
 Both RHT versions sum a group's rotation in the order i = 0..15 wherever the fp64 sum is not provably exact, so
 they agree bit for bit on every input, including groups whose reference result depends on cuBLAS's order (which
-tests/test_gpu_nvfp4.py has to avoid): column data, scale codes, the rotated amax and the underflow count; the
+tests/backends/test_gpu_nvfp4.py has to avoid): column data, scale codes, the rotated amax and the underflow count; the
 fp64 squared error is summed over other blocks, so it agrees within 2 (n + 1) fp64 roundings.
 """
 
@@ -105,7 +105,7 @@ def _time_rht_columnwise(shape, dtype, variant, sr=None, reps=20):
 
 
 if __name__ == "__main__":
-    # old vs new RHT kernels in one run: python tests/test_gpu_nvfp4_rht_kernels.py
+    # old vs new RHT kernels in one run: python tests/backends/test_gpu_nvfp4_rht_kernels.py
     for shape in ((8192, 2048), (8192, 6144), (8192, 8192)):
         for sr in (None, (1234, 0)):
             times = {v: _time_rht_columnwise(shape, torch.bfloat16, v, sr) for v in ("old", "new")}

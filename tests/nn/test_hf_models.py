@@ -306,7 +306,9 @@ def test_hf_whatif_example_runs_a_moe_model_in_high_precision(tmp_path, capsys):
     import os
     import runpy
 
-    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "hf_whatif.py")
+    script = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples", "hf_whatif.py"
+    )
     example = runpy.run_path(script)
     result = example["main"](["--model", "mixtral", "--steps", "1", "--log-dir", str(tmp_path)])
     layers = {layer for layer, _, _ in result["mxfp8_mse"] + result["nvfp4_mse"]}
@@ -334,7 +336,7 @@ def test_vit_with_the_shipped_quantization_error_config_skips_what_mxfp8_cannot_
     )
     vit = transformers.ViTForImageClassification(cfg)
     tedebug.convert_model(vit)
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     sink = RecordingSink()
     debug_api.initialize(
         os.path.join(repo, "configs", "quantization_error.yaml"), statistics_logger=sink, log_dir=str(tmp_path)

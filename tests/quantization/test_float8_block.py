@@ -1,4 +1,4 @@
-"""FP8 blockwise (1x128 / 128x128) quantization: formats.md §3 / §7 vectors and a per-block float64 oracle.
+"""FP8 blockwise (1x128 / 128x128) quantization: hand-derived vectors and a per-block float64 oracle.
 
 The oracle computes each block's amax, scale (fp32 division rounded once from float64, power-of-two by taking
 2^floor(log2)), and element codes from an E4M3/E5M2 table built from the bit fields (ties to the even code,

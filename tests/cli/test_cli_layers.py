@@ -14,7 +14,7 @@ from tedebug import debug_api
 from tedebug.cli import align, main
 from tedebug.layer_coverage import LayerSourceError, layer_of_metric, layers_from_model, layers_from_run
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODELS = os.path.join(ROOT, "tests", "models", "named_models.py")
 
 CONFIG = textwrap.dedent("""\

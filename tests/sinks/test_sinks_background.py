@@ -23,7 +23,7 @@ from tedebug.sinks.jsonl import JsonlSink
 from tedebug.sinks.tensorboard import TensorBoardSink
 from tedebug.sinks.text import TextStatsSink
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WRITER_THREAD = "tedebug-stats-writer"
 
 
