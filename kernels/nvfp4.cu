@@ -36,6 +36,10 @@
 #ifndef NV_SR
 #define NV_SR 0
 #endif
+#ifndef NR_STATS
+#define NR_STATS 1  // 0: no squared error (no inverse rotation; its partials stay 0), for calls nobody measures
+                    // (ted_nvfp4_rht_col only)
+#endif
 #ifndef NV_MIN_BLOCKS
 #define NV_MIN_BLOCKS 2  // resident blocks per SM (128 registers: no spills); cupy_nvfp4.NV_BLOCKS_PER_SM must match
 #endif
@@ -1170,7 +1174,9 @@ __device__ __forceinline__ void nr_col_block(unsigned int col, int gb, int e, un
     const uint4 rb = make_uint4(0u, 0u, 0u, 0u);
 #endif
     unsigned int lo = 0u, hi = 0u;
+#if NR_STATS
     float deq[16];
+#endif
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
         const float q = ted_mul(y[j], blk.mult);
@@ -1184,11 +1190,16 @@ __device__ __forceinline__ void nr_col_block(unsigned int col, int gb, int e, un
         }
         if (j < 8) lo |= c << (4 * j);
         else hi |= c << (4 * (j - 8));
+#if NR_STATS
         // the code's sign on r * dscale (>= 0 or NaN) by its sign bit: a C negation would flush subnormals
         deq[j] = __uint_as_float(__float_as_uint(ted_mul(r, blk.dscale)) | ((c & 8u) << 28));
+#else
+        (void)r;
+#endif
     }
     nz_q += nv_nonzero8(lo) + nv_nonzero8(hi);
     *packed_out = make_uint2(lo, hi);
+#if NR_STATS
     float z[16];
     nr_inverse(deq, sign_mask, z);
 #pragma unroll
@@ -1196,6 +1207,9 @@ __device__ __forceinline__ void nr_col_block(unsigned int col, int gb, int e, un
         const double d = ted_f2d(nr_elem(nr_word_at(col, gb, i), e)) - ted_f2d(z[i]);
         err += d * d;
     }
+#else
+    (void)err;
+#endif
 }
 
 // amax[1]: the columnwise (rotated) global amax.  NV_SR only: the Philox seed and the offset of the [K, M] draw.

@@ -303,7 +303,8 @@ def nvfp4_rht_columnwise(
     sr: Optional[Tuple[int, int]] = None,
     amax_ready: bool = False,
     reference: bool = False,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    stats: bool = True,
+) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """Columnwise NVFP4 of the RHT-rotated transposed view of a contiguous CUDA [M, K] tensor (M % 16 == 0).
 
     Sets amax[1] (fp32 [2], the columnwise slot) to max|y| of the rotated values y (NaN ignored; `nvfp4_rht_amax`,
@@ -311,7 +312,9 @@ def nvfp4_rht_columnwise(
     with `stats` float64[2] = (underflows against y, Σ(x - deq)² against x where deq is the inverse rotation of the
     dequantized values).  `sr` = (seed, offset) switches to stochastic rounding with the bytes of that Philox draw
     ([K, M]), computed in the kernel.  Launches: the amax pass (two), quantize, sum of the per-block partials; no
-    sync.  `reference`: the straightforward v1 kernels instead (the tests' oracle of the fast ones).
+    sync.  `reference`: the straightforward v1 kernels instead (the tests' oracle of the fast ones).  With `stats`
+    False the kernel skips the squared error (the inverse rotation of every block, most of its arithmetic; build
+    ``-DNR_STATS=0``) and `stats` is returned as None.
     """
     _check_rht_input(x2d, amax, "nvfp4_rht_columnwise")
     m, k = x2d.shape
@@ -320,9 +323,11 @@ def nvfp4_rht_columnwise(
         nvfp4_rht_amax(x2d, amax, reference=reference)
     col_data = torch.empty((k, m // 2), dtype=torch.uint8, device=dev)
     col_scales = torch.empty((k, m // 16), dtype=torch.uint8, device=dev)
-    stats = torch.empty(2, dtype=torch.float64, device=dev)
+    want_stats = stats or reference
     sms = _sm_count(_device_index(dev))
     opts = _general_options(x2d, sr is not None)
+    if not want_stats:
+        opts += ("-DNR_STATS=0",)
     if reference:
         name = "ted_nvfp4_rht_col_v1"
         opts += ("-DNR_V1=1",)
@@ -348,8 +353,11 @@ def nvfp4_rht_columnwise(
         partial.data_ptr(),
     )
     _launch(get_kernel("nvfp4.cu", name, opts), grid, NV_THREADS, args, dev)
-    _sum_columns(partial, stats)
-    return col_data, col_scales, stats
+    if not want_stats:
+        return col_data, col_scales, None
+    sums = torch.empty(2, dtype=torch.float64, device=dev)
+    _sum_columns(partial, sums)
+    return col_data, col_scales, sums
 
 
 def nvfp4_quantize(quantizer, tensor: torch.Tensor) -> NVFP4Buffers:
@@ -388,10 +396,14 @@ def nvfp4_quantize(quantizer, tensor: torch.Tensor) -> NVFP4Buffers:
         if quantizer.rowwise_usage:
             rd, rs, _, _, row_stats = nvfp4_quantize_raw(x2d, amaxes, True, False, False, draws, nonzero)
         cd, cs, col_stats = nvfp4_rht_columnwise(
-            x2d, amaxes, (quantizer.sr_seed, col_offset) if sr else None, amax_ready=quantizer.rowwise_usage
+            x2d,
+            amaxes,
+            (quantizer.sr_seed, col_offset) if sr else None,
+            amax_ready=quantizer.rowwise_usage,
+            stats=quantizer.error_stats,
         )
         stats = (row_stats[0], row_stats[1]) if quantizer.rowwise_usage else (None, None)
-        stats += (col_stats[0], col_stats[1])
+        stats += (col_stats[0], col_stats[1]) if col_stats is not None else (None, None)
     else:
         rd, rs, cd, cs, stats = nvfp4_quantize_raw(
             x2d,

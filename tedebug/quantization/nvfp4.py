@@ -367,7 +367,8 @@ class NVFP4Quantizer(Quantizer):
             out.columnwise_data = buffers.columnwise_data
             out.columnwise_scale_inv = buffers.columnwise_scale_inv
             out.amax_columnwise = buffers.amax[1]
-            fused["columnwise"] = {"underflows_num": stats[2], "sq_err": stats[3]}
+            if stats[2] is not None:  # (None: the kernel skipped them, `Quantizer.error_stats`)
+                fused["columnwise"] = {"underflows_num": stats[2], "sq_err": stats[3]}
         attach_fused(out, tensor, fused)
         return out
 

@@ -61,6 +61,11 @@ class Quantizer(abc.ABC):
     #: which implementation quantizes (`KernelPreference`: auto, torch or the CuPy kernels); None follows the
     #: default (`tedebug.backends.dispatch.use_backend`, else ``TEDEBUG_BACKEND``, else auto)
     kernel: Optional[KernelPreference] = None
+    #: whether the quantize kernels also compute the quantization-error statistics (underflows, squared error)
+    #: that the statistics features read (`tedebug.backends.fused_stats`).  Only costly ones honour False (NVFP4's
+    #: random-Hadamard columnwise kernel skips its inverse rotation); a layer's quantizers are False outside the
+    #: debug path, and `DebugQuantizer` sets True for the quantizations it inspects.
+    error_stats: bool = True
 
     def __init__(self, *, rowwise: bool = True, columnwise: bool = True, kernel: KernelChoice = None) -> None:
         self.rowwise_usage = bool(rowwise)

@@ -167,3 +167,26 @@ def test_rht_amax_pass_also_gives_the_rowwise_amax_and_count(shape, dtype):
         assert both[1].item() == alone[1].item()
         assert both[0].item() == abs_ignoring_nan(x.float()).amax().item()
         assert nonzero.item() == torch.count_nonzero(x).item()
+
+
+@pytest.mark.parametrize("sr", [None, (4321, 5)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rht_kernel_without_statistics_writes_the_same_bytes(dtype, sr):
+    """`stats=False` (the -DNR_STATS=0 build, no inverse rotation): the same column data and scales, no statistics;
+    a quantizer with `error_stats=False` carries no columnwise statistics and the same fields."""
+    from tedebug.backends import cupy_nvfp4
+    from tedebug.quantization.nvfp4 import NVFP4Quantizer
+
+    x = wide_input(SHAPES[-1], dtype, 3)
+    amax = torch.zeros(2, dtype=torch.float32, device=x.device)
+    with_stats = cupy_nvfp4.nvfp4_rht_columnwise(x, amax, sr)
+    without = cupy_nvfp4.nvfp4_rht_columnwise(x, amax.clone(), sr, stats=False)
+    assert with_stats[2] is not None and without[2] is None
+    assert torch.equal(with_stats[0], without[0]) and torch.equal(with_stats[1], without[1])
+    kw = dict(with_rht=True, stochastic_rounding=sr is not None, seed=7)
+    full, lean = NVFP4Quantizer(**kw), NVFP4Quantizer(**kw)
+    lean.error_stats = False
+    a, b = full.quantize(x), lean.quantize(x)
+    assert "columnwise" in a._fused_error_stats and "columnwise" not in b._fused_error_stats
+    for name in ("rowwise_data", "rowwise_scale_inv", "columnwise_data", "columnwise_scale_inv"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
