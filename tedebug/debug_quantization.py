@@ -279,8 +279,17 @@ class DebugQuantizer(Quantizer):
         it produces the columnwise one iff a Quantize direction needs it (columnwise usage on).
         """
         _, col = self._parent_usage()
-        self.parent_quantizer.set_usage(rowwise=True, columnwise=col)
-        return self.parent_quantizer.quantize(tensor)
+        parent = self.parent_quantizer
+        parent.set_usage(rowwise=True, columnwise=col)
+        if parent.error_stats:
+            return parent.quantize(tensor)
+        # the statistics features may read the quantization-error statistics of this call: the kernels compute
+        # them (a layer's own quantizers skip the costly ones outside the debug path, `Quantizer.error_stats`)
+        parent.error_stats = True
+        try:
+            return parent.quantize(tensor)
+        finally:
+            parent.error_stats = False
 
     def _modify(self, tensor: torch.Tensor, gemm: str, dtype: Optional[torch.dtype], out=None):
         kwargs = dict(

@@ -102,7 +102,9 @@ class GemmState:
         quantizers: Dict[str, Optional[object]] = {role: None for role in ROLES}
         if recipe is not None:
             for role in QUANTIZED_ROLES:
-                quantizers[role] = recipe.make_quantizer(role)
+                q = quantizers[role] = recipe.make_quantizer(role)
+                if q is not None:  # nothing reads them outside the debug path (DebugQuantizer turns them on)
+                    q.error_stats = False
             if self.customize_quantizers is not None:
                 self.customize_quantizers(quantizers)
         self.recipe = recipe

@@ -206,6 +206,15 @@ class HybridQuantizer(Quantizer):
         self.columnwise_quantizer = columnwise_quantizer
         self.columnwise_source = columnwise_source
 
+    @property  # the hybrid's flag is its children's
+    def error_stats(self) -> bool:
+        """Whether the children compute their quantization-error statistics (`Quantizer.error_stats`)."""
+        return self.rowwise_quantizer.error_stats or self.columnwise_quantizer.error_stats
+
+    @error_stats.setter
+    def error_stats(self, on: bool) -> None:
+        self.rowwise_quantizer.error_stats = self.columnwise_quantizer.error_stats = bool(on)
+
     # ---------------------------------------------------------------- quantize
     def _rowwise(self, tensor: torch.Tensor) -> QuantizedTensor:
         with _pinned(self.rowwise_quantizer, "rowwise") as q:
