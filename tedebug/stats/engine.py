@@ -4,8 +4,8 @@
 into the buffer's row on the tensor's device — no host synchronisation.  A basic-only feed of a CPU tensor takes
 the backend's host values (`basic_partial_values`: Python floats, nothing to wait for on the CPU) and builds its row
 as one numpy gather wrapped by a tensor (no copy) instead of a 0-d tensor per partial.  `step(finished_iteration)`
-reads every fed row back (`tedebug.stats.readback`: all copies enqueued at once), runs one collective per reduction group
-(`tedebug.stats.reduce`), evaluates the final formulas as Python floats and emits
+reads every fed row back (`tedebug.stats.readback`: all copies enqueued at once), runs one collective per reduction
+group (`tedebug.stats.reduce`), evaluates the final formulas as Python floats and emits
 ``metric_logger.log_scalar("<layer>_<tensor>_<stat>", value, iteration, layer=, tensor=, stat=)`` in
 buffer-creation order, statistics in request order (as one ``metric_logger.log_scalars(records)`` batch when the
 logger has that method; `tedebug.sinks.MetricLogger` gets a ``log_deferred(build)`` callable instead, so that a
