@@ -41,8 +41,8 @@ class _AtenCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-#: operators that compute nothing (views, the read of a 0-d value)
-_NOT_COMPUTING = {"view", "detach", "alias", "_local_scalar_dense"}
+#: operators that compute nothing (views, wrapping a numpy array, the read of a 0-d value)
+_NOT_COMPUTING = {"view", "detach", "alias", "lift_fresh", "_local_scalar_dense"}
 
 
 def _computing(ops):
@@ -137,3 +137,95 @@ def test_threads_do_not_share_a_workspace():
         t.join()
     for i in range(2):
         assert all(r == expected[i] for r in results[i])
+
+
+# ------------------------------------------------------------------------------------------------ FP8 current scaling
+def _fp8_inputs():
+    g = torch.Generator().manual_seed(1415)
+    yield torch.randn(8, 32, generator=g)
+    yield torch.randn(3, 8, 32, generator=g).to(torch.bfloat16)
+    yield torch.randn(16, 16, generator=g).to(torch.float16)
+    yield torch.randn(4, 16, generator=g) * 1e-30  # scaled products far below the smallest FP8 subnormal
+    yield torch.randn(4, 16, generator=g) * 3e38  # amax near FLT_MAX
+    yield torch.tensor([[0.0, -0.0, 1.0, -1.0]])
+    yield torch.zeros(2, 8)
+    yield torch.tensor([[float("nan"), 2.0, -3.0, float("nan")]])
+    yield torch.tensor([[float("nan"), -float("nan")]])
+    yield torch.tensor([[float("inf"), 2.0, -3.0, 0.5]])
+    yield torch.tensor([[-float("inf"), float("nan"), 1e-3, 7.0]])
+    yield torch.tensor([[1e-45, -1e-45, 0.0]])  # fp32 subnormals: a scale of FLT_MAX overflows the products
+    x = torch.randn(5, 7, generator=g)
+    x[1, 2] = float("nan")
+    yield x
+
+
+_QUANTIZER_SETTINGS = [
+    dict(fp8_format="E4M3"),
+    dict(fp8_format="E5M2"),
+    dict(fp8_format="E4M3", amax_epsilon=1e-2),
+    dict(fp8_format="E5M2", force_pow_2_scales=True),
+    dict(fp8_format="E4M3", amax_epsilon=1e-12, force_pow_2_scales=True),
+]
+
+
+def _torch_path(quantizer, x):
+    """The torch expressions of the current-scaling cast (the reference the host path must equal)."""
+    from tedebug.quantization.float8 import _cast_per_tensor
+    from tedebug.quantization.formats import tensor_amax
+
+    return _cast_per_tensor(quantizer, x, quantizer.compute_scale(tensor_amax(x)), quantizer.fp8_format)
+
+
+@pytest.mark.parametrize("settings", _QUANTIZER_SETTINGS, ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()))
+@pytest.mark.parametrize("x", list(_fp8_inputs()), ids=lambda x: f"{str(x.dtype)[6:]}-{'x'.join(map(str, x.shape))}")
+def test_current_scaling_host_path_stores_the_torch_paths_bytes(settings, x):
+    """Codes of both directions, scale_inv and the dequantized values (both usages, the same strides) equal the
+    torch path's bit for bit, for every format and scale option, NaN, infinities, zeros and subnormals."""
+    from tedebug.quantization.float8 import Float8CurrentScalingQuantizer
+
+    quantizer = Float8CurrentScalingQuantizer(**settings)
+    host = quantizer.quantize(x)
+    ref = _torch_path(quantizer, x)
+    assert torch.equal(host.rowwise_data, ref.rowwise_data)
+    assert torch.equal(host.columnwise_data, ref.columnwise_data)
+    assert host.columnwise_data.is_contiguous() and host.rowwise_data.shape == x.shape
+    assert host.scale_inv.shape == () and host.scale_inv.dtype == torch.float32
+    assert host.scale_inv.view(torch.int32).item() == ref.scale_inv.view(torch.int32).item()
+    for usage in ("rowwise", "columnwise"):
+        fast = host.dequantize(usage=usage, dtype=torch.float32)
+        codes = ref._codes_2d(usage)
+        from tedebug.quantization.formats import decode_fp8
+
+        slow = (decode_fp8(codes, ref.fp8_format) * ref.scale_inv.float().reshape(())).reshape(x.shape)
+        assert fast.stride() == slow.stride()
+        assert torch.equal(fast.view(torch.int32), slow.view(torch.int32))
+
+
+def test_current_scaling_host_path_honours_the_usages():
+    """Only the enabled directions are stored (rowwise only, columnwise only)."""
+    from tedebug.quantization.float8 import Float8CurrentScalingQuantizer
+
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(7))
+    rowwise = Float8CurrentScalingQuantizer(columnwise=False).quantize(x)
+    columnwise = Float8CurrentScalingQuantizer(rowwise=False).quantize(x)
+    assert rowwise.columnwise_data is None and columnwise.rowwise_data is None
+    assert torch.equal(columnwise.columnwise_data, rowwise.rowwise_data.t())
+
+
+def test_current_scaling_on_cpu_runs_one_torch_cast():
+    """A contiguous CPU tensor is quantized with one torch operator (the fp32 -> FP8 conversion) and dequantized
+    with none; the torch path runs several per call."""
+    from tedebug.quantization.float8 import Float8CurrentScalingQuantizer
+
+    quantizer = Float8CurrentScalingQuantizer()
+    x = torch.randn(8, 32, generator=torch.Generator().manual_seed(8))
+    quantizer.quantize(x)  # the decode table exists from here on
+    with _AtenCounter() as counter:
+        q = quantizer.quantize(x)
+    assert _computing(counter.ops) == ["_to_copy"], counter.ops
+    with _AtenCounter() as counter:
+        q.dequantize(usage="columnwise")
+    assert _computing(counter.ops) in ([], ["t"]), counter.ops
+    with _AtenCounter() as counter:
+        _torch_path(quantizer, x)
+    assert len(_computing(counter.ops)) > 8
