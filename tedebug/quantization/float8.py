@@ -93,6 +93,8 @@ class Float8Tensor(QuantizedTensor):
 
     def _dequantize(self, usage: str) -> torch.Tensor:
         data = self.rowwise_data if usage == "rowwise" else self.columnwise_data
+        if data is None:  # `dequantize` checks that the representation exists before it calls this
+            raise RuntimeError(f"{type(self).__name__}: the {usage} representation is not available")
         if data.device.type == "cpu" and data.is_contiguous() and self.scale_inv.device.type == "cpu":
             return self._dequantize_on_host(usage, data)
         values = decode_fp8(self._codes_2d(usage), self.fp8_format) * self.scale_inv.float().reshape(())
