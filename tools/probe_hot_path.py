@@ -11,11 +11,14 @@ fastest rounds (other work on the machine only adds time), on CPU float32 with t
    freq 1, minus the same steps without debug_api, divided by the 288 tensors logged per step; and the part of it
    that is the debug path without the statistics (the same logged steps with `StatsEngine.feed` replaced by a
    no-op: the gate, the plans, the debug quantizers, the autograd function with debug operands, the feature's
-   inspection up to the statistics engine);
+   inspection up to the statistics engine), and the part that is the emission (the same logged steps with
+   `StatsEngine._emit` a no-op: the final formulas and the sinks' formatting and writing, on the writer thread);
 2. a plain torch GPT stack (`tedebug.bench._TorchBlock`) converted with `tedebug.convert_model`, run without
    debug_api in high precision, against the plain torch model (overhead in %);
 3. FP8 current scaling: the converted model under `Float8CurrentScaling` minus the plain torch model, per
-   converted linear layer (4 per block) and step.
+   converted linear layer (4 per block) and step;
+4. the statistics engine alone (``--only feed`` runs only this one): `StatsEngine.feed` of 288 CPU tensors [8, 32]
+   with the 8 statistics and `StatsEngine.step` without the emission, per tensor.
 
 A machine shared with other work drifts: compare figures of one run only.  ``--clock cpu`` measures the process's
 CPU time (`time.process_time`, every thread, the background sink writer included) instead of wall time: time
@@ -41,7 +44,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--only", choices=("stats", "convert", "all"), default="all")
+    parser.add_argument("--only", choices=("stats", "convert", "feed", "all"), default="all")
     parser.add_argument(
         "--clock",
         choices=("wall", "cpu"),
@@ -113,12 +116,55 @@ def main() -> int:
         finally:
             StatsEngine.feed = real
 
+    def logged_without_emission() -> float:
+        real = StatsEngine._emit
+        StatsEngine._emit = lambda self, *args, **kwargs: None
+        try:
+            return logged()
+        finally:
+            StatsEngine._emit = real
+
+    def engine_only() -> float:
+        """The statistics engine alone: 288 CPU tensors [8, 32] fed per step (8 statistics), the step without the
+        emission; us per step as the other settings (the figure divides by the 288 tensors)."""
+        from tedebug import active
+        from tedebug.stats.definitions import StatRequest
+
+        requests = tuple(StatRequest.parse_hp(name, tensor_name="activation") for name in STATS)
+        tensors = [torch.randn(BATCH * SEQ, HIDDEN) for _ in range(6 * gemms)]
+        real = StatsEngine._emit
+        StatsEngine._emit = lambda self, *args, **kwargs: None
+        try:
+            with tempfile.TemporaryDirectory() as log_dir:
+                debug_api.initialize(full, log_dir=log_dir)
+                try:
+                    engine = active.session().stats
+
+                    def one(iteration: int) -> None:
+                        for i, t in enumerate(tensors):
+                            engine.feed(f"L{i}", "activation", requests, t, iteration=iteration, options=(1,))
+                        engine.step(iteration)
+
+                    for i in range(3):
+                        one(i)
+                    start = clock()
+                    for i in range(args.iters):
+                        one(3 + i)
+                    return (clock() - start) * 1e6 / args.iters
+                finally:
+                    debug_api.end_debug()
+        finally:
+            StatsEngine._emit = real
+
     settings = []
+    if args.only in ("feed", "all"):
+        settings.append(("statistics engine alone: 288 feeds + step, no emission", engine_only))
     if args.only in ("stats", "all"):
         settings += [
             ("stack, no debug_api", lambda: run_steps(stack)),
             ("stack, LogTensorStats 8 stats x 6 tensors, freq 1", logged),
             ("stack, the same without the statistics (feed a no-op)", logged_without_statistics),
+            ("stack, the same without the emission (_emit a no-op)", logged_without_emission),
         ]
     if args.only in ("convert", "all"):
         settings += [
@@ -140,6 +186,9 @@ def main() -> int:
         print(f"  {label:55s} {med[label]:9.0f} us/step  ({min(values):.0f}-{max(values):.0f})")
     # figures from the medians, and from the fastest rounds (other work on the machine only ever adds time)
     for name, pick in (("median", med), ("min", low)):
+        if "statistics engine alone: 288 feeds + step, no emission" in pick:
+            alone = pick["statistics engine alone: 288 feeds + step, no emission"] / (6 * gemms)
+            print(f"[{name}] statistics engine alone (StatsEngine.feed + step, no emission): {alone:.1f} us per tensor")
         if "stack, no debug_api" in pick:
             logged = pick["stack, LogTensorStats 8 stats x 6 tensors, freq 1"]
             per = (logged - pick["stack, no debug_api"]) / (6 * gemms)
@@ -148,6 +197,11 @@ def main() -> int:
                 6 * gemms
             )
             print(f"[{name}]   of which the debug path without the statistics: {path:.1f} us")
+            unwritten = pick["stack, the same without the emission (_emit a no-op)"]
+            print(
+                f"[{name}]   of which the final formulas and the sinks (emission): "
+                f"{(logged - unwritten) / (6 * gemms):.1f} us"
+            )
         if "plain torch" in pick:
             base = pick["plain torch"]
             print(

@@ -12,8 +12,10 @@ converted to float64; sums accumulate in float64; ``m2`` is Σ (x − mean)² ar
 from __future__ import annotations
 
 import math
+import threading
 from typing import Dict
 
+import numpy as np
 import torch
 
 from tedebug.format_constants import FP8_MAX
@@ -94,10 +96,13 @@ def basic_partial_values(x: torch.Tensor) -> tuple:
     On the CPU the values can be read on the host as they come (no device to wait for), which lets this skip work
     whose answer is already known: ``amax`` is max(|min|, |max|); with no zero element the smallest non-zero
     magnitude is the smallest magnitude; a finite float64 sum means no NaN and no infinity (either would make the
-    sum NaN or infinite), so both counts are 0.  That is about half the torch calls of `basic_partials`, and the
-    torch calls are what a logged tensor costs on the host."""
+    sum NaN or infinite), so both counts are 0.  A tensor of at most `HOST_PASS_MAX_NUMEL` elements takes
+    `_small_basic_partial_values` (numpy for what does not depend on an order, torch's own sums for what does);
+    a larger one the torch calls below."""
     flat = x.reshape(-1)
     n = flat.numel()
+    if n <= HOST_PASS_MAX_NUMEL:
+        return _small_basic_partial_values(flat, n)
     # min and max in the input dtype, as `basic_partials` takes them (aminmax may differ in the sign of a zero)
     low, high = flat.amin().item(), flat.amax().item()
     amax = max(abs(low), abs(high)) if low == low else low  # NaN propagates, as amax of |x| does
@@ -114,6 +119,105 @@ def basic_partial_values(x: torch.Tensor) -> tuple:
         nan_count = inf_count = 0
     else:
         nan_count, inf_count = torch.isnan(flat).sum().item(), torch.isinf(flat).sum().item()
+    return (
+        low,
+        high,
+        total_value,
+        m2,
+        abs_sum,
+        sq_sum,
+        amax,
+        nz_abs_min,
+        amax,
+        float(nonzero),
+        float(nan_count),
+        float(inf_count),
+    )
+
+
+#: the largest tensor `basic_partial_values` reads through numpy: up to torch's parallel grain size (32768
+#: elements, ``at::internal::GRAIN_SIZE``) a CPU sum runs on one thread, so that the sum of a row of a matrix
+#: (one call for three sums) equals the sum of the row alone bit for bit; above it the rows of the matrix and
+#: the lone vector may be split between threads differently (measured: different last bits from 33392 elements)
+HOST_PASS_MAX_NUMEL = 32768
+#: dtypes whose CPU tensors numpy reads without a copy (bfloat16 has no numpy dtype: torch converts it)
+_NUMPY_DTYPES = frozenset((torch.float32, torch.float64, torch.float16))
+
+
+def _small_basic_partial_values(flat: torch.Tensor, n: int) -> tuple:
+    """`basic_partial_values` of a flat CPU tensor of `n` <= `HOST_PASS_MAX_NUMEL` elements, with 2 torch calls.
+
+    Every value is the one `basic_partials` computes.  The tensor is converted once to float64 (exact) in a numpy
+    matrix whose other two rows receive |x| and x·x (element-wise IEEE operations: the same values as torch's);
+    minima, maxima and counts do not depend on the order of the elements, so numpy takes them from the float64
+    copy (the conversion keeps every value and its order) - except a minimum or maximum that is a zero, taken
+    again by torch in the input dtype, whose choice between +0 and -0 the reference fixes.  The sums depend on the
+    order of the additions, so torch takes them as the reference does: Σx, Σ|x| and Σx² as the rows of one
+    matrix sum, then Σ(x − mean)² on the second row overwritten."""
+    with np.errstate(all="ignore"):  # infinities and NaNs propagate as in torch, without numpy's warnings
+        return _small_values_quiet(flat, n, _workspace(n))
+
+
+class _Workspace:
+    """The arrays of `_small_basic_partial_values` for one element count, and the tensors that wrap them."""
+
+    __slots__ = ("rows", "values", "magnitudes", "squares", "sums", "rows_tensor", "magnitudes_tensor", "sums_tensor")
+
+    def __init__(self, n: int) -> None:
+        self.rows = np.empty((3, n))
+        self.values, self.magnitudes, self.squares = self.rows
+        self.sums = np.empty(3)
+        self.rows_tensor = torch.from_numpy(self.rows)
+        self.magnitudes_tensor = torch.from_numpy(self.magnitudes)
+        self.sums_tensor = torch.from_numpy(self.sums)
+
+
+#: distinct element counts whose workspaces one thread keeps (at most 16 x 0.8 MB) before it starts over
+_WORKSPACES_PER_THREAD = 16
+_thread_state = threading.local()  # one workspace table per thread: two threads never share the arrays
+
+
+def _workspace(n: int) -> _Workspace:
+    table = getattr(_thread_state, "workspaces", None)
+    if table is None:
+        table = _thread_state.workspaces = {}
+    space = table.get(n)
+    if space is None:
+        if len(table) >= _WORKSPACES_PER_THREAD:
+            table.clear()
+        space = table[n] = _Workspace(n)
+    return space
+
+
+def _small_values_quiet(flat: torch.Tensor, n: int, space: _Workspace) -> tuple:
+    values, magnitudes = space.values, space.magnitudes
+    if flat.dtype in _NUMPY_DTYPES and not flat.requires_grad:
+        np.copyto(values, flat.numpy())
+    else:
+        torch.from_numpy(values).copy_(flat.detach())
+    low, high = float(np.minimum.reduce(values)), float(np.maximum.reduce(values))  # NaN propagates, as in torch
+    if low == 0.0:
+        low = flat.amin().item()
+    if high == 0.0:
+        high = flat.amax().item()
+    amax = max(abs(low), abs(high)) if low == low else low  # NaN propagates, as amax of |x| does
+    np.abs(values, out=magnitudes)
+    np.multiply(values, values, out=space.squares)
+    nonzero = int(np.count_nonzero(values))
+    if nonzero == n:
+        nz_abs_min = float(np.minimum.reduce(magnitudes))
+    else:  # +inf when every element is zero; a NaN propagates
+        nz_abs_min = float(np.minimum.reduce(magnitudes, where=magnitudes != 0, initial=math.inf))
+    torch.sum(space.rows_tensor, dim=1, out=space.sums_tensor)
+    total_value, abs_sum, sq_sum = space.sums.tolist()
+    # the mean as a Python float: the same correctly rounded float64 division as `total / numel` on a 0-d tensor
+    np.subtract(values, total_value / n, out=magnitudes)
+    np.square(magnitudes, out=magnitudes)
+    m2 = space.magnitudes_tensor.sum().item()
+    if math.isfinite(total_value):
+        nan_count = inf_count = 0
+    else:
+        nan_count, inf_count = int(np.isnan(values).sum()), int(np.isinf(values).sum())
     return (
         low,
         high,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 from typing import Callable, Iterable, Optional, Tuple, Union
 
+import numpy as np
 import torch
 
 from tedebug.backends import dispatch
@@ -30,11 +31,15 @@ from tedebug.backends.fused_stats import FP8_STATS, FP8_STATS_WITH_SCALE, FusedS
 from .formats import (
     FLT_MAX,
     FP8_MAX,
+    TORCH_FP8_DTYPE,
+    _scale_of,
     compute_scale_from_amax,
     decode_fp8,
     encode_fp8,
+    fp8_decode_table,
     fp8_format_of,
     fp8_is_zero,
+    host_amax_ignoring_nan,
     tensor_amax,
 )
 from .gemm_values import GemmValues, fp8_codes_to_bf16
@@ -87,8 +92,24 @@ class Float8Tensor(QuantizedTensor):
         return self.columnwise_data.t()  # type: ignore[union-attr]  # callers checked it exists
 
     def _dequantize(self, usage: str) -> torch.Tensor:
+        data = self.rowwise_data if usage == "rowwise" else self.columnwise_data
+        if data is None:  # `dequantize` checks that the representation exists before it calls this
+            raise RuntimeError(f"{type(self).__name__}: the {usage} representation is not available")
+        if data.device.type == "cpu" and data.is_contiguous() and self.scale_inv.device.type == "cpu":
+            return self._dequantize_on_host(usage, data)
         values = decode_fp8(self._codes_2d(usage), self.fp8_format) * self.scale_inv.float().reshape(())
         return values.reshape(self._shape)
+
+    def _dequantize_on_host(self, usage: str, data: torch.Tensor) -> torch.Tensor:
+        """`_dequantize` of CPU codes by numpy: one table look-up (the fp32 values `decode_fp8` gives) and the
+        IEEE fp32 products with scale_inv, in the same layout as the torch expression (the columnwise values are
+        the transposed view of a contiguous [K, M] array, as ``columnwise_data.t()`` decodes)."""
+        values = fp8_decode_table(self.fp8_format).take(data.numpy())
+        np.multiply(values, np.float32(self.scale_inv.item()), out=values)
+        result = torch.from_numpy(values)
+        if usage == "columnwise":
+            result = result.t()
+        return result.reshape(self._shape)
 
     def gemm_values(self, usage: str) -> GemmValues:
         """The codes as bf16 (exact) with the 0-d fp32 scale_inv as the factor: see `gemm_values`."""
@@ -223,8 +244,43 @@ class Float8CurrentScalingQuantizer(Quantizer):
         )
         if buffers is not None:
             return _from_kernel_buffers(self, tensor, buffers)
+        if tensor.device.type == "cpu" and tensor.is_contiguous() and tensor.numel():
+            return self._quantize_on_host(tensor)
         scale = self.compute_scale(tensor_amax(tensor))
         return _cast_per_tensor(self, tensor, scale, self.fp8_format)
+
+    def _quantize_on_host(self, tensor: torch.Tensor) -> Float8Tensor:
+        """The torch path above for a contiguous, non-empty CPU tensor, computed by numpy where that is exact: the
+        amax (a maximum, order-free), the scale (`_scale_of`, fp32 scalars), x·scale (IEEE fp32 products), the
+        saturation (skipped when fp32(amax·scale) <= fp8_max: rounding is monotone, so no product exceeds it),
+        the transpose and 1/scale; only the fp32 -> FP8 rounding is torch's own cast.  The same bytes and
+        scale_inv as `_cast_per_tensor` (tests/test_host_cost_cpu.py compares them)."""
+        fmt = self.fp8_format
+        fmax = FP8_MAX[fmt]
+        values = (tensor.detach() if tensor.dtype is torch.float32 else tensor.detach().float()).numpy()
+        amax = host_amax_ignoring_nan(values)
+        scale = _scale_of(float(amax), fmax, self.amax_epsilon, self.force_pow_2_scales, FLT_MAX)
+        with np.errstate(over="ignore", invalid="ignore"):  # products overflow to Inf and saturate below
+            scaled = np.multiply(values, scale)
+            if not amax * scale <= fmax:
+                np.clip(scaled, -fmax, fmax, out=scaled)  # NaN stays NaN, as with torch.clamp
+        codes = torch.from_numpy(scaled).to(TORCH_FP8_DTYPE[fmt]).view(torch.uint8)
+        if np.isnan(np.maximum.reduce(values, axis=None)):  # NaN elements store the canonical NaN code
+            codes.numpy()[np.isnan(scaled)] = 0x7F
+        m, k = matrix_shape(tensor.shape)
+        columnwise = None
+        if self.columnwise_usage:
+            columnwise = torch.from_numpy(np.ascontiguousarray(codes.numpy().reshape(m, k).T))
+        return Float8Tensor(
+            tensor.shape,
+            tensor.dtype,
+            tensor.device,
+            self,
+            fp8_format=fmt,
+            scale_inv=torch.from_numpy(np.array(np.float32(1.0) / scale, dtype=np.float32)),
+            rowwise_data=codes if self.rowwise_usage else None,
+            columnwise_data=columnwise,
+        )
 
     def make_empty(self, shape, *, dtype: torch.dtype = torch.float32, device=None) -> Float8Tensor:
         return _empty_per_tensor(self, shape, dtype, device, self.fp8_format)

@@ -61,6 +61,33 @@ def decode_fp8(codes: torch.Tensor, fmt: str) -> torch.Tensor:
     return codes.view(TORCH_FP8_DTYPE[fmt]).float()
 
 
+def fp8_decode_table(fmt: str) -> np.ndarray:
+    """The 256 fp32 values of the FP8 codes of `fmt` (numpy, read-only), as `decode_fp8` gives them: a CPU decode
+    is one `numpy.take` with it (the CPU host paths of `tedebug.quantization.float8`)."""
+    table = _FP8_DECODE_TABLES.get(fmt)
+    if table is None:
+        codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+        table = decode_fp8(codes, fmt).numpy()
+        table.flags.writeable = False
+        table = _FP8_DECODE_TABLES[check_fp8_format(fmt)] = table
+    return table
+
+
+_FP8_DECODE_TABLES: dict = {}
+
+
+def host_amax_ignoring_nan(values: np.ndarray) -> np.float32:
+    """`tensor_amax` of fp32 values held by numpy (non-empty): max|x| with NaN ignored, 0 when every element is
+    NaN, +Inf if any element is infinite.  The maximum does not depend on the order of the elements."""
+    magnitudes = np.abs(values)
+    amax = np.maximum.reduce(magnitudes, axis=None)
+    if amax != amax:  # a NaN: take the maximum over the others (fmax drops NaN; NaN only when all are NaN)
+        amax = np.fmax.reduce(magnitudes, axis=None)
+        if amax != amax:
+            amax = np.float32(0.0)
+    return amax
+
+
 def fp8_is_zero(codes: torch.Tensor) -> torch.Tensor:
     """True where an FP8 code is +0 (0x00) or -0 (0x80)."""
     return (codes & 0x7F) == 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, Hashable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 
 from tedebug.stats.definitions import (
@@ -83,7 +84,7 @@ class StatBuffer:
             else None
         )
         self._covered: Dict[Tuple[str, ...], bool] = {}
-        self._gathers: Dict[tuple, torch.Tensor] = {}
+        self._gathers: Dict[tuple, Any] = {}  # index tensors per device, numpy index arrays
         self._positions: Dict[Tuple[str, ...], Tuple[int, ...]] = {}
         #: (emitted name, request name, value of the request from a merged row in `columns` order) per request
         self.emitters: Tuple[Tuple[str, str, Callable[[Sequence[float]], float]], ...] = tuple(
@@ -114,6 +115,14 @@ class StatBuffer:
         if index is None:
             positions = self.row_positions(keys)
             index = self._gathers[(keys, device, "row")] = torch.tensor(positions, dtype=torch.long, device=device)
+        return index
+
+    def row_index(self, keys: Tuple[str, ...]) -> np.ndarray:
+        """`row_positions` as a numpy index array (the CPU feed path gathers its host values with it; made once per
+        keys order)."""
+        index = self._gathers.get((keys, "numpy"))
+        if index is None:
+            index = self._gathers[(keys, "numpy")] = np.array(self.row_positions(keys), dtype=np.intp)
         return index
 
     def row_positions(self, keys: Tuple[str, ...]) -> Tuple[int, ...]:

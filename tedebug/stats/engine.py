@@ -3,9 +3,9 @@
 `feed` computes the per-feed partials of the requested statistics (through `tedebug.backends`) and merges them
 into the buffer's row on the tensor's device — no host synchronisation.  A basic-only feed of a CPU tensor takes
 the backend's host values (`basic_partial_values`: Python floats, nothing to wait for on the CPU) and builds its row
-with one tensor construction instead of a 0-d tensor per partial.  `step(finished_iteration)` reads every
-fed row back (`tedebug.stats.readback`: all copies enqueued at once), runs one collective per reduction group
-(`tedebug.stats.reduce`), evaluates the final formulas as Python floats and emits
+as one numpy gather wrapped by a tensor (no copy) instead of a 0-d tensor per partial.  `step(finished_iteration)`
+reads every fed row back (`tedebug.stats.readback`: all copies enqueued at once), runs one collective per reduction
+group (`tedebug.stats.reduce`), evaluates the final formulas as Python floats and emits
 ``metric_logger.log_scalar("<layer>_<tensor>_<stat>", value, iteration, layer=, tensor=, stat=)`` in
 buffer-creation order, statistics in request order (as one ``metric_logger.log_scalars(records)`` batch when the
 logger has that method; `tedebug.sinks.MetricLogger` gets a ``log_deferred(build)`` callable instead, so that a
@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Dict, Hashable, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 
 from tedebug.backends import backend_for
@@ -127,13 +128,9 @@ class StatsEngine:
             if buffer.basic_only and tensor is not None:
                 backend = backend_for(tensor)
                 values_of = getattr(backend, "basic_partial_values", None)
-                if values_of is not None and tensor.device.type == "cpu":  # host values: one tensor for the row
-                    values = (float(numel),) + values_of(tensor.detach())  # no autograd record of the math
-                    buffer.accumulate(
-                        torch.tensor(
-                            [values[i] for i in buffer.row_positions(backend.BASIC_ROW_KEYS)], dtype=torch.float64
-                        )
-                    )
+                if values_of is not None and tensor.device.type == "cpu":  # host values: one array for the row
+                    values = np.array((float(numel),) + values_of(tensor.detach()))  # no autograd record of the math
+                    buffer.accumulate(torch.from_numpy(values.take(buffer.row_index(backend.BASIC_ROW_KEYS))))
                     return
                 into = getattr(backend, "basic_stats_into", None)
                 if into is not None:  # one launch writing the whole row into this step's slab
