@@ -56,6 +56,9 @@ def _worker(rank, port, out_dir):
         with open(os.path.join(out_dir, f"rank{rank}.pkl"), "wb") as f:
             pickle.dump(results, f)
     finally:
+        # both ranks done with every collective before either tears the group down (a gloo peer that closes while
+        # the other still talks to it was seen to abort the process at exit, rarely)
+        dist.barrier()
         dist.destroy_process_group()
 
 
