@@ -24,6 +24,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
+from tedebug import active
 from tedebug.autocast import autocast_state, default_recipe, explicit_recipe
 from tedebug.nn.gemm import gemm
 from tedebug.nn.state import all_reduce_max, check_history, register_state_hooks, several_ranks
@@ -192,6 +193,8 @@ class GemmState:
     ) -> Tuple[Dict[str, Optional[object]], Dict[str, Optional[object]]]:
         """(normal quantizers, quantizers to use this call): the debug ones when the debug gate says so."""
         normal = self.normal_quantizers(recipe)
+        if active.DEBUG_MANAGER is None:  # no debug session: the gate would answer None
+            return normal, normal
         debug = self._debug().debug_quantizers(layer_name, normal, tp_group=self.tp_group, tp_size=self.tp_size)
         return normal, (normal if debug is None else debug)
 

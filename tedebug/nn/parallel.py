@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from tedebug import active as active_session
+from tedebug.nn.base import linear_gemm
 from tedebug.quantization.float8 import Float8CurrentScalingQuantizer, _cast_per_tensor
 from tedebug.quantization.formats import tensor_amax
 from tedebug.quantization.tensor import check_high_precision_input
@@ -306,8 +307,6 @@ def parallel_linear(
     """One linear GEMM of a (possibly) split layer: column-parallel gathers / replicates its input and adds its
     bias slice in the GEMM; row-parallel reduces its output and then adds the full bias.  `input_whole`: a
     row-parallel layer receives the whole input (after its normalization) and takes its slice itself."""
-    from tedebug.nn.base import linear_gemm
-
     if not tp.active:
         return linear_gemm(x, weight, bias, state, layer_name, recipe)
     note_replicas(layer_name, tp)
