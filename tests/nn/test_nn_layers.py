@@ -325,6 +325,7 @@ class _FakeGate:
 def test_debug_quantizers_replace_normal_ones_and_process_outputs(monkeypatch):
     log = []
     monkeypatch.setattr(GemmState, "_debug", lambda self: _FakeGate(log))
+    monkeypatch.setattr(tedebug.active, "DEBUG_MANAGER", object())  # the gate is asked only while a session exists
     layer = Linear(32, 16, name="first")
     layer.name = "renamed"  # infer_and_assign_layer_names may do this after construction
     x, dy = _randn(8, 32, seed=15), _randn(8, 16, seed=16)
@@ -352,6 +353,7 @@ def test_gemm_debug_names_of_composite_layers(monkeypatch):
             return None
 
     monkeypatch.setattr(GemmState, "_debug", lambda self: _Idle())
+    monkeypatch.setattr(tedebug.active, "DEBUG_MANAGER", object())  # the gate is asked only while a session exists
     LayerNormMLP(16, 32, name="mlp")(_randn(4, 16, seed=17))
     GroupedLinear(3, 16, 8, name="moe")(_randn(6, 16, seed=18), [2, 4, 0])
     LayerNormLinear(16, 8, name="qkv")(_randn(4, 16, seed=19))
