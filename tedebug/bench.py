@@ -221,6 +221,38 @@ class _Block(torch.nn.Module):
         return x + self.mlp(x)
 
 
+#: the statistics of the e2e rows: LogTensorStats' eight basic ones, LogFp8TensorStats' four
+LOG_STATS = ["min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range"]
+FP8_LOG_STATS = ["underflows%", "mse", "scale_inv_min", "scale_inv_max"]
+
+
+def debug_section(name: str, **features: dict) -> dict:
+    """A config of one section selecting every layer, with `features` (name -> params) enabled under
+    ``transformer_engine``."""
+    return {
+        name: {
+            "enabled": True,
+            "layers": {"layer_types": ["all"]},
+            "transformer_engine": {feature: {"enabled": True, **params} for feature, params in features.items()},
+        }
+    }
+
+
+def train_step(model: torch.nn.Module, x: torch.Tensor, optimizer, recipe) -> None:
+    """One training step of the benchmarks: forward under ``tedebug.autocast(recipe=...)`` (off for None),
+    backward outside it (as in TransformerEngine), the optimizer step, and ``debug_api.step()`` in a debug session."""
+    import tedebug
+    from tedebug import debug_api
+
+    with tedebug.autocast(enabled=recipe is not None, recipe=recipe):
+        y = model(x)
+    y.float().square().mean().backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if debug_api.is_enabled():
+        debug_api.step()
+
+
 def timed_steps_ms(one: Callable[[], None], warmup: int, iters: int, on_gpu: bool) -> float:
     """Milliseconds per call of `one` (a training step) over `iters` calls after `warmup` untimed ones: CUDA events
     around the calls on a GPU (so a loop that never waits for the GPU is timed by the GPU), the wall clock on CPU."""
@@ -274,10 +306,8 @@ def bench_end_to_end(
     baseline's (the high-precision one, or the FP8 one for FP8 rows) and, for rows that log, the added time per
     logged tensor (``per_tensor_us``: the difference of the medians over the tensors fed per step).
     `device="cpu"` (float32, small shapes) exercises the same code without a GPU."""
-    import contextlib
     import tempfile
 
-    import tedebug
     from tedebug import debug_api
     from tedebug.recipe import Float8CurrentScaling
 
@@ -288,17 +318,7 @@ def bench_end_to_end(
     on_gpu = torch.device(device).type == "cuda"
 
     def one(recipe) -> None:
-        with (
-            tedebug.autocast(enabled=recipe is not None, recipe=recipe)
-            if recipe is not None
-            else contextlib.nullcontext()
-        ):
-            y = model(x)
-        y.float().square().mean().backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if debug_api.is_enabled():
-            debug_api.step()
+        train_step(model, x, opt, recipe)
 
     def debug_ms(cfg, recipe) -> float:
         if cfg is None:
@@ -310,22 +330,11 @@ def bench_end_to_end(
             finally:
                 debug_api.end_debug()
 
-    def section(name: str, **features: dict) -> dict:
-        return {
-            name: {
-                "enabled": True,
-                "layers": {"layer_types": ["all"]},
-                "transformer_engine": {feature: {"enabled": True, **params} for feature, params in features.items()},
-            }
-        }
-
-    stats = ["min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range"]
-    fp8_stats = ["underflows%", "mse", "scale_inv_min", "scale_inv_max"]
     tensors = ["activation", "weight", "gradient", "output", "wgrad", "dgrad"]
     inputs = ["activation", "weight", "gradient"]
     gemms = 4 * layers
-    idle = section("idle", LogTensorStats={"stats": stats, "tensors": tensors, "start_step": 10**9})
-    full = section("all", LogTensorStats={"stats": stats, "tensors": tensors, "freq": 1})
+    idle = debug_section("idle", LogTensorStats={"stats": LOG_STATS, "tensors": tensors, "start_step": 10**9})
+    full = debug_section("all", LogTensorStats={"stats": LOG_STATS, "tensors": tensors, "freq": 1})
     # (label, config, recipe or None, index of the baseline row, tensors fed per step)
     settings = [
         ("no debug_api (baseline)", None, None, 0, 0),
@@ -333,10 +342,10 @@ def bench_end_to_end(
         (f"LogTensorStats, 6 tensors x {gemms} GEMMs, freq 1", full, None, 0, 6 * gemms),
     ]
     if fp8:
-        fp8_params = {"stats": fp8_stats, "tensors": inputs, "freq": 1}
-        fp8_only = section("fp8", LogFp8TensorStats=fp8_params)
-        both = section(
-            "both", LogTensorStats={"stats": stats, "tensors": inputs, "freq": 1}, LogFp8TensorStats=fp8_params
+        fp8_params = {"stats": FP8_LOG_STATS, "tensors": inputs, "freq": 1}
+        fp8_only = debug_section("fp8", LogFp8TensorStats=fp8_params)
+        both = debug_section(
+            "both", LogTensorStats={"stats": LOG_STATS, "tensors": inputs, "freq": 1}, LogFp8TensorStats=fp8_params
         )
         recipe = Float8CurrentScaling()
         base = len(settings)
@@ -415,11 +424,7 @@ def bench_recipes(
     optims = {id(m): torch.optim.SGD(m.parameters(), lr=1e-4) for m in (plain, converted)}
 
     def one(model, recipe) -> None:
-        with tedebug.autocast(enabled=recipe is not None, recipe=recipe):
-            y = model(x)
-        y.float().square().mean().backward()
-        optims[id(model)].step()
-        optims[id(model)].zero_grad(set_to_none=True)
+        train_step(model, x, optims[id(model)], recipe)
 
     settings = [("plain torch (baseline)", plain, None), ("converted, high precision", converted, None)]
     settings += [(name, converted, getattr(recipe_module, name)()) for name in recipes]

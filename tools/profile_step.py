@@ -13,40 +13,30 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import contextlib
 import pstats
 import tempfile
 import time
 
 import torch
 
-import tedebug
 from tedebug import bench, debug_api
 from tedebug import recipe as recipe_module
 
-STATS = ["min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range"]
-FP8_STATS = ["underflows%", "mse", "scale_inv_min", "scale_inv_max"]
-
 
 def config(setting: str):
-    def section(**features):
-        return {
-            "s": {
-                "enabled": True,
-                "layers": {"layer_types": ["all"]},
-                "transformer_engine": {f: {"enabled": True, **p} for f, p in features.items()},
-            }
-        }
-
     inputs = ["activation", "weight", "gradient"]
     if setting == "hp-log":
-        return section(LogTensorStats={"stats": STATS, "freq": 1, "tensors": inputs + ["output", "wgrad", "dgrad"]})
+        return bench.debug_section(
+            "s", LogTensorStats={"stats": bench.LOG_STATS, "freq": 1, "tensors": inputs + ["output", "wgrad", "dgrad"]}
+        )
+    fp8_params = {"stats": bench.FP8_LOG_STATS, "tensors": inputs, "freq": 1}
     if setting == "fp8-log":
-        return section(LogFp8TensorStats={"stats": FP8_STATS, "tensors": inputs, "freq": 1})
+        return bench.debug_section("s", LogFp8TensorStats=fp8_params)
     if setting == "fp8-both":
-        return section(
-            LogFp8TensorStats={"stats": FP8_STATS, "tensors": inputs, "freq": 1},
-            LogTensorStats={"stats": STATS, "tensors": inputs, "freq": 1},
+        return bench.debug_section(
+            "s",
+            LogFp8TensorStats=fp8_params,
+            LogTensorStats={"stats": bench.LOG_STATS, "tensors": inputs, "freq": 1},
         )
     return None
 
@@ -78,13 +68,7 @@ def main() -> None:
     cfg = config(a.setting)
 
     def one():
-        with tedebug.autocast(recipe=recipe) if recipe is not None else contextlib.nullcontext():
-            y = model(x)
-        y.float().square().mean().backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if debug_api.is_enabled():
-            debug_api.step()
+        bench.train_step(model, x, opt, recipe)
 
     with tempfile.TemporaryDirectory() as d:
         if cfg is not None:
