@@ -103,11 +103,12 @@ class GemmState:
         quantizers: Dict[str, Optional[object]] = {role: None for role in ROLES}
         if recipe is not None:
             for role in QUANTIZED_ROLES:
-                q = quantizers[role] = recipe.make_quantizer(role)
-                if q is not None:  # nothing reads them outside the debug path (DebugQuantizer turns them on)
-                    q.error_stats = False
+                quantizers[role] = recipe.make_quantizer(role)
             if self.customize_quantizers is not None:
                 self.customize_quantizers(quantizers)
+            for q in quantizers.values():
+                if q is not None:  # nothing reads them outside the debug path (DebugQuantizer turns them on)
+                    q.error_stats = False
         self.recipe = recipe
         self.quantizers = quantizers
         self._used = set()
