@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from tedebug.backends.cupy_runtime import BLOCKS_PER_SM, THREADS, device_index, get_kernel, sm_count
+from tedebug.backends.cublaslt import as_cublas, gemm_bias_device_alpha
 from tedebug.backends.launch import launch
 
 _FP8_OPTION = {"E4M3": ("-DTED_FP8=0",), "E5M2": ("-DTED_FP8=1",)}
@@ -75,7 +76,7 @@ def fp8_block_values(
 
 def nvfp4_values(packed: torch.Tensor, scales: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     """bf16 [rows, cols] of NVFP4 `packed` bytes ([rows, cols/2]) and E4M3 block `scales` ([rows, cols/16])."""
-    return _dequantize("ted_dequant_nvfp4", "E4M3", packed, scales, rows, cols, (), 16)
+    return _dequantize("ted_dequant_nvfp4", "E4M3", packed, scales, rows, cols, (), 8)
 
 
 def epilogue_bf16(acc: torch.Tensor, fa: torch.Tensor, fb: torch.Tensor, bias) -> torch.Tensor:
@@ -98,7 +99,6 @@ def epilogue_bf16(acc: torch.Tensor, fa: torch.Tensor, fb: torch.Tensor, bias) -
 
 # ------------------------------------------------------------------------------------------------ cuBLAS, device alpha
 # cuBLAS enums (cublas_api.h, library_types.h)
-_OP_N, _OP_T = 0, 1
 _R_16BF, _R_32F = 14, 0
 _COMPUTE_32F = 68
 _GEMM_DEFAULT = -1
@@ -131,31 +131,27 @@ def _constant(index: int, value: float) -> torch.Tensor:
     return t
 
 
-def _as_cublas(t: torch.Tensor) -> Optional[Tuple[int, int]]:
-    """(transpose flag, leading dimension) of a 2-D bf16 [r, c] view read as cuBLAS's column-major Tᵀ (row-major
-    storage: no transpose) or T (column-major storage: transpose); None for other strides."""
-    if t.stride(1) == 1 and t.stride(0) >= max(1, t.shape[1]):
-        return _OP_N, t.stride(0)
-    if t.stride(0) == 1 and t.stride(1) >= max(1, t.shape[0]):
-        return _OP_T, t.stride(1)
-    return None
-
-
 def gemm_device_alpha(
     op_b: torch.Tensor, op_a: torch.Tensor, alpha: torch.Tensor, bias: Optional[torch.Tensor]
 ) -> Optional[torch.Tensor]:
     """bf16 ``alpha · (op_b @ op_a) + bias`` of bf16 op_b [M, K] and op_a [K, N], alpha a 0-d fp32 device tensor, in
-    one cuBLAS GEMM: fp32 accumulation, alpha and the bias applied to the fp32 result (beta · C with C the bias
-    broadcast), one rounding; reduced-precision reductions disallowed.  None when a stride layout does not fit."""
+    one cuBLAS GEMM: fp32 accumulation, alpha and the bias applied to the fp32 result, one rounding;
+    reduced-precision reductions disallowed.  A bias goes through cuBLASLt's bias epilogue
+    (`tedebug.backends.cublaslt`); where that path does not take the call, through cuBLAS's beta · C with C the bias
+    broadcast to [M, N].  None when a stride layout does not fit."""
     from cupy_backends.cuda.libs import cublas
 
     m, k = op_b.shape
     n = op_a.shape[1]
-    layout_a, layout_b = _as_cublas(op_a), _as_cublas(op_b)
+    layout_a, layout_b = as_cublas(op_a), as_cublas(op_b)
     if layout_a is None or layout_b is None or min(m, n, k) == 0 or alpha.dtype != torch.float32:
         return None
     index = device_index(op_b.device)
     if bias is not None:
+        # cuBLASLt's bias epilogue: no [M, N] copy of the bias (the branch below is the fallback)
+        out = gemm_bias_device_alpha(op_b, op_a, alpha.contiguous(), _constant(index, 0.0), bias.to(torch.bfloat16))
+        if out is not None:
+            return out
         out = bias.to(torch.bfloat16).expand(m, n).contiguous()
         beta = _constant(index, 1.0)
     else:
