@@ -431,7 +431,7 @@ ted_nvfp4_quantize(const ted_raw_t* __restrict__ x, long long M, long long K, co
 
 
 // ---------------------------------------------------------------------------------------------- fast kernel
-// `ted_nvfp4_quantize16`: bf16 / fp16, round to nearest, 1D blocks or (compiled with NQ_2D=1) 16x16 tiles,
+// `ted_nvfp4_quantize16`: bf16 / fp16, 1D blocks or (compiled with NQ_2D=1) 16x16 tiles,
 // M % 64 == 0 and K % 128 == 0 (the host picks it; every other call takes `ted_nvfp4_quantize`).  2D: the column
 // pass always runs; warp w's 32 column units are the 4 row groups x 16 columns of tile column block w, so each
 // 16x16 tile amax is a 3-step xor-shuffle max over the lanes of one row group (lanes l, l ^ 4, l ^ 8, l ^ 16, ...),
@@ -450,6 +450,11 @@ ted_nvfp4_quantize(const ted_raw_t* __restrict__ x, long long M, long long K, co
 //   - count_nonzero(x) comes from the amax pass (`ted_amax_count`, memory-bound, +2 us), not from this kernel;
 //   - block scales from a shared table (mult, dscale) per E4M3 code and direction, built once per block (no
 //     reciprocal per block); every address a per-thread constant (NqThread) plus a per-tile base.
+// Stochastic rounding (a separate compile, NV_SR=1, with 2 resident blocks per SM): the tile walk, staging, scale
+// codes and stores are the ones above; each 1x16 block takes its 16 random bytes from Philox block (m K + k) / 16
+// of the rowwise draw (row m, first column k) or (k M + m) / 16 of the columnwise draw (column k, first row m), as
+// the general kernel does, and is quantized by the general kernel's nv_quant16 (SR rounding, fp32 block error,
+// exact redo of a non-finite block): the same bytes and statistics bit for bit.
 // Profile (ncu, H200, bf16 8192^2, row+col): issue-bound (85 % of the issue slots busy, the ALU pipe at 62 % of
 // its peak), so time follows the instruction count.  Under ncu: walking the tiles without per-tile divisions and
 // packing with shift-adds: 112.5 M -> 109.1 M instructions, 192.8 -> 184.6 us; the count in the amax pass, the
@@ -649,7 +654,9 @@ __device__ __forceinline__ uint4 nq_lds128(unsigned int addr) {
 extern "C" __global__ void __launch_bounds__(256, NQ_MIN_BLOCKS)
 ted_nvfp4_quantize16(const ted_raw_t* __restrict__ x, long long M, long long K, const float* __restrict__ amax,
                      const unsigned long long* __restrict__ nonzero, float inv6, float inv2688, int do_row,
-                     int do_col, unsigned char* __restrict__ row_data, unsigned char* __restrict__ row_scales,
+                     int do_col, unsigned int seed_lo, unsigned int seed_hi, unsigned int row_off_lo,
+                     unsigned int row_off_hi, unsigned int col_off_lo, unsigned int col_off_hi,
+                     unsigned char* __restrict__ row_data, unsigned char* __restrict__ row_scales,
                      unsigned char* __restrict__ col_data, unsigned char* __restrict__ col_scales,
                      double* __restrict__ partial, unsigned int* __restrict__ ticket, double* __restrict__ out) {
     __shared__ __align__(16) uint4 stage[2][NQ_TM * 16];
@@ -735,6 +742,16 @@ ted_nvfp4_quantize16(const ted_raw_t* __restrict__ x, long long M, long long K, 
 #endif
                 const float2 md = tab[1][code];
                 cscale[e * (M / 16)] = (unsigned char)code;
+#if NV_SR
+                NvVals f;
+#pragma unroll
+                for (int i = 0; i < 16; ++i) f.v[i] = e ? ted_hi(cw[i]) : ted_lo(cw[i]);
+                const long long kc = k0 + 2 * (threadIdx.x >> 2) + e, mc = m0 + 16 * (threadIdx.x & 3);
+                const uint4 rb = ted_philox_block(TedPhilox{seed_lo, seed_hi, col_off_lo, col_off_hi},
+                                                  (unsigned long long)((kc * M + mc) / 16));
+                uint2 packed;
+                nv_quant16(f, NvBlock{md.x, md.y, code}, rb, packed, col_err, nz_col);
+#else
                 unsigned int lo = 0u, hi = 0u;
                 float ef = 0.0f;
                 if (nq_fast(code)) {
@@ -753,6 +770,7 @@ ted_nvfp4_quantize16(const ted_raw_t* __restrict__ x, long long M, long long K, 
                 }
                 const uint2 packed = nq_finish(make_uint2(lo, hi), ef, sw, 0, 16 * (threadIdx.x & 3),
                                                threadIdx.x >> 2, e, md.x, md.y, col_err, nz_col);
+#endif
                 *reinterpret_cast<uint2*>(cdata + e * (M / 2)) = packed;
             }
 #if NQ_2D
@@ -782,6 +800,16 @@ ted_nvfp4_quantize16(const ted_raw_t* __restrict__ x, long long M, long long K, 
 #endif
                 const float2 md = tab[0][code];
                 rscale[n * 2 * K] = (unsigned char)code;
+#if NV_SR
+                NvVals f;
+#pragma unroll
+                for (int j = 0; j < 16; ++j) f.v[j] = (j & 1) ? ted_hi(w[j >> 1]) : ted_lo(w[j >> 1]);
+                const long long mr = m0 + (threadIdx.x >> 3) + 32 * n, kr = k0 + 16 * (threadIdx.x & 7);
+                const uint4 rb = ted_philox_block(TedPhilox{seed_lo, seed_hi, row_off_lo, row_off_hi},
+                                                  (unsigned long long)((mr * K + kr) / 16));
+                uint2 packed;
+                nv_quant16(f, NvBlock{md.x, md.y, code}, rb, packed, row_err, nz_row);
+#else
                 unsigned int lo = 0u, hi = 0u;
                 float ef = 0.0f;
                 if (nq_fast(code)) {
@@ -802,6 +830,7 @@ ted_nvfp4_quantize16(const ted_raw_t* __restrict__ x, long long M, long long K, 
                 }
                 const uint2 packed = nq_finish(make_uint2(lo, hi), ef, sw, 1, (threadIdx.x >> 3) + 32 * n,
                                                8 * (threadIdx.x & 7), 0, md.x, md.y, row_err, nz_row);
+#endif
                 *reinterpret_cast<uint2*>(rdata + n * 16 * K) = packed;
             }
         }

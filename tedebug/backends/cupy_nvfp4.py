@@ -6,7 +6,7 @@ tensor and hands the statistics to the statistics backend (`tedebug.backends.fus
 Without RHT: two launches, the global amax (`cupy_fp8_tensor.amax_launch`, NaN ignored, written to both amax slots;
 for the fast kernel also count_nonzero(x)) and the quantize kernel, which finishes its statistics in its last block; no
 host synchronisation.  The quantize
-kernel is `ted_nvfp4_quantize16` (fast path: bf16 / fp16, round to nearest, 1D or 2D, M % 64 == 0, K % 128 == 0) or the
+kernel is `ted_nvfp4_quantize16` (fast path: bf16 / fp16, either rounding, 1D or 2D, M % 64 == 0, K % 128 == 0) or the
 general `ted_nvfp4_quantize` (everything else).
 With RHT (`quantizer.with_rht`, columnwise only): the rowwise direction is quantized as above from the amax of x,
 which `ted_nvfp4_rht_amax` (max |y| of the rotated values y, recomputed on the fly, never stored) computes in the
@@ -39,6 +39,7 @@ from tedebug.format_constants import RHT_SIGNS
 
 NV_BLOCKS_PER_SM = 2  # NV_MIN_BLOCKS in kernels/nvfp4.cu (ted_nvfp4_quantize: 128 registers, no local memory)
 NQ_BLOCKS_PER_SM = 3  # NQ_MIN_BLOCKS in kernels/nvfp4.cu (ted_nvfp4_quantize16, 80 registers)
+NQ_SR_BLOCKS_PER_SM = 2  # the same for its stochastic-rounding compile (NV_SR=1: Philox and SR need registers)
 NQ_TILE = (64, 128)  # ted_nvfp4_quantize16's tile: rows, columns
 NV_THREADS = 256
 NV_TILE_ROWS = 64
@@ -80,11 +81,12 @@ def supports(quantizer, tensor: torch.Tensor) -> bool:
 
 
 def uses_fast_kernel(m: int, k: int, dtype: torch.dtype, two_d: bool, sr: bool) -> bool:
-    """Whether `nvfp4_quantize_raw` takes `ted_nvfp4_quantize16` for this call (else `ted_nvfp4_quantize`)."""
+    """Whether `nvfp4_quantize_raw` takes `ted_nvfp4_quantize16` for this call (else `ted_nvfp4_quantize`); with
+    stochastic rounding (`sr`) its NV_SR=1 compile."""
+    del sr  # both roundings: the SR compile of the fast kernel rounds with the general kernel's code
     return (
         dtype in (torch.bfloat16, torch.float16)
         and not two_d
-        and not sr
         and m % NQ_TILE[0] == 0
         and k % NQ_TILE[1] == 0
         and m < 2**24
@@ -107,13 +109,17 @@ def _tile_cols(dtype: torch.dtype) -> int:
     return 64 if dtype == torch.float32 else 128  # NV_TK in kernels/nvfp4.cu
 
 
+def _fast_blocks_per_sm(sr: bool) -> int:
+    return NQ_SR_BLOCKS_PER_SM if sr else NQ_BLOCKS_PER_SM
+
+
 def _general_options(x2d: torch.Tensor, sr: bool) -> Tuple[str, ...]:
     """NVRTC options of nvfp4.cu (one compiled module per dtype and SR holds every kernel of the file)."""
     return _dtype_options(x2d) + (
         "-DTED_FP8=0",
         f"-DNV_SR={int(sr)}",
         f"-DNV_MIN_BLOCKS={NV_BLOCKS_PER_SM}",
-        f"-DNQ_MIN_BLOCKS={NQ_BLOCKS_PER_SM}",
+        f"-DNQ_MIN_BLOCKS={_fast_blocks_per_sm(sr)}",
         f"-DNR_MIN_BLOCKS={RHT_BLOCKS_PER_SM}",
         f"-DNR_AMAX_MIN_BLOCKS={RHT_AMAX_BLOCKS_PER_SM}",
     )
@@ -170,26 +176,34 @@ def nvfp4_quantize_raw(
                 f"tensor on {dev} (from _amax_launch(..., count_out=))"
             )
         tiles = (m // NQ_TILE[0]) * (k // NQ_TILE[1])
-        grid = max(1, min(NQ_BLOCKS_PER_SM * _sm_count(_device_index(dev)), tiles))
-        opts = _general_options(x2d, False) + (("-DNQ_2D=1",) if two_d else ())
+        grid = max(1, min(_fast_blocks_per_sm(sr is not None) * _sm_count(_device_index(dev)), tiles))
+        opts = _general_options(x2d, sr is not None) + (("-DNQ_2D=1",) if two_d else ())
         kernel = get_kernel("nvfp4.cu", "ted_nvfp4_quantize16", opts)
+        seed, row_offset, col_offset = sr if sr is not None else (0, 0, 0)
         args = (
-            x2d.data_ptr(),
-            np.int64(m),
-            np.int64(k),
-            amax.data_ptr(),
-            nonzero.data_ptr(),
-            _INV6,
-            _INV2688,
-            np.int32(rowwise),
-            np.int32(columnwise),
-            ptr(row_data),
-            ptr(row_scales),
-            ptr(col_data),
-            ptr(col_scales),
-            partials,
-            _ticket(tickets, "nvfp4"),
-            stats.data_ptr(),
+            (
+                x2d.data_ptr(),
+                np.int64(m),
+                np.int64(k),
+                amax.data_ptr(),
+                nonzero.data_ptr(),
+                _INV6,
+                _INV2688,
+                np.int32(rowwise),
+                np.int32(columnwise),
+            )
+            + _words(seed)
+            + _words(row_offset)
+            + _words(col_offset)
+            + (
+                ptr(row_data),
+                ptr(row_scales),
+                ptr(col_data),
+                ptr(col_scales),
+                partials,
+                _ticket(tickets, "nvfp4"),
+                stats.data_ptr(),
+            )
         )
         _launch(kernel, grid, NV_THREADS, args, dev)
         return row_data, row_scales, col_data, col_scales, stats

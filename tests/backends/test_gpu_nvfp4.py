@@ -217,7 +217,7 @@ def test_degenerate_amaxes(dtype):
         check_stats(x, got, ref)
 
 
-# Shapes the fast kernel (ted_nvfp4_quantize16: bf16/fp16, RN, 1D, M % 64 == 0, K % 128 == 0) takes: one tile,
+# Shapes the fast kernel (ted_nvfp4_quantize16: bf16/fp16, 1D, M % 64 == 0, K % 128 == 0) takes: one tile,
 # 3 x 3 tiles, 3-D, and 1024 tiles (more than the grid: every block walks several tiles across tile-row ends).
 FAST_SHAPES = [(64, 128), (192, 384), (2, 64, 256), (1024, 8192)]
 
@@ -233,6 +233,29 @@ def test_fast_kernel_bit_identical(shape, dtype, usage):
     m, k = math.prod(shape[:-1]), shape[-1]
     assert cupy_nvfp4.uses_fast_kernel(m, k, dtype, False, False)
     for x in (random_input(shape, dtype, 21), adversarial(shape, dtype, 22), adversarial(shape, dtype, 23, True)):
+        got, ref = pair(x, **kw)
+        check_fields(got, ref)
+        check_stats(x, got, ref)
+
+
+@_gpu
+@pytest.mark.parametrize("usage", ["both", "rowwise", "columnwise"])
+@pytest.mark.parametrize("two_d", [False, True])
+@pytest.mark.parametrize("shape", FAST_SHAPES)
+def test_fast_kernel_stochastic_rounding_bit_identical(shape, two_d, usage):
+    """The NV_SR=1 compile of the fast kernel: the bytes of the torch path's Philox draws, rowwise and columnwise,
+    1D and 2D, on random and adversarial inputs (NaN, Inf and the redo path included)."""
+    from tedebug.backends import cupy_nvfp4
+
+    kw = {"both": {}, "rowwise": {"columnwise": False}, "columnwise": {"rowwise": False}}[usage]
+    kw.update(stochastic_rounding=True, seed=1234, with_2d_quantization=two_d)
+    m, k = math.prod(shape[:-1]), shape[-1]
+    assert cupy_nvfp4.takes_fast_kernel(m, k, torch.bfloat16, two_d, True)
+    for x in (
+        random_input(shape, torch.bfloat16, 31),
+        adversarial(shape, torch.bfloat16, 32),
+        adversarial(shape, torch.bfloat16, 33, True),
+    ):
         got, ref = pair(x, **kw)
         check_fields(got, ref)
         check_stats(x, got, ref)
@@ -321,7 +344,7 @@ def test_fast_kernel_selection():
     assert uses_fast_kernel(8192, 8192, torch.float16, False, False)
     assert not uses_fast_kernel(64, 128, torch.float32, False, False)  # fp32: general kernel
     assert not uses_fast_kernel(64, 128, torch.bfloat16, True, False)  # 2D
-    assert not uses_fast_kernel(64, 128, torch.bfloat16, False, True)  # stochastic rounding
+    assert uses_fast_kernel(64, 128, torch.bfloat16, False, True)  # stochastic rounding: its NV_SR=1 compile
     assert not uses_fast_kernel(48, 128, torch.bfloat16, False, False)  # M % 64
     assert not uses_fast_kernel(64, 144, torch.bfloat16, False, False)  # K % 128
     assert not uses_fast_kernel(64, 2**24, torch.bfloat16, False, False)  # 32-bit offsets inside the kernel
