@@ -2,9 +2,9 @@
 // device factor.  Bit-identical to the torch path of tedebug/quantization/gemm_values.py (see its docstring for why
 // the values are exact in bf16).
 //
-// Dequantize kernels: one thread per group of 8 (MXFP8, FP8 block) or 16 (NVFP4) consecutive elements of a row of
-// the stored [rows, cols] matrix (cols a multiple of 8 / 16), grid-stride; codes are read as one 8-byte load, the
-// output written as 16 / 32 bytes.  value = decode(code) * scale with an IEEE fp32 multiply that does not flush
+// Dequantize kernels: one thread per group of 8 consecutive elements of a row of the stored [rows, cols] matrix
+// (cols a multiple of 8 / 16), grid-stride; codes are read as one 8-byte (FP8) or 4-byte (NVFP4) load, the output
+// written as 16 bytes.  value = decode(code) * scale with an IEEE fp32 multiply that does not flush
 // subnormals (CuPy compiles with -ftz=true; the lifted MXFP8 values reach 2^-133); the product is a bf16 value, so
 // its bf16 bits are the top 16 bits of the fp32 bits (no rounding happens).
 //   MXFP8: scale = 2^(E - 127 + lift) from the E8M0 code E (code + lift > 254: +Inf; code 255: NaN), per 1x32
@@ -95,27 +95,24 @@ ted_dequant_fp8_block(const unsigned char* __restrict__ codes, const float* __re
     }
 }
 
+// NVFP4: the codes [rows, cols/2], the scales [rows, cols/16] and the output are all contiguous row-major, so
+// element i of the matrix has its nibble in byte i / 2 and its scale in byte i / 16: a thread takes 8 consecutive
+// elements (one 4-byte code load, 16-byte store: a warp writes 512 contiguous bytes), no row / column arithmetic.
 extern "C" __global__ void __launch_bounds__(256)
 ted_dequant_nvfp4(const unsigned char* __restrict__ packed, const unsigned char* __restrict__ scales,
                   long long rows, long long cols, unsigned short* __restrict__ out) {
-    const long long groups_per_row = cols / 16, groups = rows * groups_per_row;
-    for (long long g = blockIdx.x * (long long)blockDim.x + threadIdx.x; g < groups;
-         g += (long long)gridDim.x * blockDim.x) {
-        const long long r = g / groups_per_row, c = (g - r * groups_per_row) * 16;
-        const uint2 bytes = *reinterpret_cast<const uint2*>(packed + r * (cols / 2) + c / 2);
-        const __half_raw sh = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)scales[r * groups_per_row + c / 16],
-                                                      __NV_E4M3);
+    const unsigned long long eighths = (unsigned long long)rows * (unsigned long long)cols / 8ull;
+    const unsigned int* words = reinterpret_cast<const unsigned int*>(packed);
+    for (unsigned long long g = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; g < eighths;
+         g += (unsigned long long)gridDim.x * blockDim.x) {
+        const unsigned int word = words[g];
+        const __half_raw sh = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)scales[g >> 1], __NV_E4M3);
         const float scale = __half2float(__half(sh));
-        unsigned int h[16];
+        unsigned int h[8];
 #pragma unroll
-        for (int i = 0; i < 16; ++i) {
-            const unsigned int word = i < 8 ? bytes.x : bytes.y;
-            const unsigned int nibble = (word >> (4 * (i & 7))) & 0xFu;
-            const float v = ted_e2m1_value(nibble);
-            h[i] = ted_bf16_bits_exact(ted_mul(v, scale));
-        }
-        ted_store8(out + r * cols + c, h);
-        ted_store8(out + r * cols + c + 8, h + 8);
+        for (int i = 0; i < 8; ++i)
+            h[i] = ted_bf16_bits_exact(ted_mul(ted_e2m1_value((word >> (4 * i)) & 0xFu), scale));
+        ted_store8(out + 8 * g, h);
     }
 }
 
