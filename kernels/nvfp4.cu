@@ -118,24 +118,27 @@ __device__ __forceinline__ unsigned int nv_rn(float v, float& r) {
     return __float_as_uint(t) - mb + (mb >> 22) - 298u;
 }
 
-__device__ __forceinline__ float nv_step(float a) { return a < 2.0f ? 0.5f : (a < 4.0f ? 1.0f : 2.0f); }
-
 // TE's software stochastic rounding of min(|v|, 6) with 8 random bits (tedebug.quantization.nvfp4):
 //   u = bits / 256, t = a + u * step(a), g = min(floor(t / step(t)) * step(t), 6).
-// Every operation runs on the fp32 / integer pipes, none on the conversion / MUFU unit (16 results per clock and
-// SM, which bounded the SR kernels): u = (1 + bits / 256) - 1 built from its bits (exact), t / step(t) as
-// t * (1 / step(t)) with the power of two chosen directly (exact, as rcp.rn of a power of two is), and
-// floor(q) for 0 <= q < 2^23 as (q + 2^23 rounded toward zero) - 2^23 (q >= +0 here: a >= +0, u * step >= +0).
+// Computed as nv_rn does, on the fp32 bits and pipes only (no conversion / MUFU instruction): step(a) = 2^(e - 1)
+// with 2^e = max(2^floor(log2 a), 1), i.e. the exponent field of max(a, 1) minus one; u * step(a) is exact
+// (8 significant bits times a power of two), so t = fma(u, step(a), a) is the reference's RN(a + u * step(a)).
+// g is the largest grid point <= t: with 2^e' = max(2^floor(log2 t), 1) and M = 2^(22 + e'), the fp32 sum
+// t + M lies in [2^(22 + e'), 2^(23 + e')), whose ulp is step(t), so adding with rounding toward zero (add.rz)
+// truncates t to a multiple of step(t): q = rz(t + M), g = q - M (exact).  No min(., 6) is needed: t < 6 + 2 = 8,
+// and the multiples of 2 in [4, 8) stop at 6.  The grid points 1, 2, 4 lie between 2^e' and t, so g has the
+// exponent of t (or both are below 1): the code follows from the bits of q exactly as nv_rn's from its sum.
 __device__ __forceinline__ unsigned int nv_sr(float v, unsigned int bits8, float& r) {
     const float a = ted_min(ted_abs(v), 6.0f);
     const float u = ted_sub(__uint_as_float(0x3F800000u | (bits8 << 15)), 1.0f);  // bits / 256, exact
-    const float t = ted_add(a, ted_mul(u, nv_step(a)));
-    const float st = nv_step(t);
-    const float inv_st = t < 2.0f ? 2.0f : (t < 4.0f ? 1.0f : 0.5f);  // 1 / st
+    const unsigned int ea = max(__float_as_uint(a) & 0x7F800000u, 0x3F800000u);
+    const float t = ted_fma(u, __uint_as_float(ea - 0x00800000u), a);  // a + u * step(a)
+    const unsigned int mb = max(__float_as_uint(t) & 0x7F800000u, 0x3F800000u) + 0x0B000000u;  // 2^(22+e')
+    const float m = __uint_as_float(mb);
     float q;
-    asm("add.rz.f32 %0, %1, 0f4B000000;" : "=f"(q) : "f"(ted_mul(t, inv_st)));  // floor(t / st) + 2^23
-    const float g = ted_min(ted_mul(ted_sub(q, 8388608.0f), st), 6.0f);
-    return nv_rn(g, r);  // g is on the grid: the code of g and r == g
+    asm("add.rz.f32 %0, %1, %2;" : "=f"(q) : "f"(t), "f"(m));
+    r = ted_sub(q, m);
+    return __float_as_uint(q) - mb + (mb >> 22) - 298u;
 }
 
 __device__ __forceinline__ unsigned int nv_round(float v, unsigned int bits8, float& r) {
@@ -932,14 +935,16 @@ __device__ __forceinline__ float nr_d2f(double d) {  // fp64 -> fp32, RN, no flu
     return r;
 }
 
-// An fp32 value rounded to x's dtype (RN, subnormals kept), as fp32; NaN -> positive quiet NaN.
+// An fp32 value rounded to x's dtype (RN, subnormals kept), as fp32; NaN -> a positive NaN (16-bit types: the
+// conversion's canonical NaN 0x7FFF, positive; fp32: the positive quiet NaN).  One conversion instruction for the
+// 16-bit types (cvt.rn without .ftz keeps subnormals).
 __device__ __forceinline__ float nr_dtype(float f) {
-    if (isnan(f)) return __uint_as_float(0x7FC00000u);
 #if TED_DTYPE == 0
-    return f;
+    return isnan(f) ? __uint_as_float(0x7FC00000u) : f;
 #elif TED_DTYPE == 1
-    const unsigned int u = __float_as_uint(f);
-    return __uint_as_float(((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16) << 16);
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return __uint_as_float((unsigned int)h << 16);
 #else
     unsigned short h;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
@@ -1208,15 +1213,11 @@ __device__ __forceinline__ void nr_col_block(unsigned int col, int gb, int e, un
 #endif
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-        const float q = ted_mul(y[j], blk.mult);
-        unsigned int c;
+        // a NaN y (always a positive NaN, nr_dtype) needs no branch: min(|NaN|, 6) drops the NaN, so both roundings
+        // give magnitude 6 (code 7, r = 6) with the sign bit of y, 0: the rule "NaN -> code 7"
         float r;
-        if (isnan(q)) {
-            c = 7u;
-            r = 6.0f;
-        } else {
-            c = nv_round(q, nv_byte(rb, j), r) | ((__float_as_uint(y[j]) >> 28) & 8u);
-        }
+        const unsigned int c = nv_round(ted_mul(y[j], blk.mult), nv_byte(rb, j), r) |
+                               ((__float_as_uint(y[j]) >> 28) & 8u);
         if (j < 8) lo |= c << (4 * j);
         else hi |= c << (4 * (j - 8));
 #if NR_STATS
