@@ -20,7 +20,7 @@ every other call to the torch reference.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -113,16 +113,28 @@ def _fast_blocks_per_sm(sr: bool) -> int:
     return NQ_SR_BLOCKS_PER_SM if sr else NQ_BLOCKS_PER_SM
 
 
-def _general_options(x2d: torch.Tensor, sr: bool) -> Tuple[str, ...]:
-    """NVRTC options of nvfp4.cu (one compiled module per dtype and SR holds every kernel of the file)."""
-    return _dtype_options(x2d) + (
-        "-DTED_FP8=0",
-        f"-DNV_SR={int(sr)}",
-        f"-DNV_MIN_BLOCKS={NV_BLOCKS_PER_SM}",
-        f"-DNQ_MIN_BLOCKS={_fast_blocks_per_sm(sr)}",
-        f"-DNR_MIN_BLOCKS={RHT_BLOCKS_PER_SM}",
-        f"-DNR_AMAX_MIN_BLOCKS={RHT_AMAX_BLOCKS_PER_SM}",
-    )
+_OPTIONS: Dict[Tuple[torch.dtype, bool, Tuple[str, ...]], Tuple[str, ...]] = {}
+
+
+def _general_options(x2d: torch.Tensor, sr: bool, extra: Tuple[str, ...] = ()) -> Tuple[str, ...]:
+    """NVRTC options of nvfp4.cu (one compiled module per dtype and SR holds every kernel of the file), plus
+    `extra` (a variant's defines); built once per combination, as every call needs them."""
+    key = (x2d.dtype, sr, extra)
+    opts = _OPTIONS.get(key)
+    if opts is None:
+        opts = _OPTIONS[key] = (
+            _dtype_options(x2d)
+            + (
+                "-DTED_FP8=0",
+                f"-DNV_SR={int(sr)}",
+                f"-DNV_MIN_BLOCKS={NV_BLOCKS_PER_SM}",
+                f"-DNQ_MIN_BLOCKS={_fast_blocks_per_sm(sr)}",
+                f"-DNR_MIN_BLOCKS={RHT_BLOCKS_PER_SM}",
+                f"-DNR_AMAX_MIN_BLOCKS={RHT_AMAX_BLOCKS_PER_SM}",
+            )
+            + extra
+        )
+    return opts
 
 
 def rht_sign_mask() -> int:
@@ -177,7 +189,7 @@ def nvfp4_quantize_raw(
             )
         tiles = (m // NQ_TILE[0]) * (k // NQ_TILE[1])
         grid = max(1, min(_fast_blocks_per_sm(sr is not None) * _sm_count(_device_index(dev)), tiles))
-        opts = _general_options(x2d, sr is not None) + (("-DNQ_2D=1",) if two_d else ())
+        opts = _general_options(x2d, sr is not None, ("-DNQ_2D=1",) if two_d else ())
         kernel = get_kernel("nvfp4.cu", "ted_nvfp4_quantize16", opts)
         seed, row_offset, col_offset = sr if sr is not None else (0, 0, 0)
         args = (
@@ -339,12 +351,12 @@ def nvfp4_rht_columnwise(
     col_scales = torch.empty((k, m // 16), dtype=torch.uint8, device=dev)
     want_stats = stats or reference
     sms = _sm_count(_device_index(dev))
-    opts = _general_options(x2d, sr is not None)
-    if not want_stats:
-        opts += ("-DNR_STATS=0",)
+    extra = ("-DNR_STATS=0",) if not want_stats else ()
+    if reference:
+        extra += ("-DNR_V1=1",)
+    opts = _general_options(x2d, sr is not None, extra)
     if reference:
         name = "ted_nvfp4_rht_col_v1"
-        opts += ("-DNR_V1=1",)
         grid = max(1, min(3 * sms, -(-(m // 16) // RHT_V1_TILE[0]) * -(-k // RHT_V1_TILE[1])))
     else:
         name = "ted_nvfp4_rht_col"
@@ -416,7 +428,8 @@ def nvfp4_quantize(quantizer, tensor: torch.Tensor) -> NVFP4Buffers:
             amax_ready=quantizer.rowwise_usage,
             stats=quantizer.error_stats,
         )
-        stats = (row_stats[0], row_stats[1]) if quantizer.rowwise_usage else (None, None)
+        want_row = quantizer.rowwise_usage and quantizer.error_stats
+        stats = (row_stats[0], row_stats[1]) if want_row else (None, None)
         stats += (col_stats[0], col_stats[1]) if col_stats is not None else (None, None)
     else:
         rd, rs, cd, cs, stats = nvfp4_quantize_raw(

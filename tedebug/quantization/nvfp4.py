@@ -356,20 +356,23 @@ class NVFP4Quantizer(Quantizer):
         """The NVFP4Tensor of the kernel path's `cupy_nvfp4.NVFP4Buffers`, carrying the statistics the kernels fused
         into the pass."""
         out = NVFP4Tensor(tensor.shape, tensor.dtype, tensor.device, self, columnwise_rht=self.with_rht)
-        stats = buffers.stats
+        # the fused statistics only when someone may read them (`Quantizer.error_stats`; None: the kernel skipped)
+        stats = buffers.stats if self.error_stats else (None, None, None, None)
         fused = {}
         if self.rowwise_usage:
             out.rowwise_data = buffers.rowwise_data.reshape(*tensor.shape[:-1], tensor.shape[-1] // 2)
             out.rowwise_scale_inv = buffers.rowwise_scale_inv
             out.amax_rowwise = buffers.amax[0]
-            fused["rowwise"] = {"underflows_num": stats[0], "sq_err": stats[1]}
+            if stats[0] is not None:
+                fused["rowwise"] = {"underflows_num": stats[0], "sq_err": stats[1]}
         if self.columnwise_usage:
             out.columnwise_data = buffers.columnwise_data
             out.columnwise_scale_inv = buffers.columnwise_scale_inv
             out.amax_columnwise = buffers.amax[1]
-            if stats[2] is not None:  # (None: the kernel skipped them, `Quantizer.error_stats`)
+            if stats[2] is not None:
                 fused["columnwise"] = {"underflows_num": stats[2], "sq_err": stats[3]}
-        attach_fused(out, tensor, fused)
+        if fused:
+            attach_fused(out, tensor, fused)
         return out
 
     def _quantize(self, tensor: torch.Tensor) -> NVFP4Tensor:
