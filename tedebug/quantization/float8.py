@@ -153,7 +153,12 @@ class Float8Tensor(QuantizedTensor):
             decoded = fp8_decode_table(self.fp8_format).take(data.numpy())
             np.multiply(decoded, np.float32(self.scale_inv.item()), out=decoded)
             result = torch.from_numpy(decoded)
-            return result if usage == "rowwise" else result.t()
+            if usage == "rowwise":
+                return result
+            m, k = self._mk
+            if m == 1 or k == 1:  # `dequantize`'s reshapes give a size-1 dim other strides than the bare view
+                return result.t().reshape(m, k).reshape(-1, k)
+            return result.t()
         values = self.dequantize(dtype=torch.float32, usage=usage)
         return values.reshape(1, -1) if values.dim() == 1 else values.reshape(-1, values.shape[-1])
 
@@ -303,8 +308,8 @@ class Float8CurrentScalingQuantizer(Quantizer):
     def _quantize_on_host(self, tensor: torch.Tensor) -> Float8Tensor:
         """The torch path above for a contiguous, non-empty CPU tensor, computed by numpy where that is exact: the
         amax (a maximum, order-free; the same pass tells whether a NaN is present), the scale (`_scale_of`, fp32
-        arithmetic), x·scale (IEEE fp32 products), the saturation (skipped when the exact amax·scale <= fp8_max:
-        rounding is monotone, so no product exceeds it; only then can a product overflow), the transpose and
+        arithmetic), x·scale (IEEE fp32 products), the saturation (skipped when fp32(amax·scale) <= fp8_max:
+        rounding is monotone, so no product exceeds it; only otherwise can a product overflow), the transpose and
         1/scale; only the fp32 -> FP8 rounding is torch's own cast.  The same bytes and scale_inv as
         `_cast_per_tensor` (tests/test_host_cost_cpu.py compares them)."""
         fmt = self.fp8_format
@@ -316,13 +321,15 @@ class Float8CurrentScalingQuantizer(Quantizer):
         values = tensor_fp32.numpy()
         amax, has_nan = host_amax_and_nan(values)
         scale = _scale_of(float(amax), fmax, self.amax_epsilon, self.force_pow_2_scales, FLT_MAX)
-        if float(amax) * float(scale) <= fmax:  # (exact in double: two 24-bit factors)
+        # fp32(amax·scale), the largest product: the double product of two fp32 values is exact, and it is at most
+        # about fp8_max (or Inf for an infinite amax), so the rounding to fp32 cannot overflow
+        if np.float32(float(amax) * float(scale)) <= fmax:
             scaled = np.multiply(values, scale)
         else:
             with np.errstate(over="ignore", invalid="ignore"):  # products overflow to Inf and saturate
                 scaled = np.multiply(values, scale)
                 np.clip(scaled, -fmax, fmax, out=scaled)  # NaN stays NaN, as with torch.clamp
-        codes = torch.from_numpy(scaled).to(TORCH_FP8_DTYPE[fmt]).view(torch.uint8)
+        codes = torch.from_numpy(scaled).to(dtype=TORCH_FP8_DTYPE[fmt]).view(torch.uint8)  # (dtype= parses faster)
         if has_nan:  # NaN elements store the canonical NaN code
             codes.numpy()[np.isnan(scaled)] = 0x7F
         shape = tensor.shape
