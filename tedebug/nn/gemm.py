@@ -130,7 +130,9 @@ def _fp8_gemm_supported(device: torch.device) -> bool:
 
 def _fp8_data(op: Float8Tensor, usage: str) -> torch.Tensor:
     data = op.rowwise_data if usage == "rowwise" else op.columnwise_data
-    return _as_2d(data).view(TORCH_FP8_DTYPE[op.fp8_format])
+    if data.dim() != 2:  # (the layers' operands are 2-D already: no reshape call)
+        data = _as_2d(data)
+    return data.view(TORCH_FP8_DTYPE[op.fp8_format])
 
 
 def _aligned_scale(scale_inv: torch.Tensor) -> torch.Tensor:
