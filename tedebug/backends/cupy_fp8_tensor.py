@@ -172,18 +172,65 @@ def fp8_cast_transpose_raw(
     return _cast_transpose(x2d, scale.data_ptr(), scale_inv.data_ptr(), fp8_format, rowwise, columnwise)
 
 
+#: the two small outputs of one per-tensor FP8 quantization share one allocation (`_outputs`), in bytes: the float64
+#: statistics vector (at most 9 entries) at 0, the float32 vector of the scale kernels (amax, scale, -, -, scale_inv)
+#: at 128, so that scale_inv sits 16-byte aligned at byte 144, as cuBLASLt wants a scale.  The codes keep their own
+#: allocations: a dropped direction (`update_usage`) frees its memory, and a statistic or scale_inv view kept by the
+#: statistics never keeps the codes alive.
+_STATS_AT = 0
+_VECTOR_AT = 128
+_SMALL_BYTES = _VECTOR_AT + 32
+
+
+class _Outputs(NamedTuple):
+    rowwise: Optional[torch.Tensor]  # uint8 [M, K]
+    columnwise: Optional[torch.Tensor]  # uint8 [K, M]
+    stats: torch.Tensor  # float64 [stats_len]
+    vector: torch.Tensor  # float32 [8]
+
+
+def _outputs(m: int, k: int, device: torch.device, rowwise: bool, columnwise: bool, stats_len: int) -> _Outputs:
+    """The outputs of one quantization: the codes of the enabled directions, and the statistics and scale vectors as
+    views of one small allocation (one allocator call fewer per quantization)."""
+    small = torch.empty(_SMALL_BYTES, dtype=torch.uint8, device=device)
+    return _Outputs(
+        torch.empty((m, k), dtype=torch.uint8, device=device) if rowwise else None,
+        torch.empty((k, m), dtype=torch.uint8, device=device) if columnwise else None,
+        small[_STATS_AT : _STATS_AT + 8 * stats_len].view(torch.float64),
+        small[_VECTOR_AT:_SMALL_BYTES].view(torch.float32),
+    )
+
+
+def _single_launch(x2d: torch.Tensor) -> bool:
+    """Whether the cast of the prepared [M, K] `x2d` runs as the one-launch 16-bit kernel."""
+    m, k = x2d.shape
+    return x2d.dtype in SIXTEEN_BIT and m % 64 == 0 and k % 128 == 0 and m > 0 and k > 0
+
+
+def _stats_len(x2d: torch.Tensor) -> int:
+    """The length of the statistics vector of the cast of `x2d` (`fused_stats`)."""
+    return len(FP8_STATS_WITH_SCALE) if _single_launch(x2d) else 3
+
+
 def _cast_transpose(
-    x2d: torch.Tensor, scale_ptr: int, scale_inv_ptr: int, fp8_format: str, rowwise: bool, columnwise: bool
+    x2d: torch.Tensor,
+    scale_ptr: int,
+    scale_inv_ptr: int,
+    fp8_format: str,
+    rowwise: bool,
+    columnwise: bool,
+    outputs: Optional[_Outputs] = None,
 ):
     """`fp8_cast_transpose_raw` of a prepared (contiguous, aligned) [M, K] tensor, with device addresses of the fp32
     scale and scale_inv: the single-launch bf16 / fp16 kernel when M % 64 == 0 and K % 128 == 0, else the general
-    kernel (per-block partials summed by a second launch)."""
+    kernel (per-block partials summed by a second launch).  `outputs` (from `_outputs`, for these usages and
+    `_stats_len(x2d)`) are written when given, else allocated here."""
     m, k = x2d.shape
     dev = x2d.device
-    row = torch.empty((m, k), dtype=torch.uint8, device=dev) if rowwise else None
-    col = torch.empty((k, m), dtype=torch.uint8, device=dev) if columnwise else None
-    fast = x2d.dtype in SIXTEEN_BIT and m % 64 == 0 and k % 128 == 0 and m > 0 and k > 0
-    stats = torch.empty(len(FP8_STATS_WITH_SCALE) if fast else 3, dtype=torch.float64, device=dev)
+    fast = _single_launch(x2d)
+    if outputs is None:
+        outputs = _outputs(m, k, dev, rowwise, columnwise, len(FP8_STATS_WITH_SCALE) if fast else 3)
+    row, col, stats = outputs.rowwise, outputs.columnwise, outputs.stats
     codes = (row.data_ptr() if row is not None else 0, col.data_ptr() if col is not None else 0)
     head = (
         x2d.data_ptr(),
@@ -259,11 +306,14 @@ def fp8_current_quantize(
     if x.numel() == 0:
         _, scale, scale_inv = fp8_amax_scale(x, fp8_format, epsilon, pow2)
         return fp8_quantize(x, scale, fp8_format, rowwise, columnwise, scale_inv)
-    # amax, scale, -, -, scale_inv: scale_inv 16-byte aligned, so that torch._scaled_mm takes it without a copy
-    vec = torch.empty(8, dtype=torch.float32, device=x.device)
+    # the outputs' float32 vector gets amax, scale, -, -, scale_inv: scale_inv 16-byte aligned, so that
+    # torch._scaled_mm takes it without a copy
+    m, k = x.shape
+    outputs = _outputs(m, k, x.device, rowwise, columnwise, _stats_len(x))
+    vec = outputs.vector
     amax_launch(x, vec, fp8_format, epsilon, pow2, scale_inv_slot=4)
     base = vec.data_ptr()
-    row, col, stats = _cast_transpose(x, base + 4, base + 16, fp8_format, rowwise, columnwise)
+    row, col, stats = _cast_transpose(x, base + 4, base + 16, fp8_format, rowwise, columnwise, outputs)
     return Float8Buffers(row, col, vec[4], stats)
 
 
@@ -291,8 +341,13 @@ def fp8_delayed_quantize(
         recorded = history[:1]  # history entry 0, a 1-element view
         torch.maximum(recorded, fp8_amax(x), out=recorded)
         return fp8_quantize(x, scale, fp8_format, rowwise, columnwise)
-    # one launch: amax of x recorded into history[0] (torch.maximum) and scale_inv = 1 / scale, then the cast
-    scale_inv = torch.empty(4, dtype=torch.float32, device=x.device)
+    # one launch: amax of x recorded into history[0] (torch.maximum) and scale_inv = 1 / scale (into the outputs'
+    # float32 vector, 16-byte aligned), then the cast
+    m, k = x.shape
+    outputs = _outputs(m, k, x.device, rowwise, columnwise, _stats_len(x))
+    scale_inv = outputs.vector
     amax_launch(x, history, record=(scale, scale_inv))
-    row, col, stats = _cast_transpose(x, scale.data_ptr(), scale_inv.data_ptr(), fp8_format, rowwise, columnwise)
+    row, col, stats = _cast_transpose(
+        x, scale.data_ptr(), scale_inv.data_ptr(), fp8_format, rowwise, columnwise, outputs
+    )
     return Float8Buffers(row, col, scale_inv[0], stats)

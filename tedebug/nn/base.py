@@ -87,6 +87,8 @@ class GemmState:
         self.recipe = None
         self.quantizers: Dict[str, Optional[object]] = {role: None for role in ROLES}
         self._used: set = set()
+        #: role -> (quantizer, its delayed-scaling leaves): `before_use` walks a quantizer's tree once
+        self._leaves: Dict[str, Tuple[object, Tuple[object, ...]]] = {}
         self._debug_state = None
         #: (normal quantizers, quantizers used) of the most recent forward call that was not a recompute
         self.last: Optional[tuple] = None
@@ -112,6 +114,7 @@ class GemmState:
         self.recipe = recipe
         self.quantizers = quantizers
         self._used = set()
+        self._leaves = {}
         pending, self._pending = self._pending, {}
         for key, entry in pending.items():
             role, _, leaf = key.rpartition(".")
@@ -131,10 +134,14 @@ class GemmState:
         q = quantizers.get(role)
         if q is None:
             return
-        if role in self._used:
-            for leaf in _delayed_leaves(q):
-                leaf.update_scale()
-        self._used.add(role)
+        if role not in self._used:
+            self._used.add(role)
+            return
+        cached = self._leaves.get(role)
+        if cached is None or cached[0] is not q:  # (current scaling, the common case, has no leaves)
+            cached = self._leaves[role] = (q, tuple(_delayed_leaves(q)))
+        for leaf in cached[1]:
+            leaf.update_scale()
 
     def skip_use(self, role: str, recipe) -> None:
         """Bookkeeping of a use that does not happen on this rank (an expert that got no tokens): the delayed

@@ -24,6 +24,7 @@ operands are flattened to 2-D (all leading dims folded into the first); the resu
 
 from __future__ import annotations
 
+import math
 from typing import Optional, Tuple, Union
 
 import torch
@@ -39,6 +40,11 @@ from tedebug.quantization.tensor import QuantizedTensor
 __all__ = ["gemm", "gemm_operand", "LAYOUTS"]
 
 LAYOUTS = ("TN", "NN", "NT", "TT")
+#: layout -> (usage of A, usage of B): A rowwise iff layout[0] == "T", B columnwise iff layout[1] == "T"
+_USAGES = {
+    layout: ("rowwise" if layout[0] == "T" else "columnwise", "columnwise" if layout[1] == "T" else "rowwise")
+    for layout in LAYOUTS
+}
 
 Operand = Union[torch.Tensor, QuantizedTensor]
 
@@ -62,6 +68,10 @@ def gemm_operand(obj, usage: str, role: str, gemm_name: str) -> Operand:
     """
     if usage not in ("rowwise", "columnwise"):
         raise ValueError(f"gemm_operand: usage must be 'rowwise' or 'columnwise', got {usage!r}")
+    if type(obj) is Float8Tensor:  # the common quantized operand, answered without the checks below
+        if (obj.rowwise_data if usage == "rowwise" else obj.columnwise_data) is None:
+            raise _missing(gemm_name, usage, role)
+        return obj
     while True:
         if obj is None:
             raise _missing(gemm_name, usage, role)
@@ -96,7 +106,10 @@ def _as_2d(t: torch.Tensor) -> torch.Tensor:
 
 def _dequantized_2d(op: Operand, usage: str, dtype: torch.dtype) -> torch.Tensor:
     if isinstance(op, torch.Tensor):
-        return _as_2d(op).to(dtype)
+        op = _as_2d(op)
+        return op if op.dtype is dtype else op.to(dtype)
+    if dtype is torch.float32 and type(op) is Float8Tensor:
+        return op.fp32_matrix(usage)  # the same values and strides, decoded in one step on the CPU
     return _as_2d(op.dequantize(dtype=dtype, usage=usage))
 
 
@@ -117,7 +130,9 @@ def _fp8_gemm_supported(device: torch.device) -> bool:
 
 def _fp8_data(op: Float8Tensor, usage: str) -> torch.Tensor:
     data = op.rowwise_data if usage == "rowwise" else op.columnwise_data
-    return _as_2d(data).view(TORCH_FP8_DTYPE[op.fp8_format])
+    if data.dim() != 2:  # (the layers' operands are 2-D already: no reshape call)
+        data = _as_2d(data)
+    return data.view(TORCH_FP8_DTYPE[op.fp8_format])
 
 
 def _aligned_scale(scale_inv: torch.Tensor) -> torch.Tensor:
@@ -137,9 +152,11 @@ def _try_scaled_mm(
     mat2 = op_A(A) column-major = (row-major ``[N, K]``)ᵀ: A's rowwise bytes (layout "T?") or its columnwise bytes
     (layout "N?"), transposed as a view.
     """
-    if not (isinstance(a, Float8Tensor) and isinstance(b, Float8Tensor)):
-        return None
-    if a.device != b.device or not _fp8_gemm_supported(a.device):
+    if type(a) is not Float8Tensor or type(b) is not Float8Tensor:  # (exact types: no ABC instance checks)
+        if not (isinstance(a, Float8Tensor) and isinstance(b, Float8Tensor)):
+            return None
+    device = a._device
+    if device.type != "cuda" or device != b._device or not _fp8_gemm_supported(device):
         return None
     if a.fp8_format == "E5M2" and b.fp8_format == "E5M2":
         return None  # cuBLAS has no E5M2 x E5M2 FP8 GEMM
@@ -262,8 +279,8 @@ def _emulated(a, b, a_usage, b_usage, layout, out_dtype, bias) -> torch.Tensor:
     op_b = b2 if layout[1] == "N" else b2.t()
     out = op_b @ op_a
     if bias is not None:
-        out = out + bias.to(out.dtype)
-    return out.to(out_dtype)
+        out = out + (bias if bias.dtype is out.dtype else bias.to(dtype=out.dtype))
+    return out if out_dtype is out.dtype else out.to(dtype=out_dtype)  # (a keyword dtype= parses faster)
 
 
 def _plain(a: torch.Tensor, b: torch.Tensor, layout: str, bias: Optional[torch.Tensor]) -> torch.Tensor:
@@ -295,10 +312,10 @@ def gemm(
     to the fp32 result before the cast (plain operands: as ``F.linear`` does).  ``use_native=False`` forces emulation
     (for tests).
     """
-    if layout not in LAYOUTS:
+    usages = _USAGES.get(layout)
+    if usages is None:
         raise ValueError(f"GEMM '{gemm_name}': layout must be one of {LAYOUTS}, got {layout!r}")
-    a_usage = "rowwise" if layout[0] == "T" else "columnwise"
-    b_usage = "columnwise" if layout[1] == "T" else "rowwise"
+    a_usage, b_usage = usages
     a = gemm_operand(A, a_usage, roles[0], gemm_name)
     b = gemm_operand(B, b_usage, roles[1], gemm_name)
     if a.device != b.device:
@@ -315,10 +332,17 @@ def gemm(
     return _emulated(a, b, a_usage, b_usage, layout, out_dtype, bias)
 
 
+def _rows(shape: Tuple[int, ...]) -> int:
+    """M of the 2-D view [M, K] of `shape` (the product of the leading dims, 1 for a 1-D shape)."""
+    if len(shape) == 2:
+        return shape[0]
+    return math.prod(shape[:-1])
+
+
 def _check_shapes(a, b, layout: str, gemm_name: str, roles: Tuple[str, str]) -> None:
     sa, sb = tuple(a.shape), tuple(b.shape)
-    a_rows = 1 if len(sa) == 1 else int(torch.Size(sa[:-1]).numel())
-    b_rows = 1 if len(sb) == 1 else int(torch.Size(sb[:-1]).numel())
+    a_rows = _rows(sa)
+    b_rows = _rows(sb)
     k_a = sa[-1] if layout[0] == "T" else a_rows
     k_b = b_rows if layout[1] == "T" else sb[-1]
     if k_a != k_b:

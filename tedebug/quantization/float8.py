@@ -39,7 +39,7 @@ from .formats import (
     fp8_decode_table,
     fp8_format_of,
     fp8_is_zero,
-    host_amax_ignoring_nan,
+    host_amax_and_nan,
     tensor_amax,
 )
 from .gemm_values import GemmValues, fp8_codes_to_bf16
@@ -71,6 +71,31 @@ class Float8Tensor(QuantizedTensor):
         self.columnwise_data = columnwise_data
         self.scale_inv = scale_inv
         self._check_layout()
+
+    @classmethod
+    def _assemble(
+        cls,
+        shape: torch.Size,
+        dtype: torch.dtype,
+        device: torch.device,
+        quantizer: Optional[Quantizer],
+        fp8_format: str,
+        mk: Tuple[int, int],
+        scale_inv: torch.Tensor,
+        rowwise_data: Optional[torch.Tensor],
+        columnwise_data: Optional[torch.Tensor],
+    ) -> "Float8Tensor":
+        """The tensor the quantizers of this module build: their codes have the layout `_check_layout` asks for by
+        construction (rowwise in the input's shape, columnwise its [K, M] transpose, one scale_inv) and the
+        format is already a checked name, so nothing is checked again (a quantization per GEMM operand and step)."""
+        self = cls.__new__(cls)
+        QuantizedTensor.__init__(self, shape, dtype, device, quantizer)
+        self.fp8_format = fp8_format
+        self._mk = mk
+        self.rowwise_data = rowwise_data
+        self.columnwise_data = columnwise_data
+        self.scale_inv = scale_inv
+        return self
 
     def _check_layout(self) -> None:
         m, k = self._mk
@@ -111,6 +136,32 @@ class Float8Tensor(QuantizedTensor):
             result = result.t()
         return result.reshape(self._shape)
 
+    def fp32_matrix(self, usage: str) -> torch.Tensor:
+        """The fp32 values of the 2-D view `[M, K]` from the `usage` representation: ``dequantize(usage=usage,
+        dtype=torch.float32)`` flattened to 2-D, the same values with the same strides (the emulated GEMM's operand).
+
+        CPU codes of a 2-D tensor are decoded by one table look-up and one product with scale_inv, the columnwise
+        values as the transposed view of the decoded `[K, M]` array; anything else goes through `dequantize`."""
+        data = self.rowwise_data if usage == "rowwise" else self.columnwise_data
+        if (
+            data is not None
+            and len(self._shape) == 2
+            and data.device.type == "cpu"
+            and self.scale_inv.device.type == "cpu"
+            and data.is_contiguous()
+        ):
+            decoded = fp8_decode_table(self.fp8_format).take(data.numpy())
+            np.multiply(decoded, np.float32(self.scale_inv.item()), out=decoded)
+            result = torch.from_numpy(decoded)
+            if usage == "rowwise":
+                return result
+            m, k = self._mk
+            if m == 1 or k == 1:  # `dequantize`'s reshapes give a size-1 dim other strides than the bare view
+                return result.t().reshape(m, k).reshape(-1, k)
+            return result.t()
+        values = self.dequantize(dtype=torch.float32, usage=usage)
+        return values.reshape(1, -1) if values.dim() == 1 else values.reshape(-1, values.shape[-1])
+
     def gemm_values(self, usage: str) -> GemmValues:
         """The codes as bf16 (exact) with the 0-d fp32 scale_inv as the factor: see `gemm_values`."""
         self._require(usage)
@@ -144,18 +195,19 @@ class Float8Tensor(QuantizedTensor):
 def _cast_per_tensor(quantizer: Quantizer, tensor: torch.Tensor, scale: torch.Tensor, fp8_format: str) -> Float8Tensor:
     """Encode `tensor` with one fp32 `scale` into the directions enabled on `quantizer`."""
     scale = scale.float().reshape(()).to(tensor.device)
-    m, k = matrix_shape(tensor.shape)
+    mk = matrix_shape(tensor.shape)
     codes = encode_fp8(tensor.float() * scale, fp8_format)
-    columnwise = codes.reshape(m, k).t().contiguous() if quantizer.columnwise_usage else None
-    return Float8Tensor(
+    columnwise = codes.reshape(mk).t().contiguous() if quantizer.columnwise_usage else None
+    return Float8Tensor._assemble(
         tensor.shape,
         tensor.dtype,
         tensor.device,
         quantizer,
-        fp8_format=fp8_format,
-        scale_inv=torch.ones_like(scale) / scale,
-        rowwise_data=codes if quantizer.rowwise_usage else None,
-        columnwise_data=columnwise,
+        fp8_format_of(fp8_format),
+        mk,
+        torch.ones_like(scale) / scale,
+        codes if quantizer.rowwise_usage else None,
+        columnwise,
     )
 
 
@@ -165,15 +217,19 @@ def _from_kernel_buffers(
     """The Float8Tensor of the kernel path's `cupy_fp8_tensor.Float8Buffers`, carrying the statistics the kernel
     fused into the cast (one vector shared by both directions)."""
     row = buffers.rowwise_data
-    out = Float8Tensor(
-        tensor.shape,
+    shape = tensor.shape
+    if row is not None and len(shape) != 2:
+        row = row.reshape(shape)  # the kernel writes [M, K]
+    out = Float8Tensor._assemble(
+        shape,
         tensor.dtype,
         tensor.device,
         quantizer,
-        fp8_format=quantizer.fp8_format,
-        scale_inv=buffers.scale_inv,
-        rowwise_data=row.reshape(tensor.shape) if row is not None else None,
-        columnwise_data=buffers.columnwise_data,
+        quantizer.fp8_format,
+        matrix_shape(shape),
+        buffers.scale_inv,
+        row,
+        buffers.columnwise_data,
     )
     index = FP8_STATS_WITH_SCALE if buffers.stats.numel() == len(FP8_STATS_WITH_SCALE) else FP8_STATS
     per = FusedStats(buffers.stats, index)
@@ -251,35 +307,46 @@ class Float8CurrentScalingQuantizer(Quantizer):
 
     def _quantize_on_host(self, tensor: torch.Tensor) -> Float8Tensor:
         """The torch path above for a contiguous, non-empty CPU tensor, computed by numpy where that is exact: the
-        amax (a maximum, order-free), the scale (`_scale_of`, fp32 scalars), x·scale (IEEE fp32 products), the
-        saturation (skipped when fp32(amax·scale) <= fp8_max: rounding is monotone, so no product exceeds it),
-        the transpose and 1/scale; only the fp32 -> FP8 rounding is torch's own cast.  The same bytes and
-        scale_inv as `_cast_per_tensor` (tests/test_host_cost_cpu.py compares them)."""
+        amax (a maximum, order-free; the same pass tells whether a NaN is present), the scale (`_scale_of`, fp32
+        arithmetic), x·scale (IEEE fp32 products), the saturation (skipped when fp32(amax·scale) <= fp8_max:
+        rounding is monotone, so no product exceeds it; only otherwise can a product overflow), the transpose and
+        1/scale; only the fp32 -> FP8 rounding is torch's own cast.  The same bytes and scale_inv as
+        `_cast_per_tensor` (tests/test_host_cost_cpu.py compares them)."""
         fmt = self.fp8_format
         fmax = FP8_MAX[fmt]
-        values = (tensor.detach() if tensor.dtype is torch.float32 else tensor.detach().float()).numpy()
-        amax = host_amax_ignoring_nan(values)
+        if tensor.dtype is not torch.float32:
+            tensor_fp32 = tensor.detach().float()
+        else:
+            tensor_fp32 = tensor.detach() if tensor.requires_grad else tensor
+        values = tensor_fp32.numpy()
+        amax, has_nan = host_amax_and_nan(values)
         scale = _scale_of(float(amax), fmax, self.amax_epsilon, self.force_pow_2_scales, FLT_MAX)
-        with np.errstate(over="ignore", invalid="ignore"):  # products overflow to Inf and saturate below
+        # fp32(amax·scale), the largest product: the double product of two fp32 values is exact, and it is at most
+        # about fp8_max (or Inf for an infinite amax), so the rounding to fp32 cannot overflow
+        if np.float32(float(amax) * float(scale)) <= fmax:
             scaled = np.multiply(values, scale)
-            if not amax * scale <= fmax:
+        else:
+            with np.errstate(over="ignore", invalid="ignore"):  # products overflow to Inf and saturate
+                scaled = np.multiply(values, scale)
                 np.clip(scaled, -fmax, fmax, out=scaled)  # NaN stays NaN, as with torch.clamp
-        codes = torch.from_numpy(scaled).to(TORCH_FP8_DTYPE[fmt]).view(torch.uint8)
-        if np.isnan(np.maximum.reduce(values, axis=None)):  # NaN elements store the canonical NaN code
+        codes = torch.from_numpy(scaled).to(dtype=TORCH_FP8_DTYPE[fmt]).view(torch.uint8)  # (dtype= parses faster)
+        if has_nan:  # NaN elements store the canonical NaN code
             codes.numpy()[np.isnan(scaled)] = 0x7F
-        m, k = matrix_shape(tensor.shape)
+        shape = tensor.shape
+        mk = matrix_shape(shape)
         columnwise = None
         if self.columnwise_usage:
-            columnwise = torch.from_numpy(np.ascontiguousarray(codes.numpy().reshape(m, k).T))
-        return Float8Tensor(
-            tensor.shape,
+            columnwise = torch.from_numpy(np.ascontiguousarray(codes.numpy().reshape(mk).T))
+        return Float8Tensor._assemble(
+            shape,
             tensor.dtype,
             tensor.device,
             self,
-            fp8_format=fmt,
-            scale_inv=torch.from_numpy(np.array(np.float32(1.0) / scale, dtype=np.float32)),
-            rowwise_data=codes if self.rowwise_usage else None,
-            columnwise_data=columnwise,
+            fmt,
+            mk,
+            torch.from_numpy(np.array(np.float32(1.0) / scale, dtype=np.float32)),
+            codes if self.rowwise_usage else None,
+            columnwise,
         )
 
     def make_empty(self, shape, *, dtype: torch.dtype = torch.float32, device=None) -> Float8Tensor:

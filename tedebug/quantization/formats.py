@@ -9,6 +9,8 @@ explicit round-to-nearest-even thresholds, E8M0 codes are computed with fp32 bit
 
 from __future__ import annotations
 
+from typing import Tuple
+
 import numpy as np
 import torch
 
@@ -79,13 +81,19 @@ _FP8_DECODE_TABLES: dict = {}
 def host_amax_ignoring_nan(values: np.ndarray) -> np.float32:
     """`tensor_amax` of fp32 values held by numpy (non-empty): max|x| with NaN ignored, 0 when every element is
     NaN, +Inf if any element is infinite.  The maximum does not depend on the order of the elements."""
+    return host_amax_and_nan(values)[0]
+
+
+def host_amax_and_nan(values: np.ndarray) -> Tuple[np.float32, bool]:
+    """(`host_amax_ignoring_nan` of `values`, whether any element is NaN) from one pass over |x| (a NaN element
+    makes the plain maximum NaN, which is how the second answer comes for free)."""
     magnitudes = np.abs(values)
     amax = np.maximum.reduce(magnitudes, axis=None)
-    if amax != amax:  # a NaN: take the maximum over the others (fmax drops NaN; NaN only when all are NaN)
-        amax = np.fmax.reduce(magnitudes, axis=None)
-        if amax != amax:
-            amax = np.float32(0.0)
-    return amax
+    if amax == amax:
+        return amax, False
+    # a NaN: take the maximum over the others (fmax drops NaN; NaN only when all are NaN)
+    amax = np.fmax.reduce(magnitudes, axis=None)
+    return (amax if amax == amax else np.float32(0.0)), True
 
 
 def fp8_is_zero(codes: torch.Tensor) -> torch.Tensor:
@@ -241,19 +249,35 @@ def compute_scale_from_amax(
     return scale
 
 
+#: the largest double that rounds to a finite fp32 value is below FLT_MAX + half its ulp (2^103); doubles up to
+#: FLT_MAX itself round to fp32 without overflow
+_FLT_MAX_DOUBLE = float(FLT_MAX)
+
+
 def _scale_of(amax: float, fp8_max: float, epsilon: float, pow2: bool, value_for_inf: float) -> np.float32:
-    """`compute_scale_from_amax` of one value in numpy fp32 scalars (each operation rounds to fp32 as the tensor
-    path's does: comparisons against fp32(epsilon), IEEE fp32 division)."""
+    """`compute_scale_from_amax` of one value in fp32 arithmetic (comparisons against fp32(epsilon), IEEE fp32
+    division), as the tensor path computes it.
+
+    The division runs in double and is rounded once to fp32: fp8_max and the amax are fp32 values, and a quotient
+    of two 24-bit values computed with 53 bits then rounded to 24 is the correctly rounded fp32 quotient (double
+    rounding is harmless for division when 53 >= 2·24 + 2).  A quotient beyond FLT_MAX (a tiny amax) is left to
+    numpy's fp32 division, which decides between FLT_MAX and Inf."""
     f32 = np.float32
-    a = f32(amax)
-    if epsilon > 0 and a < f32(epsilon):
-        a = f32(epsilon)
-    if a == 0 or not np.isfinite(a):
+    a = float(f32(amax))
+    if epsilon > 0:
+        eps = float(f32(epsilon))
+        if a < eps:
+            a = eps
+    if a == 0.0 or a - a != 0.0:  # zero, Inf or NaN
         return f32(1.0)
-    with np.errstate(over="ignore"):
-        scale = f32(fp8_max) / a
-    if np.isinf(scale):
-        scale = f32(value_for_inf)
+    quotient = float(fp8_max) / a
+    if quotient <= _FLT_MAX_DOUBLE:
+        scale = f32(quotient)
+    else:
+        with np.errstate(over="ignore"):
+            scale = f32(fp8_max) / f32(a)
+        if np.isinf(scale):
+            scale = f32(value_for_inf)
     if pow2:
         scale = (np.array(scale, dtype=np.float32).view(np.uint32) & np.uint32(0xFF800000)).view(np.float32)[()]
     return scale

@@ -21,6 +21,7 @@ from tedebug.backends.dispatch import KernelChoice, KernelPreference, kernel_pre
 
 USAGES = ("rowwise", "columnwise")
 HIGH_PRECISION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_CPU = torch.device("cpu")
 
 
 def check_high_precision_input(tensor: torch.Tensor, who: str) -> None:
@@ -36,9 +37,12 @@ def check_high_precision_input(tensor: torch.Tensor, who: str) -> None:
 
 def matrix_shape(shape: Iterable[int]) -> Tuple[int, int]:
     """The 2-D view `(M, K)` of a logical shape: M = product of the leading dims (1 for a 1-D shape), K = last."""
-    shape = tuple(int(s) for s in shape)
+    if type(shape) is not torch.Size:
+        shape = tuple(int(s) for s in shape)
     if not shape:
         raise ValueError("a quantized tensor needs at least 1 dim, got shape ()")
+    if len(shape) == 2:
+        return shape[0], shape[1]
     m = 1
     for s in shape[:-1]:
         m *= s
@@ -137,9 +141,12 @@ class QuantizedTensor(abc.ABC):
     """
 
     def __init__(self, shape, dtype: torch.dtype, device, quantizer: Optional[Quantizer]) -> None:
-        self._shape = torch.Size(shape)
+        # (the quantizers pass a tensor's own torch.Size and torch.device: kept as they are)
+        self._shape = shape if type(shape) is torch.Size else torch.Size(shape)
+        if type(device) is not torch.device:
+            device = torch.device(device) if device is not None else _CPU
+        self._device = device
         self._dtype = dtype
-        self._device = torch.device(device) if device is not None else torch.device("cpu")
         self.quantizer = quantizer
 
     # ---------------------------------------------------------------- metadata

@@ -50,3 +50,20 @@ def test_one_cpu_value_equals_the_tensor_path():
         if fast.view(torch.int32).item() != ref.view(torch.int32).item():
             mismatches.append((v, fp8_max, eps, pow2, for_inf, fast.item(), ref.item()))
     assert not mismatches, mismatches[:5]
+
+
+def test_one_value_equals_the_tensor_path_over_random_bit_patterns():
+    """The scalar rule (a double division rounded once to fp32) against the tensor path's fp32 division, over
+    random positive fp32 bit patterns (every exponent) and the amaxes around the quotient's overflow threshold."""
+    g = torch.Generator().manual_seed(14)
+    bits = torch.randint(0, 0x7F800000, (20000,), generator=g, dtype=torch.int64).to(torch.int32)
+    around = []
+    for fp8_max in (448.0, 57344.0):
+        edge = torch.tensor(fp8_max / FLT_MAX, dtype=torch.float32).view(torch.int32).item()
+        around += list(range(edge - 64, edge + 64))
+    amaxes = torch.cat([bits, torch.tensor(around, dtype=torch.int32)]).view(torch.float32)
+    for fp8_max, pow2 in itertools.product((448.0, 57344.0), (False, True)):
+        ref = compute_scale_from_amax(amaxes, fp8_max, pow2=pow2).view(torch.int32).tolist()
+        fast = [compute_scale_from_amax(a, fp8_max, pow2=pow2).view(torch.int32).item() for a in amaxes.unbind()]
+        mismatches = [(a, f, r) for a, f, r in zip(amaxes.tolist(), fast, ref) if f != r]
+        assert not mismatches, mismatches[:5]
