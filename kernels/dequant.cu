@@ -38,6 +38,34 @@ __device__ __forceinline__ float ted_e2m1_value(unsigned int code) {
     return __uint_as_float(bits | ((code & 8u) << 28));
 }
 
+// The grid-stride walk over the groups of 8 of a [rows, cols] matrix with the (row, group-in-row) of the current
+// group kept up to date by additions: one 64-bit division per thread instead of one per group (a 64-bit division is
+// a long instruction sequence, which made the MXFP8 / FP8 block kernels compute-bound).
+struct TedGroupWalk {
+    long long gpr, stride, sr, sc, r, cg;
+    __device__ explicit TedGroupWalk(long long groups_per_row)
+        : gpr(groups_per_row), stride((long long)gridDim.x * blockDim.x), sr(0), sc(0), r(0), cg(0) {}
+    __device__ long long first() {
+        const long long g = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+        if (gpr > 0) {
+            r = g / gpr;
+            cg = g - r * gpr;
+            sr = stride / gpr;
+            sc = stride - sr * gpr;
+        }
+        return g;
+    }
+    __device__ long long next(long long g) {
+        cg += sc;
+        r += sr;
+        if (cg >= gpr) {
+            cg -= gpr;
+            ++r;
+        }
+        return g + stride;
+    }
+};
+
 __device__ __forceinline__ void ted_store8(unsigned short* out, const unsigned int* h) {  // 8 bf16 from 8 halves
     *reinterpret_cast<uint4*>(out) = make_uint4(h[0] | (h[1] << 16), h[2] | (h[3] << 16), h[4] | (h[5] << 16),
                                                 h[6] | (h[7] << 16));
@@ -47,17 +75,17 @@ extern "C" __global__ void __launch_bounds__(256)
 ted_dequant_mxfp8(const unsigned char* __restrict__ codes, const unsigned char* __restrict__ scales,
                   long long rows, long long cols, int row_blocks, int lift, unsigned short* __restrict__ out) {
     const long long groups_per_row = cols / 8, groups = rows * groups_per_row;
-    for (long long g = blockIdx.x * (long long)blockDim.x + threadIdx.x; g < groups;
-         g += (long long)gridDim.x * blockDim.x) {
-        const long long r = g / groups_per_row, c = (g - r * groups_per_row) * 8;
+    TedGroupWalk w(groups_per_row);
+    for (long long g = w.first(); g < groups; g = w.next(g)) {
+        const long long r = w.r, c = w.cg * 8;
         const uint2 packed = *reinterpret_cast<const uint2*>(codes + r * cols + c);
         unsigned int sc[8];
         if (row_blocks) {
-            const unsigned int s = scales[r * (cols / 32) + c / 32];
+            const unsigned int s = scales[r * (cols / 32) + (c >> 5)];
 #pragma unroll
             for (int i = 0; i < 8; ++i) sc[i] = s;
         } else {
-            const uint2 s = *reinterpret_cast<const uint2*>(scales + (r / 32) * cols + c);
+            const uint2 s = *reinterpret_cast<const uint2*>(scales + (r >> 5) * cols + c);
 #pragma unroll
             for (int i = 0; i < 4; ++i) { sc[i] = (s.x >> (8 * i)) & 0xFFu; sc[4 + i] = (s.y >> (8 * i)) & 0xFFu; }
         }
@@ -80,11 +108,12 @@ ted_dequant_fp8_block(const unsigned char* __restrict__ codes, const float* __re
                       unsigned short* __restrict__ out) {
     const long long groups_per_row = cols / 8, groups = rows * groups_per_row;
     const long long scale_cols = (cols + 127) / 128;
-    for (long long g = blockIdx.x * (long long)blockDim.x + threadIdx.x; g < groups;
-         g += (long long)gridDim.x * blockDim.x) {
-        const long long r = g / groups_per_row, c = (g - r * groups_per_row) * 8;
+    TedGroupWalk w(groups_per_row);
+    for (long long g = w.first(); g < groups; g = w.next(g)) {
+        const long long r = w.r, c = w.cg * 8;
         const uint2 packed = *reinterpret_cast<const uint2*>(codes + r * cols + c);
-        const float scale = ted_mul(scale_inv[(r / block_rows) * scale_cols + c / 128], lift_factor);
+        const long long br = block_rows == 128 ? (r >> 7) : (block_rows == 1 ? r : r / block_rows);
+        const float scale = ted_mul(scale_inv[br * scale_cols + (c >> 7)], lift_factor);
         unsigned int h[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
