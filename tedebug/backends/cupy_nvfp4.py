@@ -181,6 +181,15 @@ def nvfp4_quantize_raw(
     def ptr(t):
         return t.data_ptr() if t is not None else 0
 
+    # the arguments both kernels end with: the Philox seed and offsets (unused without SR), outputs, workspace
+    seed, row_offset, col_offset = sr if sr is not None else (0, 0, 0)
+    tail = (
+        _words(seed)
+        + _words(row_offset)
+        + _words(col_offset)
+        + (ptr(row_data), ptr(row_scales), ptr(col_data), ptr(col_scales), partials, _ticket(tickets, "nvfp4"))
+        + (stats.data_ptr(),)
+    )
     if takes_fast_kernel(m, k, x2d.dtype, two_d, sr is not None):
         if nonzero is None or nonzero.dtype != torch.int64 or nonzero.device != dev:
             raise ValueError(
@@ -191,64 +200,14 @@ def nvfp4_quantize_raw(
         grid = max(1, min(_fast_blocks_per_sm(sr is not None) * _sm_count(_device_index(dev)), tiles))
         opts = _general_options(x2d, sr is not None, ("-DNQ_2D=1",) if two_d else ())
         kernel = get_kernel("nvfp4.cu", "ted_nvfp4_quantize16", opts)
-        seed, row_offset, col_offset = sr if sr is not None else (0, 0, 0)
-        args = (
-            (
-                x2d.data_ptr(),
-                np.int64(m),
-                np.int64(k),
-                amax.data_ptr(),
-                nonzero.data_ptr(),
-                _INV6,
-                _INV2688,
-                np.int32(rowwise),
-                np.int32(columnwise),
-            )
-            + _words(seed)
-            + _words(row_offset)
-            + _words(col_offset)
-            + (
-                ptr(row_data),
-                ptr(row_scales),
-                ptr(col_data),
-                ptr(col_scales),
-                partials,
-                _ticket(tickets, "nvfp4"),
-                stats.data_ptr(),
-            )
-        )
-        _launch(kernel, grid, NV_THREADS, args, dev)
+        head = (x2d.data_ptr(), np.int64(m), np.int64(k), amax.data_ptr(), nonzero.data_ptr(), _INV6, _INV2688)
+        _launch(kernel, grid, NV_THREADS, head + (np.int32(rowwise), np.int32(columnwise)) + tail, dev)
         return row_data, row_scales, col_data, col_scales, stats
     tiles = ((m + NV_TILE_ROWS - 1) // NV_TILE_ROWS) * ((k + _tile_cols(x2d.dtype) - 1) // _tile_cols(x2d.dtype))
     grid = max(1, min(NV_BLOCKS_PER_SM * _sm_count(_device_index(dev)), tiles))
     kernel = get_kernel("nvfp4.cu", "ted_nvfp4_quantize", _general_options(x2d, sr is not None))
-    seed, row_offset, col_offset = sr if sr is not None else (0, 0, 0)
-    args = (
-        (
-            x2d.data_ptr(),
-            np.int64(m),
-            np.int64(k),
-            amax.data_ptr(),
-            _INV6,
-            _INV2688,
-            np.int32(rowwise),
-            np.int32(columnwise),
-            np.int32(two_d),
-        )
-        + _words(seed)
-        + _words(row_offset)
-        + _words(col_offset)
-        + (
-            ptr(row_data),
-            ptr(row_scales),
-            ptr(col_data),
-            ptr(col_scales),
-            partials,
-            _ticket(tickets, "nvfp4"),
-            stats.data_ptr(),
-        )
-    )
-    _launch(kernel, grid, NV_THREADS, args, dev)
+    head = (x2d.data_ptr(), np.int64(m), np.int64(k), amax.data_ptr(), _INV6, _INV2688)
+    _launch(kernel, grid, NV_THREADS, head + (np.int32(rowwise), np.int32(columnwise), np.int32(two_d)) + tail, dev)
     return row_data, row_scales, col_data, col_scales, stats
 
 
