@@ -26,6 +26,8 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from tedebug.backends.launch import raw_stream
+
 # cuBLAS / cuBLASLt enums (library_types.h, cublas_api.h, cublasLt.h)
 _R_16BF = 14
 _COMPUTE_32F = 68
@@ -254,7 +256,7 @@ def gemm_bias_device_alpha(
                 ctypes.byref(plan.algo.algo),
                 space.data_ptr(),
                 WORKSPACE_BYTES,
-                torch.cuda.current_stream(op_b.device).cuda_stream,
+                raw_stream(index),
             ),
             "cublasLtMatmul",
         )

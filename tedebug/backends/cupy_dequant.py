@@ -14,7 +14,7 @@ import torch
 
 from tedebug.backends.cupy_runtime import BLOCKS_PER_SM, THREADS, device_index, get_kernel, sm_count
 from tedebug.backends.cublaslt import as_cublas, gemm_bias_device_alpha
-from tedebug.backends.launch import launch
+from tedebug.backends.launch import launch, raw_stream
 
 _FP8_OPTION = {"E4M3": ("-DTED_FP8=0",), "E5M2": ("-DTED_FP8=1",)}
 
@@ -159,7 +159,7 @@ def gemm_device_alpha(
         beta = _constant(index, 0.0)
     alpha = alpha.contiguous()
     handle = _handle(index)
-    cublas.setStream(handle, torch.cuda.current_stream(op_b.device).cuda_stream)
+    cublas.setStream(handle, raw_stream(index))
     # row-major out [M, N] is column-major outᵀ [N, M] = op_aᵀ [N, K] · op_bᵀ [K, M]
     cublas.gemmEx(
         handle,

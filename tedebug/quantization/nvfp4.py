@@ -240,6 +240,9 @@ class NVFP4Tensor(QuantizedTensor):
         self.columnwise_data = columnwise_data
         self.columnwise_scale_inv = columnwise_scale_inv
         self.amax_columnwise = amax_columnwise
+        #: (amax_rowwise, amax_columnwise, fp32 [2] of both amaxes times fp32(1/2688)) when the kernel path computed
+        #: the GEMM factors of both directions in one op (`gemm_values` takes one while its amax is the one stored)
+        self._gemm_factors: Optional[Tuple[object, object, torch.Tensor]] = None
 
     def _fields_of(self, usage: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if usage not in USAGES:
@@ -267,7 +270,12 @@ class NVFP4Tensor(QuantizedTensor):
         the columnwise values stay rotated when quantized after the RHT.  See `gemm_values`."""
         data, scale_codes, amax = self._fields_of(usage)
         m, k = matrix_shape(self.shape)
-        factor = amax.float().reshape(()) * _INV_GLOBAL_MAX
+        slot = 0 if usage == "rowwise" else 1
+        cached = self._gemm_factors
+        if cached is not None and cached[slot] is amax:
+            factor = cached[2][slot]  # the same fp32 product, computed at quantization for both directions
+        else:
+            factor = amax.float().reshape(()) * _INV_GLOBAL_MAX
         if usage == "rowwise":
             return GemmValues(nvfp4_values_bf16(data, scale_codes, m, k), factor)
         return GemmValues(nvfp4_values_bf16(data, scale_codes, k, m).t(), factor, rotated=self.columnwise_rht)
@@ -373,6 +381,8 @@ class NVFP4Quantizer(Quantizer):
                 fused["columnwise"] = {"underflows_num": stats[2], "sq_err": stats[3]}
         if fused:
             attach_fused(out, tensor, fused)
+        if self.rowwise_usage and self.columnwise_usage:  # both GEMM factors in one op instead of one per GEMM
+            out._gemm_factors = (out.amax_rowwise, out.amax_columnwise, buffers.amax * _INV_GLOBAL_MAX)
         return out
 
     def _quantize(self, tensor: torch.Tensor) -> NVFP4Tensor:

@@ -252,6 +252,27 @@ def test_dequant_kernels_equal_the_torch_path(name, shape):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not (HAS_GPU and HAS_CUPY), reason="needs CUDA and CuPy")
+def test_nvfp4_gemm_factors_computed_at_quantization_equal_the_per_gemm_ones():
+    """The kernel path computes both directions' GEMM factors amax · fp32(1/2688) in one op at quantization; each
+    is the factor `gemm_values` computes from the stored amax otherwise, bit for bit, and a replaced amax is not
+    served from that cache."""
+    from tedebug.quantization.nvfp4 import _INV_GLOBAL_MAX, NVFP4Quantizer
+
+    x = (torch.randn(256, 512, generator=torch.Generator().manual_seed(5)) * 3).to(torch.bfloat16).to(DEV)
+    with dispatch.use_backend("cupy"):
+        q = NVFP4Quantizer(with_rht=True).quantize(x)
+        assert q._gemm_factors is not None
+        for usage in ("rowwise", "columnwise"):
+            amax = getattr(q, f"amax_{usage}")
+            expected = amax.float().reshape(()) * _INV_GLOBAL_MAX
+            got = q.gemm_values(usage).scale
+            assert got.shape == () and torch.equal(got.view(torch.int32), expected.view(torch.int32)), usage
+        q.amax_rowwise = q.amax_rowwise * 2
+        assert torch.equal(q.gemm_values("rowwise").scale, q.amax_rowwise * _INV_GLOBAL_MAX)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (HAS_GPU and HAS_CUPY), reason="needs CUDA and CuPy")
 @pytest.mark.parametrize("bias", [False, True])
 def test_epilogue_kernel_equals_the_torch_path(bias):
     """The fp32 -> bf16 epilogue (device factors, bias): bit for bit the torch ops it replaces."""
