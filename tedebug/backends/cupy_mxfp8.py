@@ -58,26 +58,22 @@ def mxfp8_quantize_raw(x2d: torch.Tensor, fp8_format: str, rowwise: bool, column
     cpl = 2  # columns per lane, CPL in kernels/mxfp8.cu
     tiles = (m // 32) * ((k + 32 * cpl - 1) // (32 * cpl))
     grid = max(1, min(BLOCKS_PER_SM * sm_count(device_index(dev)), (tiles + 7) // 8))
-    row_codes, row_scales, col_codes, col_scales = _mxfp8_empty(m, k, dev, rowwise, columnwise)
+    outputs = _mxfp8_empty(m, k, dev, rowwise, columnwise)
     partial = torch.empty((grid, 4), dtype=torch.float64, device=dev)
     stats = torch.empty(4, dtype=torch.float64, device=dev)
     kernel = get_kernel("mxfp8.cu", "ted_mxfp8_quantize", opts)
-    args = (
-        x2d.data_ptr(),
-        np.int64(m),
-        np.int64(k),
-        np.float32(1.0 / FP8_MAX[fp8_format]),
-        np.int32(rowwise),
-        np.int32(columnwise),
-        pointer(row_codes),
-        pointer(row_scales),
-        pointer(col_codes),
-        pointer(col_scales),
-        partial.data_ptr(),
-    )
+    args = _head_args(x2d, fp8_format, rowwise, columnwise, outputs) + (partial.data_ptr(),)
     launch(kernel, grid, THREADS, args, dev)
     sum_columns(partial, stats)
-    return MXFP8Buffers(row_codes, row_scales, col_codes, col_scales, stats)
+    return MXFP8Buffers(*outputs, stats)
+
+
+def _head_args(x2d: torch.Tensor, fp8_format: str, rowwise: bool, columnwise: bool, outputs) -> tuple:
+    """The arguments both MXFP8 quantize kernels start with: the input, its shape, 1 / FP8 max, the directions and
+    the four output pointers (0 for an absent direction)."""
+    m, k = x2d.shape
+    flags = (np.float32(1.0 / FP8_MAX[fp8_format]), np.int32(rowwise), np.int32(columnwise))
+    return (x2d.data_ptr(), np.int64(m), np.int64(k)) + flags + tuple(pointer(t) for t in outputs)
 
 
 def _mxfp8_empty(m: int, k: int, dev, rowwise: bool, columnwise: bool):
@@ -96,24 +92,14 @@ def _mxfp8_quantize16(x2d: torch.Tensor, fp8_format: str, rowwise: bool, columnw
     if tiles >= 2**31:  # the kernel walks tiles with 32-bit indices
         raise ValueError(f"mxfp8 kernel: {m} x {k} has {tiles} tiles of 32 x 256, more than 2^31 - 1")
     grid = max(1, min(MX_BLOCKS_PER_SM * sm_count(device_index(dev)), tiles))
-    row_codes, row_scales, col_codes, col_scales = _mxfp8_empty(m, k, dev, rowwise, columnwise)
+    outputs = _mxfp8_empty(m, k, dev, rowwise, columnwise)
     stats = torch.empty(4, dtype=torch.float64, device=dev)
     partials, tickets = workspace(dev)
     kernel = get_kernel("mxfp8.cu", "ted_mxfp8_quantize16", opts)
-    args = (
-        x2d.data_ptr(),
-        np.int64(m),
-        np.int64(k),
-        np.float32(1.0 / FP8_MAX[fp8_format]),
-        np.int32(rowwise),
-        np.int32(columnwise),
-        pointer(row_codes),
-        pointer(row_scales),
-        pointer(col_codes),
-        pointer(col_scales),
+    args = _head_args(x2d, fp8_format, rowwise, columnwise, outputs) + (
         partials,
         ticket(tickets, "mxfp8"),
         stats.data_ptr(),
     )
     launch(kernel, grid, THREADS, args, dev)
-    return MXFP8Buffers(row_codes, row_scales, col_codes, col_scales, stats)
+    return MXFP8Buffers(*outputs, stats)
