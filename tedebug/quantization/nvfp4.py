@@ -379,8 +379,7 @@ class NVFP4Quantizer(Quantizer):
             out.amax_columnwise = buffers.amax[1]
             if stats[2] is not None:
                 fused["columnwise"] = {"underflows_num": stats[2], "sq_err": stats[3]}
-        if fused:
-            attach_fused(out, tensor, fused)
+        attach_fused(out, tensor, fused)
         if self.rowwise_usage and self.columnwise_usage:  # both GEMM factors in one op instead of one per GEMM
             out._gemm_factors = (out.amax_rowwise, out.amax_columnwise, buffers.amax * _INV_GLOBAL_MAX)
         return out
