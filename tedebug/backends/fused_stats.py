@@ -36,6 +36,10 @@ ROWWISE_STATS = {"underflows_num": 0, "sq_err": 1}
 COLUMNWISE_STATS = {"underflows_num": 2, "sq_err": 3}
 
 
+#: id(index table) -> (the table, its names in vector order)
+_ORDERS: Dict[int, tuple] = {}
+
+
 class FusedStats(Mapping):
     """Statistic name -> 0-d view of a kernel's float64 statistics vector, made only when a statistic is read (most
     quantizations are never measured, and a view costs a tensor op)."""
@@ -48,9 +52,16 @@ class FusedStats(Mapping):
 
     @property
     def keys_in_order(self) -> tuple:
-        """The statistic names in vector order (index i holds ``keys_in_order[i]``), for a one-gather row."""
+        """The statistic names in vector order (index i holds ``keys_in_order[i]``), for a one-gather row: one tuple
+        per index table (the tables are this module's constants), so that its readers' caches hit."""
         index = self._index
-        return tuple(sorted(index, key=index.__getitem__))
+        known = _ORDERS.get(id(index))
+        if known is not None and known[0] is index:
+            return known[1]
+        order = tuple(sorted(index, key=index.__getitem__))
+        if len(_ORDERS) < 64:  # the entry holds the table: its id stays its own
+            _ORDERS[id(index)] = (index, order)
+        return order
 
     @property
     def vector(self) -> torch.Tensor:
