@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -171,13 +171,12 @@ def _request(stat: Fp8StatName, key: str) -> StatRequest:
 def _fill_plan(
     plan: _Plan,
     stats: Tuple[Fp8StatName, ...],
-    tensor_name: str,
     tensor: Optional[torch.Tensor],
-    operands: Dict[str, Any],
+    storages: Dict[str, Optional[QuantizedTensor]],
 ) -> None:
     """Requests of the statistics that can be computed; the others go to `plan.skipped` with their reason (a
-    statistic never stops training: what cannot be known at config load is reported and skipped here)."""
-    storages = {usage: storage_for(op, usage) for usage, op in operands.items()}
+    statistic never stops training: what cannot be known at config load is reported and skipped here).
+    `storages`: the quantized storage of each usage's GEMM operand (`storage_for`), None for high precision."""
     for stat in stats:
         if tensor is None and stat.stat in STATS_NEEDING_TENSOR:
             _skip(
@@ -225,6 +224,49 @@ def _fill_plan(
                 plan.what_if.append(stat.recipe)
             key = stat.recipe
         plan.requests.append(_request(stat, key))
+
+
+class _Template(NamedTuple):
+    """A plan as a function of what decides it (the statistics, whether the high-precision tensor exists, and per
+    usage the operand's recipe and whether it holds that usage): the same for every feed of that kind."""
+
+    requests: Tuple[StatRequest, ...]  # one tuple object per template: the engine reuses its parse
+    current: Tuple[str, ...]  # usages whose training storage the current-recipe statistics read
+    what_if: Tuple[str, ...]
+    skipped: Tuple[Tuple[str, Tuple[str, ...]], ...]
+
+
+def _storage_kind(storage: Optional[QuantizedTensor], usage: str) -> Optional[Tuple[str, int]]:
+    """(recipe, 1 if the storage holds `usage` else 0) of a usage's storage, None for high precision."""
+    if storage is None:
+        return None
+    return recipe_of(storage), int(storage.has_rowwise if usage == "rowwise" else storage.has_columnwise)
+
+
+def _template(stats: Tuple[Fp8StatName, ...], tensor: Optional[torch.Tensor], storages) -> _Template:
+    """The plan of storages that hold their usages (`_fill_plan` then changes nothing on them)."""
+    plan = _Plan()
+    _fill_plan(plan, stats, tensor, storages)
+    return _Template(
+        tuple(plan.requests),
+        tuple(plan.current),
+        tuple(plan.what_if),
+        tuple((reason, tuple(names)) for reason, names in plan.skipped.items()),
+    )
+
+
+def _parsed(names) -> Tuple[Fp8StatName, ...]:
+    """The statistic names of a config parsed (once per session and list)."""
+    return memoized("LogFp8TensorStats.stats", names, lambda: tuple(parse_fp8_stat(s) for s in names))
+
+
+def _plan_from(template: _Template, storages) -> _Plan:
+    plan = _Plan()
+    plan.requests = list(template.requests)
+    plan.current = {usage: storages[usage] for usage in template.current}
+    plan.what_if = list(template.what_if)
+    plan.skipped = {reason: list(names) for reason, names in template.skipped}
+    return plan
 
 
 def _current_view(plan: _Plan) -> Optional[QuantizedTensor]:
@@ -279,11 +321,29 @@ class LogFp8TensorStats(ScheduledInspectFeature):
             return
         name = type(self).__name__
         names = stat_list(config)
-        stats = memoized("LogFp8TensorStats.stats", names, lambda: tuple(parse_fp8_stat(s) for s in names))
-        operands = {"rowwise": rowwise_quantized_tensor, "columnwise": columnwise_quantized_tensor}
-        plan = _Plan()
+        storages = {
+            "rowwise": storage_for(rowwise_quantized_tensor, "rowwise"),
+            "columnwise": storage_for(columnwise_quantized_tensor, "columnwise"),
+        }
+        kinds = (_storage_kind(storages["rowwise"], "rowwise"), _storage_kind(storages["columnwise"], "columnwise"))
+        interned: Optional[Tuple[StatRequest, ...]] = None
+        session = active.DEBUG_MANAGER
+        if session is not None and all(kind is None or kind[1] for kind in kinds):
+            # the common case: the plan depends only on this key (statistic names, whether the high-precision
+            # tensor exists, per usage the storage's recipe and presence), so it is made once per session and key;
+            # the key's parts have fixed types, so a plain dict compares it exactly (see tedebug.memo)
+            key = (tuple(names), tensor is None, kinds)
+            table = session.memo("LogFp8TensorStats.plan")
+            template = table.get(key)
+            if template is None:
+                template = table[key] = _template(_parsed(names), tensor, storages)
+            plan = _plan_from(template, storages)
+            interned = template.requests
+        else:  # a usage to add to a storage for this feed (and remove after it), or no session: planned each time
+            plan = _Plan()
         try:
-            _fill_plan(plan, stats, tensor_name, tensor, operands)
+            if interned is None:
+                _fill_plan(plan, _parsed(names), tensor, storages)
             fmt = what_if_format(quantizer)
             for recipe in plan.what_if:
                 try:
@@ -291,6 +351,7 @@ class LogFp8TensorStats(ScheduledInspectFeature):
                 except (ValueError, TypeError, RuntimeError) as err:  # e.g. a shape the format cannot take
                     dropped = [r.name for r in plan.requests if r.recipe == recipe]
                     plan.requests = [r for r in plan.requests if r.recipe != recipe]
+                    interned = None
                     plan.skipped.setdefault(
                         f"the what-if {recipe} quantization of shape {tuple(tensor.shape)} failed: {err}", []
                     ).extend(dropped)
@@ -306,8 +367,10 @@ class LogFp8TensorStats(ScheduledInspectFeature):
             current = active.session()
             group, skip, is_weight = reduction_args(current, tensor_name, tp_group, tp_size)
             # one tuple object per distinct request list: the engine then reuses its parse of the last feed
-            requests = tuple(plan.requests)
-            requests = memoized("LogFp8TensorStats.requests", requests, lambda: requests)
+            requests = interned
+            if requests is None:
+                requests = tuple(plan.requests)
+                requests = memoized("LogFp8TensorStats.requests", requests, lambda: requests)
             try:
                 current.stats.feed(
                     layer_name,

@@ -503,3 +503,81 @@ def test_nvfp4_what_if_on_a_high_precision_layer_and_skip_of_a_bad_shape(tmp_pat
         "LAYER=M: Feature=LogNvfp4TensorStats: skipping ['underflows%', 'mse'] of tensor activation: the "
         "what-if NVFP4 quantization of shape (5, 20) failed" in log
     )
+
+
+def test_feeds_of_one_kind_are_planned_once_and_added_usages_every_time(tmp_path, monkeypatch):
+    """The plan of a feed depends only on the statistics, whether the high-precision tensor exists and each usage's
+    recipe and presence: made once per session for such a kind (call counter), with the same values every feed;
+    a feed whose storage lacks a usage is planned every time, and a usage added for it is removed again."""
+    import sys
+
+    calls = []
+
+    def count_plans():  # in every loaded copy of the feature module (the session loads its feature directories)
+        for name, module in list(sys.modules.items()):
+            real = getattr(module, "_fill_plan", None) if name.endswith("log_fp8_tensor_stats") else None
+            if real is not None and not hasattr(real, "counted"):
+                spy = lambda *a, real=real, **k: calls.append(1) or real(*a, **k)  # noqa: E731
+                spy.counted = True
+                monkeypatch.setattr(module, "_fill_plan", spy)
+
+    x = sample(seed=12)
+    q = Float8CurrentScalingQuantizer("E4M3")
+    block = Float8BlockQuantizer("E4M3", block_scaling_dim=2, columnwise=False)
+    sink = RecordingSink()
+    stats = ["underflows%", "mse", "scale_inv_max"]
+    config = section({"LogFp8TensorStats": {"enabled": True, "stats": stats, "tensors": ["activation", "weight"]}})
+    with debug_session(config, tmp_path, sink) as te:
+        count_plans()
+        for it in range(3):
+            xq = q.quantize(x)  # a new storage of the same kind every iteration
+            te.inspect_tensor(
+                "L",
+                tensor=x,
+                tensor_name="activation",
+                iteration=it,
+                tp_group=None,
+                rowwise_quantized_tensor=xq,
+                columnwise_quantized_tensor=xq,
+                quantizer=q,
+            )
+            bq = block.quantize(x)  # lacks the columnwise usage that scale_inv_max_columnwise reads
+            te.inspect_tensor(
+                "L",
+                tensor=x,
+                tensor_name="weight",
+                iteration=it,
+                tp_group=None,
+                rowwise_quantized_tensor=bq,
+                columnwise_quantized_tensor=bq,
+                quantizer=block,
+            )
+            assert not bq.has_columnwise
+            debug_api.step()
+    # the activation's storage holds both usages: planned once; the weight's lacks one: planned at every feed
+    assert len(calls) == 1 + 3
+    values = sink.values()
+    for stat in stats:
+        first = values[(f"L_activation_{stat}", 0)]
+        assert values[(f"L_activation_{stat}", 1)] == values[(f"L_activation_{stat}", 2)] == first
+    calls.clear()
+    config = section(
+        {"LogFp8TensorStats": {"enabled": True, "stats": ["scale_inv_max_columnwise"], "tensors": ["weight"]}}
+    )
+    with debug_session(config, tmp_path / "b", RecordingSink()) as te:
+        count_plans()
+        for it in range(2):
+            bq = block.quantize(x)
+            te.inspect_tensor(
+                "L",
+                tensor=x,
+                tensor_name="weight",
+                iteration=it,
+                tp_group=None,
+                rowwise_quantized_tensor=bq,
+                columnwise_quantized_tensor=bq,
+                quantizer=block,
+            )
+            assert not bq.has_columnwise  # added for the feed, removed after it
+            debug_api.step()
+    assert len(calls) == 2  # planned at every feed
