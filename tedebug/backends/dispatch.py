@@ -152,7 +152,11 @@ def _kernel_input(tensor: torch.Tensor) -> bool:
 
 
 def stats_backend(tensor: torch.Tensor, kernel: KernelChoice = None) -> ModuleType:
-    """The module whose family functions compute statistics partials of `tensor`."""
+    """The module whose family functions compute statistics partials of `tensor` (called for every logged tensor:
+    a tensor that is not on a CUDA device goes to the torch reference after one look at the backend name, unless
+    that name is "cupy", whose error `use_kernels` raises)."""
+    if not tensor.is_cuda and _name_of(kernel) != "cupy":
+        return torch_ref
     if use_kernels(tensor, kernel) and _kernel_input(tensor):
         from tedebug.backends import cupy_stats
 
