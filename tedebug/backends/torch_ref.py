@@ -144,6 +144,12 @@ HOST_PASS_MAX_NUMEL = 32768
 _NUMPY_DTYPES = frozenset((torch.float32, torch.float64, torch.float16))
 
 
+#: dtypes whose values, converted to float64, can be squared and subtracted without overflow (their largest finite
+#: magnitude is below 2^128): with no infinity and no NaN among them, numpy's element-wise work raises no
+#: floating-point flag, so it needs no `np.errstate`
+_NARROW_DTYPES = frozenset((torch.float32, torch.float16, torch.bfloat16))
+
+
 def _small_basic_partial_values(flat: torch.Tensor, n: int) -> tuple:
     """`basic_partial_values` of a flat CPU tensor of `n` <= `HOST_PASS_MAX_NUMEL` elements, with 2 torch calls.
 
@@ -153,19 +159,35 @@ def _small_basic_partial_values(flat: torch.Tensor, n: int) -> tuple:
     copy (the conversion keeps every value and its order) - except a minimum or maximum that is a zero, taken
     again by torch in the input dtype, whose choice between +0 and -0 the reference fixes.  The sums depend on the
     order of the additions, so torch takes them as the reference does: Σx, Σ|x| and Σx² as the rows of one
-    matrix sum, then Σ(x − mean)² on the second row overwritten."""
-    with np.errstate(all="ignore"):  # infinities and NaNs propagate as in torch, without numpy's warnings
-        return _small_values_quiet(flat, n, _workspace(n))
+    matrix sum, then Σ(x − mean)² on the second row overwritten.  Infinities and NaNs propagate as in torch,
+    without numpy's warnings: the work after the sums runs under `np.errstate` when the sum is not finite, and all
+    of it does for a float64 tensor (whose squares may overflow)."""
+    space = _workspace(n)
+    if flat.dtype in _NARROW_DTYPES:
+        return _small_values(flat, n, space)
+    with np.errstate(all="ignore"):
+        return _small_values(flat, n, space)
 
 
 class _Workspace:
     """The arrays of `_small_basic_partial_values` for one element count, and the tensors that wrap them."""
 
-    __slots__ = ("rows", "values", "magnitudes", "squares", "sums", "rows_tensor", "magnitudes_tensor", "sums_tensor")
+    __slots__ = (
+        "rows",
+        "values",
+        "magnitudes",
+        "squares",
+        "signed_and_magnitudes",
+        "sums",
+        "rows_tensor",
+        "magnitudes_tensor",
+        "sums_tensor",
+    )
 
     def __init__(self, n: int) -> None:
         self.rows = np.empty((3, n))
         self.values, self.magnitudes, self.squares = self.rows
+        self.signed_and_magnitudes = self.rows[:2]  # one reduction gives min(x) and min(|x|)
         self.sums = np.empty(3)
         self.rows_tensor = torch.from_numpy(self.rows)
         self.magnitudes_tensor = torch.from_numpy(self.magnitudes)
@@ -189,49 +211,51 @@ def _workspace(n: int) -> _Workspace:
     return space
 
 
-def _small_values_quiet(flat: torch.Tensor, n: int, space: _Workspace) -> tuple:
-    values, magnitudes = space.values, space.magnitudes
+def _small_values(flat: torch.Tensor, n: int, space: _Workspace) -> tuple:
+    values = space.values
     if flat.dtype in _NUMPY_DTYPES and not flat.requires_grad:
         np.copyto(values, flat.numpy())
     else:
         torch.from_numpy(values).copy_(flat.detach())
-    low, high = float(np.minimum.reduce(values)), float(np.maximum.reduce(values))  # NaN propagates, as in torch
+    np.abs(values, out=space.magnitudes)
+    np.multiply(values, values, out=space.squares)
+    torch.sum(space.rows_tensor, dim=1, out=space.sums_tensor)
+    total_value, abs_sum, sq_sum = space.sums.tolist()
+    if math.isfinite(total_value):  # a finite float64 sum: no NaN and no infinity, so both counts are 0
+        return _small_values_after_sums(flat, n, space, total_value, abs_sum, sq_sum, 0.0, 0.0)
+    with np.errstate(all="ignore"):
+        nan_count, inf_count = float(np.isnan(values).sum()), float(np.isinf(values).sum())
+        return _small_values_after_sums(flat, n, space, total_value, abs_sum, sq_sum, nan_count, inf_count)
+
+
+def _small_values_after_sums(
+    flat: torch.Tensor,
+    n: int,
+    space: _Workspace,
+    total_value: float,
+    abs_sum: float,
+    sq_sum: float,
+    nan_count: float,
+    inf_count: float,
+) -> tuple:
+    values, magnitudes = space.values, space.magnitudes
+    low, smallest_magnitude = np.minimum.reduce(space.signed_and_magnitudes, axis=1).tolist()  # NaN propagates
+    high = float(np.maximum.reduce(values))
     if low == 0.0:
         low = flat.amin().item()
     if high == 0.0:
         high = flat.amax().item()
     amax = max(abs(low), abs(high)) if low == low else low  # NaN propagates, as amax of |x| does
-    np.abs(values, out=magnitudes)
-    np.multiply(values, values, out=space.squares)
     nonzero = int(np.count_nonzero(values))
     if nonzero == n:
-        nz_abs_min = float(np.minimum.reduce(magnitudes))
+        nz_abs_min = smallest_magnitude
     else:  # +inf when every element is zero; a NaN propagates
         nz_abs_min = float(np.minimum.reduce(magnitudes, where=magnitudes != 0, initial=math.inf))
-    torch.sum(space.rows_tensor, dim=1, out=space.sums_tensor)
-    total_value, abs_sum, sq_sum = space.sums.tolist()
     # the mean as a Python float: the same correctly rounded float64 division as `total / numel` on a 0-d tensor
     np.subtract(values, total_value / n, out=magnitudes)
     np.square(magnitudes, out=magnitudes)
     m2 = space.magnitudes_tensor.sum().item()
-    if math.isfinite(total_value):
-        nan_count = inf_count = 0
-    else:
-        nan_count, inf_count = int(np.isnan(values).sum()), int(np.isinf(values).sum())
-    return (
-        low,
-        high,
-        total_value,
-        m2,
-        abs_sum,
-        sq_sum,
-        amax,
-        nz_abs_min,
-        amax,
-        float(nonzero),
-        float(nan_count),
-        float(inf_count),
-    )
+    return (low, high, total_value, m2, abs_sum, sq_sum, amax, nz_abs_min, amax, float(nonzero), nan_count, inf_count)
 
 
 # ------------------------------------------------------------------------------------------------ blockwise
