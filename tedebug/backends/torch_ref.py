@@ -98,11 +98,13 @@ def basic_partial_values(x: torch.Tensor) -> tuple:
     magnitude is the smallest magnitude; a finite float64 sum means no NaN and no infinity (either would make the
     sum NaN or infinite), so both counts are 0.  A tensor of at most `HOST_PASS_MAX_NUMEL` elements takes
     `_small_basic_partial_values` (numpy for what does not depend on an order, torch's own sums for what does);
-    a larger one the torch calls below."""
-    flat = x.reshape(-1)
-    n = flat.numel()
+    a larger one the torch calls below.  A tensor that requires grad is read detached (no autograd record)."""
+    if x.requires_grad:
+        x = x.detach()
+    n = x.numel()
     if n <= HOST_PASS_MAX_NUMEL:
-        return _small_basic_partial_values(flat, n)
+        return _small_basic_partial_values(x, n)
+    flat = x.reshape(-1)
     # min and max in the input dtype, as `basic_partials` takes them (aminmax may differ in the sign of a zero)
     low, high = flat.amin().item(), flat.amax().item()
     amax = max(abs(low), abs(high)) if low == low else low  # NaN propagates, as amax of |x| does
@@ -150,8 +152,9 @@ _NUMPY_DTYPES = frozenset((torch.float32, torch.float64, torch.float16))
 _NARROW_DTYPES = frozenset((torch.float32, torch.float16, torch.bfloat16))
 
 
-def _small_basic_partial_values(flat: torch.Tensor, n: int) -> tuple:
-    """`basic_partial_values` of a flat CPU tensor of `n` <= `HOST_PASS_MAX_NUMEL` elements, with 2 torch calls.
+def _small_basic_partial_values(x: torch.Tensor, n: int) -> tuple:
+    """`basic_partial_values` of a CPU tensor `x` (any shape, no autograd) of `n` <= `HOST_PASS_MAX_NUMEL` elements,
+    with 2 torch calls.
 
     Every value is the one `basic_partials` computes.  The tensor is converted once to float64 (exact) in a numpy
     matrix whose other two rows receive |x| and x·x (element-wise IEEE operations: the same values as torch's);
@@ -163,10 +166,10 @@ def _small_basic_partial_values(flat: torch.Tensor, n: int) -> tuple:
     without numpy's warnings: the work after the sums runs under `np.errstate` when the sum is not finite, and all
     of it does for a float64 tensor (whose squares may overflow)."""
     space = _workspace(n)
-    if flat.dtype in _NARROW_DTYPES:
-        return _small_values(flat, n, space)
+    if x.dtype in _NARROW_DTYPES:
+        return _small_values(x, n, space)
     with np.errstate(all="ignore"):
-        return _small_values(flat, n, space)
+        return _small_values(x, n, space)
 
 
 class _Workspace:
@@ -211,25 +214,25 @@ def _workspace(n: int) -> _Workspace:
     return space
 
 
-def _small_values(flat: torch.Tensor, n: int, space: _Workspace) -> tuple:
+def _small_values(x: torch.Tensor, n: int, space: _Workspace) -> tuple:
     values = space.values
-    if flat.dtype in _NUMPY_DTYPES and not flat.requires_grad:
-        np.copyto(values, flat.numpy())
+    if x.dtype in _NUMPY_DTYPES:  # the elements in row-major order, as `reshape(-1)` orders them
+        np.copyto(values, x.numpy().reshape(-1))
     else:
-        torch.from_numpy(values).copy_(flat.detach())
+        torch.from_numpy(values).copy_(x.reshape(-1))
     np.abs(values, out=space.magnitudes)
     np.multiply(values, values, out=space.squares)
     torch.sum(space.rows_tensor, dim=1, out=space.sums_tensor)
     total_value, abs_sum, sq_sum = space.sums.tolist()
     if math.isfinite(total_value):  # a finite float64 sum: no NaN and no infinity, so both counts are 0
-        return _small_values_after_sums(flat, n, space, total_value, abs_sum, sq_sum, 0.0, 0.0)
+        return _small_values_after_sums(x, n, space, total_value, abs_sum, sq_sum, 0.0, 0.0)
     with np.errstate(all="ignore"):
         nan_count, inf_count = float(np.isnan(values).sum()), float(np.isinf(values).sum())
-        return _small_values_after_sums(flat, n, space, total_value, abs_sum, sq_sum, nan_count, inf_count)
+        return _small_values_after_sums(x, n, space, total_value, abs_sum, sq_sum, nan_count, inf_count)
 
 
 def _small_values_after_sums(
-    flat: torch.Tensor,
+    x: torch.Tensor,
     n: int,
     space: _Workspace,
     total_value: float,
@@ -241,10 +244,10 @@ def _small_values_after_sums(
     values, magnitudes = space.values, space.magnitudes
     low, smallest_magnitude = np.minimum.reduce(space.signed_and_magnitudes, axis=1).tolist()  # NaN propagates
     high = float(np.maximum.reduce(values))
-    if low == 0.0:
-        low = flat.amin().item()
+    if low == 0.0:  # the zero's sign as the reference's reduction of the flattened tensor picks it
+        low = x.reshape(-1).amin().item()
     if high == 0.0:
-        high = flat.amax().item()
+        high = x.reshape(-1).amax().item()
     amax = max(abs(low), abs(high)) if low == low else low  # NaN propagates, as amax of |x| does
     nonzero = int(np.count_nonzero(values))
     if nonzero == n:

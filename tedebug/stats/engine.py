@@ -130,8 +130,8 @@ class StatsEngine:
             if buffer.basic_only and tensor is not None:
                 backend = backend_for(tensor)
                 values_of = getattr(backend, "basic_partial_values", None)
-                if values_of is not None and tensor.device.type == "cpu":  # host values: the row as Python floats
-                    values = (float(numel),) + values_of(tensor.detach())  # no autograd record of the math
+                if values_of is not None and tensor.is_cpu:  # host values: the row as Python floats
+                    values = (float(numel),) + values_of(tensor)  # (read detached: no autograd record of the math)
                     buffer.accumulate_host(buffer.host_gather(backend.BASIC_ROW_KEYS)(values))
                     return
                 into = getattr(backend, "basic_stats_into", None)

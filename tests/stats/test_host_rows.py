@@ -158,3 +158,26 @@ def test_small_pass_raises_no_numpy_warning(dtype):
     finally:
         np.seterr(**old)
     assert np.geterr() == old
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_small_pass_reads_strided_and_grad_tensors_as_the_reference(dtype):
+    """A transposed (non-contiguous) tensor, a slice and a tensor that requires grad give the reference's values,
+    signed zero extremes included."""
+    g = torch.Generator().manual_seed(26)
+    x = torch.randn(12, 20, generator=g)
+    x[x.abs() < 0.3] = 0.0
+    x[0, 0] = -0.0
+    relu = torch.relu(torch.randn(16, 6, generator=g))
+    strided = (x.t(), x[:, 3:11], relu.t(), -relu[2:, :].t())
+    assert not any(t.is_contiguous() for t in strided)
+    for t in strided:
+        t = t.to(dtype) if dtype != torch.float32 else t
+        reference = torch_ref.basic_partials(t)
+        assert [_bits(v) for v in torch_ref.basic_partial_values(t)] == [
+            _bits(reference[k].item()) for k in torch_ref.BASIC_KEYS
+        ]
+    needs_grad = x.to(dtype).requires_grad_() * 1
+    reference = torch_ref.basic_partials(x.to(dtype))
+    values = torch_ref.basic_partial_values(needs_grad)
+    assert [_bits(v) for v in values] == [_bits(reference[k].item()) for k in torch_ref.BASIC_KEYS]
