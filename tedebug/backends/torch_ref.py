@@ -249,11 +249,14 @@ def _small_values_after_sums(
     if high == 0.0:
         high = x.reshape(-1).amax().item()
     amax = max(abs(low), abs(high)) if low == low else low  # NaN propagates, as amax of |x| does
-    nonzero = int(np.count_nonzero(values))
-    if nonzero == n:
-        nz_abs_min = smallest_magnitude
-    else:  # +inf when every element is zero; a NaN propagates
-        nz_abs_min = float(np.minimum.reduce(magnitudes, where=magnitudes != 0, initial=math.inf))
+    if smallest_magnitude > 0.0:  # no zero (and no NaN): every element counts, the smallest magnitude is non-zero
+        nonzero, nz_abs_min = n, smallest_magnitude
+    else:
+        nonzero = int(np.count_nonzero(values))
+        if nonzero == n:  # a NaN and no zero
+            nz_abs_min = smallest_magnitude
+        else:  # +inf when every element is zero; a NaN propagates
+            nz_abs_min = float(np.minimum.reduce(magnitudes, where=magnitudes != 0, initial=math.inf))
     # the mean as a Python float: the same correctly rounded float64 division as `total / numel` on a 0-d tensor
     np.subtract(values, total_value / n, out=magnitudes)
     np.square(magnitudes, out=magnitudes)

@@ -137,11 +137,14 @@ def test_a_cpu_feed_runs_only_the_two_sums():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 def test_small_pass_raises_no_numpy_warning(dtype):
-    """NaN, infinities of both signs (a NaN sum and an infinite one) and, in float64, squares that overflow: the
-    values are the reference's and numpy reports nothing, even with every floating-point error set to raise."""
+    """NaN (with and without zeros), infinities of both signs (a NaN sum and an infinite one), only zeros and, in
+    float64, squares that overflow: the values are the reference's and numpy reports nothing, even with every
+    floating-point error set to raise."""
     big = 1e300 if dtype == torch.float64 else 1.0
     cases = [
         torch.tensor([1.0, float("nan"), -2.0, float("inf"), 0.0]),
+        torch.tensor([1.0, float("nan"), -2.0]),  # a NaN and no zero
+        torch.tensor([0.0, -0.0, 0.0]),  # only zeros
         torch.tensor([1.0, float("inf"), float("-inf"), 3.0]),
         torch.tensor([1.0, float("inf"), 3.0, -0.0]),
         torch.tensor([2.0, -3.0]) * big,
