@@ -67,27 +67,15 @@ class LogTensorStats(ScheduledInspectFeature):
         quantizer: Any = None,
     ) -> None:
         plan = inspect_plan(config, tensor_name, type(self).__name__)
-        plan.feed(layer_name, iteration, tensor, tp_group, tp_size, rowwise_quantized_tensor)
+        if plan.feed(layer_name, iteration, tensor, tp_group, tp_size, rowwise_quantized_tensor):
+            log_once(plan.message, layer_name)
 
     def bind_inspect_tensor(self, config: dict, layer_name: str, tensor_name: str):
         """`inspect_tensor` bound to one routed config, layer and tensor name for the rest of the session, as
         ``call(iteration, tensor, tp_group, tp_size, rowwise_quantized_tensor, columnwise_quantized_tensor,
         quantizer)`` (what `tedebug.plan` calls on the debug path; used only while this class also defines
         `inspect_tensor`).  The plan is looked up once: a route's config does not change during its session."""
-        feed = inspect_plan(config, tensor_name, type(self).__name__).feed
-
-        def call(
-            iteration: int,
-            tensor: Optional[torch.Tensor],
-            tp_group: Any,
-            tp_size: int,
-            rowwise_quantized_tensor: Any,
-            columnwise_quantized_tensor: Any,
-            quantizer: Any,
-        ) -> None:
-            feed(layer_name, iteration, tensor, tp_group, tp_size, rowwise_quantized_tensor)
-
-        return call
+        return LayerFeed(inspect_plan(config, tensor_name, type(self).__name__), layer_name)
 
 
 def inspect_plan(config: dict, tensor_name: Optional[str], feature_name: str = "LogTensorStats") -> "InspectPlan":
@@ -128,10 +116,11 @@ class InspectPlan:
         tp_group: Any,
         tp_size: int,
         rowwise_quantized_tensor: Any,
-    ) -> None:
-        """Feed the tensor's statistics to the stats engine when the schedule is active at `iteration`."""
+    ) -> bool:
+        """Feed the tensor's statistics to the stats engine when the schedule is active at `iteration`; True when it
+        fed (the caller then writes `message` to the main log, once per layer)."""
         if not self.schedule.is_active(iteration):
-            return
+            return False
         x = high_precision_input(layer_name, self.tensor_name, tensor, rowwise_quantized_tensor)
         requests = self.requests
         if requests is None:
@@ -139,7 +128,7 @@ class InspectPlan:
         if self.by_shape is not None:
             requests = self._fitting(requests, x, layer_name)
             if not requests:
-                return
+                return False
         current = active.session()
         group, skip, is_weight = reduction_args(current, self.tensor_name, tp_group, tp_size)
         current.stats.feed(
@@ -153,7 +142,7 @@ class InspectPlan:
             skip_reduction=skip,
             is_weight=is_weight,
         )
-        log_once(self.message, layer_name)
+        return True
 
     def _parse_requests(self) -> Tuple[StatRequest, ...]:
         stats = stat_list({"stats": self.stats})
@@ -180,6 +169,34 @@ class InspectPlan:
         for warning in entry[1]:
             log_once(warning, layer_name, logging.WARNING)
         return entry[0]
+
+
+class LayerFeed:
+    """An `InspectPlan` bound to one layer: the ``inspect_tensor`` that `tedebug.plan` calls on the debug path
+    (`LogTensorStats.bind_inspect_tensor`).  It writes the plan's main-log line at its first feed only: the session
+    writes that line once per layer anyway, and a binding lives no longer than its session."""
+
+    __slots__ = ("plan", "layer_name", "logged")
+
+    def __init__(self, plan: InspectPlan, layer_name: str) -> None:
+        self.plan = plan
+        self.layer_name = layer_name
+        self.logged = False
+
+    def __call__(
+        self,
+        iteration: int,
+        tensor: Optional[torch.Tensor],
+        tp_group: Any,
+        tp_size: int,
+        rowwise_quantized_tensor: Any,
+        columnwise_quantized_tensor: Any,
+        quantizer: Any,
+    ) -> None:
+        if self.plan.feed(self.layer_name, iteration, tensor, tp_group, tp_size, rowwise_quantized_tensor):
+            if not self.logged:
+                log_once(self.plan.message, self.layer_name)
+                self.logged = True
 
 
 def blockwise_misfit(request: StatRequest, shape: torch.Size) -> Optional[str]:

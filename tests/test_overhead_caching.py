@@ -306,6 +306,7 @@ def test_feed_gathers_the_row_from_a_backend_vector(monkeypatch, stats):
     import types
     from tedebug.backends import torch_ref
     from tedebug.stats import engine as engine_module
+    from tedebug.stats.readback import RowsInFlight
 
     keys = tuple(
         reversed(
@@ -347,7 +348,9 @@ def test_feed_gathers_the_row_from_a_backend_vector(monkeypatch, stats):
         engine = StatsEngine(RecordingSink())
         for i, x in enumerate(feeds):
             engine.feed(f"l{i}", "activation", stats, x, iteration=0)
-        rows[name] = [b.row.tolist() for b in engine._store.fed()]
+        fed = engine._store.fed()
+        host = RowsInFlight(fed).host_rows()  # each buffer's row as the step reads it back
+        rows[name] = [host[b.key] for b in fed]
     assert len(calls) == len(feeds)
     assert len(rows["vector"]) == len(feeds) and all(
         len(r) == len(rows["reference"][i]) for i, r in enumerate(rows["vector"])

@@ -152,12 +152,32 @@ def _kernel_input(tensor: torch.Tensor) -> bool:
 
 
 def stats_backend(tensor: torch.Tensor, kernel: KernelChoice = None) -> ModuleType:
-    """The module whose family functions compute statistics partials of `tensor`."""
+    """The module whose family functions compute statistics partials of `tensor` (called for every logged tensor,
+    so the usual answers take one look at the backend name and at the tensor: "torch" or a tensor that is not on a
+    CUDA device under "auto" get the torch reference, a CUDA tensor the kernels take under "auto" gets
+    them; "cupy" goes through `use_kernels`, which raises where the kernels cannot run)."""
+    name = _name_of(kernel)
+    if name == "torch":
+        return torch_ref
+    if name == "auto":
+        if tensor.is_cuda and _cupy_importable() and _kernel_input(tensor):
+            return _stats_kernels()
+        return torch_ref
     if use_kernels(tensor, kernel) and _kernel_input(tensor):
+        return _stats_kernels()
+    return torch_ref
+
+
+_cupy_stats: Optional[ModuleType] = None  # `tedebug.backends.cupy_stats` once imported
+
+
+def _stats_kernels() -> ModuleType:
+    global _cupy_stats
+    if _cupy_stats is None:
         from tedebug.backends import cupy_stats
 
-        return cupy_stats
-    return torch_ref
+        _cupy_stats = cupy_stats
+    return _cupy_stats
 
 
 def _matrix(tensor: torch.Tensor) -> torch.Tensor:

@@ -98,11 +98,13 @@ def basic_partial_values(x: torch.Tensor) -> tuple:
     magnitude is the smallest magnitude; a finite float64 sum means no NaN and no infinity (either would make the
     sum NaN or infinite), so both counts are 0.  A tensor of at most `HOST_PASS_MAX_NUMEL` elements takes
     `_small_basic_partial_values` (numpy for what does not depend on an order, torch's own sums for what does);
-    a larger one the torch calls below."""
-    flat = x.reshape(-1)
-    n = flat.numel()
+    a larger one the torch calls below.  A tensor that requires grad is read detached (no autograd record)."""
+    if x.requires_grad:
+        x = x.detach()
+    n = x.numel()
     if n <= HOST_PASS_MAX_NUMEL:
-        return _small_basic_partial_values(flat, n)
+        return _small_basic_partial_values(x, n)
+    flat = x.reshape(-1)
     # min and max in the input dtype, as `basic_partials` takes them (aminmax may differ in the sign of a zero)
     low, high = flat.amin().item(), flat.amax().item()
     amax = max(abs(low), abs(high)) if low == low else low  # NaN propagates, as amax of |x| does
@@ -144,8 +146,15 @@ HOST_PASS_MAX_NUMEL = 32768
 _NUMPY_DTYPES = frozenset((torch.float32, torch.float64, torch.float16))
 
 
-def _small_basic_partial_values(flat: torch.Tensor, n: int) -> tuple:
-    """`basic_partial_values` of a flat CPU tensor of `n` <= `HOST_PASS_MAX_NUMEL` elements, with 2 torch calls.
+#: dtypes whose values, converted to float64, can be squared and subtracted without overflow (their largest finite
+#: magnitude is below 2^128): with no infinity and no NaN among them, numpy's element-wise work raises no
+#: floating-point flag, so it needs no `np.errstate`
+_NARROW_DTYPES = frozenset((torch.float32, torch.float16, torch.bfloat16))
+
+
+def _small_basic_partial_values(x: torch.Tensor, n: int) -> tuple:
+    """`basic_partial_values` of a CPU tensor `x` (any shape, no autograd) of `n` <= `HOST_PASS_MAX_NUMEL` elements,
+    with 2 torch calls.
 
     Every value is the one `basic_partials` computes.  The tensor is converted once to float64 (exact) in a numpy
     matrix whose other two rows receive |x| and x·x (element-wise IEEE operations: the same values as torch's);
@@ -153,19 +162,35 @@ def _small_basic_partial_values(flat: torch.Tensor, n: int) -> tuple:
     copy (the conversion keeps every value and its order) - except a minimum or maximum that is a zero, taken
     again by torch in the input dtype, whose choice between +0 and -0 the reference fixes.  The sums depend on the
     order of the additions, so torch takes them as the reference does: Σx, Σ|x| and Σx² as the rows of one
-    matrix sum, then Σ(x − mean)² on the second row overwritten."""
-    with np.errstate(all="ignore"):  # infinities and NaNs propagate as in torch, without numpy's warnings
-        return _small_values_quiet(flat, n, _workspace(n))
+    matrix sum, then Σ(x − mean)² on the second row overwritten.  Infinities and NaNs propagate as in torch,
+    without numpy's warnings: the work after the sums runs under `np.errstate` when the sum is not finite, and all
+    of it does for a float64 tensor (whose squares may overflow)."""
+    space = _workspace(n)
+    if x.dtype in _NARROW_DTYPES:
+        return _small_values(x, n, space)
+    with np.errstate(all="ignore"):
+        return _small_values(x, n, space)
 
 
 class _Workspace:
     """The arrays of `_small_basic_partial_values` for one element count, and the tensors that wrap them."""
 
-    __slots__ = ("rows", "values", "magnitudes", "squares", "sums", "rows_tensor", "magnitudes_tensor", "sums_tensor")
+    __slots__ = (
+        "rows",
+        "values",
+        "magnitudes",
+        "squares",
+        "signed_and_magnitudes",
+        "sums",
+        "rows_tensor",
+        "magnitudes_tensor",
+        "sums_tensor",
+    )
 
     def __init__(self, n: int) -> None:
         self.rows = np.empty((3, n))
         self.values, self.magnitudes, self.squares = self.rows
+        self.signed_and_magnitudes = self.rows[:2]  # one reduction gives min(x) and min(|x|)
         self.sums = np.empty(3)
         self.rows_tensor = torch.from_numpy(self.rows)
         self.magnitudes_tensor = torch.from_numpy(self.magnitudes)
@@ -189,49 +214,54 @@ def _workspace(n: int) -> _Workspace:
     return space
 
 
-def _small_values_quiet(flat: torch.Tensor, n: int, space: _Workspace) -> tuple:
-    values, magnitudes = space.values, space.magnitudes
-    if flat.dtype in _NUMPY_DTYPES and not flat.requires_grad:
-        np.copyto(values, flat.numpy())
+def _small_values(x: torch.Tensor, n: int, space: _Workspace) -> tuple:
+    values = space.values
+    if x.dtype in _NUMPY_DTYPES:  # the elements in row-major order, as `reshape(-1)` orders them
+        np.copyto(values, x.numpy().reshape(-1))
     else:
-        torch.from_numpy(values).copy_(flat.detach())
-    low, high = float(np.minimum.reduce(values)), float(np.maximum.reduce(values))  # NaN propagates, as in torch
-    if low == 0.0:
-        low = flat.amin().item()
-    if high == 0.0:
-        high = flat.amax().item()
-    amax = max(abs(low), abs(high)) if low == low else low  # NaN propagates, as amax of |x| does
-    np.abs(values, out=magnitudes)
+        torch.from_numpy(values).copy_(x.reshape(-1))
+    np.abs(values, out=space.magnitudes)
     np.multiply(values, values, out=space.squares)
-    nonzero = int(np.count_nonzero(values))
-    if nonzero == n:
-        nz_abs_min = float(np.minimum.reduce(magnitudes))
-    else:  # +inf when every element is zero; a NaN propagates
-        nz_abs_min = float(np.minimum.reduce(magnitudes, where=magnitudes != 0, initial=math.inf))
     torch.sum(space.rows_tensor, dim=1, out=space.sums_tensor)
     total_value, abs_sum, sq_sum = space.sums.tolist()
+    if math.isfinite(total_value):  # a finite float64 sum: no NaN and no infinity, so both counts are 0
+        return _small_values_after_sums(x, n, space, total_value, abs_sum, sq_sum, 0.0, 0.0)
+    with np.errstate(all="ignore"):
+        nan_count, inf_count = float(np.isnan(values).sum()), float(np.isinf(values).sum())
+        return _small_values_after_sums(x, n, space, total_value, abs_sum, sq_sum, nan_count, inf_count)
+
+
+def _small_values_after_sums(
+    x: torch.Tensor,
+    n: int,
+    space: _Workspace,
+    total_value: float,
+    abs_sum: float,
+    sq_sum: float,
+    nan_count: float,
+    inf_count: float,
+) -> tuple:
+    values, magnitudes = space.values, space.magnitudes
+    low, smallest_magnitude = np.minimum.reduce(space.signed_and_magnitudes, axis=1).tolist()  # NaN propagates
+    high = float(np.maximum.reduce(values))
+    if low == 0.0:  # the zero's sign as the reference's reduction of the flattened tensor picks it
+        low = x.reshape(-1).amin().item()
+    if high == 0.0:
+        high = x.reshape(-1).amax().item()
+    amax = max(abs(low), abs(high)) if low == low else low  # NaN propagates, as amax of |x| does
+    if smallest_magnitude > 0.0:  # no zero (and no NaN): every element counts, the smallest magnitude is non-zero
+        nonzero, nz_abs_min = n, smallest_magnitude
+    else:
+        nonzero = int(np.count_nonzero(values))
+        if nonzero == n:  # a NaN and no zero
+            nz_abs_min = smallest_magnitude
+        else:  # +inf when every element is zero; a NaN propagates
+            nz_abs_min = float(np.minimum.reduce(magnitudes, where=magnitudes != 0, initial=math.inf))
     # the mean as a Python float: the same correctly rounded float64 division as `total / numel` on a 0-d tensor
     np.subtract(values, total_value / n, out=magnitudes)
     np.square(magnitudes, out=magnitudes)
     m2 = space.magnitudes_tensor.sum().item()
-    if math.isfinite(total_value):
-        nan_count = inf_count = 0
-    else:
-        nan_count, inf_count = int(np.isnan(values).sum()), int(np.isinf(values).sum())
-    return (
-        low,
-        high,
-        total_value,
-        m2,
-        abs_sum,
-        sq_sum,
-        amax,
-        nz_abs_min,
-        amax,
-        float(nonzero),
-        float(nan_count),
-        float(inf_count),
-    )
+    return (low, high, total_value, m2, abs_sum, sq_sum, amax, nz_abs_min, amax, float(nonzero), nan_count, inf_count)
 
 
 # ------------------------------------------------------------------------------------------------ blockwise

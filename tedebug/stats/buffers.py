@@ -5,8 +5,9 @@ schedule plus its marker such as ``"fp8"`` / ``"nvfp4"``, so that two features n
 step a non-weight buffer merges every feed (all microbatches, forward and backward) with the exact combiners of
 `tedebug.stats.definitions`; a weight buffer keeps the first feed of the step only.  The row stays on the device
 of the fed tensor until `StatsEngine.step` reads every row back at once; a kernel backend writes its rows into a
-`RowSlab` instead (`slab_rows`), merged on the host at the step.  Buffers persist across steps (their
-reduction groups decide which collectives a rank joins); only the row is cleared at each step.
+`RowSlab` instead (`slab_rows`), merged on the host at the step; a CPU feed whose values were read on the host
+keeps them as a list of Python floats (`host_row`: nothing to copy back, no tensor to build).  Buffers persist
+across steps (their reduction groups decide which collectives a rank joins); only the row is cleared at each step.
 
 Everything a feed or an emission derives from the requests alone (the columns, the partial families to compute and
 where each partial goes in the row, the emitted names) is derived once per buffer, when its requests are set.
@@ -14,9 +15,9 @@ where each partial goes in the row, the emitted names) is derived once per buffe
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Any, Callable, Dict, Hashable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
-import numpy as np
 import torch
 
 from tedebug.stats.definitions import (
@@ -54,6 +55,8 @@ class StatBuffer:
         self.skip_reduction = False
         self.iteration: Optional[int] = None
         self.row: Optional[torch.Tensor] = None  # float64 [len(columns)] on the feed's device
+        #: the step's row as Python floats in `columns` order, when its only feed gave host values (`accumulate_host`)
+        self.host_row: Optional[List[float]] = None
         #: rows of this step written by a kernel into a `RowSlab` (full backend layout), read back at the step
         self.slab_rows: List[Tuple[RowSlab, int]] = []
         self.slab_keys: Tuple[str, ...] = ()  # the partial names of a slab row, in order
@@ -117,13 +120,18 @@ class StatBuffer:
             index = self._gathers[(keys, device, "row")] = torch.tensor(positions, dtype=torch.long, device=device)
         return index
 
-    def row_index(self, keys: Tuple[str, ...]) -> np.ndarray:
-        """`row_positions` as a numpy index array (the CPU feed path gathers its host values with it; made once per
-        keys order)."""
-        index = self._gathers.get((keys, "numpy"))
-        if index is None:
-            index = self._gathers[(keys, "numpy")] = np.array(self.row_positions(keys), dtype=np.intp)
-        return index
+    def host_gather(self, keys: Tuple[str, ...]) -> Callable[[Sequence[float]], List[float]]:
+        """A function taking the row (a list in `columns` order) from host values laid out as `keys` (partial names,
+        ``"numel"`` included): the CPU feed path's gather, made once per keys order."""
+        gather = self._gathers.get((keys, "host"))
+        if gather is None:
+            pick = itemgetter(*self.row_positions(keys))
+            if len(self.columns) == 1:
+                gather = lambda values: [pick(values)]  # noqa: E731 - itemgetter of one position gives the value
+            else:
+                gather = lambda values: list(pick(values))  # noqa: E731
+            self._gathers[(keys, "host")] = gather
+        return gather
 
     def row_positions(self, keys: Tuple[str, ...]) -> Tuple[int, ...]:
         """Positions in a full row laid out as `keys` (partial names, ``"numel"`` included) of `columns`."""
@@ -135,7 +143,7 @@ class StatBuffer:
     @property
     def fed(self) -> bool:
         """True when the buffer received a feed since the last step."""
-        return self.row is not None or bool(self.slab_rows)
+        return self.row is not None or self.host_row is not None or bool(self.slab_rows)
 
     def add_slab_row(self, slab: RowSlab, index: int, keys: Tuple[str, ...]) -> None:
         """Record a row a kernel writes into `slab` for this step, laid out as the partial names `keys` (the caller
@@ -158,12 +166,24 @@ class StatBuffer:
             )
         self._set_requests(requests)
 
+    def accumulate_host(self, values: List[float]) -> None:
+        """Merge a new per-feed row given as Python floats in `self.columns` order (a CPU feed's host values): kept
+        as it is when it is the step's first row, else merged as `accumulate` merges (the same float64 values)."""
+        if len(values) != len(self.columns):
+            raise ValueError(f"buffer {tuple(self.key)}: row of {len(values)} values, expected {len(self.columns)}")
+        if not self.fed:
+            self.host_row = values
+        elif not self.is_weight:
+            self.accumulate(torch.tensor(values, dtype=torch.float64))
+
     def accumulate(self, row: torch.Tensor) -> None:
         """Merge a new per-feed row (float64, columns in `self.columns` order)."""
         if row.shape != (len(self.columns),):
             raise ValueError(
                 f"buffer {tuple(self.key)}: row of shape {tuple(row.shape)}, expected ({len(self.columns)},)"
             )
+        if self.host_row is not None:  # a host row first: merged as the tensor it stands for
+            self.row, self.host_row = torch.tensor(self.host_row, dtype=torch.float64), None
         if self.row is None:
             self.row = row
         elif self.is_weight:
@@ -173,7 +193,7 @@ class StatBuffer:
 
     def clear(self) -> None:
         """Forget this step's row (requests, group and options stay)."""
-        self.row = None
+        self.row = self.host_row = None
         if self.slab_rows:
             self.slab_rows = []
 

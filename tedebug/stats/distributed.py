@@ -231,6 +231,8 @@ class GroupReducer:
         parts: List[torch.Tensor] = []
         if buffer.row is not None:
             parts.append(buffer.row)
+        if buffer.host_row is not None:
+            parts.append(torch.tensor(buffer.host_row, dtype=torch.float64))
         if buffer.slab_rows:
             positions = buffer.row_positions(buffer.slab_keys)
             for slab, index in buffer.slab_rows:

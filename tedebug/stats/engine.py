@@ -2,10 +2,10 @@
 
 `feed` computes the per-feed partials of the requested statistics (through `tedebug.backends`) and merges them
 into the buffer's row on the tensor's device — no host synchronisation.  A basic-only feed of a CPU tensor takes
-the backend's host values (`basic_partial_values`: Python floats, nothing to wait for on the CPU) and builds its row
-as one numpy gather wrapped by a tensor (no copy) instead of a 0-d tensor per partial.  `step(finished_iteration)`
-reads every fed row back (`tedebug.stats.readback`: all copies enqueued at once), runs one collective per reduction
-group (`tedebug.stats.reduce`), evaluates the final formulas as Python floats and emits
+the backend's host values (`basic_partial_values`: Python floats, nothing to wait for on the CPU) and keeps its row
+as those floats (`StatBuffer.accumulate_host`): no tensor is built and nothing is copied back at the step.
+`step(finished_iteration)` reads every fed row back (`tedebug.stats.readback`: all copies enqueued at once), runs one
+collective per reduction group (`tedebug.stats.reduce`), evaluates the final formulas as Python floats and emits
 ``metric_logger.log_scalar("<layer>_<tensor>_<stat>", value, iteration, layer=, tensor=, stat=)`` in
 buffer-creation order, statistics in request order (as one ``metric_logger.log_scalars(records)`` batch when the
 logger has that method; `tedebug.sinks.MetricLogger` gets a ``log_deferred(build)`` callable instead, so that a
@@ -30,9 +30,9 @@ first enabled iteration (the same assumption TransformerEngine makes).
 from __future__ import annotations
 
 import logging
+from types import MappingProxyType
 from typing import Any, Callable, Dict, Hashable, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-import numpy as np
 import torch
 
 from tedebug.backends import backend_for
@@ -46,6 +46,8 @@ from tedebug.stats.readback import FedRow, RowsInFlight
 from tedebug.stats.slab import RowSlab
 
 
+#: `feed`'s `quantized` when none was given (never modified)
+_NO_QUANTIZED: Mapping[str, Any] = MappingProxyType({})
 #: distinct (numel, device) constants kept by `StatsEngine._numel_tensor` before the cache starts over
 _NUMEL_CACHE_SIZE = 1024
 
@@ -111,7 +113,7 @@ class StatsEngine:
         else:
             requests = self._requests(layer, tensor_name, stats)
         _check_tensor(layer, tensor_name, tensor)
-        quantized = dict(quantized) if quantized else {}
+        quantized = dict(quantized) if quantized else _NO_QUANTIZED
         numel = tensor.numel() if tensor is not None else self._numel_from_quantized(layer, tensor_name, quantized)
         if numel == 0:
             return
@@ -128,9 +130,9 @@ class StatsEngine:
             if buffer.basic_only and tensor is not None:
                 backend = backend_for(tensor)
                 values_of = getattr(backend, "basic_partial_values", None)
-                if values_of is not None and tensor.device.type == "cpu":  # host values: one array for the row
-                    values = np.array((float(numel),) + values_of(tensor.detach()))  # no autograd record of the math
-                    buffer.accumulate(torch.from_numpy(values.take(buffer.row_index(backend.BASIC_ROW_KEYS))))
+                if values_of is not None and tensor.is_cpu:  # host values: the row as Python floats
+                    values = (float(numel),) + values_of(tensor)  # (read detached: no autograd record of the math)
+                    buffer.accumulate_host(buffer.host_gather(backend.BASIC_ROW_KEYS)(values))
                     return
                 into = getattr(backend, "basic_stats_into", None)
                 if into is not None:  # one launch writing the whole row into this step's slab

@@ -4,7 +4,8 @@
 columns, emitters, iteration and reduction settings, which the next step may change) and enqueues every
 device-to-host copy at once, without waiting: slab rows into the slabs' pinned mirrors (`RowSlab.start_host_copy`),
 the buffers' own rows (one concatenation per device) with a non-blocking copy, then one event per CUDA device.
-`host_rows()` waits for those events and returns each buffer's row as Python floats in `columns` order (a buffer
+`host_rows()` waits for those events and returns each buffer's row as Python floats in `columns` order (a row fed as
+host values is taken as it is; a buffer
 whose row is one slab row, the kernel path's usual case, is cut from one gather per slab and column layout); several
 rows of one buffer (microbatches, slab rows next to a tensor row) are merged there with the exact combiners.
 
@@ -35,6 +36,7 @@ class FedRow:
         "reduction_group",
         "skip_reduction",
         "row",
+        "host_row",
         "slab_rows",
         "positions",
         "nonfinite_positions",
@@ -48,6 +50,7 @@ class FedRow:
         self.reduction_group: Any = buffer.reduction_group
         self.skip_reduction: bool = buffer.skip_reduction
         self.row: Optional[torch.Tensor] = buffer.row
+        self.host_row: Optional[List[float]] = buffer.host_row
         self.slab_rows: List[Tuple[RowSlab, int]] = buffer.slab_rows
         self.positions: Tuple[int, ...] = buffer.row_positions(buffer.slab_keys) if buffer.slab_rows else ()
         self.nonfinite_positions: Optional[Tuple[int, int]] = buffer.nonfinite_positions
@@ -88,6 +91,9 @@ class RowsInFlight:
             event.synchronize()
         slab_tensors = {slab: slab.host_tensor() for slab in self._slabs}
         host: Dict[BufferKey, List[float]] = {}
+        for entry in self.entries:
+            if entry.host_row is not None:  # read on the host when it was fed: nothing to copy
+                host[entry.key] = entry.host_row
         for entries, flat in self._row_groups:
             values = flat.tolist()
             offset = 0
@@ -101,7 +107,7 @@ class RowsInFlight:
         for entry in self.entries:
             if not entry.slab_rows:
                 continue
-            if entry.row is None and len(entry.slab_rows) == 1:
+            if entry.row is None and entry.host_row is None and len(entry.slab_rows) == 1:
                 single.setdefault((entry.slab_rows[0][0], entry.positions), []).append(entry)
             else:
                 merged.append(entry)
@@ -112,7 +118,7 @@ class RowsInFlight:
                 host[entry.key] = row
         slab_lists: Dict[RowSlab, List[List[float]]] = {}
         for entry in merged:
-            parts = [host[entry.key]] if entry.row is not None else []
+            parts = [host[entry.key]] if entry.row is not None or entry.host_row is not None else []
             for slab, index in entry.slab_rows:
                 full = slab_lists.get(slab)
                 if full is None:
