@@ -74,7 +74,7 @@ _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None
 _load_failed = False
 _handles: Dict[int, ctypes.c_void_p] = {}
-_workspaces: Dict[int, torch.Tensor] = {}
+_workspaces: Dict[Tuple[int, int], torch.Tensor] = {}  # (device, raw stream) -> workspace
 _plans: Dict[tuple, Optional[_Plan]] = {}
 
 
@@ -128,10 +128,13 @@ def _handle(lib, index: int) -> ctypes.c_void_p:
     return handle
 
 
-def _workspace(index: int) -> torch.Tensor:
-    space = _workspaces.get(index)
+def _workspace(index: int, stream: int) -> torch.Tensor:
+    """The workspace of GEMMs on `stream` of device `index`: one per stream, so that GEMMs running concurrently on
+    two streams never share scratch memory (calls on one stream run in order)."""
+    key = (index, stream)
+    space = _workspaces.get(key)
     if space is None:
-        space = _workspaces[index] = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=f"cuda:{index}")
+        space = _workspaces[key] = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=f"cuda:{index}")
     return space
 
 
@@ -237,7 +240,8 @@ def gemm_bias_device_alpha(
             ),
             "bias pointer",
         )
-        space = _workspace(index)
+        stream = raw_stream(index)
+        space = _workspace(index, stream)
         lay_a_, lay_b_, lay_d = plan.layouts
         _check(
             lib.cublasLtMatmul(
@@ -256,7 +260,7 @@ def gemm_bias_device_alpha(
                 ctypes.byref(plan.algo.algo),
                 space.data_ptr(),
                 WORKSPACE_BYTES,
-                raw_stream(index),
+                stream,
             ),
             "cublasLtMatmul",
         )
