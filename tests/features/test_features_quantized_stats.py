@@ -507,8 +507,8 @@ def test_nvfp4_what_if_on_a_high_precision_layer_and_skip_of_a_bad_shape(tmp_pat
 
 def test_feeds_of_one_kind_are_planned_once_and_added_usages_every_time(tmp_path, monkeypatch):
     """The plan of a feed depends only on the statistics, whether the high-precision tensor exists and each usage's
-    recipe and presence: made once per session for such a kind (call counter), with the same values every feed;
-    a feed whose storage lacks a usage is planned every time, and a usage added for it is removed again."""
+    recipe and presence: made once per session for such a kind (call counter), giving the values of a feed planned
+    afresh; a feed whose storage lacks a usage is planned every time, and a usage added for it is removed again."""
     import sys
 
     calls = []
@@ -521,45 +521,38 @@ def test_feeds_of_one_kind_are_planned_once_and_added_usages_every_time(tmp_path
                 spy.counted = True
                 monkeypatch.setattr(module, "_fill_plan", spy)
 
-    x = sample(seed=12)
-    q = Float8CurrentScalingQuantizer("E4M3")
-    block = Float8BlockQuantizer("E4M3", block_scaling_dim=2, columnwise=False)
+    def feed(te, tensor_name, quantizer, it):
+        q = quantizer.quantize(xs[it])  # a new storage of the same kind, of other values, at every feed
+        te.inspect_tensor(
+            "L",
+            tensor=xs[it],
+            tensor_name=tensor_name,
+            iteration=it,
+            tp_group=None,
+            rowwise_quantized_tensor=q,
+            columnwise_quantized_tensor=q,
+            quantizer=quantizer,
+        )
+        return q
+
+    xs = [sample(seed=12 + it) for it in range(3)]
+    current = Float8CurrentScalingQuantizer("E4M3")
+    block = Float8BlockQuantizer("E4M3", block_scaling_dim=2, columnwise=False)  # no columnwise usage
     sink = RecordingSink()
     stats = ["underflows%", "mse", "scale_inv_max"]
     config = section({"LogFp8TensorStats": {"enabled": True, "stats": stats, "tensors": ["activation", "weight"]}})
     with debug_session(config, tmp_path, sink) as te:
         count_plans()
         for it in range(3):
-            xq = q.quantize(x)  # a new storage of the same kind every iteration
-            te.inspect_tensor(
-                "L",
-                tensor=x,
-                tensor_name="activation",
-                iteration=it,
-                tp_group=None,
-                rowwise_quantized_tensor=xq,
-                columnwise_quantized_tensor=xq,
-                quantizer=q,
-            )
-            bq = block.quantize(x)  # lacks the columnwise usage that scale_inv_max_columnwise reads
-            te.inspect_tensor(
-                "L",
-                tensor=x,
-                tensor_name="weight",
-                iteration=it,
-                tp_group=None,
-                rowwise_quantized_tensor=bq,
-                columnwise_quantized_tensor=bq,
-                quantizer=block,
-            )
-            assert not bq.has_columnwise
+            feed(te, "activation", current, it)
+            assert not feed(te, "weight", block, it).has_columnwise
             debug_api.step()
     # the activation's storage holds both usages: planned once; the weight's lacks one: planned at every feed
     assert len(calls) == 1 + 3
-    values = sink.values()
-    for stat in stats:
-        first = values[(f"L_activation_{stat}", 0)]
-        assert values[(f"L_activation_{stat}", 1)] == values[(f"L_activation_{stat}", 2)] == first
+    for it, x in enumerate(xs):  # each feed's values: those of the same feed planned afresh in its own session
+        q = current.quantize(x)
+        fresh = run_fp8_stats(tmp_path / f"fresh{it}", stats, x, q, q, current)
+        assert {stat: sink.values()[(f"L_activation_{stat}", it)] for stat in stats} == fresh, it
     calls.clear()
     config = section(
         {"LogFp8TensorStats": {"enabled": True, "stats": ["scale_inv_max_columnwise"], "tensors": ["weight"]}}
@@ -567,17 +560,6 @@ def test_feeds_of_one_kind_are_planned_once_and_added_usages_every_time(tmp_path
     with debug_session(config, tmp_path / "b", RecordingSink()) as te:
         count_plans()
         for it in range(2):
-            bq = block.quantize(x)
-            te.inspect_tensor(
-                "L",
-                tensor=x,
-                tensor_name="weight",
-                iteration=it,
-                tp_group=None,
-                rowwise_quantized_tensor=bq,
-                columnwise_quantized_tensor=bq,
-                quantizer=block,
-            )
-            assert not bq.has_columnwise  # added for the feed, removed after it
+            assert not feed(te, "weight", block, it).has_columnwise  # added for the feed, removed after it
             debug_api.step()
     assert len(calls) == 2  # planned at every feed
