@@ -18,7 +18,10 @@ fastest rounds (other work on the machine only adds time), on CPU float32 with t
 3. FP8 current scaling: the converted model under `Float8CurrentScaling` minus the plain torch model, per
    converted linear layer (4 per block) and step;
 4. the statistics engine alone (``--only feed`` runs only this one): `StatsEngine.feed` of 288 CPU tensors [8, 32]
-   with the 8 statistics and `StatsEngine.step` without the emission, per tensor.
+   with the 8 statistics and `StatsEngine.step` without the emission, per tensor;
+5. LogFp8TensorStats (underflows%, mse, scale_inv_min, scale_inv_max on activation, weight and gradient at freq 1)
+   over the stack under FP8 current scaling, minus the same steps without debug_api, per logged tensor
+   (``--only fp8log``).
 
 A machine shared with other work drifts: compare figures of one run only.  ``--clock cpu`` measures the process's
 CPU time (`time.process_time`, every thread, the background sink writer included) instead of wall time: time
@@ -38,13 +41,15 @@ import torch
 LAYERS, HIDDEN, HEADS, BATCH, SEQ = 12, 32, 2, 1, 8
 STATS = ["min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range"]
 TENSORS = ["activation", "weight", "gradient", "output", "wgrad", "dgrad"]
+FP8_STATS = ["underflows%", "mse", "scale_inv_min", "scale_inv_max"]  # the LogFp8TensorStats setting
+FP8_TENSORS = ["activation", "weight", "gradient"]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--only", choices=("stats", "convert", "feed", "all"), default="all")
+    parser.add_argument("--only", choices=("stats", "convert", "feed", "fp8log", "all"), default="all")
     parser.add_argument(
         "--clock",
         choices=("wall", "cpu"),
@@ -108,6 +113,24 @@ def main() -> int:
 
     from tedebug.stats.engine import StatsEngine
 
+    fp8_log = {
+        "all": {
+            "enabled": True,
+            "layers": {"layer_types": ["all"]},
+            "transformer_engine": {
+                "LogFp8TensorStats": {"enabled": True, "stats": FP8_STATS, "tensors": FP8_TENSORS, "freq": 1}
+            },
+        }
+    }
+
+    def fp8_logged() -> float:
+        with tempfile.TemporaryDirectory() as log_dir:
+            debug_api.initialize(fp8_log, log_dir=log_dir)
+            try:
+                return run_steps(stack, Float8CurrentScaling(), debug=True)
+            finally:
+                debug_api.end_debug()
+
     def logged_without_statistics() -> float:
         real = StatsEngine.feed
         StatsEngine.feed = lambda self, *args, **kwargs: None
@@ -166,6 +189,11 @@ def main() -> int:
             ("stack, the same without the statistics (feed a no-op)", logged_without_statistics),
             ("stack, the same without the emission (_emit a no-op)", logged_without_emission),
         ]
+    if args.only in ("fp8log", "all"):
+        settings += [
+            ("stack, Float8CurrentScaling, no debug_api", lambda: run_steps(stack, Float8CurrentScaling())),
+            ("stack, Float8CurrentScaling, LogFp8TensorStats", fp8_logged),
+        ]
     if args.only in ("convert", "all"):
         settings += [
             ("plain torch", lambda: run_steps(plain)),
@@ -202,6 +230,12 @@ def main() -> int:
                 f"[{name}]   of which the final formulas and the sinks (emission): "
                 f"{(logged - unwritten) / (6 * gemms):.1f} us"
             )
+        if "stack, Float8CurrentScaling, LogFp8TensorStats" in pick:
+            per = (
+                pick["stack, Float8CurrentScaling, LogFp8TensorStats"]
+                - pick["stack, Float8CurrentScaling, no debug_api"]
+            ) / (len(FP8_TENSORS) * gemms)
+            print(f"[{name}] host time per logged tensor (LogFp8TensorStats over FP8 current scaling): {per:.1f} us")
         if "plain torch" in pick:
             base = pick["plain torch"]
             print(
