@@ -142,6 +142,9 @@ def rht_sign_mask() -> int:
     return sum(1 << i for i, sign in enumerate(RHT_SIGNS) if sign < 0)
 
 
+_SIGN_MASK = np.uint32(rht_sign_mask())  # the kernels' argument, built once
+
+
 def _words(value: int) -> Tuple[np.uint32, np.uint32]:
     """A 64-bit Philox seed or offset as the (low, high) 32-bit words the kernels take."""
     return np.uint32(value & 0xFFFFFFFF), np.uint32((value >> 32) & 0xFFFFFFFF)
@@ -231,20 +234,22 @@ def nvfp4_rht_amax(
     rowwise: bool = False,
     nonzero: Optional[torch.Tensor] = None,
     reference: bool = False,
+    zeroed: bool = False,
 ) -> None:
     """Set amax[1] (fp32 [2], the columnwise slot) to max|y| of the RHT-rotated values y of a contiguous CUDA [M, K]
     tensor (NaN ignored).  `rowwise`: also amax[0] = max|x| (NaN ignored) and, with `nonzero` (int64 [1]),
     nonzero[0] = count_nonzero(x), from the same pass over x (what `_amax_launch(..., count_out=)` gives the
     rowwise direction).  Launches: the zero fills of the slots, `ted_nvfp4_rht_amax`; no sync.  `reference`: the
     straightforward v1 kernel instead (tile-wise, sequential fp64 rotation), kept as the tests' oracle of the fast
-    one."""
+    one.  `zeroed`: the caller allocated the slots the kernel writes (amax, and `nonzero`) as zeros already, so the
+    fills are skipped."""
     _check_rht_input(x2d, amax, "nvfp4_rht_amax")
     m, k = x2d.shape
     dev = x2d.device
     if nonzero is not None and (not rowwise or nonzero.dtype != torch.int64 or nonzero.device != dev):
         raise ValueError(f"nvfp4_rht_amax: `nonzero` goes with rowwise=True and must be an int64 tensor on {dev}")
     sms = _sm_count(_device_index(dev))
-    mask = np.uint32(rht_sign_mask())
+    mask = _SIGN_MASK
     if reference:
         if rowwise:
             _amax_launch(x2d, amax[:1], count_out=nonzero)
@@ -264,12 +269,13 @@ def nvfp4_rht_amax(
     if items >= 2**31:
         raise ValueError(f"nvfp4_rht_amax: tensor too large for the RHT kernels ({m} x {k})")
     grid = max(1, min(RHT_AMAX_BLOCKS_PER_SM * sms, -(-items // NV_THREADS)))
-    if rowwise:
-        amax.zero_()  # the kernel takes atomic maxima of the fp32 bits into both slots
-        if nonzero is not None:
-            nonzero.zero_()
-    else:
-        amax[1:].zero_()
+    if not zeroed:  # the kernel takes atomic maxima of the fp32 bits (and sums) into slots that start at 0
+        if rowwise:
+            amax.zero_()
+            if nonzero is not None:
+                nonzero.zero_()
+        else:
+            amax[1:].zero_()
     args = (
         x2d.data_ptr(),
         np.int64(m),
@@ -323,19 +329,23 @@ def nvfp4_rht_columnwise(
         if max(m, k, tiles) >= 2**31:  # the kernel's tile arithmetic is 32-bit
             raise ValueError(f"nvfp4_rht_columnwise: tensor too large for the RHT kernels ({m} x {k})")
         grid = max(1, min(RHT_BLOCKS_PER_SM * sms, tiles))
-    partial = torch.empty((grid, 2), dtype=torch.float64, device=dev)
+    if want_stats:
+        partial = torch.empty((grid, 2), dtype=torch.float64, device=dev)
+        partial_ptr = partial.data_ptr()
+    else:  # the per-block partials are written but never read: the stream's workspace takes them
+        partial_ptr = _workspace(dev)[0]
     args = (
         x2d.data_ptr(),
         np.int64(m),
         np.int64(k),
-        np.uint32(rht_sign_mask()),
+        _SIGN_MASK,
         amax.data_ptr(),
         _INV6,
         _INV2688,
         *(_words(sr[0]) + _words(sr[1]) if sr is not None else _words(0) + _words(0)),
         col_data.data_ptr(),
         col_scales.data_ptr(),
-        partial.data_ptr(),
+        partial_ptr,
     )
     _launch(get_kernel("nvfp4.cu", name, opts), grid, NV_THREADS, args, dev)
     if not want_stats:
@@ -359,19 +369,24 @@ def nvfp4_quantize(quantizer, tensor: torch.Tensor) -> NVFP4Buffers:
     m = tensor.numel() // k  # a valid NVFP4 shape (`supports`)
     x2d = prepare_input(tensor.reshape(m, k))
     rht = quantizer.with_rht and quantizer.columnwise_usage
-    amaxes = torch.empty(2, dtype=torch.float32, device=x2d.device)
     sr = quantizer.stochastic_rounding
     # the fast kernel takes count_nonzero(x) from the amax pass; with RHT it only runs for the rowwise direction
     # (and in 1D: the RHT path quantizes rows with two_d=False)
     fast = (quantizer.rowwise_usage or not rht) and takes_fast_kernel(
         m, k, x2d.dtype, quantizer.with_2d_quantization and not rht, sr
     )
-    nonzero = torch.empty(1, dtype=torch.int64, device=x2d.device) if fast else None
-    if not rht:
-        _amax_launch(x2d, amaxes, count_out=nonzero)  # amaxes[0] = amaxes[1] = max|x| (NaN ignored)
-    elif quantizer.rowwise_usage:
-        # one pass over x: amaxes[0] = max|x|, amaxes[1] = max|y| of the rotated values (and count_nonzero(x))
-        nvfp4_rht_amax(x2d, amaxes, rowwise=True, nonzero=nonzero)
+    if rht and quantizer.rowwise_usage:
+        # one pass over x: amaxes[0] = max|x|, amaxes[1] = max|y| of the rotated values (and count_nonzero(x)),
+        # atomic maxima and sums into slots that start at 0: both in one zeroed allocation (one fill)
+        slots = torch.zeros(2, dtype=torch.int64, device=x2d.device)
+        amaxes = slots[:1].view(torch.float32)  # fp32 [2]
+        nonzero = slots[1:] if fast else None
+        nvfp4_rht_amax(x2d, amaxes, rowwise=True, nonzero=nonzero, zeroed=True)
+    else:
+        amaxes = torch.empty(2, dtype=torch.float32, device=x2d.device)
+        nonzero = torch.empty(1, dtype=torch.int64, device=x2d.device) if fast else None
+        if not rht:
+            _amax_launch(x2d, amaxes, count_out=nonzero)  # amaxes[0] = amaxes[1] = max|x| (NaN ignored)
     # Philox draws taken in the reference's order (rowwise first); the kernels compute their bytes in place
     row_offset = quantizer.next_sr_offset() if sr and quantizer.rowwise_usage else 0
     col_offset = quantizer.next_sr_offset() if sr and quantizer.columnwise_usage else 0
