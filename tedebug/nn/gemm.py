@@ -31,10 +31,13 @@ import torch
 
 from tedebug.backends import dispatch
 from tedebug.quantization.float8 import Float8Tensor
+from tedebug.quantization.float8_block import Float8BlockwiseTensor
 from tedebug.quantization.formats import TORCH_FP8_DTYPE
 from tedebug.quantization.gemm_values import GemmValues
 from tedebug.quantization.hybrid import HybridQuantizedTensor
 from tedebug.quantization.identity import IdentityTensor
+from tedebug.quantization.mxfp8 import MXFP8Tensor
+from tedebug.quantization.nvfp4 import NVFP4Tensor
 from tedebug.quantization.tensor import QuantizedTensor
 
 __all__ = ["gemm", "gemm_operand", "LAYOUTS"]
@@ -59,6 +62,11 @@ def _missing(gemm_name: str, usage: str, role: str) -> RuntimeError:
     return RuntimeError(f"GEMM '{gemm_name}' requested the {usage} representation of '{role}', but it is unavailable")
 
 
+#: the quantized storages a recipe's quantizer returns (exact types: no wrapper to unwrap, no ABC check), whose
+#: directions are their ``rowwise_data`` / ``columnwise_data`` (what `QuantizedTensor.has_rowwise` reads)
+_PLAIN_STORAGES = frozenset((Float8Tensor, MXFP8Tensor, Float8BlockwiseTensor, NVFP4Tensor))
+
+
 def gemm_operand(obj, usage: str, role: str, gemm_name: str) -> Operand:
     """The object GEMM `gemm_name` consumes for operand `role` in representation `usage`.
 
@@ -68,7 +76,7 @@ def gemm_operand(obj, usage: str, role: str, gemm_name: str) -> Operand:
     """
     if usage not in ("rowwise", "columnwise"):
         raise ValueError(f"gemm_operand: usage must be 'rowwise' or 'columnwise', got {usage!r}")
-    if type(obj) is Float8Tensor:  # the common quantized operand, answered without the checks below
+    if type(obj) in _PLAIN_STORAGES:  # the common quantized operands, answered without the checks below
         if (obj.rowwise_data if usage == "rowwise" else obj.columnwise_data) is None:
             raise _missing(gemm_name, usage, role)
         return obj
