@@ -393,7 +393,7 @@ def linear_gemm(
 
     `reduce_amax`: reduce the delayed-scaling amaxes of `state` first (`reduce_amaxes`); grouped layers, whose
     GEMMs may not all run on every rank, pass False and reduce all their states once per forward instead."""
-    dtype = activation_dtype(x, weight.dtype)
+    dtype = activation_dtype(x, weight.dtype) if torch._C._is_any_autocast_enabled() else weight.dtype
     if x.dtype != dtype:  # (compared first: a `.to` call costs host time even when it returns its input)
         x = x.to(dtype)
     if weight.dtype != dtype:
@@ -410,7 +410,7 @@ def linear_gemm(
     if recipe is not None and reduce_amax and getattr(recipe, "reduce_amax", False):
         reduce_amaxes((state,), recipe)
     if active.DEBUG_MANAGER is None:  # no debug session: the layer's own quantizers (the gate would answer None)
-        last = state.last = state.plan(recipe)
+        last = state.last = _HIGH_PRECISION if recipe is None else state.plan(recipe)
     else:
         last = state.last = state.debug_plan(layer_name, recipe)
     if recipe is None and last[1] is last[0]:

@@ -8,10 +8,11 @@ import contextlib
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import tedebug
 from tedebug import recipe as R
-from tedebug.nn import Linear
+from tedebug.nn import LayerNormLinear, LayerNormMLP, Linear
 from tedebug.nn.base import GemmState
 
 
@@ -134,3 +135,47 @@ def test_delayed_scaling_bookkeeping_only_where_there_is_state(monkeypatch, reci
         assert sorted(calls[:3]) == ["grad_output", "input", "weight"]
         # the second step refreshed the scales from the first step's amaxes: the input scale is no longer 1
         assert layer.gemm_state.quantizers["input"].scale.item() != 1.0
+
+
+def test_layernorm_mlp_gemm_names_follow_a_renamed_layer(monkeypatch):
+    """The debug names of a LayerNormMLP's GEMMs (``<name>.fc1`` / ``<name>.fc2``) are built once per name and
+    follow a `name` reassigned between forwards (as `infer_and_assign_layer_names` does)."""
+    asked = []
+
+    class _Gate:
+        def debug_quantizers(self, layer_name, quantizers, tp_group=None, tp_size=1):
+            asked.append(layer_name)
+            return None  # the layer's own quantizers
+
+    monkeypatch.setattr(GemmState, "_debug", lambda self: _Gate())
+    monkeypatch.setattr(tedebug.active, "DEBUG_MANAGER", object())  # the gate is asked only while a session exists
+    torch.manual_seed(4)
+    mlp = LayerNormMLP(32, 64, name="first")
+    x = torch.randn(8, 32)
+    mlp(x)
+    mlp(x)
+    mlp.name = "blocks.0.mlp"
+    mlp(x)
+    assert asked == ["first.fc1", "first.fc2"] * 2 + ["blocks.0.mlp.fc1", "blocks.0.mlp.fc2"]
+
+
+@pytest.mark.parametrize("normalization", ["LayerNorm", "RMSNorm"])
+def test_normalization_runs_in_the_input_dtype(normalization):
+    """fp32 parameters, bf16 input: the normalization runs in bf16 with its weights cast to bf16, the GEMM in the
+    parameters' fp32 (high precision, no autocast), as the torch expressions below compute it."""
+    torch.manual_seed(5)
+    layer = LayerNormLinear(32, 16, normalization=normalization)
+    with torch.no_grad():
+        layer.layer_norm_weight.uniform_(0.5, 1.5)
+        if layer.layer_norm_bias is not None:
+            layer.layer_norm_bias.uniform_(-0.5, 0.5)
+    x = torch.randn(8, 32).to(torch.bfloat16)
+    w = layer.layer_norm_weight.detach().to(torch.bfloat16)
+    if normalization == "LayerNorm":
+        normed = F.layer_norm(x, (32,), w, layer.layer_norm_bias.detach().to(torch.bfloat16), layer.eps)
+    else:
+        normed = F.rms_norm(x, (32,), w, layer.eps)
+    expected = F.linear(normed.float(), layer.weight.detach(), layer.bias.detach())
+    got = layer(x)
+    assert got.dtype == torch.float32
+    assert torch.equal(got.detach(), expected)
