@@ -26,6 +26,8 @@ class _Entry(NamedTuple):
 
 
 _STACK: List[_Entry] = []
+#: the state outside any block
+_OUTSIDE = _Entry(False, None)
 _DEFAULT_RECIPE = None
 
 
@@ -40,7 +42,7 @@ class _Innermost:
         self.recipe = None  # the recipe given to the innermost block, or None
 
     def follow(self) -> None:
-        top = _STACK[-1] if _STACK else _Entry(False, None)
+        top = _STACK[-1] if _STACK else _OUTSIDE
         self.enabled, self.recipe = top.enabled, top.recipe
 
 
