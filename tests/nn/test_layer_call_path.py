@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import tedebug
 from tedebug import recipe as R
 from tedebug.nn import LayerNormLinear, LayerNormMLP, Linear
+from tedebug.nn import base as nn_base
 from tedebug.nn.base import GemmState
 
 
@@ -179,3 +180,29 @@ def test_normalization_runs_in_the_input_dtype(normalization):
     got = layer(x)
     assert got.dtype == torch.float32
     assert torch.equal(got.detach(), expected)
+
+
+def test_torchs_python_apply_wrapper_is_not_on_the_call_path(monkeypatch):
+    """A layer call enters the C++ apply directly: torch's Python `Function.apply` wrapper (signature binding,
+    functorch checks) runs zero times per forward, and the outputs equal those of a call through it."""
+    layer = _layer(6)
+    x = torch.randn(8, 32)
+    recipe = R.Float8CurrentScaling()
+    direct = _step(layer, x, recipe)
+    wrapped = []
+    real = torch.autograd.Function.apply.__func__
+
+    def counting(cls, *args, **kwargs):
+        wrapped.append(cls.__name__)
+        return real(cls, *args, **kwargs)
+
+    monkeypatch.setattr(torch.autograd.Function, "apply", classmethod(counting))
+    again = _step(layer, x, recipe)
+    assert wrapped == []
+    monkeypatch.setattr(
+        nn_base, "_C_APPLY", lambda *args: torch.autograd.Function.apply.__func__(nn_base._LinearFunction, *args)
+    )
+    through_wrapper = _step(layer, x, recipe)
+    assert wrapped == ["_LinearFunction"]
+    for a, b, c in zip(direct, again, through_wrapper):
+        assert torch.equal(a, b) and torch.equal(a, c)
