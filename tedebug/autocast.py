@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 from typing import List, NamedTuple, Optional, Tuple
 
-__all__ = ["autocast", "autocast_state", "explicit_recipe", "default_recipe"]
+__all__ = ["autocast", "autocast_state", "explicit_recipe", "default_recipe", "INNERMOST"]
 
 
 class _Entry(NamedTuple):
@@ -26,7 +26,28 @@ class _Entry(NamedTuple):
 
 
 _STACK: List[_Entry] = []
+#: the state outside any block
+_OUTSIDE = _Entry(False, None)
 _DEFAULT_RECIPE = None
+
+
+class _Innermost:
+    """The innermost block's entry, kept up to date on every enter and exit, so that a layer's forward reads the
+    autocast state with one attribute look-up (`INNERMOST.enabled`, `INNERMOST.recipe`)."""
+
+    __slots__ = ("enabled", "recipe")
+
+    def __init__(self) -> None:
+        self.enabled = False
+        self.recipe = None  # the recipe given to the innermost block, or None
+
+    def follow(self) -> None:
+        top = _STACK[-1] if _STACK else _OUTSIDE
+        self.enabled, self.recipe = top.enabled, top.recipe
+
+
+#: the state of the innermost autocast block (disabled outside any block); one object for the whole process
+INNERMOST = _Innermost()
 
 
 def default_recipe():
@@ -41,9 +62,7 @@ def default_recipe():
 
 def explicit_recipe():
     """The recipe given to the innermost enabled autocast block, or None (disabled, or no recipe given)."""
-    if not _STACK or not _STACK[-1].enabled:
-        return None
-    return _STACK[-1].recipe
+    return INNERMOST.recipe if INNERMOST.enabled else None
 
 
 def autocast_state() -> Tuple[bool, Optional[object]]:
@@ -51,9 +70,9 @@ def autocast_state() -> Tuple[bool, Optional[object]]:
 
     When enabled and no recipe was given, the recipe is the process-wide default DelayedScaling.
     """
-    if not _STACK or not _STACK[-1].enabled:
+    if not INNERMOST.enabled:
         return False, None
-    recipe = _STACK[-1].recipe
+    recipe = INNERMOST.recipe
     return True, recipe if recipe is not None else default_recipe()
 
 
@@ -79,6 +98,7 @@ class autocast(contextlib.ContextDecorator):
     def __enter__(self) -> "autocast":
         self._depths.append(len(_STACK))
         _STACK.append(_Entry(self.enabled, self.recipe))
+        INNERMOST.follow()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -88,6 +108,7 @@ class autocast(contextlib.ContextDecorator):
                 f"tedebug.autocast: blocks exited out of order (expected stack depth {depth + 1}, found {len(_STACK)})"
             )
         _STACK.pop()
+        INNERMOST.follow()
 
     def __repr__(self) -> str:
         return f"autocast(enabled={self.enabled}, recipe={self.recipe!r})"

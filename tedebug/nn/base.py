@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import itertools
 import types
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
 from tedebug import active
-from tedebug.autocast import autocast_state, default_recipe, explicit_recipe
+from tedebug.autocast import INNERMOST, default_recipe
 from tedebug.nn.gemm import gemm
 from tedebug.nn.state import all_reduce_max, check_history, register_state_hooks, several_ranks
 
@@ -48,6 +48,8 @@ QUANTIZED_ROLES = ("input", "weight", "grad_output")
 _LAYER_NUMBERS = itertools.count(1)
 #: the quantizers of a high-precision GEMM (no recipe): every role None, shared by every call
 _NO_QUANTIZERS = types.MappingProxyType({role: None for role in ROLES})
+#: `GemmState.plan` of a high-precision GEMM
+_HIGH_PRECISION = (_NO_QUANTIZERS, _NO_QUANTIZERS, False)
 
 
 def next_layer_name() -> str:
@@ -90,8 +92,11 @@ class GemmState:
         #: role -> (quantizer, its delayed-scaling leaves): `before_use` walks a quantizer's tree once
         self._leaves: Dict[str, Tuple[object, Tuple[object, ...]]] = {}
         self._debug_state = None
-        #: (normal quantizers, quantizers used) of the most recent forward call that was not a recompute
-        self.last: Optional[tuple] = None
+        #: (normal quantizers, quantizers used, delayed) of the most recent forward call that was not a recompute
+        self.last: Optional[Tuple[Dict[str, Optional[object]], Dict[str, Optional[object]], bool]] = None
+        #: (quantizers, quantizers, whether any holds delayed-scaling state) for `self.recipe`: what a call without
+        #: a debug path uses, built once per recipe (`plan`)
+        self._plan: Tuple[Dict[str, Optional[object]], Dict[str, Optional[object]], bool] = _HIGH_PRECISION
         #: loaded delayed-scaling state waiting for its quantizer ("<role>.<leaf>" -> entry; `tedebug.nn.state`)
         self._pending: Dict[str, dict] = {}
         #: tensor-parallel group and size handed to the debug quantizers (`tedebug.nn.parallel.configure`)
@@ -115,6 +120,8 @@ class GemmState:
         self.quantizers = quantizers
         self._used = set()
         self._leaves = {}
+        delayed = any(True for role in QUANTIZED_ROLES for _ in _delayed_leaves(quantizers[role]))
+        self._plan = (quantizers, quantizers, delayed)
         pending, self._pending = self._pending, {}
         for key, entry in pending.items():
             role, _, leaf = key.rpartition(".")
@@ -123,11 +130,16 @@ class GemmState:
     def normal_quantizers(self, recipe) -> Dict[str, Optional[object]]:
         """The layer's own quantizers for `recipe` (all None for None: one shared read-only mapping); reused while
         the recipe stays equal."""
+        return self.plan(recipe)[0]
+
+    def plan(self, recipe) -> Tuple[Dict[str, Optional[object]], Dict[str, Optional[object]], bool]:
+        """(normal quantizers, the same, whether they hold delayed-scaling state) for `recipe`: a call without a
+        debug path.  One shared tuple per recipe (rebuilt when the recipe changes), so a call decides nothing."""
         if recipe is None:
-            return _NO_QUANTIZERS
-        if not _same_recipe(recipe, self.recipe):
+            return _HIGH_PRECISION
+        if recipe is not self.recipe and not _same_recipe(recipe, self.recipe):
             self._build(recipe)
-        return self.quantizers
+        return self._plan
 
     def before_use(self, role: str, quantizers: Dict[str, Optional[object]]) -> None:
         """Delayed scaling: roll the amax history and refresh the scale before every use but the very first."""
@@ -196,48 +208,32 @@ class GemmState:
             self._debug_state = LayerDebugState()
         return self._debug_state
 
-    def call_quantizers(
+    def debug_plan(
         self, layer_name: str, recipe
-    ) -> Tuple[Dict[str, Optional[object]], Dict[str, Optional[object]]]:
-        """(normal quantizers, quantizers to use this call): the debug ones when the debug gate says so."""
-        normal = self.normal_quantizers(recipe)
-        if active.DEBUG_MANAGER is None:  # no debug session: the gate would answer None
-            return normal, normal
-        debug = self._debug().debug_quantizers(layer_name, normal, tp_group=self.tp_group, tp_size=self.tp_size)
-        return normal, (normal if debug is None else debug)
+    ) -> Tuple[Dict[str, Optional[object]], Dict[str, Optional[object]], bool]:
+        """`plan` with the quantizers to use this call in the middle: the debug ones when the debug gate says so."""
+        plan = self.plan(recipe)
+        debug = self._debug().debug_quantizers(layer_name, plan[0], tp_group=self.tp_group, tp_size=self.tp_size)
+        return plan if debug is None else (plan[0], debug, plan[2])
 
 
 # ------------------------------------------------------------------------------------------------ autograd
-def _save(ctx, objects: List[object]) -> None:
-    tensors: List[Optional[torch.Tensor]] = []
-    layout: List[Tuple[Optional[object], int]] = []
-    for obj in objects:
-        if obj is None or isinstance(obj, torch.Tensor):
-            tensors.append(obj)
-            layout.append((None, 1))
-        else:
-            saved, holder = obj.prepare_for_saving()
-            tensors.extend(saved)
-            layout.append((holder, len(saved)))
-    ctx.save_for_backward(*tensors)
-    ctx.saved_layout = layout
+def _saved_parts(obj) -> Tuple[Tuple[Optional[torch.Tensor], ...], Optional[object]]:
+    """(tensors for `save_for_backward`, the object that takes them back or None for a plain tensor / None)."""
+    if obj is None or isinstance(obj, torch.Tensor):
+        return (obj,), None
+    saved, holder = obj.prepare_for_saving()
+    return tuple(saved), holder
 
 
-def _restore(ctx) -> List[object]:
-    saved = list(ctx.saved_tensors)
-    out: List[object] = []
-    pos = 0
-    for holder, count in ctx.saved_layout:
-        chunk = saved[pos : pos + count]
-        pos += count
-        if holder is None:
-            out.append(chunk[0])
-            continue
-        leftover = holder.restore_from_saved(chunk)
-        if leftover:
-            raise RuntimeError(f"{type(holder).__name__}.restore_from_saved left {len(leftover)} tensors unused")
-        out.append(holder)
-    return out
+def _restored(holder, chunk: Tuple[Optional[torch.Tensor], ...]):
+    """Inverse of `_saved_parts`: the plain tensor, or `holder` with its tensors put back."""
+    if holder is None:
+        return chunk[0]
+    leftover = holder.restore_from_saved(list(chunk))
+    if leftover:
+        raise RuntimeError(f"{type(holder).__name__}.restore_from_saved left {len(leftover)} tensors unused")
+    return holder
 
 
 def _process_output(q, tensor: torch.Tensor, replay: bool = False) -> torch.Tensor:
@@ -247,87 +243,123 @@ def _process_output(q, tensor: torch.Tensor, replay: bool = False) -> torch.Tens
 
 
 class _Call:
-    """Non-tensor arguments of one linear GEMM call."""
+    """Non-tensor arguments of one linear GEMM call, decided before `_LinearFunction` runs (read there without
+    further look-ups)."""
 
-    __slots__ = ("state", "normal", "qs", "dtype", "grad_enabled", "replay")
+    __slots__ = ("state", "normal", "qs", "dtype", "grad_enabled", "replay", "debug", "delayed")
 
     def __init__(
-        self, state: GemmState, normal, qs, dtype: torch.dtype, grad_enabled: bool, replay: bool = False
+        self,
+        state: GemmState,
+        normal,
+        qs,
+        dtype: torch.dtype,
+        grad_enabled: bool,
+        replay: bool,
+        delayed: bool,
     ) -> None:
         self.state, self.normal, self.qs, self.dtype = state, normal, qs, dtype
         self.grad_enabled = grad_enabled  # autograd records this call (False under torch.no_grad)
         self.replay = replay  # an activation recompute of an earlier call (see the module docstring)
+        self.debug = qs is not normal  # the debug gate handed debug quantizers for this call
+        self.delayed = delayed  # the normal quantizers hold delayed-scaling state (`GemmState.before_use` needed)
 
 
 class _LinearFunction(torch.autograd.Function):
-    """y = x·Wᵀ + b through `gemm` (fprop TN, dgrad NN, wgrad NT) with per-role quantizers."""
+    """y = x·Wᵀ + b through `gemm` (fprop TN, dgrad NN, wgrad NT) with per-role quantizers.
+
+    `linear_gemm` casts x, W and b to the call's dtype first, so the gradients come out in that dtype.  The
+    quantized operands are saved with `save_for_backward` (their raw tensors; saved-tensor hooks see them)."""
+
+    @classmethod
+    def apply(cls, x, weight, bias, call):  # type: ignore[override]
+        """`torch.autograd.Function.apply` without its per-call Python wrapper: this function has no
+        ``setup_context`` and no default arguments, so the wrapper would only unwrap dead functorch wrappers
+        (done here with the same call) before the C++ apply; under a functorch transform the public path runs
+        (and explains that the function does not support it)."""
+        if _C_APPLY is None or torch._C._are_functorch_transforms_active():
+            return super().apply(x, weight, bias, call)
+        return _C_APPLY(
+            _unwrap_if_dead(x), _unwrap_if_dead(weight), bias if bias is None else _unwrap_if_dead(bias), call
+        )
 
     @staticmethod
     def forward(ctx, x, weight, bias, call: _Call):
-        need_dgrad = call.grad_enabled and ctx.needs_input_grad[0]
-        need_wgrad = call.grad_enabled and ctx.needs_input_grad[1]
-        qs = call.qs
-        x2 = x.reshape(-1, x.shape[-1])
-        xq = _quantize(call, "input", x2, rowwise=True, columnwise=need_wgrad)
-        wq = _quantize(call, "weight", weight, rowwise=True, columnwise=need_dgrad)
+        if call.grad_enabled:
+            need_dgrad, need_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        else:
+            need_dgrad = need_wgrad = False
+        x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+        xq = _quantize(call, "input", x2, True, need_wgrad)
+        wq = _quantize(call, "weight", weight, True, need_dgrad)
         y = gemm(
             wq, xq, layout="TN", out_dtype=call.dtype, gemm_name="fprop", bias=bias, roles=("weight", "activation")
         )
-        y = _process_output(qs["output"], y, replay=call.replay)
-        _save(ctx, [xq if need_wgrad else None, wq if need_dgrad else None])
-        ctx.call = call
-        ctx.x_shape = x.shape
-        ctx.weight_dtype = weight.dtype
-        ctx.bias_dtype = None if bias is None else bias.dtype
-        return y.reshape(*x.shape[:-1], y.shape[-1])
+        if call.debug:
+            y = _process_output(call.qs["output"], y, replay=call.replay)
+        x_saved, x_holder = _saved_parts(xq if need_wgrad else None)
+        w_saved, w_holder = _saved_parts(wq if need_dgrad else None)
+        ctx.save_for_backward(*x_saved, *w_saved)
+        ctx.meta = (call, x.shape, x_holder, len(x_saved), w_holder)
+        return y if x2 is x else y.reshape(*x.shape[:-1], y.shape[-1])
 
     @staticmethod
     def backward(ctx, grad_out):
-        need_dgrad, need_wgrad, need_bgrad = ctx.needs_input_grad[:3]
-        call: _Call = ctx.call
-        qs = call.qs
-        xq, wq = _restore(ctx)
-        dy = grad_out.reshape(-1, grad_out.shape[-1])
+        needs = ctx.needs_input_grad
+        need_dgrad, need_wgrad, need_bgrad = needs[0], needs[1], needs[2]
+        call, x_shape, x_holder, x_count, w_holder = ctx.meta
+        saved = ctx.saved_tensors
+        xq = _restored(x_holder, saved[:x_count])
+        wq = _restored(w_holder, saved[x_count:])
+        dy = grad_out if grad_out.dim() == 2 else grad_out.reshape(-1, grad_out.shape[-1])
         if not dy.is_contiguous():
             dy = dy.contiguous()
         dx = dw = db = None
         if need_bgrad:
-            db = dy.sum(dim=0).to(ctx.bias_dtype)
+            db = dy.sum(dim=0)
+            if db.dtype != call.dtype:
+                db = db.to(call.dtype)
         if need_dgrad or need_wgrad:
-            dyq = _quantize(call, "grad_output", dy, rowwise=need_dgrad, columnwise=need_wgrad)
+            dyq = _quantize(call, "grad_output", dy, need_dgrad, need_wgrad)
             if need_dgrad:
                 dx = gemm(wq, dyq, layout="NN", out_dtype=call.dtype, gemm_name="dgrad", roles=("weight", "gradient"))
-                dx = _process_output(qs["grad_input"], dx).reshape(ctx.x_shape)
+                if call.debug:
+                    dx = _process_output(call.qs["grad_input"], dx)
+                if len(x_shape) != 2:
+                    dx = dx.reshape(x_shape)
             if need_wgrad:
                 dw = gemm(
-                    xq,
-                    dyq,
-                    layout="NT",
-                    out_dtype=ctx.weight_dtype,
-                    gemm_name="wgrad",
-                    roles=("activation", "gradient"),
+                    xq, dyq, layout="NT", out_dtype=call.dtype, gemm_name="wgrad", roles=("activation", "gradient")
                 )
-                dw = _process_output(qs["grad_weight"], dw)
+                if call.debug:
+                    dw = _process_output(call.qs["grad_weight"], dw)
         return dx, dw, db, None
 
 
-def _quantize(call: _Call, role: str, tensor: torch.Tensor, *, rowwise: bool, columnwise: bool):
+#: the C++ apply of `_LinearFunction` (what `torch.autograd.Function.apply` ends in) and torch's unwrapping of
+#: tensors left over from a finished functorch transform (what its wrapper does to every tensor argument)
+_C_APPLY: Optional[Callable] = super(torch.autograd.Function, _LinearFunction).apply
+try:
+    _unwrap_if_dead = torch._C._functorch.unwrap_if_dead
+    torch._C._are_functorch_transforms_active  # noqa: B018 - present with the line above in the torch we test
+except AttributeError:  # a torch without these private calls: its public apply, wrapper and all
+    _C_APPLY = None
+
+
+def _quantize(call: _Call, role: str, tensor: torch.Tensor, rowwise: bool, columnwise: bool):
     """Quantize `tensor` with the call's quantizer for `role` (plain tensor when there is none)."""
     q = call.qs[role]
     if q is None:
         return tensor
-    replay = call.replay and role in _FORWARD_ROLES
-    if not replay:
+    replay = call.replay and role != "grad_output"  # the forward roles of a recompute: see the module docstring
+    if call.delayed and not replay:
         call.state.before_use(role, call.normal)
     if not (rowwise or columnwise):
         rowwise = True  # a quantizer must produce something; only reached for unused operands
     q.set_usage(rowwise=rowwise, columnwise=columnwise)
-    if replay and is_debug_quantizer(q):
+    if replay and call.debug and is_debug_quantizer(q):
         return q.quantize_without_inspection(tensor)
     return q.quantize(tensor)
-
-
-_FORWARD_ROLES = ("input", "weight")
 
 
 def reduce_amaxes(states: Sequence[GemmState], recipe) -> None:
@@ -343,6 +375,8 @@ def reduce_amaxes(states: Sequence[GemmState], recipe) -> None:
 
 def activation_dtype(x: torch.Tensor, params_dtype: torch.dtype) -> torch.dtype:
     """The dtype the GEMMs compute in: torch.autocast's dtype when it is on for x's device, else the params'."""
+    if not torch._C._is_any_autocast_enabled():  # (the common answer, without parsing x's device type)
+        return params_dtype
     device_type = x.device.type
     if torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
@@ -363,7 +397,7 @@ def linear_gemm(
 
     `reduce_amax`: reduce the delayed-scaling amaxes of `state` first (`reduce_amaxes`); grouped layers, whose
     GEMMs may not all run on every rank, pass False and reduce all their states once per forward instead."""
-    dtype = activation_dtype(x, weight.dtype)
+    dtype = activation_dtype(x, weight.dtype) if torch._C._is_any_autocast_enabled() else weight.dtype
     if x.dtype != dtype:  # (compared first: a `.to` call costs host time even when it returns its input)
         x = x.to(dtype)
     if weight.dtype != dtype:
@@ -372,20 +406,22 @@ def linear_gemm(
         bias = bias.to(dtype)
     if x.numel() == 0 or weight.numel() == 0:  # an empty GEMM (e.g. in_features 0): nothing to quantize or inspect
         return torch.nn.functional.linear(x, weight, bias)
-    if state.last is not None and in_recompute():
-        normal, qs = state.last
-        call = _Call(state, normal, qs, dtype, True, replay=True)
+    grad_enabled = torch.is_grad_enabled()
+    last = state.last
+    if last is not None and grad_enabled and torch._C._current_graph_task_id() != -1:  # `in_recompute()`
+        normal, qs, delayed = last
+        return _LinearFunction.apply(x, weight, bias, _Call(state, normal, qs, dtype, True, True, delayed))
+    if recipe is not None and reduce_amax and getattr(recipe, "reduce_amax", False):
+        reduce_amaxes((state,), recipe)
+    if active.DEBUG_MANAGER is None:  # no debug session: the layer's own quantizers (the gate would answer None)
+        last = state.last = _HIGH_PRECISION if recipe is None else state.plan(recipe)
     else:
-        if reduce_amax and recipe is not None:
-            reduce_amaxes((state,), recipe)
-        normal, qs = state.call_quantizers(layer_name, recipe)
-        state.last = (normal, qs)
-        if recipe is None and qs is normal:
-            # high precision and no debug path: torch's own linear, the same numbers (forward and backward) as
-            # `_LinearFunction` with no quantizer, without its Python autograd function
-            return torch.nn.functional.linear(x, weight, bias)
-        call = _Call(state, normal, qs, dtype, torch.is_grad_enabled())
-    return _LinearFunction.apply(x, weight, bias, call)
+        last = state.last = state.debug_plan(layer_name, recipe)
+    if recipe is None and last[1] is last[0]:
+        # high precision and no debug path: torch's own linear, the same numbers (forward and backward) as
+        # `_LinearFunction` with no quantizer, without its Python autograd function
+        return torch.nn.functional.linear(x, weight, bias)
+    return _LinearFunction.apply(x, weight, bias, _Call(state, last[0], last[1], dtype, grad_enabled, False, last[2]))
 
 
 class _SkippedBackwardUses(torch.autograd.Function):
@@ -434,10 +470,9 @@ class BaseLayer(torch.nn.Module):
 
     def active_recipe(self):
         """The recipe for this forward: None outside autocast (high precision), else by the autocast precedence."""
-        enabled, _ = autocast_state()
-        if not enabled:
+        if not INNERMOST.enabled:
             return None
-        recipe = explicit_recipe()
+        recipe = INNERMOST.recipe
         if recipe is not None:
             return recipe
         return self.default_recipe if self.default_recipe is not None else default_recipe()

@@ -25,9 +25,12 @@ def check_normalization(normalization: str) -> str:
 def normalize(x, normalization: str, weight, bias, eps: float) -> torch.Tensor:
     """LayerNorm (with bias) or RMSNorm (no bias) over the last dim, in x's dtype."""
     shape = (x.shape[-1],)
+    dtype = x.dtype
+    if weight.dtype != dtype:  # (compared first: a `.to` call costs host time even when it returns its input)
+        weight = weight.to(dtype)
     if normalization == "LayerNorm":
-        return F.layer_norm(x, shape, weight.to(x.dtype), bias.to(x.dtype), eps)
-    return F.rms_norm(x, shape, weight.to(x.dtype), eps)
+        return F.layer_norm(x, shape, weight, bias if bias.dtype == dtype else bias.to(dtype), eps)
+    return F.rms_norm(x, shape, weight, eps)
 
 
 def make_norm_params(module: torch.nn.Module, hidden: int, normalization: str, kw: dict) -> None:

@@ -98,6 +98,8 @@ class LayerNormMLP(BaseLayer):
             parallel.mark_sequence_parallel(self.layer_norm_weight, self.layer_norm_bias, self.fc2_bias)
         self.fc1_state = GemmState()
         self.fc2_state = GemmState()
+        #: (name, "<name>.fc1", "<name>.fc2"): the debug names of the two GEMMs for the current `name`
+        self._gemm_names = (None, "", "")
         parallel.configure(self.fc1_state, self.tp_fc1)
         parallel.configure(self.fc2_state, self.tp_fc2)
 
@@ -107,13 +109,16 @@ class LayerNormMLP(BaseLayer):
                 f"LayerNormMLP '{self.name}': input last dim {x.shape[-1]} != hidden_size {self.hidden_size}"
             )
         recipe = self.active_recipe()
+        names = self._gemm_names
+        if names[0] is not self.name:  # `name` was reassigned: the GEMM names follow (built once per name)
+            names = self._gemm_names = (self.name, f"{self.name}.fc1", f"{self.name}.fc2")
         ln_out = normalize(x, self.normalization, self.layer_norm_weight, self.layer_norm_bias, self.eps)
         h = parallel.parallel_linear(
-            ln_out, self.fc1_weight, self.fc1_bias, self.fc1_state, f"{self.name}.fc1", recipe, self.tp_fc1
+            ln_out, self.fc1_weight, self.fc1_bias, self.fc1_state, names[1], recipe, self.tp_fc1
         )
         h = apply_activation(self.activation, h)
         return parallel.parallel_linear(
-            h, self.fc2_weight, self.fc2_bias, self.fc2_state, f"{self.name}.fc2", recipe, self.tp_fc2
+            h, self.fc2_weight, self.fc2_bias, self.fc2_state, names[2], recipe, self.tp_fc2
         )
 
     def extra_repr(self) -> str:

@@ -75,9 +75,10 @@ class TensorParallel:
     mode: Optional[str] = None
     sequence_parallel: bool = False
 
-    @property
+    @functools.cached_property
     def active(self) -> bool:
-        """True when the layer is split over more than one rank in a column or row mode."""
+        """True when the layer is split over more than one rank in a column or row mode (computed once: read by
+        every forward)."""
         return self.size > 1 and self.mode is not None
 
     @classmethod
