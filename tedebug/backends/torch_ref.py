@@ -18,6 +18,8 @@ from typing import Dict
 import numpy as np
 import torch
 
+from tedebug.host_numpy import compiling
+
 from tedebug.format_constants import FP8_MAX
 
 F64 = torch.float64
@@ -102,7 +104,7 @@ def basic_partial_values(x: torch.Tensor) -> tuple:
     if x.requires_grad:
         x = x.detach()
     n = x.numel()
-    if n <= HOST_PASS_MAX_NUMEL:
+    if n <= HOST_PASS_MAX_NUMEL and not compiling():
         return _small_basic_partial_values(x, n)
     flat = x.reshape(-1)
     # min and max in the input dtype, as `basic_partials` takes them (aminmax may differ in the sign of a zero)

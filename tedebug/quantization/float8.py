@@ -24,6 +24,8 @@ from typing import Callable, Iterable, Optional, Tuple, Union
 import numpy as np
 import torch
 
+from tedebug.host_numpy import numpy_on
+
 from tedebug.backends import dispatch
 from tedebug.backends.dispatch import KernelChoice
 from tedebug.backends.fused_stats import FP8_STATS, FP8_STATS_WITH_SCALE, FusedStats, attach_fused
@@ -120,7 +122,7 @@ class Float8Tensor(QuantizedTensor):
         data = self.rowwise_data if usage == "rowwise" else self.columnwise_data
         if data is None:  # `dequantize` checks that the representation exists before it calls this
             raise RuntimeError(f"{type(self).__name__}: the {usage} representation is not available")
-        if data.device.type == "cpu" and data.is_contiguous() and self.scale_inv.device.type == "cpu":
+        if numpy_on(data.device) and data.is_contiguous() and self.scale_inv.device.type == "cpu":
             return self._dequantize_on_host(usage, data)
         values = decode_fp8(self._codes_2d(usage), self.fp8_format) * self.scale_inv.float().reshape(())
         return values.reshape(self._shape)
@@ -146,7 +148,7 @@ class Float8Tensor(QuantizedTensor):
         if (
             data is not None
             and len(self._shape) == 2
-            and data.device.type == "cpu"
+            and numpy_on(data.device)
             and self.scale_inv.device.type == "cpu"
             and data.is_contiguous()
         ):
@@ -300,7 +302,7 @@ class Float8CurrentScalingQuantizer(Quantizer):
         )
         if buffers is not None:
             return _from_kernel_buffers(self, tensor, buffers)
-        if tensor.device.type == "cpu" and tensor.is_contiguous() and tensor.numel():
+        if numpy_on(tensor.device) and tensor.is_contiguous() and tensor.numel():
             return self._quantize_on_host(tensor)
         scale = self.compute_scale(tensor_amax(tensor))
         return _cast_per_tensor(self, tensor, scale, self.fp8_format)

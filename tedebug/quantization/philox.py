@@ -27,6 +27,8 @@ from typing import Tuple
 import numpy as np
 import torch
 
+from tedebug.host_numpy import numpy_on
+
 __all__ = ["PHILOX_M", "PHILOX_W", "philox4x32_10", "philox_bytes"]
 
 PHILOX_M = (0xD2511F53, 0xCD9E8D57)
@@ -70,7 +72,7 @@ def philox_bytes(seed: int, offset: int, n: int, device=None, kernel=None) -> to
         fast = dispatch.philox_bytes(seed, offset, n, device, kernel)
         if fast is not None:
             return fast
-    if device.type == "cpu":
+    if numpy_on(device):
         return torch.from_numpy(_bytes_numpy(seed, offset, n))
     return _bytes_torch(seed, offset, n, device)
 
