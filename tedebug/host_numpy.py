@@ -8,22 +8,28 @@ runs instead: the same values, traced like any torch code.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
-_compiler = getattr(torch, "compiler", None)
-_is_compiling = getattr(_compiler, "is_compiling", None)
-if _is_compiling is None:  # (torch before torch.compiler.is_compiling)
-    try:
-        from torch._dynamo import is_compiling as _is_compiling  # type: ignore[no-redef]
-    except ImportError:  # pragma: no cover - no tracer at all
 
-        def _is_compiling() -> bool:
-            return False
+def _never() -> bool:  # pragma: no cover - a torch without a tracer
+    return False
 
 
-def compiling() -> bool:
-    """Whether torch.compile is tracing the code that calls this (True inside the traced region)."""
-    return bool(_is_compiling())
+def _tracer_query() -> Callable[[], bool]:
+    found = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    if found is None:  # (torch before torch.compiler.is_compiling)
+        found = getattr(getattr(torch, "_dynamo", None), "is_compiling", None)
+    return found if found is not None else _never
+
+
+_is_compiling: Callable[[], bool] = _tracer_query()
+
+
+#: whether torch.compile is tracing the code that calls it (True inside the traced region): torch's own function
+#: itself, so that a hot path pays one call (its callers test it last, after their cheap checks)
+compiling = _is_compiling
 
 
 def numpy_on(device: torch.device) -> bool:

@@ -24,7 +24,7 @@ from typing import Callable, Iterable, Optional, Tuple, Union
 import numpy as np
 import torch
 
-from tedebug.host_numpy import numpy_on
+from tedebug.host_numpy import compiling
 
 from tedebug.backends import dispatch
 from tedebug.backends.dispatch import KernelChoice
@@ -122,7 +122,7 @@ class Float8Tensor(QuantizedTensor):
         data = self.rowwise_data if usage == "rowwise" else self.columnwise_data
         if data is None:  # `dequantize` checks that the representation exists before it calls this
             raise RuntimeError(f"{type(self).__name__}: the {usage} representation is not available")
-        if numpy_on(data.device) and data.is_contiguous() and self.scale_inv.device.type == "cpu":
+        if data.is_cpu and data.is_contiguous() and self.scale_inv.is_cpu and not compiling():
             return self._dequantize_on_host(usage, data)
         values = decode_fp8(self._codes_2d(usage), self.fp8_format) * self.scale_inv.float().reshape(())
         return values.reshape(self._shape)
@@ -148,9 +148,10 @@ class Float8Tensor(QuantizedTensor):
         if (
             data is not None
             and len(self._shape) == 2
-            and numpy_on(data.device)
-            and self.scale_inv.device.type == "cpu"
+            and data.is_cpu
+            and self.scale_inv.is_cpu
             and data.is_contiguous()
+            and not compiling()
         ):
             decoded = fp8_decode_table(self.fp8_format).take(data.numpy())
             np.multiply(decoded, np.float32(self.scale_inv.item()), out=decoded)
@@ -302,7 +303,7 @@ class Float8CurrentScalingQuantizer(Quantizer):
         )
         if buffers is not None:
             return _from_kernel_buffers(self, tensor, buffers)
-        if numpy_on(tensor.device) and tensor.is_contiguous() and tensor.numel():
+        if tensor.is_cpu and tensor.is_contiguous() and tensor.numel() and not compiling():
             return self._quantize_on_host(tensor)
         scale = self.compute_scale(tensor_amax(tensor))
         return _cast_per_tensor(self, tensor, scale, self.fp8_format)
