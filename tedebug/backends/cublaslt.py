@@ -114,7 +114,7 @@ def _check(status: int, what: str) -> None:
         raise RuntimeError(f"cuBLASLt {what} failed with status {status}")
 
 
-def _set(lib, setter, obj, attribute: int, value) -> None:
+def _set(setter, obj, attribute: int, value) -> None:
     _check(setter(obj, attribute, ctypes.byref(value), ctypes.sizeof(value)), f"attribute {attribute}")
 
 
@@ -162,12 +162,12 @@ def _build(lib, handle, key: tuple, bias_ptr: int) -> Optional[_Plan]:
     desc = vp()
     _check(lib.cublasLtMatmulDescCreate(ctypes.byref(desc), _COMPUTE_32F, _R_32F), "cublasLtMatmulDescCreate")
     setter = lib.cublasLtMatmulDescSetAttribute
-    _set(lib, setter, desc, _DESC_POINTER_MODE, ctypes.c_int32(_POINTER_MODE_DEVICE))
-    _set(lib, setter, desc, _DESC_TRANSA, ctypes.c_int32(op_a))
-    _set(lib, setter, desc, _DESC_TRANSB, ctypes.c_int32(op_b))
-    _set(lib, setter, desc, _DESC_EPILOGUE, ctypes.c_uint32(_EPILOGUE_BIAS))
-    _set(lib, setter, desc, _DESC_BIAS_DATA_TYPE, ctypes.c_int32(_R_16BF))
-    _set(lib, setter, desc, _DESC_BIAS_POINTER, vp(bias_ptr))
+    _set(setter, desc, _DESC_POINTER_MODE, ctypes.c_int32(_POINTER_MODE_DEVICE))
+    _set(setter, desc, _DESC_TRANSA, ctypes.c_int32(op_a))
+    _set(setter, desc, _DESC_TRANSB, ctypes.c_int32(op_b))
+    _set(setter, desc, _DESC_EPILOGUE, ctypes.c_uint32(_EPILOGUE_BIAS))
+    _set(setter, desc, _DESC_BIAS_DATA_TYPE, ctypes.c_int32(_R_16BF))
+    _set(setter, desc, _DESC_BIAS_POINTER, vp(bias_ptr))
 
     def layout(rows: int, cols: int, ld: int) -> ctypes.c_void_p:
         out = vp()
@@ -182,10 +182,10 @@ def _build(lib, handle, key: tuple, bias_ptr: int) -> Optional[_Plan]:
     _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "preference")
     try:
         pset = lib.cublasLtMatmulPreferenceSetAttribute
-        _set(lib, pset, pref, _PREF_MAX_WORKSPACE_BYTES, ctypes.c_uint64(WORKSPACE_BYTES))
-        _set(lib, pset, pref, _PREF_REDUCTION_SCHEME_MASK, ctypes.c_uint32(_REDUCTION_SCHEME_COMPUTE_TYPE))
+        _set(pset, pref, _PREF_MAX_WORKSPACE_BYTES, ctypes.c_uint64(WORKSPACE_BYTES))
+        _set(pset, pref, _PREF_REDUCTION_SCHEME_MASK, ctypes.c_uint32(_REDUCTION_SCHEME_COMPUTE_TYPE))
         for attribute, align in zip(_PREF_MIN_ALIGNMENT, aligns):
-            _set(lib, pset, pref, attribute, ctypes.c_uint32(align))
+            _set(pset, pref, attribute, ctypes.c_uint32(align))
         result = _HeuristicResult()
         count = ctypes.c_int(0)
         status = lib.cublasLtMatmulAlgoGetHeuristic(
