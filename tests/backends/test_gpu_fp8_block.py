@@ -20,6 +20,8 @@ cupy = pytest.importorskip("cupy")
 from tedebug.backends import cupy_fp8_block, cupy_stats, dispatch, torch_ref  # noqa: E402
 from tedebug.quantization.float8_block import Float8BlockQuantizer  # noqa: E402
 
+from support.kernel_inputs import backend_pair, special_values  # noqa: E402
+
 DEV = torch.device("cuda")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 FIELDS = ("rowwise_data", "rowwise_scale_inv", "columnwise_data", "columnwise_scale_inv")
@@ -29,36 +31,6 @@ U = 2.0**-24  # fp32 unit roundoff
 def err_chunk(dtype) -> int:
     """Squared errors summed in fp32 before the fp64 accumulation: one 16-byte chunk (FB_EPC in fp8_block.cu)."""
     return 4 if dtype == torch.float32 else 8
-
-
-def special_values(dtype):
-    big = torch.finfo(dtype).max
-    tiny = torch.finfo(dtype).tiny
-    vals = [
-        float("nan"),
-        float("inf"),
-        -float("inf"),
-        0.0,
-        -0.0,
-        tiny / 4,
-        -tiny / 2,
-        tiny,
-        448.0,
-        449.0,
-        464.0,
-        465.0,
-        500.0,
-        -1000.0,
-        57344.0,
-        61440.0,
-        2.0**-10,
-        1.5 * 2**-10,
-        big,
-        -big,
-        1e-3,
-        3.5,
-    ]
-    return torch.tensor(vals, dtype=torch.float32).to(dtype)
 
 
 def adversarial(shape, dtype, seed):
@@ -85,11 +57,7 @@ def varied(shape, dtype, seed):
 
 
 def quantize_pair(x, **kw):
-    with dispatch.use_backend("cupy"):
-        got = Float8BlockQuantizer(**kw).quantize(x)
-    with dispatch.use_backend("torch"):
-        ref = Float8BlockQuantizer(**kw).quantize(x)
-    return got, ref
+    return backend_pair(lambda: Float8BlockQuantizer(**kw), x)
 
 
 def assert_same_fields(got, ref):

@@ -16,42 +16,14 @@ from tedebug.backends import cupy_fp8_tensor, cupy_stats, dispatch, fused_stats,
 from tedebug.quantization.float8 import Float8CurrentScalingQuantizer, Float8Quantizer  # noqa: E402
 from tedebug.quantization.mxfp8 import MXFP8Quantizer  # noqa: E402
 
+from support.kernel_inputs import special_values  # noqa: E402
+
 DEV = torch.device("cuda")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 U = 2.0**-24  # fp32 unit roundoff
 CHUNK = 16  # elements summed in fp32 before the fp64 accumulation (kernels/stats.cu)
 ERR_CHUNK = 32  # squared errors summed in fp32 per thread chunk before fp64 (mxfp8.cu, fp8_tensor.cu)
 TINY_SQ = 2.0**-126  # squared errors below the fp32 normal range are lost by the fp32 per-element squares
-
-
-def special_values(dtype):
-    big = torch.finfo(dtype).max
-    tiny = torch.finfo(dtype).tiny
-    vals = [
-        float("nan"),
-        float("inf"),
-        -float("inf"),
-        0.0,
-        -0.0,
-        tiny / 4,
-        -tiny / 2,
-        tiny,
-        448.0,
-        449.0,
-        464.0,
-        465.0,
-        500.0,
-        -1000.0,
-        57344.0,
-        61440.0,
-        2.0**-10,
-        1.5 * 2**-10,
-        big,
-        -big,
-        1e-3,
-        3.5,
-    ]
-    return torch.tensor(vals, dtype=torch.float32).to(dtype)
 
 
 def adversarial(shape, dtype, seed):
