@@ -308,24 +308,7 @@ def test_feed_gathers_the_row_from_a_backend_vector(monkeypatch, stats):
     from tedebug.stats import engine as engine_module
     from tedebug.stats.readback import RowsInFlight
 
-    keys = tuple(
-        reversed(
-            (
-                "min",
-                "max",
-                "sum",
-                "m2",
-                "abs_sum",
-                "sq_sum",
-                "amax",
-                "nz_abs_min",
-                "nz_abs_max",
-                "nonzero_count",
-                "nan_count",
-                "inf_count",
-            )
-        )
-    )
+    keys = tuple(reversed(torch_ref.BASIC_KEYS))  # every basic partial, in an order other than the engine's
     calls = []
 
     def basic_partials_row(x):
@@ -387,28 +370,12 @@ def test_slab_rows_equal_the_reference_rows_with_microbatches_and_weights(monkey
     """A backend writing whole rows into the step's slab (`basic_stats_into`) emits exactly what the reference path
     emits: several feeds of one buffer merged, a weight keeping its first feed, key order of the backend followed
     (shuffled here), more rows than one slab chunk, and the slab reused by the next step."""
+    from tedebug.backends import torch_ref
     from tedebug.stats import engine as engine_module
     from tedebug.stats import slab as slab_module
 
     monkeypatch.setattr(slab_module, "CHUNK_ROWS", 3)
-    keys = tuple(
-        reversed(
-            (
-                "min",
-                "max",
-                "sum",
-                "m2",
-                "abs_sum",
-                "sq_sum",
-                "amax",
-                "nz_abs_min",
-                "nz_abs_max",
-                "nonzero_count",
-                "nan_count",
-                "inf_count",
-            )
-        )
-    )
+    keys = tuple(reversed(torch_ref.BASIC_KEYS))  # every basic partial, in an order other than the engine's
     stats = ("min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range", "nan_count")
     gen = torch.Generator().manual_seed(3)
     feeds = [
