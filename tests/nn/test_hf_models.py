@@ -18,18 +18,12 @@ from support.features import RecordingSink, section
 transformers = pytest.importorskip("transformers")  # in the test extra; skipped only in a bare environment
 
 VOCAB = 64
+#: what the tiny decoder configs share (one layer of width 32, two query heads sharing one key/value head)
+DECODER = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
 
 
 def llama():
-    cfg = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=32,
-    )
+    cfg = transformers.LlamaConfig(**DECODER, intermediate_size=64, max_position_embeddings=32)
     return transformers.LlamaForCausalLM(cfg)
 
 
@@ -51,15 +45,7 @@ def gpt2():
 
 def mixtral():
     cfg = transformers.MixtralConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        max_position_embeddings=32,
+        **DECODER, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=32
     )
     return transformers.MixtralForCausalLM(cfg)
 
@@ -67,12 +53,8 @@ def mixtral():
 def gpt_oss():
     """Experts stored transposed ([experts, in, out]), with biases and an interleaved gate/up layout."""
     cfg = transformers.GptOssConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
+        **DECODER,
         intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
         head_dim=16,
         num_local_experts=4,
         num_experts_per_tok=2,
@@ -88,13 +70,9 @@ def gpt_oss():
 
 def qwen3_moe():
     cfg = transformers.Qwen3MoeConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
+        **DECODER,
         intermediate_size=32,
         moe_intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
         num_experts=4,
         num_experts_per_tok=2,
         decoder_sparse_step=1,
