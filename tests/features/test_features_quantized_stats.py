@@ -56,20 +56,25 @@ def oracle(x, q, stat, usage="rowwise"):
     raise AssertionError(stat)
 
 
+def inspect(te, x, rowwise, columnwise, quantizer, *, tensor_name="activation", iteration=0):
+    """One LogFp8TensorStats / LogNvfp4TensorStats feed of layer "L" through the session's API (no TP group)."""
+    te.inspect_tensor(
+        "L",
+        tensor=x,
+        tensor_name=tensor_name,
+        iteration=iteration,
+        tp_group=None,
+        rowwise_quantized_tensor=rowwise,
+        columnwise_quantized_tensor=columnwise,
+        quantizer=quantizer,
+    )
+
+
 def run_fp8_stats(tmp_path, stats, x, rowwise, columnwise, quantizer, tensor_name="activation"):
     sink = RecordingSink()
     config = section({"LogFp8TensorStats": {"enabled": True, "stats": list(stats), "tensors": [tensor_name]}})
     with debug_session(config, tmp_path, sink) as te:
-        te.inspect_tensor(
-            "L",
-            tensor=x,
-            tensor_name=tensor_name,
-            iteration=4,
-            tp_group=None,
-            rowwise_quantized_tensor=rowwise,
-            columnwise_quantized_tensor=columnwise,
-            quantizer=quantizer,
-        )
+        inspect(te, x, rowwise, columnwise, quantizer, tensor_name=tensor_name, iteration=4)
         debug_api.step()
     return {name[len(f"L_{tensor_name}_") :]: v for (name, it), v in sink.values().items() if it == 4}
 
@@ -201,16 +206,7 @@ def test_mixed_plan_high_precision_direction_is_skipped_with_one_warning(tmp_pat
     config = section({"LogFp8TensorStats": {"enabled": True, "stats": stats, "tensors": ["activation"]}})
     with debug_session(config, tmp_path, sink) as te:
         for _ in range(2):  # fprop disabled: the rowwise operand is the high-precision tensor
-            te.inspect_tensor(
-                "L",
-                tensor=x,
-                tensor_name="activation",
-                iteration=0,
-                tp_group=None,
-                rowwise_quantized_tensor=x,
-                columnwise_quantized_tensor=q,
-                quantizer=quantizer,
-            )
+            inspect(te, x, x, q, quantizer, tensor_name="activation", iteration=0)
         debug_api.step()
         log = main_log(tmp_path)
     got = {n: v for (n, _), v in sink.values().items()}
@@ -280,16 +276,7 @@ def test_fp8_stats_that_cannot_be_computed_are_skipped_with_one_warning(tmp_path
         config = section({"LogFp8TensorStats": {"enabled": True, "stats": stats + [kept], "tensors": ["weight"]}})
         with debug_session(config, tmp_path / str(i), sink) as te:
             for _ in range(2):
-                te.inspect_tensor(
-                    "L",
-                    tensor=tensor,
-                    tensor_name="weight",
-                    iteration=0,
-                    tp_group=None,
-                    rowwise_quantized_tensor=q,
-                    columnwise_quantized_tensor=q,
-                    quantizer=quantizer,
-                )
+                inspect(te, tensor, q, q, quantizer, tensor_name="weight", iteration=0)
             debug_api.step()
             log = main_log(tmp_path / str(i))
         assert set(n for n, _, _ in sink.rows) == {f"L_weight_{kept}"}, stats
@@ -312,16 +299,7 @@ def test_fp8_what_if_shape_the_format_cannot_take_is_skipped(tmp_path):
         }
     )
     with debug_session(config, tmp_path, sink) as te:
-        te.inspect_tensor(
-            "L",
-            tensor=x,
-            tensor_name="activation",
-            iteration=0,
-            tp_group=None,
-            rowwise_quantized_tensor=x,
-            columnwise_quantized_tensor=x,
-            quantizer=None,
-        )
+        inspect(te, x, x, x, None, tensor_name="activation", iteration=0)
         debug_api.step()
         log = main_log(tmp_path)
     cur = Float8CurrentScalingQuantizer("E4M3", amax_epsilon=0.0, force_pow_2_scales=False).quantize(x)
@@ -345,26 +323,8 @@ def test_fp8_stats_without_quantizer_or_tensor(tmp_path):
         }
     )
     with debug_session(config, tmp_path, sink) as te:
-        te.inspect_tensor(
-            "L",
-            tensor=x,
-            tensor_name="activation",
-            iteration=0,
-            tp_group=None,
-            rowwise_quantized_tensor=x,
-            columnwise_quantized_tensor=x,
-            quantizer=None,
-        )
-        te.inspect_tensor(
-            "L",
-            tensor=None,
-            tensor_name="weight",
-            iteration=0,
-            tp_group=None,
-            rowwise_quantized_tensor=mq,
-            columnwise_quantized_tensor=mq,
-            quantizer=mx,
-        )
+        inspect(te, x, x, x, None, tensor_name="activation", iteration=0)
+        inspect(te, None, mq, mq, mx, tensor_name="weight", iteration=0)
         debug_api.step()
         log = main_log(tmp_path)
     # a high-precision layer still answers the what-if statistics (quantizing its high-precision tensor)
@@ -402,16 +362,7 @@ def test_nvfp4_stats_match_the_oracle(tmp_path):
         }
     )
     with debug_session(config, tmp_path, sink) as te:
-        te.inspect_tensor(
-            "L",
-            tensor=x,
-            tensor_name="activation",
-            iteration=2,
-            tp_group=None,
-            rowwise_quantized_tensor=q,
-            columnwise_quantized_tensor=q,
-            quantizer=quantizer,
-        )
+        inspect(te, x, q, q, quantizer, tensor_name="activation", iteration=2)
         debug_api.step()
     got = sink.values()
     deq = q.dequantize(dtype=torch.float64)
@@ -435,26 +386,8 @@ def test_nvfp4_stats_skip_non_nvfp4_layers_and_read_a_hybrid_columnwise_operand(
         {"LogNvfp4TensorStats": {"enabled": True, "stats": ["mse"], "tensors": ["activation", "gradient"]}}
     )
     with debug_session(config, tmp_path, sink) as te:
-        te.inspect_tensor(
-            "L",
-            tensor=x,
-            tensor_name="activation",
-            iteration=0,
-            tp_group=None,
-            rowwise_quantized_tensor=mq,
-            columnwise_quantized_tensor=mq,
-            quantizer=mx,
-        )
-        te.inspect_tensor(
-            "L",
-            tensor=x,
-            tensor_name="gradient",
-            iteration=0,
-            tp_group=None,
-            rowwise_quantized_tensor=hq,
-            columnwise_quantized_tensor=hq,
-            quantizer=hybrid,
-        )
+        inspect(te, x, mq, mq, mx, tensor_name="activation", iteration=0)
+        inspect(te, x, hq, hq, hybrid, tensor_name="gradient", iteration=0)
         debug_api.step()
     assert set(n for n, _, _ in sink.rows) == {"L_gradient_nvfp4_mse", "L_activation_nvfp4_mse"}
     deq = hq.columnwise_sub_storage.dequantize(usage="columnwise", dtype=torch.float64)
@@ -523,16 +456,7 @@ def test_feeds_of_one_kind_are_planned_once_and_added_usages_every_time(tmp_path
 
     def feed(te, tensor_name, quantizer, it):
         q = quantizer.quantize(xs[it])  # a new storage of the same kind, of other values, at every feed
-        te.inspect_tensor(
-            "L",
-            tensor=xs[it],
-            tensor_name=tensor_name,
-            iteration=it,
-            tp_group=None,
-            rowwise_quantized_tensor=q,
-            columnwise_quantized_tensor=q,
-            quantizer=quantizer,
-        )
+        inspect(te, xs[it], q, q, quantizer, tensor_name=tensor_name, iteration=it)
         return q
 
     xs = [sample(seed=12 + it) for it in range(3)]
