@@ -58,6 +58,11 @@ def main() -> None:
         action="store_true",
         help="instead of cProfile: torch.profiler's table of GPU kernels (total time over the steps)",
     )
+    p.add_argument(
+        "--sort",
+        default="cuda_time_total",
+        help="--kernels: the table's order (e.g. self_cpu_time_total for the host side of each op and runtime call)",
+    )
     a = p.parse_args()
     dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
     if a.device == "cpu":  # one thread, as tools/probe_hot_path.py: idle OpenMP workers spinning on a shared machine
@@ -86,7 +91,7 @@ def main() -> None:
                 for _ in range(a.steps):
                     one()
                 torch.cuda.synchronize()
-            print(kprof.key_averages().table(sort_by="cuda_time_total", row_limit=a.top, max_name_column_width=60))
+            print(kprof.key_averages().table(sort_by=a.sort, row_limit=a.top, max_name_column_width=60))
             return
         prof = cProfile.Profile()
         t0 = time.perf_counter()
