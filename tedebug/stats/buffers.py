@@ -5,7 +5,9 @@ schedule plus its marker such as ``"fp8"`` / ``"nvfp4"``, so that two features n
 step a non-weight buffer merges every feed (all microbatches, forward and backward) with the exact combiners of
 `tedebug.stats.definitions`; a weight buffer keeps the first feed of the step only.  The row stays on the device
 of the fed tensor until `StatsEngine.step` reads every row back at once; a kernel backend writes its rows into a
-`RowSlab` instead (`slab_rows`), merged on the host at the step; a CPU feed whose values were read on the host
+`RowSlab` instead (`slab_rows`), merged on the host at the step; a feed whose every partial is in the statistics
+vector a quantize kernel already wrote for that very tensor keeps a reference to the vector (`vector_rows`: no work
+at the feed, the vectors of a step are gathered together at its end); a CPU feed whose values were read on the host
 keeps them as a list of Python floats (`host_row`: nothing to copy back, no tensor to build).  Buffers persist
 across steps (their reduction groups decide which collectives a rank joins); only the row is cleared at each step.
 
@@ -38,6 +40,14 @@ QUANTIZED_FAMILIES = frozenset(("underflow", "mse", "overflow", "scale_inv"))
 FamilySlots = Tuple[str, Tuple[Any, ...], Tuple[Tuple[str, int], ...]]
 
 
+class VectorRow(NamedTuple):
+    """A feed's row kept as the float64 statistics vector a quantize kernel wrote (`StatBuffer.add_vector_row`)."""
+
+    vector: torch.Tensor  # float64 [n], never written again after its quantization
+    positions: Tuple[int, ...]  # per column (`columns` order): the vector index holding it, -1 for numel
+    numel: float  # the numel column's value when the vector has no "numel" entry
+
+
 class BufferKey(NamedTuple):
     layer: str
     tensor: str
@@ -60,6 +70,8 @@ class StatBuffer:
         #: rows of this step written by a kernel into a `RowSlab` (full backend layout), read back at the step
         self.slab_rows: List[Tuple[RowSlab, int]] = []
         self.slab_keys: Tuple[str, ...] = ()  # the partial names of a slab row, in order
+        #: rows of this step that are quantize kernels' statistics vectors, gathered at the step
+        self.vector_rows: List[VectorRow] = []
         #: the immutable ``stats`` object `requests` were last parsed from (`StatsEngine.feed`'s fast path)
         self.stats_source: Any = None
 
@@ -89,6 +101,7 @@ class StatBuffer:
         self._covered: Dict[Tuple[str, ...], bool] = {}
         self._gathers: Dict[tuple, Any] = {}  # index tensors per device, numpy index arrays
         self._positions: Dict[Tuple[str, ...], Tuple[int, ...]] = {}
+        self._vector_positions: Dict[Tuple[str, ...], Tuple[int, ...]] = {}
         #: (emitted name, request name, value of the request from a merged row in `columns` order) per request
         self.emitters: Tuple[Tuple[str, str, Callable[[Sequence[float]], float]], ...] = tuple(
             (name, r.name, finalizer(r, self.columns)) for name, r in zip(self.stat_names, requests)
@@ -111,15 +124,6 @@ class StatBuffer:
             index = self._gathers[(keys, device)] = torch.tensor(positions, dtype=torch.long, device=device)
         return index
 
-    def row_gather(self, keys: Tuple[str, ...], device: torch.device) -> torch.Tensor:
-        """Index tensor on `device` taking the row (in `columns` order) from a vector holding the partials named
-        `keys` in that order, ``"numel"`` among them (made once per keys order and device)."""
-        index = self._gathers.get((keys, device, "row"))
-        if index is None:
-            positions = self.row_positions(keys)
-            index = self._gathers[(keys, device, "row")] = torch.tensor(positions, dtype=torch.long, device=device)
-        return index
-
     def host_gather(self, keys: Tuple[str, ...]) -> Callable[[Sequence[float]], List[float]]:
         """A function taking the row (a list in `columns` order) from host values laid out as `keys` (partial names,
         ``"numel"`` included): the CPU feed path's gather, made once per keys order."""
@@ -140,16 +144,31 @@ class StatBuffer:
             positions = self._positions[keys] = tuple(keys.index(column.name) for column in self.columns)
         return positions
 
+    def vector_positions(self, keys: Tuple[str, ...]) -> Tuple[int, ...]:
+        """Per column, its index in a vector holding the partials `keys` in that order; -1 for the numel column when
+        `keys` has no ``"numel"`` (the caller checked `covered_by`; remembered per keys order)."""
+        positions = self._vector_positions.get(keys)
+        if positions is None:
+            positions = tuple(keys.index(column.name) if column.name in keys else -1 for column in self.columns)
+            self._vector_positions[keys] = positions
+        return positions
+
     @property
     def fed(self) -> bool:
         """True when the buffer received a feed since the last step."""
-        return self.row is not None or self.host_row is not None or bool(self.slab_rows)
+        return self.row is not None or self.host_row is not None or bool(self.slab_rows) or bool(self.vector_rows)
 
     def add_slab_row(self, slab: RowSlab, index: int, keys: Tuple[str, ...]) -> None:
         """Record a row a kernel writes into `slab` for this step, laid out as the partial names `keys` (the caller
         checked `accepts_feed`)."""
         self.slab_rows.append((slab, index))
         self.slab_keys = keys
+
+    def add_vector_row(self, vector: torch.Tensor, keys: Tuple[str, ...], numel: int) -> None:
+        """Record a feed whose row is read from a quantize kernel's statistics `vector` (partials named `keys`, in
+        that order, covering every column but maybe numel) at the step: nothing is computed now.  The vector must
+        not be written again (each quantization allocates its own); the caller checked `accepts_feed`."""
+        self.vector_rows.append(VectorRow(vector, self.vector_positions(keys), float(numel)))
 
     def accepts_feed(self) -> bool:
         """False for a weight buffer that was already fed this step (weights keep their first feed)."""
@@ -196,6 +215,8 @@ class StatBuffer:
         self.row = self.host_row = None
         if self.slab_rows:
             self.slab_rows = []
+        if self.vector_rows:
+            self.vector_rows = []
 
 
 def family_slots(columns: Tuple[Column, ...]) -> Tuple[FamilySlots, ...]:

@@ -237,6 +237,12 @@ class GroupReducer:
             positions = buffer.row_positions(buffer.slab_keys)
             for slab, index in buffer.slab_rows:
                 parts.append(slab.row(index).index_select(0, self._index(positions, slab.device)))
+        for vector_row in buffer.vector_rows:  # a quantize kernel's statistics vector (numel at -1 when not in it)
+            vector, positions = vector_row.vector, vector_row.positions
+            if -1 in positions:
+                vector = torch.cat((vector.new_full((1,), vector_row.numel), vector))
+                positions = tuple(p + 1 for p in positions)
+            parts.append(vector.index_select(0, self._index(positions, vector.device)))
         # rows on another device than the group's collectives (gloo with CUDA tensors): a blocking copy
         parts = [p if p.device == device else p.to(device) for p in parts]
         if len(parts) == 1:

@@ -3,7 +3,10 @@
 `feed` computes the per-feed partials of the requested statistics (through `tedebug.backends`) and merges them
 into the buffer's row on the tensor's device — no host synchronisation.  A basic-only feed of a CPU tensor takes
 the backend's host values (`basic_partial_values`: Python floats, nothing to wait for on the CPU) and keeps its row
-as those floats (`StatBuffer.accumulate_host`): no tensor is built and nothing is copied back at the step.
+as those floats (`StatBuffer.accumulate_host`): no tensor is built and nothing is copied back at the step.  A feed
+of quantization statistics that a quantize kernel already counted for exactly this tensor (its statistics vector,
+`tedebug.backends.fused_stats`) keeps a reference to that vector (`StatBuffer.add_vector_row`): no tensor op at all;
+the step gathers every such vector at once.
 `step(finished_iteration)` reads every fed row back (`tedebug.stats.readback`: all copies enqueued at once), runs one
 collective per reduction group (`tedebug.stats.reduce`), evaluates the final formulas as Python floats and emits
 ``metric_logger.log_scalar("<layer>_<tensor>_<stat>", value, iteration, layer=, tensor=, stat=)`` in
@@ -35,12 +38,13 @@ from typing import Any, Callable, Dict, Hashable, Iterable, List, Mapping, Optio
 
 import torch
 
-from tedebug.backends import backend_for
+from tedebug.backends import backend_for, dispatch
+from tedebug.backends.fused_stats import FusedStats, fused_vector
 from tedebug.config.parsing import GEMMS_OF_TENSOR
 from tedebug.sinks.batch import ScalarBatch
 from tedebug.stats import reduce as _reduce
 from tedebug.stats.buffers import BufferKey, BufferStore, StatBuffer
-from tedebug.stats.definitions import NUMEL, StatRequest
+from tedebug.stats.definitions import StatRequest
 from tedebug.stats.distributed import NO_REPLICA, DeferredReduction, GroupReducer, replica_id
 from tedebug.stats.readback import FedRow, RowsInFlight
 from tedebug.stats.slab import RowSlab
@@ -126,6 +130,13 @@ class StatsEngine:
         buffer.skip_reduction = skip_reduction
         if not buffer.accepts_feed():
             return
+        if buffer.quantized_source is not None and tensor is not None and quantized:
+            # every partial in the statistics vector the quantize kernel wrote for this very tensor: the feed keeps
+            # a reference to it and the step gathers all such vectors at once (no launch, nothing computed now)
+            fused = _kernel_vector(buffer, tensor, quantized)
+            if fused is not None:
+                buffer.add_vector_row(fused.vector, fused.keys_in_order, numel)
+                return
         try:
             if buffer.basic_only and tensor is not None:
                 backend = backend_for(tensor)
@@ -191,11 +202,6 @@ class StatsEngine:
                     vector = vector.to(device)
                 source = torch.cat((numel_value.reshape(1), vector))
                 return source.index_select(0, buffer.basic_gather(backend.BASIC_KEYS, device))
-        direction = buffer.quantized_source
-        if direction is not None and x is not None:
-            row = _fused_row(backend, buffer, direction, x, quantized, numel_value, device)
-            if row is not None:
-                return row
         values: List[Optional[torch.Tensor]] = [None] * len(buffer.columns)
         values[buffer.numel_index] = numel_value
         for family, qualifier, slots in buffer.families:
@@ -452,32 +458,26 @@ def _parse_requests(layer: str, tensor_name: str, entries: Sequence[Any]) -> Tup
     return tuple(requests)
 
 
-def _fused_row(
-    backend,
-    buffer: StatBuffer,
-    direction: Tuple[Any, ...],
-    x: torch.Tensor,
-    quantized: Mapping[str, Any],
-    numel_value: torch.Tensor,
-    device: torch.device,
-) -> Optional[torch.Tensor]:
-    """The row of a buffer of quantization statistics of one direction as one gather of the statistics vector its
-    quantize kernel wrote for exactly `x` (`tedebug.backends.fused_stats`), or None when there is none or it lacks a
-    partial (the families are then computed one by one)."""
-    fused_of = getattr(backend, "fused_vector", None)
-    recipe, columnwise = direction
+def _kernel_vector(buffer: StatBuffer, x: torch.Tensor, quantized: Mapping[str, Any]) -> Optional[FusedStats]:
+    """The statistics vector a quantize kernel wrote for exactly `x` (`tedebug.backends.fused_stats`) holding every
+    partial of `buffer`'s row (all quantization statistics of one direction, `buffer.quantized_source`), or None.
+
+    Taken where the statistics backend of `x` is the kernels (`fused_vector`), and for CPU tensors unless the torch
+    reference was asked for explicitly (``use_backend("torch")`` / ``TEDEBUG_BACKEND=torch``: the reference then
+    recomputes every statistic, an independent check of the quantizer's own counts)."""
+    recipe, columnwise = buffer.quantized_source  # type: ignore[misc]  # the caller checked it is set
     q = quantized.get(recipe)
-    if fused_of is None or q is None:
+    if q is None:
         return None
+    fused_of = getattr(backend_for(x), "fused_vector", None)
+    if fused_of is None:
+        if not x.is_cpu or dispatch.requested_backend() == "torch":
+            return None
+        fused_of = fused_vector
     fused = fused_of(q, x, "columnwise" if columnwise else "rowwise")
-    if fused is None:
+    if fused is None or fused.vector.device != x.device or not buffer.covered_by(fused.keys_in_order):
         return None
-    keys = fused.keys_in_order
-    if not buffer.covered_by(keys) or fused.vector.device != device:
-        return None
-    if NUMEL.name in keys:  # the vector counts the elements too: the row is one gather of it
-        return fused.vector.index_select(0, buffer.row_gather(keys, device))
-    return torch.cat((numel_value.reshape(1), fused.vector)).index_select(0, buffer.basic_gather(keys, device))
+    return fused
 
 
 def _family_partials(backend, family: str, qualifier: Tuple[Any, ...], x, quantized: Mapping[str, Any]):

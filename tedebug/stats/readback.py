@@ -3,7 +3,8 @@
 `RowsInFlight(fed)` snapshots what the reduction and the emission need from every fed buffer (`FedRow`: key,
 columns, emitters, iteration and reduction settings, which the next step may change) and enqueues every
 device-to-host copy at once, without waiting: slab rows into the slabs' pinned mirrors (`RowSlab.start_host_copy`),
-the buffers' own rows (one concatenation per device) with a non-blocking copy, then one event per CUDA device.
+the buffers' own rows (one concatenation per device) and the quantize kernels' statistics vectors fed as rows (one
+stack per device and vector length) with non-blocking copies, then one event per CUDA device.
 `host_rows()` waits for those events and returns each buffer's row as Python floats in `columns` order (a row fed as
 host values is taken as it is; a buffer
 whose row is one slab row, the kernel path's usual case, is cut from one gather per slab and column layout); several
@@ -20,7 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from tedebug.stats.buffers import BufferKey, StatBuffer
+from tedebug.stats.buffers import BufferKey, StatBuffer, VectorRow
 from tedebug.stats.definitions import Column, combine_rows
 from tedebug.stats.slab import RowSlab
 
@@ -38,6 +39,7 @@ class FedRow:
         "row",
         "host_row",
         "slab_rows",
+        "vector_rows",
         "positions",
         "nonfinite_positions",
     )
@@ -52,6 +54,7 @@ class FedRow:
         self.row: Optional[torch.Tensor] = buffer.row
         self.host_row: Optional[List[float]] = buffer.host_row
         self.slab_rows: List[Tuple[RowSlab, int]] = buffer.slab_rows
+        self.vector_rows: List[VectorRow] = buffer.vector_rows
         self.positions: Tuple[int, ...] = buffer.row_positions(buffer.slab_keys) if buffer.slab_rows else ()
         self.nonfinite_positions: Optional[Tuple[int, int]] = buffer.nonfinite_positions
 
@@ -79,6 +82,19 @@ class RowsInFlight:
                 flat = flat.to("cpu", non_blocking=True)  # into pinned memory: returns at once
                 cuda_devices.add(device)
             self._row_groups.append((entries, flat))
+        # statistics vectors fed as rows: one stack (one launch per batch of inputs) and one copy per device and length
+        vectors: Dict[Tuple[torch.device, int], List[Tuple[FedRow, VectorRow]]] = {}
+        for entry in self.entries:
+            for vector_row in entry.vector_rows:
+                vector = vector_row.vector
+                vectors.setdefault((vector.device, vector.numel()), []).append((entry, vector_row))
+        self._vector_groups: List[Tuple[List[Tuple[FedRow, VectorRow]], torch.Tensor]] = []
+        for (device, _), members in vectors.items():
+            stacked = torch.stack([vector_row.vector for _, vector_row in members])
+            if device.type == "cuda":
+                stacked = stacked.to("cpu", non_blocking=True)
+                cuda_devices.add(device)
+            self._vector_groups.append((members, stacked))
         self._events = []
         for device in cuda_devices:
             event = torch.cuda.Event()
@@ -100,15 +116,25 @@ class RowsInFlight:
             for entry in entries:
                 host[entry.key] = values[offset : offset + len(entry.columns)]
                 offset += len(entry.columns)
+        vector_parts: Dict[BufferKey, List[List[float]]] = {}
+        for members, stacked in self._vector_groups:
+            for (entry, vector_row), values in zip(members, stacked.tolist()):
+                numel = vector_row.numel
+                row = [values[p] if p >= 0 else numel for p in vector_row.positions]
+                vector_parts.setdefault(entry.key, []).append(row)
         # An entry whose row is exactly one slab row (one feed through a kernel: the common case) takes its columns
-        # from one gather per (slab, column positions); the others are merged below.
+        # from one gather per (slab, column positions), one whose row is exactly one statistics vector is that
+        # vector's row; the others are merged below.
         single: Dict[Tuple[RowSlab, Tuple[int, ...]], List[FedRow]] = {}
         merged: List[FedRow] = []
         for entry in self.entries:
-            if not entry.slab_rows:
+            if not entry.slab_rows and not entry.vector_rows:
                 continue
-            if entry.row is None and entry.host_row is None and len(entry.slab_rows) == 1:
+            alone = entry.row is None and entry.host_row is None
+            if alone and len(entry.slab_rows) == 1 and not entry.vector_rows:
                 single.setdefault((entry.slab_rows[0][0], entry.positions), []).append(entry)
+            elif alone and not entry.slab_rows and len(entry.vector_rows) == 1:
+                host[entry.key] = vector_parts[entry.key][0]
             else:
                 merged.append(entry)
         for (slab, positions), entries in single.items():
@@ -124,6 +150,7 @@ class RowsInFlight:
                 if full is None:
                     full = slab_lists[slab] = slab_tensors[slab].tolist()
                 parts.append([full[index][p] for p in entry.positions])
+            parts.extend(vector_parts.get(entry.key, ()))
             if len(parts) == 1:
                 host[entry.key] = parts[0]
             else:
