@@ -37,6 +37,7 @@ from tedebug.features.base import (
     ScheduledInspectFeature,
     log_once,
     reduction_args,
+    schedule_of,
     schedule_options,
     scheduled_now,
     stat_list,
@@ -247,6 +248,10 @@ def _template(stats: Tuple[Fp8StatName, ...], tensor: Optional[torch.Tensor], st
     """The plan of storages that hold their usages (`_fill_plan` then changes nothing on them)."""
     plan = _Plan()
     _fill_plan(plan, stats, tensor, storages)
+    return _template_of(plan)
+
+
+def _template_of(plan: _Plan) -> _Template:
     return _Template(
         tuple(plan.requests),
         tuple(plan.current),
@@ -394,6 +399,127 @@ class LogFp8TensorStats(ScheduledInspectFeature):
         finally:
             _restore(plan)
         log_once(f"Feature={name}, API=inspect_tensor: {tensor_name}", layer_name)
+
+    def bind_inspect_tensor(self, config: dict, layer_name: str, tensor_name: str) -> "_BoundFeed":
+        """`inspect_tensor` bound to one routed config, layer and tensor name for the rest of the session, as
+        ``call(iteration, tensor, tp_group, tp_size, rowwise_quantized_tensor, columnwise_quantized_tensor,
+        quantizer)`` (what `tedebug.plan` calls on the debug path; used only while this class also defines
+        `inspect_tensor`)."""
+        return _BoundFeed(self, config, layer_name, tensor_name)
+
+
+class _BoundFeed:
+    """`LogFp8TensorStats.inspect_tensor` for one config, layer and tensor name.
+
+    What the config alone decides (schedule, statistic names, buffer options) is derived once.  A feed of a kind
+    whose plan is a plain session template - no what-if quantization, nothing skipped, every usage present, so
+    nothing to quantize, add, restore or warn about - goes straight to the statistics engine with the template's
+    requests; any other feed takes `inspect_tensor`, which plans it in full.  The kind is what decides the plan
+    (`_storage_kind` of each usage, whether the high-precision tensor exists) and whether both usages are one
+    storage."""
+
+    __slots__ = ("feature", "config", "layer_name", "tensor_name", "schedule", "options", "message", "logged", "plans")
+
+    def __init__(self, feature: "LogFp8TensorStats", config: dict, layer_name: str, tensor_name: str) -> None:
+        self.feature = feature
+        self.config = config
+        self.layer_name = layer_name
+        self.tensor_name = tensor_name
+        self.schedule = schedule_of(config)
+        self.options = schedule_options(config) + (MARKER,)
+        self.message = f"Feature={type(feature).__name__}, API=inspect_tensor: {tensor_name}"
+        self.logged = False
+        #: feed kind -> the template's requests when the kind takes the direct path, else None
+        self.plans: Dict[tuple, Optional[Tuple[StatRequest, ...]]] = {}
+
+    def __call__(
+        self,
+        iteration: int,
+        tensor: Optional[torch.Tensor],
+        tp_group: Any,
+        tp_size: int,
+        rowwise_quantized_tensor: Any,
+        columnwise_quantized_tensor: Any,
+        quantizer: Optional[Quantizer],
+    ) -> None:
+        if not self.schedule.is_active(iteration):
+            return
+        row = storage_for(rowwise_quantized_tensor, "rowwise")
+        col = storage_for(columnwise_quantized_tensor, "columnwise")
+        kind = (tensor is None, _storage_kind(row, "rowwise"), _storage_kind(col, "columnwise"), row is col)
+        plans = self.plans
+        if kind in plans:
+            requests = plans[kind]
+        else:
+            requests = plans[kind] = self._direct_requests(tensor, row, col)
+        if requests is None:
+            self.feature.inspect_tensor(
+                self.config,
+                self.layer_name,
+                self.tensor_name,
+                iteration,
+                tensor,
+                tp_group,
+                tp_size,
+                rowwise_quantized_tensor,
+                columnwise_quantized_tensor,
+                quantizer,
+            )
+            return
+        current = active.session()
+        group, skip, is_weight = reduction_args(current, self.tensor_name, tp_group, tp_size)
+        try:
+            current.stats.feed(
+                self.layer_name,
+                self.tensor_name,
+                requests,
+                tensor,
+                iteration=iteration,
+                options=self.options,
+                quantized={CURRENT_KEY: row if row is not None else col},
+                reduction_group=group,
+                skip_reduction=skip,
+                is_weight=is_weight,
+            )
+        except (ValueError, TypeError, RuntimeError) as err:  # a statistic never stops training
+            log_once(
+                f"Feature={type(self.feature).__name__}: skipping {[r.name for r in requests]} of tensor "
+                f"{self.tensor_name}: computing them failed: {err}",
+                self.layer_name,
+                logging.WARNING,
+            )
+        if not self.logged:  # the session writes it once per layer anyway
+            log_once(self.message, self.layer_name)
+            self.logged = True
+
+    def _direct_requests(self, tensor, row, col) -> Optional[Tuple[StatRequest, ...]]:
+        """The requests of a feed of this kind when it may skip `inspect_tensor` (see the class docstring)."""
+        session = active.DEBUG_MANAGER
+        if session is None:
+            return None
+        storages = {"rowwise": row, "columnwise": col}
+        kinds = (_storage_kind(row, "rowwise"), _storage_kind(col, "columnwise"))
+        names = tuple(stat_list(self.config))
+        if all(kind is None or kind[1] for kind in kinds):
+            table = session.memo("LogFp8TensorStats.plan")
+            key = (names, tensor is None, kinds)
+            template = table.get(key)
+            if template is None:
+                template = table[key] = _template(_parsed(names), tensor, storages)
+        else:  # a usage is missing: direct only when no statistic reads it (nothing to add for a feed)
+            plan = _Plan()
+            try:
+                _fill_plan(plan, _parsed(names), tensor, storages)
+            finally:
+                added, _ = bool(plan.restore), _restore(plan)
+            if added:
+                return None
+            template = _template_of(plan)
+        if template.what_if or template.skipped or not template.requests:
+            return None
+        if len(template.current) == 2 and row is not col:  # two storages: the hybrid view of inspect_tensor
+            return None
+        return template.requests
 
 
 def _quantize_what_if(recipe: str, fmt: str, tensor: torch.Tensor):

@@ -114,3 +114,54 @@ def test_whole_runs_equal_the_uncached_path(tmp_path, monkeypatch):
     monkeypatch.setattr(tedebug.memo, "memoized", lambda table, key, compute: compute())
     slow = _run_model(tmp_path / "slow", config, plan_cache=False)
     assert fast == slow
+
+
+@pytest.mark.parametrize("what_if", [False, True])
+def test_fp8_statistics_runs_equal_the_uncached_path_and_skip_the_full_planning(tmp_path, monkeypatch, what_if):
+    """LogFp8TensorStats on a real model under FP8 current scaling (microbatches, freq 2): the same statistics and
+    main-log lines with the bound debug path as through the namespace; the bound path answers feeds of the training
+    recipe without `inspect_tensor` (call counter), and takes it for a what-if statistic (a quantization per feed)."""
+    stats = ["underflows%", "mse", "scale_inv_min", "scale_inv_max"] + (["mxfp8_underflows%"] if what_if else [])
+    tensors = ["activation", "weight", "gradient"]
+    config = section({"LogFp8TensorStats": {"enabled": True, "stats": stats, "tensors": tensors, "freq": 2}})
+    import sys
+
+    calls = []
+
+    def count_calls(*args, **kwargs):  # wraps the class's inspect_tensor in every loaded copy of the module
+        for name, module in list(sys.modules.items()):
+            cls = getattr(module, "LogFp8TensorStats", None) if name.endswith("log_fp8_tensor_stats") else None
+            real = getattr(cls, "inspect_tensor", None)
+            if real is not None and not hasattr(real, "counted"):
+
+                def spy(self, *a, real=real, **k):
+                    calls.append(1)
+                    return real(self, *a, **k)
+
+                spy.counted = True
+                spy.is_api = True
+                monkeypatch.setattr(cls, "inspect_tensor", spy)
+
+    monkeypatch.setattr(debug_api, "step", _counting_first_step(debug_api.step, count_calls))
+    fast = _run_model(tmp_path / "fast", config)
+    names = {name.rsplit("_", 1)[0] for name, _, _ in fast[0]}
+    assert fast[0] and sorted({it for _, _, it in fast[0]}) == [0, 2, 4]
+    feeds_after_step_0 = 2 * 2 * 3 * 4  # iterations 2 and 4, 2 microbatches, 3 tensors, 4 GEMMs
+    assert len(calls) == (feeds_after_step_0 if what_if else 0), names
+    calls.clear()
+    slow = _run_model(tmp_path / "slow", config, plan_cache=False)
+    assert fast == slow
+
+
+def _counting_first_step(step, install):
+    """debug_api.step that installs the call counter after the first step (when every feature module is loaded)."""
+    done = []
+
+    def wrapped(*args, **kwargs):
+        result = step(*args, **kwargs)
+        if not done:
+            install()
+            done.append(1)
+        return result
+
+    return wrapped
