@@ -444,8 +444,8 @@ class _BoundFeed:
     ) -> None:
         if not self.schedule.is_active(iteration):
             return
-        row = storage_for(rowwise_quantized_tensor, "rowwise")
-        col = storage_for(columnwise_quantized_tensor, "columnwise")
+        row = _operand_storage(rowwise_quantized_tensor, "rowwise")
+        col = _operand_storage(columnwise_quantized_tensor, "columnwise")
         kind = (tensor is None, _storage_kind(row, "rowwise"), _storage_kind(col, "columnwise"), row is col)
         plans = self.plans
         if kind in plans:
@@ -520,6 +520,33 @@ class _BoundFeed:
         if len(template.current) == 2 and row is not col:  # two storages: the hybrid view of inspect_tensor
             return None
         return template.requests
+
+
+#: operand type -> True: the operand is its own storage (a quantized tensor that is neither a hybrid nor the
+#: identity format), False: high precision (no storage), None: ask `storage_for` (a hybrid picks a sub-storage)
+_OPERAND_KINDS: Dict[type, Optional[bool]] = {}
+
+
+def _operand_storage(operand: Any, usage: str) -> Optional[QuantizedTensor]:
+    """`storage_for(operand, usage)` answered from the operand's type where that decides it (one dict look-up)."""
+    cls = type(operand)
+    kind = _OPERAND_KINDS.get(cls, _UNKNOWN)
+    if kind is _UNKNOWN:
+        from tedebug.quantization.hybrid import HybridQuantizedTensor
+        from tedebug.quantization.identity import IdentityTensor
+
+        if issubclass(cls, HybridQuantizedTensor):
+            kind = None
+        else:
+            kind = issubclass(cls, QuantizedTensor) and not issubclass(cls, IdentityTensor)
+        if len(_OPERAND_KINDS) < 256:
+            _OPERAND_KINDS[cls] = kind
+    if kind is None:
+        return storage_for(operand, usage)
+    return operand if kind else None
+
+
+_UNKNOWN = object()
 
 
 def _quantize_what_if(recipe: str, fmt: str, tensor: torch.Tensor):

@@ -462,20 +462,15 @@ def _kernel_vector(buffer: StatBuffer, x: torch.Tensor, quantized: Mapping[str, 
     """The statistics vector a quantize kernel wrote for exactly `x` (`tedebug.backends.fused_stats`) holding every
     partial of `buffer`'s row (all quantization statistics of one direction, `buffer.quantized_source`), or None.
 
-    Taken where the statistics backend of `x` is the kernels (`fused_vector`), and for CPU tensors unless the torch
-    reference was asked for explicitly (``use_backend("torch")`` / ``TEDEBUG_BACKEND=torch``: the reference then
-    recomputes every statistic, an independent check of the quantizer's own counts)."""
+    Not taken when the torch reference was asked for explicitly (``use_backend("torch")`` /
+    ``TEDEBUG_BACKEND=torch``): the reference then recomputes every statistic, an independent check of the
+    quantizer's own counts.  The vector is on `x`'s device: a quantizer writes it where it quantizes `x`."""
     recipe, columnwise = buffer.quantized_source  # type: ignore[misc]  # the caller checked it is set
     q = quantized.get(recipe)
     if q is None:
         return None
-    fused_of = getattr(backend_for(x), "fused_vector", None)
-    if fused_of is None:
-        if not x.is_cpu or dispatch.requested_backend() == "torch":
-            return None
-        fused_of = fused_vector
-    fused = fused_of(q, x, "columnwise" if columnwise else "rowwise")
-    if fused is None or fused.vector.device != x.device or not buffer.covered_by(fused.keys_in_order):
+    fused = fused_vector(q, x, "columnwise" if columnwise else "rowwise")
+    if fused is None or not buffer.covered_by(fused.keys_in_order) or dispatch.requested_backend() == "torch":
         return None
     return fused
 

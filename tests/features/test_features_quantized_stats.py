@@ -487,3 +487,31 @@ def test_feeds_of_one_kind_are_planned_once_and_added_usages_every_time(tmp_path
             assert not feed(te, "weight", block, it).has_columnwise  # added for the feed, removed after it
             debug_api.step()
     assert len(calls) == 2  # planned at every feed
+
+
+def test_the_bound_feed_finds_the_storage_of_every_operand_type():
+    """The bound LogFp8TensorStats feed takes each usage's storage from the operand's type: the same answers as
+    `storage_for` for high precision, plain quantized tensors, the identity format and hybrids (both orders)."""
+    from tedebug.features import log_fp8_tensor_stats as module
+    from tedebug.features.base import storage_for
+    from tedebug.quantization.hybrid import HybridQuantizer
+    from tedebug.quantization.identity import IdentityQuantizer
+    from tedebug.quantization.mxfp8 import MXFP8Quantizer
+
+    x = sample(seed=31)
+    operands = [
+        None,
+        x,
+        Float8CurrentScalingQuantizer("E4M3").quantize(x),
+        IdentityQuantizer().quantize(x),
+        HybridQuantizer(IdentityQuantizer(), MXFP8Quantizer("E4M3")).quantize(x),
+        HybridQuantizer(MXFP8Quantizer("E4M3"), Float8CurrentScalingQuantizer("E4M3")).quantize(x),
+    ]
+    found = 0
+    for _ in range(2):  # the second round answers from the type table
+        for operand in operands:
+            for usage in ("rowwise", "columnwise"):
+                got = module._operand_storage(operand, usage)
+                assert got is storage_for(operand, usage), (type(operand).__name__, usage)
+                found += got is not None
+    assert found == 2 * (2 + 1 + 2)  # FP8 both usages, one hybrid's MXFP8 half, the other hybrid's two halves
