@@ -35,6 +35,7 @@ from tedebug.backends.cupy_runtime import sum_columns as _sum_columns
 from tedebug.backends.cupy_runtime import ticket as _ticket
 from tedebug.backends.cupy_runtime import workspace as _workspace
 from tedebug.backends.launch import launch as _launch
+from tedebug.backends.launch import raw_stream as _raw_stream
 from tedebug.format_constants import RHT_SIGNS
 
 NV_BLOCKS_PER_SM = 2  # NV_MIN_BLOCKS in kernels/nvfp4.cu (ted_nvfp4_quantize: 128 registers, no local memory)
@@ -64,8 +65,8 @@ class NVFP4Buffers(NamedTuple):
     columnwise_scale_inv: Optional[torch.Tensor]  # E4M3 block scale codes [K, M/16]
     amax: torch.Tensor  # fp32 [2]: the rowwise and columnwise global amaxes (a slot of an absent direction unset)
     #: (row underflows, row Σ(x-deq)², col underflows, col Σ(x-deq)²): a float64[4] tensor, or with RHT four 0-d
-    #: tensors (None for an absent direction)
-    stats: Sequence[Optional[torch.Tensor]]
+    #: tensors (None for an absent direction); None when the quantizer's `error_stats` is off (nothing kept)
+    stats: Optional[Sequence[Optional[torch.Tensor]]]
 
 
 def supports(quantizer, tensor: torch.Tensor) -> bool:
@@ -158,8 +159,13 @@ def nvfp4_quantize_raw(
     two_d: bool = False,
     sr: Optional[Tuple[int, int, int]] = None,
     nonzero: Optional[torch.Tensor] = None,
+    stats: bool = True,
 ) -> Tuple[
-    Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor], torch.Tensor
+    Optional[torch.Tensor],
+    Optional[torch.Tensor],
+    Optional[torch.Tensor],
+    Optional[torch.Tensor],
+    Optional[torch.Tensor],
 ]:
     """Quantize a contiguous CUDA [M, K] tensor with the global amaxes `amax` (fp32 [2]: rowwise, columnwise).
 
@@ -168,7 +174,8 @@ def nvfp4_quantize_raw(
     general one counts itself.
 
     Returns (row data [M, K/2], row scales [M, K/16], col data [K, M/2], col scales [K, M/16], stats) with None for
-    an absent direction; `stats` is float64[4] = (row underflows, row Σ(x-deq)², col underflows, col Σ(x-deq)²).
+    an absent direction; `stats` is float64[4] = (row underflows, row Σ(x-deq)², col underflows, col Σ(x-deq)²),
+    or None when the caller passed ``stats=False`` (the kernel writes them to a per-stream scratch slot instead).
     Stochastic rounding when `sr` = (seed, rowwise offset, columnwise offset) is given: the kernel computes the bytes
     of those Philox draws (`tedebug.quantization.philox`, [M, K] rowwise and [K, M] columnwise) in place.
     """
@@ -178,7 +185,8 @@ def nvfp4_quantize_raw(
     row_scales = torch.empty((m, k // 16), dtype=torch.uint8, device=dev) if rowwise else None
     col_data = torch.empty((k, m // 2), dtype=torch.uint8, device=dev) if columnwise else None
     col_scales = torch.empty((k, m // 16), dtype=torch.uint8, device=dev) if columnwise else None
-    stats = torch.empty(4, dtype=torch.float64, device=dev)
+    kept = torch.empty(4, dtype=torch.float64, device=dev) if stats else None
+    stats_ptr = kept.data_ptr() if kept is not None else _discard(dev)
     partials, tickets = _workspace(dev)
 
     def ptr(t):
@@ -191,7 +199,7 @@ def nvfp4_quantize_raw(
         + _words(row_offset)
         + _words(col_offset)
         + (ptr(row_data), ptr(row_scales), ptr(col_data), ptr(col_scales), partials, _ticket(tickets, "nvfp4"))
-        + (stats.data_ptr(),)
+        + (stats_ptr,)
     )
     if takes_fast_kernel(m, k, x2d.dtype, two_d, sr is not None):
         if nonzero is None or nonzero.dtype != torch.int64 or nonzero.device != dev:
@@ -205,13 +213,27 @@ def nvfp4_quantize_raw(
         kernel = get_kernel("nvfp4.cu", "ted_nvfp4_quantize16", opts)
         head = (x2d.data_ptr(), np.int64(m), np.int64(k), amax.data_ptr(), nonzero.data_ptr(), _INV6, _INV2688)
         _launch(kernel, grid, NV_THREADS, head + (np.int32(rowwise), np.int32(columnwise)) + tail, dev)
-        return row_data, row_scales, col_data, col_scales, stats
+        return row_data, row_scales, col_data, col_scales, kept
     tiles = ((m + NV_TILE_ROWS - 1) // NV_TILE_ROWS) * ((k + _tile_cols(x2d.dtype) - 1) // _tile_cols(x2d.dtype))
     grid = max(1, min(NV_BLOCKS_PER_SM * _sm_count(_device_index(dev)), tiles))
     kernel = get_kernel("nvfp4.cu", "ted_nvfp4_quantize", _general_options(x2d, sr is not None))
     head = (x2d.data_ptr(), np.int64(m), np.int64(k), amax.data_ptr(), _INV6, _INV2688)
     _launch(kernel, grid, NV_THREADS, head + (np.int32(rowwise), np.int32(columnwise), np.int32(two_d)) + tail, dev)
-    return row_data, row_scales, col_data, col_scales, stats
+    return row_data, row_scales, col_data, col_scales, kept
+
+
+_DISCARDS: Dict[Tuple[int, int], torch.Tensor] = {}
+
+
+def _discard(device: torch.device) -> int:
+    """Address of a float64[4] scratch slot of torch's current stream on `device`: where a kernel writes statistics
+    nobody reads (kernels of one stream run in order, so they can share it)."""
+    index = _device_index(device)
+    key = (index, _raw_stream(index))
+    slot = _DISCARDS.get(key)
+    if slot is None:
+        slot = _DISCARDS[key] = torch.empty(4, dtype=torch.float64, device=device)
+    return slot.data_ptr()
 
 
 def _check_rht_input(x2d: torch.Tensor, amax: torch.Tensor, who: str) -> None:
@@ -355,6 +377,26 @@ def nvfp4_rht_columnwise(
     return col_data, col_scales, sums
 
 
+#: zeroed int64 [ZERO_CHUNK, 2] chunks handed out a row at a time, per (device index, raw stream): the RHT amax pass
+#: takes atomic maxima and sums into slots that start at 0, and one fill per chunk replaces an allocation and a fill
+#: per quantization.  A row is handed out once (the quantized tensor keeps views of it: the amaxes); a chunk lives
+#: as long as any of its rows is referenced, and is used only on the stream its fill was enqueued on.
+ZERO_CHUNK = 256
+_ZERO_CHUNKS: Dict[Tuple[int, int], list] = {}
+
+
+def _zeroed_pair(device: torch.device) -> torch.Tensor:
+    """A fresh int64 [2] view holding zeros (on torch's current stream of `device`)."""
+    index = _device_index(device)
+    key = (index, _raw_stream(index))
+    entry = _ZERO_CHUNKS.get(key)
+    if entry is None or entry[1] == ZERO_CHUNK:
+        entry = _ZERO_CHUNKS[key] = [torch.zeros((ZERO_CHUNK, 2), dtype=torch.int64, device=device), 0]
+    row = entry[0][entry[1]]
+    entry[1] += 1
+    return row
+
+
 def nvfp4_quantize(quantizer, tensor: torch.Tensor) -> NVFP4Buffers:
     """The kernel path of `NVFP4Quantizer._quantize`: the buffers of the same NVFP4Tensor fields, bit for bit (see
     `supports`).  Reads the quantizer's options and takes its Philox offsets (`next_sr_offset`) for stochastic
@@ -377,8 +419,8 @@ def nvfp4_quantize(quantizer, tensor: torch.Tensor) -> NVFP4Buffers:
     )
     if rht and quantizer.rowwise_usage:
         # one pass over x: amaxes[0] = max|x|, amaxes[1] = max|y| of the rotated values (and count_nonzero(x)),
-        # atomic maxima and sums into slots that start at 0: both in one zeroed allocation (one fill)
-        slots = torch.zeros(2, dtype=torch.int64, device=x2d.device)
+        # atomic maxima and sums into slots that start at 0: both in one zeroed pair of a pre-zeroed chunk
+        slots = _zeroed_pair(x2d.device)
         amaxes = slots[:1].view(torch.float32)  # fp32 [2]
         nonzero = slots[1:] if fast else None
         nvfp4_rht_amax(x2d, amaxes, rowwise=True, nonzero=nonzero, zeroed=True)
@@ -392,9 +434,11 @@ def nvfp4_quantize(quantizer, tensor: torch.Tensor) -> NVFP4Buffers:
     col_offset = quantizer.next_sr_offset() if sr and quantizer.columnwise_usage else 0
     draws = (quantizer.sr_seed, row_offset, col_offset) if sr else None
     if rht:
-        rd = rs = None
+        rd = rs = row_stats = None
         if quantizer.rowwise_usage:
-            rd, rs, _, _, row_stats = nvfp4_quantize_raw(x2d, amaxes, True, False, False, draws, nonzero)
+            rd, rs, _, _, row_stats = nvfp4_quantize_raw(
+                x2d, amaxes, True, False, False, draws, nonzero, stats=quantizer.error_stats
+            )
         cd, cs, col_stats = nvfp4_rht_columnwise(
             x2d,
             amaxes,
@@ -402,8 +446,7 @@ def nvfp4_quantize(quantizer, tensor: torch.Tensor) -> NVFP4Buffers:
             amax_ready=quantizer.rowwise_usage,
             stats=quantizer.error_stats,
         )
-        want_row = quantizer.rowwise_usage and quantizer.error_stats
-        stats = (row_stats[0], row_stats[1]) if want_row else (None, None)
+        stats = (row_stats[0], row_stats[1]) if row_stats is not None else (None, None)
         stats += (col_stats[0], col_stats[1]) if col_stats is not None else (None, None)
     else:
         rd, rs, cd, cs, stats = nvfp4_quantize_raw(
@@ -414,5 +457,6 @@ def nvfp4_quantize(quantizer, tensor: torch.Tensor) -> NVFP4Buffers:
             quantizer.with_2d_quantization,
             draws,
             nonzero,
+            stats=quantizer.error_stats,
         )
     return NVFP4Buffers(rd, rs, cd, cs, amaxes, stats)

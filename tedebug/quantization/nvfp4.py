@@ -240,9 +240,10 @@ class NVFP4Tensor(QuantizedTensor):
         self.columnwise_data = columnwise_data
         self.columnwise_scale_inv = columnwise_scale_inv
         self.amax_columnwise = amax_columnwise
-        #: (amax_rowwise, amax_columnwise, fp32 [2] of both amaxes times fp32(1/2688)) when the kernel path computed
-        #: the GEMM factors of both directions in one op (`gemm_values` takes one while its amax is the one stored)
-        self._gemm_factors: Optional[Tuple[object, object, torch.Tensor]] = None
+        #: (amax_rowwise, amax_columnwise, (rowwise factor, columnwise factor)): 0-d fp32 views of both amaxes times
+        #: fp32(1/2688) when the kernel path computed the GEMM factors of both directions in one op (`gemm_values`
+        #: takes one while its amax is the one stored)
+        self._gemm_factors: Optional[Tuple[object, object, Tuple[torch.Tensor, ...]]] = None
 
     def _fields_of(self, usage: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if usage not in USAGES:
@@ -367,21 +368,22 @@ class NVFP4Quantizer(Quantizer):
         # the fused statistics only when someone may read them (`Quantizer.error_stats`; None: the kernel skipped)
         stats = buffers.stats if self.error_stats else (None, None, None, None)
         fused = {}
+        amax_rowwise, amax_columnwise = buffers.amax.unbind()  # the 0-d views of both slots in one op
         if self.rowwise_usage:
             out.rowwise_data = buffers.rowwise_data.reshape(*tensor.shape[:-1], tensor.shape[-1] // 2)
             out.rowwise_scale_inv = buffers.rowwise_scale_inv
-            out.amax_rowwise = buffers.amax[0]
+            out.amax_rowwise = amax_rowwise
             if stats[0] is not None:
                 fused["rowwise"] = {"underflows_num": stats[0], "sq_err": stats[1]}
         if self.columnwise_usage:
             out.columnwise_data = buffers.columnwise_data
             out.columnwise_scale_inv = buffers.columnwise_scale_inv
-            out.amax_columnwise = buffers.amax[1]
+            out.amax_columnwise = amax_columnwise
             if stats[2] is not None:
                 fused["columnwise"] = {"underflows_num": stats[2], "sq_err": stats[3]}
         attach_fused(out, tensor, fused)
         if self.rowwise_usage and self.columnwise_usage:  # both GEMM factors in one op instead of one per GEMM
-            out._gemm_factors = (out.amax_rowwise, out.amax_columnwise, buffers.amax * _INV_GLOBAL_MAX)
+            out._gemm_factors = (amax_rowwise, amax_columnwise, (buffers.amax * _INV_GLOBAL_MAX).unbind())
         return out
 
     def _quantize(self, tensor: torch.Tensor) -> NVFP4Tensor:

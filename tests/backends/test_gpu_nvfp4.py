@@ -597,3 +597,34 @@ def _time_rht(m=8192, k=8192, dtype=torch.bfloat16, reps=20):
 if __name__ == "__main__":
     for dt in (torch.bfloat16, torch.float32):
         print(f"RHT row+col 8192x8192 {dt}: ms per quantize", _time_rht(dtype=dt))
+
+
+@_gpu
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"with_2d_quantization": True},
+        {"stochastic_rounding": True, "seed": 7},
+        {"with_rht": True},
+        {"with_rht": True, "stochastic_rounding": True, "seed": 7},
+        {"with_rht": True, "rowwise": False},
+    ],
+)
+def test_without_error_statistics_the_bytes_are_the_same(options):
+    """A quantizer with `error_stats` off keeps no statistics (the kernels write them to a scratch slot) and gives the
+    same codes, scales and amaxes as one computing them."""
+    x = adversarial((256, 512), torch.bfloat16, 31)
+    with dispatch.use_backend("cupy"):
+        on = NVFP4Quantizer(**options).quantize(x)
+        quiet = NVFP4Quantizer(**options)
+        quiet.error_stats = False
+        off = quiet.quantize(x)
+        again = NVFP4Quantizer(**options).quantize(x)  # the scratch slot does not disturb a later quantization
+    check_fields(off, on)
+    check_fields(again, on)
+    assert not off._fused_error_stats.get("rowwise") and not off._fused_error_stats.get("columnwise")
+    fused, later = on._fused_error_stats, again._fused_error_stats
+    for usage in ("rowwise", "columnwise"):
+        for key, value in (fused.get(usage) or {}).items():  # the same bits (NaN included)
+            assert torch.equal(value.view(torch.int64), later[usage][key].view(torch.int64)), (usage, key)

@@ -190,3 +190,26 @@ def test_rht_kernel_without_statistics_writes_the_same_bytes(dtype, sr):
     assert "columnwise" in a._fused_error_stats and "columnwise" not in b._fused_error_stats
     for name in ("rowwise_data", "rowwise_scale_inv", "columnwise_data", "columnwise_scale_inv"):
         assert torch.equal(getattr(a, name), getattr(b, name)), name
+
+
+def test_rht_quantizations_across_zeroed_chunks_equal_the_torch_path():
+    """The RHT path with both directions takes its amax / count slots from pre-zeroed chunks (`_zeroed_pair`): more
+    quantizations than one chunk holds, each keeping its slots (the tensors stay alive), give the torch path's
+    amaxes and bytes; the slots are distinct rows."""
+    from tedebug.backends import cupy_nvfp4, dispatch
+    from tedebug.quantization.nvfp4 import NVFP4Quantizer
+
+    xs = [wide_input((32, 64), torch.bfloat16, seed) for seed in range(4)]
+    kept = []
+    with dispatch.use_backend("cupy"):
+        for i in range(cupy_nvfp4.ZERO_CHUNK + 5):
+            kept.append(NVFP4Quantizer(with_rht=True).quantize(xs[i % len(xs)]))
+    with dispatch.use_backend("torch"):
+        refs = [NVFP4Quantizer(with_rht=True).quantize(x) for x in xs]
+    pointers = {q.amax_rowwise.data_ptr() for q in kept}
+    assert len(pointers) == len(kept)
+    for i, q in enumerate(kept):
+        ref = refs[i % len(xs)]
+        for field in ("amax_rowwise", "amax_columnwise", "rowwise_data", "columnwise_data", "columnwise_scale_inv"):
+            got, want = getattr(q, field), getattr(ref, field)
+            assert torch.equal(got.reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8)), (i, field)
