@@ -369,33 +369,15 @@ class LogFp8TensorStats(ScheduledInspectFeature):
             view = _current_view(plan)
             if view is not None:
                 plan.quantized[CURRENT_KEY] = view
-            current = active.session()
-            group, skip, is_weight = reduction_args(current, tensor_name, tp_group, tp_size)
             # one tuple object per distinct request list: the engine then reuses its parse of the last feed
             requests = interned
             if requests is None:
                 requests = tuple(plan.requests)
                 requests = memoized("LogFp8TensorStats.requests", requests, lambda: requests)
-            try:
-                current.stats.feed(
-                    layer_name,
-                    tensor_name,
-                    requests,
-                    tensor,
-                    iteration=iteration,
-                    options=schedule_options(config) + (MARKER,),
-                    quantized=plan.quantized,
-                    reduction_group=group,
-                    skip_reduction=skip,
-                    is_weight=is_weight,
-                )
-            except (ValueError, TypeError, RuntimeError) as err:  # a statistic never stops training
-                log_once(
-                    f"Feature={name}: skipping {[r.name for r in plan.requests]} of tensor {tensor_name}: "
-                    f"computing them failed: {err}",
-                    layer_name,
-                    logging.WARNING,
-                )
+            options = schedule_options(config) + (MARKER,)
+            _feed(
+                name, layer_name, tensor_name, requests, tensor, iteration, options, plan.quantized, tp_group, tp_size
+            )
         finally:
             _restore(plan)
         log_once(f"Feature={name}, API=inspect_tensor: {tensor_name}", layer_name)
@@ -466,28 +448,18 @@ class _BoundFeed:
                 quantizer,
             )
             return
-        current = active.session()
-        group, skip, is_weight = reduction_args(current, self.tensor_name, tp_group, tp_size)
-        try:
-            current.stats.feed(
-                self.layer_name,
-                self.tensor_name,
-                requests,
-                tensor,
-                iteration=iteration,
-                options=self.options,
-                quantized={CURRENT_KEY: row if row is not None else col},
-                reduction_group=group,
-                skip_reduction=skip,
-                is_weight=is_weight,
-            )
-        except (ValueError, TypeError, RuntimeError) as err:  # a statistic never stops training
-            log_once(
-                f"Feature={type(self.feature).__name__}: skipping {[r.name for r in requests]} of tensor "
-                f"{self.tensor_name}: computing them failed: {err}",
-                self.layer_name,
-                logging.WARNING,
-            )
+        _feed(
+            type(self.feature).__name__,
+            self.layer_name,
+            self.tensor_name,
+            requests,
+            tensor,
+            iteration,
+            self.options,
+            {CURRENT_KEY: row if row is not None else col},
+            tp_group,
+            tp_size,
+        )
         if not self.logged:  # the session writes it once per layer anyway
             log_once(self.message, self.layer_name)
             self.logged = True
@@ -520,6 +492,44 @@ class _BoundFeed:
         if len(template.current) == 2 and row is not col:  # two storages: the hybrid view of inspect_tensor
             return None
         return template.requests
+
+
+def _feed(
+    name: str,
+    layer_name: str,
+    tensor_name: str,
+    requests: Tuple[StatRequest, ...],
+    tensor: Optional[torch.Tensor],
+    iteration: int,
+    options: tuple,
+    quantized: Dict[str, Any],
+    tp_group: Any,
+    tp_size: int,
+) -> None:
+    """Feed the statistics engine of the active session (a statistic never stops training: a failure is one
+    warning in the main log)."""
+    current = active.session()
+    group, skip, is_weight = reduction_args(current, tensor_name, tp_group, tp_size)
+    try:
+        current.stats.feed(
+            layer_name,
+            tensor_name,
+            requests,
+            tensor,
+            iteration=iteration,
+            options=options,
+            quantized=quantized,
+            reduction_group=group,
+            skip_reduction=skip,
+            is_weight=is_weight,
+        )
+    except (ValueError, TypeError, RuntimeError) as err:
+        log_once(
+            f"Feature={name}: skipping {[r.name for r in requests]} of tensor {tensor_name}: "
+            f"computing them failed: {err}",
+            layer_name,
+            logging.WARNING,
+        )
 
 
 #: operand type -> True: the operand is its own storage (a quantized tensor that is neither a hybrid nor the
