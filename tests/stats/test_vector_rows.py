@@ -19,18 +19,12 @@ from tedebug.backends.fused_stats import FP8_STATS_WITH_SCALE, ROWWISE_STATS, Fu
 from tedebug.quantization.float8 import Float8CurrentScalingQuantizer
 from tedebug.stats import StatRequest, StatsEngine
 
+from support.features import RecordingSink
+
 #: the issue's LogFp8TensorStats setting, on the training recipe's rowwise operand
 REQUESTS = tuple(
     StatRequest(name, name, recipe="") for name in ("underflows%", "mse", "scale_inv_min", "scale_inv_max")
 )
-
-
-class _Capture:
-    def __init__(self):
-        self.records = []
-
-    def log_scalar(self, name, value, iteration, **kw):
-        self.records.append((name, value, iteration))
 
 
 class _CountOps(TorchDispatchMode):
@@ -78,7 +72,7 @@ def _quantized(x, table=FP8_STATS_WITH_SCALE):
 def _emitted(feeds, *, reference, is_weight=False, steps=1, modify_after_quantize=()):
     """{(name, step): value bits} emitted for `feeds` (a list of (layer, x, q) per step); `reference`: the torch
     reference computes every partial (the vectors are ignored)."""
-    log = _Capture()
+    log = RecordingSink()
     engine = StatsEngine(log)
     tensor = "weight" if is_weight else "activation"
     with dispatch.use_backend("torch" if reference else "auto"):
@@ -86,7 +80,7 @@ def _emitted(feeds, *, reference, is_weight=False, steps=1, modify_after_quantiz
             for layer, x, q in feeds:
                 engine.feed(layer, tensor, REQUESTS, x, iteration=step, quantized={"": q}, is_weight=is_weight)
             engine.step(step)
-    return {(name, iteration): _bits(value) for name, value, iteration in log.records}
+    return {(name, iteration): _bits(value) for name, value, iteration in log.rows}
 
 
 def test_vector_rows_emit_what_the_reference_computes():
@@ -128,7 +122,7 @@ def test_a_vector_without_numel_takes_the_feeds_numel():
     xs = _inputs(4)
     out = {}
     for reference in (True, False):
-        log = _Capture()
+        log = RecordingSink()
         engine = StatsEngine(log)
         with dispatch.use_backend("torch" if reference else "auto"):
             for i, x in enumerate(xs):
@@ -136,14 +130,14 @@ def test_a_vector_without_numel_takes_the_feeds_numel():
                     f"l{i}", "activation", requests, x, iteration=0, quantized={"": _quantized(x, ROWWISE_STATS)}
                 )
             engine.step(0)
-        out[reference] = {(name, it): _bits(v) for name, v, it in log.records}
+        out[reference] = {(name, it): _bits(v) for name, v, it in log.rows}
     assert len(out[True]) == 2 * len(xs) and out[False] == out[True]
 
 
 def test_the_feed_runs_no_tensor_op():
     x = _inputs(5)[0]
     q = _quantized(x)
-    engine = StatsEngine(_Capture())
+    engine = StatsEngine(RecordingSink())
     engine.feed("warm", "activation", REQUESTS, x, iteration=0, quantized={"": q})  # parses the requests
     counter = _CountOps()
     with counter:
@@ -163,9 +157,9 @@ def test_a_vector_missing_a_partial_is_not_used(reference):
     x = _inputs(6)[0]
     q = _quantized(x, ROWWISE_STATS)
     q._fused_error_stats["rowwise"].vector.fill_(-1.0)  # wrong values: they must not be read
-    log = _Capture()
+    log = RecordingSink()
     engine = StatsEngine(log)
     with dispatch.use_backend("torch" if reference else "auto"):
         engine.feed("layer", "activation", REQUESTS, x, iteration=0, quantized={"": q})
         engine.step(0)
-    assert all(value >= 0 for _, value, _ in log.records)
+    assert all(value >= 0 for _, value, _ in log.rows)
