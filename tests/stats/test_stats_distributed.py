@@ -101,6 +101,7 @@ def _worker(rank, world):
         engine.step(3)
         results["due"] = (list(log.records), counter["n"])
         results["deferred"] = _deferred(rank, dev)
+        results["vectors"] = {mode: _deferred_vectors(rank, dev, mode) for mode in ("torch", "auto")}
         return results
     finally:
         dist.all_gather_object = _REAL_GATHER_OBJECT
@@ -122,6 +123,56 @@ def _deferred(rank, dev):
     engine.finish_pending()
     emitted.append(sorted({i for _, _, i in log.records}))
     return {"emitted": emitted, "records": list(log.records)}
+
+
+FP8_STATS = ("underflows%", "mse", "scale_inv_min", "scale_inv_max")
+
+
+def _with_vector(x):
+    """x quantized with FP8 current scaling, carrying a quantize-kernel statistics vector (FP8_STATS_WITH_SCALE) whose
+    values are the torch reference's partials (on CPU the engine reads such a vector unless the torch reference is
+    asked for)."""
+    from tedebug.backends import torch_ref
+    from tedebug.backends.fused_stats import FP8_STATS_WITH_SCALE, FusedStats, attach_fused
+    from tedebug.quantization.float8 import Float8CurrentScalingQuantizer
+
+    q = Float8CurrentScalingQuantizer("E4M3").quantize(x)
+    if x.is_cuda:
+        return q  # the kernel wrote its own vector
+    partials = {
+        **torch_ref.underflow_partials(x, q, "rowwise"),
+        **torch_ref.mse_partials(x, q, "rowwise"),
+        **torch_ref.overflow_partials(x, q, "rowwise"),
+        **torch_ref.scale_inv_partials(q, "rowwise"),
+        "numel": torch.tensor(float(x.numel()), dtype=torch.float64),
+    }
+    order = sorted(FP8_STATS_WITH_SCALE, key=FP8_STATS_WITH_SCALE.get)
+    vector = torch.tensor([float(partials[k]) for k in order], dtype=torch.float64)
+    attach_fused(q, x, {"rowwise": FusedStats(vector, FP8_STATS_WITH_SCALE)})
+    return q
+
+
+def _deferred_vectors(rank, dev, mode):
+    """Quantization statistics in the deferred multi-rank path: under "auto" the feeds keep statistics vectors as
+    rows (the first microbatch; the second one's vector is stale, so its row is computed), which the reduction
+    gathers into its device rows; under "torch" every row is computed.  Both must emit the same values."""
+    from tedebug.backends import dispatch
+    from tedebug.stats import StatRequest
+
+    requests = tuple(StatRequest(name, name) for name in FP8_STATS)
+    log = Capture()
+    engine = StatsEngine(log, defer_read_back=True)
+    shard = full_tensor().chunk(WORLD)[rank].to(dev)
+    with dispatch.use_backend(mode):
+        for it in (1, 2):
+            a, b = (part.clone() for part in (shard * it).chunk(2))  # own version counters
+            qa, qb = _with_vector(a), _with_vector(b)
+            b.mul_(1.0)  # a new version: qb's vector no longer counts as b's
+            for x, q in ((a, qa), (b, qb)):
+                engine.feed("L", "activation", requests, x, iteration=it, quantized={"": q})
+            engine.step(it)
+        engine.finish_pending()
+    return list(log.records)
 
 
 def oracle(kind, x):
@@ -239,3 +290,12 @@ def test_deferred_multi_rank_reduction(results):
                 assert values[("only0_activation_min", it)] == -3.0 * it
                 assert values[("only0_activation_max", it)] == 9.0 * it
         assert rank == 0 or not any(name.startswith("only0") for name, _, _ in deferred["records"])
+
+
+@pytest.mark.distributed
+def test_statistics_vectors_in_the_deferred_multi_rank_reduction(results):
+    for r in results:
+        by_mode = {mode: {(name, it): v for name, v, it in records} for mode, records in r["vectors"].items()}
+        assert len(by_mode["torch"]) == 2 * len(FP8_STATS)
+        assert by_mode["auto"] == by_mode["torch"]
+    assert results[0]["vectors"]["auto"] == results[1]["vectors"]["auto"]  # reduced: every rank the same
