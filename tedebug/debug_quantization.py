@@ -250,6 +250,16 @@ class DebugQuantizer(Quantizer):
     def __call__(self, tensor: torch.Tensor) -> "DebugQuantizedTensor":
         return self.quantize(tensor)
 
+    def layer_operand(self, tensor: torch.Tensor) -> Union[torch.Tensor, "DebugQuantizedTensor"]:
+        """What a `tedebug.nn` layer hands its GEMMs for `tensor`: `quantize(tensor)`, or - when both directions
+        use the high-precision tensor as it is - the tensor itself after the same inspection (a GEMM unwraps a
+        `DebugQuantizedTensor` of one plain tensor into that tensor anyway, so the numbers are the same, without
+        the wrapper and its save / restore around the backward)."""
+        if self._high_precision_only and self.columnwise_gemm_name is not None and isinstance(tensor, torch.Tensor):
+            self._inspect(tensor, tensor, tensor)
+            return tensor
+        return self.quantize(tensor)
+
     def quantize_without_inspection(self, tensor: torch.Tensor) -> "DebugQuantizedTensor":
         """The GEMM operands of `tensor` following the plans, without the inspection hooks: for an activation
         recompute (`tedebug.nn`), whose operands were inspected in the original forward."""
