@@ -80,6 +80,7 @@ _NONFINITE_TEXT = {label: f'null, "nonfinite": "{label}"' for label in ("nan", "
 #: notation up to 1e16 and the same ``e+NN`` form above; below it ``repr`` writes ``1e-05`` where orjson writes
 #: ``0.00001`` (and ``1e-09`` where it writes ``1e-9``)
 _SAME_TEXT_FROM = 1e-4
+_FLOAT64_MAX = float(np.finfo(np.float64).max)
 #: below this many values one ``repr`` per value costs less than the column call and its check
 _COLUMN_MIN = 16
 
@@ -92,7 +93,7 @@ def value_texts(values: List[float]) -> List[str]:
         column = np.array(values, dtype=np.float64)
         magnitudes = np.abs(column)
         # written by repr: non-zero magnitudes below `_SAME_TEXT_FROM`, NaN (every comparison False) and infinities
-        differ = ~((magnitudes >= _SAME_TEXT_FROM) & (magnitudes <= np.finfo(np.float64).max)) & (column != 0)
+        differ = ~((magnitudes >= _SAME_TEXT_FROM) & (magnitudes <= _FLOAT64_MAX)) & (column != 0)
         redo = np.flatnonzero(differ).tolist()
     else:
         texts = list(map(repr, values))
