@@ -121,7 +121,10 @@ class InspectPlan:
         fed (the caller then writes `message` to the main log, once per layer)."""
         if not self.schedule.is_active(iteration):
             return False
-        x = high_precision_input(layer_name, self.tensor_name, tensor, rowwise_quantized_tensor)
+        if type(tensor) is torch.Tensor and tensor.is_floating_point():  # the common case of the check below
+            x = tensor
+        else:
+            x = high_precision_input(layer_name, self.tensor_name, tensor, rowwise_quantized_tensor)
         requests = self.requests
         if requests is None:
             requests = self.requests = self._parse_requests()

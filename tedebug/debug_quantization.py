@@ -122,10 +122,13 @@ class DebugQuantizer(Quantizer):
         """Make this quantizer what a new construction with the same arguments would be at `iteration` (default: the
         current one): both usages on, the plan's answers taken again.  `tedebug.nn.debug_gate` does this instead of
         building six new quantizers per GEMM call while the session's plan is still this quantizer's
-        (`current_plans`)."""
-        self.iteration = active.get_iteration() if iteration is None else iteration
+        (`current_plans`).  With a fixed plan only question 1 is asked: the directions never change."""
+        self.iteration = iteration = active.get_iteration() if iteration is None else iteration
         self.rowwise_usage = self.columnwise_usage = True
-        self._resolve()
+        if self.plan.fixed is not None:
+            self.inspect_tensor_enabled, self._next_debug_iter = self.plan.inspect_enabled.ask(iteration)
+        else:
+            self._resolve()
 
     def _resolve(self) -> None:
         """Take the plan's answers at `self.iteration`."""
@@ -133,12 +136,7 @@ class DebugQuantizer(Quantizer):
         self.inspect_tensor_enabled, nxt = plan.inspect_enabled.ask(self.iteration)
         fixed = plan.fixed
         if fixed is not None:
-            (
-                self.rowwise_tensor_plan,
-                self.columnwise_tensor_plan,
-                self.rowwise_postquantize_enabled,
-                self.columnwise_postquantize_enabled,
-            ) = fixed
+            self._set_directions(*fixed)
             self._next_debug_iter = nxt
             return
         directions = plan.directions(self.iteration)
@@ -146,16 +144,31 @@ class DebugQuantizer(Quantizer):
         self._take(directions, nxt)
 
     def _take(self, directions: tuple, nxt: Optional[int]) -> None:
-        (
-            self.rowwise_tensor_plan,
-            self.columnwise_tensor_plan,
-            self.rowwise_postquantize_enabled,
-            self.columnwise_postquantize_enabled,
-            later,
-        ) = directions
+        row, col, post_row, post_col, later = directions
+        self._set_directions(row, col, post_row, post_col)
         if nxt is None or (later is not None and later < nxt):
             nxt = later
         self._next_debug_iter = nxt
+
+    def _set_directions(self, row: Plan, col: Optional[Plan], post_row: bool, post_col: bool) -> None:
+        """The plans and postquantize flags of both directions, and whether they alone need the debug path."""
+        self.rowwise_tensor_plan = row
+        self.columnwise_tensor_plan = col
+        self.rowwise_postquantize_enabled = post_row
+        self.columnwise_postquantize_enabled = post_col
+        #: both GEMM operands are the high-precision tensor (what `_gemm_operands` gives without a dtype)
+        self._high_precision_only = row == HIGH_PRECISION and col == HIGH_PRECISION
+        if col is None:  # a GEMM output: only a modification needs the path (besides the inspection)
+            self._directions_need_path = row == API_CALL_MODIFY
+        else:
+            # a modification or a postquantize inspection; or quantization disabled for a GEMM of a tensor that has a
+            # normal quantizer (the normal path would quantize)
+            self._directions_need_path = (
+                post_row
+                or post_col
+                or API_CALL_MODIFY in (row, col)
+                or (self.parent_quantizer is not None and (row != STANDARD_QUANTIZE or col != STANDARD_QUANTIZE))
+            )
 
     @property
     def is_output_type(self) -> bool:
@@ -165,18 +178,7 @@ class DebugQuantizer(Quantizer):
     # ------------------------------------------------------------------ gate queries
     def any_feature_enabled(self) -> bool:
         """True when this tensor needs the debug path in this iteration."""
-        if self.is_output_type:
-            return self.inspect_tensor_enabled or self.rowwise_tensor_plan == API_CALL_MODIFY
-        plans = (self.rowwise_tensor_plan, self.columnwise_tensor_plan)
-        if (
-            self.inspect_tensor_enabled
-            or self.rowwise_postquantize_enabled
-            or self.columnwise_postquantize_enabled
-            or API_CALL_MODIFY in plans
-        ):
-            return True
-        # Quantization disabled for a GEMM also needs the debug path (the normal path would quantize).
-        return self.parent_quantizer is not None and any(p != STANDARD_QUANTIZE for p in plans)
+        return self.inspect_tensor_enabled or self._directions_need_path
 
     def get_next_debug_iter(self) -> Optional[int]:
         """Earliest iteration at which any hook of this tensor may become active (None: never again)."""
@@ -229,7 +231,8 @@ class DebugQuantizer(Quantizer):
 
         With `out` (a DebugQuantizedTensor made by this quantizer) the operands are refreshed in place.
         """
-        self._check_not_output("quantize")
+        if self.columnwise_gemm_name is None:
+            self._check_not_output("quantize")
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(
                 f"DebugQuantizer.quantize ({self.layer_name!r}/{self.tensor_name}) expects a "
@@ -237,11 +240,24 @@ class DebugQuantizer(Quantizer):
             )
         if out is not None:
             return self.update_quantized(tensor, out)
-        rowwise, columnwise = self._gemm_operands(tensor, dtype)
+        if self._high_precision_only and dtype is None:  # both operands are the tensor itself
+            rowwise = columnwise = tensor
+        else:
+            rowwise, columnwise = self._gemm_operands(tensor, dtype)
         self._inspect(tensor, rowwise, columnwise)
         return DebugQuantizedTensor(rowwise, columnwise, self, self.layer_name, self.tensor_name)
 
     def __call__(self, tensor: torch.Tensor) -> "DebugQuantizedTensor":
+        return self.quantize(tensor)
+
+    def layer_operand(self, tensor: torch.Tensor) -> Union[torch.Tensor, "DebugQuantizedTensor"]:
+        """What a `tedebug.nn` layer hands its GEMMs for `tensor`: `quantize(tensor)`, or - when both directions
+        use the high-precision tensor as it is - the tensor itself after the same inspection (a GEMM unwraps a
+        `DebugQuantizedTensor` of one plain tensor into that tensor anyway, so the numbers are the same, without
+        the wrapper and its save / restore around the backward)."""
+        if self._high_precision_only and self.columnwise_gemm_name is not None and isinstance(tensor, torch.Tensor):
+            self._inspect(tensor, tensor, tensor)
+            return tensor
         return self.quantize(tensor)
 
     def quantize_without_inspection(self, tensor: torch.Tensor) -> "DebugQuantizedTensor":

@@ -159,14 +159,14 @@ def _small_basic_partial_values(x: torch.Tensor, n: int) -> tuple:
     with 2 torch calls.
 
     Every value is the one `basic_partials` computes.  The tensor is converted once to float64 (exact) in a numpy
-    matrix whose other two rows receive |x| and x·x (element-wise IEEE operations: the same values as torch's);
+    matrix whose other rows receive x·x, |x| and -x (element-wise IEEE operations: the same values as torch's);
     minima, maxima and counts do not depend on the order of the elements, so numpy takes them from the float64
-    copy (the conversion keeps every value and its order) - except a minimum or maximum that is a zero, taken
-    again by torch in the input dtype, whose choice between +0 and -0 the reference fixes.  The sums depend on the
-    order of the additions, so torch takes them as the reference does: Σx, Σ|x| and Σx² as the rows of one
-    matrix sum, then Σ(x − mean)² on the second row overwritten.  Infinities and NaNs propagate as in torch,
-    without numpy's warnings: the work after the sums runs under `np.errstate` when the sum is not finite, and all
-    of it does for a float64 tensor (whose squares may overflow)."""
+    copy (the conversion keeps every value and its order; max(x) is -min(-x), both exact) - except a minimum or
+    maximum that is a zero, taken again by torch in the input dtype, whose choice between +0 and -0 the reference
+    fixes.  The sums depend on the order of the additions, so torch takes them as the reference does: Σx², Σx and
+    Σ|x| as the rows of one matrix sum, then Σ(x − mean)² on the |x| row overwritten.  Infinities and NaNs
+    propagate as in torch, without numpy's warnings: the work after the sums runs under `np.errstate` when the sum
+    is not finite, and all of it does for a float64 tensor (whose squares may overflow)."""
     space = _workspace(n)
     if x.dtype in _NARROW_DTYPES:
         return _small_values(x, n, space)
@@ -175,31 +175,52 @@ def _small_basic_partial_values(x: torch.Tensor, n: int) -> tuple:
 
 
 class _Workspace:
-    """The arrays of `_small_basic_partial_values` for one element count, and the tensors that wrap them."""
+    """The arrays of `_small_basic_partial_values` for one element count, and the tensors that wrap them.
+
+    Four rows of float64: x·x, x, |x| and -x.  The first three are summed by one torch call (rows 0-2); the last
+    three give min(x), min(|x|) and -max(x) in one numpy reduction (rows 1-3).  `sums` receives Σx², Σx, Σ|x| and
+    then Σ(x - mean)², each written by torch into its slot (``out=``: no result tensor per call)."""
 
     __slots__ = (
         "rows",
+        "squares",
         "values",
         "magnitudes",
-        "squares",
-        "signed_and_magnitudes",
+        "negatives",
+        "summed",
+        "reduced",
         "sums",
-        "rows_tensor",
+        "summed_tensor",
         "magnitudes_tensor",
         "sums_tensor",
+        "m2_tensor",
+        "shaped",
     )
 
     def __init__(self, n: int) -> None:
-        self.rows = np.empty((3, n))
-        self.values, self.magnitudes, self.squares = self.rows
-        self.signed_and_magnitudes = self.rows[:2]  # one reduction gives min(x) and min(|x|)
-        self.sums = np.empty(3)
-        self.rows_tensor = torch.from_numpy(self.rows)
+        self.rows = np.empty((4, n))
+        self.squares, self.values, self.magnitudes, self.negatives = self.rows
+        self.summed = self.rows[:3]
+        self.reduced = self.rows[1:]
+        self.sums = np.empty(4)
+        self.summed_tensor = torch.from_numpy(self.summed)
         self.magnitudes_tensor = torch.from_numpy(self.magnitudes)
-        self.sums_tensor = torch.from_numpy(self.sums)
+        self.sums_tensor = torch.from_numpy(self.sums[:3])
+        self.m2_tensor = torch.from_numpy(self.sums[3:]).view(())  # the last slot as a 0-d tensor
+        #: tensor shape -> the `values` row viewed in that shape (a copy into it lays the elements out row-major)
+        self.shaped: Dict[torch.Size, np.ndarray] = {}
+
+    def values_as(self, shape: torch.Size) -> np.ndarray:
+        view = self.shaped.get(shape)
+        if view is None:
+            if len(self.shaped) >= _WORKSPACES_PER_THREAD:
+                self.shaped.clear()
+            view = self.shaped[shape] = self.values.reshape(shape)
+        return view
 
 
-#: distinct element counts whose workspaces one thread keeps (at most 16 x 0.8 MB) before it starts over
+#: distinct element counts whose workspaces one thread keeps (at most 16 x 1 MB) before it starts over (also the
+#: number of shapes a workspace keeps views for)
 _WORKSPACES_PER_THREAD = 16
 _thread_state = threading.local()  # one workspace table per thread: two threads never share the arrays
 
@@ -219,13 +240,14 @@ def _workspace(n: int) -> _Workspace:
 def _small_values(x: torch.Tensor, n: int, space: _Workspace) -> tuple:
     values = space.values
     if x.dtype in _NUMPY_DTYPES:  # the elements in row-major order, as `reshape(-1)` orders them
-        np.copyto(values, x.numpy().reshape(-1))
+        np.copyto(space.values_as(x.shape), x.numpy())
     else:
         torch.from_numpy(values).copy_(x.reshape(-1))
     np.abs(values, out=space.magnitudes)
     np.multiply(values, values, out=space.squares)
-    torch.sum(space.rows_tensor, dim=1, out=space.sums_tensor)
-    total_value, abs_sum, sq_sum = space.sums.tolist()
+    np.negative(values, out=space.negatives)
+    torch.sum(space.summed_tensor, dim=1, out=space.sums_tensor)
+    sq_sum, total_value, abs_sum = space.sums[:3].tolist()
     if math.isfinite(total_value):  # a finite float64 sum: no NaN and no infinity, so both counts are 0
         return _small_values_after_sums(x, n, space, total_value, abs_sum, sq_sum, 0.0, 0.0)
     with np.errstate(all="ignore"):
@@ -244,8 +266,9 @@ def _small_values_after_sums(
     inf_count: float,
 ) -> tuple:
     values, magnitudes = space.values, space.magnitudes
-    low, smallest_magnitude = np.minimum.reduce(space.signed_and_magnitudes, axis=1).tolist()  # NaN propagates
-    high = float(np.maximum.reduce(values))
+    low, smallest_magnitude, negated_high = np.minimum.reduce(space.reduced, axis=1).tolist()  # NaN propagates
+    # max(x) = -min(-x) exactly; a NaN is taken from the values themselves (its sign bit as numpy's max gives it)
+    high = -negated_high if negated_high == negated_high else float(np.maximum.reduce(values))
     if low == 0.0:  # the zero's sign as the reference's reduction of the flattened tensor picks it
         low = x.reshape(-1).amin().item()
     if high == 0.0:
@@ -262,7 +285,8 @@ def _small_values_after_sums(
     # the mean as a Python float: the same correctly rounded float64 division as `total / numel` on a 0-d tensor
     np.subtract(values, total_value / n, out=magnitudes)
     np.square(magnitudes, out=magnitudes)
-    m2 = space.magnitudes_tensor.sum().item()
+    torch.sum(space.magnitudes_tensor, dim=0, out=space.m2_tensor)
+    m2 = float(space.sums[3])
     return (low, high, total_value, m2, abs_sum, sq_sum, amax, nz_abs_min, amax, float(nonzero), nan_count, inf_count)
 
 

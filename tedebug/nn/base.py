@@ -357,8 +357,12 @@ def _quantize(call: _Call, role: str, tensor: torch.Tensor, rowwise: bool, colum
     if not (rowwise or columnwise):
         rowwise = True  # a quantizer must produce something; only reached for unused operands
     q.set_usage(rowwise=rowwise, columnwise=columnwise)
-    if replay and call.debug and is_debug_quantizer(q):
-        return q.quantize_without_inspection(tensor)
+    if call.debug and is_debug_quantizer(q):
+        if replay:
+            return q.quantize_without_inspection(tensor)
+        layer_operand = getattr(q, "layer_operand", None)  # (tedebug's DebugQuantizer; a stand-in may lack it)
+        if layer_operand is not None:
+            return layer_operand(tensor)
     return q.quantize(tensor)
 
 

@@ -46,6 +46,7 @@ ROLE_TO_TENSOR = (
     ("grad_output", "gradient"),
 )
 _ROLES = frozenset(role for role, _ in ROLE_TO_TENSOR)
+_ROLES_IN_ORDER = tuple(role for role, _ in ROLE_TO_TENSOR)
 
 
 def _dead_session():
@@ -66,8 +67,10 @@ class LayerDebugState:
         self._decided_iteration: Optional[int] = None
         self._active = False
         #: (layer name, parents in ROLE_TO_TENSOR order, TP group, TP size, the session's plan table or None,
-        #: role -> DebugQuantizer) of the last build: renewed while all of it still holds
-        self._last: Optional[Tuple[str, tuple, object, int, Optional[dict], Dict[str, DebugQuantizer]]] = None
+        #: role -> DebugQuantizer, the same quantizers as a tuple) of the last build: renewed while all of it holds
+        self._last: Optional[
+            Tuple[str, tuple, object, int, Optional[dict], Dict[str, DebugQuantizer], Tuple[DebugQuantizer, ...]]
+        ] = None
 
     def debug_quantizers(
         self, layer_name: str, quantizers: Mapping[str, object], tp_group=None, tp_size: int = 1
@@ -100,7 +103,7 @@ class LayerDebugState:
                 f"LayerDebugState for layer {layer_name!r}: unknown quantizer roles {sorted(unknown)}; "
                 f"expected a subset of {sorted(_ROLES)}"
             )
-        parents = tuple(quantizers.get(role) for role, _ in ROLE_TO_TENSOR)
+        parents = tuple(map(quantizers.get, _ROLES_IN_ORDER))
         plans = current_plans()
         last = self._last
         if (
@@ -114,7 +117,7 @@ class LayerDebugState:
         ):
             result = last[5]  # the same plans, parents and TP group: renew (see the module docstring)
             iteration = active.get_iteration()
-            for q in result.values():
+            for q in last[6]:
                 q.renew(iteration)
         else:
             result = {
@@ -122,14 +125,15 @@ class LayerDebugState:
                 for (role, tensor), parent in zip(ROLE_TO_TENSOR, parents)
             }
             # the table the new quantizers' plans are in (built after them: compiling may have created it)
-            self._last = (layer_name, parents, tp_group, tp_size, current_plans(), result)
+            self._last = (layer_name, parents, tp_group, tp_size, current_plans(), result, tuple(result.values()))
         next_iter = None
         enabled = False
         for q in result.values():
             nxt = q.get_next_debug_iter()
             if nxt is not None and (next_iter is None or nxt < next_iter):
                 next_iter = nxt
-            enabled = enabled or q.any_feature_enabled()
+            if not enabled:
+                enabled = q.any_feature_enabled()
         self.next_iter = next_iter
         return result if enabled else None
 
