@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable, Iterable, Optional, Tuple, Union
+from typing import Callable, Iterable, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -54,6 +54,11 @@ AMAX_ALGOS = ("max", "most_recent")
 # ------------------------------------------------------------------------------------------------ tensor
 class Float8Tensor(QuantizedTensor):
     """Per-tensor scaled FP8 data (E4M3 or E5M2) with an optional transposed copy for columnwise use."""
+
+    #: the numpy views of the buffers the CPU host cast made (`_host_cast`): (rowwise_data, its array,
+    #: columnwise_data, its array, scale_inv, its 0-d array); an array stands for its field while the field still
+    #: holds that very tensor (an in-place refresh writes through the shared memory; a new tensor is not its array)
+    _host_arrays: Optional[tuple] = None
 
     def __init__(
         self,
@@ -143,7 +148,14 @@ class Float8Tensor(QuantizedTensor):
 
         CPU codes of a 2-D tensor are decoded by one table look-up and one product with scale_inv, the columnwise
         values as the transposed view of the decoded `[K, M]` array; anything else goes through `dequantize`."""
-        data = self.rowwise_data if usage == "rowwise" else self.columnwise_data
+        rowwise = usage == "rowwise"
+        data = self.rowwise_data if rowwise else self.columnwise_data
+        host = self._host_arrays
+        if host is not None and data is not None and len(self._shape) == 2 and not compiling():
+            # the host cast's own buffers, still in place: their numpy views, without asking the tensors again
+            if data is host[0 if rowwise else 2] and self.scale_inv is host[4]:
+                decoded = _decode_array(self.fp8_format, host[1 if rowwise else 3], host[5][()])
+                return _as_matrix(torch.from_numpy(decoded), rowwise, self._mk)
         if (
             data is not None
             and len(self._shape) == 2
@@ -153,12 +165,7 @@ class Float8Tensor(QuantizedTensor):
             and not compiling()
         ):
             result = torch.from_numpy(_host_decode(self.fp8_format, data, self.scale_inv))
-            if usage == "rowwise":
-                return result
-            m, k = self._mk
-            if m == 1 or k == 1:  # `dequantize`'s reshapes give a size-1 dim other strides than the bare view
-                return result.t().reshape(m, k).reshape(-1, k)
-            return result.t()
+            return _as_matrix(result, rowwise, self._mk)
         values = self.dequantize(dtype=torch.float32, usage=usage)
         return values.reshape(1, -1) if values.dim() == 1 else values.reshape(-1, values.shape[-1])
 
@@ -178,6 +185,13 @@ class Float8Tensor(QuantizedTensor):
 
     def _drop(self, usage: str) -> None:
         setattr(self, f"{usage}_data", None)
+        self._host_arrays = None  # (the arrays would keep the dropped buffer alive)
+
+    def prepare_for_saving(self) -> Tuple[List[Optional[torch.Tensor]], "QuantizedTensor"]:
+        # autograd holds the buffers from here on, and its saved-tensor hooks may replace (offload) them: the
+        # host arrays must not keep them alive
+        self._host_arrays = None
+        return super().prepare_for_saving()
 
     def _tensor_fields(self) -> Tuple[str, ...]:
         return ("rowwise_data", "columnwise_data", "scale_inv")
@@ -192,17 +206,32 @@ class Float8Tensor(QuantizedTensor):
 
 
 def _host_decode(fmt: str, data: torch.Tensor, scale_inv: torch.Tensor) -> np.ndarray:
-    """The fp32 values of contiguous CPU codes: one table look-up (the values `decode_fp8` gives) and the IEEE fp32
-    products with scale_inv, in the codes' layout (an infinite scale_inv makes NaN of a zero code silently, as
-    torch's product does)."""
-    values = fp8_decode_table(fmt).take(data.numpy())
-    factor = np.float32(scale_inv.item())
+    """The fp32 values of contiguous CPU codes: `_decode_array` of their numpy view."""
+    return _decode_array(fmt, data.numpy(), np.float32(scale_inv.item()))
+
+
+def _decode_array(fmt: str, codes: np.ndarray, factor: np.float32) -> np.ndarray:
+    """The fp32 values of FP8 `codes` (numpy): one table look-up (the values `decode_fp8` gives) and the IEEE fp32
+    products with the decode scale `factor`, in the codes' layout (an infinite factor makes NaN of a zero code
+    silently, as torch's product does)."""
+    values = fp8_decode_table(fmt).take(codes)
     if math.isfinite(factor):
         np.multiply(values, factor, out=values)
     else:
         with np.errstate(invalid="ignore"):
             np.multiply(values, factor, out=values)
     return values
+
+
+def _as_matrix(values: torch.Tensor, rowwise: bool, mk: Tuple[int, int]) -> torch.Tensor:
+    """The decoded values of a 2-D tensor's codes as `fp32_matrix` returns them: rowwise as they are, columnwise
+    (decoded `[K, M]`) as the transposed view, with the strides `dequantize`'s reshapes give a size-1 dim."""
+    if rowwise:
+        return values
+    m, k = mk
+    if m == 1 or k == 1:
+        return values.t().reshape(m, k).reshape(-1, k)
+    return values.t()
 
 
 # ------------------------------------------------------------------------------------------------ quantizers
@@ -310,25 +339,20 @@ def _host_cast(
         codes_np[np.isnan(scaled)] = 0x7F
     shape = tensor.shape
     mk = matrix_shape(shape)
-    columnwise = None
+    columnwise = columnwise_np = None
     if quantizer.columnwise_usage:
-        columnwise = torch.from_numpy(np.ascontiguousarray(codes_np.reshape(mk).T))
+        columnwise_np = np.ascontiguousarray(codes_np.reshape(mk).T)
+        columnwise = torch.from_numpy(columnwise_np)
     if scale != 0.0:
         inverse = np.float32(1.0) / scale
     else:  # a delayed-scaling state may hold a zero scale: 1/0 = Inf, as torch divides
         with np.errstate(divide="ignore"):
             inverse = np.float32(1.0) / scale
-    out = Float8Tensor._assemble(
-        shape,
-        tensor.dtype,
-        tensor.device,
-        quantizer,
-        fmt,
-        mk,
-        torch.from_numpy(np.array(inverse, dtype=np.float32)),
-        codes if quantizer.rowwise_usage else None,
-        columnwise,
-    )
+    inverse_np = np.array(inverse, dtype=np.float32)
+    scale_inv = torch.from_numpy(inverse_np)
+    rowwise = codes if quantizer.rowwise_usage else None
+    out = Float8Tensor._assemble(shape, tensor.dtype, tensor.device, quantizer, fmt, mk, scale_inv, rowwise, columnwise)
+    out._host_arrays = (rowwise, codes_np, columnwise, columnwise_np, scale_inv, inverse_np)
     if quantizer.error_stats:
         per = FusedStats(_host_error_stats(values, codes_np, inverse, fmt, amax), FP8_STATS_WITH_SCALE)
         directions = (("rowwise", quantizer.rowwise_usage), ("columnwise", quantizer.columnwise_usage))
