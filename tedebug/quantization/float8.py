@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from typing import Callable, Iterable, List, Optional, Tuple, Union
 
 import numpy as np
@@ -309,6 +310,31 @@ def _host_fp32(tensor: torch.Tensor) -> np.ndarray:
     return (tensor.detach() if tensor.requires_grad else tensor).numpy()
 
 
+#: distinct shapes whose `_scaled_workspace` one thread keeps before it starts over, and the largest kept (a
+#: table holds at most 32 x 256 KiB)
+_WORKSPACES_PER_THREAD = 32
+_WORKSPACE_MAX_NUMEL = 65536
+_thread_state = threading.local()  # one workspace table per thread: two threads never share the arrays
+
+
+def _scaled_workspace(shape: torch.Size) -> Tuple[np.ndarray, torch.Tensor, Tuple[int, int]]:
+    """The fp32 array of `shape` that receives x·scale before the cast (its contents never leave `_host_cast`:
+    the cast copies them), the tensor sharing its memory, and the 2-D view's (M, K): made once per shape and
+    thread, so a cast allocates and wraps no temporary."""
+    table = getattr(_thread_state, "workspaces", None)
+    if table is None:
+        table = _thread_state.workspaces = {}
+    entry = table.get(shape)
+    if entry is None:
+        array = np.empty(tuple(shape), dtype=np.float32)
+        entry = (array, torch.from_numpy(array), matrix_shape(shape))
+        if array.size <= _WORKSPACE_MAX_NUMEL:  # a large tensor's cast costs far more than its allocation
+            if len(table) >= _WORKSPACES_PER_THREAD:
+                table.clear()
+            table[shape] = entry
+    return entry
+
+
 def _host_cast(
     quantizer: "Float8Quantizer | Float8CurrentScalingQuantizer",
     tensor: torch.Tensor,
@@ -325,20 +351,20 @@ def _host_cast(
     (`_host_error_stats`)."""
     fmt = quantizer.fp8_format
     fmax = FP8_MAX[fmt]
+    shape = tensor.shape
+    scaled, scaled_tensor, mk = _scaled_workspace(shape)
     largest = float(amax) * float(scale)  # exact, and below 2·fp8_max its fp32 rounding cannot overflow
     if largest <= fmax or (largest < 2.0 * fmax and np.float32(largest) <= fmax):
-        scaled = np.multiply(values, scale)
+        np.multiply(values, scale, out=scaled)
     else:  # products may overflow to Inf (and saturate); a zero or infinite scale makes NaN of 0 · Inf
         with np.errstate(over="ignore", invalid="ignore"):
-            scaled = np.multiply(values, scale)
+            np.multiply(values, scale, out=scaled)
             np.clip(scaled, -fmax, fmax, out=scaled)  # NaN stays NaN, as with torch.clamp
         has_nan = has_nan or scale == 0.0 or not math.isfinite(scale)
-    codes = torch.from_numpy(scaled).to(dtype=TORCH_FP8_DTYPE[fmt]).view(torch.uint8)  # (dtype= parses faster)
+    codes = scaled_tensor.to(dtype=TORCH_FP8_DTYPE[fmt]).view(torch.uint8)  # (a new tensor; dtype= parses faster)
     codes_np = codes.numpy()
     if has_nan:  # NaN elements store the canonical NaN code
         codes_np[np.isnan(scaled)] = 0x7F
-    shape = tensor.shape
-    mk = matrix_shape(shape)
     columnwise = columnwise_np = None
     if quantizer.columnwise_usage:
         columnwise_np = np.ascontiguousarray(codes_np.reshape(mk).T)
