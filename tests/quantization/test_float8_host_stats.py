@@ -208,3 +208,13 @@ def test_threads_casting_tensors_of_one_shape_do_not_share_a_workspace():
         t.join()
     for i in range(2):
         assert len(results[i]) == 300 and all(torch.equal(r, expected[i]) for r in results[i])
+
+
+def test_delayed_scaling_history_of_shape_l_by_1():
+    """A [L, 1] history (TE's layout) records the amax in its first row, as the torch path does."""
+    x = torch.tensor([[3.0, -7.5], [0.25, NAN]])
+    host = Float8Quantizer(torch.tensor([2.0]), torch.tensor([[1.0], [9.0]]), "E5M2")
+    ref = Float8Quantizer(torch.tensor([2.0]), torch.tensor([[1.0], [9.0]]), "E5M2")
+    q_host, q_ref = host.quantize(x), _delayed_torch_path(ref, x)
+    assert host.amax_history.tolist() == ref.amax_history.tolist() == [[7.5], [9.0]]
+    _check_vector(x, q_host, q_ref)
