@@ -214,15 +214,22 @@ def test_current_scaling_host_path_honours_the_usages():
 
 def test_current_scaling_on_cpu_runs_one_torch_cast():
     """A contiguous CPU tensor is quantized with one torch operator (the fp32 -> FP8 conversion) and dequantized
-    with none; the torch path runs several per call."""
+    with none; the torch path runs several per call.  With the quantization-error statistics on (`error_stats`,
+    a hand-made quantizer's default) the cast adds one torch sum (the squared errors, summed as the reference sums
+    them)."""
     from tedebug.quantization.float8 import Float8CurrentScalingQuantizer
 
     quantizer = Float8CurrentScalingQuantizer()
+    quantizer.error_stats = False  # a layer's quantizer outside the debug path
     x = torch.randn(8, 32, generator=torch.Generator().manual_seed(8))
     quantizer.quantize(x)  # the decode table exists from here on
     with _AtenCounter() as counter:
         q = quantizer.quantize(x)
     assert _computing(counter.ops) == ["_to_copy"], counter.ops
+    quantizer.error_stats = True
+    with _AtenCounter() as counter:
+        quantizer.quantize(x)
+    assert _computing(counter.ops) == ["_to_copy", "sum"], counter.ops
     with _AtenCounter() as counter:
         q.dequantize(usage="columnwise")
     assert _computing(counter.ops) in ([], ["t"]), counter.ops

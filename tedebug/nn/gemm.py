@@ -277,12 +277,15 @@ class _fp32_reduction:  # noqa: N801 - used as a `with` block
 
 def _emulated(a, b, a_usage, b_usage, layout, out_dtype, bias) -> torch.Tensor:
     """Dequantize and multiply: on tensor cores where the operands are exact in bf16 (CUDA), else in fp32."""
-    if a.device.type == "cuda":
-        out = _on_tensor_cores(a, b, a_usage, b_usage, layout, out_dtype, bias)
-        if out is not None:
-            return out
-    a2 = _dequantized_2d(a, a_usage, torch.float32)
-    b2 = _dequantized_2d(b, b_usage, torch.float32)
+    if type(a) is Float8Tensor and type(b) is Float8Tensor and a._device.type == "cpu":  # (the CPU FP8 GEMM)
+        a2, b2 = a.fp32_matrix(a_usage), b.fp32_matrix(b_usage)
+    else:
+        if a.device.type == "cuda":
+            out = _on_tensor_cores(a, b, a_usage, b_usage, layout, out_dtype, bias)
+            if out is not None:
+                return out
+        a2 = _dequantized_2d(a, a_usage, torch.float32)
+        b2 = _dequantized_2d(b, b_usage, torch.float32)
     op_a = a2.t() if layout[0] == "T" else a2
     op_b = b2 if layout[1] == "N" else b2.t()
     out = op_b @ op_a

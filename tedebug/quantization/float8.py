@@ -19,7 +19,9 @@ same codes of the 2-D view `[M, K]` (M = product of the leading dims) transposed
 from __future__ import annotations
 
 import functools
-from typing import Callable, Iterable, Optional, Tuple, Union
+import math
+import threading
+from typing import Callable, Iterable, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -53,6 +55,11 @@ AMAX_ALGOS = ("max", "most_recent")
 # ------------------------------------------------------------------------------------------------ tensor
 class Float8Tensor(QuantizedTensor):
     """Per-tensor scaled FP8 data (E4M3 or E5M2) with an optional transposed copy for columnwise use."""
+
+    #: the numpy views of the buffers the CPU host cast made (`_host_cast`): (rowwise_data, its array,
+    #: columnwise_data, its array, scale_inv, its 0-d array); an array stands for its field while the field still
+    #: holds that very tensor (an in-place refresh writes through the shared memory; a new tensor is not its array)
+    _host_arrays: Optional[tuple] = None
 
     def __init__(
         self,
@@ -131,9 +138,7 @@ class Float8Tensor(QuantizedTensor):
         """`_dequantize` of CPU codes by numpy: one table look-up (the fp32 values `decode_fp8` gives) and the
         IEEE fp32 products with scale_inv, in the same layout as the torch expression (the columnwise values are
         the transposed view of a contiguous [K, M] array, as ``columnwise_data.t()`` decodes)."""
-        values = fp8_decode_table(self.fp8_format).take(data.numpy())
-        np.multiply(values, np.float32(self.scale_inv.item()), out=values)
-        result = torch.from_numpy(values)
+        result = torch.from_numpy(_host_decode(self.fp8_format, data, self.scale_inv))
         if usage == "columnwise":
             result = result.t()
         return result.reshape(self._shape)
@@ -144,7 +149,14 @@ class Float8Tensor(QuantizedTensor):
 
         CPU codes of a 2-D tensor are decoded by one table look-up and one product with scale_inv, the columnwise
         values as the transposed view of the decoded `[K, M]` array; anything else goes through `dequantize`."""
-        data = self.rowwise_data if usage == "rowwise" else self.columnwise_data
+        rowwise = usage == "rowwise"
+        data = self.rowwise_data if rowwise else self.columnwise_data
+        host = self._host_arrays
+        if host is not None and data is not None and len(self._shape) == 2 and not compiling():
+            # the host cast's own buffers, still in place: their numpy views, without asking the tensors again
+            if data is host[0 if rowwise else 2] and self.scale_inv is host[4]:
+                decoded = _decode_array(self.fp8_format, host[1 if rowwise else 3], host[5][()])
+                return _as_matrix(torch.from_numpy(decoded), rowwise, self._mk)
         if (
             data is not None
             and len(self._shape) == 2
@@ -153,15 +165,8 @@ class Float8Tensor(QuantizedTensor):
             and data.is_contiguous()
             and not compiling()
         ):
-            decoded = fp8_decode_table(self.fp8_format).take(data.numpy())
-            np.multiply(decoded, np.float32(self.scale_inv.item()), out=decoded)
-            result = torch.from_numpy(decoded)
-            if usage == "rowwise":
-                return result
-            m, k = self._mk
-            if m == 1 or k == 1:  # `dequantize`'s reshapes give a size-1 dim other strides than the bare view
-                return result.t().reshape(m, k).reshape(-1, k)
-            return result.t()
+            result = torch.from_numpy(_host_decode(self.fp8_format, data, self.scale_inv))
+            return _as_matrix(result, rowwise, self._mk)
         values = self.dequantize(dtype=torch.float32, usage=usage)
         return values.reshape(1, -1) if values.dim() == 1 else values.reshape(-1, values.shape[-1])
 
@@ -181,6 +186,13 @@ class Float8Tensor(QuantizedTensor):
 
     def _drop(self, usage: str) -> None:
         setattr(self, f"{usage}_data", None)
+        self._host_arrays = None  # (the arrays would keep the dropped buffer alive)
+
+    def prepare_for_saving(self) -> Tuple[List[Optional[torch.Tensor]], "QuantizedTensor"]:
+        # autograd holds the buffers from here on, and its saved-tensor hooks may replace (offload) them: the
+        # host arrays must not keep them alive
+        self._host_arrays = None
+        return super().prepare_for_saving()
 
     def _tensor_fields(self) -> Tuple[str, ...]:
         return ("rowwise_data", "columnwise_data", "scale_inv")
@@ -192,6 +204,37 @@ class Float8Tensor(QuantizedTensor):
     def scale_inv_values(self, usage: str) -> torch.Tensor:
         self._require(usage)
         return self.scale_inv.float().reshape(1)
+
+
+def _host_decode(fmt: str, data: torch.Tensor, scale_inv: torch.Tensor) -> np.ndarray:
+    """The fp32 values of contiguous CPU codes: `_decode_array` of their numpy view."""
+    return _decode_array(fmt, data.numpy(), np.float32(scale_inv.item()))
+
+
+def _decode_array(fmt: str, codes: np.ndarray, factor: np.float32) -> np.ndarray:
+    """The fp32 values of FP8 `codes` (numpy): one table look-up (the values `decode_fp8` gives) and the IEEE fp32
+    products with the decode scale `factor`, in the codes' layout (an infinite factor makes NaN of a zero code
+    silently, as torch's product does)."""
+    # uint8 codes index the 256-entry table in range, so "clip" changes nothing and skips numpy's per-index bounds
+    # check (a third faster on 3072 codes); other index arrays keep the check (an out-of-range code raises)
+    values = fp8_decode_table(fmt).take(codes, mode="clip" if codes.dtype == np.uint8 else "raise")
+    if math.isfinite(factor):
+        np.multiply(values, factor, out=values)
+    else:
+        with np.errstate(invalid="ignore"):
+            np.multiply(values, factor, out=values)
+    return values
+
+
+def _as_matrix(values: torch.Tensor, rowwise: bool, mk: Tuple[int, int]) -> torch.Tensor:
+    """The decoded values of a 2-D tensor's codes as `fp32_matrix` returns them: rowwise as they are, columnwise
+    (decoded `[K, M]`) as the transposed view, with the strides `dequantize`'s reshapes give a size-1 dim."""
+    if rowwise:
+        return values
+    m, k = mk
+    if m == 1 or k == 1:
+        return values.t().reshape(m, k).reshape(-1, k)
+    return values.t()
 
 
 # ------------------------------------------------------------------------------------------------ quantizers
@@ -260,6 +303,145 @@ def _empty_per_tensor(quantizer: Quantizer, shape, dtype, device, fp8_format: st
     )
 
 
+# ------------------------------------------------------------------------------------------------ CPU host path
+def _host_fp32(tensor: torch.Tensor) -> np.ndarray:
+    """The fp32 values of a contiguous CPU tensor as a numpy array of its shape, read without autograd (a view of
+    an fp32 tensor; the exact fp32 copy of a bfloat16 / float16 one)."""
+    if tensor.dtype is not torch.float32:
+        return tensor.detach().float().numpy()
+    return (tensor.detach() if tensor.requires_grad else tensor).numpy()
+
+
+#: distinct shapes whose `_scaled_workspace` one thread keeps before it starts over, and the largest kept (a
+#: table holds at most 32 x 256 KiB)
+_WORKSPACES_PER_THREAD = 32
+_WORKSPACE_MAX_NUMEL = 65536
+_thread_state = threading.local()  # one workspace table per thread: two threads never share the arrays
+
+
+def _scaled_workspace(shape: torch.Size) -> Tuple[np.ndarray, torch.Tensor, Tuple[int, int]]:
+    """The fp32 array of `shape` that receives x·scale before the cast (its contents never leave `_host_cast`:
+    the cast copies them), the tensor sharing its memory, and the 2-D view's (M, K): made once per shape and
+    thread, so a cast allocates and wraps no temporary."""
+    table = getattr(_thread_state, "workspaces", None)
+    if table is None:
+        table = _thread_state.workspaces = {}
+    entry = table.get(shape)
+    if entry is None:
+        array = np.empty(tuple(shape), dtype=np.float32)
+        entry = (array, torch.from_numpy(array), matrix_shape(shape))
+        if array.size <= _WORKSPACE_MAX_NUMEL:  # a large tensor's cast costs far more than its allocation
+            if len(table) >= _WORKSPACES_PER_THREAD:
+                table.clear()
+            table[shape] = entry
+    return entry
+
+
+def _host_cast(
+    quantizer: "Float8Quantizer | Float8CurrentScalingQuantizer",
+    tensor: torch.Tensor,
+    values: np.ndarray,
+    amax: np.float32,
+    has_nan: bool,
+    scale: np.float32,
+) -> Float8Tensor:
+    """`_cast_per_tensor` of a contiguous CPU `tensor` (fp32 `values`, their NaN-ignoring `amax`, whether any is
+    NaN) with the fp32 `scale`, computed by numpy where that is exact: x·scale (IEEE fp32 products), the
+    saturation (skipped when amax·scale <= fp8_max: rounding is monotone, so no product exceeds it; the double
+    product of two fp32 values is exact), the NaN code, the transpose and 1/scale; only the fp32 -> FP8 rounding
+    is torch's own cast.  With `quantizer.error_stats` the tensor also carries the statistics vector of the cast
+    (`_host_error_stats`)."""
+    fmt = quantizer.fp8_format
+    fmax = FP8_MAX[fmt]
+    shape = tensor.shape
+    scaled, scaled_tensor, mk = _scaled_workspace(shape)
+    largest = float(amax) * float(scale)  # exact, and below 2·fp8_max its fp32 rounding cannot overflow
+    if largest <= fmax or (largest < 2.0 * fmax and np.float32(largest) <= fmax):
+        np.multiply(values, scale, out=scaled)
+    else:  # products may overflow to Inf (and saturate); a zero or infinite scale makes NaN of 0 · Inf
+        with np.errstate(over="ignore", invalid="ignore"):
+            np.multiply(values, scale, out=scaled)
+            np.clip(scaled, -fmax, fmax, out=scaled)  # NaN stays NaN, as with torch.clamp
+        has_nan = has_nan or scale == 0.0 or not math.isfinite(scale)
+    codes = scaled_tensor.to(dtype=TORCH_FP8_DTYPE[fmt]).view(torch.uint8)  # (a new tensor; dtype= parses faster)
+    codes_np = codes.numpy()
+    if has_nan:  # NaN elements store the canonical NaN code
+        codes_np[np.isnan(scaled)] = 0x7F
+    columnwise = columnwise_np = None
+    if quantizer.columnwise_usage:
+        columnwise_np = np.ascontiguousarray(codes_np.reshape(mk).T)
+        columnwise = torch.from_numpy(columnwise_np)
+    if scale != 0.0:
+        inverse = np.float32(1.0) / scale
+    else:  # a delayed-scaling state may hold a zero scale: 1/0 = Inf, as torch divides
+        with np.errstate(divide="ignore"):
+            inverse = np.float32(1.0) / scale
+    inverse_np = np.array(inverse, dtype=np.float32)
+    scale_inv = torch.from_numpy(inverse_np)
+    rowwise = codes if quantizer.rowwise_usage else None
+    out = Float8Tensor._assemble(shape, tensor.dtype, tensor.device, quantizer, fmt, mk, scale_inv, rowwise, columnwise)
+    out._host_arrays = (rowwise, codes_np, columnwise, columnwise_np, scale_inv, inverse_np)
+    if quantizer.error_stats:
+        per = FusedStats(_host_error_stats(values, codes_np, inverse, fmt, amax), FP8_STATS_WITH_SCALE)
+        directions = (("rowwise", quantizer.rowwise_usage), ("columnwise", quantizer.columnwise_usage))
+        attach_fused(out, tensor, {usage: per for usage, on in directions if on})
+    return out
+
+
+def _host_error_stats(values: np.ndarray, codes: np.ndarray, inverse: np.float32, fmt: str, amax) -> torch.Tensor:
+    """The float64 statistics vector (`FP8_STATS_WITH_SCALE` order) of the host cast of `values` into `codes` with
+    decode scale `inverse`, for the quantized tensor to carry (`fused_stats.attach_fused`): the values the torch
+    reference (`torch_ref.underflow_partials`, `mse_partials`, `overflow_partials`, `scale_inv_partials`) computes
+    from the tensor and its quantization, bit for bit, for either direction (both hold the same codes).
+
+    Counts and the element-wise terms are order-free, so numpy computes them: underflows = non-zero inputs − codes
+    other than ±0 (a NaN counts as non-zero on both sides); the squared errors (x − dequantized)² in float64 from
+    the dequantized fp32 values `_dequantize` gives (decode table, fp32 product with scale_inv); overflows = |x| >
+    fp32(scale_inv · fp8_max) (none when the amax is not above it).  The one sum that depends on an order, Σ
+    squared errors, is torch's sum of the contiguous float64 terms in the tensor's element order, which is how
+    the reference sums them.  The scale_inv partials of one value need no reduction."""
+    if math.isfinite(inverse):
+        return _host_error_vector(values, codes, inverse, fmt, amax)
+    with np.errstate(all="ignore"):  # 0 · Inf and Inf − Inf make NaN, as in the reference
+        return _host_error_vector(values, codes, inverse, fmt, amax)
+
+
+def _host_error_vector(values: np.ndarray, codes: np.ndarray, inverse: np.float32, fmt: str, amax) -> torch.Tensor:
+    flat = values.reshape(-1)
+    decoded = fp8_decode_table(fmt).take(codes.reshape(-1), mode="clip")  # the fp32 code values (uint8: in range)
+    kept = np.count_nonzero(decoded)  # codes other than ±0 (the NaN code is non-zero)
+    np.multiply(decoded, inverse, out=decoded)  # the dequantized values
+    terms = flat.astype(np.float64)
+    np.subtract(terms, decoded, out=terms)
+    np.multiply(terms, terms, out=terms)
+    sq_err = torch.from_numpy(terms).sum().item()
+    fmax = FP8_MAX[fmt]
+    threshold_double = float(inverse) * fmax  # exact: the fp32 product rounds it once
+    if threshold_double > FLT_MAX:
+        with np.errstate(over="ignore"):
+            threshold = np.float32(threshold_double)
+    else:
+        threshold = np.float32(threshold_double)
+    overflows = 0 if amax <= threshold else np.count_nonzero(np.abs(flat) > threshold)
+    s = float(inverse)
+    total = s + 0.0  # a one-element float64 sum (-0 sums to +0)
+    spread = s - total
+    vector = np.array(
+        (
+            float(np.count_nonzero(flat) - kept),
+            sq_err,
+            float(overflows),
+            1.0,
+            total,
+            spread * spread,
+            s if s != 0.0 else math.inf,
+            s,
+            float(flat.size),
+        )
+    )
+    return torch.from_numpy(vector)
+
+
 class Float8CurrentScalingQuantizer(Quantizer):
     """Per-tensor current scaling: the scale comes from the amax of the tensor being quantized."""
 
@@ -310,47 +492,13 @@ class Float8CurrentScalingQuantizer(Quantizer):
 
     def _quantize_on_host(self, tensor: torch.Tensor) -> Float8Tensor:
         """The torch path above for a contiguous, non-empty CPU tensor, computed by numpy where that is exact: the
-        amax (a maximum, order-free; the same pass tells whether a NaN is present), the scale (`_scale_of`, fp32
-        arithmetic), x·scale (IEEE fp32 products), the saturation (skipped when fp32(amax·scale) <= fp8_max:
-        rounding is monotone, so no product exceeds it; only otherwise can a product overflow), the transpose and
-        1/scale; only the fp32 -> FP8 rounding is torch's own cast.  The same bytes and scale_inv as
-        `_cast_per_tensor` (tests/test_host_cost_cpu.py compares them)."""
-        fmt = self.fp8_format
-        fmax = FP8_MAX[fmt]
-        if tensor.dtype is not torch.float32:
-            tensor_fp32 = tensor.detach().float()
-        else:
-            tensor_fp32 = tensor.detach() if tensor.requires_grad else tensor
-        values = tensor_fp32.numpy()
+        amax (a maximum, order-free; the same pass tells whether a NaN is present) and the scale (`_scale_of`, fp32
+        arithmetic), then `_host_cast`.  The same bytes and scale_inv as `_cast_per_tensor`
+        (tests/test_host_cost_cpu.py compares them)."""
+        values = _host_fp32(tensor)
         amax, has_nan = host_amax_and_nan(values)
-        scale = _scale_of(float(amax), fmax, self.amax_epsilon, self.force_pow_2_scales, FLT_MAX)
-        # fp32(amax·scale), the largest product: the double product of two fp32 values is exact, and it is at most
-        # about fp8_max (or Inf for an infinite amax), so the rounding to fp32 cannot overflow
-        if np.float32(float(amax) * float(scale)) <= fmax:
-            scaled = np.multiply(values, scale)
-        else:
-            with np.errstate(over="ignore", invalid="ignore"):  # products overflow to Inf and saturate
-                scaled = np.multiply(values, scale)
-                np.clip(scaled, -fmax, fmax, out=scaled)  # NaN stays NaN, as with torch.clamp
-        codes = torch.from_numpy(scaled).to(dtype=TORCH_FP8_DTYPE[fmt]).view(torch.uint8)  # (dtype= parses faster)
-        if has_nan:  # NaN elements store the canonical NaN code
-            codes.numpy()[np.isnan(scaled)] = 0x7F
-        shape = tensor.shape
-        mk = matrix_shape(shape)
-        columnwise = None
-        if self.columnwise_usage:
-            columnwise = torch.from_numpy(np.ascontiguousarray(codes.numpy().reshape(mk).T))
-        return Float8Tensor._assemble(
-            shape,
-            tensor.dtype,
-            tensor.device,
-            self,
-            fmt,
-            mk,
-            torch.from_numpy(np.array(np.float32(1.0) / scale, dtype=np.float32)),
-            codes if self.rowwise_usage else None,
-            columnwise,
-        )
+        scale = _scale_of(float(amax), FP8_MAX[self.fp8_format], self.amax_epsilon, self.force_pow_2_scales, FLT_MAX)
+        return _host_cast(self, tensor, values, amax, has_nan, scale)
 
     def make_empty(self, shape, *, dtype: torch.dtype = torch.float32, device=None) -> Float8Tensor:
         return _empty_per_tensor(self, shape, dtype, device, self.fp8_format)
@@ -461,10 +609,29 @@ class Float8Quantizer(Quantizer):
         )
         if buffers is not None:
             return _from_kernel_buffers(self, tensor, buffers)
-        amax = tensor_amax(tensor).to(self.amax_history.device)
         history = self._history
+        if (
+            tensor.is_cpu
+            and tensor.is_contiguous()
+            and tensor.numel()
+            and not history.requires_grad
+            and not compiling()
+        ):
+            return self._quantize_on_host(tensor, history)
+        amax = tensor_amax(tensor).to(self.amax_history.device)
         history[0] = torch.maximum(history[0], amax)
         return _cast_per_tensor(self, tensor, self.scale, self.fp8_format)
+
+    def _quantize_on_host(self, tensor: torch.Tensor, history: torch.Tensor) -> Float8Tensor:
+        """The torch path above for a contiguous, non-empty CPU tensor (the state is on the CPU too, `state_to`):
+        the amax by numpy (order-free), recorded into history[0] as ``torch.maximum`` does (NaN propagates), then
+        `_host_cast` with the stored scale.  The same bytes, scale_inv and history as the torch path
+        (tests/quantization/test_float8_host_stats.py compares them)."""
+        values = _host_fp32(tensor)
+        amax, has_nan = host_amax_and_nan(values)
+        recorded = history.numpy()
+        recorded[0] = np.maximum(recorded[0], amax)
+        return _host_cast(self, tensor, values, amax, has_nan, np.float32(self.scale.item()))
 
     def compute_amax(self, history: torch.Tensor) -> torch.Tensor:
         """The amax the next scale is derived from, from the 1-D history before the roll: its maximum ("max"), its

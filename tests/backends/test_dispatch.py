@@ -7,6 +7,7 @@ import torch
 
 from tedebug.backends import backend_for, dispatch, torch_ref
 from tedebug.backends.dispatch import KernelPreference
+from tedebug.backends.fused_stats import fused_vector
 from tedebug.quantization.float8 import Float8CurrentScalingQuantizer, Float8Quantizer
 from tedebug.quantization.float8_block import Float8BlockQuantizer
 from tedebug.quantization.mxfp8 import MXFP8Quantizer
@@ -25,7 +26,9 @@ def test_cpu_tensor_uses_torch_reference():
     assert backend_for(x) is torch_ref
     assert dispatch.quantize_mxfp8(x, "E4M3", True, True) is None
     assert dispatch.quantize_fp8_current(x, "E4M3", 0.0, False, True, True) is None
-    assert not hasattr(Float8CurrentScalingQuantizer().quantize(x), "_fused_error_stats")  # the torch path
+    # not the kernels: the CPU host cast, whose quantization statistics (attached since the host cast computes them
+    # too) are a CPU vector
+    assert fused_vector(Float8CurrentScalingQuantizer().quantize(x), x, "rowwise").vector.device == x.device
 
 
 def test_use_backend_context_manager_restores_previous():
