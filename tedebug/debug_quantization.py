@@ -297,10 +297,11 @@ class DebugQuantizer(Quantizer):
         _, col = self._parent_usage()
         parent = self.parent_quantizer
         parent.set_usage(rowwise=True, columnwise=col)
-        if parent.error_stats:
+        if parent.error_stats or not self.inspect_tensor_enabled:
             return parent.quantize(tensor)
-        # the statistics features may read the quantization-error statistics of this call: the kernels compute
-        # them (a layer's own quantizers skip the costly ones outside the debug path, `Quantizer.error_stats`)
+        # the statistics features this call inspects with may read the quantization-error statistics: the
+        # quantizer computes them (a layer's own quantizers skip the costly ones outside the debug path,
+        # `Quantizer.error_stats`; a feed without them computes them from the tensor, the same values)
         parent.error_stats = True
         try:
             return parent.quantize(tensor)

@@ -43,6 +43,27 @@ def test_debug_quantizer_turns_them_on_for_its_call_only(tmp_path, monkeypatch):
     assert seen == [True] and parent.error_stats is False
 
 
+def test_debug_quantizer_leaves_them_off_when_it_inspects_nothing(tmp_path, monkeypatch):
+    """An iteration at which the tensor is not inspected (LogTensorStats at freq 2, iteration 1): the parent
+    quantization computes no error statistics; at iteration 2 it does again."""
+    seen = []
+    parent = NVFP4Quantizer()
+    parent.error_stats = False
+    real = NVFP4Quantizer.quantize
+
+    def spying(self, tensor, **kwargs):
+        seen.append(self.error_stats)
+        return real(self, tensor, **kwargs)
+
+    monkeypatch.setattr(NVFP4Quantizer, "quantize", spying)
+    config = section({"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["activation"], "freq": 2}})
+    with debug_session(config, tmp_path, RecordingSink()):
+        for _ in range(3):
+            DebugQuantizer("L", "activation", parent, None).quantize(torch.randn(32, 64))
+            debug_api.step()
+    assert seen == [True, False, True] and parent.error_stats is False
+
+
 def test_hybrid_flag_is_its_childrens():
     hybrid = HybridQuantizer(NVFP4Quantizer(), NVFP4Quantizer())
     assert hybrid.error_stats is True
