@@ -7,8 +7,12 @@ import math
 import random
 import struct
 
-import orjson
 import pytest
+
+try:  # in the test extra (CI); the GPU host's bare environment lacks it, and the repr path is tested there too
+    import orjson
+except ImportError:
+    orjson = None
 
 from tedebug.sinks import jsonl
 from tedebug.sinks.jsonl import JsonlSink, value_texts
@@ -71,6 +75,9 @@ def sample(seed: int, n: int = 4000) -> list:
     return values
 
 
+needs_orjson = pytest.mark.skipif(orjson is None, reason="orjson (the fast / test extra) is not installed")
+
+
 class _CountingOrjson:
     """Stands for the orjson module and counts the column calls (so a test knows which path ran)."""
 
@@ -82,6 +89,7 @@ class _CountingOrjson:
         return orjson.dumps(values)
 
 
+@needs_orjson
 @pytest.mark.parametrize("seed", range(3))
 def test_column_path_equals_json_dumps(monkeypatch, seed):
     counting = _CountingOrjson()
@@ -98,6 +106,7 @@ def test_repr_path_equals_json_dumps(monkeypatch, seed):
     assert value_texts(values) == [oracle(v) for v in values]
 
 
+@needs_orjson
 def test_short_columns_skip_orjson(monkeypatch):
     counting = _CountingOrjson()
     monkeypatch.setattr(jsonl, "_orjson", counting)
@@ -106,6 +115,7 @@ def test_short_columns_skip_orjson(monkeypatch):
     assert counting.calls == 0
 
 
+@needs_orjson
 def test_batch_files_equal_with_and_without_orjson(tmp_path, monkeypatch):
     """A JsonlSink writes the same bytes for a batch either way, and they are `json.dumps` of each record."""
     values = sample(7, n=64)
