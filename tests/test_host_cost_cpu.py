@@ -18,6 +18,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from tedebug.backends import torch_ref
 
+from support.kernel_inputs import fp8_cast_inputs
+
 
 def _bits(values):
     """Values as comparable keys: NaN as one marker, the sign of a zero kept."""
@@ -140,25 +142,6 @@ def test_threads_do_not_share_a_workspace():
 
 
 # ------------------------------------------------------------------------------------------------ FP8 current scaling
-def _fp8_inputs():
-    g = torch.Generator().manual_seed(1415)
-    yield torch.randn(8, 32, generator=g)
-    yield torch.randn(3, 8, 32, generator=g).to(torch.bfloat16)
-    yield torch.randn(16, 16, generator=g).to(torch.float16)
-    yield torch.randn(4, 16, generator=g) * 1e-30  # scaled products far below the smallest FP8 subnormal
-    yield torch.randn(4, 16, generator=g) * 3e38  # amax near FLT_MAX
-    yield torch.tensor([[0.0, -0.0, 1.0, -1.0]])
-    yield torch.zeros(2, 8)
-    yield torch.tensor([[float("nan"), 2.0, -3.0, float("nan")]])
-    yield torch.tensor([[float("nan"), -float("nan")]])
-    yield torch.tensor([[float("inf"), 2.0, -3.0, 0.5]])
-    yield torch.tensor([[-float("inf"), float("nan"), 1e-3, 7.0]])
-    yield torch.tensor([[1e-45, -1e-45, 0.0]])  # fp32 subnormals: a scale of FLT_MAX overflows the products
-    x = torch.randn(5, 7, generator=g)
-    x[1, 2] = float("nan")
-    yield x
-
-
 _QUANTIZER_SETTINGS = [
     dict(fp8_format="E4M3"),
     dict(fp8_format="E5M2"),
@@ -177,7 +160,9 @@ def _torch_path(quantizer, x):
 
 
 @pytest.mark.parametrize("settings", _QUANTIZER_SETTINGS, ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()))
-@pytest.mark.parametrize("x", list(_fp8_inputs()), ids=lambda x: f"{str(x.dtype)[6:]}-{'x'.join(map(str, x.shape))}")
+@pytest.mark.parametrize(
+    "x", list(fp8_cast_inputs()), ids=lambda x: f"{str(x.dtype)[6:]}-{'x'.join(map(str, x.shape))}"
+)
 def test_current_scaling_host_path_stores_the_torch_paths_bytes(settings, x):
     """Codes of both directions, scale_inv and the dequantized values (both usages, the same strides) equal the
     torch path's bit for bit, for every format and scale option, NaN, infinities, zeros and subnormals."""

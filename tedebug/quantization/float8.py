@@ -141,6 +141,8 @@ class Float8Tensor(QuantizedTensor):
         result = torch.from_numpy(_host_decode(self.fp8_format, data, self.scale_inv))
         if usage == "columnwise":
             result = result.t()
+            if self._mk[1] == 1:  # [M, 1]: the strides the torch expression's reshapes give the size-1 dim
+                result = result.reshape(-1)
         return result.reshape(self._shape)
 
     def fp32_matrix(self, usage: str) -> torch.Tensor:

@@ -26,34 +26,9 @@ from tedebug.quantization.float8 import (
 )
 from tedebug.quantization.formats import tensor_amax
 
+from support.kernel_inputs import fp8_cast_inputs
+
 NAN, INF = float("nan"), float("inf")
-
-
-def _inputs():
-    g = torch.Generator().manual_seed(1416)
-    yield torch.randn(8, 32, generator=g)
-    yield torch.randn(3, 5, 7, generator=g).to(torch.bfloat16)  # N-D, odd sizes
-    yield torch.randn(16, 16, generator=g).to(torch.float16)
-    yield torch.randn(1, 9, generator=g)  # one row
-    yield torch.randn(9, 1, generator=g)  # one column
-    yield torch.randn(11, generator=g)  # 1-D
-    # magnitudes over 40 decades: the float64 sum of the squared errors depends on the order of its additions
-    yield torch.randn(33, 31, generator=g) * torch.exp(torch.empty(33, 31).uniform_(-46.0, 46.0, generator=g))
-    yield torch.randn(4, 16, generator=g) * 1e-30  # products far below the smallest FP8 subnormal: all underflow
-    yield torch.randn(4, 16, generator=g) * 3e38  # amax near FLT_MAX, some elements infinite
-    yield torch.tensor([[0.0, -0.0, 1.0, -1.0]])
-    yield torch.zeros(2, 8)
-    yield torch.tensor([[-0.0, -0.0]])
-    yield torch.tensor([[448.0, -448.0, 464.0, 57344.0, -61440.0, 0.25]])  # at and beyond the E4M3 / E5M2 maxima
-    yield torch.tensor([[NAN, 2.0, -3.0, NAN]])
-    yield torch.tensor([[NAN, -NAN]])
-    yield torch.tensor([[INF, 2.0, -3.0, 0.5]])
-    yield torch.tensor([[-INF, NAN, 1e-3, 7.0]])
-    yield torch.tensor([[1e-45, -1e-45, 0.0, 1e-39]])  # fp32 subnormals
-    x = torch.randn(5, 7, generator=g)
-    x[1, 2] = NAN
-    x[3, 4] = 0.0
-    yield x
 
 
 _CURRENT = [
@@ -99,7 +74,7 @@ def _check_vector(x, q_host, q_ref):
 
 
 @pytest.mark.parametrize("settings", _CURRENT, ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()))
-@pytest.mark.parametrize("x", list(_inputs()), ids=_ids)
+@pytest.mark.parametrize("x", list(fp8_cast_inputs()), ids=_ids)
 def test_current_scaling_vector_equals_the_reference(settings, x):
     quantizer = Float8CurrentScalingQuantizer(**settings)
     q_host = quantizer.quantize(x)
@@ -120,7 +95,7 @@ def _delayed_torch_path(quantizer, x):
 
 @pytest.mark.parametrize("fmt", ["E4M3", "E5M2"])
 @pytest.mark.parametrize("scale", _DELAYED_SCALES, ids=str)
-@pytest.mark.parametrize("x", list(_inputs()), ids=_ids)
+@pytest.mark.parametrize("x", list(fp8_cast_inputs()), ids=_ids)
 def test_delayed_scaling_host_path_equals_the_torch_path(fmt, scale, x):
     """Bytes, scale_inv, the recorded history and the statistics vector, with a history row that is below, above
     or equal to the tensor's amax."""

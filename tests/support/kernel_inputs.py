@@ -1,5 +1,6 @@
-"""Inputs and comparisons shared by the GPU kernel tests (tests/backends/test_gpu_*.py): special values that hit
-every rounding and saturation edge of the FP8 formats, and a tensor quantized through both backends."""
+"""Inputs and comparisons shared by the kernel and host-path tests (tests/backends/test_gpu_*.py, the CPU host cast
+tests): special values that hit every rounding and saturation edge of the FP8 formats, adversarial tensors for a
+per-tensor FP8 cast, and a tensor quantized through both backends."""
 
 from __future__ import annotations
 
@@ -47,3 +48,34 @@ def backend_pair(make_quantizer, x: torch.Tensor):
     with dispatch.use_backend("torch"):
         ref = make_quantizer().quantize(x)
     return got, ref
+
+
+def fp8_cast_inputs():
+    """CPU tensors for a per-tensor FP8 cast: zeros of both signs, fp32 subnormals, values at and beyond the FP8
+    maxima, NaN, infinities, odd and N-D shapes, a dynamic range over 40 decades (a float64 sum of their squared
+    errors depends on its order)."""
+    nan, inf = float("nan"), float("inf")
+    g = torch.Generator().manual_seed(1416)
+    yield torch.randn(8, 32, generator=g)
+    yield torch.randn(3, 5, 7, generator=g).to(torch.bfloat16)  # N-D, odd sizes
+    yield torch.randn(16, 16, generator=g).to(torch.float16)
+    yield torch.randn(1, 9, generator=g)  # one row
+    yield torch.randn(9, 1, generator=g)  # one column
+    yield torch.randn(11, generator=g)  # 1-D
+    # magnitudes over 40 decades: the float64 sum of the squared errors depends on the order of its additions
+    yield torch.randn(33, 31, generator=g) * torch.exp(torch.empty(33, 31).uniform_(-46.0, 46.0, generator=g))
+    yield torch.randn(4, 16, generator=g) * 1e-30  # products far below the smallest FP8 subnormal: all underflow
+    yield torch.randn(4, 16, generator=g) * 3e38  # amax near FLT_MAX, some elements infinite
+    yield torch.tensor([[0.0, -0.0, 1.0, -1.0]])
+    yield torch.zeros(2, 8)
+    yield torch.tensor([[-0.0, -0.0]])
+    yield torch.tensor([[448.0, -448.0, 464.0, 57344.0, -61440.0, 0.25]])  # at and beyond the E4M3 / E5M2 maxima
+    yield torch.tensor([[nan, 2.0, -3.0, nan]])
+    yield torch.tensor([[nan, -nan]])
+    yield torch.tensor([[inf, 2.0, -3.0, 0.5]])
+    yield torch.tensor([[-inf, nan, 1e-3, 7.0]])
+    yield torch.tensor([[1e-45, -1e-45, 0.0, 1e-39]])  # fp32 subnormals
+    x = torch.randn(5, 7, generator=g)
+    x[1, 2] = nan
+    x[3, 4] = 0.0
+    yield x
