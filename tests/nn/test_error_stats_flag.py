@@ -24,7 +24,8 @@ def test_a_layers_quantizers_skip_the_statistics_outside_the_debug_path():
     assert NVFP4Quantizer().error_stats is True  # a quantizer made by hand (tests, what-if features) computes them
 
 
-def test_debug_quantizer_turns_them_on_for_its_call_only(tmp_path, monkeypatch):
+def _spied_parent(monkeypatch):
+    """A parent NVFP4 quantizer with the flag off, and the list of the flag's value at each of its quantizations."""
     seen = []
     parent = NVFP4Quantizer()
     parent.error_stats = False
@@ -35,6 +36,11 @@ def test_debug_quantizer_turns_them_on_for_its_call_only(tmp_path, monkeypatch):
         return real(self, tensor, **kwargs)
 
     monkeypatch.setattr(NVFP4Quantizer, "quantize", spying)
+    return seen, parent
+
+
+def test_debug_quantizer_turns_them_on_for_its_call_only(tmp_path, monkeypatch):
+    seen, parent = _spied_parent(monkeypatch)
     config = section({"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["activation"]}})
     with debug_session(config, tmp_path, RecordingSink()):
         q = DebugQuantizer("L", "activation", parent, None)
@@ -46,16 +52,7 @@ def test_debug_quantizer_turns_them_on_for_its_call_only(tmp_path, monkeypatch):
 def test_debug_quantizer_leaves_them_off_when_it_inspects_nothing(tmp_path, monkeypatch):
     """An iteration at which the tensor is not inspected (LogTensorStats at freq 2, iteration 1): the parent
     quantization computes no error statistics; at iteration 2 it does again."""
-    seen = []
-    parent = NVFP4Quantizer()
-    parent.error_stats = False
-    real = NVFP4Quantizer.quantize
-
-    def spying(self, tensor, **kwargs):
-        seen.append(self.error_stats)
-        return real(self, tensor, **kwargs)
-
-    monkeypatch.setattr(NVFP4Quantizer, "quantize", spying)
+    seen, parent = _spied_parent(monkeypatch)
     config = section({"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["activation"], "freq": 2}})
     with debug_session(config, tmp_path, RecordingSink()):
         for _ in range(3):
