@@ -234,7 +234,9 @@ def _as_matrix(values: torch.Tensor, rowwise: bool, mk: Tuple[int, int]) -> torc
     if rowwise:
         return values
     m, k = mk
-    if m == 1 or k == 1:
+    if k == 1:  # as `_dequantize_on_host` gives an [M, 1] tensor
+        return values.t().reshape(-1).reshape(m, k)
+    if m == 1:
         return values.t().reshape(m, k).reshape(-1, k)
     return values.t()
 
