@@ -16,7 +16,9 @@ Neither base class is registered as a feature: the registry registers only class
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import torch
 
 from tedebug import active, memo
 from tedebug.config.schedule import SCHEDULE_KEYS, Schedule
@@ -131,6 +133,49 @@ def reduction_args(current: Any, tensor_name: str, tp_group: Any, tp_size: Optio
     if current.weight_tensor_tp_group_reduce and (tp_size or 1) > 1 and tp_group is not None:
         return tp_group, False, True
     return None, True, True
+
+
+def feed_statistics(
+    feature_name: str,
+    layer_name: str,
+    tensor_name: str,
+    requests: Sequence[Any],
+    tensor: Optional[torch.Tensor],
+    *,
+    iteration: int,
+    options: Tuple[Any, ...],
+    quantized: Optional[Dict[str, Any]],
+    tp_group: Any,
+    tp_size: int,
+    names: Optional[list] = None,
+) -> bool:
+    """Feed `requests` of `tensor` to the active session's statistics engine, reduced as `reduction_args` says.  A
+    statistic never stops training: a failure is one warning in the main log naming `names` (default: the requests'
+    names), and the result is False."""
+    current = active.session()
+    group, skip, is_weight = reduction_args(current, tensor_name, tp_group, tp_size)
+    try:
+        current.stats.feed(
+            layer_name,
+            tensor_name,
+            requests,
+            tensor,
+            iteration=iteration,
+            options=options,
+            quantized=quantized,
+            reduction_group=group,
+            skip_reduction=skip,
+            is_weight=is_weight,
+        )
+    except (ValueError, TypeError, RuntimeError) as err:
+        skipped = names if names is not None else [r.name for r in requests]
+        log_once(
+            f"Feature={feature_name}: skipping {skipped} of tensor {tensor_name}: computing them failed: {err}",
+            layer_name,
+            logging.WARNING,
+        )
+        return False
+    return True
 
 
 def storage_for(operand: Any, usage: str) -> Optional[QuantizedTensor]:

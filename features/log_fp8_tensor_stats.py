@@ -35,8 +35,8 @@ import torch
 from tedebug import active
 from tedebug.features.base import (
     ScheduledInspectFeature,
+    feed_statistics,
     log_once,
-    reduction_args,
     schedule_of,
     schedule_options,
     scheduled_now,
@@ -374,9 +374,17 @@ class LogFp8TensorStats(ScheduledInspectFeature):
             if requests is None:
                 requests = tuple(plan.requests)
                 requests = memoized("LogFp8TensorStats.requests", requests, lambda: requests)
-            options = schedule_options(config) + (MARKER,)
-            _feed(
-                name, layer_name, tensor_name, requests, tensor, iteration, options, plan.quantized, tp_group, tp_size
+            feed_statistics(
+                name,
+                layer_name,
+                tensor_name,
+                requests,
+                tensor,
+                iteration=iteration,
+                options=schedule_options(config) + (MARKER,),
+                quantized=plan.quantized,
+                tp_group=tp_group,
+                tp_size=tp_size,
             )
         finally:
             _restore(plan)
@@ -448,17 +456,17 @@ class _BoundFeed:
                 quantizer,
             )
             return
-        _feed(
+        feed_statistics(
             type(self.feature).__name__,
             self.layer_name,
             self.tensor_name,
             requests,
             tensor,
-            iteration,
-            self.options,
-            {CURRENT_KEY: row if row is not None else col},
-            tp_group,
-            tp_size,
+            iteration=iteration,
+            options=self.options,
+            quantized={CURRENT_KEY: row if row is not None else col},
+            tp_group=tp_group,
+            tp_size=tp_size,
         )
         if not self.logged:  # the session writes it once per layer anyway
             log_once(self.message, self.layer_name)
@@ -492,44 +500,6 @@ class _BoundFeed:
         if len(template.current) == 2 and row is not col:  # two storages: the hybrid view of inspect_tensor
             return None
         return template.requests
-
-
-def _feed(
-    name: str,
-    layer_name: str,
-    tensor_name: str,
-    requests: Tuple[StatRequest, ...],
-    tensor: Optional[torch.Tensor],
-    iteration: int,
-    options: tuple,
-    quantized: Dict[str, Any],
-    tp_group: Any,
-    tp_size: int,
-) -> None:
-    """Feed the statistics engine of the active session (a statistic never stops training: a failure is one
-    warning in the main log)."""
-    current = active.session()
-    group, skip, is_weight = reduction_args(current, tensor_name, tp_group, tp_size)
-    try:
-        current.stats.feed(
-            layer_name,
-            tensor_name,
-            requests,
-            tensor,
-            iteration=iteration,
-            options=options,
-            quantized=quantized,
-            reduction_group=group,
-            skip_reduction=skip,
-            is_weight=is_weight,
-        )
-    except (ValueError, TypeError, RuntimeError) as err:
-        log_once(
-            f"Feature={name}: skipping {[r.name for r in requests]} of tensor {tensor_name}: "
-            f"computing them failed: {err}",
-            layer_name,
-            logging.WARNING,
-        )
 
 
 #: operand type -> True: the operand is its own storage (a quantized tensor that is neither a hybrid nor the

@@ -16,11 +16,10 @@ from typing import Any, Optional
 
 import torch
 
-from tedebug import active
 from tedebug.features.base import (
     ScheduledInspectFeature,
+    feed_statistics,
     log_once,
-    reduction_args,
     schedule_options,
     scheduled_now,
     stat_list,
@@ -118,26 +117,19 @@ class LogNvfp4TensorStats(ScheduledInspectFeature):
                     logging.WARNING,
                 )
                 return
-        current = active.session()
-        group, skip, is_weight = reduction_args(current, tensor_name, tp_group, tp_size)
-        try:
-            current.stats.feed(
-                layer_name,
-                tensor_name,
-                [nvfp4_request(s, usage) for s in stats],
-                tensor,
-                iteration=iteration,
-                options=schedule_options(config) + (MARKER,),
-                quantized={MARKER: source},
-                reduction_group=group,
-                skip_reduction=skip,
-                is_weight=is_weight,
-            )
-        except (ValueError, TypeError, RuntimeError) as err:  # a statistic never stops training
-            log_once(
-                f"Feature={name}: skipping {list(stats)} of tensor {tensor_name}: computing them failed: {err}",
-                layer_name,
-                logging.WARNING,
-            )
+        fed = feed_statistics(
+            name,
+            layer_name,
+            tensor_name,
+            [nvfp4_request(s, usage) for s in stats],
+            tensor,
+            iteration=iteration,
+            options=schedule_options(config) + (MARKER,),
+            quantized={MARKER: source},
+            tp_group=tp_group,
+            tp_size=tp_size,
+            names=list(stats),
+        )
+        if not fed:
             return
         log_once(f"Feature={name}, API=inspect_tensor: {tensor_name}", layer_name)
