@@ -10,14 +10,13 @@ of fewer torch calls, pinned by counting calls (never by timing):
 from __future__ import annotations
 
 import math
-import threading
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from tedebug.backends import torch_ref
 
+from support.concurrency import AtenCounter, run_in_two_threads
 from support.kernel_inputs import fp8_cast_inputs
 
 
@@ -31,25 +30,13 @@ def _reference(x):
     return [partials[key].item() for key in torch_ref.BASIC_KEYS]
 
 
-class _AtenCounter(TorchDispatchMode):
-    """Counts the aten operators that run on tensors while it is active."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-
 #: operators that compute nothing (views, wrapping a numpy array, the read of a 0-d value)
 _NOT_COMPUTING = {"view", "detach", "alias", "lift_fresh", "_local_scalar_dense"}
 
 
 def _computing(ops):
     """The names of the operators in `ops` that compute something, sorted."""
-    return sorted(name for name in (op.split(".")[1] for op in ops) if name not in _NOT_COMPUTING)
+    return sorted(name for name in ops if name not in _NOT_COMPUTING)
 
 
 def _tensors():
@@ -89,10 +76,10 @@ def test_small_tensor_costs_two_torch_sums():
     dozen operators and reads each value back)."""
     x = torch.randn(256, generator=torch.Generator().manual_seed(3)) + 10.0
     torch_ref.basic_partial_values(x)  # the workspace of this size exists from here on
-    with _AtenCounter() as small:
+    with AtenCounter() as small:
         torch_ref.basic_partial_values(x)
     assert _computing(small.ops) == ["sum", "sum"], small.ops
-    with _AtenCounter() as reference:
+    with AtenCounter() as reference:
         _reference(x)
     assert len(_computing(reference.ops)) > 10
 
@@ -102,7 +89,7 @@ def test_zero_extremes_are_taken_again_in_the_input_dtype():
     the reference fixes; other extremes are not."""
     relu = torch.relu(torch.randn(64, generator=torch.Generator().manual_seed(4)))
     relu[3] = 0.0
-    with _AtenCounter() as counter:
+    with AtenCounter() as counter:
         values = torch_ref.basic_partial_values(relu)
     assert _computing(counter.ops) == ["amin", "sum", "sum"]
     assert _bits(values) == _bits(_reference(relu))
@@ -112,7 +99,7 @@ def test_large_tensor_takes_the_torch_path():
     """Above the threshold the torch calls run as before (no numpy workspace of that size is made)."""
     n = torch_ref.HOST_PASS_MAX_NUMEL + 1
     x = torch.randn(n, generator=torch.Generator().manual_seed(5))
-    with _AtenCounter() as counter:
+    with AtenCounter() as counter:
         values = torch_ref.basic_partial_values(x)
     assert len(_computing(counter.ops)) > 10
     assert _bits(values) == _bits(_reference(x))
@@ -124,19 +111,7 @@ def test_threads_do_not_share_a_workspace():
     g = torch.Generator().manual_seed(6)
     tensors = [torch.randn(512, generator=g) * (i + 1) for i in range(2)]
     expected = [_bits(_reference(t)) for t in tensors]
-    results = [[], []]
-    barrier = threading.Barrier(2)
-
-    def work(i):
-        barrier.wait()
-        for _ in range(200):
-            results[i].append(_bits(torch_ref.basic_partial_values(tensors[i])))
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = run_in_two_threads(lambda i: _bits(torch_ref.basic_partial_values(tensors[i])), 200)
     for i in range(2):
         assert all(r == expected[i] for r in results[i])
 
@@ -208,16 +183,16 @@ def test_current_scaling_on_cpu_runs_one_torch_cast():
     quantizer.error_stats = False  # a layer's quantizer outside the debug path
     x = torch.randn(8, 32, generator=torch.Generator().manual_seed(8))
     quantizer.quantize(x)  # the decode table exists from here on
-    with _AtenCounter() as counter:
+    with AtenCounter() as counter:
         q = quantizer.quantize(x)
     assert _computing(counter.ops) == ["_to_copy"], counter.ops
     quantizer.error_stats = True
-    with _AtenCounter() as counter:
+    with AtenCounter() as counter:
         quantizer.quantize(x)
     assert _computing(counter.ops) == ["_to_copy", "sum"], counter.ops
-    with _AtenCounter() as counter:
+    with AtenCounter() as counter:
         q.dequantize(usage="columnwise")
     assert _computing(counter.ops) in ([], ["t"]), counter.ops
-    with _AtenCounter() as counter:
+    with AtenCounter() as counter:
         _torch_path(quantizer, x)
     assert len(_computing(counter.ops)) > 8

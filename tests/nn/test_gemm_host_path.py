@@ -4,24 +4,12 @@ the same result bits for every layout, bias and output dtype; pinned by counting
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from tedebug.nn.gemm import gemm
 from tedebug.quantization import Float8CurrentScalingQuantizer, Float8Quantizer
+from support.concurrency import AtenCounter
 
 LAYOUTS = ("TN", "NN", "NT", "TT")
-
-
-class _AtenCounter(TorchDispatchMode):
-    """Records the aten operators that run on tensors while it is active."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(func.__name__.split(".")[0])
-        return func(*args, **(kwargs or {}))
 
 
 def _flat_dequantized(q, usage):
@@ -106,7 +94,7 @@ def test_cpu_fp8_gemm_runs_only_the_product_and_its_epilogue():
     }
     for (out_dtype, with_bias), ops in expected.items():
         for layout in LAYOUTS:
-            with _AtenCounter() as counter:
+            with AtenCounter() as counter:
                 gemm(w, x, layout=layout, out_dtype=out_dtype, bias=bias if with_bias else None)
             computing = sorted(
                 op for op in counter.ops if op not in ("t", "detach", "lift_fresh", "_local_scalar_dense")

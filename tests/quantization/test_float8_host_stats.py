@@ -26,6 +26,7 @@ from tedebug.quantization.float8 import (
 )
 from tedebug.quantization.formats import tensor_amax
 
+from support.concurrency import run_in_two_threads
 from support.kernel_inputs import fp8_cast_inputs
 
 NAN, INF = float("nan"), float("inf")
@@ -162,25 +163,11 @@ def test_vector_is_for_that_tensor_at_that_version_only():
 def test_threads_casting_tensors_of_one_shape_do_not_share_a_workspace():
     """x·scale lands in a per-thread array per shape before the cast: two threads casting different tensors of the
     same shape at once each get their own tensor's bytes."""
-    import threading
-
     g = torch.Generator().manual_seed(1419)
     tensors = [torch.randn(8, 32, generator=g), torch.randn(8, 32, generator=g) * 1e3]
     expected = [Float8CurrentScalingQuantizer().quantize(x).rowwise_data for x in tensors]
-    results = [[], []]
-    barrier = threading.Barrier(2)
-
-    def work(i):
-        quantizer = Float8CurrentScalingQuantizer()
-        barrier.wait()
-        for _ in range(300):
-            results[i].append(quantizer.quantize(tensors[i]).rowwise_data)
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    quantizers = [Float8CurrentScalingQuantizer(), Float8CurrentScalingQuantizer()]
+    results = run_in_two_threads(lambda i: quantizers[i].quantize(tensors[i]).rowwise_data, 300)
     for i in range(2):
         assert len(results[i]) == 300 and all(torch.equal(r, expected[i]) for r in results[i])
 

@@ -12,11 +12,11 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from tedebug.backends import torch_ref
 from tedebug.stats import StatsEngine
 from tedebug.stats import engine as engine_module
+from support.concurrency import AtenCounter
 
 STATS = ("min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range", "nan_count", "inf_count")
 
@@ -110,16 +110,6 @@ def test_host_row_then_tensor_row_in_one_step(monkeypatch):
     assert {(name, it): _bits(v) for name, v, it in log.records} == expected
 
 
-class _AtenCounter(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(func.__name__.split(".")[0])
-        return func(*args, **(kwargs or {}))
-
-
 def test_a_cpu_feed_runs_only_the_two_sums():
     """No tensor is built for the row: the only computing operators of a feed are the statistics' two sums."""
     engine = StatsEngine(_Capture())
@@ -127,7 +117,7 @@ def test_a_cpu_feed_runs_only_the_two_sums():
     engine.feed("warm", "activation", STATS, x, iteration=0)
     engine.feed("L", "activation", STATS, x, iteration=0)
     engine.step(0)
-    with _AtenCounter() as counter:
+    with AtenCounter() as counter:
         engine.feed("L", "activation", STATS, x, iteration=1)
     assert sorted(op for op in counter.ops if op not in ("view", "detach", "alias", "_local_scalar_dense")) == [
         "sum",

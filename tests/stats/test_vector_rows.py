@@ -12,29 +12,19 @@ import math
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from tedebug.backends import dispatch, torch_ref
 from tedebug.backends.fused_stats import FP8_STATS_WITH_SCALE, ROWWISE_STATS, FusedStats, attach_fused
 from tedebug.quantization.float8 import Float8CurrentScalingQuantizer
 from tedebug.stats import StatRequest, StatsEngine
 
+from support.concurrency import AtenCounter
 from support.features import RecordingSink
 
 #: the issue's LogFp8TensorStats setting, on the training recipe's rowwise operand
 REQUESTS = tuple(
     StatRequest(name, name, recipe="") for name in ("underflows%", "mse", "scale_inv_min", "scale_inv_max")
 )
-
-
-class _CountOps(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(func)
-        return func(*args, **(kwargs or {}))
 
 
 def _bits(value):
@@ -139,7 +129,7 @@ def test_the_feed_runs_no_tensor_op():
     q = _quantized(x)
     engine = StatsEngine(RecordingSink())
     engine.feed("warm", "activation", REQUESTS, x, iteration=0, quantized={"": q})  # parses the requests
-    counter = _CountOps()
+    counter = AtenCounter()
     with counter:
         engine.feed("layer", "activation", REQUESTS, x, iteration=0, quantized={"": q})
     assert counter.ops == []
