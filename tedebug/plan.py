@@ -27,11 +27,11 @@ the stats engine when the class says ``NOTE_STATS = True``).  The declaration co
 the hook method: a subclass that overrides the method is called again unless it declares the hook itself.
 
 Inspection: `InspectCall` is the plan's one bound ``inspect_tensor``.  Its first call routes the key through the
-namespace; from then on a single plain feature route is called directly - through the feature's bound form
-``bind_inspect_tensor(config, layer_name, tensor_name) -> call(iteration, tensor, tp_group, tp_size, rowwise,
-columnwise, quantizer)`` when the class that defines ``inspect_tensor`` also defines it, else through the feature
-method - and any other case (several features, a deprecated hook, kwargs the feature does not take, an override on
-the namespace instance) through the namespace.
+namespace; from then on each plain feature route is called directly, several of them one after the other in the
+namespace's order - through the feature's bound form ``bind_inspect_tensor(config, layer_name, tensor_name) ->
+call(iteration, tensor, tp_group, tp_size, rowwise, columnwise, quantizer)`` when the class that defines
+``inspect_tensor`` also defines it, else through the feature method - and any other case (a deprecated hook, kwargs
+a feature does not take, an override on the namespace instance) through the namespace.
 
 Plans live in the namespace's `compiled` table (one session; dropped at `end_debug()` and whenever a hook is
 overridden on the namespace instance).  ``debug_api.initialize(..., plan_cache=False)`` turns them off: every
@@ -248,12 +248,14 @@ class InspectCall:
             self._target = None
             return self._through_namespace
         routes = api.routes(INSPECT, self.layer_name, None, self.tensor_name)
-        if len(routes) == 1 and not routes[0].drop and not HOOKS[INSPECT].deprecated:
-            target = self._direct(routes[0])
-        elif not routes:
+        if not routes:
             target = _nothing_to_inspect
-        else:
+        elif HOOKS[INSPECT].deprecated or any(route.drop for route in routes):
             target = self._through_namespace
+        elif len(routes) == 1:
+            target = self._direct(routes[0])
+        else:  # several features inspect the tensor: each called directly, in the namespace's order
+            target = _in_turn(tuple(self._direct(route) for route in routes))
         self._target = target
         return target
 
@@ -287,6 +289,18 @@ class InspectCall:
                 check_output(spec, name, layer_name, {}, result)
 
         return call
+
+
+def _in_turn(calls: Tuple[Callable, ...]) -> Callable:
+    """One inspect call that makes `calls` one after the other (a failure stops the rest, as in the namespace)."""
+
+    def call(
+        iteration: int, tensor: Any, tp_group: Any, tp_size: int, rowwise: Any, columnwise: Any, quantizer: Any
+    ) -> None:
+        for each in calls:
+            each(iteration, tensor, tp_group, tp_size, rowwise, columnwise, quantizer)
+
+    return call
 
 
 def _nothing_to_inspect(*args: Any) -> None:

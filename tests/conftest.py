@@ -29,7 +29,7 @@ def make_debug_config(features, regex=".*"):
 @pytest.fixture
 def start(tmp_path):
     """start(features, regex=".*", **initialize_kwargs) -> the loaded test-feature module; the session ends with
-    the test (``plan_cache=False``: every hook question reaches the features, for spies)."""
+    the test (pass ``plan_cache=False`` for a spy that must see every hook question)."""
 
     def _start(features, regex=".*", **initialize_kwargs):
         with warnings.catch_warnings():

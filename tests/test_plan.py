@@ -430,19 +430,69 @@ def test_a_single_inspecting_feature_gets_the_kwargs_of_a_namespace_call_directl
     assert module.CALLS[0] == direct[0]
 
 
-def test_several_inspecting_features_go_through_the_namespace(start, monkeypatch):
+def test_several_inspecting_features_are_each_called_directly_in_config_order(start, monkeypatch):
+    """Two features inspecting one tensor: no inspection goes through the namespace's call, each feature is called
+    once per inspected tensor in the namespace's order, and DebugInspect gets the kwargs a namespace call gives it."""
     module = start(
         {
             "DebugInspect": {"enabled": True, "tensors": ["activation"]},
             "LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["activation"]},
         }
     )
+    order = []
+    Counter(monkeypatch, module.DebugInspect, "inspect_tensor", record=lambda *a, **k: order.append("DebugInspect"))
+    Counter(monkeypatch, log_tensor_stats.InspectPlan, "feed", record=lambda *a, **k: order.append("LogTensorStats"))
     through = Counter(monkeypatch, TransformerEngineNamespace, "_call", record=lambda self, hook, *args: hook)
     q = DebugQuantizer("L", "activation", None, None)
+    x = torch.ones(2, 2)
     for _ in range(3):
-        q.quantize(torch.ones(2, 2))
-    assert through.calls.count("inspect_tensor") == 3
-    assert [c[0] for c in module.CALLS].count("inspect_tensor") == 3
+        q.quantize(x)
+    debug_api.step()
+    assert "inspect_tensor" not in through.calls
+    assert order == ["DebugInspect", "LogTensorStats"] * 3
+    direct = [c for c in module.CALLS if c[0] == "inspect_tensor"]
+    assert len(direct) == 3 and direct[0][2]["tensor"] is x and direct[0][2]["tensor_name"] == "activation"
+    module.CALLS.clear()
+    debug_api.transformer_engine.inspect_tensor(
+        "L",
+        tensor=x,
+        tensor_name="activation",
+        iteration=0,
+        tp_group=None,
+        tp_size=1,
+        rowwise_quantized_tensor=x,
+        columnwise_quantized_tensor=x,
+        quantizer=None,
+    )
+    assert module.CALLS[0] == direct[0]
+
+
+def test_several_inspecting_features_log_what_the_namespace_path_logs(tmp_path):
+    """LogTensorStats and LogFp8TensorStats on one FP8 tensor: the statistics of the direct calls (plan cache on)
+    equal those of the namespace path (plan cache off), which calls each feature's inspect_tensor."""
+    config = section(
+        {
+            "LogTensorStats": {"enabled": True, "stats": ["max", "min", "l1_norm"], "tensors": ["activation"]},
+            "LogFp8TensorStats": {"enabled": True, "stats": ["underflows%", "mse"], "tensors": ["activation"]},
+        }
+    )
+    tensors = [torch.linspace(-3.0, 2.0, 64).reshape(8, 8) * (i + 1) for i in range(3)]
+    logged = []
+    for plan_cache in (True, False):
+        sink = RecordingSink()
+        with debug_session(config, tmp_path / str(plan_cache), sink=sink, plan_cache=plan_cache):
+            q = DebugQuantizer("L", "activation", Float8CurrentScalingQuantizer("E4M3"), None)
+            for x in tensors:
+                q.quantize(x)
+                debug_api.step()
+        logged.append(sink.values())
+    assert logged[0] == logged[1]
+    assert logged[0][("L_activation_max", 2)] == 6.0 and logged[0][("L_activation_l1_norm", 0)] == hand_l1(tensors[0])
+    assert any("underflows%" in name for name, _ in logged[0])
+
+
+def hand_l1(x):
+    return x.double().abs().sum().item()
 
 
 def test_a_non_none_inspect_result_is_rejected_on_the_direct_path(start, monkeypatch):
