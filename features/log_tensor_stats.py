@@ -42,6 +42,9 @@ class LogTensorStats(ScheduledInspectFeature):
     """Log high-precision statistics of the selected tensors (see the module docstring)."""
 
     PARAMS = ("stats",)
+    #: it feeds the inspected tensor's basic statistics: a quantizer of that tensor may compute them in its amax
+    #: pass (`tedebug.plan.InspectCall.feeds_basic_statistics`, `Quantizer.high_precision_stats`)
+    FEEDS_BASIC_STATISTICS = True
 
     @classmethod
     def check_params(cls, params: dict, path: tuple) -> None:

@@ -235,6 +235,21 @@ __device__ __forceinline__ bool ted_last_block(unsigned int* ticket) {
     return s_last != 0u;
 }
 
+// TE's compute_scale_from_amax for current scaling (amax >= 0; amax < epsilon -> epsilon; 0 / Inf / NaN amax -> 1;
+// else fp8_max / amax rounded once, Inf -> FLT_MAX; pow2 rounds down to a power of two), and scale_inv = 1 / scale:
+// the rule of ted_fp8_current_scale, shared by the amax pass (fp8_tensor.cu) and the statistics pass (stats.cu).
+__device__ __forceinline__ void ted_current_scale(float amax, float fp8_max, float epsilon, int pow2, float& scale,
+                                                  float& scale_inv) {
+    if (epsilon > 0.0f && __float_as_uint(amax) < __float_as_uint(epsilon)) amax = epsilon;  // bits: no flush
+    if (!ted_nonzero(amax) || !isfinite(amax)) scale = 1.0f;
+    else {
+        scale = ted_div(fp8_max, amax);  // IEEE division, no flush
+        if (isinf(scale)) scale = 3.402823466e+38f;
+    }
+    if (pow2) scale = __uint_as_float(__float_as_uint(scale) & 0xFF800000u);
+    scale_inv = ted_div(1.0f, scale);
+}
+
 // Last block: out[c] = sum over rows of part[row][c] in a fixed order (deterministic), then reset the ticket.
 __device__ __forceinline__ void ted_finish_columns(const double* part, int nrows, int ncols, double* out,
                                                    unsigned int* ticket) {

@@ -218,19 +218,6 @@ ted_fp8_cast_transpose(const ted_raw_t* __restrict__ x, long long M, long long K
 
 
 // ------------------------------------------------------------------------------------------------ fast path
-// TE's compute_scale_from_amax for current scaling (the rule of ted_fp8_current_scale above).
-__device__ __forceinline__ void current_scale(float amax, float fp8_max, float epsilon, int pow2, float& scale,
-                                              float& scale_inv) {
-    if (epsilon > 0.0f && __float_as_uint(amax) < __float_as_uint(epsilon)) amax = epsilon;  // amax >= 0
-    if (!ted_nonzero(amax) || !isfinite(amax)) scale = 1.0f;
-    else {
-        scale = ted_div(fp8_max, amax);
-        if (isinf(scale)) scale = 3.402823466e+38f;
-    }
-    if (pow2) scale = __uint_as_float(__float_as_uint(scale) & 0xFF800000u);
-    scale_inv = ted_div(1.0f, scale);
-}
-
 // ws[0]: running amax bits (0 between launches), ws[1]: ticket, ws[2..3]: running 64-bit non-zero count (0 between
 // launches).  mode 0: write amax_out[0] only; mode 1: also the current-scaling scale / scale_inv; mode 2:
 // amax_out[0] = amax_out[1] = amax (NVFP4's rowwise and columnwise global amaxes); mode 3 (delayed scaling):
@@ -336,7 +323,7 @@ __device__ __forceinline__ void am_run(const ted_raw_t* __restrict__ x, long lon
         if (mode != 3) amax_out[0] = amax;
         if (mode == 1) {
             float scale, scale_inv;
-            current_scale(amax, fp8_max, epsilon, pow2, scale, scale_inv);
+            ted_current_scale(amax, fp8_max, epsilon, pow2, scale, scale_inv);
             scale_out[0] = scale;
             scale_inv_out[0] = scale_inv;
         } else if (mode == 2) {

@@ -297,16 +297,20 @@ class DebugQuantizer(Quantizer):
         _, col = self._parent_usage()
         parent = self.parent_quantizer
         parent.set_usage(rowwise=True, columnwise=col)
-        if parent.error_stats or not self.inspect_tensor_enabled:
+        if not self.inspect_tensor_enabled:
             return parent.quantize(tensor)
         # the statistics features this call inspects with may read the quantization-error statistics: the
         # quantizer computes them (a layer's own quantizers skip the costly ones outside the debug path,
-        # `Quantizer.error_stats`; a feed without them computes them from the tensor, the same values)
+        # `Quantizer.error_stats`; a feed without them computes them from the tensor, the same values); and when
+        # one of them feeds the tensor's basic statistics, the amax pass computes those on the way (one read)
+        error_stats = parent.error_stats
         parent.error_stats = True
+        parent.high_precision_stats = self.plan.inspect.feeds_basic_statistics()
         try:
             return parent.quantize(tensor)
         finally:
-            parent.error_stats = False
+            parent.error_stats = error_stats
+            parent.high_precision_stats = False
 
     def _modify(self, tensor: torch.Tensor, gemm: str, dtype: Optional[torch.dtype], out=None):
         kwargs = dict(

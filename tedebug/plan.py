@@ -208,7 +208,7 @@ class InspectCall:
     """The plan's one bound ``inspect_tensor`` (see the module docstring): ``call(iteration, tensor, tp_group,
     tp_size, rowwise, columnwise, quantizer)``."""
 
-    __slots__ = ("api", "layer_name", "tensor_name", "cacheable", "_target")
+    __slots__ = ("api", "layer_name", "tensor_name", "cacheable", "_target", "_basic")
 
     def __init__(self, api: Any, layer_name: str, tensor_name: str, cacheable: bool) -> None:
         self.api = api
@@ -217,6 +217,23 @@ class InspectCall:
         #: False: always through `api` (plan cache off)
         self.cacheable = cacheable
         self._target: Optional[Callable] = None
+        self._basic: Optional[bool] = None
+
+    def feeds_basic_statistics(self) -> bool:
+        """Whether a feature this call reaches declares ``FEEDS_BASIC_STATISTICS`` (it feeds the tensor's basic
+        statistics, which a quantizer's amax pass can compute on the way: `Quantizer.high_precision_stats`).  Only
+        for directly called features (routed now if new); a call through the namespace answers False."""
+        known = self._basic
+        if known is None or INSPECT in self.api.__dict__:
+            known = False
+            if self.cacheable and not self.api.overridden(INSPECT):
+                routes = self.api.routes(INSPECT, self.layer_name, None, self.tensor_name)
+                known = any(
+                    getattr(getattr(route.method, "__self__", None), "FEEDS_BASIC_STATISTICS", False)
+                    for route in routes
+                )
+            self._basic = known
+        return known
 
     def __call__(
         self, iteration: int, tensor: Any, tp_group: Any, tp_size: int, rowwise: Any, columnwise: Any, quantizer: Any

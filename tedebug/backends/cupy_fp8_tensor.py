@@ -35,6 +35,7 @@ from tedebug.backends.cupy_runtime import (
     ticket,
     workspace,
 )
+from tedebug.backends.cupy_stats import basic_stats_and_scale_into
 from tedebug.backends.fused_stats import FP8_STATS_WITH_SCALE
 from tedebug.backends.launch import launch
 from tedebug.format_constants import FP8_MAX
@@ -179,7 +180,8 @@ def fp8_cast_transpose_raw(
 #: statistics never keeps the codes alive.
 _STATS_AT = 0
 _VECTOR_AT = 128
-_SMALL_BYTES = _VECTOR_AT + 32
+_HIGH_PRECISION_AT = _VECTOR_AT + 32  # float64 [13]: the basic statistics row of the fused statistics pass
+_SMALL_BYTES = _HIGH_PRECISION_AT + 8 * 13
 
 
 class _Outputs(NamedTuple):
@@ -187,6 +189,7 @@ class _Outputs(NamedTuple):
     columnwise: Optional[torch.Tensor]  # uint8 [K, M]
     stats: torch.Tensor  # float64 [stats_len]
     vector: torch.Tensor  # float32 [8]
+    high_precision: torch.Tensor  # float64 [13]
 
 
 def _outputs(m: int, k: int, device: torch.device, rowwise: bool, columnwise: bool, stats_len: int) -> _Outputs:
@@ -197,7 +200,8 @@ def _outputs(m: int, k: int, device: torch.device, rowwise: bool, columnwise: bo
         torch.empty((m, k), dtype=torch.uint8, device=device) if rowwise else None,
         torch.empty((k, m), dtype=torch.uint8, device=device) if columnwise else None,
         small[_STATS_AT : _STATS_AT + 8 * stats_len].view(torch.float64),
-        small[_VECTOR_AT:_SMALL_BYTES].view(torch.float32),
+        small[_VECTOR_AT:_HIGH_PRECISION_AT].view(torch.float32),
+        small[_HIGH_PRECISION_AT:_SMALL_BYTES].view(torch.float64),
     )
 
 
@@ -266,6 +270,9 @@ class Float8Buffers(NamedTuple):
     #: float64 (underflows, Σ(x - deq)², overflows): `fused_stats.FP8_STATS`; the single-launch cast adds the
     #: scale_inv partials and numel: `fused_stats.FP8_STATS_WITH_SCALE` (9 entries)
     stats: torch.Tensor
+    #: float64 [13]: the input's basic statistics row (`cupy_stats.BASIC_ROW_KEYS` order) when the amax came from
+    #: the statistics pass (`fp8_current_quantize(..., high_precision_stats=True)`), else None
+    high_precision_stats: Optional[torch.Tensor] = None
 
 
 # ------------------------------------------------------------------------------------------------ quantizers
@@ -297,11 +304,20 @@ def fp8_quantize(
 
 
 def fp8_current_quantize(
-    x2d: torch.Tensor, fp8_format: str, epsilon: float, pow2: bool, rowwise: bool, columnwise: bool
+    x2d: torch.Tensor,
+    fp8_format: str,
+    epsilon: float,
+    pow2: bool,
+    rowwise: bool,
+    columnwise: bool,
+    high_precision_stats: bool = False,
 ) -> Float8Buffers:
     """Current scaling of a CUDA [M, K] tensor: amax + scale (one launch), cast + transpose.
 
-    The cast reads the scale and scale_inv the first launch wrote, by address: no tensor op in between."""
+    The cast reads the scale and scale_inv the first launch wrote, by address: no tensor op in between.  With
+    `high_precision_stats` the first launch is the statistics pass (`cupy_stats.basic_stats_and_scale_into`),
+    which writes the same amax, scale and scale_inv and also the input's basic statistics row
+    (`Float8Buffers.high_precision_stats`): a tensor logged and quantized is read once for both."""
     x = prepare_input(x2d)
     if x.numel() == 0:
         _, scale, scale_inv = fp8_amax_scale(x, fp8_format, epsilon, pow2)
@@ -311,10 +327,15 @@ def fp8_current_quantize(
     m, k = x.shape
     outputs = _outputs(m, k, x.device, rowwise, columnwise, _stats_len(x))
     vec = outputs.vector
-    amax_launch(x, vec, fp8_format, epsilon, pow2, scale_inv_slot=4)
     base = vec.data_ptr()
+    if high_precision_stats:
+        basic_stats_and_scale_into(
+            x, outputs.high_precision.data_ptr(), FP8_MAX[fp8_format], epsilon, pow2, base, base + 4, base + 16
+        )
+    else:
+        amax_launch(x, vec, fp8_format, epsilon, pow2, scale_inv_slot=4)
     row, col, stats = _cast_transpose(x, base + 4, base + 16, fp8_format, rowwise, columnwise, outputs)
-    return Float8Buffers(row, col, vec[4], stats)
+    return Float8Buffers(row, col, vec[4], stats, outputs.high_precision if high_precision_stats else None)
 
 
 def fp8_delayed_update(history: torch.Tensor, scale: torch.Tensor, scaled_max: float, most_recent: bool) -> None:

@@ -87,6 +87,43 @@ def _stats_launch(x: torch.Tensor, index: int) -> Tuple[Kernel, int, int]:
     return constants
 
 
+def basic_stats_and_scale_into(
+    x: torch.Tensor,
+    out_ptr: int,
+    fp8_max: float,
+    epsilon: float,
+    pow2: bool,
+    amax_ptr: int,
+    scale_ptr: int,
+    scale_inv_ptr: int,
+) -> None:
+    """`basic_stats_into` of a prepared (contiguous, 16-byte aligned, non-empty) CUDA tensor whose one launch also
+    writes, as the FP8 current-scaling amax pass does, the fp32 amax (max |x| ignoring NaN), scale and scale_inv at
+    the given device addresses (``ted_stats_scale``: the same pass and grid, so the row is bit for bit the one
+    `basic_stats_into` writes)."""
+    index = x.get_device()
+    _, vec, max_grid = _STATS_LAUNCH.get((index, x.dtype)) or _stats_launch(x, index)
+    kernel = get_kernel("stats.cu", "ted_stats_scale", dtype_options(x))
+    n = x.numel()
+    grid = min(max_grid, (max(n // vec, 1) + THREADS - 1) // THREADS)  # the grid of `basic_stats_into`
+    stream = raw_stream(index)
+    partials, tickets = workspace_on(index, stream)
+    args = (
+        x.data_ptr(),
+        np.int64(n),
+        partials,
+        tickets + _STATS_TICKET_OFFSET,
+        out_ptr,
+        np.float32(fp8_max),
+        np.float32(epsilon),
+        np.int32(pow2),
+        amax_ptr,
+        scale_ptr,
+        scale_inv_ptr,
+    )
+    launch_on(kernel, index, stream, grid, THREADS, args)
+
+
 def basic_stats_tensor(x: torch.Tensor) -> torch.Tensor:
     """float64[12] on x's device: the basic partials in `BASIC_KEYS` order (one launch, no host sync)."""
     x = prepare_input(x)

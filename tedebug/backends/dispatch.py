@@ -209,14 +209,18 @@ def quantize_fp8_current(
     rowwise: bool,
     columnwise: bool,
     kernel: KernelChoice = None,
+    high_precision_stats: bool = False,
 ):
     """The kernel's `cupy_fp8_tensor.Float8Buffers` of `tensor` under current scaling, or None for the torch
-    reference."""
+    reference; `high_precision_stats`: the amax comes from the statistics pass, which also writes the tensor's basic
+    statistics row (`Float8Buffers.high_precision_stats`)."""
     if not (use_kernels(tensor, kernel) and _kernel_input(tensor)):
         return None
     from tedebug.backends import cupy_fp8_tensor
 
-    return cupy_fp8_tensor.fp8_current_quantize(_matrix(tensor), fp8_format, epsilon, pow2, rowwise, columnwise)
+    return cupy_fp8_tensor.fp8_current_quantize(
+        _matrix(tensor), fp8_format, epsilon, pow2, rowwise, columnwise, high_precision_stats
+    )
 
 
 def quantize_fp8_delayed(

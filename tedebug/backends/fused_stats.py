@@ -8,11 +8,18 @@ tensor object at the same version (an in-place change after quantization makes t
 
 The record lives in the quantized tensor's ``_fused_error_stats`` attribute: ``{"source": weakref to x, "version":
 x._version, "rowwise": {statistic: 0-d tensor}, "columnwise": {...}}`` with only the directions that were produced.
+
+High-precision statistics: a quantizer whose amax pass was the statistics pass (per-tensor FP8 current scaling
+with ``Quantizer.high_precision_stats``) also wrote the input's basic statistics row.  Its reader is the statistics
+feed of that input, which comes right after the quantization and sees only the input, so the row is kept in a
+per-thread slot keyed by the input itself (`attach_high_precision` / `high_precision_row`: the same tensor object at
+the same version, else nothing; the next quantization that writes one replaces it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+import threading
 from typing import Dict, Optional
 import weakref
 
@@ -102,3 +109,20 @@ def fused_vector(q, x: torch.Tensor, usage: str) -> Optional[FusedStats]:
         return None
     per = fused.get(usage)
     return per if isinstance(per, FusedStats) else None
+
+
+_high_precision = threading.local()  # .slot: (weakref to the input, its version, float64 row) of the last attach
+
+
+def attach_high_precision(x: torch.Tensor, row: torch.Tensor) -> None:
+    """Keep `row`, the basic statistics row (`torch_ref.BASIC_ROW_KEYS` order, on x's device) that a quantize pass
+    computed for `x`, for the statistics feed of `x` (this thread's one slot)."""
+    _high_precision.slot = (weakref.ref(x), x._version, row)
+
+
+def high_precision_row(x: torch.Tensor) -> Optional[torch.Tensor]:
+    """The row `attach_high_precision` kept for exactly this `x` (same object, same version), else None."""
+    slot = getattr(_high_precision, "slot", None)
+    if slot is None or slot[0]() is not x or slot[1] != x._version:
+        return None
+    return slot[2]

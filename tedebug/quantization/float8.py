@@ -30,7 +30,13 @@ from tedebug.host_numpy import compiling
 
 from tedebug.backends import dispatch
 from tedebug.backends.dispatch import KernelChoice
-from tedebug.backends.fused_stats import FP8_STATS, FP8_STATS_WITH_SCALE, FusedStats, attach_fused
+from tedebug.backends.fused_stats import (
+    FP8_STATS,
+    FP8_STATS_WITH_SCALE,
+    FusedStats,
+    attach_fused,
+    attach_high_precision,
+)
 
 from .formats import (
     FLT_MAX,
@@ -281,6 +287,8 @@ def _from_kernel_buffers(
         row,
         buffers.columnwise_data,
     )
+    if buffers.high_precision_stats is not None:
+        attach_high_precision(tensor, buffers.high_precision_stats)
     index = FP8_STATS_WITH_SCALE if buffers.stats.numel() == len(FP8_STATS_WITH_SCALE) else FP8_STATS
     per = FusedStats(buffers.stats, index)
     attach_fused(
@@ -486,6 +494,7 @@ class Float8CurrentScalingQuantizer(Quantizer):
             self.rowwise_usage,
             self.columnwise_usage,
             self.kernel,
+            self.high_precision_stats,
         )
         if buffers is not None:
             return _from_kernel_buffers(self, tensor, buffers)

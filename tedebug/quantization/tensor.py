@@ -70,6 +70,11 @@ class Quantizer(abc.ABC):
     #: random-Hadamard columnwise kernel skips its inverse rotation); a layer's quantizers are False outside the
     #: debug path, and `DebugQuantizer` sets True for the quantizations it inspects.
     error_stats: bool = True
+    #: whether the quantizer's amax pass also computes the input's basic statistics (min, max, sums, ...) for the
+    #: statistics feed of that input (`tedebug.backends.fused_stats.attach_high_precision`), so that a tensor logged
+    #: and quantized is read once for both.  Honoured by per-tensor FP8 current scaling on the kernel path; others
+    #: ignore it.  `DebugQuantizer` sets it for the quantizations whose inspection feeds basic statistics.
+    high_precision_stats: bool = False
 
     def __init__(self, *, rowwise: bool = True, columnwise: bool = True, kernel: KernelChoice = None) -> None:
         self.rowwise_usage = bool(rowwise)

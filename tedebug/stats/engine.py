@@ -39,7 +39,7 @@ from typing import Any, Callable, Dict, Hashable, Iterable, List, Mapping, Optio
 import torch
 
 from tedebug.backends import backend_for, dispatch
-from tedebug.backends.fused_stats import FusedStats, fused_vector
+from tedebug.backends.fused_stats import FusedStats, fused_vector, high_precision_row
 from tedebug.config.parsing import GEMMS_OF_TENSOR
 from tedebug.sinks.batch import ScalarBatch
 from tedebug.stats import reduce as _reduce
@@ -146,7 +146,12 @@ class StatsEngine:
                     buffer.accumulate_host(buffer.host_gather(backend.BASIC_ROW_KEYS)(values))
                     return
                 into = getattr(backend, "basic_stats_into", None)
-                if into is not None:  # one launch writing the whole row into this step's slab
+                if into is not None:
+                    fused_row = high_precision_row(tensor)
+                    if fused_row is not None:  # the quantizer's amax pass computed this very row: keep it
+                        buffer.add_vector_row(fused_row, backend.BASIC_ROW_KEYS, numel)
+                        return
+                    # one launch writing the whole row into this step's slab
                     slab = self._slab(tensor.device, len(backend.BASIC_ROW_KEYS))
                     index = slab.take()
                     into(tensor, slab.address(index))

@@ -1,0 +1,137 @@
+"""The statistics pass that is also FP8 current scaling's amax pass (``ted_stats_scale``): its statistics row is bit
+for bit the row of the plain statistics launch, its amax / scale / scale_inv those of the amax pass, so the codes
+are the same bytes; and on the debug path a LogTensorStats feed of an FP8-quantized tensor takes that row (no
+statistics launch of its own) and logs what the separate launch logs.  Every test needs CUDA and CuPy."""
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("needs CUDA", allow_module_level=True)
+cupy = pytest.importorskip("cupy")
+
+from tedebug import debug_api  # noqa: E402
+from tedebug.backends import cupy_fp8_tensor, cupy_stats, dispatch, fused_stats  # noqa: E402
+from tedebug.debug_quantization import DebugQuantizer  # noqa: E402
+from tedebug.plan import InspectCall  # noqa: E402
+from tedebug.quantization.float8 import Float8CurrentScalingQuantizer  # noqa: E402
+
+from support.features import RecordingSink, debug_session, section  # noqa: E402
+from support.kernel_inputs import special_values  # noqa: E402
+
+DEV = torch.device("cuda")
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: M % 64 and K % 128 both zero (the single-launch cast) and not; a scalar tail of the statistics pass
+SHAPES = [(64, 128), (256, 384), (70, 130), (1, 9), (4096, 1025)]
+
+
+def inputs(shape, dtype, seed):
+    """A normal tensor, one with the special values (NaN, infinities, signed zeros, subnormals, FP8 maxima) spread
+    in, one of zeros and subnormals only (amax below the normal range), and one of NaN only (amax 0)."""
+    g = torch.Generator().manual_seed(seed)
+    normal = (torch.randn(shape, generator=g) * 3).to(dtype)
+    special = normal.clone().reshape(-1)
+    values = special_values(dtype)
+    where = torch.randint(0, special.numel(), (min(special.numel(), 40),), generator=g)
+    special[where] = values[torch.randint(0, values.numel(), where.shape, generator=g)]
+    tiny = torch.zeros(shape, dtype=dtype).reshape(-1)
+    tiny[::3] = torch.finfo(dtype).tiny / 4
+    tiny[1::5] = -torch.finfo(dtype).tiny / 2
+    nan = torch.full(shape, float("nan"), dtype=dtype)
+    return [t.reshape(shape).to(DEV) for t in (normal, special, tiny, nan)]
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().cpu().reshape(-1).contiguous().view(torch.uint8)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("fmt, pow2, epsilon", [("E4M3", False, 0.0), ("E5M2", True, 0.0), ("E4M3", False, 1e-3)])
+def test_statistics_pass_gives_the_row_and_the_scale_of_the_two_passes(dtype, shape, fmt, pow2, epsilon):
+    for x in inputs(shape, dtype, sum(shape)):
+        x2d = x.reshape(-1, shape[-1])
+        fused = cupy_fp8_tensor.fp8_current_quantize(x2d, fmt, epsilon, pow2, True, True, high_precision_stats=True)
+        plain = cupy_fp8_tensor.fp8_current_quantize(x2d, fmt, epsilon, pow2, True, True)
+        row = torch.empty(len(cupy_stats.BASIC_ROW_KEYS), dtype=torch.float64, device=DEV)
+        cupy_stats.basic_stats_into(x2d, row.data_ptr())
+        assert plain.high_precision_stats is None
+        assert torch.equal(bits(fused.high_precision_stats), bits(row))  # NaN payloads and signed zeros included
+        assert torch.equal(bits(fused.scale_inv), bits(plain.scale_inv))
+        assert torch.equal(bits(fused.rowwise_data), bits(plain.rowwise_data))
+        assert torch.equal(bits(fused.columnwise_data), bits(plain.columnwise_data))
+        assert torch.equal(bits(fused.stats), bits(plain.stats))
+        assert torch.equal(bits(scale_vector(fused)), bits(scale_vector(plain)))  # amax, scale, scale_inv
+        want_amax = x.float().abs().nan_to_num(nan=0.0, posinf=float("inf")).max().item()
+        assert scale_vector(fused)[0].item() == want_amax
+
+
+def scale_vector(buffers):
+    """amax, scale, -, -, scale_inv: the float32 vector the amax (or statistics) pass writes, which holds scale_inv."""
+    inv = buffers.scale_inv
+    vector = torch.empty(0, dtype=torch.float32, device=DEV)
+    vector.set_(inv.untyped_storage(), inv.storage_offset() - 4, (5,))
+    return vector[[0, 1, 4]]
+
+
+def test_the_quantizer_keeps_the_row_for_exactly_its_input():
+    x = torch.randn(64, 128, device=DEV, dtype=torch.bfloat16)
+    q = Float8CurrentScalingQuantizer("E4M3")
+    q.high_precision_stats = True
+    with dispatch.use_backend("cupy"):
+        q.quantize(x)
+    row = fused_stats.high_precision_row(x)
+    want = torch.empty(len(cupy_stats.BASIC_ROW_KEYS), dtype=torch.float64, device=DEV)
+    cupy_stats.basic_stats_into(x, want.data_ptr())
+    assert row is not None and torch.equal(bits(row), bits(want))
+    assert fused_stats.high_precision_row(x.clone()) is None  # another tensor
+    x.add_(1.0)
+    assert fused_stats.high_precision_row(x) is None  # changed in place since
+    q.high_precision_stats = False
+    y = torch.randn(64, 128, device=DEV, dtype=torch.bfloat16)
+    with dispatch.use_backend("cupy"):
+        q.quantize(y)
+    assert fused_stats.high_precision_row(y) is None  # not asked for: the amax pass alone
+
+
+def test_log_tensor_stats_of_an_fp8_tensor_takes_the_quantizers_row(tmp_path, monkeypatch):
+    """LogTensorStats (and LogFp8TensorStats) on FP8 current-scaled activation and weight: with the fused pass the
+    feeds launch no statistics kernel, and every logged value equals the run whose quantizer skips the fused pass
+    (the separate statistics launch)."""
+    config = section(
+        {
+            "LogTensorStats": {
+                "enabled": True,
+                "stats": ["min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range"],
+                "tensors": ["activation", "weight"],
+            },
+            "LogFp8TensorStats": {"enabled": True, "stats": ["underflows%", "mse"], "tensors": ["activation"]},
+        }
+    )
+    tensors = {
+        "activation": [torch.randn(256, 128, device=DEV, dtype=torch.bfloat16) * (i + 1) for i in range(3)],
+        "weight": [torch.randn(128, 128, device=DEV, dtype=torch.bfloat16) for _ in range(3)],
+    }
+    launches = []
+    real_into = cupy_stats.basic_stats_into
+    monkeypatch.setattr(cupy_stats, "basic_stats_into", lambda x, ptr: launches.append(x.shape) or real_into(x, ptr))
+    logged = {}
+    for fused in (True, False):
+        if not fused:  # the separate statistics launch: the plan says no feature feeds basic statistics
+            monkeypatch.setattr(InspectCall, "feeds_basic_statistics", lambda self: False)
+        launches.clear()
+        sink = RecordingSink()
+        with debug_session(config, tmp_path / str(fused), sink=sink):
+            quantizers = {
+                name: DebugQuantizer("L", name, Float8CurrentScalingQuantizer("E4M3"), None) for name in tensors
+            }
+            for i in range(3):
+                for name, q in quantizers.items():
+                    q.quantize(tensors[name][i])
+                debug_api.step()
+        logged[fused] = (sink.values(), len(launches))
+    assert logged[True][0] == logged[False][0]
+    assert logged[True][1] == 0 and logged[False][1] > 0  # fused: no statistics launch of the feeds' own
+    assert logged[True][0][("L_activation_max", 1)] == tensors["activation"][1].float().max().item()
