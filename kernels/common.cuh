@@ -250,6 +250,28 @@ __device__ __forceinline__ void ted_current_scale(float amax, float fp8_max, flo
     scale_inv = ted_div(1.0f, scale);
 }
 
+// What the last block of an amax pass writes for the NaN-ignoring `amax` (`ted_fp8_amax_scale` / `ted_amax_count`
+// and the statistics pass `ted_stats_amax`): mode 0: amax_out[0] = amax; mode 1: also the current-scaling scale and
+// scale_inv; mode 2: amax_out[0] = amax_out[1] = amax (NVFP4's rowwise and columnwise global amaxes); mode 3 (delayed
+// scaling): amax_out[0] = maximum(amax_out[0], amax) as torch.maximum (NaN kept), a history entry, and
+// scale_inv_out[0] = 1 / scale_out[0] of the (stale) scale.
+__device__ __forceinline__ void ted_amax_outputs(float amax, float* amax_out, int mode, float fp8_max, float epsilon,
+                                                 int pow2, float* scale_out, float* scale_inv_out) {
+    if (mode != 3) amax_out[0] = amax;
+    if (mode == 1) {
+        float scale, scale_inv;
+        ted_current_scale(amax, fp8_max, epsilon, pow2, scale, scale_inv);
+        scale_out[0] = scale;
+        scale_inv_out[0] = scale_inv;
+    } else if (mode == 2) {
+        amax_out[1] = amax;
+    } else if (mode == 3) {
+        const float old = amax_out[0];
+        amax_out[0] = isnan(old) ? old : ted_max(old, amax);
+        scale_inv_out[0] = ted_div(1.0f, scale_out[0]);
+    }
+}
+
 // Last block: out[c] = sum over rows of part[row][c] in a fixed order (deterministic), then reset the ticket.
 __device__ __forceinline__ void ted_finish_columns(const double* part, int nrows, int ncols, double* out,
                                                    unsigned int* ticket) {

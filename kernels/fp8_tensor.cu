@@ -297,7 +297,7 @@ __device__ __forceinline__ void am_run(const ted_raw_t* __restrict__ x, long lon
     for (long long j = nvec * (16 / TED_ELEM_BYTES) + gtid; j < n; j += stride) {
         const float v = ted_load(x, j);
         am = ted_max(am, ted_abs(v));
-        if (COUNT) nz += (v != 0.0f || isnan(v)) ? 1u : 0u;
+        if (COUNT) nz += ted_nonzero(v) ? 1u : 0u;  // bits: a subnormal counts (no flush under -ftz)
     }
     for (int off = 16; off > 0; off >>= 1) {
         am = ted_max(am, __shfl_down_sync(0xFFFFFFFFu, am, off));
@@ -320,19 +320,7 @@ __device__ __forceinline__ void am_run(const ted_raw_t* __restrict__ x, long lon
     if (!ted_last_block(ws + 1)) return;
     if (threadIdx.x == 0) {
         const float amax = __uint_as_float(atomicExch(ws, 0u));
-        if (mode != 3) amax_out[0] = amax;
-        if (mode == 1) {
-            float scale, scale_inv;
-            ted_current_scale(amax, fp8_max, epsilon, pow2, scale, scale_inv);
-            scale_out[0] = scale;
-            scale_inv_out[0] = scale_inv;
-        } else if (mode == 2) {
-            amax_out[1] = amax;
-        } else if (mode == 3) {  // delayed scaling: record into history[0] as torch.maximum (NaN kept), and
-            const float old = amax_out[0];  // scale_inv = 1 / scale of the (stale) scale read from scale_out
-            amax_out[0] = isnan(old) ? old : ted_max(old, amax);
-            scale_inv_out[0] = ted_div(1.0f, scale_out[0]);
-        }
+        ted_amax_outputs(amax, amax_out, mode, fp8_max, epsilon, pow2, scale_out, scale_inv_out);
         if (COUNT) *nz_out = atomicExch(reinterpret_cast<unsigned long long*>(ws + 2), 0ull);
         ws[1] = 0u;
     }

@@ -11,10 +11,12 @@
 // ticket) merges the block partials and writes
 // 13 float64: numel, then the 12 results in torch_ref order (the statistics engine's row layout).
 // amax is not tracked: max |x| = max(max x, -min x) (and 0 for no element) is exact, so it comes from the extrema.
-// `ted_stats_scale` is the same pass (same code, same grid: the same 13 values bit for bit) whose last block also
-// writes what the FP8 current-scaling amax pass (`ted_fp8_amax_scale`, mode 1) writes: amax = max |x| ignoring NaN
-// (the extrema drop NaN as that pass's maxima do), the scale and scale_inv by the same rule (`ted_current_scale`).
-// A tensor that is logged and quantized is then read once for its statistics and its scale, not twice.
+// `ted_stats_amax` is the same pass (same code, same grid: the same 13 values bit for bit) whose last block also
+// writes what the amax pass (`ted_fp8_amax_scale` / `ted_amax_count` of fp8_tensor.cu) writes in each of its modes
+// (`ted_amax_outputs`: the amax, the current-scaling scale and scale_inv, NVFP4's two slots, or a delayed-scaling
+// history entry), from amax = max |x| ignoring NaN (the extrema drop NaN as that pass's maxima do), and with a
+// non-null nz_out the non-zero count (NaN counts, -0 does not: the statistic's own count).  A tensor that is logged
+// and quantized is then read once for its statistics and its scale, not twice.
 #include "common.cuh"
 
 struct Acc {
@@ -247,11 +249,12 @@ __device__ __forceinline__ void stats_words(ThreadStats& t, PackedStats& p, cons
 }
 #endif
 
-template <bool SCALE>
+template <bool AMAX>
 __device__ __forceinline__ void stats_run(const ted_raw_t* __restrict__ x, long long n, Acc* __restrict__ partial,
-                                          unsigned int* __restrict__ ticket, double* __restrict__ out, float fp8_max,
-                                          float epsilon, int pow2, float* __restrict__ amax_out,
-                                          float* __restrict__ scale_out, float* __restrict__ scale_inv_out) {
+                                          unsigned int* __restrict__ ticket, double* __restrict__ out,
+                                          float* __restrict__ amax_out, int mode, float fp8_max, float epsilon,
+                                          int pow2, float* __restrict__ scale_out, float* __restrict__ scale_inv_out,
+                                          unsigned long long* __restrict__ nz_out) {
     const long long nvec = n / VEC;
     const long long tail = n - nvec * VEC;
     const long long gtid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -338,15 +341,12 @@ __device__ __forceinline__ void stats_run(const ted_raw_t* __restrict__ x, long 
     if (threadIdx.x == 0) {
         out[0] = (double)n;
         acc_write_results(r, out + 1);
-        if (SCALE) {
+        if (AMAX) {
             // max |x| is the magnitude of the maximum or of the minimum (bit-level |.|: no flush of a subnormal
             // under -ftz); no non-NaN element leaves min = +Inf > max = -Inf, whose amax is 0 as in the amax pass
             const float amax = r.mn <= r.mx ? ted_max(ted_abs(r.mn), ted_abs(r.mx)) : 0.0f;
-            float scale, scale_inv;
-            ted_current_scale(amax, fp8_max, epsilon, pow2, scale, scale_inv);
-            amax_out[0] = amax;
-            scale_out[0] = scale;
-            scale_inv_out[0] = scale_inv;
+            ted_amax_outputs(amax, amax_out, mode, fp8_max, epsilon, pow2, scale_out, scale_inv_out);
+            if (nz_out != nullptr) *nz_out = r.nz;
         }
         *ticket = 0u;
     }
@@ -355,12 +355,14 @@ __device__ __forceinline__ void stats_run(const ted_raw_t* __restrict__ x, long 
 extern "C" __global__ void __launch_bounds__(256, 3)
 ted_stats(const ted_raw_t* __restrict__ x, long long n, Acc* __restrict__ partial, unsigned int* __restrict__ ticket,
           double* __restrict__ out) {
-    stats_run<false>(x, n, partial, ticket, out, 0.0f, 0.0f, 0, nullptr, nullptr, nullptr);
+    stats_run<false>(x, n, partial, ticket, out, nullptr, 0, 0.0f, 0.0f, 0, nullptr, nullptr, nullptr);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 3)
-ted_stats_scale(const ted_raw_t* __restrict__ x, long long n, Acc* __restrict__ partial,
-                unsigned int* __restrict__ ticket, double* __restrict__ out, float fp8_max, float epsilon, int pow2,
-                float* __restrict__ amax_out, float* __restrict__ scale_out, float* __restrict__ scale_inv_out) {
-    stats_run<true>(x, n, partial, ticket, out, fp8_max, epsilon, pow2, amax_out, scale_out, scale_inv_out);
+ted_stats_amax(const ted_raw_t* __restrict__ x, long long n, Acc* __restrict__ partial,
+               unsigned int* __restrict__ ticket, double* __restrict__ out, float* __restrict__ amax_out, int mode,
+               float fp8_max, float epsilon, int pow2, float* __restrict__ scale_out,
+               float* __restrict__ scale_inv_out, unsigned long long* __restrict__ nz_out) {
+    stats_run<true>(x, n, partial, ticket, out, amax_out, mode, fp8_max, epsilon, pow2, scale_out, scale_inv_out,
+                    nz_out);
 }

@@ -35,7 +35,7 @@ from tedebug.backends.cupy_runtime import (
     ticket,
     workspace,
 )
-from tedebug.backends.cupy_stats import basic_stats_and_scale_into
+from tedebug.backends.cupy_stats import BASIC_ROW_LEN, basic_stats_and_amax_into
 from tedebug.backends.fused_stats import FP8_STATS_WITH_SCALE
 from tedebug.backends.launch import launch
 from tedebug.format_constants import FP8_MAX
@@ -63,6 +63,7 @@ def amax_launch(
     count_out: Optional[torch.Tensor] = None,
     scale_inv_slot: int = 2,
     record: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+    high_precision_out: Optional[torch.Tensor] = None,
 ) -> None:
     """One launch of ted_fp8_amax_scale over the prepared tensor `x`; the mode follows from the arguments:
 
@@ -73,7 +74,9 @@ def amax_launch(
     - else a 2-element `out` gets out[0] = out[1] = amax (`AmaxMode.BOTH_SLOTS`), a longer one out[0] = amax.
 
     With `count_out` (int64 [1] on x's device) the launch is `ted_amax_count`, which also writes
-    count_out[0] = count_nonzero(x)."""
+    count_out[0] = count_nonzero(x).  With `high_precision_out` (float64 [13] on x's device) the launch is the
+    statistics pass `ted_stats_amax` instead, which writes the same outputs and x's basic statistics row there
+    (`cupy_stats.basic_stats_and_amax_into`)."""
     n = x.numel()
     vec = 16 // x.element_size()
     grid = grid_for(x.device, max(n // vec, 1))
@@ -89,26 +92,22 @@ def amax_launch(
         mode = AmaxMode.BOTH_SLOTS if out.numel() == 2 else AmaxMode.AMAX
         scale_ptr = scale_inv_ptr = base  # not written in these modes
     fp8_max = FP8_MAX[fp8_format] if mode == AmaxMode.CURRENT_SCALE else 0.0
-    args = (
-        x.data_ptr(),
-        np.int64(n),
-        ticket(tickets, "amax"),
-        base,
-        np.int32(mode),
-        np.float32(fp8_max),
-        np.float32(epsilon),
-        np.int32(pow2),
-        scale_ptr,
-        scale_inv_ptr,
-    )
+    outputs = (base, np.int32(mode), np.float32(fp8_max), np.float32(epsilon), np.int32(pow2), scale_ptr, scale_inv_ptr)
+    if count_out is not None and (
+        count_out.dtype != torch.int64 or count_out.numel() < 1 or count_out.device != x.device
+    ):
+        raise ValueError(
+            f"amax_launch: count_out must be an int64 tensor on {x.device}, got "
+            f"{count_out.dtype} {tuple(count_out.shape)} on {count_out.device}"
+        )
+    if high_precision_out is not None:
+        nz_ptr = count_out.data_ptr() if count_out is not None else 0
+        basic_stats_and_amax_into(x, high_precision_out.data_ptr(), outputs, nz_ptr)
+        return
+    args = (x.data_ptr(), np.int64(n), ticket(tickets, "amax")) + outputs
     if count_out is None:
         kernel = get_kernel("fp8_tensor.cu", "ted_fp8_amax_scale", dtype_options(x))
     else:
-        if count_out.dtype != torch.int64 or count_out.numel() < 1 or count_out.device != x.device:
-            raise ValueError(
-                f"amax_launch: count_out must be an int64 tensor on {x.device}, got "
-                f"{count_out.dtype} {tuple(count_out.shape)} on {count_out.device}"
-            )
         kernel = get_kernel("fp8_tensor.cu", "ted_amax_count", dtype_options(x))
         args += (count_out.data_ptr(),)
     launch(kernel, grid, THREADS, args, x.device)
@@ -181,7 +180,7 @@ def fp8_cast_transpose_raw(
 _STATS_AT = 0
 _VECTOR_AT = 128
 _HIGH_PRECISION_AT = _VECTOR_AT + 32  # float64 [13]: the basic statistics row of the fused statistics pass
-_SMALL_BYTES = _HIGH_PRECISION_AT + 8 * 13
+_SMALL_BYTES = _HIGH_PRECISION_AT + 8 * BASIC_ROW_LEN
 
 
 class _Outputs(NamedTuple):
@@ -315,7 +314,7 @@ def fp8_current_quantize(
     """Current scaling of a CUDA [M, K] tensor: amax + scale (one launch), cast + transpose.
 
     The cast reads the scale and scale_inv the first launch wrote, by address: no tensor op in between.  With
-    `high_precision_stats` the first launch is the statistics pass (`cupy_stats.basic_stats_and_scale_into`),
+    `high_precision_stats` the first launch is the statistics pass (`amax_launch(..., high_precision_out=)`),
     which writes the same amax, scale and scale_inv and also the input's basic statistics row
     (`Float8Buffers.high_precision_stats`): a tensor logged and quantized is read once for both."""
     x = prepare_input(x2d)
@@ -328,14 +327,10 @@ def fp8_current_quantize(
     outputs = _outputs(m, k, x.device, rowwise, columnwise, _stats_len(x))
     vec = outputs.vector
     base = vec.data_ptr()
-    if high_precision_stats:
-        basic_stats_and_scale_into(
-            x, outputs.high_precision.data_ptr(), FP8_MAX[fp8_format], epsilon, pow2, base, base + 4, base + 16
-        )
-    else:
-        amax_launch(x, vec, fp8_format, epsilon, pow2, scale_inv_slot=4)
+    high_precision = outputs.high_precision if high_precision_stats else None
+    amax_launch(x, vec, fp8_format, epsilon, pow2, scale_inv_slot=4, high_precision_out=high_precision)
     row, col, stats = _cast_transpose(x, base + 4, base + 16, fp8_format, rowwise, columnwise, outputs)
-    return Float8Buffers(row, col, vec[4], stats, outputs.high_precision if high_precision_stats else None)
+    return Float8Buffers(row, col, vec[4], stats, high_precision)
 
 
 def fp8_delayed_update(history: torch.Tensor, scale: torch.Tensor, scaled_max: float, most_recent: bool) -> None:
@@ -353,10 +348,17 @@ def fp8_delayed_update(history: torch.Tensor, scale: torch.Tensor, scaled_max: f
 
 
 def fp8_delayed_quantize(
-    x2d: torch.Tensor, history: torch.Tensor, scale: torch.Tensor, fp8_format: str, rowwise: bool, columnwise: bool
+    x2d: torch.Tensor,
+    history: torch.Tensor,
+    scale: torch.Tensor,
+    fp8_format: str,
+    rowwise: bool,
+    columnwise: bool,
+    high_precision_stats: bool = False,
 ) -> Float8Buffers:
     """Delayed scaling of a CUDA [M, K] tensor: records max|x| into history[0] (as torch.maximum, NaN kept) and
-    casts with the current `scale` (the quantizer's state on x's device: fp32 `history` [L] or [L, 1], `scale`)."""
+    casts with the current `scale` (the quantizer's state on x's device: fp32 `history` [L] or [L, 1], `scale`).
+    `high_precision_stats`: the recording pass is the statistics pass, as in `fp8_current_quantize`."""
     x = prepare_input(x2d)
     if x.numel() == 0 or not (scale.dtype == torch.float32 and scale.numel() == 1 and scale.is_contiguous()):
         recorded = history[:1]  # history entry 0, a 1-element view
@@ -367,8 +369,9 @@ def fp8_delayed_quantize(
     m, k = x.shape
     outputs = _outputs(m, k, x.device, rowwise, columnwise, _stats_len(x))
     scale_inv = outputs.vector
-    amax_launch(x, history, record=(scale, scale_inv))
+    high_precision = outputs.high_precision if high_precision_stats else None
+    amax_launch(x, history, record=(scale, scale_inv), high_precision_out=high_precision)
     row, col, stats = _cast_transpose(
         x, scale.data_ptr(), scale_inv.data_ptr(), fp8_format, rowwise, columnwise, outputs
     )
-    return Float8Buffers(row, col, scale_inv[0], stats)
+    return Float8Buffers(row, col, scale_inv[0], stats, high_precision)

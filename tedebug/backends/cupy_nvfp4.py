@@ -27,6 +27,7 @@ import torch
 
 # (imported under the names the launch code below uses)
 from tedebug.backends.cupy_fp8_tensor import amax_launch as _amax_launch
+from tedebug.backends.cupy_stats import BASIC_ROW_LEN
 from tedebug.backends.cupy_runtime import device_index as _device_index
 from tedebug.backends.cupy_runtime import dtype_options as _dtype_options
 from tedebug.backends.cupy_runtime import get_kernel, prepare_input
@@ -67,6 +68,9 @@ class NVFP4Buffers(NamedTuple):
     #: (row underflows, row Σ(x-deq)², col underflows, col Σ(x-deq)²): a float64[4] tensor, or with RHT four 0-d
     #: tensors (None for an absent direction); None when the quantizer's `error_stats` is off (nothing kept)
     stats: Optional[Sequence[Optional[torch.Tensor]]]
+    #: float64 [13]: the input's basic statistics row when the amax pass was the statistics pass (the quantizer's
+    #: `high_precision_stats`, without RHT on the columnwise direction), else None
+    high_precision_stats: Optional[torch.Tensor] = None
 
 
 def supports(quantizer, tensor: torch.Tensor) -> bool:
@@ -417,6 +421,7 @@ def nvfp4_quantize(quantizer, tensor: torch.Tensor) -> NVFP4Buffers:
     fast = (quantizer.rowwise_usage or not rht) and takes_fast_kernel(
         m, k, x2d.dtype, quantizer.with_2d_quantization and not rht, sr
     )
+    high_precision = None
     if rht and quantizer.rowwise_usage:
         # one pass over x: amaxes[0] = max|x|, amaxes[1] = max|y| of the rotated values (and count_nonzero(x)),
         # atomic maxima and sums into slots that start at 0: both in one zeroed pair of a pre-zeroed chunk
@@ -427,8 +432,10 @@ def nvfp4_quantize(quantizer, tensor: torch.Tensor) -> NVFP4Buffers:
     else:
         amaxes = torch.empty(2, dtype=torch.float32, device=x2d.device)
         nonzero = torch.empty(1, dtype=torch.int64, device=x2d.device) if fast else None
-        if not rht:
-            _amax_launch(x2d, amaxes, count_out=nonzero)  # amaxes[0] = amaxes[1] = max|x| (NaN ignored)
+        if not rht:  # amaxes[0] = amaxes[1] = max|x| (NaN ignored); with the statistics row: the statistics pass
+            if quantizer.high_precision_stats:
+                high_precision = torch.empty(BASIC_ROW_LEN, dtype=torch.float64, device=x2d.device)
+            _amax_launch(x2d, amaxes, count_out=nonzero, high_precision_out=high_precision)
     # Philox draws taken in the reference's order (rowwise first); the kernels compute their bytes in place
     row_offset = quantizer.next_sr_offset() if sr and quantizer.rowwise_usage else 0
     col_offset = quantizer.next_sr_offset() if sr and quantizer.columnwise_usage else 0
@@ -459,4 +466,4 @@ def nvfp4_quantize(quantizer, tensor: torch.Tensor) -> NVFP4Buffers:
             nonzero,
             stats=quantizer.error_stats,
         )
-    return NVFP4Buffers(rd, rs, cd, cs, amaxes, stats)
+    return NVFP4Buffers(rd, rs, cd, cs, amaxes, stats, high_precision)

@@ -17,7 +17,7 @@ Inputs must be non-empty CUDA float32 / bfloat16 / float16 tensors (`dispatch` s
 
 from __future__ import annotations
 
-from typing import Dict, Tuple
+from typing import Any, Dict, Tuple
 
 import numpy as np
 import torch
@@ -41,6 +41,8 @@ STATS_BLOCKS_PER_SM = 3  # ted_stats: __launch_bounds__(256, 3)
 BASIC_KEYS = torch_ref.BASIC_KEYS
 #: the float64 row `basic_stats_into` writes: numel, then the basic partials in `BASIC_KEYS` order
 BASIC_ROW_KEYS = torch_ref.BASIC_ROW_KEYS
+#: its length (13): the float64 slots a statistics pass that is also an amax pass writes (`basic_stats_and_amax_into`)
+BASIC_ROW_LEN = len(BASIC_ROW_KEYS)
 _STATS_TICKET_OFFSET = 4 * TICKETS["stats"]
 
 
@@ -87,40 +89,19 @@ def _stats_launch(x: torch.Tensor, index: int) -> Tuple[Kernel, int, int]:
     return constants
 
 
-def basic_stats_and_scale_into(
-    x: torch.Tensor,
-    out_ptr: int,
-    fp8_max: float,
-    epsilon: float,
-    pow2: bool,
-    amax_ptr: int,
-    scale_ptr: int,
-    scale_inv_ptr: int,
-) -> None:
+def basic_stats_and_amax_into(x: torch.Tensor, out_ptr: int, amax_args: Tuple[Any, ...], nz_ptr: int = 0) -> None:
     """`basic_stats_into` of a prepared (contiguous, 16-byte aligned, non-empty) CUDA tensor whose one launch also
-    writes, as the FP8 current-scaling amax pass does, the fp32 amax (max |x| ignoring NaN), scale and scale_inv at
-    the given device addresses (``ted_stats_scale``: the same pass and grid, so the row is bit for bit the one
-    `basic_stats_into` writes)."""
+    writes what the amax pass writes (``ted_stats_amax``: the same pass and grid as `basic_stats_into`, so the row is
+    bit for bit the same).  `amax_args`: the amax pass's ``(amax_out, mode, fp8_max, epsilon, pow2, scale_out,
+    scale_inv_out)`` (`cupy_fp8_tensor.amax_launch`); `nz_ptr`: where count_nonzero(x) goes (int64), 0 for none."""
     index = x.get_device()
     _, vec, max_grid = _STATS_LAUNCH.get((index, x.dtype)) or _stats_launch(x, index)
-    kernel = get_kernel("stats.cu", "ted_stats_scale", dtype_options(x))
+    kernel = get_kernel("stats.cu", "ted_stats_amax", dtype_options(x))
     n = x.numel()
     grid = min(max_grid, (max(n // vec, 1) + THREADS - 1) // THREADS)  # the grid of `basic_stats_into`
     stream = raw_stream(index)
     partials, tickets = workspace_on(index, stream)
-    args = (
-        x.data_ptr(),
-        np.int64(n),
-        partials,
-        tickets + _STATS_TICKET_OFFSET,
-        out_ptr,
-        np.float32(fp8_max),
-        np.float32(epsilon),
-        np.int32(pow2),
-        amax_ptr,
-        scale_ptr,
-        scale_inv_ptr,
-    )
+    args = (x.data_ptr(), np.int64(n), partials, tickets + _STATS_TICKET_OFFSET, out_ptr) + amax_args + (nz_ptr,)
     launch_on(kernel, index, stream, grid, THREADS, args)
 
 

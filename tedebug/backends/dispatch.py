@@ -231,14 +231,18 @@ def quantize_fp8_delayed(
     rowwise: bool,
     columnwise: bool,
     kernel: KernelChoice = None,
+    high_precision_stats: bool = False,
 ):
     """The kernel's `cupy_fp8_tensor.Float8Buffers` of `tensor` under delayed scaling (max|x| recorded into
-    history[0], the cast with `scale`; both state tensors on tensor's device), or None for the torch reference."""
+    history[0], the cast with `scale`; both state tensors on tensor's device), or None for the torch reference;
+    `high_precision_stats` as in `quantize_fp8_current`."""
     if not (use_kernels(tensor, kernel) and _kernel_input(tensor)):
         return None
     from tedebug.backends import cupy_fp8_tensor
 
-    return cupy_fp8_tensor.fp8_delayed_quantize(_matrix(tensor), history, scale, fp8_format, rowwise, columnwise)
+    return cupy_fp8_tensor.fp8_delayed_quantize(
+        _matrix(tensor), history, scale, fp8_format, rowwise, columnwise, high_precision_stats
+    )
 
 
 def quantize_fp8_block(

@@ -618,7 +618,14 @@ class Float8Quantizer(Quantizer):
         self.state_to(tensor.device)
         # GPU dispatch hook: the CuPy kernel's buffers when it applies, else the torch path below
         buffers = dispatch.quantize_fp8_delayed(
-            tensor, self._history, self.scale, self.fp8_format, self.rowwise_usage, self.columnwise_usage, self.kernel
+            tensor,
+            self._history,
+            self.scale,
+            self.fp8_format,
+            self.rowwise_usage,
+            self.columnwise_usage,
+            self.kernel,
+            self.high_precision_stats,
         )
         if buffers is not None:
             return _from_kernel_buffers(self, tensor, buffers)

@@ -30,7 +30,7 @@ import torch
 
 from tedebug.backends import dispatch
 from tedebug.backends.dispatch import KernelChoice
-from tedebug.backends.fused_stats import attach_fused
+from tedebug.backends.fused_stats import attach_fused, attach_high_precision
 from tedebug.format_constants import NVFP4_GLOBAL_MAX, RHT_SIGNS  # 2688 = 448 * 6; TE's RHT signs
 
 from .formats import (
@@ -382,6 +382,8 @@ class NVFP4Quantizer(Quantizer):
             if stats[2] is not None:
                 fused["columnwise"] = {"underflows_num": stats[2], "sq_err": stats[3]}
         attach_fused(out, tensor, fused)
+        if buffers.high_precision_stats is not None:
+            attach_high_precision(tensor, buffers.high_precision_stats)
         if self.rowwise_usage and self.columnwise_usage:  # both GEMM factors in one op instead of one per GEMM
             out._gemm_factors = (amax_rowwise, amax_columnwise, (buffers.amax * _INV_GLOBAL_MAX).unbind())
         return out

@@ -72,8 +72,9 @@ class Quantizer(abc.ABC):
     error_stats: bool = True
     #: whether the quantizer's amax pass also computes the input's basic statistics (min, max, sums, ...) for the
     #: statistics feed of that input (`tedebug.backends.fused_stats.attach_high_precision`), so that a tensor logged
-    #: and quantized is read once for both.  Honoured by per-tensor FP8 current scaling on the kernel path; others
-    #: ignore it.  `DebugQuantizer` sets it for the quantizations whose inspection feeds basic statistics.
+    #: and quantized is read once for both.  Honoured on the kernel path by per-tensor FP8 (current and delayed
+    #: scaling) and by NVFP4 without RHT on the columnwise direction; others ignore it.  `DebugQuantizer` sets it
+    #: for the quantizations whose inspection feeds basic statistics.
     high_precision_stats: bool = False
 
     def __init__(self, *, rowwise: bool = True, columnwise: bool = True, kernel: KernelChoice = None) -> None:

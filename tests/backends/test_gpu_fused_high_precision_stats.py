@@ -68,6 +68,69 @@ def test_statistics_pass_gives_the_row_and_the_scale_of_the_two_passes(dtype, sh
         assert scale_vector(fused)[0].item() == want_amax
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 7, 8 * 256 * 7 + 5, 3 * 2**20 + 3])
+@pytest.mark.parametrize("mode", ["amax", "both_slots_count", "record", "current"])
+def test_every_amax_mode_writes_what_the_amax_pass_writes(dtype, n, mode):
+    """`amax_launch(..., high_precision_out=)` in each mode: the same outputs (amax slots, non-zero count, history
+    entry with its NaN rule, scale_inv of the stale scale, current scale) as the amax pass, and the plain row."""
+    for x in inputs((n,), dtype, n):
+        results = []
+        for fused in (False, True):
+            row = torch.full((cupy_stats.BASIC_ROW_LEN,), -1.0, dtype=torch.float64, device=DEV)
+            out = torch.full((8,), 7.0, dtype=torch.float32, device=DEV)
+            count = torch.full((1,), -1, dtype=torch.int64, device=DEV)
+            kwargs = {"high_precision_out": row} if fused else {}
+            if mode == "amax":
+                cupy_fp8_tensor.amax_launch(x, out[:1], **kwargs)
+            elif mode == "both_slots_count":
+                cupy_fp8_tensor.amax_launch(x, out[:2], count_out=count, **kwargs)
+            elif mode == "record":
+                out[0] = float("nan") if n == 7 else 0.5  # a NaN history entry stays NaN
+                scale = torch.full((1,), 3.0, dtype=torch.float32, device=DEV)
+                cupy_fp8_tensor.amax_launch(x, out[:4], record=(scale, out[4:5]), **kwargs)
+            else:
+                cupy_fp8_tensor.amax_launch(x, out, "E4M3", 1e-6, False, scale_inv_slot=4, **kwargs)
+            results.append((bits(out), count.item(), row))
+        assert torch.equal(results[0][0], results[1][0]) and results[0][1] == results[1][1]
+        if mode == "both_slots_count":  # subnormals count (the scalar tail of the amax pass flushed them once)
+            assert results[0][1] == torch.count_nonzero(x).item()
+        plain_row = torch.empty(cupy_stats.BASIC_ROW_LEN, dtype=torch.float64, device=DEV)
+        cupy_stats.basic_stats_into(x, plain_row.data_ptr())
+        assert torch.equal(bits(results[1][2]), bits(plain_row))
+        assert torch.equal(bits(results[0][2]), bits(torch.full_like(plain_row, -1.0)))  # the amax pass: untouched
+
+
+def test_delayed_scaling_and_nvfp4_quantizers_keep_the_row_with_the_same_bytes():
+    """Float8Quantizer (delayed scaling: the history entry and the codes) and NVFP4Quantizer without RHT (global
+    amax, block scales, codes, with the non-zero count of its fast kernel) give the same bytes with the statistics
+    pass as with the amax pass, and keep the plain statistics row for their input."""
+    from tedebug.quantization.float8 import Float8Quantizer
+    from tedebug.quantization.nvfp4 import NVFP4Quantizer
+
+    x = inputs((128, 256), torch.bfloat16, 5)[1]
+    plain_row = torch.empty(cupy_stats.BASIC_ROW_LEN, dtype=torch.float64, device=DEV)
+    cupy_stats.basic_stats_into(x, plain_row.data_ptr())
+    for make in (
+        lambda: Float8Quantizer(torch.full((1,), 2.0), torch.zeros(4), "E4M3"),
+        lambda: NVFP4Quantizer(with_rht=False, stochastic_rounding=True, seed=3),
+        lambda: NVFP4Quantizer(with_rht=False, with_2d_quantization=True),
+    ):
+        outputs = []
+        for fused in (False, True):
+            q = make()
+            q.high_precision_stats = fused
+            with dispatch.use_backend("cupy"):
+                quantized = q.quantize(x)
+            fields = [getattr(quantized, name) for name in quantized._tensor_fields()]
+            state = [q.amax_history] if isinstance(q, Float8Quantizer) else []
+            outputs.append([bits(t) for t in fields + state if t is not None])
+            if fused:
+                row = fused_stats.high_precision_row(x)
+                assert row is not None and torch.equal(bits(row), bits(plain_row))
+        assert len(outputs[0]) == len(outputs[1]) and all(torch.equal(a, b) for a, b in zip(*outputs))
+
+
 def scale_vector(buffers):
     """amax, scale, -, -, scale_inv: the float32 vector the amax (or statistics) pass writes, which holds scale_inv."""
     inv = buffers.scale_inv
