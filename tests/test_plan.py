@@ -397,11 +397,26 @@ def test_gate_next_iteration_is_the_minimum_over_its_quantizers(start):
 
 
 # ------------------------------------------------------------------------------------------------ inspection
+def namespace_inspection(x):
+    """An inspection of L's activation `x` at iteration 0 through the namespace's call (what the direct calls must
+    reproduce for the features)."""
+    debug_api.transformer_engine.inspect_tensor(
+        "L",
+        tensor=x,
+        tensor_name="activation",
+        iteration=0,
+        tp_group=None,
+        tp_size=1,
+        rowwise_quantized_tensor=x,
+        columnwise_quantized_tensor=x,
+        quantizer=None,
+    )
+
+
 def test_a_single_inspecting_feature_gets_the_kwargs_of_a_namespace_call_directly(start, monkeypatch):
     """One feature serving inspect_tensor: no inspection goes through the namespace's call, and the feature receives
     exactly the kwargs a namespace call gives it."""
     module = start({"DebugInspect": {"enabled": True, "tensors": ["activation", "output"]}})
-    api = debug_api.transformer_engine
     through = Counter(monkeypatch, TransformerEngineNamespace, "_call", record=lambda self, hook, *args: hook)
     x = torch.randn(4, 8)
     q = DebugQuantizer("L", "activation", None, None)
@@ -416,17 +431,7 @@ def test_a_single_inspecting_feature_gets_the_kwargs_of_a_namespace_call_directl
     assert "inspect_tensor" not in through.calls
     direct = list(module.CALLS)
     module.CALLS.clear()
-    api.inspect_tensor(
-        "L",
-        tensor=x,
-        tensor_name="activation",
-        iteration=0,
-        tp_group=None,
-        tp_size=1,
-        rowwise_quantized_tensor=x,
-        columnwise_quantized_tensor=x,
-        quantizer=None,
-    )
+    namespace_inspection(x)
     assert module.CALLS[0] == direct[0]
 
 
@@ -453,17 +458,7 @@ def test_several_inspecting_features_are_each_called_directly_in_config_order(st
     direct = [c for c in module.CALLS if c[0] == "inspect_tensor"]
     assert len(direct) == 3 and direct[0][2]["tensor"] is x and direct[0][2]["tensor_name"] == "activation"
     module.CALLS.clear()
-    debug_api.transformer_engine.inspect_tensor(
-        "L",
-        tensor=x,
-        tensor_name="activation",
-        iteration=0,
-        tp_group=None,
-        tp_size=1,
-        rowwise_quantized_tensor=x,
-        columnwise_quantized_tensor=x,
-        quantizer=None,
-    )
+    namespace_inspection(x)
     assert module.CALLS[0] == direct[0]
 
 
