@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Dict
+from typing import Dict, List
 
 import numpy as np
 import torch
@@ -288,6 +288,98 @@ def _small_values_after_sums(
     torch.sum(space.magnitudes_tensor, dim=0, out=space.m2_tensor)
     m2 = float(space.sums[3])
     return (low, high, total_value, m2, abs_sum, sq_sum, amax, nz_abs_min, amax, float(nonzero), nan_count, inf_count)
+
+
+#: dtypes whose CPU tensors `basic_partial_rows` reduces (their float64 conversion is exact and converts back)
+BATCH_DTYPES = frozenset((torch.float32, torch.float64, torch.float16, torch.bfloat16))
+
+
+def basic_partial_rows(values: np.ndarray, dtype: torch.dtype) -> List[tuple]:
+    """`basic_partial_values` of many tensors at once: row i of `values` (a C-contiguous float64 [k, n] matrix, with
+    n <= `HOST_PASS_MAX_NUMEL`) holds the elements of tensor i of `dtype` (one of `BATCH_DTYPES`) in row-major order,
+    converted to float64; the result is one tuple per row, bit for bit what `basic_partial_values` gives that tensor.
+
+    One numpy or torch call serves every row: the three sums (Σx², Σx, Σ|x|) and Σ(x − mean)² are torch's row sums of
+    [k, n] matrices (each row summed alone, bit for bit, up to the grain size `HOST_PASS_MAX_NUMEL` rests on: torch
+    splits such a reduction between threads by whole rows only); minima, maxima and counts come from numpy reductions
+    along the rows.  A row whose float64 sum is finite holds no NaN and no infinity: its minimum, maximum and smallest
+    non-zero magnitude are then unique values (a zero minimum or maximum is taken again by torch in `dtype`, whose
+    choice between +0 and -0 the reference fixes).  A row whose sum is not finite (a NaN, an infinity, or a float64
+    sum that overflows: rare) goes through `_small_basic_partial_values` alone, so that which NaN propagates and the
+    non-finite counts are exactly the lone tensor's.  Writes nothing into `values`."""
+    k, n = values.shape
+    space = _batch_workspace(k, n)
+    squares, magnitudes = space.squares[:k], space.magnitudes[:k]
+    squares_tensor, magnitudes_tensor = space.squares_tensor[:k], space.magnitudes_tensor[:k]
+    with np.errstate(all="ignore"):  # squares of float64 values may overflow; the non-finite rows are redone below
+        np.multiply(values, values, out=squares)
+        np.abs(values, out=magnitudes)
+        sq_sums = torch.sum(squares_tensor, dim=1).tolist()
+        totals_array = torch.sum(torch.from_numpy(values), dim=1).numpy()
+        abs_sums = torch.sum(magnitudes_tensor, dim=1).tolist()
+        lows = np.minimum.reduce(values, axis=1).tolist()
+        highs = np.maximum.reduce(values, axis=1).tolist()
+        smallest = np.minimum.reduce(magnitudes, axis=1).tolist()
+        nonzero_counts = np.count_nonzero(values, axis=1).tolist()
+        nonzero_minima = np.minimum.reduce(magnitudes, axis=1, where=magnitudes != 0, initial=math.inf).tolist()
+        # Σ(x − mean)² around each row's mean, the same correctly rounded float64 division as `total / numel`
+        np.subtract(values, (totals_array / n)[:, None], out=magnitudes)
+        np.square(magnitudes, out=magnitudes)
+        m2s = torch.sum(magnitudes_tensor, dim=1).tolist()
+    rows: List[tuple] = []
+    for i, total_value in enumerate(totals_array.tolist()):
+        if not math.isfinite(total_value):
+            lone = torch.from_numpy(values[i])
+            rows.append(_small_basic_partial_values(lone if dtype is F64 else lone.to(dtype), n))
+            continue
+        low, high = lows[i], highs[i]
+        if low == 0.0:  # the zero's sign as the reference's reduction of the flattened tensor picks it
+            low = _in_dtype(values[i], dtype).amin().item()
+        if high == 0.0:
+            high = _in_dtype(values[i], dtype).amax().item()
+        amax = max(abs(low), abs(high))
+        if smallest[i] > 0.0:  # no zero: every element counts, the smallest magnitude is non-zero
+            nonzero, nz_abs_min = float(n), smallest[i]
+        else:  # a zero (no NaN in a row of finite sum); +inf when every element is zero
+            nonzero, nz_abs_min = float(nonzero_counts[i]), nonzero_minima[i]
+        rows.append(
+            (low, high, total_value, m2s[i], abs_sums[i], sq_sums[i], amax, nz_abs_min, amax, nonzero, 0.0, 0.0)
+        )
+    return rows
+
+
+def _in_dtype(row: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """A float64 row as the contiguous tensor of `dtype` it was converted from (exact)."""
+    tensor = torch.from_numpy(row)
+    return tensor if dtype is F64 else tensor.to(dtype)
+
+
+class _BatchWorkspace:
+    """The scratch matrices of `basic_partial_rows` (x·x and |x|, then x − mean) for up to `capacity` rows of `n`."""
+
+    __slots__ = ("capacity", "squares", "magnitudes", "squares_tensor", "magnitudes_tensor")
+
+    def __init__(self, capacity: int, n: int) -> None:
+        self.capacity = capacity
+        self.squares = np.empty((capacity, n))
+        self.magnitudes = np.empty((capacity, n))
+        self.squares_tensor = torch.from_numpy(self.squares)
+        self.magnitudes_tensor = torch.from_numpy(self.magnitudes)
+
+
+def _batch_workspace(k: int, n: int) -> _BatchWorkspace:
+    """This thread's scratch for `k` rows of `n` elements, kept across calls (grown by doubling; at most
+    `_WORKSPACES_PER_THREAD` element counts before the table starts over)."""
+    table = getattr(_thread_state, "batch_workspaces", None)
+    if table is None:
+        table = _thread_state.batch_workspaces = {}
+    space = table.get(n)
+    if space is None or space.capacity < k:
+        if space is None and len(table) >= _WORKSPACES_PER_THREAD:
+            table.clear()
+        capacity = max(k, 2 * space.capacity) if space is not None else k
+        space = table[n] = _BatchWorkspace(capacity, n)
+    return space
 
 
 # ------------------------------------------------------------------------------------------------ blockwise
