@@ -299,14 +299,16 @@ def basic_partial_rows(values: np.ndarray, dtype: torch.dtype) -> List[tuple]:
     n <= `HOST_PASS_MAX_NUMEL`) holds the elements of tensor i of `dtype` (one of `BATCH_DTYPES`) in row-major order,
     converted to float64; the result is one tuple per row, bit for bit what `basic_partial_values` gives that tensor.
 
-    One numpy or torch call serves every row: the three sums (Σx², Σx, Σ|x|) and Σ(x − mean)² are torch's row sums of
-    [k, n] matrices (each row summed alone, bit for bit, up to the grain size `HOST_PASS_MAX_NUMEL` rests on: torch
-    splits such a reduction between threads by whole rows only); minima, maxima and counts come from numpy reductions
-    along the rows.  A row whose float64 sum is finite holds no NaN and no infinity: its minimum, maximum and smallest
-    non-zero magnitude are then unique values (a zero minimum or maximum is taken again by torch in `dtype`, whose
-    choice between +0 and -0 the reference fixes).  A row whose sum is not finite (a NaN, an infinity, or a float64
-    sum that overflows: rare) goes through `_small_basic_partial_values` alone, so that which NaN propagates and the
-    non-finite counts are exactly the lone tensor's.  Writes nothing into `values`."""
+    One numpy or torch call serves many rows: the three sums (Σx², Σx, Σ|x|) and Σ(x − mean)² are torch's row sums of
+    [rows, n] matrices of fewer than `HOST_PASS_MAX_NUMEL` elements when n allows it (each row summed alone, bit for
+    bit: the fact `HOST_PASS_MAX_NUMEL` rests on; below torch's grain size the call also runs on the calling thread,
+    never waiting for the thread pool, which on a busy machine costs milliseconds); minima, maxima and counts come
+    from numpy reductions along all the rows at once.  A row whose float64 sum is finite holds no NaN and no
+    infinity: its minimum, maximum and smallest non-zero magnitude are then unique values (a zero minimum or maximum
+    is taken again by torch in `dtype`, whose choice between +0 and -0 the reference fixes).  A row whose sum is not
+    finite (a NaN, an infinity, or a float64 sum that overflows: rare) goes through `_small_basic_partial_values`
+    alone, so that which NaN propagates and the non-finite counts are exactly the lone tensor's.  Writes nothing
+    into `values`."""
     k, n = values.shape
     space = _batch_workspace(k, n)
     squares, magnitudes = space.squares[:k], space.magnitudes[:k]
@@ -314,9 +316,10 @@ def basic_partial_rows(values: np.ndarray, dtype: torch.dtype) -> List[tuple]:
     with np.errstate(all="ignore"):  # squares of float64 values may overflow; the non-finite rows are redone below
         np.multiply(values, values, out=squares)
         np.abs(values, out=magnitudes)
-        sq_sums = torch.sum(squares_tensor, dim=1).tolist()
-        totals_array = torch.sum(torch.from_numpy(values), dim=1).numpy()
-        abs_sums = torch.sum(magnitudes_tensor, dim=1).tolist()
+        step = max(1, (HOST_PASS_MAX_NUMEL - 1) // n)  # rows per torch call
+        sq_sums = _row_sums(squares_tensor, step)
+        totals_array = np.array(_row_sums(torch.from_numpy(values), step))
+        abs_sums = _row_sums(magnitudes_tensor, step)
         lows = np.minimum.reduce(values, axis=1).tolist()
         highs = np.maximum.reduce(values, axis=1).tolist()
         smallest = np.minimum.reduce(magnitudes, axis=1).tolist()
@@ -325,7 +328,7 @@ def basic_partial_rows(values: np.ndarray, dtype: torch.dtype) -> List[tuple]:
         # Σ(x − mean)² around each row's mean, the same correctly rounded float64 division as `total / numel`
         np.subtract(values, (totals_array / n)[:, None], out=magnitudes)
         np.square(magnitudes, out=magnitudes)
-        m2s = torch.sum(magnitudes_tensor, dim=1).tolist()
+        m2s = _row_sums(magnitudes_tensor, step)
     rows: List[tuple] = []
     for i, total_value in enumerate(totals_array.tolist()):
         if not math.isfinite(total_value):
@@ -346,6 +349,16 @@ def basic_partial_rows(values: np.ndarray, dtype: torch.dtype) -> List[tuple]:
             (low, high, total_value, m2s[i], abs_sums[i], sq_sums[i], amax, nz_abs_min, amax, nonzero, 0.0, 0.0)
         )
     return rows
+
+
+def _row_sums(matrix: torch.Tensor, step: int) -> List[float]:
+    """The float64 sum of each row of `matrix`, `step` rows per torch call."""
+    if len(matrix) <= step:
+        return torch.sum(matrix, dim=1).tolist()
+    sums: List[float] = []
+    for start in range(0, len(matrix), step):
+        sums += torch.sum(matrix[start : start + step], dim=1).tolist()
+    return sums
 
 
 def _in_dtype(row: np.ndarray, dtype: torch.dtype) -> torch.Tensor:

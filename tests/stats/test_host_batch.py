@@ -12,6 +12,7 @@ import struct
 from typing import Dict, List, Tuple
 
 import numpy as np
+import pytest
 import torch
 
 from tedebug.backends import torch_ref
@@ -112,11 +113,15 @@ def test_batched_rows_equal_the_lone_pass_bit_for_bit():
     assert checked == len(_adversarial())
 
 
-def test_batched_rows_of_a_group_alone_and_among_others():
-    """One tensor gives the same row whether its group holds it alone or with 40 others."""
+@pytest.mark.parametrize("count, n", [(41, 64), (300, 256)])
+def test_batched_rows_of_a_group_alone_and_among_others(count, n):
+    """One tensor gives the same row whether its group holds it alone or with many others (300 x 256: the rows are
+    summed in several torch calls, each below the grain size)."""
     g = torch.Generator().manual_seed(1401)
-    members = [torch.randn(64, generator=g) * (i + 1) for i in range(41)]
+    members = [torch.randn(n, generator=g) * (i + 1) for i in range(count)]
     members[7][3] = -0.0
+    members[count - 1][:] = 0.0
+    members[count - 2][5] = NAN
     together = torch_ref.basic_partial_rows(np.stack([_flat64(x) for x in members]), torch.float32)
     for x, row in zip(members, together):
         alone = torch_ref.basic_partial_rows(_flat64(x)[None, :].copy(), torch.float32)[0]
