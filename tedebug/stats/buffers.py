@@ -8,7 +8,9 @@ of the fed tensor until `StatsEngine.step` reads every row back at once; a kerne
 `RowSlab` instead (`slab_rows`), merged on the host at the step; a feed whose every partial is in the statistics
 vector a quantize kernel already wrote for that very tensor keeps a reference to the vector (`vector_rows`: no work
 at the feed, the vectors of a step are gathered together at its end); a CPU feed whose values were read on the host
-keeps them as a list of Python floats (`host_row`: nothing to copy back, no tensor to build).  Buffers persist
+keeps them as a list of Python floats (`host_row`: nothing to copy back, no tensor to build); a CPU feed staged in a
+`tedebug.stats.host_batch.HostBatch` counts in `staged` until the batch resolves it into `host_row` / `row` (reading
+either resolves it first).  Buffers persist
 across steps (their reduction groups decide which collectives a rank joins); only the row is cleared at each step.
 
 Everything a feed or an emission derives from the requests alone (the columns, the partial families to compute and

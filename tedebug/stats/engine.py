@@ -1,9 +1,11 @@
 """`StatsEngine`: feed tensors into statistic buffers, and at each step reduce, emit and clear.
 
 `feed` computes the per-feed partials of the requested statistics (through `tedebug.backends`) and merges them
-into the buffer's row on the tensor's device — no host synchronisation.  A basic-only feed of a CPU tensor takes
-the backend's host values (`basic_partial_values`: Python floats, nothing to wait for on the CPU) and keeps its row
-as those floats (`StatBuffer.accumulate_host`): no tensor is built and nothing is copied back at the step.  A feed
+into the buffer's row on the tensor's device — no host synchronisation.  A basic-only feed of a small CPU tensor
+is only copied into this step's staging (`tedebug.stats.host_batch.HostBatch`); `step` first reduces every staged
+tensor together (`torch_ref.basic_partial_rows`) and merges each row, in feed order, into its buffer as Python
+floats (`StatBuffer.accumulate_host`): no tensor is built and nothing is copied back at the step.  A CPU tensor the
+batch does not take gets the backend's host values at once (`basic_partial_values`: the same floats).  A feed
 of quantization statistics that a quantize kernel already counted for exactly this tensor (its statistics vector,
 `tedebug.backends.fused_stats`) keeps a reference to that vector (`StatBuffer.add_vector_row`): no tensor op at all;
 the step gathers every such vector at once.
