@@ -317,9 +317,12 @@ def basic_partial_rows(values: np.ndarray, dtype: torch.dtype) -> List[tuple]:
         np.multiply(values, values, out=squares)
         np.abs(values, out=magnitudes)
         step = max(1, (HOST_PASS_MAX_NUMEL - 1) // n)  # rows per torch call
-        sq_sums = _row_sums(squares_tensor, step)
-        totals_array = np.array(_row_sums(torch.from_numpy(values), step))
-        abs_sums = _row_sums(magnitudes_tensor, step)
+        sums, sums_tensor = space.sums[:, :k], space.sums_tensor[:, :k]  # Σx², Σx, Σ|x|, Σ(x − mean)² per row
+        _row_sums(squares_tensor, step, sums_tensor[0])
+        _row_sums(torch.from_numpy(values), step, sums_tensor[1])
+        _row_sums(magnitudes_tensor, step, sums_tensor[2])
+        totals_array = sums[1]
+        sq_sums, abs_sums = sums[0].tolist(), sums[2].tolist()
         lows = np.minimum.reduce(values, axis=1).tolist()
         highs = np.maximum.reduce(values, axis=1).tolist()
         smallest = np.minimum.reduce(magnitudes, axis=1).tolist()
@@ -328,7 +331,8 @@ def basic_partial_rows(values: np.ndarray, dtype: torch.dtype) -> List[tuple]:
         # Σ(x − mean)² around each row's mean, the same correctly rounded float64 division as `total / numel`
         np.subtract(values, (totals_array / n)[:, None], out=magnitudes)
         np.square(magnitudes, out=magnitudes)
-        m2s = _row_sums(magnitudes_tensor, step)
+        _row_sums(magnitudes_tensor, step, sums_tensor[3])
+        m2s = sums[3].tolist()
     rows: List[tuple] = []
     for i, total_value in enumerate(totals_array.tolist()):
         if not math.isfinite(total_value):
@@ -351,14 +355,10 @@ def basic_partial_rows(values: np.ndarray, dtype: torch.dtype) -> List[tuple]:
     return rows
 
 
-def _row_sums(matrix: torch.Tensor, step: int) -> List[float]:
-    """The float64 sum of each row of `matrix`, `step` rows per torch call."""
-    if len(matrix) <= step:
-        return torch.sum(matrix, dim=1).tolist()
-    sums: List[float] = []
+def _row_sums(matrix: torch.Tensor, step: int, out: torch.Tensor) -> None:
+    """Write the float64 sum of each row of `matrix` into `out` (a contiguous vector), `step` rows per torch call."""
     for start in range(0, len(matrix), step):
-        sums += torch.sum(matrix[start : start + step], dim=1).tolist()
-    return sums
+        torch.sum(matrix[start : start + step], dim=1, out=out[start : start + step])
 
 
 def _in_dtype(row: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
@@ -368,9 +368,10 @@ def _in_dtype(row: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
 
 
 class _BatchWorkspace:
-    """The scratch matrices of `basic_partial_rows` (x·x and |x|, then x − mean) for up to `capacity` rows of `n`."""
+    """The scratch matrices of `basic_partial_rows` (x·x and |x|, then x − mean) for up to `capacity` rows of `n`,
+    and the four sums of each row, written by torch (``out=``: no result tensor, read through numpy)."""
 
-    __slots__ = ("capacity", "squares", "magnitudes", "squares_tensor", "magnitudes_tensor")
+    __slots__ = ("capacity", "squares", "magnitudes", "squares_tensor", "magnitudes_tensor", "sums", "sums_tensor")
 
     def __init__(self, capacity: int, n: int) -> None:
         self.capacity = capacity
@@ -378,6 +379,8 @@ class _BatchWorkspace:
         self.magnitudes = np.empty((capacity, n))
         self.squares_tensor = torch.from_numpy(self.squares)
         self.magnitudes_tensor = torch.from_numpy(self.magnitudes)
+        self.sums = np.empty((4, capacity))
+        self.sums_tensor = torch.from_numpy(self.sums)
 
 
 def _batch_workspace(k: int, n: int) -> _BatchWorkspace:
