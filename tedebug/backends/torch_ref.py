@@ -308,7 +308,23 @@ def basic_partial_rows(values: np.ndarray, dtype: torch.dtype) -> List[tuple]:
     is taken again by torch in `dtype`, whose choice between +0 and -0 the reference fixes).  A row whose sum is not
     finite (a NaN, an infinity, or a float64 sum that overflows: rare) goes through `_small_basic_partial_values`
     alone, so that which NaN propagates and the non-finite counts are exactly the lone tensor's.  Writes nothing
-    into `values`."""
+    into `values`.  The rows are taken `_BATCH_BLOCK_ELEMENTS` elements at a time (the scratch stays small)."""
+    k, n = values.shape
+    block = max(1, _BATCH_BLOCK_ELEMENTS // n)
+    if k <= block:
+        return _partial_rows_block(values, dtype)
+    rows: List[tuple] = []
+    for start in range(0, k, block):
+        rows += _partial_rows_block(values[start : start + block], dtype)
+    return rows
+
+
+#: the most elements `basic_partial_rows` reduces with one set of calls (its scratch: 2 x 8 bytes per element)
+_BATCH_BLOCK_ELEMENTS = 1 << 18
+
+
+def _partial_rows_block(values: np.ndarray, dtype: torch.dtype) -> List[tuple]:
+    """`basic_partial_rows` of at most `_BATCH_BLOCK_ELEMENTS` elements (or one row)."""
     k, n = values.shape
     space = _batch_workspace(k, n)
     squares, magnitudes = space.squares[:k], space.magnitudes[:k]

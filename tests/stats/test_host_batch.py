@@ -113,10 +113,12 @@ def test_batched_rows_equal_the_lone_pass_bit_for_bit():
     assert checked == len(_adversarial())
 
 
-@pytest.mark.parametrize("count, n", [(41, 64), (300, 256)])
-def test_batched_rows_of_a_group_alone_and_among_others(count, n):
+@pytest.mark.parametrize("count, n, block", [(41, 64, None), (300, 256, None), (300, 256, 1000)])
+def test_batched_rows_of_a_group_alone_and_among_others(monkeypatch, count, n, block):
     """One tensor gives the same row whether its group holds it alone or with many others (300 x 256: the rows are
-    summed in several torch calls, each below the grain size)."""
+    summed in several torch calls, each below the grain size; and reduced in blocks of 3 rows)."""
+    if block is not None:
+        monkeypatch.setattr(torch_ref, "_BATCH_BLOCK_ELEMENTS", block)
     g = torch.Generator().manual_seed(1401)
     members = [torch.randn(n, generator=g) * (i + 1) for i in range(count)]
     members[7][3] = -0.0
