@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import numpy as np
 import torch
@@ -341,9 +341,16 @@ def _partial_rows_block(values: np.ndarray, dtype: torch.dtype) -> List[tuple]:
         sq_sums, abs_sums = sums[0].tolist(), sums[2].tolist()
         lows = np.minimum.reduce(values, axis=1).tolist()
         highs = np.maximum.reduce(values, axis=1).tolist()
-        smallest = np.minimum.reduce(magnitudes, axis=1).tolist()
-        nonzero_counts = np.count_nonzero(values, axis=1).tolist()
-        nonzero_minima = np.minimum.reduce(magnitudes, axis=1, where=magnitudes != 0, initial=math.inf).tolist()
+        smallest_array = np.minimum.reduce(magnitudes, axis=1)
+        smallest = smallest_array.tolist()
+        # rows holding a zero: their non-zero count and smallest non-zero magnitude (+inf when all are zero)
+        with_zero = np.flatnonzero(smallest_array == 0.0)
+        zero_rows: Dict[int, Tuple[float, float]] = {}
+        if len(with_zero):
+            some = magnitudes[with_zero]
+            counts = np.count_nonzero(some, axis=1).tolist()
+            minima = np.minimum.reduce(some, axis=1, where=some != 0, initial=math.inf).tolist()
+            zero_rows = dict(zip(with_zero.tolist(), zip(counts, minima)))
         # Σ(x − mean)² around each row's mean, the same correctly rounded float64 division as `total / numel`
         np.subtract(values, (totals_array / n)[:, None], out=magnitudes)
         np.square(magnitudes, out=magnitudes)
@@ -364,7 +371,8 @@ def _partial_rows_block(values: np.ndarray, dtype: torch.dtype) -> List[tuple]:
         if smallest[i] > 0.0:  # no zero: every element counts, the smallest magnitude is non-zero
             nonzero, nz_abs_min = float(n), smallest[i]
         else:  # a zero (no NaN in a row of finite sum); +inf when every element is zero
-            nonzero, nz_abs_min = float(nonzero_counts[i]), nonzero_minima[i]
+            count, nz_abs_min = zero_rows[i]
+            nonzero = float(count)
         rows.append(
             (low, high, total_value, m2s[i], abs_sums[i], sq_sums[i], amax, nz_abs_min, amax, nonzero, 0.0, 0.0)
         )
