@@ -326,14 +326,15 @@ _BATCH_BLOCK_ELEMENTS = 1 << 18
 def _partial_rows_block(values: np.ndarray, dtype: torch.dtype) -> List[tuple]:
     """`basic_partial_rows` of at most `_BATCH_BLOCK_ELEMENTS` elements (or one row)."""
     k, n = values.shape
-    space = _batch_workspace(k, n)
-    squares, magnitudes = space.squares[:k], space.magnitudes[:k]
-    squares_tensor, magnitudes_tensor = space.squares_tensor[:k], space.magnitudes_tensor[:k]
+    space = _batch_scratch(k, n)
+    squares, magnitudes = space.squares[: k * n].reshape(k, n), space.magnitudes[: k * n].reshape(k, n)
+    squares_tensor, magnitudes_tensor = torch.from_numpy(squares), torch.from_numpy(magnitudes)
     with np.errstate(all="ignore"):  # squares of float64 values may overflow; the non-finite rows are redone below
         np.multiply(values, values, out=squares)
         np.abs(values, out=magnitudes)
         step = max(1, (HOST_PASS_MAX_NUMEL - 1) // n)  # rows per torch call
-        sums, sums_tensor = space.sums[:, :k], space.sums_tensor[:, :k]  # Σx², Σx, Σ|x|, Σ(x − mean)² per row
+        sums = space.sums[: 4 * k].reshape(4, k)  # Σx², Σx, Σ|x|, Σ(x − mean)² per row
+        sums_tensor = torch.from_numpy(sums)
         _row_sums(squares_tensor, step, sums_tensor[0])
         _row_sums(torch.from_numpy(values), step, sums_tensor[1])
         _row_sums(magnitudes_tensor, step, sums_tensor[2])
@@ -391,34 +392,26 @@ def _in_dtype(row: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     return tensor if dtype is F64 else tensor.to(dtype)
 
 
-class _BatchWorkspace:
-    """The scratch matrices of `basic_partial_rows` (x·x and |x|, then x − mean) for up to `capacity` rows of `n`,
-    and the four sums of each row, written by torch (``out=``: no result tensor, read through numpy)."""
+class _BatchScratch:
+    """The scratch of `basic_partial_rows` (x·x and |x|, then x − mean; the four sums of each row, written by torch
+    with ``out=``: no result tensor, read through numpy), flat, viewed as [k, n] for each block."""
 
-    __slots__ = ("capacity", "squares", "magnitudes", "squares_tensor", "magnitudes_tensor", "sums", "sums_tensor")
+    __slots__ = ("squares", "magnitudes", "sums")
 
-    def __init__(self, capacity: int, n: int) -> None:
-        self.capacity = capacity
-        self.squares = np.empty((capacity, n))
-        self.magnitudes = np.empty((capacity, n))
-        self.squares_tensor = torch.from_numpy(self.squares)
-        self.magnitudes_tensor = torch.from_numpy(self.magnitudes)
-        self.sums = np.empty((4, capacity))
-        self.sums_tensor = torch.from_numpy(self.sums)
+    def __init__(self, elements: int, rows: int) -> None:
+        self.squares = np.empty(elements)
+        self.magnitudes = np.empty(elements)
+        self.sums = np.empty(4 * rows)
 
 
-def _batch_workspace(k: int, n: int) -> _BatchWorkspace:
-    """This thread's scratch for `k` rows of `n` elements, kept across calls (grown by doubling; at most
-    `_WORKSPACES_PER_THREAD` element counts before the table starts over)."""
-    table = getattr(_thread_state, "batch_workspaces", None)
-    if table is None:
-        table = _thread_state.batch_workspaces = {}
-    space = table.get(n)
-    if space is None or space.capacity < k:
-        if space is None and len(table) >= _WORKSPACES_PER_THREAD:
-            table.clear()
-        capacity = max(k, 2 * space.capacity) if space is not None else k
-        space = table[n] = _BatchWorkspace(capacity, n)
+def _batch_scratch(k: int, n: int) -> _BatchScratch:
+    """This thread's scratch for a block of `k` rows of `n` elements (at most `_BATCH_BLOCK_ELEMENTS` elements, or one
+    row), kept across calls whatever the element counts (grown, never beyond one block)."""
+    space = getattr(_thread_state, "batch_scratch", None)
+    if space is None or len(space.squares) < k * n or len(space.sums) < 4 * k:
+        elements = max(k * n, len(space.squares) if space is not None else 0)
+        rows = max(k, len(space.sums) // 4 if space is not None else 0)
+        space = _thread_state.batch_scratch = _BatchScratch(elements, rows)
     return space
 
 
