@@ -97,10 +97,14 @@ class HostBatch:
             group.partial_rows = partial_rows
             if tensor.requires_grad:
                 tensor = tensor.detach()  # read without an autograd record
-            if dtype in _NUMPY_DTYPES:  # the elements in row-major order, as `reshape(-1)` orders them
-                np.copyto(group.rows[index].reshape(tensor.shape), tensor.numpy())
-            else:
-                group.rows_tensor[index].view(tensor.shape).copy_(tensor)
+            try:
+                if dtype in _NUMPY_DTYPES:  # the elements in row-major order, as `reshape(-1)` orders them
+                    np.copyto(group.rows[index].reshape(tensor.shape), tensor.numpy())
+                else:
+                    group.rows_tensor[index].view(tensor.shape).copy_(tensor)
+            except (RuntimeError, TypeError, ValueError):  # e.g. a tensor numpy cannot read: the per-tensor path
+                group.count -= 1
+                return False
             self._staged.append((buffer, group, index))
             self._staged_elements += n
             buffer.staged += 1
@@ -135,6 +139,7 @@ class HostBatch:
             self._release()
 
     def _release(self) -> None:
+        """Make every staging row free again; drop the matrices when they hold more than `_KEPT_ELEMENTS_MAX`."""
         kept = 0
         for group in self._groups.values():
             group.count = 0
