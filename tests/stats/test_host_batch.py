@@ -320,3 +320,51 @@ _STATISTICS_FUNCTIONS = (
     "basic_partials",
     "basic_partials_row",
 )
+
+
+# ------------------------------------------------------------------------------------------------ training run
+def _training_run(tmp_path, staged: bool, monkeypatch) -> Dict[Tuple[str, int], object]:
+    """A converted two-layer model trained 5 iterations with SGD (weights updated in place before each
+    `debug_api.step()`), a zero of each sign in the input, LogTensorStats on all six tensors at freq 2: the emitted
+    values as bits."""
+    import tedebug
+    from tedebug import debug_api
+
+    from support.features import RecordingSink, debug_session
+
+    with monkeypatch.context() as patch:
+        if not staged:
+            patch.setattr(host_batch.HostBatch, "stage", lambda self, buffer, tensor, rows_of: False)
+        torch.manual_seed(3)
+        model = tedebug.convert_model(
+            torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+        )
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        x = torch.randn(4, 16, generator=torch.Generator().manual_seed(4))
+        x[0, :3], x[1, :2] = -0.0, 0.0
+        sink = RecordingSink()
+        tensors = ["activation", "weight", "gradient", "output", "wgrad", "dgrad"]
+        config = {
+            "every_other": {
+                "enabled": True,
+                "layers": {"layer_name_regex_pattern": ".*"},
+                "transformer_engine": {
+                    "LogTensorStats": {"enabled": True, "stats": list(STATS), "tensors": tensors, "freq": 2}
+                },
+            },
+        }
+        with debug_session(config, tmp_path / ("staged" if staged else "lone"), sink=sink):
+            for _ in range(5):
+                optimizer.zero_grad()
+                model(x).square().mean().backward()
+                optimizer.step()  # the weights change in place after their feed, before the step
+                debug_api.step()
+    return {key: _bits([value])[0] for key, value in sink.values().items()}
+
+
+def test_a_training_run_logs_the_per_tensor_values(tmp_path, monkeypatch):
+    """The same run with the staging and with every feed reduced at once emits the same bits, weights included."""
+    staged = _training_run(tmp_path, True, monkeypatch)
+    assert staged == _training_run(tmp_path, False, monkeypatch)
+    assert len(staged) == 3 * (2 * 6 - 1) * len(STATS)  # iterations 0, 2, 4; the first layer has no dgrad
+    assert {iteration for _, iteration in staged} == {0, 2, 4}
