@@ -1,8 +1,9 @@
 """The host fast paths of the debug hot path keep their promise, pinned by counting calls (never by timing), and
 they compute exactly what the paths they replace compute:
 
-- a logged CPU tensor with basic statistics costs one host pass (`torch_ref.basic_partial_values`), never the
-  per-partial reference (`torch_ref.basic_partials`), and gives the same bits;
+- a logged CPU tensor with basic statistics costs one host pass (one row of `torch_ref.basic_partial_rows`, the
+  step's batch; `torch_ref.basic_partial_values` for the lone tensor gives the same bits), never the per-partial
+  reference (`torch_ref.basic_partials`);
 - a converted model in high precision with no debug path runs torch's own linear: no Python autograd function,
   the same outputs and gradients as the plain torch model; with a debug path or a recipe it takes the tedebug path.
 """
@@ -84,6 +85,20 @@ def test_overflowing_sum_still_counts_no_nonfinite_element():
     assert values["amax"] == 1e308 and values["nz_abs_min"] == 1e308 and values["nonzero_count"] == 3.0
 
 
+class _RowCounter:
+    """Counts the rows (tensors) reduced by `torch_ref.basic_partial_rows`, the step's batch of host passes."""
+
+    def __init__(self, monkeypatch):
+        self.rows = 0
+        real = torch_ref.basic_partial_rows
+
+        def counting(values, dtype):
+            self.rows += values.shape[0]
+            return real(values, dtype)
+
+        monkeypatch.setattr(torch_ref, "basic_partial_rows", counting)
+
+
 class _Counter:
     def __init__(self, monkeypatch, owner, name):
         self.calls = 0
@@ -110,9 +125,10 @@ def _train_step(model, x, recipe=None):
 
 def test_logged_cpu_tensor_takes_one_host_pass(monkeypatch, tmp_path):
     """Two layers x six tensors (but the first layer's dgrad: its input needs no gradient) logged for three
-    iterations: 33 host passes, no per-partial reference call, and the
+    iterations: 33 host passes (rows of the step's batch, no lone pass), no per-partial reference call, and the
     logged values are the reference formulas of the tensors (checked for the activation of the first layer)."""
-    host = _Counter(monkeypatch, torch_ref, "basic_partial_values")
+    host = _RowCounter(monkeypatch)
+    lone = _Counter(monkeypatch, torch_ref, "basic_partial_values")
     per_partial = _Counter(monkeypatch, torch_ref, "basic_partials")
     model = tedebug.convert_model(_model())
     x = torch.randn(4, 16)
@@ -122,7 +138,8 @@ def test_logged_cpu_tensor_takes_one_host_pass(monkeypatch, tmp_path):
         for _ in range(3):
             _train_step(model, x)
             debug_api.step()
-    assert host.calls == (2 * 6 - 1) * 3
+    assert host.rows == (2 * 6 - 1) * 3
+    assert lone.calls == 0
     assert per_partial.calls == 0
     values = sink.values()
     x64 = x.double()

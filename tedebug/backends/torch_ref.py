@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Dict
+from typing import Dict, List, Tuple
 
 import numpy as np
 import torch
@@ -288,6 +288,131 @@ def _small_values_after_sums(
     torch.sum(space.magnitudes_tensor, dim=0, out=space.m2_tensor)
     m2 = float(space.sums[3])
     return (low, high, total_value, m2, abs_sum, sq_sum, amax, nz_abs_min, amax, float(nonzero), nan_count, inf_count)
+
+
+#: dtypes whose CPU tensors `basic_partial_rows` reduces (their float64 conversion is exact and converts back)
+BATCH_DTYPES = frozenset((torch.float32, torch.float64, torch.float16, torch.bfloat16))
+
+
+def basic_partial_rows(values: np.ndarray, dtype: torch.dtype) -> List[tuple]:
+    """`basic_partial_values` of many tensors at once: row i of `values` (a C-contiguous float64 [k, n] matrix, with
+    n <= `HOST_PASS_MAX_NUMEL`) holds the elements of tensor i of `dtype` (one of `BATCH_DTYPES`) in row-major order,
+    converted to float64; the result is one tuple per row, bit for bit what `basic_partial_values` gives that tensor.
+
+    One numpy or torch call serves many rows: the three sums (Σx², Σx, Σ|x|) and Σ(x − mean)² are torch's row sums of
+    [rows, n] matrices of fewer than `HOST_PASS_MAX_NUMEL` elements when n allows it (each row summed alone, bit for
+    bit: the fact `HOST_PASS_MAX_NUMEL` rests on; below torch's grain size the call also runs on the calling thread,
+    never waiting for the thread pool, which on a busy machine costs milliseconds); minima, maxima and counts come
+    from numpy reductions along all the rows at once.  A row whose float64 sum is finite holds no NaN and no
+    infinity: its minimum, maximum and smallest non-zero magnitude are then unique values (a zero minimum or maximum
+    is taken again by torch in `dtype`, whose choice between +0 and -0 the reference fixes).  A row whose sum is not
+    finite (a NaN, an infinity, or a float64 sum that overflows: rare) goes through `_small_basic_partial_values`
+    alone, so that which NaN propagates and the non-finite counts are exactly the lone tensor's.  Writes nothing
+    into `values`.  The rows are taken `_BATCH_BLOCK_ELEMENTS` elements at a time (the scratch stays small)."""
+    k, n = values.shape
+    block = max(1, _BATCH_BLOCK_ELEMENTS // n)
+    if k <= block:
+        return _partial_rows_block(values, dtype)
+    rows: List[tuple] = []
+    for start in range(0, k, block):
+        rows += _partial_rows_block(values[start : start + block], dtype)
+    return rows
+
+
+#: the most elements `basic_partial_rows` reduces with one set of calls (its scratch: 2 x 8 bytes per element)
+_BATCH_BLOCK_ELEMENTS = 1 << 18
+
+
+def _partial_rows_block(values: np.ndarray, dtype: torch.dtype) -> List[tuple]:
+    """`basic_partial_rows` of at most `_BATCH_BLOCK_ELEMENTS` elements (or one row)."""
+    k, n = values.shape
+    space = _batch_scratch(k, n)
+    squares, magnitudes = space.squares[: k * n].reshape(k, n), space.magnitudes[: k * n].reshape(k, n)
+    squares_tensor, magnitudes_tensor = torch.from_numpy(squares), torch.from_numpy(magnitudes)
+    with np.errstate(all="ignore"):  # squares of float64 values may overflow; the non-finite rows are redone below
+        np.multiply(values, values, out=squares)
+        np.abs(values, out=magnitudes)
+        step = max(1, (HOST_PASS_MAX_NUMEL - 1) // n)  # rows per torch call
+        sums = space.sums[: 4 * k].reshape(4, k)  # Σx², Σx, Σ|x|, Σ(x − mean)² per row
+        sums_tensor = torch.from_numpy(sums)
+        _row_sums(squares_tensor, step, sums_tensor[0])
+        _row_sums(torch.from_numpy(values), step, sums_tensor[1])
+        _row_sums(magnitudes_tensor, step, sums_tensor[2])
+        totals_array = sums[1]
+        sq_sums, abs_sums = sums[0].tolist(), sums[2].tolist()
+        lows = np.minimum.reduce(values, axis=1).tolist()
+        highs = np.maximum.reduce(values, axis=1).tolist()
+        smallest_array = np.minimum.reduce(magnitudes, axis=1)
+        smallest = smallest_array.tolist()
+        # rows holding a zero: their non-zero count and smallest non-zero magnitude (+inf when all are zero)
+        with_zero = np.flatnonzero(smallest_array == 0.0)
+        zero_rows: Dict[int, Tuple[float, float]] = {}
+        if len(with_zero):
+            some = magnitudes[with_zero]
+            counts = np.count_nonzero(some, axis=1).tolist()
+            minima = np.minimum.reduce(some, axis=1, where=some != 0, initial=math.inf).tolist()
+            zero_rows = dict(zip(with_zero.tolist(), zip(counts, minima)))
+        # Σ(x − mean)² around each row's mean, the same correctly rounded float64 division as `total / numel`
+        np.subtract(values, (totals_array / n)[:, None], out=magnitudes)
+        np.square(magnitudes, out=magnitudes)
+        _row_sums(magnitudes_tensor, step, sums_tensor[3])
+        m2s = sums[3].tolist()
+    rows: List[tuple] = []
+    for i, total_value in enumerate(totals_array.tolist()):
+        if not math.isfinite(total_value):
+            lone = torch.from_numpy(values[i])
+            rows.append(_small_basic_partial_values(lone if dtype is F64 else lone.to(dtype), n))
+            continue
+        low, high = lows[i], highs[i]
+        if low == 0.0:  # the zero's sign as the reference's reduction of the flattened tensor picks it
+            low = _in_dtype(values[i], dtype).amin().item()
+        if high == 0.0:
+            high = _in_dtype(values[i], dtype).amax().item()
+        amax = max(abs(low), abs(high))
+        if smallest[i] > 0.0:  # no zero: every element counts, the smallest magnitude is non-zero
+            nonzero, nz_abs_min = float(n), smallest[i]
+        else:  # a zero (no NaN in a row of finite sum); +inf when every element is zero
+            count, nz_abs_min = zero_rows[i]
+            nonzero = float(count)
+        rows.append(
+            (low, high, total_value, m2s[i], abs_sums[i], sq_sums[i], amax, nz_abs_min, amax, nonzero, 0.0, 0.0)
+        )
+    return rows
+
+
+def _row_sums(matrix: torch.Tensor, step: int, out: torch.Tensor) -> None:
+    """Write the float64 sum of each row of `matrix` into `out` (a contiguous vector), `step` rows per torch call."""
+    for start in range(0, len(matrix), step):
+        torch.sum(matrix[start : start + step], dim=1, out=out[start : start + step])
+
+
+def _in_dtype(row: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """A float64 row as the contiguous tensor of `dtype` it was converted from (exact)."""
+    tensor = torch.from_numpy(row)
+    return tensor if dtype is F64 else tensor.to(dtype)
+
+
+class _BatchScratch:
+    """The scratch of `basic_partial_rows` (x·x and |x|, then x − mean; the four sums of each row, written by torch
+    with ``out=``: no result tensor, read through numpy), flat, viewed as [k, n] for each block."""
+
+    __slots__ = ("squares", "magnitudes", "sums")
+
+    def __init__(self, elements: int, rows: int) -> None:
+        self.squares = np.empty(elements)
+        self.magnitudes = np.empty(elements)
+        self.sums = np.empty(4 * rows)
+
+
+def _batch_scratch(k: int, n: int) -> _BatchScratch:
+    """This thread's scratch for a block of `k` rows of `n` elements (at most `_BATCH_BLOCK_ELEMENTS` elements, or one
+    row), kept across calls whatever the element counts (grown, never beyond one block)."""
+    space = getattr(_thread_state, "batch_scratch", None)
+    if space is None or len(space.squares) < k * n or len(space.sums) < 4 * k:
+        elements = max(k * n, len(space.squares) if space is not None else 0)
+        rows = max(k, len(space.sums) // 4 if space is not None else 0)
+        space = _thread_state.batch_scratch = _BatchScratch(elements, rows)
+    return space
 
 
 # ------------------------------------------------------------------------------------------------ blockwise

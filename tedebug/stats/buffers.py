@@ -8,7 +8,9 @@ of the fed tensor until `StatsEngine.step` reads every row back at once; a kerne
 `RowSlab` instead (`slab_rows`), merged on the host at the step; a feed whose every partial is in the statistics
 vector a quantize kernel already wrote for that very tensor keeps a reference to the vector (`vector_rows`: no work
 at the feed, the vectors of a step are gathered together at its end); a CPU feed whose values were read on the host
-keeps them as a list of Python floats (`host_row`: nothing to copy back, no tensor to build).  Buffers persist
+keeps them as a list of Python floats (`host_row`: nothing to copy back, no tensor to build); a CPU feed staged in a
+`tedebug.stats.host_batch.HostBatch` counts in `staged` until the batch resolves it into `host_row` / `row` (reading
+either resolves it first).  Buffers persist
 across steps (their reduction groups decide which collectives a rank joins); only the row is cleared at each step.
 
 Everything a feed or an emission derives from the requests alone (the columns, the partial families to compute and
@@ -64,9 +66,13 @@ class StatBuffer:
         self.reduction_group: Any = None
         self.skip_reduction = False
         self.iteration: Optional[int] = None
-        self.row: Optional[torch.Tensor] = None  # float64 [len(columns)] on the feed's device
+        self._row: Optional[torch.Tensor] = None  # float64 [len(columns)] on the feed's device
         #: the step's row as Python floats in `columns` order, when its only feed gave host values (`accumulate_host`)
-        self.host_row: Optional[List[float]] = None
+        self._host_row: Optional[List[float]] = None
+        #: feeds of this step waiting in a `tedebug.stats.host_batch.HostBatch` (`host_batch`), merged into the row
+        #: when the batch resolves: at the step, or as soon as `row` or `host_row` is read
+        self.staged = 0
+        self.host_batch: Any = None
         #: rows of this step written by a kernel into a `RowSlab` (full backend layout), read back at the step
         self.slab_rows: List[Tuple[RowSlab, int]] = []
         self.slab_keys: Tuple[str, ...] = ()  # the partial names of a slab row, in order
@@ -154,9 +160,38 @@ class StatBuffer:
         return positions
 
     @property
+    def row(self) -> Optional[torch.Tensor]:
+        """The step's merged row as a float64 tensor (staged feeds merged first), or None."""
+        if self.staged:
+            self.host_batch.resolve()
+        return self._row
+
+    @row.setter
+    def row(self, value: Optional[torch.Tensor]) -> None:
+        self._row = value
+
+    @property
+    def host_row(self) -> Optional[List[float]]:
+        """The step's row as Python floats when its only feed gave host values (staged feeds merged first), or
+        None."""
+        if self.staged:
+            self.host_batch.resolve()
+        return self._host_row
+
+    @host_row.setter
+    def host_row(self, value: Optional[List[float]]) -> None:
+        self._host_row = value
+
+    @property
     def fed(self) -> bool:
-        """True when the buffer received a feed since the last step."""
-        return self.row is not None or self.host_row is not None or bool(self.slab_rows) or bool(self.vector_rows)
+        """True when the buffer received a feed since the last step (a staged one included)."""
+        return (
+            self._row is not None
+            or self._host_row is not None
+            or self.staged > 0
+            or bool(self.slab_rows)
+            or bool(self.vector_rows)
+        )
 
     def add_slab_row(self, slab: RowSlab, index: int, keys: Tuple[str, ...]) -> None:
         """Record a row a kernel writes into `slab` for this step, laid out as the partial names `keys` (the caller
@@ -190,8 +225,10 @@ class StatBuffer:
         as it is when it is the step's first row, else merged as `accumulate` merges (the same float64 values)."""
         if len(values) != len(self.columns):
             raise ValueError(f"buffer {tuple(self.key)}: row of {len(values)} values, expected {len(self.columns)}")
+        if self.staged:  # earlier feeds of this step first, in feed order
+            self.host_batch.resolve()
         if not self.fed:
-            self.host_row = values
+            self._host_row = values
         elif not self.is_weight:
             self.accumulate(torch.tensor(values, dtype=torch.float64))
 
@@ -201,18 +238,21 @@ class StatBuffer:
             raise ValueError(
                 f"buffer {tuple(self.key)}: row of shape {tuple(row.shape)}, expected ({len(self.columns)},)"
             )
-        if self.host_row is not None:  # a host row first: merged as the tensor it stands for
-            self.row, self.host_row = torch.tensor(self.host_row, dtype=torch.float64), None
-        if self.row is None:
-            self.row = row
+        if self.staged:  # earlier feeds of this step first, in feed order
+            self.host_batch.resolve()
+        if self._host_row is not None:  # a host row first: merged as the tensor it stands for
+            self._row, self._host_row = torch.tensor(self._host_row, dtype=torch.float64), None
+        if self._row is None:
+            self._row = row
         elif self.is_weight:
             return
         else:
-            self.row = combine_rows(self.columns, torch.stack([self.row, row.to(self.row.device)]))
+            self._row = combine_rows(self.columns, torch.stack([self._row, row.to(self._row.device)]))
 
     def clear(self) -> None:
-        """Forget this step's row (requests, group and options stay)."""
-        self.row = self.host_row = None
+        """Forget this step's row (requests, group and options stay; the owner of a `host_batch` discards it)."""
+        self._row = self._host_row = None
+        self.staged = 0
         if self.slab_rows:
             self.slab_rows = []
         if self.vector_rows:

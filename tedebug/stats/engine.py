@@ -1,9 +1,11 @@
 """`StatsEngine`: feed tensors into statistic buffers, and at each step reduce, emit and clear.
 
 `feed` computes the per-feed partials of the requested statistics (through `tedebug.backends`) and merges them
-into the buffer's row on the tensor's device — no host synchronisation.  A basic-only feed of a CPU tensor takes
-the backend's host values (`basic_partial_values`: Python floats, nothing to wait for on the CPU) and keeps its row
-as those floats (`StatBuffer.accumulate_host`): no tensor is built and nothing is copied back at the step.  A feed
+into the buffer's row on the tensor's device — no host synchronisation.  A basic-only feed of a small CPU tensor
+is only copied into this step's staging (`tedebug.stats.host_batch.HostBatch`); `step` first reduces every staged
+tensor together (`torch_ref.basic_partial_rows`) and merges each row, in feed order, into its buffer as Python
+floats (`StatBuffer.accumulate_host`): no tensor is built and nothing is copied back at the step.  A CPU tensor the
+batch does not take gets the backend's host values at once (`basic_partial_values`: the same floats).  A feed
 of quantization statistics that a quantize kernel already counted for exactly this tensor (its statistics vector,
 `tedebug.backends.fused_stats`) keeps a reference to that vector (`StatBuffer.add_vector_row`): no tensor op at all;
 the step gathers every such vector at once.
@@ -45,6 +47,7 @@ from tedebug.sinks.batch import ScalarBatch
 from tedebug.stats import reduce as _reduce
 from tedebug.stats.buffers import BufferKey, BufferStore, StatBuffer
 from tedebug.stats.definitions import StatRequest
+from tedebug.stats.host_batch import HostBatch
 from tedebug.stats.distributed import NO_REPLICA, DeferredReduction, GroupReducer, replica_id
 from tedebug.stats.readback import FedRow, RowsInFlight
 from tedebug.stats.slab import RowSlab
@@ -86,6 +89,8 @@ class StatsEngine:
         self._replicas: Dict[Tuple[str, str], float] = {}
         self._replica_groups: Dict[str, Tuple[Any, Tuple[str, ...]]] = {}  # layer -> (TP group, tensor names)
         self._group_reducer = GroupReducer()
+        #: this step's staged CPU feeds (`tedebug.stats.host_batch`), reduced together at the step
+        self._host_batch = HostBatch()
 
     # ------------------------------------------------------------------------------------------------ feeding
     def feed(
@@ -142,6 +147,9 @@ class StatsEngine:
                 backend = backend_for(tensor)
                 values_of = getattr(backend, "basic_partial_values", None)
                 if values_of is not None and tensor.is_cpu:  # host values: the row as Python floats
+                    rows_of = getattr(backend, "basic_partial_rows", None)
+                    if rows_of is not None and self._host_batch.stage(buffer, tensor, rows_of):
+                        return  # copied; reduced with the step's other staged tensors when the row is read
                     values = (float(numel),) + values_of(tensor)  # (read detached: no autograd record of the math)
                     buffer.accumulate_host(buffer.host_gather(backend.BASIC_ROW_KEYS)(values))
                     return
@@ -260,6 +268,12 @@ class StatsEngine:
     def step(self, finished_iteration: int) -> None:
         """Reduce the buffers fed since the last step, emit their statistics, and clear them (deferred read-back:
         start their transfer and emit the previous step's instead)."""
+        try:
+            self._host_batch.resolve()  # every staged CPU feed reduced together, merged into its buffer's row
+        except BaseException:
+            self._host_batch.discard()
+            self._store.clear_step()
+            raise
         fed = self._store.fed()
         if self.defers():
             # the previous iteration first: its reduction may extend the group layouts this iteration uses
@@ -402,6 +416,7 @@ class StatsEngine:
 
     def reset(self) -> None:
         """Drop every buffer, the next-iteration table and the non-finite report state."""
+        self._host_batch.discard()
         self._store.reset()
         self._next_iter.clear()
         self._nonfinite_reported = False
