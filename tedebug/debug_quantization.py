@@ -158,6 +158,8 @@ class DebugQuantizer(Quantizer):
         self.columnwise_postquantize_enabled = post_col
         #: both GEMM operands are the high-precision tensor (what `_gemm_operands` gives without a dtype)
         self._high_precision_only = row == HIGH_PRECISION and col == HIGH_PRECISION
+        #: `set_usage` passes the usages on to the parent (it quantizes a direction of this tensor)
+        self._syncs_parent = col is not None and self.parent_quantizer is not None and STANDARD_QUANTIZE in (row, col)
         if col is None:  # a GEMM output: only a modification needs the path (besides the inspection)
             self._directions_need_path = row == API_CALL_MODIFY
         else:
@@ -203,9 +205,13 @@ class DebugQuantizer(Quantizer):
         )
 
     def set_usage(self, *, rowwise: Optional[bool] = None, columnwise: Optional[bool] = None) -> None:
-        """Set own usage flags and synchronise the parent's flags to the Quantize directions."""
-        super().set_usage(rowwise=rowwise, columnwise=columnwise)
-        if not self.is_output_type and self._uses_parent():
+        """Set own usage flags and synchronise the parent's flags to the Quantize directions (runs for every operand
+        of a logged GEMM: what the plans decide is read from one flag set with them)."""
+        if rowwise is not None:
+            self.rowwise_usage = bool(rowwise)
+        if columnwise is not None:
+            self.columnwise_usage = bool(columnwise)
+        if self._syncs_parent:
             row, col = self._parent_usage()
             self.parent_quantizer.set_usage(rowwise=row, columnwise=col)
 

@@ -89,13 +89,18 @@ class LayerDebugState:
             self._active = self.next_iter is not None and iteration >= self.next_iter
         if not self._active:
             return None
-        built = self._build(layer_name, quantizers, tp_group, tp_size)
+        built = self._build(layer_name, quantizers, tp_group, tp_size, iteration)
         if built is None:
             self._active = False  # nothing enabled: the same answer for the rest of this iteration
         return built
 
     def _build(
-        self, layer_name: str, quantizers: Mapping[str, object], tp_group, tp_size: int
+        self,
+        layer_name: str,
+        quantizers: Mapping[str, object],
+        tp_group,
+        tp_size: int,
+        iteration: Optional[int] = None,
     ) -> Optional[Dict[str, DebugQuantizer]]:
         if not _ROLES.issuperset(quantizers):
             unknown = set(quantizers) - _ROLES
@@ -116,7 +121,8 @@ class LayerDebugState:
             and all(map(operator.is_, parents, last[1]))
         ):
             result = last[5]  # the same plans, parents and TP group: renew (see the module docstring)
-            iteration = active.get_iteration()
+            if iteration is None:
+                iteration = active.get_iteration()
             for q in last[6]:
                 q.renew(iteration)
         else:
@@ -128,7 +134,7 @@ class LayerDebugState:
             self._last = (layer_name, parents, tp_group, tp_size, current_plans(), result, tuple(result.values()))
         next_iter = None
         enabled = False
-        for q in result.values():
+        for q in self._last[6]:
             nxt = q.get_next_debug_iter()
             if nxt is not None and (next_iter is None or nxt < next_iter):
                 next_iter = nxt
