@@ -389,6 +389,56 @@ def finalizer(request: StatRequest, columns: Sequence[Column]) -> Callable[[Sequ
     return lambda row: finalize(request, dict(zip(columns, row)))
 
 
+def _expression(request: StatRequest, position: Mapping[Column, int], fallback: str) -> str:
+    """The Python expression of `finalizer`'s formula for `request` on a row named ``row`` (`fallback`: the
+    expression to use for a kind without a formula here, a call of its finalizer)."""
+    kind = request.kind
+
+    def at(name: str) -> str:
+        return f"float(row[{position[_PLAIN_COLUMNS[name]]}])"
+
+    n = f"float(row[{position[NUMEL]}])"
+    if kind in _SINGLE_PARTIAL_KINDS:
+        return at(_HP_PARTIALS[kind][0])
+    if kind == "mean":
+        return f"_div({at('sum')}, {n})"
+    if kind == "std":
+        return f"_std({at('m2')}, {n})"
+    if kind == "l2_norm":
+        return f"_sqrt({at('sq_sum')})"
+    if kind == "dynamic_range":
+        return f"_dynamic_range({at('nz_abs_max')}, {at('nz_abs_min')})"
+    return fallback
+
+
+class Emitters(tuple):
+    """A buffer's emitters: ``(emitted name, request name, value_of)`` per request, in request order (what
+    `tedebug.sinks.batch.ScalarBatch` reads), plus `row_values`: every ``value_of(row)`` of the tuple in one call,
+    in order and with the same formulas (so the same bits), for the emission of a step (one call per buffer instead
+    of one per statistic)."""
+
+    row_values: Callable[[Sequence[float]], list]
+
+
+def emitters(names: Sequence[str], requests: Sequence[StatRequest], columns: Sequence[Column]) -> Emitters:
+    """The `Emitters` of a buffer whose merged row is in `columns` order (`names`: the emitted name per request).
+
+    `row_values` is compiled once per buffer from the formulas of `finalizer` (the column positions resolved now,
+    the statistics without an inline formula called through their own finalizer)."""
+    value_ofs = [finalizer(r, columns) for r in requests]
+    built = Emitters((name, r.name, value_of) for name, r, value_of in zip(names, requests, value_ofs))
+    position = {column: i for i, column in enumerate(columns)}
+    scope: Dict[str, Any] = {"_div": _div, "_std": _std, "_sqrt": math.sqrt, "_dynamic_range": _dynamic_range}
+    parts = []
+    for i, (request, value_of) in enumerate(zip(requests, value_ofs)):
+        scope[f"_value_of_{i}"] = value_of
+        parts.append(_expression(request, position, f"_value_of_{i}(row)"))
+    source = f"def row_values(row):\n    return [{', '.join(parts)}]\n"
+    exec(compile(source, "<tedebug.stats.definitions.emitters>", "exec"), scope)  # (the formulas above only)
+    built.row_values = scope["row_values"]
+    return built
+
+
 def _dynamic_range(nz_max: float, nz_min: float) -> float:
     if nz_max == 0.0:  # no non-zero element anywhere: TransformerEngine's top = +inf, bottom = 0
         return math.inf
