@@ -118,17 +118,20 @@ class DebugQuantizer(Quantizer):
             (self.inspect_tensor_enabled, nxt), directions = answers
             self._take(directions, nxt)
 
-    def renew(self, iteration: Optional[int] = None) -> None:
+    def renew(self, iteration: Optional[int] = None) -> Optional[int]:
         """Make this quantizer what a new construction with the same arguments would be at `iteration` (default: the
-        current one): both usages on, the plan's answers taken again.  `tedebug.nn.debug_gate` does this instead of
-        building six new quantizers per GEMM call while the session's plan is still this quantizer's
-        (`current_plans`).  With a fixed plan only question 1 is asked: the directions never change."""
+        current one): both usages on, the plan's answers taken again; returns `get_next_debug_iter()`.
+        `tedebug.nn.debug_gate` does this instead of building six new quantizers per GEMM call while the session's
+        plan is still this quantizer's (`current_plans`).  With a fixed plan only question 1 is asked: the
+        directions never change."""
         self.iteration = iteration = active.get_iteration() if iteration is None else iteration
         self.rowwise_usage = self.columnwise_usage = True
         if self.plan.fixed is not None:
-            self.inspect_tensor_enabled, self._next_debug_iter = self.plan.inspect_enabled.ask(iteration)
-        else:
-            self._resolve()
+            self.inspect_tensor_enabled, nxt = self.plan.inspect_enabled.ask(iteration)
+            self._next_debug_iter = nxt
+            return nxt
+        self._resolve()
+        return self._next_debug_iter
 
     def _resolve(self) -> None:
         """Take the plan's answers at `self.iteration`."""
@@ -342,7 +345,7 @@ class DebugQuantizer(Quantizer):
 
     # ------------------------------------------------------------------ inspection
     def _inspect(self, tensor: Optional[torch.Tensor], rowwise: GemmOperand, columnwise: GemmOperand) -> None:
-        iteration = active.get_iteration()
+        iteration = active.session().iteration  # (`active.get_iteration()`, one call fewer per logged tensor)
         if self.inspect_tensor_enabled:
             self.plan.inspect(
                 iteration, tensor, self.tp_group, self.tp_size, rowwise, columnwise, self.parent_quantizer
@@ -368,7 +371,7 @@ class DebugQuantizer(Quantizer):
     # ------------------------------------------------------------------ GEMM outputs
     def process_gemm_output(self, tensor: torch.Tensor) -> torch.Tensor:
         """Modify (if planned) and inspect a GEMM result; returns the tensor the layer should use."""
-        if not self.is_output_type:
+        if self.columnwise_gemm_name is not None:  # not a GEMM output (`is_output_type`)
             raise RuntimeError(
                 f"DebugQuantizer.process_gemm_output: {self.layer_name!r}/{self.tensor_name} is not a "
                 f"GEMM output (expected output, wgrad or dgrad)"

@@ -111,6 +111,8 @@ class LayerDebugState:
         parents = tuple(map(quantizers.get, _ROLES_IN_ORDER))
         plans = current_plans()
         last = self._last
+        next_iter = None
+        enabled = False
         if (
             plans is not None
             and last is not None
@@ -123,18 +125,21 @@ class LayerDebugState:
             result = last[5]  # the same plans, parents and TP group: renew (see the module docstring)
             if iteration is None:
                 iteration = active.get_iteration()
-            for q in last[6]:
-                q.renew(iteration)
-        else:
-            result = {
-                role: DebugQuantizer(layer_name, tensor, parent, tp_group, tp_size)
-                for (role, tensor), parent in zip(ROLE_TO_TENSOR, parents)
-            }
-            # the table the new quantizers' plans are in (built after them: compiling may have created it)
-            self._last = (layer_name, parents, tp_group, tp_size, current_plans(), result, tuple(result.values()))
-        next_iter = None
-        enabled = False
-        for q in self._last[6]:
+            for q in last[6]:  # renew, and in the same pass the earliest next iteration and whether any is enabled
+                nxt = q.renew(iteration)
+                if nxt is not None and (next_iter is None or nxt < next_iter):
+                    next_iter = nxt
+                if not enabled:
+                    enabled = q.any_feature_enabled()
+            self.next_iter = next_iter
+            return result if enabled else None
+        result = {
+            role: DebugQuantizer(layer_name, tensor, parent, tp_group, tp_size)
+            for (role, tensor), parent in zip(ROLE_TO_TENSOR, parents)
+        }
+        # the table the new quantizers' plans are in (built after them: compiling may have created it)
+        self._last = (layer_name, parents, tp_group, tp_size, current_plans(), result, tuple(result.values()))
+        for q in result.values():
             nxt = q.get_next_debug_iter()
             if nxt is not None and (next_iter is None or nxt < next_iter):
                 next_iter = nxt
