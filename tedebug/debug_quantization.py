@@ -345,7 +345,8 @@ class DebugQuantizer(Quantizer):
 
     # ------------------------------------------------------------------ inspection
     def _inspect(self, tensor: Optional[torch.Tensor], rowwise: GemmOperand, columnwise: GemmOperand) -> None:
-        iteration = active.session().iteration  # (`active.get_iteration()`, one call fewer per logged tensor)
+        current = active.DEBUG_MANAGER  # (`active.get_iteration()` without its two calls per logged tensor)
+        iteration = (current if current is not None else active.session()).iteration
         if self.inspect_tensor_enabled:
             self.plan.inspect(
                 iteration, tensor, self.tp_group, self.tp_size, rowwise, columnwise, self.parent_quantizer
