@@ -16,6 +16,7 @@ once per session for each distinct config content and tensor name (`tedebug.memo
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 from typing import Any, Dict, Optional, Tuple
 
@@ -69,16 +70,18 @@ class LogTensorStats(ScheduledInspectFeature):
         columnwise_quantized_tensor: Any = None,
         quantizer: Any = None,
     ) -> None:
-        plan = inspect_plan(config, tensor_name, type(self).__name__)
-        if plan.feed(layer_name, iteration, tensor, tp_group, tp_size, rowwise_quantized_tensor):
-            log_once(plan.message, layer_name)
+        inspect_plan(config, tensor_name, type(self).__name__).feed(
+            layer_name, iteration, tensor, tp_group, tp_size, rowwise_quantized_tensor
+        )
 
     def bind_inspect_tensor(self, config: dict, layer_name: str, tensor_name: str):
         """`inspect_tensor` bound to one routed config, layer and tensor name for the rest of the session, as
         ``call(iteration, tensor, tp_group, tp_size, rowwise_quantized_tensor, columnwise_quantized_tensor,
         quantizer)`` (what `tedebug.plan` calls on the debug path; used only while this class also defines
-        `inspect_tensor`).  The plan is looked up once: a route's config does not change during its session."""
-        return LayerFeed(inspect_plan(config, tensor_name, type(self).__name__), layer_name)
+        `inspect_tensor`): the plan's `InspectPlan.feed` with the layer name bound (`functools.partial`, so a logged
+        tensor costs one Python call here).  The plan is looked up once: a route's config does not change during
+        its session."""
+        return functools.partial(inspect_plan(config, tensor_name, type(self).__name__).feed, layer_name)
 
 
 def inspect_plan(config: dict, tensor_name: Optional[str], feature_name: str = "LogTensorStats") -> "InspectPlan":
@@ -110,6 +113,9 @@ class InspectPlan:
         self.requests: Optional[Tuple[StatRequest, ...]] = None
         #: tensor shape -> (the requests that fit it, warnings for the others); used only with blockwise requests
         self.by_shape: Optional[Dict[torch.Size, tuple]] = None
+        #: the layers whose `message` this plan wrote (the session writes a line once per layer anyway; the plan
+        #: lives no longer than its session)
+        self.logged_layers: set = set()
 
     def feed(
         self,
@@ -119,9 +125,12 @@ class InspectPlan:
         tp_group: Any,
         tp_size: int,
         rowwise_quantized_tensor: Any,
+        columnwise_quantized_tensor: Any = None,
+        quantizer: Any = None,
     ) -> bool:
-        """Feed the tensor's statistics to the stats engine when the schedule is active at `iteration`; True when it
-        fed (the caller then writes `message` to the main log, once per layer)."""
+        """Feed the tensor's statistics to the stats engine when the schedule is active at `iteration`, and at the
+        first feed of a layer write `message` to the main log; True when it fed.  (The last two arguments are those
+        of the bound ``inspect_tensor`` call, which this feature does not read.)"""
         if not self.schedule.is_active(iteration):
             return False
         if type(tensor) is torch.Tensor and tensor.is_floating_point():  # the common case of the check below
@@ -135,7 +144,9 @@ class InspectPlan:
             requests = self._fitting(requests, x, layer_name)
             if not requests:
                 return False
-        current = active.session()
+        current = active.DEBUG_MANAGER
+        if current is None:
+            current = active.session()  # raises: tedebug is not initialised
         group, skip, is_weight = reduction_args(current, self.tensor_name, tp_group, tp_size)
         current.stats.feed(
             layer_name,
@@ -148,6 +159,9 @@ class InspectPlan:
             skip_reduction=skip,
             is_weight=is_weight,
         )
+        if layer_name not in self.logged_layers:
+            log_once(self.message, layer_name)
+            self.logged_layers.add(layer_name)
         return True
 
     def _parse_requests(self) -> Tuple[StatRequest, ...]:
@@ -175,34 +189,6 @@ class InspectPlan:
         for warning in entry[1]:
             log_once(warning, layer_name, logging.WARNING)
         return entry[0]
-
-
-class LayerFeed:
-    """An `InspectPlan` bound to one layer: the ``inspect_tensor`` that `tedebug.plan` calls on the debug path
-    (`LogTensorStats.bind_inspect_tensor`).  It writes the plan's main-log line at its first feed only: the session
-    writes that line once per layer anyway, and a binding lives no longer than its session."""
-
-    __slots__ = ("plan", "layer_name", "logged")
-
-    def __init__(self, plan: InspectPlan, layer_name: str) -> None:
-        self.plan = plan
-        self.layer_name = layer_name
-        self.logged = False
-
-    def __call__(
-        self,
-        iteration: int,
-        tensor: Optional[torch.Tensor],
-        tp_group: Any,
-        tp_size: int,
-        rowwise_quantized_tensor: Any,
-        columnwise_quantized_tensor: Any,
-        quantizer: Any,
-    ) -> None:
-        if self.plan.feed(self.layer_name, iteration, tensor, tp_group, tp_size, rowwise_quantized_tensor):
-            if not self.logged:
-                log_once(self.plan.message, self.layer_name)
-                self.logged = True
 
 
 def blockwise_misfit(request: StatRequest, shape: torch.Size) -> Optional[str]:

@@ -118,17 +118,20 @@ class DebugQuantizer(Quantizer):
             (self.inspect_tensor_enabled, nxt), directions = answers
             self._take(directions, nxt)
 
-    def renew(self, iteration: Optional[int] = None) -> None:
+    def renew(self, iteration: Optional[int] = None) -> Optional[int]:
         """Make this quantizer what a new construction with the same arguments would be at `iteration` (default: the
-        current one): both usages on, the plan's answers taken again.  `tedebug.nn.debug_gate` does this instead of
-        building six new quantizers per GEMM call while the session's plan is still this quantizer's
-        (`current_plans`).  With a fixed plan only question 1 is asked: the directions never change."""
+        current one): both usages on, the plan's answers taken again; returns `get_next_debug_iter()`.
+        `tedebug.nn.debug_gate` does this instead of building six new quantizers per GEMM call while the session's
+        plan is still this quantizer's (`current_plans`).  With a fixed plan only question 1 is asked: the
+        directions never change."""
         self.iteration = iteration = active.get_iteration() if iteration is None else iteration
         self.rowwise_usage = self.columnwise_usage = True
         if self.plan.fixed is not None:
-            self.inspect_tensor_enabled, self._next_debug_iter = self.plan.inspect_enabled.ask(iteration)
-        else:
-            self._resolve()
+            self.inspect_tensor_enabled, nxt = self.plan.inspect_enabled.ask(iteration)
+            self._next_debug_iter = nxt
+            return nxt
+        self._resolve()
+        return self._next_debug_iter
 
     def _resolve(self) -> None:
         """Take the plan's answers at `self.iteration`."""
@@ -158,6 +161,8 @@ class DebugQuantizer(Quantizer):
         self.columnwise_postquantize_enabled = post_col
         #: both GEMM operands are the high-precision tensor (what `_gemm_operands` gives without a dtype)
         self._high_precision_only = row == HIGH_PRECISION and col == HIGH_PRECISION
+        #: `set_usage` passes the usages on to the parent (it quantizes a direction of this tensor)
+        self._syncs_parent = col is not None and self.parent_quantizer is not None and STANDARD_QUANTIZE in (row, col)
         if col is None:  # a GEMM output: only a modification needs the path (besides the inspection)
             self._directions_need_path = row == API_CALL_MODIFY
         else:
@@ -203,9 +208,13 @@ class DebugQuantizer(Quantizer):
         )
 
     def set_usage(self, *, rowwise: Optional[bool] = None, columnwise: Optional[bool] = None) -> None:
-        """Set own usage flags and synchronise the parent's flags to the Quantize directions."""
-        super().set_usage(rowwise=rowwise, columnwise=columnwise)
-        if not self.is_output_type and self._uses_parent():
+        """Set own usage flags and synchronise the parent's flags to the Quantize directions (runs for every operand
+        of a logged GEMM: what the plans decide is read from one flag set with them)."""
+        if rowwise is not None:
+            self.rowwise_usage = bool(rowwise)
+        if columnwise is not None:
+            self.columnwise_usage = bool(columnwise)
+        if self._syncs_parent:
             row, col = self._parent_usage()
             self.parent_quantizer.set_usage(rowwise=row, columnwise=col)
 
@@ -340,7 +349,8 @@ class DebugQuantizer(Quantizer):
 
     # ------------------------------------------------------------------ inspection
     def _inspect(self, tensor: Optional[torch.Tensor], rowwise: GemmOperand, columnwise: GemmOperand) -> None:
-        iteration = active.get_iteration()
+        current = active.DEBUG_MANAGER  # (`active.get_iteration()` without its two calls per logged tensor)
+        iteration = (current if current is not None else active.session()).iteration
         if self.inspect_tensor_enabled:
             self.plan.inspect(
                 iteration, tensor, self.tp_group, self.tp_size, rowwise, columnwise, self.parent_quantizer
@@ -366,7 +376,7 @@ class DebugQuantizer(Quantizer):
     # ------------------------------------------------------------------ GEMM outputs
     def process_gemm_output(self, tensor: torch.Tensor) -> torch.Tensor:
         """Modify (if planned) and inspect a GEMM result; returns the tensor the layer should use."""
-        if not self.is_output_type:
+        if self.columnwise_gemm_name is not None:  # not a GEMM output (`is_output_type`)
             raise RuntimeError(
                 f"DebugQuantizer.process_gemm_output: {self.layer_name!r}/{self.tensor_name} is not a "
                 f"GEMM output (expected output, wgrad or dgrad)"

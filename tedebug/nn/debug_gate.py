@@ -89,13 +89,18 @@ class LayerDebugState:
             self._active = self.next_iter is not None and iteration >= self.next_iter
         if not self._active:
             return None
-        built = self._build(layer_name, quantizers, tp_group, tp_size)
+        built = self._build(layer_name, quantizers, tp_group, tp_size, iteration)
         if built is None:
             self._active = False  # nothing enabled: the same answer for the rest of this iteration
         return built
 
     def _build(
-        self, layer_name: str, quantizers: Mapping[str, object], tp_group, tp_size: int
+        self,
+        layer_name: str,
+        quantizers: Mapping[str, object],
+        tp_group,
+        tp_size: int,
+        iteration: Optional[int] = None,
     ) -> Optional[Dict[str, DebugQuantizer]]:
         if not _ROLES.issuperset(quantizers):
             unknown = set(quantizers) - _ROLES
@@ -106,6 +111,8 @@ class LayerDebugState:
         parents = tuple(map(quantizers.get, _ROLES_IN_ORDER))
         plans = current_plans()
         last = self._last
+        next_iter = None
+        enabled = False
         if (
             plans is not None
             and last is not None
@@ -116,18 +123,22 @@ class LayerDebugState:
             and all(map(operator.is_, parents, last[1]))
         ):
             result = last[5]  # the same plans, parents and TP group: renew (see the module docstring)
-            iteration = active.get_iteration()
-            for q in last[6]:
-                q.renew(iteration)
-        else:
-            result = {
-                role: DebugQuantizer(layer_name, tensor, parent, tp_group, tp_size)
-                for (role, tensor), parent in zip(ROLE_TO_TENSOR, parents)
-            }
-            # the table the new quantizers' plans are in (built after them: compiling may have created it)
-            self._last = (layer_name, parents, tp_group, tp_size, current_plans(), result, tuple(result.values()))
-        next_iter = None
-        enabled = False
+            if iteration is None:
+                iteration = active.get_iteration()
+            for q in last[6]:  # renew, and in the same pass the earliest next iteration and whether any is enabled
+                nxt = q.renew(iteration)
+                if nxt is not None and (next_iter is None or nxt < next_iter):
+                    next_iter = nxt
+                if not enabled:
+                    enabled = q.any_feature_enabled()
+            self.next_iter = next_iter
+            return result if enabled else None
+        result = {
+            role: DebugQuantizer(layer_name, tensor, parent, tp_group, tp_size)
+            for (role, tensor), parent in zip(ROLE_TO_TENSOR, parents)
+        }
+        # the table the new quantizers' plans are in (built after them: compiling may have created it)
+        self._last = (layer_name, parents, tp_group, tp_size, current_plans(), result, tuple(result.values()))
         for q in result.values():
             nxt = q.get_next_debug_iter()
             if nxt is not None and (next_iter is None or nxt < next_iter):

@@ -294,14 +294,37 @@ def _emulated(a, b, a_usage, b_usage, layout, out_dtype, bias) -> torch.Tensor:
     return out if out_dtype is out.dtype else out.to(dtype=out_dtype)  # (a keyword dtype= parses faster)
 
 
-def _plain(a: torch.Tensor, b: torch.Tensor, layout: str, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    a2, b2 = _as_2d(a), _as_2d(b)
+def _plain(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    layout: str,
+    out_dtype: Optional[torch.dtype],
+    bias: Optional[torch.Tensor],
+    gemm_name: str,
+    roles: Tuple[str, str],
+) -> torch.Tensor:
+    """The plain-operand entry: two plain tensors of one dtype, as the torch ops themselves (``F.linear`` for "TN",
+    ``torch.mm`` otherwise: what ``@`` runs on 2-D operands), with the checks of `gemm` done on the 2-D views and no
+    op that returns its input (a 2-D operand is not reshaped, an output of `out_dtype` is not converted).  This runs
+    three times per GEMM call of a layer on the high-precision debug path, so each avoided call counts."""
+    if layout not in _USAGES:
+        raise ValueError(f"GEMM '{gemm_name}': layout must be one of {LAYOUTS}, got {layout!r}")
+    a2 = a if a.dim() == 2 else _as_2d(a)
+    b2 = b if b.dim() == 2 else _as_2d(b)
+    if a2.device != b2.device:
+        raise RuntimeError(f"GEMM '{gemm_name}': operands on different devices ({a.device} and {b.device})")
+    a_shape, b_shape = a2.shape, b2.shape
+    if (a_shape[1] if layout[0] == "T" else a_shape[0]) != (b_shape[0] if layout[1] == "T" else b_shape[1]):
+        _check_shapes(a, b, layout, gemm_name, roles)  # raises, naming the operands' own shapes
     if layout == "TN":
-        return torch.nn.functional.linear(b2, a2, bias)
-    op_a = a2.t() if layout[0] == "T" else a2
-    op_b = b2 if layout[1] == "N" else b2.t()
-    out = op_b @ op_a
-    return out if bias is None else out + bias
+        out = torch.nn.functional.linear(b2, a2, bias)
+    else:
+        out = torch.mm(b2 if layout[1] == "N" else b2.t(), a2.t() if layout[0] == "T" else a2)
+        if bias is not None:
+            out = out + bias
+    if out_dtype is None:
+        out_dtype = a.dtype
+    return out if out.dtype is out_dtype else out.to(dtype=out_dtype)
 
 
 # ------------------------------------------------------------------------------------------------ entry
@@ -323,6 +346,8 @@ def gemm(
     to the fp32 result before the cast (plain operands: as ``F.linear`` does).  ``use_native=False`` forces emulation
     (for tests).
     """
+    if isinstance(A, torch.Tensor) and isinstance(B, torch.Tensor) and A.dtype is B.dtype:
+        return _plain(A, B, layout, out_dtype, bias, gemm_name, roles)
     usages = _USAGES.get(layout)
     if usages is None:
         raise ValueError(f"GEMM '{gemm_name}': layout must be one of {LAYOUTS}, got {layout!r}")
@@ -335,7 +360,7 @@ def gemm(
     if out_dtype is None:
         out_dtype = a.dtype if isinstance(a, torch.Tensor) else b.dtype
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype:
-        return _plain(a, b, layout, bias).to(out_dtype)
+        return _plain(a, b, layout, out_dtype, bias, gemm_name, roles)  # (unwrapped from a debug / identity tensor)
     if use_native:
         out = _try_scaled_mm(a, b, a_usage, b_usage, out_dtype, bias)
         if out is not None:

@@ -66,11 +66,16 @@ class RowsInFlight:
         self.entries: List[FedRow] = [FedRow(buffer) for buffer in fed]
         by_device: Dict[torch.device, List[FedRow]] = {}
         slabs: Dict[RowSlab, None] = {}
-        for entry in self.entries:
+        #: statistics vectors fed as rows, by (device, length)
+        vectors: Dict[Tuple[torch.device, int], List[Tuple[FedRow, VectorRow]]] = {}
+        for entry in self.entries:  # (one pass; a row fed as host values needs none of it)
             if entry.row is not None:
                 by_device.setdefault(entry.row.device, []).append(entry)
             for slab, _ in entry.slab_rows:
                 slabs.setdefault(slab, None)
+            for vector_row in entry.vector_rows:
+                vector = vector_row.vector
+                vectors.setdefault((vector.device, vector.numel()), []).append((entry, vector_row))
         self._slabs = list(slabs)
         self._row_groups: List[Tuple[List[FedRow], torch.Tensor]] = []
         cuda_devices = {slab.device for slab in self._slabs if slab.device.type == "cuda"}
@@ -83,11 +88,6 @@ class RowsInFlight:
                 cuda_devices.add(device)
             self._row_groups.append((entries, flat))
         # statistics vectors fed as rows: one stack (one launch per batch of inputs) and one copy per device and length
-        vectors: Dict[Tuple[torch.device, int], List[Tuple[FedRow, VectorRow]]] = {}
-        for entry in self.entries:
-            for vector_row in entry.vector_rows:
-                vector = vector_row.vector
-                vectors.setdefault((vector.device, vector.numel()), []).append((entry, vector_row))
         self._vector_groups: List[Tuple[List[Tuple[FedRow, VectorRow]], torch.Tensor]] = []
         for (device, _), members in vectors.items():
             stacked = torch.stack([vector_row.vector for _, vector_row in members])
@@ -122,6 +122,8 @@ class RowsInFlight:
                 numel = vector_row.numel
                 row = [values[p] if p >= 0 else numel for p in vector_row.positions]
                 vector_parts.setdefault(entry.key, []).append(row)
+        if not self._slabs and not self._vector_groups:
+            return host  # every row was fed as host values or as a tensor row (no slab row, no vector row)
         # An entry whose row is exactly one slab row (one feed through a kernel: the common case) takes its columns
         # from one gather per (slab, column positions), one whose row is exactly one statistics vector is that
         # vector's row; the others are merged below.

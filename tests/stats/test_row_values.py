@@ -1,0 +1,104 @@
+"""A buffer's emitters compute every final value of a merged row in one call (`Emitters.row_values`) with the same
+bits as the per-statistic finalizers and as `finalize` (the formulas on a column mapping), and a step's emission
+(`ScalarBatch`) makes that one call per buffer instead of one per statistic; pinned by counting calls."""
+
+from __future__ import annotations
+
+import math
+import random
+
+from tedebug.sinks.batch import ScalarBatch
+from tedebug.stats.definitions import (
+    HP_KINDS,
+    QUANTIZED_KINDS,
+    Emitters,
+    StatRequest,
+    columns_for,
+    emitters,
+    finalize,
+)
+
+
+def _requests():
+    hp = [StatRequest.parse_hp(kind) for kind in HP_KINDS]
+    hp.append(StatRequest.blockwise(4, 1, False))
+    quantized = [StatRequest(kind, kind, recipe="", columnwise=False) for kind in QUANTIZED_KINDS]
+    quantized += [StatRequest(f"mxfp8_{kind}_columnwise", kind, recipe="mxfp8", columnwise=True) for kind in ("mse",)]
+    return hp, quantized
+
+
+def _key(value):
+    """Bits of a float result, NaN as one marker (the formulas return Python floats)."""
+    assert type(value) is float
+    return "nan" if math.isnan(value) else (value, math.copysign(1.0, value))
+
+
+def _rows(columns, rng):
+    """Merged rows in `columns` order: signed values where a partial has a sign (min, max, sum), magnitudes
+    elsewhere, with zeros of both signs, infinities and NaN among them."""
+    signed = {"min", "max", "sum"}
+    for i in range(300):
+        row = []
+        for column in columns:
+            if column.name == "numel":
+                row.append(float(rng.choice([0, 1, 2, 7, 4096])))
+            elif i % 3 == 0:
+                special = [0.0, -0.0, 1.0, 2.0, 1e-30, 3e38, math.inf, math.nan]
+                row.append(rng.choice(special + ([-math.inf, -5.0] if column.name in signed else [])))
+            elif column.name in signed:
+                row.append(rng.uniform(-1e3, 1e3))
+            else:
+                row.append(abs(rng.gauss(0, 10)))
+        yield row
+
+
+def test_row_values_equal_the_finalizers_and_finalize_bit_for_bit():
+    rng = random.Random(14)
+    for requests in _requests():
+        columns = columns_for(requests)
+        built = emitters([f"L_x_{r.name}" for r in requests], requests, columns)
+        assert [(name, stat) for name, stat, _ in built] == [(f"L_x_{r.name}", r.name) for r in requests]
+        for row in _rows(columns, rng):
+            fused = built.row_values(row)
+            one_by_one = [value_of(row) for _, _, value_of in built]
+            oracle = [finalize(r, dict(zip(columns, row))) for r in requests]
+            assert list(map(_key, fused)) == list(map(_key, one_by_one)) == list(map(_key, oracle))
+
+
+def test_batch_calls_row_values_once_per_buffer():
+    requests = [StatRequest.parse_hp(kind) for kind in ("min", "max", "mean", "std", "dynamic_range")]
+    columns = columns_for(requests)
+    first = emitters(["a_min", "a_max", "a_mean", "a_std", "a_dr"], requests, columns)
+    second = emitters(["b_min", "b_max", "b_mean", "b_std", "b_dr"], requests, columns)
+    calls = []
+
+    def counted(built):
+        """`built` whose per-statistic finalizers must not run, and whose row_values counts its calls."""
+        watched = Emitters((name, stat, _never) for name, stat, _ in built)
+
+        def row_values(row):
+            calls.append(1)
+            return built.row_values(row)
+
+        watched.row_values = row_values
+        return watched
+
+    first, second = counted(first), counted(second)
+    rng = random.Random(3)
+    rows = [next(_rows(columns, rng)) for _ in range(2)]
+    batch = ScalarBatch([(first, rows[0], 7, "a", "x"), (second, rows[1], 7, "b", "x")])
+    values = batch.values
+    assert len(calls) == 2 and len(values) == 10
+    expected = [finalize(r, dict(zip(columns, row))) for row in rows for r in requests]
+    assert list(map(_key, values)) == list(map(_key, expected))
+    assert [record[0] for record in batch] == ["a_min", "a_max", "a_mean", "a_std", "a_dr"] + [
+        "b_min",
+        "b_max",
+        "b_mean",
+        "b_std",
+        "b_dr",
+    ]
+
+
+def _never(row):
+    raise AssertionError("a per-statistic finalizer ran although the buffer's row_values did")

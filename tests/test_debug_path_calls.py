@@ -1,0 +1,120 @@
+"""The debug path's per-operand shortcuts keep their promise, pinned by counting calls (never by timing):
+
+- `DebugQuantizer.set_usage` (every operand of a logged GEMM) passes the usages on to the parent quantizer only
+  when a direction of the tensor is quantized by it, and then exactly as the parent-usage rule says;
+- a logged high-precision layer's debug gate renews its six quantizers once per call (no new quantizer), asking
+  each plan's inspection question once, at the session's iteration;
+- LogTensorStats' inspection of a logged tensor is one `InspectPlan.feed` call.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tedebug import debug_api
+from tedebug.features import log_tensor_stats
+from tedebug.debug_quantization import HIGH_PRECISION, STANDARD_QUANTIZE, DebugQuantizer
+from tedebug.nn import Linear
+from tedebug.quantization import Float8CurrentScalingQuantizer
+
+from support.features import RecordingSink, debug_session, section
+
+LAYER = "decoder.1.fc1"
+
+
+def _counting_set_usage(quantizer):
+    calls = []
+    real = quantizer.set_usage
+
+    def set_usage(*, rowwise=None, columnwise=None):
+        calls.append((rowwise, columnwise))
+        real(rowwise=rowwise, columnwise=columnwise)
+
+    quantizer.set_usage = set_usage
+    return calls
+
+
+def test_set_usage_reaches_the_parent_only_when_it_quantizes(start):
+    start({"DebugDisableGemm": {"enabled": True, "gemms": ["fprop", "wgrad"]}})
+    parent = Float8CurrentScalingQuantizer("E4M3")
+    calls = _counting_set_usage(parent)
+    q = DebugQuantizer(LAYER, "activation", parent, None)  # both GEMMs of the activation in high precision
+    assert (q.rowwise_tensor_plan, q.columnwise_tensor_plan) == (HIGH_PRECISION, HIGH_PRECISION)
+    q.set_usage(rowwise=True, columnwise=False)
+    assert calls == [] and (q.rowwise_usage, q.columnwise_usage) == (True, False)
+    gradient = DebugQuantizer(LAYER, "gradient", None, None)  # no parent at all
+    gradient.set_usage(rowwise=False, columnwise=True)
+    assert (gradient.rowwise_usage, gradient.columnwise_usage) == (False, True)
+
+
+def test_set_usage_passes_the_quantized_directions_on(start):
+    start({"DebugDisableGemm": {"enabled": True, "gemms": ["fprop"]}})
+    parent = Float8CurrentScalingQuantizer("E4M3")
+    calls = _counting_set_usage(parent)
+    q = DebugQuantizer(LAYER, "activation", parent, None)  # fprop high precision, wgrad quantized
+    assert (q.rowwise_tensor_plan, q.columnwise_tensor_plan) == (HIGH_PRECISION, STANDARD_QUANTIZE)
+    q.set_usage(rowwise=True, columnwise=True)
+    q.set_usage(columnwise=False)
+    assert calls == [(False, True), (False, False)]
+
+
+def test_logged_layer_renews_its_quantizers_once_per_call(tmp_path, monkeypatch):
+    config = section(
+        {"LogTensorStats": {"enabled": True, "stats": ["min"], "tensors": ["activation", "weight"], "freq": 1}}
+    )
+    layer = Linear(8, 4, name="lin")
+    x = torch.randn(2, 8)
+    built, renewed = [], []
+    real_init, real_renew = DebugQuantizer.__init__, DebugQuantizer.renew
+
+    def init(self, *args, **kwargs):
+        built.append(args[1])
+        real_init(self, *args, **kwargs)
+
+    def renew(self, iteration=None):
+        renewed.append((self.tensor_name, iteration))
+        return real_renew(self, iteration)
+
+    monkeypatch.setattr(DebugQuantizer, "__init__", init)
+    monkeypatch.setattr(DebugQuantizer, "renew", renew)
+    with debug_session(config, tmp_path):
+        for _ in range(3):
+            layer(x).sum().backward()
+            debug_api.step()
+    assert built == ["activation", "weight", "output", "dgrad", "wgrad", "gradient"]  # the first call only
+    tensors = [name for name, _ in renewed]
+    assert tensors == ["activation", "weight", "output", "dgrad", "wgrad", "gradient"] * 2
+    assert [iteration for _, iteration in renewed] == [1] * 6 + [2] * 6
+
+
+def test_log_tensor_stats_bound_inspection_is_one_feed_per_logged_tensor(tmp_path, monkeypatch):
+    """Through the debug path, LogTensorStats' inspection of a tensor is one `InspectPlan.feed` call (bound to the
+    layer, no wrapper object), its main-log line written once per layer, and the statistics are the tensors'."""
+    feeds = []
+    real_feed = log_tensor_stats.InspectPlan.feed
+
+    def feed(plan, layer_name, *args):
+        feeds.append((layer_name, plan.tensor_name))
+        return real_feed(plan, layer_name, *args)
+
+    monkeypatch.setattr(log_tensor_stats.InspectPlan, "feed", feed)
+    sink = RecordingSink()
+    config = section({"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["activation", "gradient"]}})
+    layer = Linear(4, 2, name="lin")
+    xs = [torch.tensor([[1.0, -2.0, 3.0, 0.5]]) * (i + 1) for i in range(3)]
+    with debug_session(config, tmp_path, sink):
+        for x in xs:
+            layer(x).sum().backward()
+            debug_api.step()
+        log = (tmp_path / "nvdlfw_inspect_logs").glob("*.log")
+    assert feeds == [("lin", "activation"), ("lin", "gradient")] * 3
+    lines = [
+        line for path in log for line in path.read_text().splitlines() if "API=look_at_tensor_before_process" in line
+    ]
+    assert [line.split(" - ", 2)[2] for line in lines] == [
+        "LAYER=lin: Feature=LogTensorStats, API=look_at_tensor_before_process: activation",
+        "LAYER=lin: Feature=LogTensorStats, API=look_at_tensor_before_process: gradient",
+    ]
+    assert {k: v for k, v in sink.values().items() if k[0] == "lin_activation_max"} == {
+        ("lin_activation_max", i): 3.0 * (i + 1) for i in range(3)
+    }
