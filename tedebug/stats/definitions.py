@@ -389,57 +389,24 @@ def finalizer(request: StatRequest, columns: Sequence[Column]) -> Callable[[Sequ
     return lambda row: finalize(request, dict(zip(columns, row)))
 
 
-def _expression(request: StatRequest, position: Mapping[Column, int], fallback: str) -> str:
-    """The Python expression of `finalizer`'s formula for `request` on a row named ``row`` whose numel is the local
-    ``n`` (`fallback`: the expression to use for a kind without a formula here, a call of its finalizer).  The
-    expressions spell out `_div`, `_std`, `_dynamic_range` and `_log2` (the same operations in the same order, so
-    the same bits; `tests/stats/test_row_values.py` compares them on zeros, infinities and NaN)."""
-    kind = request.kind
-
-    def at(name: str) -> str:
-        return f"float(row[{position[_PLAIN_COLUMNS[name]]}])"
-
-    if kind in _SINGLE_PARTIAL_KINDS:
-        return at(_HP_PARTIALS[kind][0])
-    if kind == "mean":  # _div(sum, numel)
-        return f"({at('sum')} / n if n != 0 else _nan)"
-    if kind == "std":  # _std(m2, numel)
-        return f"(_sqrt({at('m2')} / (n - 1)) if n > 1 else _nan)"
-    if kind == "l2_norm":
-        return f"_sqrt({at('sq_sum')})"
-    if kind == "dynamic_range":  # _dynamic_range(nz_abs_max, nz_abs_min): +inf when no element is non-zero
-        return (
-            f"(_inf if (hi := {at('nz_abs_max')}) == 0.0 "
-            f"else _log2(hi) - (-_inf if (lo := {at('nz_abs_min')}) == 0.0 else _log2(lo)))"
-        )
-    return fallback
-
-
 class Emitters(tuple):
     """A buffer's emitters: ``(emitted name, request name, value_of)`` per request, in request order (what
     `tedebug.sinks.batch.ScalarBatch` reads), plus `row_values`: every ``value_of(row)`` of the tuple in one call,
-    in order and with the same formulas (so the same bits), for the emission of a step (one call per buffer instead
-    of one per statistic)."""
+    in order, for the emission of a step (one call per buffer instead of one per statistic)."""
 
     row_values: Callable[[Sequence[float]], list]
 
 
 def emitters(names: Sequence[str], requests: Sequence[StatRequest], columns: Sequence[Column]) -> Emitters:
-    """The `Emitters` of a buffer whose merged row is in `columns` order (`names`: the emitted name per request).
-
-    `row_values` is compiled once per buffer from the formulas of `finalizer` (the column positions resolved now,
-    the statistics without an inline formula called through their own finalizer)."""
-    value_ofs = [finalizer(r, columns) for r in requests]
+    """The `Emitters` of a buffer whose merged row is in `columns` order (`names`: the emitted name per request);
+    the finalizers are built once per buffer (`finalizer`)."""
+    value_ofs = tuple(finalizer(r, columns) for r in requests)
     built = Emitters((name, r.name, value_of) for name, r, value_of in zip(names, requests, value_ofs))
-    position = {column: i for i, column in enumerate(columns)}
-    scope: Dict[str, Any] = {"_sqrt": math.sqrt, "_log2": math.log2, "_nan": math.nan, "_inf": math.inf}
-    parts = []
-    for i, (request, value_of) in enumerate(zip(requests, value_ofs)):
-        scope[f"_value_of_{i}"] = value_of
-        parts.append(_expression(request, position, f"_value_of_{i}(row)"))
-    source = f"def row_values(row):\n    n = float(row[{position[NUMEL]}])\n    return [{', '.join(parts)}]\n"
-    exec(compile(source, "<tedebug.stats.definitions.emitters>", "exec"), scope)  # (the formulas above only)
-    built.row_values = scope["row_values"]
+
+    def row_values(row: Sequence[float]) -> list:
+        return [value_of(row) for value_of in value_ofs]
+
+    built.row_values = row_values
     return built
 
 
