@@ -111,8 +111,6 @@ class LayerDebugState:
         parents = tuple(map(quantizers.get, _ROLES_IN_ORDER))
         plans = current_plans()
         last = self._last
-        next_iter = None
-        enabled = False
         if (
             plans is not None
             and last is not None
@@ -122,31 +120,25 @@ class LayerDebugState:
             and last[3] == tp_size
             and all(map(operator.is_, parents, last[1]))
         ):
-            result = last[5]  # the same plans, parents and TP group: renew (see the module docstring)
+            result, built = last[5], last[6]  # the same plans, parents and TP group: renew (module docstring)
             if iteration is None:
                 iteration = active.get_iteration()
-            for q in last[6]:  # renew, and in the same pass the earliest next iteration and whether any is enabled
-                nxt = q.renew(iteration)
-                if nxt is not None and (next_iter is None or nxt < next_iter):
-                    next_iter = nxt
-                if not enabled:
-                    enabled = q.any_feature_enabled()
-            self.next_iter = next_iter
-            return result if enabled else None
-        result = {
-            role: DebugQuantizer(layer_name, tensor, parent, tp_group, tp_size)
-            for (role, tensor), parent in zip(ROLE_TO_TENSOR, parents)
-        }
-        # the table the new quantizers' plans are in (built after them: compiling may have created it)
-        self._last = (layer_name, parents, tp_group, tp_size, current_plans(), result, tuple(result.values()))
-        for q in result.values():
-            nxt = q.get_next_debug_iter()
+            nexts = [q.renew(iteration) for q in built]
+        else:
+            result = {
+                role: DebugQuantizer(layer_name, tensor, parent, tp_group, tp_size)
+                for (role, tensor), parent in zip(ROLE_TO_TENSOR, parents)
+            }
+            built = tuple(result.values())
+            # the table the new quantizers' plans are in (built after them: compiling may have created it)
+            self._last = (layer_name, parents, tp_group, tp_size, current_plans(), result, built)
+            nexts = [q.get_next_debug_iter() for q in built]
+        next_iter = None  # the earliest next debug iteration of the six
+        for nxt in nexts:
             if nxt is not None and (next_iter is None or nxt < next_iter):
                 next_iter = nxt
-            if not enabled:
-                enabled = q.any_feature_enabled()
         self.next_iter = next_iter
-        return result if enabled else None
+        return result if any(q.any_feature_enabled() for q in built) else None
 
     @property
     def active(self) -> bool:
