@@ -1,7 +1,8 @@
-"""The statistics pass that is also FP8 current scaling's amax pass (``ted_stats_scale``): its statistics row is bit
-for bit the row of the plain statistics launch, its amax / scale / scale_inv those of the amax pass, so the codes
-are the same bytes; and on the debug path a LogTensorStats feed of an FP8-quantized tensor takes that row (no
-statistics launch of its own) and logs what the separate launch logs.  Every test needs CUDA and CuPy."""
+"""The statistics pass that is also the amax pass (``ted_stats_amax``): its statistics row is bit for bit the row of
+the plain statistics launch, and in every mode of the amax pass (current scaling, NVFP4's two slots with the
+non-zero count, a delayed-scaling history entry) it writes what that pass writes, so the codes are the same bytes;
+and on the debug path a LogTensorStats feed of an FP8-quantized tensor takes that row (no statistics launch of its
+own) and logs what the separate launch logs.  Every test needs CUDA and CuPy."""
 
 import pytest
 import torch
