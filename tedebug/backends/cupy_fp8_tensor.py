@@ -80,7 +80,7 @@ def amax_launch(
     n = x.numel()
     vec = 16 // x.element_size()
     grid = grid_for(x.device, max(n // vec, 1))
-    partials, tickets = workspace(x.device)
+    _, tickets = workspace(x.device)
     base = out.data_ptr()
     if record is not None:
         mode = AmaxMode.RECORD
@@ -101,6 +101,17 @@ def amax_launch(
             f"{count_out.dtype} {tuple(count_out.shape)} on {count_out.device}"
         )
     if high_precision_out is not None:
+        if (
+            high_precision_out.dtype != torch.float64
+            or high_precision_out.numel() < BASIC_ROW_LEN
+            or high_precision_out.device != x.device
+            or not high_precision_out.is_contiguous()
+        ):
+            raise ValueError(
+                f"amax_launch: high_precision_out must be a contiguous float64 tensor of {BASIC_ROW_LEN} elements on "
+                f"{x.device}, got {high_precision_out.dtype} {tuple(high_precision_out.shape)} on "
+                f"{high_precision_out.device}"
+            )
         nz_ptr = count_out.data_ptr() if count_out is not None else 0
         basic_stats_and_amax_into(x, high_precision_out.data_ptr(), outputs, nz_ptr)
         return

@@ -100,6 +100,8 @@ def test_every_amax_mode_writes_what_the_amax_pass_writes(dtype, n, mode):
         cupy_stats.basic_stats_into(x, plain_row.data_ptr())
         assert torch.equal(bits(results[1][2]), bits(plain_row))
         assert torch.equal(bits(results[0][2]), bits(torch.full_like(plain_row, -1.0)))  # the amax pass: untouched
+    with pytest.raises(ValueError, match="high_precision_out must be a contiguous float64 tensor of 13"):
+        cupy_fp8_tensor.amax_launch(x, out[:1], high_precision_out=row.float())
 
 
 def test_delayed_scaling_and_nvfp4_quantizers_keep_the_row_with_the_same_bytes():
