@@ -349,8 +349,7 @@ class DebugQuantizer(Quantizer):
 
     # ------------------------------------------------------------------ inspection
     def _inspect(self, tensor: Optional[torch.Tensor], rowwise: GemmOperand, columnwise: GemmOperand) -> None:
-        current = active.DEBUG_MANAGER  # (`active.get_iteration()` without its two calls per logged tensor)
-        iteration = (current if current is not None else active.session()).iteration
+        iteration = active.get_iteration()
         if self.inspect_tensor_enabled:
             self.plan.inspect(
                 iteration, tensor, self.tp_group, self.tp_size, rowwise, columnwise, self.parent_quantizer

@@ -237,7 +237,7 @@ def _restored(holder, chunk: Tuple[Optional[torch.Tensor], ...]):
 
 
 def _process_output(q, tensor: torch.Tensor, replay: bool = False) -> torch.Tensor:
-    if q is None or not (getattr(q, "is_debug", False) is True or is_debug_quantizer(q)):  # (the common answer first)
+    if not is_debug_quantizer(q):
         return tensor
     return q.process_gemm_output_without_inspection(tensor) if replay else q.process_gemm_output(tensor)
 
@@ -357,7 +357,7 @@ def _quantize(call: _Call, role: str, tensor: torch.Tensor, rowwise: bool, colum
     if not (rowwise or columnwise):
         rowwise = True  # a quantizer must produce something; only reached for unused operands
     q.set_usage(rowwise=rowwise, columnwise=columnwise)
-    if call.debug and (getattr(q, "is_debug", False) is True or is_debug_quantizer(q)):  # (the common answer first)
+    if call.debug and is_debug_quantizer(q):
         if replay:
             return q.quantize_without_inspection(tensor)
         layer_operand = getattr(q, "layer_operand", None)  # (tedebug's DebugQuantizer; a stand-in may lack it)

@@ -420,9 +420,9 @@ def _host_error_stats(values: np.ndarray, codes: np.ndarray, inverse: np.float32
 
 def _host_error_vector(values: np.ndarray, codes: np.ndarray, inverse: np.float32, fmt: str, amax) -> torch.Tensor:
     flat = values.reshape(-1)
-    decoded = fp8_decode_table(fmt).take(codes.reshape(-1), mode="clip")  # the fp32 code values (uint8: in range)
-    kept = np.count_nonzero(decoded)  # codes other than ±0 (the NaN code is non-zero)
-    np.multiply(decoded, inverse, out=decoded)  # the dequantized values
+    codes = codes.reshape(-1)
+    kept = np.count_nonzero(codes & 0x7F)  # codes other than ±0 (0x00 / 0x80; the NaN code is non-zero)
+    decoded = _decode_array(fmt, codes, inverse)  # the dequantized values, as `_dequantize` gives them
     terms = flat.astype(np.float64)
     np.subtract(terms, decoded, out=terms)
     np.multiply(terms, terms, out=terms)
