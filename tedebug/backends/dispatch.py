@@ -156,13 +156,7 @@ def stats_backend(tensor: torch.Tensor, kernel: KernelChoice = None) -> ModuleTy
     so the usual answers take one look at the backend name and at the tensor: "torch" or a tensor that is not on a
     CUDA device under "auto" get the torch reference, a CUDA tensor the kernels take under "auto" gets
     them; "cupy" goes through `use_kernels`, which raises where the kernels cannot run)."""
-    if kernel is not None:
-        name = _name_of(kernel)
-    elif _override is not None:  # `requested_backend()`, spelled out: this runs for every logged tensor
-        name = _override
-    else:
-        raw = _read_env() or "auto"
-        name = _env_parsed[1] if raw == _env_parsed[0] else requested_backend()
+    name = _name_of(kernel)
     if name == "torch":
         return torch_ref
     if name == "auto":
