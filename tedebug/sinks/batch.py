@@ -8,9 +8,7 @@ the records ``(name, value, iteration, layer, tensor, stat)`` are built on first
 (`tedebug.sinks.text`, `tedebug.sinks.jsonl`) read its columns instead, each computed once per batch whatever the
 number of sinks:
 
-* `values`: the value of every record as a Python float, in record order (every ``value_of`` runs once per batch;
-  emitters that are a `tedebug.stats.definitions.Emitters`, as the engine's buffers give, compute all the values
-  of their row in one ``row_values`` call, with the same formulas);
+* `values`: the value of every record as a Python float, in record order (every ``value_of`` runs once per batch);
 * `iteration`: the iteration of every record, or None when they differ;
 * `layout` / `same_layout`: a key of the sequence of (name, layer, tensor, stat): the rows' emitters, layer and
   tensor objects, compared by identity.  A buffer keeps its emitters tuple while its requests stay the same, so
@@ -94,15 +92,8 @@ class ScalarBatch(Sequence):
 
     def _raw_values(self) -> List[Any]:
         """``value_of(row)`` of every statistic, in record order, as the emitters return them."""
-        if self._raw is None:
-            raw: List[Any] = []
-            for emitters, row, _, _, _ in self._rows:
-                row_values = getattr(emitters, "row_values", None)  # `tedebug.stats.definitions.Emitters`
-                if row_values is not None:  # every value of the row in one call (the same formulas)
-                    raw += row_values(row)
-                else:
-                    raw += [value_of(row) for _, _, value_of in emitters]
-            self._raw = raw
+        if self._raw is None:  # (a comprehension: Python calls Python functions faster than map does)
+            self._raw = [value_of(row) for emitters, row, _, _, _ in self._rows for _, _, value_of in emitters]
         return self._raw
 
     @property

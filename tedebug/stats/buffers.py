@@ -32,7 +32,7 @@ from tedebug.stats.definitions import (
     columns_for,
     combine_rows,
     family_of,
-    emitters,
+    finalizer,
 )
 from tedebug.stats.slab import RowSlab
 
@@ -109,8 +109,8 @@ class StatBuffer:
         self._positions: Dict[Tuple[str, ...], Tuple[int, ...]] = {}
         self._vector_positions: Dict[Tuple[str, ...], Tuple[int, ...]] = {}
         #: (emitted name, request name, value of the request from a merged row in `columns` order) per request
-        self.emitters: Tuple[Tuple[str, str, Callable[[Sequence[float]], float]], ...] = emitters(
-            self.stat_names, requests, self.columns
+        self.emitters: Tuple[Tuple[str, str, Callable[[Sequence[float]], float]], ...] = tuple(
+            (name, r.name, finalizer(r, self.columns)) for name, r in zip(self.stat_names, requests)
         )
 
     def covered_by(self, keys: Tuple[str, ...]) -> bool:

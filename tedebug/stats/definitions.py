@@ -389,27 +389,6 @@ def finalizer(request: StatRequest, columns: Sequence[Column]) -> Callable[[Sequ
     return lambda row: finalize(request, dict(zip(columns, row)))
 
 
-class Emitters(tuple):
-    """A buffer's emitters: ``(emitted name, request name, value_of)`` per request, in request order (what
-    `tedebug.sinks.batch.ScalarBatch` reads), plus `row_values`: every ``value_of(row)`` of the tuple in one call,
-    in order, for the emission of a step (one call per buffer instead of one per statistic)."""
-
-    row_values: Callable[[Sequence[float]], list]
-
-
-def emitters(names: Sequence[str], requests: Sequence[StatRequest], columns: Sequence[Column]) -> Emitters:
-    """The `Emitters` of a buffer whose merged row is in `columns` order (`names`: the emitted name per request);
-    the finalizers are built once per buffer (`finalizer`)."""
-    value_ofs = tuple(finalizer(r, columns) for r in requests)
-    built = Emitters((name, r.name, value_of) for name, r, value_of in zip(names, requests, value_ofs))
-
-    def row_values(row: Sequence[float]) -> list:
-        return [value_of(row) for value_of in value_ofs]
-
-    built.row_values = row_values
-    return built
-
-
 def _dynamic_range(nz_max: float, nz_min: float) -> float:
     if nz_max == 0.0:  # no non-zero element anywhere: TransformerEngine's top = +inf, bottom = 0
         return math.inf
