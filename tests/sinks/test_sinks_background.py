@@ -551,21 +551,18 @@ def test_flush_and_wait_writes_in_the_caller_thread_after_the_batch_in_flight(tm
     then the queued one in the caller's thread, in order; a sink error is raised as the writer's errors are (naming
     the sink), the failed sink is skipped afterwards under "warn", and an interrupt in a sink is not kept."""
     metrics = MetricLogger(background=True)
-    gate = threading.Event()
-
-    class Gated(ThreadedRecorder):
-        def log_scalars(self, records):
-            gate.wait()
-            super().log_scalars(records)
-
-    sink = Gated()
+    sink = Gated(blocked_iteration=1)
     metrics.add_sink(sink)
     metrics.log_scalars([rec("L", "max", 1.0, 1)])
     metrics.flush()  # batch 1 in flight on the writer thread, held at the gate
+    assert sink.entered.wait(10)
     metrics.log_scalars([rec("L", "max", 2.0, 2)])
+    waiting = signal_waits(metrics)
     waiter = threading.Thread(target=metrics.flush_and_wait)
     waiter.start()
-    gate.set()
+    assert waiting.wait(10) and waiter.is_alive()  # it waits for batch 1 before writing batch 2
+    assert [c for c in sink.calls if c[0] == "log"] == []
+    sink.gate.set()
     waiter.join()
     logged = [(c[1][2], c[2]) for c in sink.calls if c[0] == "log"]
     assert logged == [(1, WRITER_THREAD), (2, waiter.name)]
