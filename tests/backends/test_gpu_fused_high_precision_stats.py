@@ -78,7 +78,9 @@ def test_every_amax_mode_writes_what_the_amax_pass_writes(dtype, n, mode):
     for x in inputs((n,), dtype, n):
         results = []
         for fused in (False, True):
-            row = torch.full((cupy_stats.BASIC_ROW_LEN,), -1.0, dtype=torch.float64, device=DEV)
+            # one slot past the row: the statistics pass writes the 13 values and nothing beyond them
+            guarded = torch.full((cupy_stats.BASIC_ROW_LEN + 1,), -1.0, dtype=torch.float64, device=DEV)
+            row = guarded[: cupy_stats.BASIC_ROW_LEN]
             out = torch.full((8,), 7.0, dtype=torch.float32, device=DEV)
             count = torch.full((1,), -1, dtype=torch.int64, device=DEV)
             kwargs = {"high_precision_out": row} if fused else {}
@@ -92,14 +94,14 @@ def test_every_amax_mode_writes_what_the_amax_pass_writes(dtype, n, mode):
                 cupy_fp8_tensor.amax_launch(x, out[:4], record=(scale, out[4:5]), **kwargs)
             else:
                 cupy_fp8_tensor.amax_launch(x, out, "E4M3", 1e-6, False, scale_inv_slot=4, **kwargs)
-            results.append((bits(out), count.item(), row))
+            results.append((bits(out), count.item(), row, guarded[-1].item()))
         assert torch.equal(results[0][0], results[1][0]) and results[0][1] == results[1][1]
         if mode == "both_slots_count":  # subnormals count (the scalar tail of the amax pass flushed them once)
             assert results[0][1] == torch.count_nonzero(x).item()
         plain_row = torch.empty(cupy_stats.BASIC_ROW_LEN, dtype=torch.float64, device=DEV)
         cupy_stats.basic_stats_into(x, plain_row.data_ptr())
         assert torch.equal(bits(results[1][2]), bits(plain_row))
-        assert torch.equal(bits(results[0][2]), bits(torch.full_like(plain_row, -1.0)))  # the amax pass: untouched
+        assert results[1][3] == -1.0  # nothing written past the row
     with pytest.raises(ValueError, match="high_precision_out must be a contiguous float64 tensor of 13"):
         cupy_fp8_tensor.amax_launch(x, out[:1], high_precision_out=row.float())
 
@@ -111,9 +113,9 @@ def test_delayed_scaling_and_nvfp4_quantizers_keep_the_row_with_the_same_bytes()
     from tedebug.quantization.float8 import Float8Quantizer
     from tedebug.quantization.nvfp4 import NVFP4Quantizer
 
-    x = inputs((128, 256), torch.bfloat16, 5)[1]
+    source = inputs((128, 256), torch.bfloat16, 5)[1]
     plain_row = torch.empty(cupy_stats.BASIC_ROW_LEN, dtype=torch.float64, device=DEV)
-    cupy_stats.basic_stats_into(x, plain_row.data_ptr())
+    cupy_stats.basic_stats_into(source, plain_row.data_ptr())
     for make in (
         lambda: Float8Quantizer(torch.full((1,), 2.0), torch.zeros(4), "E4M3"),
         lambda: NVFP4Quantizer(with_rht=False, stochastic_rounding=True, seed=3),
@@ -121,6 +123,7 @@ def test_delayed_scaling_and_nvfp4_quantizers_keep_the_row_with_the_same_bytes()
     ):
         outputs = []
         for fused in (False, True):
+            x = source.clone()  # a tensor of its own: no row kept for an earlier quantizer's input answers for it
             q = make()
             q.high_precision_stats = fused
             with dispatch.use_backend("cupy"):
@@ -128,9 +131,11 @@ def test_delayed_scaling_and_nvfp4_quantizers_keep_the_row_with_the_same_bytes()
             fields = [getattr(quantized, name) for name in quantized._tensor_fields()]
             state = [q.amax_history] if isinstance(q, Float8Quantizer) else []
             outputs.append([bits(t) for t in fields + state if t is not None])
+            row = fused_stats.high_precision_row(x)
             if fused:
-                row = fused_stats.high_precision_row(x)
                 assert row is not None and torch.equal(bits(row), bits(plain_row))
+            else:
+                assert row is None  # not asked for: the amax pass alone
         assert len(outputs[0]) == len(outputs[1]) and all(torch.equal(a, b) for a, b in zip(*outputs))
 
 

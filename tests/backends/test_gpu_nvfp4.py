@@ -625,6 +625,9 @@ def test_without_error_statistics_the_bytes_are_the_same(options):
     check_fields(again, on)
     assert not off._fused_error_stats.get("rowwise") and not off._fused_error_stats.get("columnwise")
     fused, later = on._fused_error_stats, again._fused_error_stats
+    assert fused.get("columnwise")  # every option set quantizes columnwise: the loop below checks something
+    if options.get("rowwise", True):
+        assert fused.get("rowwise")
     for usage in ("rowwise", "columnwise"):
         for key, value in (fused.get(usage) or {}).items():  # the same bits (NaN included)
             assert torch.equal(value.view(torch.int64), later[usage][key].view(torch.int64)), (usage, key)
