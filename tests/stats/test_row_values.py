@@ -1,6 +1,8 @@
 """A buffer's emitters (`StatBuffer.emitters`: one finalizer per statistic) give, through a step's `ScalarBatch`,
 every final value of a merged row with the same bits as `finalize` (the formulas on a column mapping), in record
-order, for every statistic kind, on rows holding zeros of both signs, infinities and NaN."""
+order, for every statistic kind, on rows holding zeros of both signs, infinities and NaN.  (For the quantized and
+blockwise kinds a buffer's finalizer is `finalize` itself, so there this checks the order and the wiring; their
+formulas are tested with the statistics definitions.)"""
 
 from __future__ import annotations
 
@@ -58,9 +60,8 @@ def test_batch_values_equal_finalize_bit_for_bit():
         rows = list(_rows(columns, rng))
         batch = ScalarBatch([(built, row, 7, "L", "x") for row in rows])
         values = batch.values
-        one_by_one = [value_of(row) for row in rows for _, _, value_of in built]
         oracle = [finalize(r, dict(zip(columns, row))) for row in rows for r in requests]
-        assert list(map(_key, values)) == list(map(_key, one_by_one)) == list(map(_key, oracle))
+        assert list(map(_key, values)) == list(map(_key, oracle))
 
 
 def test_batch_runs_each_finalizer_once_per_row():
@@ -86,8 +87,7 @@ def test_batch_runs_each_finalizer_once_per_row():
     rows = [next(_rows(columns, rng)) for _ in range(2)]
     batch = ScalarBatch([(first, rows[0], 7, "a", "x"), (second, rows[1], 7, "b", "x")])
     values = batch.values
-    assert len(calls) == 10 and len(values) == 10
-    assert len(batch) == 10 and len(calls) == 10  # the records reuse the values: no finalizer runs again
+    assert len(calls) == 10 and len(values) == 10 and len(batch) == 10
     expected = [finalize(r, dict(zip(columns, row))) for row in rows for r in requests]
     assert list(map(_key, values)) == list(map(_key, expected))
     assert [record[0] for record in batch] == ["a_min", "a_max", "a_mean", "a_std", "a_dr"] + [
@@ -97,4 +97,4 @@ def test_batch_runs_each_finalizer_once_per_row():
         "b_std",
         "b_dr",
     ]
-    assert len(calls) == 10
+    assert len(calls) == 10  # building the records reused the values: no finalizer ran again
