@@ -17,7 +17,6 @@ import math
 import pytest
 import torch
 
-from tedebug.backends import torch_ref
 from tedebug.backends.fused_stats import FP8_STATS_WITH_SCALE, fused_vector
 from tedebug.quantization.float8 import (
     Float8CurrentScalingQuantizer,
@@ -27,7 +26,7 @@ from tedebug.quantization.float8 import (
 from tedebug.quantization.formats import tensor_amax
 
 from support.concurrency import run_in_two_threads
-from support.kernel_inputs import fp8_cast_inputs
+from support.kernel_inputs import fp8_cast_inputs, reference_fp8_partials
 
 NAN, INF = float("nan"), float("inf")
 
@@ -54,12 +53,7 @@ def _key(value: float):
 
 def _reference_vector(x, q_ref, usage):
     """The vector's entries as the torch reference computes them from x and the torch path's quantization."""
-    partials = {}
-    partials.update(torch_ref.underflow_partials(x, q_ref, usage))
-    partials.update(torch_ref.mse_partials(x, q_ref, usage))
-    partials.update(torch_ref.overflow_partials(x, q_ref, usage))
-    partials.update(torch_ref.scale_inv_partials(q_ref, usage))
-    partials["numel"] = torch.tensor(float(x.numel()), dtype=torch.float64)
+    partials = reference_fp8_partials(x, q_ref, usage)
     return {name: _key(partials[name].item()) for name in FP8_STATS_WITH_SCALE}
 
 

@@ -132,24 +132,13 @@ def _with_vector(x):
     """x quantized with FP8 current scaling, carrying a quantize-kernel statistics vector (FP8_STATS_WITH_SCALE) whose
     values are the torch reference's partials (on CPU the engine reads such a vector unless the torch reference is
     asked for)."""
-    from tedebug.backends import torch_ref
-    from tedebug.backends.fused_stats import FP8_STATS_WITH_SCALE, FusedStats, attach_fused
     from tedebug.quantization.float8 import Float8CurrentScalingQuantizer
 
-    q = Float8CurrentScalingQuantizer("E4M3").quantize(x)
+    from support.kernel_inputs import with_reference_vector
+
     if x.is_cuda:
-        return q  # the kernel wrote its own vector
-    partials = {
-        **torch_ref.underflow_partials(x, q, "rowwise"),
-        **torch_ref.mse_partials(x, q, "rowwise"),
-        **torch_ref.overflow_partials(x, q, "rowwise"),
-        **torch_ref.scale_inv_partials(q, "rowwise"),
-        "numel": torch.tensor(float(x.numel()), dtype=torch.float64),
-    }
-    order = sorted(FP8_STATS_WITH_SCALE, key=FP8_STATS_WITH_SCALE.get)
-    vector = torch.tensor([float(partials[k]) for k in order], dtype=torch.float64)
-    attach_fused(q, x, {"rowwise": FusedStats(vector, FP8_STATS_WITH_SCALE)})
-    return q
+        return Float8CurrentScalingQuantizer("E4M3").quantize(x)  # the kernel wrote its own vector
+    return with_reference_vector(x)
 
 
 def _deferred_vectors(rank, dev, mode):

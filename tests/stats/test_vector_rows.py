@@ -12,13 +12,14 @@ import math
 
 import torch
 
-from tedebug.backends import dispatch, torch_ref
-from tedebug.backends.fused_stats import FP8_STATS_WITH_SCALE, ROWWISE_STATS, FusedStats, attach_fused, fused_vector
+from tedebug.backends import dispatch
+from tedebug.backends.fused_stats import FP8_STATS_WITH_SCALE, ROWWISE_STATS, fused_vector
 from tedebug.quantization.float8 import Float8CurrentScalingQuantizer
 from tedebug.stats import StatRequest, StatsEngine
 
 from support.concurrency import AtenCounter
 from support.features import RecordingSink
+from support.kernel_inputs import with_reference_vector
 
 #: the issue's LogFp8TensorStats setting, on the training recipe's rowwise operand
 REQUESTS = tuple(
@@ -43,19 +44,7 @@ def _inputs(seed, shapes=((16, 32), (8, 32), (24, 32))):
 def _quantized(x, table=FP8_STATS_WITH_SCALE):
     """x quantized with FP8 current scaling, carrying a statistics vector laid out as `table` whose values are the
     torch reference's partials of that quantization."""
-    q = Float8CurrentScalingQuantizer("E4M3").quantize(x)
-    partials = {
-        **torch_ref.underflow_partials(x, q, "rowwise"),
-        **torch_ref.mse_partials(x, q, "rowwise"),
-        **torch_ref.overflow_partials(x, q, "rowwise"),
-        **torch_ref.scale_inv_partials(q, "rowwise"),
-        "numel": torch.tensor(float(x.numel()), dtype=torch.float64),
-    }
-    vector = torch.empty(len(table), dtype=torch.float64)
-    for name, index in table.items():
-        vector[index] = partials[name]
-    attach_fused(q, x, {"rowwise": FusedStats(vector, table)})
-    return q
+    return with_reference_vector(x, table)
 
 
 def _emitted(feeds, *, reference, is_weight=False, steps=1, modify_after_quantize=()):

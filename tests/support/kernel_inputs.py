@@ -79,3 +79,33 @@ def fp8_cast_inputs():
     x[1, 2] = nan
     x[3, 4] = 0.0
     yield x
+
+
+def reference_fp8_partials(x: torch.Tensor, q, usage: str) -> dict:
+    """The partials of a per-tensor FP8 quantization's statistics vector (`fused_stats.FP8_STATS_WITH_SCALE` names)
+    as the torch reference computes them from `x` and its quantization `q`: the oracle of the vectors."""
+    from tedebug.backends import torch_ref
+
+    return {
+        **torch_ref.underflow_partials(x, q, usage),
+        **torch_ref.mse_partials(x, q, usage),
+        **torch_ref.overflow_partials(x, q, usage),
+        **torch_ref.scale_inv_partials(q, usage),
+        "numel": torch.tensor(float(x.numel()), dtype=torch.float64),
+    }
+
+
+def with_reference_vector(x: torch.Tensor, table=None):
+    """`x` quantized with FP8 current scaling, carrying a rowwise statistics vector laid out as `table` (default
+    `FP8_STATS_WITH_SCALE`) whose values are `reference_fp8_partials` (what a quantize kernel's vector holds)."""
+    from tedebug.backends.fused_stats import FP8_STATS_WITH_SCALE, FusedStats, attach_fused
+    from tedebug.quantization.float8 import Float8CurrentScalingQuantizer
+
+    table = FP8_STATS_WITH_SCALE if table is None else table
+    q = Float8CurrentScalingQuantizer("E4M3").quantize(x)
+    partials = reference_fp8_partials(x, q, "rowwise")
+    vector = torch.empty(len(table), dtype=torch.float64)
+    for name, index in table.items():
+        vector[index] = partials[name]
+    attach_fused(q, x, {"rowwise": FusedStats(vector, table)})
+    return q
