@@ -122,13 +122,15 @@ def test_batch_files_equal_with_and_without_orjson(tmp_path, monkeypatch):
     emitters = tuple((f"L_activation_s{i}", f"s{i}", (lambda row, i=i: row[i])) for i in range(len(values)))
     batch = ScalarBatch([(emitters, values, 3, "L", "activation")])
     written = []
-    for orjson_module in (_CountingOrjson(), None):
+    counting = _CountingOrjson()
+    for orjson_module in (counting, None):
         monkeypatch.setattr(jsonl, "_orjson", orjson_module)
         path = tmp_path / f"{orjson_module is None}.jsonl"
         sink = JsonlSink(path)
         sink.log_scalars(batch)
         sink.close()
         written.append(path.read_bytes())
+    assert counting.calls == 1  # the first file did take the orjson column path
     assert written[0] == written[1]
     lines = written[0].decode().splitlines()
     for line, (name, value, iteration, layer, tensor, stat) in zip(lines, batch, strict=True):
