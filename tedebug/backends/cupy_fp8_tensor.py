@@ -16,7 +16,7 @@ What it owns:
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple, Optional, Tuple
+from typing import Dict, NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
@@ -25,7 +25,7 @@ from tedebug.backends.cupy_runtime import (
     BLOCKS_PER_SM,
     SIXTEEN_BIT,
     THREADS,
-    device_index,
+    TICKETS,
     dtype_options,
     get_kernel,
     grid_for,
@@ -34,10 +34,11 @@ from tedebug.backends.cupy_runtime import (
     sum_columns,
     ticket,
     workspace,
+    workspace_on,
 )
 from tedebug.backends.cupy_stats import BASIC_ROW_LEN, basic_stats_and_amax_into
-from tedebug.backends.fused_stats import FP8_STATS_WITH_SCALE
-from tedebug.backends.launch import launch
+from tedebug.backends.fused_stats import FP8_STATS, FP8_STATS_WITH_SCALE
+from tedebug.backends.launch import Kernel, launch, launch_on, raw_stream
 from tedebug.format_constants import FP8_MAX
 
 CT_BLOCKS_PER_SM = 4  # ted_fp8_cast_transpose16 (48 registers)
@@ -183,36 +184,90 @@ def fp8_cast_transpose_raw(
     return _cast_transpose(x2d, scale.data_ptr(), scale_inv.data_ptr(), fp8_format, rowwise, columnwise)
 
 
-#: the two small outputs of one per-tensor FP8 quantization share one allocation (`_outputs`), in bytes: the float64
-#: statistics vector (at most 9 entries) at 0, the float32 vector of the scale kernels (amax, scale, -, -, scale_inv)
-#: at 128, so that scale_inv sits 16-byte aligned at byte 144, as cuBLASLt wants a scale.  The codes keep their own
-#: allocations: a dropped direction (`update_usage`) frees its memory, and a statistic or scale_inv view kept by the
-#: statistics never keeps the codes alive.
-_STATS_AT = 0
+#: the small outputs of one per-tensor FP8 quantization share one float64 allocation (`_outputs`), in bytes: the
+#: statistics vector (at most 9 entries) at 0, the float32 vector of the scale kernels (amax, scale, -, -,
+#: scale_inv) at 128, so that scale_inv sits 16-byte aligned at byte 144, as cuBLASLt wants a scale, and the basic
+#: statistics row of the fused statistics pass (float64 [13]) at 160.  The codes keep their own allocations: a
+#: dropped direction (`update_usage`) frees its memory, and a statistic or scale_inv view kept by the statistics
+#: never keeps the codes alive.
 _VECTOR_AT = 128
-_HIGH_PRECISION_AT = _VECTOR_AT + 32  # float64 [13]: the basic statistics row of the fused statistics pass
-_SMALL_BYTES = _HIGH_PRECISION_AT + 8 * BASIC_ROW_LEN
+_HIGH_PRECISION_AT = _VECTOR_AT + 32
+_SMALL_WORDS = (_HIGH_PRECISION_AT + 8 * BASIC_ROW_LEN) // 8
+#: float32 index in the small allocation of scale_inv under current scaling (vector[4]) and delayed scaling (vector[0])
+_CURRENT_SCALE_INV = (_VECTOR_AT + 16) // 4
+_DELAYED_SCALE_INV = _VECTOR_AT // 4
 
 
 class _Outputs(NamedTuple):
     rowwise: Optional[torch.Tensor]  # uint8 [M, K]
     columnwise: Optional[torch.Tensor]  # uint8 [K, M]
-    stats: torch.Tensor  # float64 [stats_len]
-    vector: torch.Tensor  # float32 [8]
-    high_precision: torch.Tensor  # float64 [13]
+    small: torch.Tensor  # float64 [_SMALL_WORDS]: the layout above
 
 
-def _outputs(m: int, k: int, device: torch.device, rowwise: bool, columnwise: bool, stats_len: int) -> _Outputs:
-    """The outputs of one quantization: the codes of the enabled directions, and the statistics and scale vectors as
-    views of one small allocation (one allocator call fewer per quantization)."""
-    small = torch.empty(_SMALL_BYTES, dtype=torch.uint8, device=device)
+def _outputs(m: int, k: int, device: torch.device, rowwise: bool, columnwise: bool) -> _Outputs:
+    """The outputs of one quantization: the codes of the enabled directions and the small allocation (three
+    allocator calls, no view: the callers make the views they return)."""
     return _Outputs(
         torch.empty((m, k), dtype=torch.uint8, device=device) if rowwise else None,
         torch.empty((k, m), dtype=torch.uint8, device=device) if columnwise else None,
-        small[_STATS_AT : _STATS_AT + 8 * stats_len].view(torch.float64),
-        small[_VECTOR_AT:_HIGH_PRECISION_AT].view(torch.float32),
-        small[_HIGH_PRECISION_AT:_SMALL_BYTES].view(torch.float64),
+        torch.empty(_SMALL_WORDS, dtype=torch.float64, device=device),
     )
+
+
+class _CastPlan(NamedTuple):
+    """What the quantization of one (device, dtype, [M, K], FP8 format) needs besides the pointers: the kernels,
+    their grids and the constant arguments, worked out once (a layer quantizes the same shapes at every step)."""
+
+    fast: bool  # the cast is the one-launch 16-bit kernel (`_single_launch`)
+    amax: Kernel  # ted_fp8_amax_scale
+    amax_grid: int
+    cast: Kernel
+    cast_grid: int
+    n: np.int64
+    m: np.int64
+    k: np.int64
+    fp8_max: np.float32
+    stats_len: int  # the length of the cast's statistics vector
+    stats_index: Dict[str, int]  # its `fused_stats` table
+
+
+#: (device index, dtype, M, K, FP8 format) -> `_CastPlan`
+_CAST_PLANS: Dict[Tuple[int, torch.dtype, int, int, str], _CastPlan] = {}
+_CAST_PLANS_MAX = 4096  # distinct entries kept before the cache starts over (shapes that vary without end)
+
+
+def _cast_plan(x2d: torch.Tensor, index: int, fp8_format: str) -> _CastPlan:
+    m, k = x2d.shape
+    key = (index, x2d.dtype, m, k, fp8_format)
+    plan = _CAST_PLANS.get(key)
+    if plan is not None:
+        return plan
+    fast = _single_launch(x2d)
+    sms = sm_count(index)
+    n = m * k
+    if fast:
+        cast = get_kernel("fp8_tensor.cu", "ted_fp8_cast_transpose16", dtype_options(x2d, fp8_format))
+        cast_grid = max(1, min(CT_BLOCKS_PER_SM * sms, (m // 64) * (k // 128)))
+    else:
+        cast = get_kernel("fp8_tensor.cu", "ted_fp8_cast_transpose", dtype_options(x2d, fp8_format))
+        cast_grid = max(1, min(BLOCKS_PER_SM * sms, ((m + 63) // 64) * ((k + 63) // 64)))
+    plan = _CastPlan(
+        fast,
+        get_kernel("fp8_tensor.cu", "ted_fp8_amax_scale", dtype_options(x2d)),
+        max(1, min(BLOCKS_PER_SM * sms, (max(n // (16 // x2d.element_size()), 1) + THREADS - 1) // THREADS)),
+        cast,
+        cast_grid,
+        np.int64(n),
+        np.int64(m),
+        np.int64(k),
+        np.float32(FP8_MAX[fp8_format]),
+        len(FP8_STATS_WITH_SCALE) if fast else len(FP8_STATS),
+        FP8_STATS_WITH_SCALE if fast else FP8_STATS,
+    )
+    if len(_CAST_PLANS) >= _CAST_PLANS_MAX:
+        _CAST_PLANS.clear()
+    _CAST_PLANS[key] = plan
+    return plan
 
 
 def _single_launch(x2d: torch.Tensor) -> bool:
@@ -221,9 +276,56 @@ def _single_launch(x2d: torch.Tensor) -> bool:
     return x2d.dtype in SIXTEEN_BIT and m % 64 == 0 and k % 128 == 0 and m > 0 and k > 0
 
 
-def _stats_len(x2d: torch.Tensor) -> int:
-    """The length of the statistics vector of the cast of `x2d` (`fused_stats`)."""
-    return len(FP8_STATS_WITH_SCALE) if _single_launch(x2d) else 3
+_INT32 = (np.int32(0), np.int32(1))  # np.int32(False), np.int32(True): the flags of the kernels' signatures
+
+
+def _launch_cast(
+    plan: _CastPlan,
+    x2d: torch.Tensor,
+    index: int,
+    stream: int,
+    scale_ptr: int,
+    scale_inv_ptr: int,
+    rowwise: bool,
+    columnwise: bool,
+    outputs: _Outputs,
+) -> torch.Tensor:
+    """The cast + transpose of the prepared `x2d` into `outputs` (the enabled directions' codes, the statistics
+    vector at the start of the small allocation, returned as a float64 view of `plan.stats_len` entries): one launch
+    of the 16-bit kernel, else the general kernel (per-block partials summed by a second launch)."""
+    row, col, small = outputs
+    args = (
+        x2d.data_ptr(),
+        plan.m,
+        plan.k,
+        scale_ptr,
+        scale_inv_ptr,
+        plan.fp8_max,
+        _INT32[rowwise],
+        _INT32[columnwise],
+        row.data_ptr() if row is not None else 0,
+        col.data_ptr() if col is not None else 0,
+    )
+    stats = small[: plan.stats_len]
+    if plan.fast:  # one launch; its vector also holds the scale_inv partials (FP8_STATS_WITH_SCALE)
+        partials, tickets = workspace_on(index, stream)
+        launch_on(
+            plan.cast,
+            index,
+            stream,
+            plan.cast_grid,
+            THREADS,
+            args + (partials, tickets + _CAST_TICKET, small.data_ptr()),
+        )
+        return stats
+    partial = torch.empty((plan.cast_grid, 3), dtype=torch.float64, device=x2d.device)
+    launch_on(plan.cast, index, stream, plan.cast_grid, THREADS, args + (partial.data_ptr(),))
+    sum_columns(partial, stats)
+    return stats
+
+
+_CAST_TICKET = 4 * TICKETS["cast"]
+_AMAX_TICKET = 4 * TICKETS["amax"]
 
 
 def _cast_transpose(
@@ -233,41 +335,15 @@ def _cast_transpose(
     fp8_format: str,
     rowwise: bool,
     columnwise: bool,
-    outputs: Optional[_Outputs] = None,
 ):
-    """`fp8_cast_transpose_raw` of a prepared (contiguous, aligned) [M, K] tensor, with device addresses of the fp32
-    scale and scale_inv: the single-launch bf16 / fp16 kernel when M % 64 == 0 and K % 128 == 0, else the general
-    kernel (per-block partials summed by a second launch).  `outputs` (from `_outputs`, for these usages and
-    `_stats_len(x2d)`) are written when given, else allocated here."""
-    m, k = x2d.shape
-    dev = x2d.device
-    fast = _single_launch(x2d)
-    if outputs is None:
-        outputs = _outputs(m, k, dev, rowwise, columnwise, len(FP8_STATS_WITH_SCALE) if fast else 3)
-    row, col, stats = outputs.rowwise, outputs.columnwise, outputs.stats
-    codes = (row.data_ptr() if row is not None else 0, col.data_ptr() if col is not None else 0)
-    head = (
-        x2d.data_ptr(),
-        np.int64(m),
-        np.int64(k),
-        scale_ptr,
-        scale_inv_ptr,
-        np.float32(FP8_MAX[fp8_format]),
-        np.int32(rowwise),
-        np.int32(columnwise),
-    ) + codes
-    if fast:  # one launch; its vector also holds the scale_inv partials (FP8_STATS_WITH_SCALE)
-        grid = max(1, min(CT_BLOCKS_PER_SM * sm_count(device_index(dev)), (m // 64) * (k // 128)))
-        partials, tickets = workspace(dev)
-        kernel = get_kernel("fp8_tensor.cu", "ted_fp8_cast_transpose16", dtype_options(x2d, fp8_format))
-        launch(kernel, grid, THREADS, head + (partials, ticket(tickets, "cast"), stats.data_ptr()), dev)
-        return row, col, stats
-    grid = max(1, min(BLOCKS_PER_SM * sm_count(device_index(dev)), ((m + 63) // 64) * ((k + 63) // 64)))
-    partial = torch.empty((grid, 3), dtype=torch.float64, device=dev)
-    kernel = get_kernel("fp8_tensor.cu", "ted_fp8_cast_transpose", dtype_options(x2d, fp8_format))
-    launch(kernel, grid, THREADS, head + (partial.data_ptr(),), dev)
-    sum_columns(partial, stats)
-    return row, col, stats
+    """`fp8_cast_transpose_raw` of a prepared (contiguous, aligned, non-empty) [M, K] tensor, with device addresses
+    of the fp32 scale and scale_inv: (row codes, col codes, statistics vector)."""
+    index = x2d.get_device()
+    plan = _cast_plan(x2d, index, fp8_format)
+    outputs = _outputs(plan.m, plan.k, x2d.device, rowwise, columnwise)
+    stream = raw_stream(index)
+    stats = _launch_cast(plan, x2d, index, stream, scale_ptr, scale_inv_ptr, rowwise, columnwise, outputs)
+    return outputs.rowwise, outputs.columnwise, stats
 
 
 class Float8Buffers(NamedTuple):
@@ -309,8 +385,20 @@ def fp8_quantize(
     if scale_inv is None:
         scale_inv = fp8_scale_inv(scale)
     x2d = prepare_input(x2d)
+    if x2d.numel() == 0:
+        codes = _outputs(*x2d.shape, x2d.device, rowwise, columnwise)
+        stats = codes.small[: len(FP8_STATS)].zero_()
+        return Float8Buffers(codes.rowwise, codes.columnwise, scale_inv, stats)
     row, col, stats = _cast_transpose(x2d, scale.data_ptr(), scale_inv.data_ptr(), fp8_format, rowwise, columnwise)
     return Float8Buffers(row, col, scale_inv, stats)
+
+
+def _ready(x2d: torch.Tensor) -> torch.Tensor:
+    """`prepare_input` for a [M, K] CUDA tensor that is usually ready already (contiguous, 16-byte aligned): then
+    no call at all (the kernels read it by address; no autograd op touches it)."""
+    if x2d.is_contiguous() and not x2d.data_ptr() % 16:
+        return x2d
+    return prepare_input(x2d)
 
 
 def fp8_current_quantize(
@@ -327,21 +415,47 @@ def fp8_current_quantize(
     The cast reads the scale and scale_inv the first launch wrote, by address: no tensor op in between.  With
     `high_precision_stats` the first launch is the statistics pass (`amax_launch(..., high_precision_out=)`),
     which writes the same amax, scale and scale_inv and also the input's basic statistics row
-    (`Float8Buffers.high_precision_stats`): a tensor logged and quantized is read once for both."""
-    x = prepare_input(x2d)
+    (`Float8Buffers.high_precision_stats`): a tensor logged and quantized is read once for both.
+
+    Every training step quantizes each GEMM operand, so the path is flat: the kernels, grids and constant arguments
+    of the shape come from `_cast_plan`, and the call makes three allocations and two views."""
+    x = _ready(x2d)
     if x.numel() == 0:
         _, scale, scale_inv = fp8_amax_scale(x, fp8_format, epsilon, pow2)
         return fp8_quantize(x, scale, fp8_format, rowwise, columnwise, scale_inv)
-    # the outputs' float32 vector gets amax, scale, -, -, scale_inv: scale_inv 16-byte aligned, so that
-    # torch._scaled_mm takes it without a copy
-    m, k = x.shape
-    outputs = _outputs(m, k, x.device, rowwise, columnwise, _stats_len(x))
-    vec = outputs.vector
-    base = vec.data_ptr()
-    high_precision = outputs.high_precision if high_precision_stats else None
-    amax_launch(x, vec, fp8_format, epsilon, pow2, scale_inv_slot=4, high_precision_out=high_precision)
-    row, col, stats = _cast_transpose(x, base + 4, base + 16, fp8_format, rowwise, columnwise, outputs)
-    return Float8Buffers(row, col, vec[4], stats, high_precision)
+    index = x.get_device()
+    plan = _cast_plan(x, index, fp8_format)
+    outputs = _outputs(plan.m, plan.k, x.device, rowwise, columnwise)
+    small = outputs.small
+    vector = small.data_ptr() + _VECTOR_AT  # float32 amax, scale, -, -, scale_inv
+    scale_ptr, scale_inv_ptr = vector + 4, vector + 16
+    stream = raw_stream(index)
+    high_precision = None
+    if high_precision_stats:
+        high_precision = small[_HIGH_PRECISION_AT // 8 : _SMALL_WORDS]
+        mode_args = (np.int32(AmaxMode.CURRENT_SCALE), plan.fp8_max, np.float32(epsilon), _INT32[bool(pow2)])
+        basic_stats_and_amax_into(x, high_precision.data_ptr(), (vector,) + mode_args + (scale_ptr, scale_inv_ptr))
+    else:
+        _, tickets = workspace_on(index, stream)
+        args = (
+            x.data_ptr(),
+            plan.n,
+            tickets + _AMAX_TICKET,
+            vector,
+            _CURRENT_SCALE_MODE,
+            plan.fp8_max,
+            np.float32(epsilon),
+            _INT32[bool(pow2)],
+            scale_ptr,
+            scale_inv_ptr,
+        )
+        launch_on(plan.amax, index, stream, plan.amax_grid, THREADS, args)
+    stats = _launch_cast(plan, x, index, stream, scale_ptr, scale_inv_ptr, rowwise, columnwise, outputs)
+    scale_inv = small.view(torch.float32)[_CURRENT_SCALE_INV]
+    return Float8Buffers(outputs.rowwise, outputs.columnwise, scale_inv, stats, high_precision)
+
+
+_CURRENT_SCALE_MODE = np.int32(AmaxMode.CURRENT_SCALE)
 
 
 def fp8_delayed_update(history: torch.Tensor, scale: torch.Tensor, scaled_max: float, most_recent: bool) -> None:
@@ -370,19 +484,38 @@ def fp8_delayed_quantize(
     """Delayed scaling of a CUDA [M, K] tensor: records max|x| into history[0] (as torch.maximum, NaN kept) and
     casts with the current `scale` (the quantizer's state on x's device: fp32 `history` [L] or [L, 1], `scale`).
     `high_precision_stats`: the recording pass is the statistics pass, as in `fp8_current_quantize`."""
-    x = prepare_input(x2d)
+    x = _ready(x2d)
     if x.numel() == 0 or not (scale.dtype == torch.float32 and scale.numel() == 1 and scale.is_contiguous()):
         recorded = history[:1]  # history entry 0, a 1-element view
         torch.maximum(recorded, fp8_amax(x), out=recorded)
         return fp8_quantize(x, scale, fp8_format, rowwise, columnwise)
     # one launch: amax of x recorded into history[0] (torch.maximum) and scale_inv = 1 / scale (into the outputs'
     # float32 vector, 16-byte aligned), then the cast
-    m, k = x.shape
-    outputs = _outputs(m, k, x.device, rowwise, columnwise, _stats_len(x))
-    scale_inv = outputs.vector
-    high_precision = outputs.high_precision if high_precision_stats else None
-    amax_launch(x, history, record=(scale, scale_inv), high_precision_out=high_precision)
-    row, col, stats = _cast_transpose(
-        x, scale.data_ptr(), scale_inv.data_ptr(), fp8_format, rowwise, columnwise, outputs
-    )
-    return Float8Buffers(row, col, scale_inv[0], stats, high_precision)
+    index = x.get_device()
+    plan = _cast_plan(x, index, fp8_format)
+    outputs = _outputs(plan.m, plan.k, x.device, rowwise, columnwise)
+    small = outputs.small
+    scale_ptr, scale_inv_ptr = scale.data_ptr(), small.data_ptr() + _VECTOR_AT
+    stream = raw_stream(index)
+    mode_args = (history.data_ptr(), _RECORD_MODE, _ZERO_F32, _ZERO_F32, _INT32[0], scale_ptr, scale_inv_ptr)
+    high_precision = None
+    if high_precision_stats:
+        high_precision = small[_HIGH_PRECISION_AT // 8 : _SMALL_WORDS]
+        basic_stats_and_amax_into(x, high_precision.data_ptr(), mode_args)
+    else:
+        _, tickets = workspace_on(index, stream)
+        launch_on(
+            plan.amax,
+            index,
+            stream,
+            plan.amax_grid,
+            THREADS,
+            (x.data_ptr(), plan.n, tickets + _AMAX_TICKET) + mode_args,
+        )
+    stats = _launch_cast(plan, x, index, stream, scale_ptr, scale_inv_ptr, rowwise, columnwise, outputs)
+    scale_inv = small.view(torch.float32)[_DELAYED_SCALE_INV]
+    return Float8Buffers(outputs.rowwise, outputs.columnwise, scale_inv, stats, high_precision)
+
+
+_RECORD_MODE = np.int32(AmaxMode.RECORD)
+_ZERO_F32 = np.float32(0.0)

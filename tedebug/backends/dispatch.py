@@ -185,6 +185,12 @@ def _matrix(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().reshape(-1, tensor.shape[-1])
 
 
+def _operand_matrix(tensor: torch.Tensor) -> torch.Tensor:
+    """`_matrix` for the per-tensor FP8 kernels, which read their input by address only: a 2-D tensor (every GEMM
+    operand of the layers) is passed as it is, without the two view ops."""
+    return tensor if tensor.dim() == 2 else tensor.detach().reshape(-1, tensor.shape[-1])
+
+
 def quantize_mxfp8(tensor: torch.Tensor, fp8_format: str, rowwise: bool, columnwise: bool, kernel: KernelChoice = None):
     """The kernel's `cupy_mxfp8.MXFP8Buffers` of `tensor` (a valid MXFP8 shape), or None to let the torch reference
     quantize."""
@@ -213,7 +219,7 @@ def quantize_fp8_current(
     from tedebug.backends import cupy_fp8_tensor
 
     return cupy_fp8_tensor.fp8_current_quantize(
-        _matrix(tensor), fp8_format, epsilon, pow2, rowwise, columnwise, high_precision_stats
+        _operand_matrix(tensor), fp8_format, epsilon, pow2, rowwise, columnwise, high_precision_stats
     )
 
 
@@ -235,7 +241,7 @@ def quantize_fp8_delayed(
     from tedebug.backends import cupy_fp8_tensor
 
     return cupy_fp8_tensor.fp8_delayed_quantize(
-        _matrix(tensor), history, scale, fp8_format, rowwise, columnwise, high_precision_stats
+        _operand_matrix(tensor), history, scale, fp8_format, rowwise, columnwise, high_precision_stats
     )
 
 

@@ -368,3 +368,42 @@ def test_quantized_statistics_row_is_one_gather_of_the_cast_vector():
             assert got == pytest.approx(ref, rel=ERR_CHUNK * U, abs=1e-300), name
         else:
             assert got == ref or (math.isnan(got) and math.isnan(ref)), name
+
+
+@pytest.mark.parametrize("delayed", [False, True])
+def test_fp8_quantize_plans_once_per_shape_and_takes_any_input_layout(monkeypatch, delayed):
+    """The per-tensor FP8 kernel path works out its kernels and grids once per (device, dtype, shape, format)
+    (`cupy_fp8_tensor._cast_plan`): quantizing the same shape again looks up no kernel.  Inputs the kernels cannot
+    read by address as they are (a transposed view, a 16-byte misaligned view) and a 3-D input give the bytes and
+    scale_inv of their contiguous 2-D copy."""
+    base = adversarial((96, 256), torch.bfloat16, 51)
+
+    def quantize(x):
+        if delayed:
+            q = Float8Quantizer.from_recipe_defaults("E4M3", 4, device=DEV)
+            q.scale.fill_(3.0)
+        else:
+            q = Float8CurrentScalingQuantizer("E4M3")
+        with dispatch.use_backend("cupy"):
+            return q.quantize(x)
+
+    cupy_fp8_tensor._CAST_PLANS.clear()
+    quantize(base)  # plans the shape
+    asked = []
+    real = cupy_fp8_tensor.get_kernel
+    monkeypatch.setattr(cupy_fp8_tensor, "get_kernel", lambda *a: asked.append(a) or real(*a))
+    again = quantize(base.clone())
+    assert asked == []
+    transposed = base.t().contiguous().t()  # same values, column-major strides
+    storage = torch.empty(base.numel() + 1, dtype=base.dtype, device=DEV)
+    misaligned = storage[1:].view(base.shape)  # 2-byte offset
+    misaligned.copy_(base)
+    for x in (transposed, misaligned, base.reshape(8, 12, 256)):
+        got = quantize(x)
+        assert torch.equal(got.rowwise_data.reshape(base.shape), again.rowwise_data)
+        assert torch.equal(got.columnwise_data, again.columnwise_data)
+        assert torch.equal(got.scale_inv, again.scale_inv)
+    with dispatch.use_backend("torch"):
+        ref = Float8CurrentScalingQuantizer("E4M3").quantize(base) if not delayed else None
+    if ref is not None:
+        check_fp8(again, ref, base)
