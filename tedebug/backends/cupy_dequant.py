@@ -14,13 +14,35 @@ import torch
 
 from tedebug.backends.cupy_runtime import BLOCKS_PER_SM, THREADS, device_index, get_kernel, sm_count
 from tedebug.backends.cublaslt import as_cublas, gemm_bias_device_alpha
-from tedebug.backends.launch import launch, raw_stream
+from tedebug.backends.launch import Kernel, launch, launch_on, raw_stream
 
 _FP8_OPTION = {"E4M3": ("-DTED_FP8=0",), "E5M2": ("-DTED_FP8=1",)}
 
 
 def _grid(device: torch.device, items: int) -> int:
     return max(1, min(BLOCKS_PER_SM * sm_count(device_index(device)), (items + THREADS - 1) // THREADS))
+
+
+#: (kernel name, FP8 format, device index, rows, cols, elements per thread) -> (kernel, grid, np.int64 rows,
+#: np.int64 cols): worked out once per operand shape (a layer dequantizes the same shapes at every step)
+_PLANS: Dict[Tuple[str, str, int, int, int, int], Tuple[Kernel, int, np.int64, np.int64]] = {}
+_PLANS_MAX = 4096  # distinct entries kept before the cache starts over
+
+
+def _plan(kernel: str, fp8_format: str, index: int, rows: int, cols: int, per_thread: int):
+    key = (kernel, fp8_format, index, rows, cols, per_thread)
+    plan = _PLANS.get(key)
+    if plan is None:
+        grid = max(1, min(BLOCKS_PER_SM * sm_count(index), (rows * cols // per_thread + THREADS - 1) // THREADS))
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        plan = _PLANS[key] = (
+            get_kernel("dequant.cu", kernel, _FP8_OPTION[fp8_format]),
+            grid,
+            np.int64(rows),
+            np.int64(cols),
+        )
+    return plan
 
 
 def _dequantize(
@@ -35,16 +57,25 @@ def _dequantize(
 ) -> torch.Tensor:
     """The shape the dequantization kernels share: bf16 [rows, cols] from (data, scales, rows, cols, *`middle`, out),
     one thread per `per_thread` elements."""
-    out = torch.empty((rows, cols), dtype=torch.bfloat16, device=data.device)
-    args = (data.data_ptr(), scales.data_ptr(), np.int64(rows), np.int64(cols)) + middle + (out.data_ptr(),)
-    launch(
-        get_kernel("dequant.cu", kernel, _FP8_OPTION[fp8_format]),
-        _grid(data.device, rows * cols // per_thread),
-        THREADS,
-        args,
-        data.device,
-    )
+    device = data.device
+    index = data.get_device()
+    function, grid, rows64, cols64 = _plan(kernel, fp8_format, index, rows, cols, per_thread)
+    out = torch.empty((rows, cols), dtype=torch.bfloat16, device=device)
+    args = (data.data_ptr(), scales.data_ptr(), rows64, cols64) + middle + (out.data_ptr(),)
+    launch_on(function, index, raw_stream(index), grid, THREADS, args)
     return out
+
+
+_FLAG = (np.int32(0), np.int32(1))  # np.int32(False), np.int32(True)
+#: np.int32 of the small exponents the callers pass (`MXFP8_LIFT`, ...), made once
+_INT32: Dict[int, np.int32] = {}
+
+
+def _int32(value: int) -> np.int32:
+    made = _INT32.get(value)
+    if made is None:
+        made = _INT32[value] = np.int32(value)
+    return made
 
 
 def mxfp8_values(
@@ -53,7 +84,7 @@ def mxfp8_values(
     """bf16 [rows, cols] of MXFP8 `codes` (uint8 [rows, cols], cols % 32 == 0) and E8M0 `scales`."""
     rows, cols = codes.shape
     return _dequantize(
-        "ted_dequant_mxfp8", fp8_format, codes, scales, rows, cols, (np.int32(row_blocks), np.int32(lift)), 8
+        "ted_dequant_mxfp8", fp8_format, codes, scales, rows, cols, (_FLAG[bool(row_blocks)], _int32(lift)), 8
     )
 
 

@@ -30,6 +30,7 @@ from tedebug.backends.cupy_runtime import (
     get_kernel,
     grid_for,
     prepare_input,
+    ready_input,
     sm_count,
     sum_columns,
     ticket,
@@ -393,14 +394,6 @@ def fp8_quantize(
     return Float8Buffers(row, col, scale_inv, stats)
 
 
-def _ready(x2d: torch.Tensor) -> torch.Tensor:
-    """`prepare_input` for a [M, K] CUDA tensor that is usually ready already (contiguous, 16-byte aligned): then
-    no call at all (the kernels read it by address; no autograd op touches it)."""
-    if x2d.is_contiguous() and not x2d.data_ptr() % 16:
-        return x2d
-    return prepare_input(x2d)
-
-
 def fp8_current_quantize(
     x2d: torch.Tensor,
     fp8_format: str,
@@ -419,7 +412,7 @@ def fp8_current_quantize(
 
     Every training step quantizes each GEMM operand, so the path is flat: the kernels, grids and constant arguments
     of the shape come from `_cast_plan`, and the call makes three allocations and two views."""
-    x = _ready(x2d)
+    x = ready_input(x2d)
     if x.numel() == 0:
         _, scale, scale_inv = fp8_amax_scale(x, fp8_format, epsilon, pow2)
         return fp8_quantize(x, scale, fp8_format, rowwise, columnwise, scale_inv)
@@ -484,7 +477,7 @@ def fp8_delayed_quantize(
     """Delayed scaling of a CUDA [M, K] tensor: records max|x| into history[0] (as torch.maximum, NaN kept) and
     casts with the current `scale` (the quantizer's state on x's device: fp32 `history` [L] or [L, 1], `scale`).
     `high_precision_stats`: the recording pass is the statistics pass, as in `fp8_current_quantize`."""
-    x = _ready(x2d)
+    x = ready_input(x2d)
     if x.numel() == 0 or not (scale.dtype == torch.float32 and scale.numel() == 1 and scale.is_contiguous()):
         recorded = history[:1]  # history entry 0, a 1-element view
         torch.maximum(recorded, fp8_amax(x), out=recorded)

@@ -21,7 +21,7 @@ from tedebug.backends.cupy_runtime import (
     dtype_options,
     get_kernel,
     pointer,
-    prepare_input,
+    ready_input,
     sm_count,
     sum_columns,
     ticket,
@@ -49,7 +49,7 @@ def mxfp8_quantize_raw(x2d: torch.Tensor, fp8_format: str, rowwise: bool, column
 
     `stats` is float64[4] = (row underflows, row Σ(x-deq)², col underflows, col Σ(x-deq)²).
     """
-    x2d = prepare_input(x2d)
+    x2d = ready_input(x2d)
     m, k = x2d.shape
     dev = x2d.device
     opts = dtype_options(x2d, fp8_format)

@@ -19,8 +19,9 @@ reference.
 from __future__ import annotations
 
 import enum
+import importlib
 from types import ModuleType
-from typing import Optional, Union
+from typing import Dict, Optional, Union
 
 import torch
 
@@ -147,6 +148,20 @@ def _cupy_importable() -> bool:
     return _cupy_found
 
 
+#: the launcher modules `_kernel_module` imported so far, by name
+_KERNEL_MODULES: Dict[str, ModuleType] = {}
+
+
+def _kernel_module(name: str) -> ModuleType:
+    """The launcher module ``tedebug.backends.<name>``, imported on first use (CuPy loads only where a kernel runs)
+    and then found by one dict look-up: an import statement in the function body would run importlib's
+    ``_handle_fromlist`` at every quantization and GEMM."""
+    module = _KERNEL_MODULES.get(name)
+    if module is None:
+        module = _KERNEL_MODULES[name] = importlib.import_module(f"tedebug.backends.{name}")
+    return module
+
+
 def _kernel_input(tensor: torch.Tensor) -> bool:
     return tensor.dtype in _KERNEL_DTYPES and tensor.numel() > 0
 
@@ -186,8 +201,8 @@ def _matrix(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _operand_matrix(tensor: torch.Tensor) -> torch.Tensor:
-    """`_matrix` for the per-tensor FP8 kernels, which read their input by address only: a 2-D tensor (every GEMM
-    operand of the layers) is passed as it is, without the two view ops."""
+    """`_matrix` for the quantize kernels that read their input by address only (per-tensor FP8, MXFP8): a 2-D
+    tensor (every GEMM operand of the layers) is passed as it is, without the two view ops."""
     return tensor if tensor.dim() == 2 else tensor.detach().reshape(-1, tensor.shape[-1])
 
 
@@ -196,9 +211,8 @@ def quantize_mxfp8(tensor: torch.Tensor, fp8_format: str, rowwise: bool, columnw
     quantize."""
     if not (use_kernels(tensor, kernel) and _kernel_input(tensor)):
         return None
-    from tedebug.backends import cupy_mxfp8
-
-    return cupy_mxfp8.mxfp8_quantize_raw(_matrix(tensor), fp8_format, rowwise, columnwise)
+    cupy_mxfp8 = _kernel_module("cupy_mxfp8")
+    return cupy_mxfp8.mxfp8_quantize_raw(_operand_matrix(tensor), fp8_format, rowwise, columnwise)
 
 
 def quantize_fp8_current(
@@ -216,8 +230,7 @@ def quantize_fp8_current(
     statistics row (`Float8Buffers.high_precision_stats`)."""
     if not (use_kernels(tensor, kernel) and _kernel_input(tensor)):
         return None
-    from tedebug.backends import cupy_fp8_tensor
-
+    cupy_fp8_tensor = _kernel_module("cupy_fp8_tensor")
     return cupy_fp8_tensor.fp8_current_quantize(
         _operand_matrix(tensor), fp8_format, epsilon, pow2, rowwise, columnwise, high_precision_stats
     )
@@ -238,8 +251,7 @@ def quantize_fp8_delayed(
     `high_precision_stats` as in `quantize_fp8_current`."""
     if not (use_kernels(tensor, kernel) and _kernel_input(tensor)):
         return None
-    from tedebug.backends import cupy_fp8_tensor
-
+    cupy_fp8_tensor = _kernel_module("cupy_fp8_tensor")
     return cupy_fp8_tensor.fp8_delayed_quantize(
         _operand_matrix(tensor), history, scale, fp8_format, rowwise, columnwise, high_precision_stats
     )
@@ -260,8 +272,7 @@ def quantize_fp8_block(
     reference."""
     if not (use_kernels(tensor, kernel) and _kernel_input(tensor)):
         return None
-    from tedebug.backends import cupy_fp8_block
-
+    cupy_fp8_block = _kernel_module("cupy_fp8_block")
     return cupy_fp8_block.fp8_block_quantize_raw(
         _matrix(tensor),
         fp8_format,
@@ -280,8 +291,7 @@ def quantize_nvfp4(quantizer, tensor: torch.Tensor, kernel: KernelChoice = None)
     the Philox offsets of stochastic rounding (`cupy_nvfp4.nvfp4_quantize`)."""
     if not (use_kernels(tensor, kernel) and _kernel_input(tensor)):
         return None
-    from tedebug.backends import cupy_nvfp4
-
+    cupy_nvfp4 = _kernel_module("cupy_nvfp4")
     if not cupy_nvfp4.supports(quantizer, tensor):
         return None
     return cupy_nvfp4.nvfp4_quantize(quantizer, tensor)
@@ -294,8 +304,7 @@ def philox_bytes(
     (`tedebug.quantization.philox`): unless `kernel` (or the default) is "torch", whenever CuPy imports."""
     if n <= 0 or device.type != "cuda" or _name_of(kernel) == "torch" or not _cupy_importable():
         return None
-    from tedebug.backends import cupy_philox
-
+    cupy_philox = _kernel_module("cupy_philox")
     return cupy_philox.philox_bytes(seed, offset, n, device)
 
 
@@ -304,8 +313,7 @@ def gemm_kernels(tensor: torch.Tensor, kernel: KernelChoice = None) -> Optional[
     the default), else None for the torch path of `tedebug.quantization.gemm_values`."""
     if not use_kernels(tensor, kernel):
         return None
-    from tedebug.backends import cupy_dequant
-
+    cupy_dequant = _kernel_module("cupy_dequant")
     return cupy_dequant
 
 
@@ -317,8 +325,7 @@ def fp8_delayed_update(
     the torch path."""
     if amax_compute_algo not in ("max", "most_recent") or not use_kernels(history, kernel):
         return False
-    from tedebug.backends import cupy_fp8_tensor
-
+    cupy_fp8_tensor = _kernel_module("cupy_fp8_tensor")
     if (
         history.numel() > cupy_fp8_tensor.DELAYED_UPDATE_MAX_LEN
         or not history.is_contiguous()

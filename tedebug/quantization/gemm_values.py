@@ -78,10 +78,17 @@ def pow2_to_bf16(scales: torch.Tensor, lift: int) -> torch.Tensor:
     return (scales.float() * float(2.0**lift)).to(torch.bfloat16)
 
 
-def _kernels(t: torch.Tensor):
-    from tedebug.backends import dispatch  # GPU dispatch hook: CuPy kernels when they apply, else torch
+_dispatch = None  # `tedebug.backends.dispatch`, imported at the first GEMM (it imports this module's users)
 
-    return dispatch.gemm_kernels(t)
+
+def _kernels(t: torch.Tensor):
+    """GPU dispatch hook: the CuPy launchers when they apply to `t`, else None for the torch path."""
+    global _dispatch
+    if _dispatch is None:
+        from tedebug.backends import dispatch
+
+        _dispatch = dispatch
+    return _dispatch.gemm_kernels(t)
 
 
 def e8m0_to_bf16(codes: torch.Tensor, lift: int) -> torch.Tensor:

@@ -63,17 +63,12 @@ def mxfp8_quantize_blocks(blocks: torch.Tensor, fp8_format: str, dim: int) -> Tu
     return encode_fp8(blocks * multiplier, fp8_format), scale_codes
 
 
-def _check_input(tensor: torch.Tensor, who: str) -> None:
-    if tensor.dtype not in _HIGH_PRECISION:
-        raise TypeError(f"{who}: expected a float32/bfloat16/float16 tensor, got dtype {tensor.dtype}")
-    check_mxfp8_shape(tensor.shape, who)
-
-
 def check_mxfp8_shape(shape: Iterable[int], who: str = "MXFP8") -> Tuple[int, int]:
     """Validate an MXFP8 shape and return its 2-D view `(M, K)`."""
-    shape = tuple(int(s) for s in shape)
+    if type(shape) is not torch.Size:  # (a torch.Size holds ints already: every quantization and GEMM passes one)
+        shape = tuple(int(s) for s in shape)
     if len(shape) < 2:
-        raise ValueError(f"{who}: MXFP8 needs a tensor with at least 2 dims, got shape {shape}")
+        raise ValueError(f"{who}: MXFP8 needs a tensor with at least 2 dims, got shape {tuple(shape)}")
     k = shape[-1]
     m = 1
     for s in shape[:-1]:
@@ -81,7 +76,7 @@ def check_mxfp8_shape(shape: Iterable[int], who: str = "MXFP8") -> Tuple[int, in
     if k % MXFP8_BLOCK or m % MXFP8_BLOCK:
         raise ValueError(
             f"{who}: MXFP8 needs the last dim and the product of the other dims divisible by {MXFP8_BLOCK}; "
-            f"got shape {shape} (last dim {k}, product of the others {m})"
+            f"got shape {tuple(shape)} (last dim {k}, product of the others {m})"
         )
     return m, k
 
@@ -129,7 +124,8 @@ class MXFP8Tensor(QuantizedTensor):
         data, scale_codes = self._fields_of(usage)
         m, k = self._view2d()
         lift = MXFP8_LIFT[self.fp8_format]
-        values = mxfp8_values_bf16(data.reshape(m, k), scale_codes, usage == "rowwise", self.fp8_format, lift)
+        codes = data if data.dim() == 2 else data.reshape(m, k)  # (the codes of a 2-D tensor are [M, K] already)
+        values = mxfp8_values_bf16(codes, scale_codes, usage == "rowwise", self.fp8_format, lift)
         return GemmValues(values, 2.0**-lift)
 
     def _fields_of(self, usage: str) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -172,7 +168,8 @@ class MXFP8Quantizer(Quantizer):
 
     def _quantize(self, tensor: torch.Tensor) -> MXFP8Tensor:
         who = type(self).__name__
-        _check_input(tensor, who)
+        if tensor.dtype not in _HIGH_PRECISION:
+            raise TypeError(f"{who}: expected a float32/bfloat16/float16 tensor, got dtype {tensor.dtype}")
         m, k = check_mxfp8_shape(tensor.shape, who)
         out = MXFP8Tensor(tensor.shape, tensor.dtype, tensor.device, self, fp8_format=self.fp8_format)
         # GPU dispatch hook: the CuPy kernel's buffers when it applies, else the torch path below
@@ -181,12 +178,14 @@ class MXFP8Quantizer(Quantizer):
         )
         if buffers is not None:
             fused = {}
+            flat = tensor.dim() == 2  # the kernel's [M, K] codes are in the tensor's shape already
             if self.rowwise_usage:
-                out.rowwise_data = buffers.rowwise_data.reshape(tensor.shape)
+                out.rowwise_data = buffers.rowwise_data if flat else buffers.rowwise_data.reshape(tensor.shape)
                 out.rowwise_scale_inv = buffers.rowwise_scale_inv
                 fused["rowwise"] = FusedStats(buffers.stats, ROWWISE_STATS)
             if self.columnwise_usage:
-                out.columnwise_data = buffers.columnwise_data.reshape(tensor.shape)
+                col = buffers.columnwise_data
+                out.columnwise_data = col if flat else col.reshape(tensor.shape)
                 out.columnwise_scale_inv = buffers.columnwise_scale_inv
                 fused["columnwise"] = FusedStats(buffers.stats, COLUMNWISE_STATS)
             attach_fused(out, tensor, fused)  # the statistics the kernel fused into the pass
