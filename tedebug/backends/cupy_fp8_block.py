@@ -10,7 +10,7 @@ float32 / bfloat16 / float16 inputs.  The overflow statistic does not apply to b
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Tuple
+from typing import Dict, NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
@@ -21,7 +21,7 @@ from tedebug.backends.cupy_runtime import (
     dtype_options,
     get_kernel,
     pointer,
-    prepare_input,
+    ready_input,
     sm_count,
     ticket,
     workspace,
@@ -43,6 +43,10 @@ class Float8BlockBuffers(NamedTuple):
     columnwise_data: Optional[torch.Tensor]  # uint8 codes of the transpose [K, M]
     columnwise_scale_inv: Optional[torch.Tensor]  # fp32, the blocks of [K, M]
     stats: torch.Tensor  # float64[4]: `fused_stats.ROWWISE_STATS`, `fused_stats.COLUMNWISE_STATS`
+
+
+#: a quantizer's amax epsilon -> the np.float32 the kernel takes (a recipe uses one or two values)
+_EPSILON32: Dict[float, np.float32] = {}
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -76,7 +80,7 @@ def fp8_block_quantize_raw(
         raise ValueError(f"fp8_block_quantize_raw: expected a non-empty 2-D tensor, got shape {tuple(x2d.shape)}")
     if not (rowwise or columnwise):
         raise ValueError("fp8_block_quantize_raw: both rowwise and columnwise are off; nothing to produce")
-    x2d = prepare_input(x2d)
+    x2d = ready_input(x2d)
     m, k = x2d.shape
     dev = x2d.device
     row_codes = row_sinv = col_codes = col_sinv = None
@@ -90,8 +94,12 @@ def fp8_block_quantize_raw(
     tiles = _ceil_div(m, TILE) * _ceil_div(k, TILE)
     grid = max(1, min(FB_BLOCKS_PER_SM * sm_count(device_index(dev)), tiles))
     partials, tickets = workspace(dev)
-    with np.errstate(over="ignore"):  # an epsilon beyond fp32 becomes +Inf, as torch's fp32 full_like does
-        eps32 = np.float32(epsilon) if epsilon > 0 else np.float32(0.0)  # the reference skips epsilon <= 0 (-0.0)
+    eps32 = _EPSILON32.get(epsilon)
+    if eps32 is None:
+        with np.errstate(over="ignore"):  # an epsilon beyond fp32 becomes +Inf, as torch's fp32 full_like does
+            eps32 = np.float32(epsilon) if epsilon > 0 else np.float32(0.0)  # the reference skips epsilon <= 0
+        if len(_EPSILON32) < 64:
+            _EPSILON32[epsilon] = eps32
 
     kernel = get_kernel(SOURCE, _KERNEL[block_scaling_dim], dtype_options(x2d, fp8_format))
     args = (

@@ -196,13 +196,9 @@ def _stats_kernels() -> ModuleType:
 
 
 def _matrix(tensor: torch.Tensor) -> torch.Tensor:
-    """The 2-D view [M, K] of a non-empty tensor (M = product of the leading dims, 1 for a 1-D tensor)."""
-    return tensor.detach().reshape(-1, tensor.shape[-1])
-
-
-def _operand_matrix(tensor: torch.Tensor) -> torch.Tensor:
-    """`_matrix` for the quantize kernels that read their input by address only (per-tensor FP8, MXFP8): a 2-D
-    tensor (every GEMM operand of the layers) is passed as it is, without the two view ops."""
+    """The 2-D view [M, K] of a non-empty tensor (M = product of the leading dims, 1 for a 1-D tensor) for the
+    quantize kernels, which read it by address only: a 2-D tensor (every GEMM operand of the layers) is passed as
+    it is, without a view op."""
     return tensor if tensor.dim() == 2 else tensor.detach().reshape(-1, tensor.shape[-1])
 
 
@@ -212,7 +208,7 @@ def quantize_mxfp8(tensor: torch.Tensor, fp8_format: str, rowwise: bool, columnw
     if not (use_kernels(tensor, kernel) and _kernel_input(tensor)):
         return None
     cupy_mxfp8 = _kernel_module("cupy_mxfp8")
-    return cupy_mxfp8.mxfp8_quantize_raw(_operand_matrix(tensor), fp8_format, rowwise, columnwise)
+    return cupy_mxfp8.mxfp8_quantize_raw(_matrix(tensor), fp8_format, rowwise, columnwise)
 
 
 def quantize_fp8_current(
@@ -232,7 +228,7 @@ def quantize_fp8_current(
         return None
     cupy_fp8_tensor = _kernel_module("cupy_fp8_tensor")
     return cupy_fp8_tensor.fp8_current_quantize(
-        _operand_matrix(tensor), fp8_format, epsilon, pow2, rowwise, columnwise, high_precision_stats
+        _matrix(tensor), fp8_format, epsilon, pow2, rowwise, columnwise, high_precision_stats
     )
 
 
@@ -253,7 +249,7 @@ def quantize_fp8_delayed(
         return None
     cupy_fp8_tensor = _kernel_module("cupy_fp8_tensor")
     return cupy_fp8_tensor.fp8_delayed_quantize(
-        _operand_matrix(tensor), history, scale, fp8_format, rowwise, columnwise, high_precision_stats
+        _matrix(tensor), history, scale, fp8_format, rowwise, columnwise, high_precision_stats
     )
 
 
