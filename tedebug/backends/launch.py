@@ -90,16 +90,28 @@ def _driver():
 _read_env = environ_reader(ENV_VAR)
 
 
+#: (the raw value of $TEDEBUG_LAUNCH, the mode it gives) of the last `launch_mode` call: every launch asks, and the
+#: answer changes only with the variable (the reader returns the same string object while it is unchanged)
+_mode_of: Tuple[Any, str] = (object(), "")
+
+
 def launch_mode() -> str:
     """``"driver"`` or ``"cupy"``: ``$TEDEBUG_LAUNCH`` when set, else driver when libcuda loads."""
-    requested = (_read_env() or "").strip().lower()
+    global _mode_of
+    raw = _read_env()
+    if raw is _mode_of[0]:
+        return _mode_of[1]
+    requested = (raw or "").strip().lower()
     if requested:
         if requested not in _MODES:
             raise ValueError(f"environment variable {ENV_VAR}={requested!r}: expected one of {_MODES}")
         if requested == "driver" and _driver() is None:
             raise RuntimeError(f"{ENV_VAR}=driver was requested but libcuda could not be loaded through ctypes")
-        return requested
-    return "driver" if _driver() is not None else "cupy"
+        mode = requested
+    else:
+        mode = "driver" if _driver() is not None else "cupy"
+    _mode_of = (raw, mode)
+    return mode
 
 
 class _ArgBlock:
