@@ -30,11 +30,12 @@ from tedebug.backends.cupy_fp8_tensor import amax_launch as _amax_launch
 from tedebug.backends.cupy_stats import BASIC_ROW_LEN
 from tedebug.backends.cupy_runtime import device_index as _device_index
 from tedebug.backends.cupy_runtime import dtype_options as _dtype_options
-from tedebug.backends.cupy_runtime import get_kernel, prepare_input
+from tedebug.backends.cupy_runtime import get_kernel, ready_input
 from tedebug.backends.cupy_runtime import sm_count as _sm_count
 from tedebug.backends.cupy_runtime import sum_columns as _sum_columns
 from tedebug.backends.cupy_runtime import ticket as _ticket
 from tedebug.backends.cupy_runtime import workspace as _workspace
+from tedebug.backends.launch import Kernel
 from tedebug.backends.launch import launch as _launch
 from tedebug.backends.launch import raw_stream as _raw_stream
 from tedebug.format_constants import RHT_SIGNS
@@ -155,6 +156,9 @@ def _words(value: int) -> Tuple[np.uint32, np.uint32]:
     return np.uint32(value & 0xFFFFFFFF), np.uint32((value >> 32) & 0xFFFFFFFF)
 
 
+_ZERO_WORDS = _words(0) + _words(0) + _words(0)  # seed and both offsets of a call without stochastic rounding
+
+
 def nvfp4_quantize_raw(
     x2d: torch.Tensor,
     amax: torch.Tensor,
@@ -192,38 +196,73 @@ def nvfp4_quantize_raw(
     kept = torch.empty(4, dtype=torch.float64, device=dev) if stats else None
     stats_ptr = kept.data_ptr() if kept is not None else _discard(dev)
     partials, tickets = _workspace(dev)
-
-    def ptr(t):
-        return t.data_ptr() if t is not None else 0
-
+    plan = _quantize_plan(x2d, two_d, sr is not None)
     # the arguments both kernels end with: the Philox seed and offsets (unused without SR), outputs, workspace
-    seed, row_offset, col_offset = sr if sr is not None else (0, 0, 0)
-    tail = (
-        _words(seed)
-        + _words(row_offset)
-        + _words(col_offset)
-        + (ptr(row_data), ptr(row_scales), ptr(col_data), ptr(col_scales), partials, _ticket(tickets, "nvfp4"))
-        + (stats_ptr,)
+    words = _words(sr[0]) + _words(sr[1]) + _words(sr[2]) if sr is not None else _ZERO_WORDS
+    tail = words + (
+        row_data.data_ptr() if row_data is not None else 0,
+        row_scales.data_ptr() if row_scales is not None else 0,
+        col_data.data_ptr() if col_data is not None else 0,
+        col_scales.data_ptr() if col_scales is not None else 0,
+        partials,
+        tickets + _NVFP4_TICKET,
+        stats_ptr,
     )
-    if takes_fast_kernel(m, k, x2d.dtype, two_d, sr is not None):
+    flags = (_FLAG[bool(rowwise)], _FLAG[bool(columnwise)])
+    if plan.fast:
         if nonzero is None or nonzero.dtype != torch.int64 or nonzero.device != dev:
             raise ValueError(
                 "nvfp4_quantize_raw: the fast kernel needs `nonzero`, count_nonzero(x) as an int64 "
                 f"tensor on {dev} (from _amax_launch(..., count_out=))"
             )
-        tiles = (m // NQ_TILE[0]) * (k // NQ_TILE[1])
-        grid = max(1, min(_fast_blocks_per_sm(sr is not None) * _sm_count(_device_index(dev)), tiles))
-        opts = _general_options(x2d, sr is not None, ("-DNQ_2D=1",) if two_d else ())
-        kernel = get_kernel("nvfp4.cu", "ted_nvfp4_quantize16", opts)
-        head = (x2d.data_ptr(), np.int64(m), np.int64(k), amax.data_ptr(), nonzero.data_ptr(), _INV6, _INV2688)
-        _launch(kernel, grid, NV_THREADS, head + (np.int32(rowwise), np.int32(columnwise)) + tail, dev)
+        head = (x2d.data_ptr(), plan.m, plan.k, amax.data_ptr(), nonzero.data_ptr(), _INV6, _INV2688)
+        _launch(plan.kernel, plan.grid, NV_THREADS, head + flags + tail, dev)
         return row_data, row_scales, col_data, col_scales, kept
-    tiles = ((m + NV_TILE_ROWS - 1) // NV_TILE_ROWS) * ((k + _tile_cols(x2d.dtype) - 1) // _tile_cols(x2d.dtype))
-    grid = max(1, min(NV_BLOCKS_PER_SM * _sm_count(_device_index(dev)), tiles))
-    kernel = get_kernel("nvfp4.cu", "ted_nvfp4_quantize", _general_options(x2d, sr is not None))
-    head = (x2d.data_ptr(), np.int64(m), np.int64(k), amax.data_ptr(), _INV6, _INV2688)
-    _launch(kernel, grid, NV_THREADS, head + (np.int32(rowwise), np.int32(columnwise), np.int32(two_d)) + tail, dev)
+    head = (x2d.data_ptr(), plan.m, plan.k, amax.data_ptr(), _INV6, _INV2688)
+    _launch(plan.kernel, plan.grid, NV_THREADS, head + flags + (_FLAG[bool(two_d)],) + tail, dev)
     return row_data, row_scales, col_data, col_scales, kept
+
+
+class _QuantizePlan(NamedTuple):
+    """The kernel of `nvfp4_quantize_raw` for one (device, dtype, [M, K], 2D, SR) and its grid, worked out once (a
+    layer quantizes the same shapes at every step)."""
+
+    fast: bool  # `takes_fast_kernel`: ted_nvfp4_quantize16, which needs count_nonzero(x)
+    kernel: Kernel
+    grid: int
+    m: np.int64
+    k: np.int64
+
+
+_QUANTIZE_PLANS: Dict[Tuple[int, torch.dtype, int, int, bool, bool], _QuantizePlan] = {}
+_PLANS_MAX = 4096  # distinct entries kept before the cache starts over
+
+
+def _quantize_plan(x2d: torch.Tensor, two_d: bool, sr: bool) -> _QuantizePlan:
+    m, k = x2d.shape
+    index = x2d.get_device()
+    key = (index, x2d.dtype, m, k, bool(two_d), sr)
+    plan = _QUANTIZE_PLANS.get(key)
+    if plan is not None:
+        return plan
+    if takes_fast_kernel(m, k, x2d.dtype, two_d, sr):
+        tiles = (m // NQ_TILE[0]) * (k // NQ_TILE[1])
+        grid = max(1, min(_fast_blocks_per_sm(sr) * _sm_count(index), tiles))
+        opts = _general_options(x2d, sr, ("-DNQ_2D=1",) if two_d else ())
+        plan = _QuantizePlan(True, get_kernel("nvfp4.cu", "ted_nvfp4_quantize16", opts), grid, np.int64(m), np.int64(k))
+    else:
+        tiles = ((m + NV_TILE_ROWS - 1) // NV_TILE_ROWS) * ((k + _tile_cols(x2d.dtype) - 1) // _tile_cols(x2d.dtype))
+        grid = max(1, min(NV_BLOCKS_PER_SM * _sm_count(index), tiles))
+        kernel = get_kernel("nvfp4.cu", "ted_nvfp4_quantize", _general_options(x2d, sr))
+        plan = _QuantizePlan(False, kernel, grid, np.int64(m), np.int64(k))
+    if len(_QUANTIZE_PLANS) >= _PLANS_MAX:
+        _QUANTIZE_PLANS.clear()
+    _QUANTIZE_PLANS[key] = plan
+    return plan
+
+
+_FLAG = (np.int32(0), np.int32(1))  # np.int32(False), np.int32(True)
+_NVFP4_TICKET = _ticket(0, "nvfp4")  # the byte offset of the kernels' ticket in a workspace's tickets
 
 
 _DISCARDS: Dict[Tuple[int, int], torch.Tensor] = {}
@@ -413,7 +452,7 @@ def nvfp4_quantize(quantizer, tensor: torch.Tensor) -> NVFP4Buffers:
         )
     k = tensor.shape[-1]
     m = tensor.numel() // k  # a valid NVFP4 shape (`supports`)
-    x2d = prepare_input(tensor.reshape(m, k))
+    x2d = ready_input(tensor if tensor.dim() == 2 else tensor.reshape(m, k))  # (read by address only)
     rht = quantizer.with_rht and quantizer.columnwise_usage
     sr = quantizer.stochastic_rounding
     # the fast kernel takes count_nonzero(x) from the amax pass; with RHT it only runs for the rowwise direction
@@ -453,8 +492,9 @@ def nvfp4_quantize(quantizer, tensor: torch.Tensor) -> NVFP4Buffers:
             amax_ready=quantizer.rowwise_usage,
             stats=quantizer.error_stats,
         )
-        stats = (row_stats[0], row_stats[1]) if row_stats is not None else (None, None)
-        stats += (col_stats[0], col_stats[1]) if col_stats is not None else (None, None)
+        # 0-d views of the statistics, one unbind per vector
+        stats = row_stats.unbind()[:2] if row_stats is not None else (None, None)
+        stats += col_stats.unbind() if col_stats is not None else (None, None)
     else:
         rd, rs, cd, cs, stats = nvfp4_quantize_raw(
             x2d,

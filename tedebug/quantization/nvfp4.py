@@ -370,7 +370,8 @@ class NVFP4Quantizer(Quantizer):
         fused = {}
         amax_rowwise, amax_columnwise = buffers.amax.unbind()  # the 0-d views of both slots in one op
         if self.rowwise_usage:
-            out.rowwise_data = buffers.rowwise_data.reshape(*tensor.shape[:-1], tensor.shape[-1] // 2)
+            data = buffers.rowwise_data  # [M, K/2]: the shape of a 2-D tensor's packed codes already
+            out.rowwise_data = data if tensor.dim() == 2 else data.reshape(*tensor.shape[:-1], tensor.shape[-1] // 2)
             out.rowwise_scale_inv = buffers.rowwise_scale_inv
             out.amax_rowwise = amax_rowwise
             if stats[0] is not None:
