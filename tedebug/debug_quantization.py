@@ -348,7 +348,8 @@ class DebugQuantizer(Quantizer):
 
     # ------------------------------------------------------------------ inspection
     def _inspect(self, tensor: Optional[torch.Tensor], rowwise: GemmOperand, columnwise: GemmOperand) -> None:
-        iteration = active.get_iteration()
+        current = active.DEBUG_MANAGER
+        iteration = current.iteration if current is not None else active.get_iteration()  # (raises: no session)
         if self.inspect_tensor_enabled:
             self.plan.inspect(
                 iteration, tensor, self.tp_group, self.tp_size, rowwise, columnwise, self.parent_quantizer

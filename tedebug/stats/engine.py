@@ -121,7 +121,8 @@ class StatsEngine:
             requests = buffer.requests  # the same immutable stats object as the last feed: already parsed
         else:
             requests = self._requests(layer, tensor_name, stats)
-        _check_tensor(layer, tensor_name, tensor)
+        if type(tensor) is not torch.Tensor or not tensor.is_floating_point():  # (a plain float tensor passes)
+            _check_tensor(layer, tensor_name, tensor)
         quantized = dict(quantized) if quantized else _NO_QUANTIZED
         numel = tensor.numel() if tensor is not None else self._numel_from_quantized(layer, tensor_name, quantized)
         if numel == 0:
@@ -133,7 +134,7 @@ class StatsEngine:
         buffer.iteration = iteration
         buffer.reduction_group = reduction_group
         buffer.skip_reduction = skip_reduction
-        if not buffer.accepts_feed():
+        if is_weight and buffer.fed:  # a weight keeps its first feed of the step (`StatBuffer.accepts_feed`)
             return
         if buffer.quantized_source is not None and tensor is not None and quantized:
             # every partial in the statistics vector the quantize kernel wrote for this very tensor: the feed keeps
@@ -378,7 +379,7 @@ class StatsEngine:
             values = merged[buffer.key]
             layer_name, tensor_name, _ = buffer.key
             rows.append((buffer.emitters, values, buffer.iteration, layer_name, tensor_name))
-            if not self._nonfinite_reported:
+            if buffer.nonfinite_positions is not None and not self._nonfinite_reported:
                 self._report_nonfinite(buffer, values)
 
         def records() -> ScalarBatch:  # the final formulas; depends only on `rows` (may run on a writer thread)

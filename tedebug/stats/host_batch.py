@@ -41,10 +41,11 @@ def _no_reduction(rows: np.ndarray, dtype: torch.dtype) -> List[tuple]:
 class _Group:
     """The staging matrix of one (element count, dtype): row i holds the i-th staged tensor of the step."""
 
-    __slots__ = ("numel", "dtype", "rows", "count", "rows_tensor", "partial_rows")
+    __slots__ = ("numel", "numel_value", "dtype", "rows", "count", "rows_tensor", "partial_rows")
 
     def __init__(self, numel: int, dtype: torch.dtype, capacity: int) -> None:
         self.numel = numel
+        self.numel_value = float(numel)  # the numel column of every row of the group
         self.dtype = dtype
         self.rows = np.empty((capacity, numel))
         self.rows_tensor = torch.from_numpy(self.rows)
@@ -98,8 +99,9 @@ class HostBatch:
             if tensor.requires_grad:
                 tensor = tensor.detach()  # read without an autograd record
             try:
-                if dtype in _NUMPY_DTYPES:  # the elements in row-major order, as `reshape(-1)` orders them
-                    np.copyto(group.rows[index].reshape(tensor.shape), tensor.numpy())
+                if dtype in _NUMPY_DTYPES:  # the elements in row-major order, as `reshape(-1)` orders them (`ravel`
+                    # views a contiguous array; a strided one is copied in C order first); no shape object is built
+                    group.rows[index] = tensor.numpy().ravel()
                 else:
                     group.rows_tensor[index].view(tensor.shape).copy_(tensor)
             except (RuntimeError, TypeError, ValueError):  # e.g. a tensor numpy cannot read: the per-tensor path
@@ -125,8 +127,11 @@ class HostBatch:
                 for group in {id(group): group for _, group, _ in staged}.values():
                     values[group] = group.partial_rows(group.rows[: group.count], group.dtype)
                 for buffer, group, index in staged:
-                    row = (float(group.numel),) + values[group][index]
-                    buffer.accumulate_host(buffer.host_gather(BASIC_ROW_KEYS)(row))
+                    row = (group.numel_value,) + values[group][index]
+                    gather = buffer.basic_host_gather
+                    if gather is None:
+                        gather = buffer.basic_host_gather = buffer.host_gather(BASIC_ROW_KEYS)
+                    buffer.accumulate_host(gather(row))
             finally:
                 self._release()
 
