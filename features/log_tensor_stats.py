@@ -144,7 +144,9 @@ class InspectPlan:
             requests = self._fitting(requests, x, layer_name)
             if not requests:
                 return False
-        current = active.session()
+        current = active.DEBUG_MANAGER
+        if current is None:
+            current = active.session()  # (raises: not initialised)
         group, skip, is_weight = reduction_args(current, self.tensor_name, tp_group, tp_size)
         current.stats.feed(
             layer_name,

@@ -278,6 +278,9 @@ class BufferStore:
 
     def __init__(self) -> None:
         self._buffers: Dict[BufferKey, StatBuffer] = {}
+        #: the buffer of a `BufferKey` or of the plain tuple of its fields (a NamedTuple hashes and compares as its
+        #: fields), or None: the dict's own ``get`` (every feed looks its buffer up)
+        self.get: Callable[[tuple], Optional[StatBuffer]] = self._buffers.get  # type: ignore[assignment]
 
     def get_or_create(self, key: BufferKey, requests: Tuple[StatRequest, ...], *, is_weight: bool) -> StatBuffer:
         buffer = self._buffers.get(key)
@@ -294,10 +297,6 @@ class BufferStore:
 
     def __len__(self) -> int:
         return len(self._buffers)
-
-    def get(self, key: tuple) -> Optional[StatBuffer]:
-        """The buffer of `key`, a `BufferKey` or the plain tuple of its fields."""
-        return self._buffers.get(key)  # type: ignore[call-overload]  # a tuple finds the BufferKey of its fields
 
     def fed(self) -> List[StatBuffer]:
         """Buffers fed since the last step, in creation order (`StatBuffer.fed`, written out: one test per buffer)."""

@@ -379,8 +379,13 @@ class StatsEngine:
             values = merged[buffer.key]
             layer_name, tensor_name, _ = buffer.key
             rows.append((buffer.emitters, values, buffer.iteration, layer_name, tensor_name))
-            if buffer.nonfinite_positions is not None and not self._nonfinite_reported:
-                self._report_nonfinite(buffer, values)
+            positions = buffer.nonfinite_positions
+            if (
+                positions is not None
+                and not self._nonfinite_reported
+                and (values[positions[0]] or values[positions[1]])
+            ):
+                self._report_nonfinite(buffer, values)  # (a count that is not zero: the first non-finite values)
 
         def records() -> ScalarBatch:  # the final formulas; depends only on `rows` (may run on a writer thread)
             return ScalarBatch(rows).evaluate()  # a formula's error is the build's, not the first sink's

@@ -54,15 +54,11 @@ class _Group:
         #: `BASIC_KEYS` tuple per row
         self.partial_rows: Callable[[np.ndarray, torch.dtype], List[tuple]] = _no_reduction
 
-    def take(self) -> int:
-        """The next free row, the matrix grown (its staged rows kept) when it is full."""
-        if self.count == len(self.rows):
-            grown = np.empty((2 * len(self.rows), self.numel))
-            grown[: self.count] = self.rows[: self.count]
-            self.rows, self.rows_tensor = grown, torch.from_numpy(grown)
-        index = self.count
-        self.count += 1
-        return index
+    def grow(self) -> None:
+        """Double the matrix, its staged rows kept (`HostBatch.stage` takes row `count` while `count < len(rows)`)."""
+        grown = np.empty((2 * len(self.rows), self.numel))
+        grown[: self.count] = self.rows[: self.count]
+        self.rows, self.rows_tensor = grown, torch.from_numpy(grown)
 
 
 class HostBatch:
@@ -94,7 +90,10 @@ class HostBatch:
             group = self._groups.get((n, dtype))
             if group is None:
                 group = self._groups[(n, dtype)] = _Group(n, dtype, 4)
-            index = group.take()
+            index = group.count
+            if index == len(group.rows):
+                group.grow()
+            group.count = index + 1
             group.partial_rows = partial_rows
             if tensor.requires_grad:
                 tensor = tensor.detach()  # read without an autograd record
@@ -131,7 +130,16 @@ class HostBatch:
                     gather = buffer.basic_host_gather
                     if gather is None:
                         gather = buffer.basic_host_gather = buffer.host_gather(BASIC_ROW_KEYS)
-                    buffer.accumulate_host(gather(row))
+                    if (  # the step's first row (`StatBuffer.fed` written out; `staged` was reset above):
+                        # kept as it is, what `accumulate_host` does with it
+                        buffer._row is None
+                        and buffer._host_row is None
+                        and not buffer.slab_rows
+                        and not buffer.vector_rows
+                    ):
+                        buffer._host_row = gather(row)
+                    else:
+                        buffer.accumulate_host(gather(row))  # merged with this step's earlier rows
             finally:
                 self._release()
 
