@@ -75,6 +75,27 @@ def test_one_schedule_query_per_distinct_schedule_and_iteration(tmp_path, monkey
     assert logged[("a_activation_max", 1)] == 3.0 and logged[("b_weight_max", 2)] == b.weight.detach().max().item()
 
 
+def test_every_schedule_evaluated_once_per_iteration_across_layers(tmp_path, monkeypatch):
+    """One section selecting two layers: per iteration, one evaluation for the twelve tensors' enabled answers and
+    one per LogTensorStats plan (one plan per tensor name serves both layers)."""
+    evaluated = Counter()
+    real = Schedule.is_active
+
+    def is_active(self, iteration):
+        evaluated[iteration] += 1
+        return real(self, iteration)
+
+    monkeypatch.setattr(Schedule, "is_active", is_active)
+    config = _two_sections(freq_b=1)
+    config["a"]["layers"] = {"layer_name_regex_pattern": "^[ab]$"}
+    del config["b"]
+    sink = RecordingSink()
+    with debug_session(config, tmp_path, sink):
+        _run([Linear(4, 3, name="a"), Linear(4, 3, name="b")], torch.ones(1, 4, requires_grad=True), 3)  # with dgrad
+    assert evaluated == {0: 1 + 6, 1: 1 + 6, 2: 1 + 6}
+    assert len(sink.values()) == 2 * 6 * 3
+
+
 def test_schedule_clocks_belong_to_their_session(tmp_path):
     """A second session with another schedule and the same iteration numbers follows its own schedule."""
     layer = Linear(4, 3, name="a")
