@@ -354,12 +354,12 @@ class StatsEngine:
         self, fed: List[FedRow], host: Dict[BufferKey, List[float]], communicate: bool
     ) -> Dict[BufferKey, List[float]]:
         """Every fed buffer's merged row, in its `columns` order (its host row when it is not reduced)."""
+        if not communicate:
+            return host  # (`host` holds the row of every fed buffer and nothing else: no copy of it is needed)
         merged: Dict[BufferKey, List[float]] = {}
         for buffer in fed:
-            if buffer.skip_reduction or not communicate:
+            if buffer.skip_reduction:
                 merged[buffer.key] = host[buffer.key]
-        if not communicate:
-            return merged
         known = [b.reduction_group for b in self._store if not b.skip_reduction]
         for group in _reduce.ordered_groups(known):
             gkey = _reduce.group_order_key(group)
