@@ -171,7 +171,8 @@ class ScheduledAnswer:
     def ask(self, iteration: int) -> Tuple[bool, Optional[int]]:
         if len(self.entries) == 1:
             clock, noted = self.entries[0]
-            answer = clock.query(iteration)
+            last = clock.last  # (`clock.query` written out for its usual case: asked already at this iteration)
+            answer = last[1] if last[0] == iteration else clock.query(iteration)
             if noted:
                 self.note(self.layer_name, answer[1])
             return answer
