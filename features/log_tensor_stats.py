@@ -116,6 +116,10 @@ class InspectPlan:
         #: the layers whose `message` this plan wrote (the session writes a line once per layer anyway; the plan
         #: lives no longer than its session)
         self.logged_layers: set = set()
+        #: (iteration, the schedule active at it) of the last feed: the plan of a config and tensor name serves that
+        #: tensor of every layer the config selects, so the schedule is evaluated once per iteration (one tuple:
+        #: threads read it whole)
+        self.active_at: Tuple[Optional[int], bool] = (None, False)
 
     def feed(
         self,
@@ -131,7 +135,10 @@ class InspectPlan:
         """Feed the tensor's statistics to the stats engine when the schedule is active at `iteration`, and at the
         first feed of a layer write `message` to the main log; True when it fed.  (The last two arguments are those
         of the bound ``inspect_tensor`` call, which this feature does not read.)"""
-        if not self.schedule.is_active(iteration):
+        active_at = self.active_at
+        if active_at[0] != iteration:
+            active_at = self.active_at = (iteration, self.schedule.is_active(iteration))
+        if not active_at[1]:
             return False
         if type(tensor) is torch.Tensor and tensor.is_floating_point():  # the common case of the check below
             x = tensor
@@ -144,7 +151,9 @@ class InspectPlan:
             requests = self._fitting(requests, x, layer_name)
             if not requests:
                 return False
-        current = active.session()
+        current = active.DEBUG_MANAGER
+        if current is None:
+            current = active.session()  # (raises: not initialised)
         group, skip, is_weight = reduction_args(current, self.tensor_name, tp_group, tp_size)
         current.stats.feed(
             layer_name,

@@ -348,7 +348,8 @@ class DebugQuantizer(Quantizer):
 
     # ------------------------------------------------------------------ inspection
     def _inspect(self, tensor: Optional[torch.Tensor], rowwise: GemmOperand, columnwise: GemmOperand) -> None:
-        iteration = active.get_iteration()
+        current = active.DEBUG_MANAGER
+        iteration = current.iteration if current is not None else active.get_iteration()  # (raises: no session)
         if self.inspect_tensor_enabled:
             self.plan.inspect(
                 iteration, tensor, self.tp_group, self.tp_size, rowwise, columnwise, self.parent_quantizer
@@ -374,7 +375,7 @@ class DebugQuantizer(Quantizer):
     # ------------------------------------------------------------------ GEMM outputs
     def process_gemm_output(self, tensor: torch.Tensor) -> torch.Tensor:
         """Modify (if planned) and inspect a GEMM result; returns the tensor the layer should use."""
-        if not self.is_output_type:
+        if self.columnwise_gemm_name is not None:  # not `is_output_type`
             raise RuntimeError(
                 f"DebugQuantizer.process_gemm_output: {self.layer_name!r}/{self.tensor_name} is not a "
                 f"GEMM output (expected output, wgrad or dgrad)"

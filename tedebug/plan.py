@@ -117,16 +117,52 @@ class ConstantAnswer:
         return self.value
 
 
+class ScheduleClock:
+    """One distinct schedule of a session and its answer at the last iteration asked: every `ScheduledAnswer` whose
+    feature has an equal schedule holds the same clock (`schedule_clock`), so the six tensors of every GEMM selected
+    by one config section evaluate that schedule once per iteration, not once per tensor."""
+
+    __slots__ = ("schedule", "last")
+
+    def __init__(self, schedule: Schedule) -> None:
+        self.schedule = schedule
+        #: (iteration, `Schedule.query(iteration)`) of the last iteration asked (one tuple: threads read it whole)
+        self.last: Tuple[Optional[int], Tuple[bool, Optional[int]]] = (None, (False, None))
+
+    def query(self, iteration: int) -> Tuple[bool, Optional[int]]:
+        """`Schedule.query(iteration)`, evaluated once per iteration."""
+        last = self.last
+        if last[0] != iteration:
+            last = self.last = (iteration, self.schedule.query(iteration))
+        return last[1]
+
+
+SCHEDULE_CLOCKS_KEY = "schedule clocks"
+
+
+def schedule_clock(api: Any, schedule: Schedule) -> ScheduleClock:
+    """The session's clock of `schedule` (equal schedules share one), kept in the namespace's `compiled` table like
+    the plans (dropped with them)."""
+    clocks = api.compiled.get(SCHEDULE_CLOCKS_KEY)
+    if clocks is None:
+        clocks = api.compiled[SCHEDULE_CLOCKS_KEY] = {}
+    clock = clocks.get(schedule)
+    if clock is None:
+        clock = clocks[schedule] = ScheduleClock(schedule)
+    return clock
+
+
 class ScheduledAnswer:
-    """Every serving feature answers from its schedule alone: evaluate the schedules here, in routing order, each
-    recording its next iteration in the stats engine when its feature would (several answers are combined as the
-    namespace combines them: enabled if any is, the earliest next iteration)."""
+    """Every serving feature answers from its schedule alone: evaluate the schedules here (through their shared
+    `ScheduleClock`s), in routing order, each recording its next iteration in the stats engine when its feature
+    would (several answers are combined as the namespace combines them: enabled if any is, the earliest next
+    iteration)."""
 
     __slots__ = ("entries", "layer_name", "note")
     constant = False
 
-    def __init__(self, entries: Tuple[Tuple[Schedule, bool], ...], layer_name: str, note: Callable) -> None:
-        #: (schedule, records its next iteration) per serving feature
+    def __init__(self, entries: Tuple[Tuple[ScheduleClock, bool], ...], layer_name: str, note: Callable) -> None:
+        #: (schedule clock, records its next iteration) per serving feature
         self.entries = entries
         self.layer_name = layer_name
         #: the stats engine's `note_next_iteration`
@@ -134,14 +170,15 @@ class ScheduledAnswer:
 
     def ask(self, iteration: int) -> Tuple[bool, Optional[int]]:
         if len(self.entries) == 1:
-            schedule, noted = self.entries[0]
-            answer = schedule.query(iteration)
+            clock, noted = self.entries[0]
+            last = clock.last  # (`clock.query` written out for its usual case: asked already at this iteration)
+            answer = last[1] if last[0] == iteration else clock.query(iteration)
             if noted:
                 self.note(self.layer_name, answer[1])
             return answer
         enabled, nxt = False, None
-        for schedule, noted in self.entries:
-            active, n = schedule.query(iteration)
+        for clock, noted in self.entries:
+            active, n = clock.query(iteration)
             if noted:
                 self.note(self.layer_name, n)
             enabled = enabled or active
@@ -197,7 +234,8 @@ def compile_answer(
     features = [getattr(route.method, "__self__", None) for route in routes]
     if all(not r.drop for r in routes) and all(f is not None and schedule_only(f, hook) for f in features):
         entries = tuple(
-            (Schedule.from_config(r.config), bool(getattr(f, "NOTE_STATS", False))) for r, f in zip(routes, features)
+            (schedule_clock(api, Schedule.from_config(r.config)), bool(getattr(f, "NOTE_STATS", False)))
+            for r, f in zip(routes, features)
         )
         return ScheduledAnswer(entries, layer_name, session.stats.note_next_iteration)
     return CalledAnswer(api, hook, layer_name, gemm, tensor_name)

@@ -104,6 +104,9 @@ class StatBuffer:
             if len(qualifiers) == 1 and all(family in QUANTIZED_FAMILIES for family, _, _ in self.families)
             else None
         )
+        #: `host_gather` of the CPU basic layout (`torch_ref.BASIC_ROW_KEYS`), kept by its first user (the staged
+        #: feeds' replay, `tedebug.stats.host_batch`): no look-up per feed
+        self.basic_host_gather: Optional[Callable[[Sequence[float]], List[float]]] = None
         self._covered: Dict[Tuple[str, ...], bool] = {}
         self._gathers: Dict[tuple, Any] = {}  # index tensors per device, numpy index arrays
         self._positions: Dict[Tuple[str, ...], Tuple[int, ...]] = {}
@@ -227,7 +230,7 @@ class StatBuffer:
             raise ValueError(f"buffer {tuple(self.key)}: row of {len(values)} values, expected {len(self.columns)}")
         if self.staged:  # earlier feeds of this step first, in feed order
             self.host_batch.resolve()
-        if not self.fed:
+        if self._row is None and self._host_row is None and not self.slab_rows and not self.vector_rows:  # not fed
             self._host_row = values
         elif not self.is_weight:
             self.accumulate(torch.tensor(values, dtype=torch.float64))
@@ -275,6 +278,9 @@ class BufferStore:
 
     def __init__(self) -> None:
         self._buffers: Dict[BufferKey, StatBuffer] = {}
+        #: the buffer of a `BufferKey` or of the plain tuple of its fields (a NamedTuple hashes and compares as its
+        #: fields), or None: the dict's own ``get`` (every feed looks its buffer up)
+        self.get: Callable[[tuple], Optional[StatBuffer]] = self._buffers.get  # type: ignore[assignment]
 
     def get_or_create(self, key: BufferKey, requests: Tuple[StatRequest, ...], *, is_weight: bool) -> StatBuffer:
         buffer = self._buffers.get(key)
@@ -292,13 +298,13 @@ class BufferStore:
     def __len__(self) -> int:
         return len(self._buffers)
 
-    def get(self, key: tuple) -> Optional[StatBuffer]:
-        """The buffer of `key`, a `BufferKey` or the plain tuple of its fields."""
-        return self._buffers.get(key)  # type: ignore[call-overload]  # a tuple finds the BufferKey of its fields
-
     def fed(self) -> List[StatBuffer]:
-        """Buffers fed since the last step, in creation order."""
-        return [b for b in self._buffers.values() if b.fed]
+        """Buffers fed since the last step, in creation order (`StatBuffer.fed`, written out: one test per buffer)."""
+        return [
+            b
+            for b in self._buffers.values()
+            if b._row is not None or b._host_row is not None or b.staged or b.slab_rows or b.vector_rows
+        ]
 
     def clear_step(self) -> None:
         for buffer in self._buffers.values():

@@ -121,7 +121,8 @@ class StatsEngine:
             requests = buffer.requests  # the same immutable stats object as the last feed: already parsed
         else:
             requests = self._requests(layer, tensor_name, stats)
-        _check_tensor(layer, tensor_name, tensor)
+        if type(tensor) is not torch.Tensor or not tensor.is_floating_point():  # (a plain float tensor passes)
+            _check_tensor(layer, tensor_name, tensor)
         quantized = dict(quantized) if quantized else _NO_QUANTIZED
         numel = tensor.numel() if tensor is not None else self._numel_from_quantized(layer, tensor_name, quantized)
         if numel == 0:
@@ -133,7 +134,7 @@ class StatsEngine:
         buffer.iteration = iteration
         buffer.reduction_group = reduction_group
         buffer.skip_reduction = skip_reduction
-        if not buffer.accepts_feed():
+        if is_weight and buffer.fed:  # a weight keeps its first feed of the step (`StatBuffer.accepts_feed`)
             return
         if buffer.quantized_source is not None and tensor is not None and quantized:
             # every partial in the statistics vector the quantize kernel wrote for this very tensor: the feed keeps
@@ -353,12 +354,12 @@ class StatsEngine:
         self, fed: List[FedRow], host: Dict[BufferKey, List[float]], communicate: bool
     ) -> Dict[BufferKey, List[float]]:
         """Every fed buffer's merged row, in its `columns` order (its host row when it is not reduced)."""
+        if not communicate:
+            return host  # (`host` holds the row of every fed buffer and nothing else: no copy of it is needed)
         merged: Dict[BufferKey, List[float]] = {}
         for buffer in fed:
-            if buffer.skip_reduction or not communicate:
+            if buffer.skip_reduction:
                 merged[buffer.key] = host[buffer.key]
-        if not communicate:
-            return merged
         known = [b.reduction_group for b in self._store if not b.skip_reduction]
         for group in _reduce.ordered_groups(known):
             gkey = _reduce.group_order_key(group)
@@ -378,8 +379,13 @@ class StatsEngine:
             values = merged[buffer.key]
             layer_name, tensor_name, _ = buffer.key
             rows.append((buffer.emitters, values, buffer.iteration, layer_name, tensor_name))
-            if not self._nonfinite_reported:
-                self._report_nonfinite(buffer, values)
+            positions = buffer.nonfinite_positions
+            if (
+                positions is not None
+                and not self._nonfinite_reported
+                and (values[positions[0]] or values[positions[1]])
+            ):
+                self._report_nonfinite(buffer, values)  # (a count that is not zero: the first non-finite values)
 
         def records() -> ScalarBatch:  # the final formulas; depends only on `rows` (may run on a writer thread)
             return ScalarBatch(rows).evaluate()  # a formula's error is the build's, not the first sink's

@@ -41,10 +41,11 @@ def _no_reduction(rows: np.ndarray, dtype: torch.dtype) -> List[tuple]:
 class _Group:
     """The staging matrix of one (element count, dtype): row i holds the i-th staged tensor of the step."""
 
-    __slots__ = ("numel", "dtype", "rows", "count", "rows_tensor", "partial_rows")
+    __slots__ = ("numel", "numel_value", "dtype", "rows", "count", "rows_tensor", "partial_rows")
 
     def __init__(self, numel: int, dtype: torch.dtype, capacity: int) -> None:
         self.numel = numel
+        self.numel_value = float(numel)  # the numel column of every row of the group
         self.dtype = dtype
         self.rows = np.empty((capacity, numel))
         self.rows_tensor = torch.from_numpy(self.rows)
@@ -53,15 +54,11 @@ class _Group:
         #: `BASIC_KEYS` tuple per row
         self.partial_rows: Callable[[np.ndarray, torch.dtype], List[tuple]] = _no_reduction
 
-    def take(self) -> int:
-        """The next free row, the matrix grown (its staged rows kept) when it is full."""
-        if self.count == len(self.rows):
-            grown = np.empty((2 * len(self.rows), self.numel))
-            grown[: self.count] = self.rows[: self.count]
-            self.rows, self.rows_tensor = grown, torch.from_numpy(grown)
-        index = self.count
-        self.count += 1
-        return index
+    def grow(self) -> None:
+        """Double the matrix, its staged rows kept (`HostBatch.stage` takes row `count` while `count < len(rows)`)."""
+        grown = np.empty((2 * len(self.rows), self.numel))
+        grown[: self.count] = self.rows[: self.count]
+        self.rows, self.rows_tensor = grown, torch.from_numpy(grown)
 
 
 class HostBatch:
@@ -93,13 +90,17 @@ class HostBatch:
             group = self._groups.get((n, dtype))
             if group is None:
                 group = self._groups[(n, dtype)] = _Group(n, dtype, 4)
-            index = group.take()
+            index = group.count
+            if index == len(group.rows):
+                group.grow()
+            group.count = index + 1
             group.partial_rows = partial_rows
             if tensor.requires_grad:
                 tensor = tensor.detach()  # read without an autograd record
             try:
-                if dtype in _NUMPY_DTYPES:  # the elements in row-major order, as `reshape(-1)` orders them
-                    np.copyto(group.rows[index].reshape(tensor.shape), tensor.numpy())
+                if dtype in _NUMPY_DTYPES:  # the elements in row-major order, as `reshape(-1)` orders them (`ravel`
+                    # views a contiguous array; a strided one is copied in C order first); no shape object is built
+                    group.rows[index] = tensor.numpy().ravel()
                 else:
                     group.rows_tensor[index].view(tensor.shape).copy_(tensor)
             except (RuntimeError, TypeError, ValueError):  # e.g. a tensor numpy cannot read: the per-tensor path
@@ -125,8 +126,20 @@ class HostBatch:
                 for group in {id(group): group for _, group, _ in staged}.values():
                     values[group] = group.partial_rows(group.rows[: group.count], group.dtype)
                 for buffer, group, index in staged:
-                    row = (float(group.numel),) + values[group][index]
-                    buffer.accumulate_host(buffer.host_gather(BASIC_ROW_KEYS)(row))
+                    row = (group.numel_value,) + values[group][index]
+                    gather = buffer.basic_host_gather
+                    if gather is None:
+                        gather = buffer.basic_host_gather = buffer.host_gather(BASIC_ROW_KEYS)
+                    if (  # the step's first row (`StatBuffer.fed` written out; `staged` was reset above):
+                        # kept as it is, what `accumulate_host` does with it
+                        buffer._row is None
+                        and buffer._host_row is None
+                        and not buffer.slab_rows
+                        and not buffer.vector_rows
+                    ):
+                        buffer._host_row = gather(row)
+                    else:
+                        buffer.accumulate_host(gather(row))  # merged with this step's earlier rows
             finally:
                 self._release()
 

@@ -51,8 +51,10 @@ class FedRow:
         self.iteration: Optional[int] = buffer.iteration
         self.reduction_group: Any = buffer.reduction_group
         self.skip_reduction: bool = buffer.skip_reduction
-        self.row: Optional[torch.Tensor] = buffer.row
-        self.host_row: Optional[List[float]] = buffer.host_row
+        if buffer.staged:  # (what reading `buffer.row` does: its staged feeds merged first)
+            buffer.host_batch.resolve()
+        self.row: Optional[torch.Tensor] = buffer._row
+        self.host_row: Optional[List[float]] = buffer._host_row
         self.slab_rows: List[Tuple[RowSlab, int]] = buffer.slab_rows
         self.vector_rows: List[VectorRow] = buffer.vector_rows
         self.positions: Tuple[int, ...] = buffer.row_positions(buffer.slab_keys) if buffer.slab_rows else ()
