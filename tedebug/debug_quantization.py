@@ -375,7 +375,7 @@ class DebugQuantizer(Quantizer):
     # ------------------------------------------------------------------ GEMM outputs
     def process_gemm_output(self, tensor: torch.Tensor) -> torch.Tensor:
         """Modify (if planned) and inspect a GEMM result; returns the tensor the layer should use."""
-        if self.columnwise_gemm_name is not None:  # not `is_output_type`
+        if not self.is_output_type:
             raise RuntimeError(
                 f"DebugQuantizer.process_gemm_output: {self.layer_name!r}/{self.tensor_name} is not a "
                 f"GEMM output (expected output, wgrad or dgrad)"

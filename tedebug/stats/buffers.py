@@ -230,7 +230,7 @@ class StatBuffer:
             raise ValueError(f"buffer {tuple(self.key)}: row of {len(values)} values, expected {len(self.columns)}")
         if self.staged:  # earlier feeds of this step first, in feed order
             self.host_batch.resolve()
-        if self._row is None and self._host_row is None and not self.slab_rows and not self.vector_rows:  # not fed
+        if not self.fed:
             self._host_row = values
         elif not self.is_weight:
             self.accumulate(torch.tensor(values, dtype=torch.float64))
@@ -299,12 +299,8 @@ class BufferStore:
         return len(self._buffers)
 
     def fed(self) -> List[StatBuffer]:
-        """Buffers fed since the last step, in creation order (`StatBuffer.fed`, written out: one test per buffer)."""
-        return [
-            b
-            for b in self._buffers.values()
-            if b._row is not None or b._host_row is not None or b.staged or b.slab_rows or b.vector_rows
-        ]
+        """Buffers fed since the last step, in creation order."""
+        return [b for b in self._buffers.values() if b.fed]
 
     def clear_step(self) -> None:
         for buffer in self._buffers.values():

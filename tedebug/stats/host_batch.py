@@ -130,13 +130,7 @@ class HostBatch:
                     gather = buffer.basic_host_gather
                     if gather is None:
                         gather = buffer.basic_host_gather = buffer.host_gather(BASIC_ROW_KEYS)
-                    if (  # the step's first row (`StatBuffer.fed` written out; `staged` was reset above):
-                        # kept as it is, what `accumulate_host` does with it
-                        buffer._row is None
-                        and buffer._host_row is None
-                        and not buffer.slab_rows
-                        and not buffer.vector_rows
-                    ):
+                    if not buffer.fed:  # the step's first row (`staged` was reset above): kept as it is
                         buffer._host_row = gather(row)
                     else:
                         buffer.accumulate_host(gather(row))  # merged with this step's earlier rows
