@@ -186,8 +186,8 @@ class Float8Tensor(QuantizedTensor):
         columnwise `[K, M]`), as a new numpy array: the values ``dequantize(usage=usage)`` gives, decoded by one
         look-up in the 256 code values times scale_inv (`_scaled_table`; each entry is the IEEE fp32 product that
         the element-wise decode computes, so the values are the same bits).  None, for the caller to take
-        `fp32_matrix`, when the codes are absent or not on the CPU, when M or K is 1 (whose strides the reshapes
-        of `dequantize` choose) or while torch.compile traces.
+        `fp32_matrix`, when the codes are absent, not on the CPU or not contiguous, when M or K is 1 (whose
+        strides the reshapes of `dequantize` choose) or while torch.compile traces.
 
         The CPU emulated GEMM's operands: op_A is this array of A transposed, op_B the one of B, for every layout
         (`tedebug.nn.gemm`), with the values and strides of the dequantize-and-flatten expression."""
@@ -199,7 +199,7 @@ class Float8Tensor(QuantizedTensor):
         host = self._host_arrays
         if host is not None and data is host[0 if rowwise else 2] and self.scale_inv is host[4]:
             codes, factor = host[1 if rowwise else 3], host[5][()]  # the host cast's own buffers, still in place
-        elif data.is_cpu and self.scale_inv.is_cpu:
+        elif data.is_cpu and self.scale_inv.is_cpu and data.is_contiguous():  # (other strides: `dequantize`'s own)
             codes, factor = data.numpy(), np.float32(self.scale_inv.item())
         else:
             return None

@@ -145,6 +145,14 @@ def test_shapes_left_to_the_general_path():
     q.set_usage(rowwise=True, columnwise=False)
     t = q.quantize(torch.randn(4, 8))
     assert t.host_decoded("columnwise") is None and t.host_decoded("rowwise") is not None
+    # codes assigned as a non-contiguous view (dequantize keeps their strides): the general path, same bits
+    q.set_usage(rowwise=True, columnwise=True)
+    g = torch.Generator().manual_seed(2)
+    a, b = q.quantize(_adversarial((16, 24), g)), q.quantize(_adversarial((8, 24), g))
+    b.rowwise_data = b.columnwise_data.t()
+    assert b.host_decoded("rowwise") is None
+    out = gemm(a, b, layout="TN", out_dtype=torch.float32)
+    assert torch.equal(_bits(out), _bits(_reference(a, b, "TN", torch.float32, None)))
 
 
 def test_the_decode_table_follows_scale_inv():
