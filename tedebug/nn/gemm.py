@@ -294,6 +294,36 @@ def _emulated(a, b, a_usage, b_usage, layout, out_dtype, bias) -> torch.Tensor:
     return out if out_dtype is out.dtype else out.to(dtype=out_dtype)  # (a keyword dtype= parses faster)
 
 
+def _host_fp8(
+    a: Float8Tensor, b: Float8Tensor, layout: str, out_dtype: Optional[torch.dtype], bias: Optional[torch.Tensor]
+) -> Optional[torch.Tensor]:
+    """The emulated GEMM of two per-tensor FP8 CPU operands straight from their stored codes, or None for the
+    general path (which also raises the errors: an unknown layout, a missing representation, reduction sizes that
+    differ).
+
+    For every layout op_A is the transpose of A's decoded stored array and op_B B's own (rowwise codes are `[M,
+    K]`, columnwise ones `[K, M]`; `Float8Tensor.host_decoded`), so one table look-up per operand gives the
+    operands of ``op_B(B) · op_A(A)`` with the values and strides that "dequantize, flatten to 2-D, transpose as
+    the layout says" gives them, and the product, the bias and the cast are the same torch operations: the same
+    result bits, with no torch call but the product and its epilogue."""
+    usages = _USAGES.get(layout)
+    if usages is None:
+        return None
+    (am, ak), (bm, bk) = a._mk, b._mk
+    if (ak if layout[0] == "T" else am) != (bm if layout[1] == "T" else bk):
+        return None
+    a_values = a.host_decoded(usages[0])
+    b_values = b.host_decoded(usages[1]) if a_values is not None else None
+    if b_values is None:
+        return None
+    out = torch.mm(torch.from_numpy(b_values), torch.from_numpy(a_values.T))
+    if bias is not None:
+        out = out + (bias if bias.dtype is out.dtype else bias.to(dtype=out.dtype))
+    if out_dtype is None:
+        out_dtype = b._dtype
+    return out if out_dtype is out.dtype else out.to(dtype=out_dtype)
+
+
 def _plain(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -348,6 +378,10 @@ def gemm(
     """
     if isinstance(A, torch.Tensor) and isinstance(B, torch.Tensor) and A.dtype is B.dtype:
         return _plain(A, B, layout, out_dtype, bias, gemm_name, roles)
+    if type(A) is Float8Tensor and type(B) is Float8Tensor and A._device.type == "cpu" and B._device.type == "cpu":
+        out = _host_fp8(A, B, layout, out_dtype, bias)
+        if out is not None:
+            return out
     usages = _USAGES.get(layout)
     if usages is None:
         raise ValueError(f"GEMM '{gemm_name}': layout must be one of {LAYOUTS}, got {layout!r}")

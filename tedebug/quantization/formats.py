@@ -9,7 +9,7 @@ explicit round-to-nearest-even thresholds, E8M0 codes are computed with fp32 bit
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 import torch
@@ -84,10 +84,11 @@ def host_amax_ignoring_nan(values: np.ndarray) -> np.float32:
     return host_amax_and_nan(values)[0]
 
 
-def host_amax_and_nan(values: np.ndarray) -> Tuple[np.float32, bool]:
+def host_amax_and_nan(values: np.ndarray, scratch: Optional[np.ndarray] = None) -> Tuple[np.float32, bool]:
     """(`host_amax_ignoring_nan` of `values`, whether any element is NaN) from one pass over |x| (a NaN element
-    makes the plain maximum NaN, which is how the second answer comes for free)."""
-    magnitudes = np.abs(values)
+    makes the plain maximum NaN, which is how the second answer comes for free).  `scratch`: an fp32 array of
+    the shape of `values` that receives |x| (none is allocated then)."""
+    magnitudes = np.abs(values, out=scratch)
     amax = np.maximum.reduce(magnitudes, axis=None)
     if amax == amax:
         return amax, False
