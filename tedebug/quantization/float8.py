@@ -106,8 +106,7 @@ class Float8Tensor(QuantizedTensor):
         construction (rowwise in the input's shape, columnwise its [K, M] transpose, one scale_inv) and the
         format is already a checked name, so nothing is checked again (a quantization per GEMM operand and step)."""
         self = cls.__new__(cls)
-        # `QuantizedTensor.__init__` with what it would check already true: the tensor's own Size and device
-        self._shape, self._dtype, self._device, self.quantizer = shape, dtype, device, quantizer
+        QuantizedTensor.__init__(self, shape, dtype, device, quantizer)
         self.fp8_format = fp8_format
         self._mk = mk
         self.rowwise_data = rowwise_data
