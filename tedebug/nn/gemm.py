@@ -288,7 +288,12 @@ def _emulated(a, b, a_usage, b_usage, layout, out_dtype, bias) -> torch.Tensor:
         b2 = _dequantized_2d(b, b_usage, torch.float32)
     op_a = a2.t() if layout[0] == "T" else a2
     op_b = b2 if layout[1] == "N" else b2.t()
-    out = op_b @ op_a
+    return _bias_and_cast(op_b @ op_a, bias, out_dtype)
+
+
+def _bias_and_cast(out: torch.Tensor, bias: Optional[torch.Tensor], out_dtype: torch.dtype) -> torch.Tensor:
+    """The epilogue of an emulated GEMM: `bias` added to the result in its dtype, then one cast to `out_dtype` (no
+    call that would return its input)."""
     if bias is not None:
         out = out + (bias if bias.dtype is out.dtype else bias.to(dtype=out.dtype))
     return out if out_dtype is out.dtype else out.to(dtype=out_dtype)  # (a keyword dtype= parses faster)
@@ -317,11 +322,7 @@ def _host_fp8(
     if b_values is None:
         return None
     out = torch.mm(torch.from_numpy(b_values), torch.from_numpy(a_values.T))
-    if bias is not None:
-        out = out + (bias if bias.dtype is out.dtype else bias.to(dtype=out.dtype))
-    if out_dtype is None:
-        out_dtype = b._dtype
-    return out if out_dtype is out.dtype else out.to(dtype=out_dtype)
+    return _bias_and_cast(out, bias, out_dtype if out_dtype is not None else b._dtype)
 
 
 def _plain(

@@ -39,10 +39,9 @@ from .formats import (
     fp8_is_zero,
 )
 from .gemm_values import MXFP8_LIFT, GemmValues, mxfp8_values_bf16
-from .tensor import USAGES, QuantizedTensor, Quantizer
+from .tensor import USAGES, QuantizedTensor, Quantizer, check_high_precision_input
 
 MXFP8_BLOCK = 32
-_HIGH_PRECISION = (torch.float32, torch.bfloat16, torch.float16)
 
 
 # ------------------------------------------------------------------------------------------------ block math
@@ -168,8 +167,7 @@ class MXFP8Quantizer(Quantizer):
 
     def _quantize(self, tensor: torch.Tensor) -> MXFP8Tensor:
         who = type(self).__name__
-        if tensor.dtype not in _HIGH_PRECISION:
-            raise TypeError(f"{who}: expected a float32/bfloat16/float16 tensor, got dtype {tensor.dtype}")
+        check_high_precision_input(tensor, who)
         m, k = check_mxfp8_shape(tensor.shape, who)
         out = MXFP8Tensor(tensor.shape, tensor.dtype, tensor.device, self, fp8_format=self.fp8_format)
         # GPU dispatch hook: the CuPy kernel's buffers when it applies, else the torch path below
