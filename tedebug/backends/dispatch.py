@@ -176,23 +176,11 @@ def stats_backend(tensor: torch.Tensor, kernel: KernelChoice = None) -> ModuleTy
         return torch_ref
     if name == "auto":
         if tensor.is_cuda and _cupy_importable() and _kernel_input(tensor):
-            return _stats_kernels()
+            return _kernel_module("cupy_stats")
         return torch_ref
     if use_kernels(tensor, kernel) and _kernel_input(tensor):
-        return _stats_kernels()
+        return _kernel_module("cupy_stats")
     return torch_ref
-
-
-_cupy_stats: Optional[ModuleType] = None  # `tedebug.backends.cupy_stats` once imported
-
-
-def _stats_kernels() -> ModuleType:
-    global _cupy_stats
-    if _cupy_stats is None:
-        from tedebug.backends import cupy_stats
-
-        _cupy_stats = cupy_stats
-    return _cupy_stats
 
 
 def _matrix(tensor: torch.Tensor) -> torch.Tensor:

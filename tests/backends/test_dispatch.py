@@ -157,3 +157,19 @@ def test_philox_bytes_follow_the_kernel_argument(monkeypatch):
     with dispatch.use_backend("torch"):
         assert dispatch.philox_bytes(3, 5, 16, cuda) is None
         assert dispatch.philox_bytes(3, 5, 16, cuda, KernelPreference.AUTO) == ("kernel", 3, 5, 16)
+
+
+def test_launcher_modules_are_imported_once(monkeypatch):
+    """`_kernel_module` gives the launcher module itself, and after its first import a dict look-up: no import
+    machinery at every quantization, GEMM or statistics launch."""
+    import importlib
+
+    from tedebug.backends import cupy_stats
+
+    dispatch._KERNEL_MODULES.pop("cupy_stats", None)
+    imported = []
+    real = importlib.import_module
+    monkeypatch.setattr(importlib, "import_module", lambda name: imported.append(name) or real(name))
+    assert dispatch._kernel_module("cupy_stats") is cupy_stats
+    assert dispatch._kernel_module("cupy_stats") is cupy_stats
+    assert imported == ["tedebug.backends.cupy_stats"]
