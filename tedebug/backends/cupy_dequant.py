@@ -12,9 +12,9 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 import torch
 
-from tedebug.backends.cupy_runtime import BLOCKS_PER_SM, THREADS, device_index, get_kernel, sm_count
+from tedebug.backends.cupy_runtime import BLOCKS_PER_SM, FLAGS, THREADS, PlanCache, device_index, get_kernel, sm_count
 from tedebug.backends.cublaslt import as_cublas, gemm_bias_device_alpha
-from tedebug.backends.launch import Kernel, launch, launch_on, raw_stream
+from tedebug.backends.launch import launch, launch_on, raw_stream
 
 _FP8_OPTION = {"E4M3": ("-DTED_FP8=0",), "E5M2": ("-DTED_FP8=1",)}
 
@@ -25,8 +25,7 @@ def _grid(device: torch.device, items: int) -> int:
 
 #: (kernel name, FP8 format, device index, rows, cols, elements per thread) -> (kernel, grid, np.int64 rows,
 #: np.int64 cols): worked out once per operand shape (a layer dequantizes the same shapes at every step)
-_PLANS: Dict[Tuple[str, str, int, int, int, int], Tuple[Kernel, int, np.int64, np.int64]] = {}
-_PLANS_MAX = 4096  # distinct entries kept before the cache starts over
+_PLANS = PlanCache()
 
 
 def _plan(kernel: str, fp8_format: str, index: int, rows: int, cols: int, per_thread: int):
@@ -34,14 +33,8 @@ def _plan(kernel: str, fp8_format: str, index: int, rows: int, cols: int, per_th
     plan = _PLANS.get(key)
     if plan is None:
         grid = max(1, min(BLOCKS_PER_SM * sm_count(index), (rows * cols // per_thread + THREADS - 1) // THREADS))
-        if len(_PLANS) >= _PLANS_MAX:
-            _PLANS.clear()
-        plan = _PLANS[key] = (
-            get_kernel("dequant.cu", kernel, _FP8_OPTION[fp8_format]),
-            grid,
-            np.int64(rows),
-            np.int64(cols),
-        )
+        kernel_of = get_kernel("dequant.cu", kernel, _FP8_OPTION[fp8_format])
+        plan = _PLANS.put(key, (kernel_of, grid, np.int64(rows), np.int64(cols)))
     return plan
 
 
@@ -66,25 +59,13 @@ def _dequantize(
     return out
 
 
-_FLAG = (np.int32(0), np.int32(1))  # np.int32(False), np.int32(True)
-#: np.int32 of the small exponents the callers pass (`MXFP8_LIFT`, ...), made once
-_INT32: Dict[int, np.int32] = {}
-
-
-def _int32(value: int) -> np.int32:
-    made = _INT32.get(value)
-    if made is None:
-        made = _INT32[value] = np.int32(value)
-    return made
-
-
 def mxfp8_values(
     codes: torch.Tensor, scales: torch.Tensor, row_blocks: bool, fp8_format: str, lift: int
 ) -> torch.Tensor:
     """bf16 [rows, cols] of MXFP8 `codes` (uint8 [rows, cols], cols % 32 == 0) and E8M0 `scales`."""
     rows, cols = codes.shape
     return _dequantize(
-        "ted_dequant_mxfp8", fp8_format, codes, scales, rows, cols, (_FLAG[bool(row_blocks)], _int32(lift)), 8
+        "ted_dequant_mxfp8", fp8_format, codes, scales, rows, cols, (FLAGS[bool(row_blocks)], np.int32(lift)), 8
     )
 
 

@@ -16,16 +16,18 @@ What it owns:
 from __future__ import annotations
 
 import enum
-from typing import Dict, NamedTuple, Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
 
 from tedebug.backends.cupy_runtime import (
     BLOCKS_PER_SM,
+    FLAGS,
     SIXTEEN_BIT,
     THREADS,
     TICKETS,
+    PlanCache,
     dtype_options,
     get_kernel,
     grid_for,
@@ -229,12 +231,10 @@ class _CastPlan(NamedTuple):
     k: np.int64
     fp8_max: np.float32
     stats_len: int  # the length of the cast's statistics vector
-    stats_index: Dict[str, int]  # its `fused_stats` table
 
 
 #: (device index, dtype, M, K, FP8 format) -> `_CastPlan`
-_CAST_PLANS: Dict[Tuple[int, torch.dtype, int, int, str], _CastPlan] = {}
-_CAST_PLANS_MAX = 4096  # distinct entries kept before the cache starts over (shapes that vary without end)
+_CAST_PLANS = PlanCache()
 
 
 def _cast_plan(x2d: torch.Tensor, index: int, fp8_format: str) -> _CastPlan:
@@ -263,21 +263,14 @@ def _cast_plan(x2d: torch.Tensor, index: int, fp8_format: str) -> _CastPlan:
         np.int64(k),
         np.float32(FP8_MAX[fp8_format]),
         len(FP8_STATS_WITH_SCALE) if fast else len(FP8_STATS),
-        FP8_STATS_WITH_SCALE if fast else FP8_STATS,
     )
-    if len(_CAST_PLANS) >= _CAST_PLANS_MAX:
-        _CAST_PLANS.clear()
-    _CAST_PLANS[key] = plan
-    return plan
+    return _CAST_PLANS.put(key, plan)
 
 
 def _single_launch(x2d: torch.Tensor) -> bool:
     """Whether the cast of the prepared [M, K] `x2d` runs as the one-launch 16-bit kernel."""
     m, k = x2d.shape
     return x2d.dtype in SIXTEEN_BIT and m % 64 == 0 and k % 128 == 0 and m > 0 and k > 0
-
-
-_INT32 = (np.int32(0), np.int32(1))  # np.int32(False), np.int32(True): the flags of the kernels' signatures
 
 
 def _launch_cast(
@@ -302,8 +295,8 @@ def _launch_cast(
         scale_ptr,
         scale_inv_ptr,
         plan.fp8_max,
-        _INT32[rowwise],
-        _INT32[columnwise],
+        FLAGS[rowwise],
+        FLAGS[columnwise],
         row.data_ptr() if row is not None else 0,
         col.data_ptr() if col is not None else 0,
     )
@@ -426,7 +419,7 @@ def fp8_current_quantize(
     high_precision = None
     if high_precision_stats:
         high_precision = small[_HIGH_PRECISION_AT // 8 : _SMALL_WORDS]
-        mode_args = (np.int32(AmaxMode.CURRENT_SCALE), plan.fp8_max, np.float32(epsilon), _INT32[bool(pow2)])
+        mode_args = (_CURRENT_SCALE_MODE, plan.fp8_max, np.float32(epsilon), FLAGS[bool(pow2)])
         basic_stats_and_amax_into(x, high_precision.data_ptr(), (vector,) + mode_args + (scale_ptr, scale_inv_ptr))
     else:
         _, tickets = workspace_on(index, stream)
@@ -438,7 +431,7 @@ def fp8_current_quantize(
             _CURRENT_SCALE_MODE,
             plan.fp8_max,
             np.float32(epsilon),
-            _INT32[bool(pow2)],
+            FLAGS[bool(pow2)],
             scale_ptr,
             scale_inv_ptr,
         )
@@ -490,7 +483,7 @@ def fp8_delayed_quantize(
     small = outputs.small
     scale_ptr, scale_inv_ptr = scale.data_ptr(), small.data_ptr() + _VECTOR_AT
     stream = raw_stream(index)
-    mode_args = (history.data_ptr(), _RECORD_MODE, _ZERO_F32, _ZERO_F32, _INT32[0], scale_ptr, scale_inv_ptr)
+    mode_args = (history.data_ptr(), _RECORD_MODE, _ZERO_F32, _ZERO_F32, FLAGS[0], scale_ptr, scale_inv_ptr)
     high_precision = None
     if high_precision_stats:
         high_precision = small[_HIGH_PRECISION_AT // 8 : _SMALL_WORDS]

@@ -30,7 +30,7 @@ from tedebug.backends.cupy_fp8_tensor import amax_launch as _amax_launch
 from tedebug.backends.cupy_stats import BASIC_ROW_LEN
 from tedebug.backends.cupy_runtime import device_index as _device_index
 from tedebug.backends.cupy_runtime import dtype_options as _dtype_options
-from tedebug.backends.cupy_runtime import get_kernel, ready_input
+from tedebug.backends.cupy_runtime import FLAGS, PlanCache, get_kernel, ready_input
 from tedebug.backends.cupy_runtime import sm_count as _sm_count
 from tedebug.backends.cupy_runtime import sum_columns as _sum_columns
 from tedebug.backends.cupy_runtime import ticket as _ticket
@@ -208,7 +208,7 @@ def nvfp4_quantize_raw(
         tickets + _NVFP4_TICKET,
         stats_ptr,
     )
-    flags = (_FLAG[bool(rowwise)], _FLAG[bool(columnwise)])
+    flags = (FLAGS[bool(rowwise)], FLAGS[bool(columnwise)])
     if plan.fast:
         if nonzero is None or nonzero.dtype != torch.int64 or nonzero.device != dev:
             raise ValueError(
@@ -219,7 +219,7 @@ def nvfp4_quantize_raw(
         _launch(plan.kernel, plan.grid, NV_THREADS, head + flags + tail, dev)
         return row_data, row_scales, col_data, col_scales, kept
     head = (x2d.data_ptr(), plan.m, plan.k, amax.data_ptr(), _INV6, _INV2688)
-    _launch(plan.kernel, plan.grid, NV_THREADS, head + flags + (_FLAG[bool(two_d)],) + tail, dev)
+    _launch(plan.kernel, plan.grid, NV_THREADS, head + flags + (FLAGS[bool(two_d)],) + tail, dev)
     return row_data, row_scales, col_data, col_scales, kept
 
 
@@ -234,8 +234,8 @@ class _QuantizePlan(NamedTuple):
     k: np.int64
 
 
-_QUANTIZE_PLANS: Dict[Tuple[int, torch.dtype, int, int, bool, bool], _QuantizePlan] = {}
-_PLANS_MAX = 4096  # distinct entries kept before the cache starts over
+#: (device index, dtype, M, K, 2D, SR) -> `_QuantizePlan`
+_QUANTIZE_PLANS = PlanCache()
 
 
 def _quantize_plan(x2d: torch.Tensor, two_d: bool, sr: bool) -> _QuantizePlan:
@@ -255,13 +255,9 @@ def _quantize_plan(x2d: torch.Tensor, two_d: bool, sr: bool) -> _QuantizePlan:
         grid = max(1, min(NV_BLOCKS_PER_SM * _sm_count(index), tiles))
         kernel = get_kernel("nvfp4.cu", "ted_nvfp4_quantize", _general_options(x2d, sr))
         plan = _QuantizePlan(False, kernel, grid, np.int64(m), np.int64(k))
-    if len(_QUANTIZE_PLANS) >= _PLANS_MAX:
-        _QUANTIZE_PLANS.clear()
-    _QUANTIZE_PLANS[key] = plan
-    return plan
+    return _QUANTIZE_PLANS.put(key, plan)
 
 
-_FLAG = (np.int32(0), np.int32(1))  # np.int32(False), np.int32(True)
 _NVFP4_TICKET = _ticket(0, "nvfp4")  # the byte offset of the kernels' ticket in a workspace's tickets
 
 

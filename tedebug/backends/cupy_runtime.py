@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -197,6 +197,36 @@ def prepare_input(x: torch.Tensor) -> torch.Tensor:
     if x.data_ptr() % 16:
         x = x.clone()
     return x
+
+
+#: np.int32(False), np.int32(True): the flag arguments of the kernels' signatures, made once (`FLAGS[bool(on)]`)
+FLAGS = (np.int32(0), np.int32(1))
+
+
+class PlanCache:
+    """The per-shape launch constants of one launcher (kernels, grids, the np scalars of the extents), worked out
+    once: a layer quantizes and dequantizes the same shapes at every step.  ``get(key)`` is the dict's own look-up
+    (None when absent); `put` keeps a plan and returns it, after starting over when `limit` plans are kept (shapes
+    that vary without end)."""
+
+    __slots__ = ("_plans", "limit", "get")
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._plans: Dict[tuple, Any] = {}
+        self.limit = limit
+        self.get = self._plans.get
+
+    def put(self, key: tuple, plan: Any) -> Any:
+        if len(self._plans) >= self.limit:
+            self._plans.clear()
+        self._plans[key] = plan
+        return plan
+
+    def clear(self) -> None:
+        self._plans.clear()
+
+    def __len__(self) -> int:
+        return len(self._plans)
 
 
 def ready_input(x: torch.Tensor) -> torch.Tensor:

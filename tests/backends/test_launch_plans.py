@@ -1,0 +1,109 @@
+"""The per-shape launch plans of the GPU launchers, built on the CPU with stand-in kernels (the plans only look
+kernels up and do integer arithmetic; the GPU tests run the same plans on the kernels: test_gpu_kernels.py,
+test_gpu_nvfp4.py, test_gpu_emulated_gemm.py).
+
+- `cupy_runtime.PlanCache` keeps a plan per key and starts over at its limit;
+- per-tensor FP8 (`cupy_fp8_tensor._cast_plan`), NVFP4 (`cupy_nvfp4._quantize_plan`) and the dequantization of
+  the emulated GEMMs' operands (`cupy_dequant._plan`) look their kernels up once per shape, choose the kernel the
+  shape calls for, and size the grid within one block per work item and the per-SM bound of their kernel.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from tedebug.backends import cupy_dequant, cupy_fp8_tensor, cupy_nvfp4
+from tedebug.backends.cupy_runtime import BLOCKS_PER_SM, FLAGS, THREADS, PlanCache
+from tedebug.backends.fused_stats import FP8_STATS, FP8_STATS_WITH_SCALE
+
+SMS = 7  # the stand-in device's SM count: small, so that the per-SM bound shows
+
+
+@pytest.fixture
+def asked(monkeypatch):
+    """The (source, kernel name, options) of every kernel look-up of the three launchers; stand-in kernels."""
+    calls = []
+
+    def get_kernel(source, name, options):
+        calls.append((source, name, tuple(options)))
+        return ("kernel", name, tuple(options))
+
+    for module in (cupy_fp8_tensor, cupy_nvfp4, cupy_dequant):
+        monkeypatch.setattr(module, "get_kernel", get_kernel)
+    monkeypatch.setattr(cupy_fp8_tensor, "sm_count", lambda index: SMS)
+    monkeypatch.setattr(cupy_nvfp4, "_sm_count", lambda index: SMS)
+    monkeypatch.setattr(cupy_dequant, "sm_count", lambda index: SMS)
+    caches = (cupy_fp8_tensor._CAST_PLANS, cupy_nvfp4._QUANTIZE_PLANS, cupy_dequant._PLANS)
+    for cache in caches:
+        cache.clear()
+    yield calls
+    for cache in caches:  # no stand-in plan may outlive the test (a GPU test in this process would launch it)
+        cache.clear()
+
+
+def test_plan_cache_keeps_plans_and_starts_over_at_its_limit():
+    cache = PlanCache(limit=2)
+    assert cache.get((1,)) is None
+    assert cache.put((1,), "a") == "a" and cache.get((1,)) == "a"
+    cache.put((2,), "b")
+    assert len(cache) == 2
+    cache.put((3,), "c")  # the third plan: the cache starts over
+    assert len(cache) == 1 and cache.get((1,)) is None and cache.get((3,)) == "c"
+    cache.clear()
+    assert len(cache) == 0
+    assert FLAGS == (np.int32(0), np.int32(1)) and all(type(f) is np.int32 for f in FLAGS)
+
+
+@pytest.mark.parametrize(
+    "shape, dtype, fast",
+    [((128, 256), torch.bfloat16, True), ((64, 128), torch.float16, True), ((96, 256), torch.bfloat16, False)]
+    + [((128, 256), torch.float32, False), ((3, 5), torch.bfloat16, False)],
+)
+def test_fp8_cast_plan(asked, shape, dtype, fast):
+    x = torch.empty(shape, dtype=dtype)
+    plan = cupy_fp8_tensor._cast_plan(x, 0, "E5M2")
+    m, k = shape
+    assert plan.fast is fast and (plan.m, plan.k, plan.n) == (m, k, m * k)
+    assert all(type(v) is np.int64 for v in (plan.m, plan.k, plan.n)) and type(plan.fp8_max) is np.float32
+    assert plan.fp8_max == 57344.0  # E5M2's largest finite value
+    assert plan.stats_len == len(FP8_STATS_WITH_SCALE if fast else FP8_STATS)
+    cast = "ted_fp8_cast_transpose16" if fast else "ted_fp8_cast_transpose"
+    assert [name for _, name, _ in asked] == [cast, "ted_fp8_amax_scale"]
+    assert all(source == "fp8_tensor.cu" for source, _, _ in asked)
+    tiles = (m // 64) * (k // 128) if fast else -(-m // 64) * -(-k // 64)
+    per_sm = cupy_fp8_tensor.CT_BLOCKS_PER_SM if fast else BLOCKS_PER_SM
+    assert plan.cast_grid == max(1, min(per_sm * SMS, tiles))
+    vectors = -(-max(m * k // (16 // x.element_size()), 1) // THREADS)  # 16-byte loads, one per thread
+    assert plan.amax_grid == max(1, min(BLOCKS_PER_SM * SMS, vectors))
+    assert cupy_fp8_tensor._cast_plan(x, 0, "E5M2") is plan and len(asked) == 2  # planned once
+    cupy_fp8_tensor._cast_plan(x, 0, "E4M3")  # another format: another plan
+    assert len(asked) == 4
+
+
+@pytest.mark.parametrize("two_d, sr", [(False, False), (True, False), (False, True)])
+def test_nvfp4_quantize_plan(asked, two_d, sr):
+    fast_x = torch.empty((128, 256), dtype=torch.bfloat16)  # the 64 x 128 tiles of the fast kernel
+    general_x = torch.empty((48, 80), dtype=torch.bfloat16)
+    fast = cupy_nvfp4._quantize_plan(fast_x, two_d, sr)
+    general = cupy_nvfp4._quantize_plan(general_x, two_d, sr)
+    assert fast.fast and not general.fast
+    assert [name for _, name, _ in asked] == ["ted_nvfp4_quantize16", "ted_nvfp4_quantize"]
+    fast_options, general_options = asked[0][2], asked[1][2]
+    assert (f"-DNV_SR={int(sr)}" in fast_options) and (f"-DNV_SR={int(sr)}" in general_options)
+    assert ("-DNQ_2D=1" in fast_options) is two_d and "-DNQ_2D=1" not in general_options
+    per_sm = cupy_nvfp4.NQ_SR_BLOCKS_PER_SM if sr else cupy_nvfp4.NQ_BLOCKS_PER_SM
+    assert fast.grid == min(per_sm * SMS, (128 // 64) * (256 // 128))
+    general_tiles = -(-48 // cupy_nvfp4.NV_TILE_ROWS) * -(-80 // 128)  # bf16: 128 columns per tile
+    assert general.grid == max(1, min(cupy_nvfp4.NV_BLOCKS_PER_SM * SMS, general_tiles))
+    assert (fast.m, fast.k, general.m, general.k) == (128, 256, 48, 80)
+    assert cupy_nvfp4._quantize_plan(fast_x, two_d, sr) is fast and len(asked) == 2
+
+
+def test_dequantization_plan(asked):
+    kernel, grid, rows, cols = cupy_dequant._plan("ted_dequant_mxfp8", "E4M3", 0, 4096, 1024, 8)
+    assert kernel == ("kernel", "ted_dequant_mxfp8", ("-DTED_FP8=0",))
+    assert grid == min(BLOCKS_PER_SM * SMS, 4096 * 1024 // 8 // THREADS) and (rows, cols) == (4096, 1024)
+    assert type(rows) is np.int64 and type(cols) is np.int64
+    small = cupy_dequant._plan("ted_dequant_mxfp8", "E5M2", 0, 32, 32, 8)
+    assert small[0][2] == ("-DTED_FP8=1",) and small[1] == 1  # 128 threads' work: one block
+    assert cupy_dequant._plan("ted_dequant_mxfp8", "E4M3", 0, 4096, 1024, 8)[0] is kernel and len(asked) == 2
