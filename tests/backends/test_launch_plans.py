@@ -1,11 +1,13 @@
-"""The per-shape launch plans of the GPU launchers, built on the CPU with stand-in kernels (the plans only look
-kernels up and do integer arithmetic; the GPU tests run the same plans on the kernels: test_gpu_kernels.py,
-test_gpu_nvfp4.py, test_gpu_emulated_gemm.py).
+"""The per-shape launch plans of the GPU launchers, built on the CPU with stand-in kernels and launches (the plans
+only look kernels up and do integer arithmetic; the GPU tests run the same plans on the kernels:
+test_gpu_kernels.py, test_gpu_nvfp4.py, test_gpu_emulated_gemm.py).
 
 - `cupy_runtime.PlanCache` keeps a plan per key and starts over at its limit;
 - per-tensor FP8 (`cupy_fp8_tensor._cast_plan`), NVFP4 (`cupy_nvfp4._quantize_plan`) and the dequantization of
   the emulated GEMMs' operands (`cupy_dequant._plan`) look their kernels up once per shape, choose the kernel the
-  shape calls for, and size the grid within one block per work item and the per-SM bound of their kernel.
+  shape calls for, and size the grid within one block per work item and the per-SM bound of their kernel;
+- the flat paths of per-tensor FP8 (`fp8_current_quantize`, `fp8_delayed_quantize`) build the amax pass's
+  arguments themselves: they are exactly those of the general `amax_launch` for the same outputs.
 """
 
 import numpy as np
@@ -107,3 +109,65 @@ def test_dequantization_plan(asked):
     small = cupy_dequant._plan("ted_dequant_mxfp8", "E5M2", 0, 32, 32, 8)
     assert small[0][2] == ("-DTED_FP8=1",) and small[1] == 1  # 128 threads' work: one block
     assert cupy_dequant._plan("ted_dequant_mxfp8", "E4M3", 0, 4096, 1024, 8)[0] is kernel and len(asked) == 2
+
+
+@pytest.fixture
+def launches(monkeypatch, asked):
+    """Every launch of `cupy_fp8_tensor` as (kernel name, grid, arguments), with a stand-in workspace and stream;
+    `outputs` holds the small-output allocations the flat path made (so a test can address them)."""
+    recorded = []
+    made = []
+    real_outputs = cupy_fp8_tensor._outputs
+
+    def outputs(*args):
+        out = real_outputs(*args)
+        made.append(out)
+        return out
+
+    monkeypatch.setattr(cupy_fp8_tensor, "_outputs", outputs)
+    monkeypatch.setattr(cupy_fp8_tensor, "sum_columns", lambda partial, out: recorded.append(("sum_columns", 1, ())))
+    monkeypatch.setattr(cupy_fp8_tensor, "raw_stream", lambda index: 1234)
+    monkeypatch.setattr(cupy_fp8_tensor, "workspace_on", lambda index, stream: (5000, 9000))
+    monkeypatch.setattr(cupy_fp8_tensor, "workspace", lambda device: (5000, 9000))
+    monkeypatch.setattr(
+        cupy_fp8_tensor, "grid_for", lambda device, items: max(1, min(BLOCKS_PER_SM * SMS, -(-items // THREADS)))
+    )
+    monkeypatch.setattr(
+        cupy_fp8_tensor,
+        "launch_on",
+        lambda kernel, index, stream, grid, block, args: recorded.append((kernel[1], grid, args)),
+    )
+    monkeypatch.setattr(
+        cupy_fp8_tensor, "launch", lambda kernel, grid, block, args, device: recorded.append((kernel[1], grid, args))
+    )
+    return recorded, made
+
+
+@pytest.mark.parametrize("pow2", [False, True])
+def test_flat_current_scaling_launches_what_the_general_amax_pass_launches(launches, pow2):
+    """The flat path of `fp8_current_quantize` builds the amax pass's arguments itself; they are those
+    `amax_launch` builds for the same outputs (current-scaling mode, scale_inv 16-byte aligned at vector[4]), and
+    the cast reads the scale and scale_inv that pass writes."""
+    recorded, made = launches
+    x = torch.ones((128, 256), dtype=torch.bfloat16)
+    cupy_fp8_tensor.fp8_current_quantize(x, "E4M3", 0.5, pow2, True, True)
+    (amax_name, amax_grid, flat), (cast_name, _, cast_args) = recorded
+    vector = made[0].small.view(torch.float32)[32:40]  # byte 128 of the small allocation
+    recorded.clear()
+    cupy_fp8_tensor.amax_launch(x, vector, "E4M3", 0.5, pow2, scale_inv_slot=4)
+    assert recorded == [(amax_name, amax_grid, flat)] and amax_name == "ted_fp8_amax_scale"
+    assert cast_name == "ted_fp8_cast_transpose16" and cast_args[3:5] == flat[8:10]  # scale, scale_inv by address
+
+
+def test_flat_delayed_scaling_launches_what_the_general_amax_pass_launches(launches):
+    """The same for `fp8_delayed_quantize`: the record mode into history[0], scale_inv = 1 / scale at vector[0]."""
+    recorded, made = launches
+    x = torch.ones((96, 256), dtype=torch.bfloat16)
+    history, scale = torch.zeros(4), torch.full((1,), 2.0)
+    cupy_fp8_tensor.fp8_delayed_quantize(x, history, scale, "E4M3", True, False)
+    (amax_name, amax_grid, flat), (cast_name, _, cast_args) = recorded[:2]
+    scale_inv = made[0].small.view(torch.float32)[32:33]
+    recorded.clear()
+    cupy_fp8_tensor.amax_launch(x, history, record=(scale, scale_inv))
+    assert recorded == [(amax_name, amax_grid, flat)]
+    assert cast_name == "ted_fp8_cast_transpose" and cast_args[3:5] == (scale.data_ptr(), scale_inv.data_ptr())
