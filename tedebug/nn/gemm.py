@@ -76,11 +76,12 @@ def gemm_operand(obj, usage: str, role: str, gemm_name: str) -> Operand:
     """
     if usage not in ("rowwise", "columnwise"):
         raise ValueError(f"gemm_operand: usage must be 'rowwise' or 'columnwise', got {usage!r}")
-    if type(obj) in _PLAIN_STORAGES:  # the common quantized operands, answered without the checks below
-        if (obj.rowwise_data if usage == "rowwise" else obj.columnwise_data) is None:
-            raise _missing(gemm_name, usage, role)
-        return obj
     while True:
+        if type(obj) in _PLAIN_STORAGES:  # the common quantized operands (also once unwrapped from a debug tensor),
+            # answered without the checks below
+            if (obj.rowwise_data if usage == "rowwise" else obj.columnwise_data) is None:
+                raise _missing(gemm_name, usage, role)
+            return obj
         if obj is None:
             raise _missing(gemm_name, usage, role)
         if isinstance(obj, torch.Tensor):
@@ -389,6 +390,10 @@ def gemm(
     a_usage, b_usage = usages
     a = gemm_operand(A, a_usage, roles[0], gemm_name)
     b = gemm_operand(B, b_usage, roles[1], gemm_name)
+    if type(a) is Float8Tensor and type(b) is Float8Tensor and a._device.type == "cpu" and b._device.type == "cpu":
+        out = _host_fp8(a, b, layout, out_dtype, bias)  # (unwrapped from debug tensors: the CPU FP8 GEMM above)
+        if out is not None:
+            return out
     if a.device != b.device:
         raise RuntimeError(f"GEMM '{gemm_name}': operands on different devices ({a.device} and {b.device})")
     _check_shapes(a, b, layout, gemm_name, roles)

@@ -184,9 +184,22 @@ def test_the_decode_table_follows_scale_inv():
         float8_module._decode_array = original
 
 
-def test_layers_take_the_fast_path(monkeypatch):
+@pytest.mark.parametrize("inspected", [False, True], ids=["plain", "LogFp8TensorStats"])
+def test_layers_take_the_fast_path(monkeypatch, tmp_path, no_debug_session, inspected):
     """A Linear training step under FP8 current scaling on the CPU runs its three GEMMs (fprop, dgrad, wgrad) on the
-    fast path, each with two table look-ups, and its results equal the general path's (`_host_fp8` switched off)."""
+    fast path, each with two table look-ups, and its results equal the general path's (`_host_fp8` switched off).
+    With LogFp8TensorStats inspecting the three operands, the GEMMs receive debug tensors wrapping the same
+    Float8Tensors: unwrapped, they take the fast path too."""
+    if inspected:
+        stats = {"stats": ["underflows%", "mse"], "tensors": ["activation", "weight", "gradient"], "freq": 1}
+        config = {
+            "s": {
+                "enabled": True,
+                "layers": {"layer_name_regex_pattern": ".*"},
+                "transformer_engine": {"LogFp8TensorStats": {"enabled": True, **stats}},
+            }
+        }
+        tedebug.debug_api.initialize(config, log_dir=str(tmp_path))
     calls = []
     original = gemm_module._host_fp8
 
@@ -213,8 +226,16 @@ def test_layers_take_the_fast_path(monkeypatch):
     monkeypatch.setattr(
         Float8Tensor, "host_decoded", lambda self, usage: decoded.append(usage) or host_decoded(self, usage)
     )
+    wrapped = []
+    unwrap = gemm_module.gemm_operand
+    monkeypatch.setattr(
+        gemm_module,
+        "gemm_operand",
+        lambda obj, *a: wrapped.append(gemm_module._is_debug_tensor(obj)) or unwrap(obj, *a),
+    )
     fast = step()
     assert calls == [True, True, True] and len(decoded) == 6
+    assert wrapped == ([True] * 6 if inspected else [])  # (plain Float8Tensor pairs never reach the unwrapping)
     monkeypatch.setattr(gemm_module, "_host_fp8", lambda *args: None)
     general = step()
     for a, b in zip(fast, general):
