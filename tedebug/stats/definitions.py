@@ -385,8 +385,29 @@ def finalizer(request: StatRequest, columns: Sequence[Column]) -> Callable[[Sequ
     if kind == "dynamic_range":
         hi, lo = position[_PLAIN_COLUMNS["nz_abs_max"]], position[_PLAIN_COLUMNS["nz_abs_min"]]
         return lambda row: _dynamic_range(float(row[hi]), float(row[lo]))
+    if kind in QUANTIZED_KINDS:
+        return _quantized_finalizer(kind, position, (request.recipe, bool(request.columnwise)), n)
     columns = tuple(columns)
     return lambda row: finalize(request, dict(zip(columns, row)))
+
+
+def _quantized_finalizer(kind: str, position: Mapping[Column, int], qualifier: tuple, n: int):
+    """`finalizer` of a quantization statistic: `_finalize_quantized`'s formulas on positions resolved once."""
+    at = {name: position[Column(name, qualifier)] for name in _QUANTIZED_PARTIALS[kind]}
+    if kind in ("underflows%", "overflows%"):
+        i = at["underflows_num" if kind == "underflows%" else "overflows_num"]
+        return lambda row: 100.0 * _div(float(row[i]), float(row[n]))
+    if kind == "mse":
+        i = at["sq_err"]
+        return lambda row: _div(float(row[i]), float(row[n]))
+    if kind == "scale_inv_min":
+        i = at["scale_nz_min"]
+        return lambda row: _scale_inv_min(float(row[i]))
+    if kind == "scale_inv_max":
+        i = at["scale_max"]
+        return lambda row: float(row[i])
+    count, m2 = at["scale_count"], at["scale_m2"]
+    return lambda row: _scale_inv_std(float(row[m2]), float(row[count]))
 
 
 def _dynamic_range(nz_max: float, nz_min: float) -> float:
@@ -403,10 +424,17 @@ def _finalize_quantized(kind: str, get, numel: float) -> float:
     if kind == "mse":
         return _div(get("sq_err"), numel)
     if kind == "scale_inv_min":
-        low = get("scale_nz_min")
-        return 0.0 if math.isinf(low) and low > 0 else low
+        return _scale_inv_min(get("scale_nz_min"))
     if kind == "scale_inv_max":
         return get("scale_max")
-    # scale_inv_std: population std of every stored scale
-    count = get("scale_count")
-    return math.sqrt(get("scale_m2") / count) if count > 0 else math.nan
+    return _scale_inv_std(get("scale_m2"), get("scale_count"))
+
+
+def _scale_inv_min(low: float) -> float:
+    """The smallest non-zero stored scale_inv; 0 when there is none (+inf: no non-zero scale)."""
+    return 0.0 if math.isinf(low) and low > 0 else low
+
+
+def _scale_inv_std(m2: float, count: float) -> float:
+    """The population std of every stored scale_inv (NaN for none)."""
+    return math.sqrt(m2 / count) if count > 0 else math.nan

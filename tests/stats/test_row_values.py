@@ -1,8 +1,9 @@
 """A buffer's emitters (`StatBuffer.emitters`: one finalizer per statistic) give, through a step's `ScalarBatch`,
 every final value of a merged row with the same bits as `finalize` (the formulas on a column mapping), in record
-order, for every statistic kind, on rows holding zeros of both signs, infinities and NaN.  (For the quantized and
-blockwise kinds a buffer's finalizer is `finalize` itself, so there this checks the order and the wiring; their
-formulas are tested with the statistics definitions.)"""
+order, for every statistic kind, on rows holding zeros of both signs, infinities and NaN.  (The quantized kinds'
+finalizers resolve their columns' positions once, as the high-precision ones do, and share `finalize`'s formula
+helpers, so for them this checks the positions and the wiring; for the blockwise kind a buffer's finalizer is
+`finalize` itself.  The formulas are tested with the statistics definitions.)"""
 
 from __future__ import annotations
 
