@@ -12,15 +12,11 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 import torch
 
-from tedebug.backends.cupy_runtime import BLOCKS_PER_SM, FLAGS, THREADS, PlanCache, device_index, get_kernel, sm_count
+from tedebug.backends.cupy_runtime import FLAGS, THREADS, PlanCache, device_index, get_kernel, grid_for, grid_on
 from tedebug.backends.cublaslt import as_cublas, gemm_bias_device_alpha
 from tedebug.backends.launch import launch, launch_on, raw_stream
 
 _FP8_OPTION = {"E4M3": ("-DTED_FP8=0",), "E5M2": ("-DTED_FP8=1",)}
-
-
-def _grid(device: torch.device, items: int) -> int:
-    return max(1, min(BLOCKS_PER_SM * sm_count(device_index(device)), (items + THREADS - 1) // THREADS))
 
 
 #: (kernel name, FP8 format, device index, rows, cols, elements per thread) -> (kernel, grid, np.int64 rows,
@@ -32,7 +28,7 @@ def _plan(kernel: str, fp8_format: str, index: int, rows: int, cols: int, per_th
     key = (kernel, fp8_format, index, rows, cols, per_thread)
     plan = _PLANS.get(key)
     if plan is None:
-        grid = max(1, min(BLOCKS_PER_SM * sm_count(index), (rows * cols // per_thread + THREADS - 1) // THREADS))
+        grid = grid_on(index, rows * cols // per_thread)
         kernel_of = get_kernel("dequant.cu", kernel, _FP8_OPTION[fp8_format])
         plan = _PLANS.put(key, (kernel_of, grid, np.int64(rows), np.int64(cols)))
     return plan
@@ -105,7 +101,7 @@ def epilogue_bf16(acc: torch.Tensor, fa: torch.Tensor, fb: torch.Tensor, bias) -
         bias.data_ptr() if bias is not None else 0,
         out.data_ptr(),
     )
-    launch(kernel, _grid(acc.device, acc.numel() // 4), THREADS, args, acc.device)
+    launch(kernel, grid_for(acc.device, acc.numel() // 4), THREADS, args, acc.device)
     return out
 
 

@@ -31,6 +31,7 @@ from tedebug.backends.cupy_runtime import (
     dtype_options,
     get_kernel,
     grid_for,
+    grid_on,
     prepare_input,
     ready_input,
     sm_count,
@@ -255,7 +256,7 @@ def _cast_plan(x2d: torch.Tensor, index: int, fp8_format: str) -> _CastPlan:
     plan = _CastPlan(
         fast,
         get_kernel("fp8_tensor.cu", "ted_fp8_amax_scale", dtype_options(x2d)),
-        max(1, min(BLOCKS_PER_SM * sms, (max(n // (16 // x2d.element_size()), 1) + THREADS - 1) // THREADS)),
+        grid_on(index, max(n // (16 // x2d.element_size()), 1)),  # `amax_launch`'s grid
         cast,
         cast_grid,
         np.int64(n),

@@ -135,7 +135,12 @@ def sm_count(index: int) -> int:
 
 def grid_for(device: torch.device, work_items: int, blocks_per_sm: int = BLOCKS_PER_SM) -> int:
     """Blocks of `THREADS` threads for `work_items` items, at most `blocks_per_sm` per SM (grid-stride loops)."""
-    return max(1, min(blocks_per_sm * sm_count(device_index(device)), (work_items + THREADS - 1) // THREADS))
+    return grid_on(device_index(device), work_items, blocks_per_sm)
+
+
+def grid_on(index: int, work_items: int, blocks_per_sm: int = BLOCKS_PER_SM) -> int:
+    """`grid_for` of CUDA device `index` (for the launch plans, which know the index)."""
+    return max(1, min(blocks_per_sm * sm_count(index), (work_items + THREADS - 1) // THREADS))
 
 
 _WORKSPACES: Dict[Tuple[int, int], torch.Tensor] = {}

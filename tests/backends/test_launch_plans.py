@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from tedebug.backends import cupy_dequant, cupy_fp8_tensor, cupy_nvfp4
+from tedebug.backends import cupy_dequant, cupy_fp8_tensor, cupy_nvfp4, cupy_runtime
 from tedebug.backends.cupy_runtime import BLOCKS_PER_SM, FLAGS, THREADS, PlanCache
 from tedebug.backends.fused_stats import FP8_STATS, FP8_STATS_WITH_SCALE
 
@@ -34,7 +34,7 @@ def asked(monkeypatch):
         monkeypatch.setattr(module, "get_kernel", get_kernel)
     monkeypatch.setattr(cupy_fp8_tensor, "sm_count", lambda index: SMS)
     monkeypatch.setattr(cupy_nvfp4, "_sm_count", lambda index: SMS)
-    monkeypatch.setattr(cupy_dequant, "sm_count", lambda index: SMS)
+    monkeypatch.setattr(cupy_runtime, "sm_count", lambda index: SMS)  # (`grid_on`'s)
     caches = (cupy_fp8_tensor._CAST_PLANS, cupy_nvfp4._QUANTIZE_PLANS, cupy_dequant._PLANS)
     for cache in caches:
         cache.clear()
