@@ -16,7 +16,7 @@ What it owns:
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple, Optional, Tuple
+from typing import Any, NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
@@ -323,6 +323,30 @@ _CAST_TICKET = 4 * TICKETS["cast"]
 _AMAX_TICKET = 4 * TICKETS["amax"]
 
 
+def _amax_pass(
+    plan: _CastPlan,
+    x: torch.Tensor,
+    index: int,
+    stream: int,
+    outputs: Tuple[Any, ...],
+    small: torch.Tensor,
+    high_precision_stats: bool,
+) -> Optional[torch.Tensor]:
+    """The first launch of the flat per-tensor paths: the amax pass of the prepared `x`, writing `outputs` (the
+    ``(out, mode, fp8_max, epsilon, pow2, scale, scale_inv)`` arguments `amax_launch` builds), or with
+    `high_precision_stats` the statistics pass that writes the same and x's basic statistics row into the small
+    allocation; returns that row (a view of `small`), or None."""
+    if high_precision_stats:
+        row = small[_HIGH_PRECISION_AT // 8 : _SMALL_WORDS]
+        basic_stats_and_amax_into(x, row.data_ptr(), outputs)
+        return row
+    _, tickets = workspace_on(index, stream)
+    launch_on(
+        plan.amax, index, stream, plan.amax_grid, THREADS, (x.data_ptr(), plan.n, tickets + _AMAX_TICKET) + outputs
+    )
+    return None
+
+
 def _cast_transpose(
     x2d: torch.Tensor,
     scale_ptr: int,
@@ -417,26 +441,8 @@ def fp8_current_quantize(
     vector = small.data_ptr() + _VECTOR_AT  # float32 amax, scale, -, -, scale_inv
     scale_ptr, scale_inv_ptr = vector + 4, vector + 16
     stream = raw_stream(index)
-    high_precision = None
-    if high_precision_stats:
-        high_precision = small[_HIGH_PRECISION_AT // 8 : _SMALL_WORDS]
-        mode_args = (_CURRENT_SCALE_MODE, plan.fp8_max, np.float32(epsilon), FLAGS[bool(pow2)])
-        basic_stats_and_amax_into(x, high_precision.data_ptr(), (vector,) + mode_args + (scale_ptr, scale_inv_ptr))
-    else:
-        _, tickets = workspace_on(index, stream)
-        args = (
-            x.data_ptr(),
-            plan.n,
-            tickets + _AMAX_TICKET,
-            vector,
-            _CURRENT_SCALE_MODE,
-            plan.fp8_max,
-            np.float32(epsilon),
-            FLAGS[bool(pow2)],
-            scale_ptr,
-            scale_inv_ptr,
-        )
-        launch_on(plan.amax, index, stream, plan.amax_grid, THREADS, args)
+    mode_args = (vector, _CURRENT_SCALE_MODE, plan.fp8_max, np.float32(epsilon), FLAGS[bool(pow2)], scale_ptr)
+    high_precision = _amax_pass(plan, x, index, stream, mode_args + (scale_inv_ptr,), small, high_precision_stats)
     stats = _launch_cast(plan, x, index, stream, scale_ptr, scale_inv_ptr, rowwise, columnwise, outputs)
     scale_inv = small.view(torch.float32)[_CURRENT_SCALE_INV]
     return Float8Buffers(outputs.rowwise, outputs.columnwise, scale_inv, stats, high_precision)
@@ -485,20 +491,7 @@ def fp8_delayed_quantize(
     scale_ptr, scale_inv_ptr = scale.data_ptr(), small.data_ptr() + _VECTOR_AT
     stream = raw_stream(index)
     mode_args = (history.data_ptr(), _RECORD_MODE, _ZERO_F32, _ZERO_F32, FLAGS[0], scale_ptr, scale_inv_ptr)
-    high_precision = None
-    if high_precision_stats:
-        high_precision = small[_HIGH_PRECISION_AT // 8 : _SMALL_WORDS]
-        basic_stats_and_amax_into(x, high_precision.data_ptr(), mode_args)
-    else:
-        _, tickets = workspace_on(index, stream)
-        launch_on(
-            plan.amax,
-            index,
-            stream,
-            plan.amax_grid,
-            THREADS,
-            (x.data_ptr(), plan.n, tickets + _AMAX_TICKET) + mode_args,
-        )
+    high_precision = _amax_pass(plan, x, index, stream, mode_args, small, high_precision_stats)
     stats = _launch_cast(plan, x, index, stream, scale_ptr, scale_inv_ptr, rowwise, columnwise, outputs)
     scale_inv = small.view(torch.float32)[_DELAYED_SCALE_INV]
     return Float8Buffers(outputs.rowwise, outputs.columnwise, scale_inv, stats, high_precision)

@@ -171,3 +171,36 @@ def test_flat_delayed_scaling_launches_what_the_general_amax_pass_launches(launc
     cupy_fp8_tensor.amax_launch(x, history, record=(scale, scale_inv))
     assert recorded == [(amax_name, amax_grid, flat)]
     assert cast_name == "ted_fp8_cast_transpose" and cast_args[3:5] == (scale.data_ptr(), scale_inv.data_ptr())
+
+
+def test_flat_statistics_pass_gets_what_the_general_amax_pass_gives_it(launches, monkeypatch):
+    """With `high_precision_stats` the flat paths' first launch is the statistics pass: it gets the arguments
+    `amax_launch(..., high_precision_out=)` hands it for the same outputs, and its row is the small allocation's."""
+    recorded, made = launches
+    passes = []
+    monkeypatch.setattr(
+        cupy_fp8_tensor, "basic_stats_and_amax_into", lambda x, row, outputs, nz=0: passes.append((row, outputs, nz))
+    )
+    x = torch.ones((128, 256), dtype=torch.bfloat16)
+    buffers = cupy_fp8_tensor.fp8_current_quantize(x, "E5M2", 0.25, True, True, True, high_precision_stats=True)
+    small = made[0].small
+    assert (
+        buffers.high_precision_stats.data_ptr() == small.data_ptr() + 160 and buffers.high_precision_stats.numel() == 13
+    )
+    cupy_fp8_tensor.amax_launch(
+        x,
+        small.view(torch.float32)[32:40],
+        "E5M2",
+        0.25,
+        True,
+        scale_inv_slot=4,
+        high_precision_out=buffers.high_precision_stats,
+    )
+    assert len(passes) == 2 and passes[0] == passes[1]
+    history, scale = torch.zeros(4), torch.full((1,), 2.0)
+    passes.clear()
+    buffers = cupy_fp8_tensor.fp8_delayed_quantize(x, history, scale, "E4M3", True, True, high_precision_stats=True)
+    scale_inv = made[1].small.view(torch.float32)[32:33]
+    cupy_fp8_tensor.amax_launch(x, history, record=(scale, scale_inv), high_precision_out=buffers.high_precision_stats)
+    assert len(passes) == 2 and passes[0] == passes[1]
+    assert [name for name, _, _ in recorded] == ["ted_fp8_cast_transpose16"] * 2  # no amax launch of its own
