@@ -198,19 +198,16 @@ class StatBuffer:
 
     def add_slab_row(self, slab: RowSlab, index: int, keys: Tuple[str, ...]) -> None:
         """Record a row a kernel writes into `slab` for this step, laid out as the partial names `keys` (the caller
-        checked `accepts_feed`)."""
+        checked that a weight buffer was not fed yet this step: a weight keeps its first feed)."""
         self.slab_rows.append((slab, index))
         self.slab_keys = keys
 
     def add_vector_row(self, vector: torch.Tensor, keys: Tuple[str, ...], numel: int) -> None:
         """Record a feed whose row is read from a quantize kernel's statistics `vector` (partials named `keys`, in
         that order, covering every column but maybe numel) at the step: nothing is computed now.  The vector must
-        not be written again (each quantization allocates its own); the caller checked `accepts_feed`."""
+        not be written again (each quantization allocates its own); the caller checked that a weight buffer was not
+        fed yet this step."""
         self.vector_rows.append(VectorRow(vector, self.vector_positions(keys), float(numel)))
-
-    def accepts_feed(self) -> bool:
-        """False for a weight buffer that was already fed this step (weights keep their first feed)."""
-        return not (self.is_weight and self.fed)
 
     def set_requests(self, requests: Tuple[StatRequest, ...]) -> None:
         """Change the requested statistics; only allowed while the buffer holds no row for this step."""

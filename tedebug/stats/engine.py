@@ -134,7 +134,7 @@ class StatsEngine:
         buffer.iteration = iteration
         buffer.reduction_group = reduction_group
         buffer.skip_reduction = skip_reduction
-        if is_weight and buffer.fed:  # a weight keeps its first feed of the step (`StatBuffer.accepts_feed`)
+        if is_weight and buffer.fed:  # a weight buffer keeps its first feed of the step
             return
         if buffer.quantized_source is not None and tensor is not None and quantized:
             # every partial in the statistics vector the quantize kernel wrote for this very tensor: the feed keeps
