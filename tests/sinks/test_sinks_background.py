@@ -186,11 +186,17 @@ class Failing(ThreadedRecorder):
         super().log_scalars(records)
 
 
-def test_writer_error_is_raised_in_the_caller_naming_the_sink(tmp_path):
+def _failing_and_good(path) -> tuple:
+    """A background MetricLogger with a sink that fails at iteration 2 and a good one after it."""
     metrics = MetricLogger(background=True)
-    failing, good = Failing(str(tmp_path / "x.log"), fail_at=2), ThreadedRecorder()
+    failing, good = Failing(str(path), fail_at=2), ThreadedRecorder()
     metrics.add_sink(failing)
     metrics.add_sink(good)
+    return metrics, failing, good
+
+
+def test_writer_error_is_raised_in_the_caller_naming_the_sink(tmp_path):
+    metrics, failing, good = _failing_and_good(tmp_path / "x.log")
     for it in (1, 2):
         metrics.log_scalars([rec("L", "max", float(it), it)])
         metrics.flush()  # step 2's batch fails on the writer thread
@@ -568,10 +574,7 @@ def test_flush_and_wait_writes_in_the_caller_thread_after_the_batch_in_flight(tm
     assert logged == [(1, WRITER_THREAD), (2, waiter.name)]
     metrics.close()
 
-    raising = MetricLogger(background=True)
-    failing, good = Failing(str(tmp_path / "y.log"), fail_at=2), ThreadedRecorder()
-    raising.add_sink(failing)
-    raising.add_sink(good)
+    raising, failing, good = _failing_and_good(tmp_path / "y.log")
     for it in (1, 2):
         raising.log_scalars([rec("L", "max", float(it), it)])
         if it == 1:
