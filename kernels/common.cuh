@@ -225,15 +225,19 @@ __device__ __forceinline__ float ted_add_abs(float acc, float v) {  // acc + |v|
 // ---------------------------------------------------------------------------------------------- last block
 // Single-launch reductions: every block stores its partial, then takes a ticket; the block with the last ticket
 // sees all partials (read them with __ldcg) and resets the ticket to 0 for the next launch.  Call from all threads.
-__device__ __forceinline__ bool ted_last_block(unsigned int* ticket) {
+// `ted_last_block_of` is the same for `blocks` blocks that share a ticket (a part of the grid: a launch that reduces
+// several tensors gives each its own blocks and its own ticket).
+__device__ __forceinline__ bool ted_last_block_of(unsigned int* ticket, unsigned int blocks) {
     __shared__ unsigned int s_last;
     __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) s_last = (atomicAdd(ticket, 1u) == gridDim.x - 1) ? 1u : 0u;
+    if (threadIdx.x == 0) s_last = (atomicAdd(ticket, 1u) == blocks - 1) ? 1u : 0u;
     __syncthreads();
     if (s_last) __threadfence();
     return s_last != 0u;
 }
+
+__device__ __forceinline__ bool ted_last_block(unsigned int* ticket) { return ted_last_block_of(ticket, gridDim.x); }
 
 // TE's compute_scale_from_amax for current scaling (amax >= 0; amax < epsilon -> epsilon; 0 / Inf / NaN amax -> 1;
 // else fp8_max / amax rounded once, Inf -> FLT_MAX; pow2 rounds down to a power of two), and scale_inv = 1 / scale:

@@ -17,6 +17,14 @@
 // history entry), from amax = max |x| ignoring NaN (the extrema drop NaN as that pass's maxima do), and with a
 // non-null nz_out the non-zero count (NaN counts, -0 does not: the statistic's own count).  A tensor that is logged
 // and quantized is then read once for its statistics and its scale, not twice.
+// `ted_stats_group` reduces up to three tensors in one launch: the grid is split into consecutive ranges of blocks,
+// one per tensor, each with its own ticket and partials, and a tensor's range runs exactly the code of a lone
+// `ted_stats` launch whose grid is that range's length (`stats_run` takes the block index and block count it
+// works with).  The blocks of all the tensors are resident at once, so a launch pays the ramp-up and the drain of
+// one pass, not of three (measured: three tensors of 33.6, 25.2 and 100.7 MB in 54 µs instead of 77 µs).  A
+// tensor's row is bit for bit that of `ted_stats` launched alone with the same number of blocks; a group gives it
+// fewer blocks than a lone launch, so its sums may differ from the lone launch's in the last bits (float64
+// summation order), never its extrema or counts.
 #include "common.cuh"
 
 struct Acc {
@@ -254,17 +262,19 @@ __device__ __forceinline__ void stats_run(const ted_raw_t* __restrict__ x, long 
                                           unsigned int* __restrict__ ticket, double* __restrict__ out,
                                           float* __restrict__ amax_out, int mode, float fp8_max, float epsilon,
                                           int pow2, float* __restrict__ scale_out, float* __restrict__ scale_inv_out,
-                                          unsigned long long* __restrict__ nz_out) {
+                                          unsigned long long* __restrict__ nz_out, const unsigned int block,
+                                          const unsigned int blocks) {
+    // `block` of `blocks`: this block's place in the blocks that reduce x (blockIdx.x and gridDim.x for a lone launch)
     const long long nvec = n / VEC;
     const long long tail = n - nvec * VEC;
-    const long long gtid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    const long long stride = (long long)gridDim.x * blockDim.x;
+    const long long gtid = (long long)block * blockDim.x + threadIdx.x;
+    const long long stride = (long long)blocks * blockDim.x;
 
     ThreadStats t;
     t.mn = INFINITY; t.mx = -INFINITY; t.nzmin = INFINITY;
     t.nz = 0ull; t.nan = 0ull; t.inf = 0ull; t.count = 0ull;
     t.S = 0.0; t.A = 0.0; t.Q = 0.0; t.D = 0.0; t.DD = 0.0;
-    long long k_index = (long long)blockIdx.x * blockDim.x * VEC;  // the block's shift: its first element
+    long long k_index = (long long)block * blockDim.x * VEC;  // the block's shift: its first element
     if (k_index >= n) k_index = 0;
     const float k0 = ted_load(x, k_index);
     t.K = isfinite(k0) ? k0 : 0.0f;
@@ -331,12 +341,12 @@ __device__ __forceinline__ void stats_run(const ted_raw_t* __restrict__ x, long 
         const double cnt = a.n, d = a.mean, dd = a.m2;
         a.mean = cnt > 0.0 ? ted_f2d(t.K) + d / cnt : 0.0;
         a.m2 = cnt > 0.0 ? fmax(dd - d * (d / cnt), 0.0) : 0.0;
-        partial[blockIdx.x] = a;
+        partial[block] = a;
     }
-    if (!ted_last_block(ticket)) return;
+    if (!ted_last_block_of(ticket, blocks)) return;
     Acc r;
     acc_identity(r);
-    for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x) acc_merge(r, acc_load_cg(partial + b));
+    for (int b = threadIdx.x; b < (int)blocks; b += blockDim.x) acc_merge(r, acc_load_cg(partial + b));
     r = acc_block_reduce(r);
     if (threadIdx.x == 0) {
         out[0] = (double)n;
@@ -355,7 +365,8 @@ __device__ __forceinline__ void stats_run(const ted_raw_t* __restrict__ x, long 
 extern "C" __global__ void __launch_bounds__(256, 3)
 ted_stats(const ted_raw_t* __restrict__ x, long long n, Acc* __restrict__ partial, unsigned int* __restrict__ ticket,
           double* __restrict__ out) {
-    stats_run<false>(x, n, partial, ticket, out, nullptr, 0, 0.0f, 0.0f, 0, nullptr, nullptr, nullptr);
+    stats_run<false>(x, n, partial, ticket, out, nullptr, 0, 0.0f, 0.0f, 0, nullptr, nullptr, nullptr, blockIdx.x,
+                     gridDim.x);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 3)
@@ -364,5 +375,24 @@ ted_stats_amax(const ted_raw_t* __restrict__ x, long long n, Acc* __restrict__ p
                float fp8_max, float epsilon, int pow2, float* __restrict__ scale_out,
                float* __restrict__ scale_inv_out, unsigned long long* __restrict__ nz_out) {
     stats_run<true>(x, n, partial, ticket, out, amax_out, mode, fp8_max, epsilon, pow2, scale_out, scale_inv_out,
-                    nz_out);
+                    nz_out, blockIdx.x, gridDim.x);
+}
+
+// Blocks [0, g0) reduce x0, [g0, g0 + g1) x1, the rest x2 (g2 blocks; a count of 0 leaves its tensor out).  Tensor t
+// uses the partials from row g0 + ... + g(t-1) on and tickets[t].
+extern "C" __global__ void __launch_bounds__(256, 3)
+ted_stats_group(const ted_raw_t* __restrict__ x0, long long n0, unsigned int g0, double* __restrict__ out0,
+                const ted_raw_t* __restrict__ x1, long long n1, unsigned int g1, double* __restrict__ out1,
+                const ted_raw_t* __restrict__ x2, long long n2, unsigned int g2, double* __restrict__ out2,
+                Acc* __restrict__ partial, unsigned int* __restrict__ tickets) {
+    const unsigned int b = blockIdx.x;
+    if (b < g0) {
+        stats_run<false>(x0, n0, partial, tickets, out0, nullptr, 0, 0.0f, 0.0f, 0, nullptr, nullptr, nullptr, b, g0);
+    } else if (b < g0 + g1) {
+        stats_run<false>(x1, n1, partial + g0, tickets + 1, out1, nullptr, 0, 0.0f, 0.0f, 0, nullptr, nullptr, nullptr,
+                         b - g0, g1);
+    } else if (b < g0 + g1 + g2) {
+        stats_run<false>(x2, n2, partial + g0 + g1, tickets + 2, out2, nullptr, 0, 0.0f, 0.0f, 0, nullptr, nullptr,
+                         nullptr, b - g0 - g1, g2);
+    }
 }

@@ -17,7 +17,7 @@ Inputs must be non-empty CUDA float32 / bfloat16 / float16 tensors (`dispatch` s
 
 from __future__ import annotations
 
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -87,6 +87,63 @@ def _stats_launch(x: torch.Tensor, index: int) -> Tuple[Kernel, int, int]:
     max_grid = max(1, STATS_BLOCKS_PER_SM * sm_count(index))
     constants = _STATS_LAUNCH[key] = (kernel, 16 // x.element_size(), max_grid)
     return constants
+
+
+#: the most tensors one `basic_stats_group_into` launch reduces (the arguments of ``ted_stats_group``)
+GROUP_MAX = 3
+_GROUP_TICKET_OFFSET = 4 * TICKETS["stats_group"]
+
+
+def group_grids(numels: Sequence[int], vec: int, max_grid: int) -> Tuple[int, ...]:
+    """The blocks `basic_stats_group_into` gives each tensor of a group (`numels`, elements of `vec` per 16-byte
+    load): each its lone launch's grid when those fit in one wave of `max_grid` blocks, else shares of the wave in
+    proportion to the tensors' sizes, at least one block each and never more than its lone grid."""
+    lone = [min(max_grid, (max(n // vec, 1) + THREADS - 1) // THREADS) for n in numels]
+    if sum(lone) <= max_grid:
+        return tuple(lone)
+    total = sum(numels)
+    return tuple(max(1, min(grid, max_grid * n // total)) for grid, n in zip(lone, numels))
+
+
+def basic_stats_group_into(items: Sequence[Tuple[torch.Tensor, int]]) -> None:
+    """`basic_stats_into` of up to `GROUP_MAX` tensors in one launch of ``ted_stats_group``.
+
+    `items` are (tensor, row address) pairs of non-empty CUDA tensors of one dtype on one device (a strided or
+    misaligned one is read from its contiguous copy, as `basic_stats_into` does).  The blocks of one wave are split
+    among the tensors (`group_grids`); a tensor's row is then bit for bit the row of a lone launch with that many
+    blocks, and the launch costs about what one pass over all the tensors' bytes costs, where separate launches
+    each pay a pass's ramp-up and drain (kernels/stats.cu)."""
+    if len(items) == 1:
+        basic_stats_into(*items[0])
+        return
+    if not 1 < len(items) <= GROUP_MAX:
+        raise ValueError(f"basic_stats_group_into: 1 to {GROUP_MAX} tensors, got {len(items)}")
+    x = items[0][0]
+    if x.dtype not in DTYPE_CODE:
+        raise TypeError(f"tedebug kernels: expected a float32/bfloat16/float16 tensor, got {x.dtype}")
+    if any(t.dtype != x.dtype or t.device != x.device or t.numel() == 0 for t, _ in items):
+        raise ValueError("basic_stats_group_into: the tensors must be non-empty, of one dtype, on one device")
+    items = [(t if t.is_contiguous() and not t.data_ptr() % 16 else prepare_input(t), out) for t, out in items]
+    index = x.get_device()
+    _, vec, max_grid = _STATS_LAUNCH.get((index, x.dtype)) or _stats_launch(x, index)
+    numels = [t.numel() for t, _ in items]
+    grids = group_grids(numels, vec, max_grid)
+    args: list = []
+    for (tensor, out_ptr), n, grid in zip(items, numels, grids):
+        args += [tensor.data_ptr(), np.int64(n), np.uint32(grid), out_ptr]
+    for _ in range(GROUP_MAX - len(items)):  # absent tensors: no blocks
+        args += [0, np.int64(0), np.uint32(0), 0]
+    kernel = _GROUP_KERNELS.get((index, x.dtype))
+    if kernel is None:
+        kernel = _GROUP_KERNELS[(index, x.dtype)] = get_kernel("stats.cu", "ted_stats_group", dtype_options(x))
+    stream = raw_stream(index)
+    partials, tickets = workspace_on(index, stream)
+    args += [partials, tickets + _GROUP_TICKET_OFFSET]
+    launch_on(kernel, index, stream, sum(grids), THREADS, tuple(args))
+
+
+#: (device index, dtype) -> the ``ted_stats_group`` kernel of `basic_stats_group_into`
+_GROUP_KERNELS: Dict[Tuple[int, torch.dtype], Kernel] = {}
 
 
 def basic_stats_and_amax_into(x: torch.Tensor, out_ptr: int, amax_args: Tuple[Any, ...], nz_ptr: int = 0) -> None:

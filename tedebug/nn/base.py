@@ -28,6 +28,7 @@ from tedebug import active
 from tedebug.autocast import INNERMOST, default_recipe
 from tedebug.nn.gemm import gemm
 from tedebug.nn.state import all_reduce_max, check_history, register_state_hooks, several_ranks
+from tedebug.stats import launch_group
 
 __all__ = [
     "ROLES",
@@ -285,6 +286,16 @@ class _LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, call: _Call):
+        if not call.debug:
+            return _LinearFunction._forward(ctx, x, weight, bias, call)
+        opened = launch_group.open_group()  # the statistics of x, W and y: one launch (tedebug.stats.launch_group)
+        try:
+            return _LinearFunction._forward(ctx, x, weight, bias, call)
+        finally:
+            launch_group.close_group(opened)
+
+    @staticmethod
+    def _forward(ctx, x, weight, bias, call: _Call):
         if call.grad_enabled:
             need_dgrad, need_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         else:
@@ -305,6 +316,16 @@ class _LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
+        if not ctx.meta[0].debug:
+            return _LinearFunction._backward(ctx, grad_out)
+        opened = launch_group.open_group()  # the statistics of dy, dx and dW: one launch
+        try:
+            return _LinearFunction._backward(ctx, grad_out)
+        finally:
+            launch_group.close_group(opened)
+
+    @staticmethod
+    def _backward(ctx, grad_out):
         needs = ctx.needs_input_grad
         need_dgrad, need_wgrad, need_bgrad = needs[0], needs[1], needs[2]
         call, x_shape, x_holder, x_count, w_holder = ctx.meta

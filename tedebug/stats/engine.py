@@ -44,6 +44,7 @@ from tedebug.backends import backend_for, dispatch
 from tedebug.backends.fused_stats import FusedStats, fused_vector, high_precision_row
 from tedebug.config.parsing import GEMMS_OF_TENSOR
 from tedebug.sinks.batch import ScalarBatch
+from tedebug.stats import launch_group
 from tedebug.stats import reduce as _reduce
 from tedebug.stats.buffers import BufferKey, BufferStore, StatBuffer
 from tedebug.stats.definitions import StatRequest
@@ -160,10 +161,16 @@ class StatsEngine:
                     if fused_row is not None:  # the quantizer's amax pass computed this very row: keep it
                         buffer.add_vector_row(fused_row, backend.BASIC_ROW_KEYS, numel)
                         return
-                    # one launch writing the whole row into this step's slab
+                    # one launch writing the whole row into this step's slab; inside a layer's launch group the
+                    # launch waits for the group's other tensors (`tedebug.stats.launch_group`)
                     slab = self._slab(tensor.device, len(backend.BASIC_ROW_KEYS))
                     index = slab.take()
-                    into(tensor, slab.address(index))
+                    queue = launch_group.pending()
+                    group_into = getattr(backend, "basic_stats_group_into", None)
+                    if queue is not None and group_into is not None:
+                        launch_group.defer(queue, group_into, into, tensor, slab.address(index))
+                    else:
+                        into(tensor, slab.address(index))
                     buffer.add_slab_row(slab, index, backend.BASIC_ROW_KEYS)
                     return
             if tensor is not None and tensor.requires_grad and torch.is_grad_enabled():

@@ -1,0 +1,84 @@
+"""Statistics launches grouped per layer call: one kernel launch for the tensors a GEMM call logs together.
+
+Why: on the GPU each statistics launch pays the ramp-up and the drain of a pass over memory, about 12 µs on an H200
+whatever the tensor's size, and a layer that logs its six tensors launches six times per step.  A launch whose blocks
+reduce up to three tensors at the same time (`cupy_stats.basic_stats_group_into`) pays them once (docs/performance.md,
+section 3).
+
+How: a layer opens a group around the code that feeds a GEMM call's tensors (`open_group` / `close_group`: the
+forward of one linear GEMM, its backward).  While this thread's group is open, `StatsEngine.feed` hands the launch
+of a tensor's statistics row to `defer` instead of launching it; the queue is launched `GROUP_MAX` tensors at a time
+of one device and dtype, when it is full and when the group closes.  The rows' slab addresses are taken at the feed,
+so the buffers are the same; only the launch moves, to a point the layer chooses where nothing has changed the
+tensors since their feed (the group holds a reference to each, so none is freed before its launch).  Feeds outside
+a group (a DebugQuantizer used without tedebug's layers, `debug_api` calls of user code) launch at once, as before.
+
+A group is per thread (the backward of a layer runs on autograd's thread); an inner `open_group` while one is open
+joins it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, List, Optional, Tuple
+
+import torch
+
+#: the most tensors one grouped launch takes (``ted_stats_group``'s arguments)
+GROUP_MAX = 3
+
+#: (the backend's group launch, the backend's lone launch, tensor, row address)
+Deferred = Tuple[Callable[..., None], Callable[..., None], torch.Tensor, int]
+
+_THREAD = threading.local()
+
+
+def pending() -> Optional[List[Deferred]]:
+    """This thread's open group (its queue of deferred launches), or None when no group is open."""
+    return getattr(_THREAD, "queue", None)
+
+
+def open_group() -> bool:
+    """Open a group on this thread; False when one is already open (the caller then leaves it to its opener)."""
+    if getattr(_THREAD, "queue", None) is not None:
+        return False
+    _THREAD.queue = []
+    return True
+
+
+def close_group(opened: bool) -> None:
+    """Launch what the group deferred and close it (`opened`: what `open_group` returned; False: nothing to do)."""
+    if not opened:
+        return
+    queue = _THREAD.queue
+    _THREAD.queue = None
+    if queue:
+        _launch(queue)
+
+
+def defer(queue: List[Deferred], group_into: Callable[..., None], into: Callable[..., None], x: Any, address: int):
+    """Queue the statistics launch of `x` into the row at `address`; launch the queue once it holds `GROUP_MAX`."""
+    queue.append((group_into, into, x, address))
+    if len(queue) >= GROUP_MAX:
+        batch = queue[:]
+        queue.clear()
+        _launch(batch)
+
+
+def _launch(queue: List[Deferred]) -> None:
+    """Launch deferred rows: the tensors of one device and dtype together, `GROUP_MAX` at a time, in feed order."""
+    groups: dict = {}
+    for entry in queue:
+        x = entry[2]
+        groups.setdefault((entry[0], x.device, x.dtype), []).append(entry)
+    for entries in groups.values():
+        for start in range(0, len(entries), GROUP_MAX):
+            chunk = entries[start : start + GROUP_MAX]
+            if len(chunk) == 1:
+                _, into, x, address = chunk[0]
+                into(x, address)
+            else:
+                chunk[0][0]([(x, address) for _, _, x, address in chunk])
+
+
+__all__ = ["GROUP_MAX", "close_group", "defer", "open_group", "pending"]
