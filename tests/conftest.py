@@ -3,7 +3,10 @@
 
 - `no_debug_session`: no tedebug session before or after the test;
 - `start`: for the debug-path tests, opens a session with the test features of tests/feature_dirs_debug and returns
-  their loaded module (its CALLS list records every call)."""
+  their loaded module (its CALLS list records every call).
+
+And the ``gpu`` marker's promise (pyproject.toml): a test marked ``gpu`` is skipped, with the reason, where CUDA or
+CuPy is missing (`pytest_collection_modifyitems`), so a GPU test module only declares the mark."""
 
 import os
 import sys
@@ -16,6 +19,30 @@ from tedebug import debug_api
 from tedebug.registry import user_module_name
 
 DEBUG_FEATURE_DIR = Path(__file__).parent / "feature_dirs_debug"
+
+
+def _gpu_missing():
+    """Why the tests marked gpu cannot run here, or None when CUDA and CuPy are both present."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "needs CUDA"
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        return "needs CuPy"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    reason = _gpu_missing() if gpu_items else None
+    if reason is not None:
+        skip = pytest.mark.skip(reason=reason)
+        for item in gpu_items:
+            item.add_marker(skip)
+
+
 DEBUG_FEATURE_FILE = DEBUG_FEATURE_DIR / "debug_test_features.py"
 
 

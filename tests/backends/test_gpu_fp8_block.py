@@ -11,16 +11,12 @@ import math
 import pytest
 import torch
 
+from tedebug.backends import cupy_fp8_block, cupy_stats, dispatch, torch_ref
+from tedebug.quantization.float8_block import Float8BlockQuantizer
+
+from support.kernel_inputs import backend_pair, special_values
+
 pytestmark = pytest.mark.gpu
-
-if not torch.cuda.is_available():
-    pytest.skip("needs CUDA", allow_module_level=True)
-cupy = pytest.importorskip("cupy")
-
-from tedebug.backends import cupy_fp8_block, cupy_stats, dispatch, torch_ref  # noqa: E402
-from tedebug.quantization.float8_block import Float8BlockQuantizer  # noqa: E402
-
-from support.kernel_inputs import backend_pair, special_values  # noqa: E402
 
 DEV = torch.device("cuda")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)

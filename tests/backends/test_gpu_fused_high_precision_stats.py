@@ -7,20 +7,16 @@ own) and logs what the separate launch logs.  Every test needs CUDA and CuPy."""
 import pytest
 import torch
 
+from tedebug import debug_api
+from tedebug.backends import cupy_fp8_tensor, cupy_stats, dispatch, fused_stats
+from tedebug.debug_quantization import DebugQuantizer
+from tedebug.plan import InspectCall
+from tedebug.quantization.float8 import Float8CurrentScalingQuantizer
+
+from support.features import RecordingSink, debug_session, section
+from support.kernel_inputs import special_values
+
 pytestmark = pytest.mark.gpu
-
-if not torch.cuda.is_available():
-    pytest.skip("needs CUDA", allow_module_level=True)
-cupy = pytest.importorskip("cupy")
-
-from tedebug import debug_api  # noqa: E402
-from tedebug.backends import cupy_fp8_tensor, cupy_stats, dispatch, fused_stats  # noqa: E402
-from tedebug.debug_quantization import DebugQuantizer  # noqa: E402
-from tedebug.plan import InspectCall  # noqa: E402
-from tedebug.quantization.float8 import Float8CurrentScalingQuantizer  # noqa: E402
-
-from support.features import RecordingSink, debug_session, section  # noqa: E402
-from support.kernel_inputs import special_values  # noqa: E402
 
 DEV = torch.device("cuda")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)

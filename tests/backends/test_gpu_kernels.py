@@ -6,17 +6,13 @@ import math
 import pytest
 import torch
 
+from tedebug.backends import cupy_fp8_tensor, cupy_stats, dispatch, fused_stats, torch_ref
+from tedebug.quantization.float8 import Float8CurrentScalingQuantizer, Float8Quantizer
+from tedebug.quantization.mxfp8 import MXFP8Quantizer
+
+from support.kernel_inputs import special_values
+
 pytestmark = pytest.mark.gpu
-
-if not torch.cuda.is_available():
-    pytest.skip("needs CUDA", allow_module_level=True)
-cupy = pytest.importorskip("cupy")
-
-from tedebug.backends import cupy_fp8_tensor, cupy_stats, dispatch, fused_stats, torch_ref  # noqa: E402
-from tedebug.quantization.float8 import Float8CurrentScalingQuantizer, Float8Quantizer  # noqa: E402
-from tedebug.quantization.mxfp8 import MXFP8Quantizer  # noqa: E402
-
-from support.kernel_inputs import special_values  # noqa: E402
 
 DEV = torch.device("cuda")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)

@@ -21,16 +21,7 @@ from tedebug.quantization.nvfp4 import NVFP4Quantizer
 
 from support.kernel_inputs import backend_pair
 
-HAS_GPU = torch.cuda.is_available()
-try:
-    import cupy  # noqa: F401
-
-    HAS_CUPY = True
-except ImportError:
-    HAS_CUPY = False
-gpu = [pytest.mark.gpu, pytest.mark.skipif(not (HAS_GPU and HAS_CUPY), reason="needs CUDA and CuPy")]
-
-DEV = torch.device("cuda") if HAS_GPU else None
+DEV = torch.device("cuda")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 U = 2.0**-24  # fp32 unit roundoff
 U64 = 2.0**-53  # fp64 unit roundoff
@@ -144,11 +135,7 @@ def check_stats(x, got, ref, *, rht=False):
 
 
 # ================================================================================================ GPU
-def _gpu(fn):
-    return gpu[1](gpu[0](fn))
-
-
-@_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("usage", ["both", "rowwise", "columnwise"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
@@ -160,7 +147,7 @@ def test_rn_bit_identical_with_fused_stats(shape, dtype, usage):
         check_stats(x, got, ref)
 
 
-@_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rowwise_only_any_row_count(dtype):
     for shape in [(3, 32), (130, 48), (1, 2, 5, 16)]:
@@ -170,7 +157,7 @@ def test_rowwise_only_any_row_count(dtype):
         check_stats(x, got, ref)
 
 
-@_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(16, 16), (48, 272), (256, 1024)])
 def test_2d_bit_identical(shape, dtype):
@@ -181,7 +168,7 @@ def test_2d_bit_identical(shape, dtype):
             check_stats(x, got, ref)
 
 
-@_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(16, 32), (48, 272), (256, 1024)])
 def test_stochastic_rounding_bit_identical(shape, dtype):
@@ -193,7 +180,7 @@ def test_stochastic_rounding_bit_identical(shape, dtype):
             check_stats(x, got, ref)
 
 
-@_gpu
+@pytest.mark.gpu
 def test_stochastic_rounding_advances_the_generator_like_the_reference():
     x = random_input((64, 128), torch.bfloat16, 8)
     qk, qt = NVFP4Quantizer(stochastic_rounding=True, seed=9), NVFP4Quantizer(stochastic_rounding=True, seed=9)
@@ -205,7 +192,7 @@ def test_stochastic_rounding_advances_the_generator_like_the_reference():
         check_fields(got, ref)
 
 
-@_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_degenerate_amaxes(dtype):
     """All zeros (S_enc = 1), a tiny amax (S_enc clamped to FLT_MAX), an Inf (S_enc = 1, NaN/Inf decodes)."""
@@ -226,7 +213,7 @@ def test_degenerate_amaxes(dtype):
 FAST_SHAPES = [(64, 128), (192, 384), (2, 64, 256), (1024, 8192)]
 
 
-@_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("usage", ["both", "rowwise", "columnwise"])
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
 @pytest.mark.parametrize("shape", FAST_SHAPES)
@@ -242,7 +229,7 @@ def test_fast_kernel_bit_identical(shape, dtype, usage):
         check_stats(x, got, ref)
 
 
-@_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("usage", ["both", "rowwise", "columnwise"])
 @pytest.mark.parametrize("two_d", [False, True])
 @pytest.mark.parametrize("shape", FAST_SHAPES)
@@ -265,7 +252,7 @@ def test_fast_kernel_stochastic_rounding_bit_identical(shape, two_d, usage):
         check_stats(x, got, ref)
 
 
-@_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
 def test_fast_kernel_degenerate_amaxes(dtype):
     """The fast kernel on all zeros, a tiny amax (S_enc clamped) and an Inf (S_enc = 1, every block redone)."""
@@ -281,7 +268,7 @@ def test_fast_kernel_degenerate_amaxes(dtype):
         check_stats(x, got, ref)
 
 
-@_gpu
+@pytest.mark.gpu
 def test_fast_kernel_needs_the_nonzero_count():
     from tedebug.backends import cupy_nvfp4
 
@@ -291,7 +278,7 @@ def test_fast_kernel_needs_the_nonzero_count():
         cupy_nvfp4.nvfp4_quantize_raw(x, amaxes, True, True)
 
 
-@_gpu
+@pytest.mark.gpu
 def test_deterministic():
     x = adversarial((256, 1024), torch.bfloat16, 11)
     with dispatch.use_backend("cupy"):
@@ -304,7 +291,7 @@ def test_deterministic():
             assert va == vb or (math.isnan(va) and math.isnan(vb)), (usage, key, va, vb)
 
 
-@_gpu
+@pytest.mark.gpu
 def test_dispatch_routing():
     x = random_input((64, 128), torch.bfloat16, 12)
     q = NVFP4Quantizer().quantize(x)  # auto: CUDA tensor + CuPy -> kernel
@@ -323,7 +310,7 @@ def test_dispatch_routing():
     check_fields(rht, ref)
 
 
-@_gpu
+@pytest.mark.gpu
 def test_non_contiguous_input():
     x = random_input((128, 64), torch.bfloat16, 14).t()  # [64, 128], not contiguous
     got, ref = pair(x)
@@ -412,7 +399,7 @@ def rht_specials(shape, dtype, seed):
     return x
 
 
-@_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("usage", ["both", "columnwise", "rowwise"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", RHT_SHAPES)
@@ -425,7 +412,7 @@ def test_rht_bit_identical_with_fused_stats(shape, dtype, usage):
         check_stats(x, got, ref, rht=True)
 
 
-@_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", RHT_SPECIAL_SHAPES)
 def test_rht_special_groups(shape, dtype):
@@ -444,7 +431,7 @@ def test_rht_special_groups(shape, dtype):
         check_stats(x, got, ref, rht=True)
 
 
-@_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rht_subnormal_rotations(dtype):
     """Groups whose rotated values are subnormal in the dtype (and in fp32): kept, not flushed, on both paths."""
@@ -460,7 +447,7 @@ def test_rht_subnormal_rotations(dtype):
     check_stats(x, got, ref, rht=True)
 
 
-@_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", RHT_SR_SHAPES)
 def test_rht_stochastic_rounding_bit_identical(shape, dtype):
@@ -472,7 +459,7 @@ def test_rht_stochastic_rounding_bit_identical(shape, dtype):
             check_stats(x, got, ref, rht=True)
 
 
-@_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rht_degenerate_amaxes(dtype):
     """All zeros (both amaxes 0), a single tiny value (S_enc clamped to FLT_MAX in both directions)."""
@@ -485,7 +472,7 @@ def test_rht_degenerate_amaxes(dtype):
         check_stats(x, got, ref, rht=True)
 
 
-@_gpu
+@pytest.mark.gpu
 def test_rht_deterministic():
     x = rht_specials((256, 1024), torch.bfloat16, 38)
     with dispatch.use_backend("cupy"):
@@ -599,7 +586,7 @@ if __name__ == "__main__":
         print(f"RHT row+col 8192x8192 {dt}: ms per quantize", _time_rht(dtype=dt))
 
 
-@_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize(
     "options",
     [

@@ -10,20 +10,16 @@ import numpy as np
 import pytest
 import torch
 
+import tedebug
+from tedebug import debug_api
+from tedebug.backends import cupy_stats
+from tedebug.backends.cupy_runtime import THREADS, TICKETS, dtype_options, get_kernel, sm_count, workspace
+from tedebug.backends.launch import launch
+from tedebug.stats import launch_group
+
+from support.kernel_inputs import special_values
+
 pytestmark = pytest.mark.gpu
-
-if not torch.cuda.is_available():
-    pytest.skip("needs CUDA", allow_module_level=True)
-cupy = pytest.importorskip("cupy")
-
-import tedebug  # noqa: E402
-from tedebug import debug_api  # noqa: E402
-from tedebug.backends import cupy_stats  # noqa: E402
-from tedebug.backends.cupy_runtime import THREADS, TICKETS, dtype_options, get_kernel, sm_count, workspace  # noqa: E402
-from tedebug.backends.launch import launch  # noqa: E402
-from tedebug.stats import launch_group  # noqa: E402
-
-from support.kernel_inputs import special_values  # noqa: E402
 
 DEV = torch.device("cuda")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)

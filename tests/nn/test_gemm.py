@@ -217,7 +217,6 @@ def test_out_dtype_and_bias_with_quantized_operands():
 
 # ------------------------------------------------------------------------------------------------ CUDA
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("layout", ["TN", "NN", "NT"])
 @pytest.mark.parametrize("formats", [("E4M3", "E4M3"), ("E4M3", "E5M2"), ("E5M2", "E4M3"), ("E5M2", "E5M2")])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
