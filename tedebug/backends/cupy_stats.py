@@ -30,6 +30,7 @@ from tedebug.backends.cupy_runtime import (
     dtype_options,
     get_kernel,
     prepare_input,
+    ready_input,
     sm_count,
     workspace_on,
 )
@@ -69,12 +70,18 @@ def basic_stats_into(x: torch.Tensor, out_ptr: int) -> None:
     if constants is None:
         constants = _stats_launch(x, index)
     kernel, vec, max_grid = constants
-    grid = min(max_grid, (max(n // vec, 1) + THREADS - 1) // THREADS)
+    grid = _lone_grid(n, vec, max_grid)
     stream = raw_stream(index)
     partials, tickets = workspace_on(index, stream)
     launch_on(
         kernel, index, stream, grid, THREADS, (pointer, np.int64(n), partials, tickets + _STATS_TICKET_OFFSET, out_ptr)
     )
+
+
+def _lone_grid(n: int, vec: int, max_grid: int) -> int:
+    """The grid of `basic_stats_into` for `n` elements of `vec` per 16-byte load: a block per `THREADS` loads, at
+    most `max_grid` (one wave), at least one."""
+    return min(max_grid, (max(n // vec, 1) + THREADS - 1) // THREADS)
 
 
 #: (device index, dtype) -> (kernel, elements per 16-byte load, largest grid) of `basic_stats_into`
@@ -98,7 +105,7 @@ def group_grids(numels: Sequence[int], vec: int, max_grid: int) -> Tuple[int, ..
     """The blocks `basic_stats_group_into` gives each tensor of a group (`numels`, elements of `vec` per 16-byte
     load): each its lone launch's grid when those fit in one wave of `max_grid` blocks, else shares of the wave in
     proportion to the tensors' sizes, at least one block each and never more than its lone grid."""
-    lone = [min(max_grid, (max(n // vec, 1) + THREADS - 1) // THREADS) for n in numels]
+    lone = [_lone_grid(n, vec, max_grid) for n in numels]
     if sum(lone) <= max_grid:
         return tuple(lone)
     total = sum(numels)
@@ -123,7 +130,7 @@ def basic_stats_group_into(items: Sequence[Tuple[torch.Tensor, int]]) -> None:
         raise TypeError(f"tedebug kernels: expected a float32/bfloat16/float16 tensor, got {x.dtype}")
     if any(t.dtype != x.dtype or t.device != x.device or t.numel() == 0 for t, _ in items):
         raise ValueError("basic_stats_group_into: the tensors must be non-empty, of one dtype, on one device")
-    items = [(t if t.is_contiguous() and not t.data_ptr() % 16 else prepare_input(t), out) for t, out in items]
+    items = [(ready_input(t), out) for t, out in items]
     index = x.get_device()
     _, vec, max_grid = _STATS_LAUNCH.get((index, x.dtype)) or _stats_launch(x, index)
     numels = [t.numel() for t, _ in items]
@@ -155,7 +162,7 @@ def basic_stats_and_amax_into(x: torch.Tensor, out_ptr: int, amax_args: Tuple[An
     _, vec, max_grid = _STATS_LAUNCH.get((index, x.dtype)) or _stats_launch(x, index)
     kernel = get_kernel("stats.cu", "ted_stats_amax", dtype_options(x))
     n = x.numel()
-    grid = min(max_grid, (max(n // vec, 1) + THREADS - 1) // THREADS)  # the grid of `basic_stats_into`
+    grid = _lone_grid(n, vec, max_grid)  # the grid of `basic_stats_into`
     stream = raw_stream(index)
     partials, tickets = workspace_on(index, stream)
     args = (x.data_ptr(), np.int64(n), partials, tickets + _STATS_TICKET_OFFSET, out_ptr) + amax_args + (nz_ptr,)
