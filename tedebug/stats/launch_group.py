@@ -24,7 +24,9 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 
-#: the most tensors one grouped launch takes (``ted_stats_group``'s arguments)
+#: the most tensors one grouped launch takes (``ted_stats_group``'s arguments; `cupy_stats.GROUP_MAX`, which this
+#: module does not import: the kernel backends load only where a kernel runs; tests/backends/test_stats_group_launch.py
+#: holds the two equal)
 GROUP_MAX = 3
 
 #: (the backend's group launch, the backend's lone launch, tensor, row address)

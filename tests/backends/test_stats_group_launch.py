@@ -72,6 +72,14 @@ def test_one_tensor_is_a_lone_launch(launched):
     assert args == (x.data_ptr(), np.int64(4096), 5000, 9000 + 4 * TICKETS["stats"], 100)
 
 
+def test_the_queue_fills_groups_the_kernel_takes_whole():
+    """`tedebug.stats.launch_group` (which must not import a kernel backend) sends its queue out when it holds as
+    many tensors as one ``ted_stats_group`` launch takes: the two constants are one number."""
+    from tedebug.stats import launch_group
+
+    assert launch_group.GROUP_MAX == cupy_stats.GROUP_MAX == 3
+
+
 def test_bad_groups(launched):
     a, b = torch.zeros(64), torch.zeros(64, dtype=torch.float64)
     with pytest.raises(ValueError, match="1 to 3 tensors"):
