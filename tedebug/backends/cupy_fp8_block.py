@@ -10,7 +10,7 @@ float32 / bfloat16 / float16 inputs.  The overflow statistic does not apply to b
 
 from __future__ import annotations
 
-from typing import Dict, NamedTuple, Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
@@ -18,6 +18,7 @@ import torch
 from tedebug.backends.cupy_runtime import (
     THREADS,
     device_index,
+    PlanCache,
     dtype_options,
     get_kernel,
     pointer,
@@ -46,7 +47,7 @@ class Float8BlockBuffers(NamedTuple):
 
 
 #: a quantizer's amax epsilon -> the np.float32 the kernel takes (a recipe uses one or two values)
-_EPSILON32: Dict[float, np.float32] = {}
+_EPSILON32 = PlanCache(limit=64)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -97,9 +98,8 @@ def fp8_block_quantize_raw(
     eps32 = _EPSILON32.get(epsilon)
     if eps32 is None:
         with np.errstate(over="ignore"):  # an epsilon beyond fp32 becomes +Inf, as torch's fp32 full_like does
-            eps32 = np.float32(epsilon) if epsilon > 0 else np.float32(0.0)  # the reference skips epsilon <= 0
-        if len(_EPSILON32) < 64:
-            _EPSILON32[epsilon] = eps32
+            # (the reference skips an epsilon <= 0, -0.0 included)
+            eps32 = _EPSILON32.put(epsilon, np.float32(epsilon) if epsilon > 0 else np.float32(0.0))
 
     kernel = get_kernel(SOURCE, _KERNEL[block_scaling_dim], dtype_options(x2d, fp8_format))
     args = (
