@@ -7,6 +7,11 @@ or --recipe, no debug), ``fp8-log`` (LogFp8TensorStats underflows%/mse/scale_inv
 activation/weight/gradient),
 ``fp8-both`` (that and LogTensorStats on the same tensors).  Prints the wall time per step and the functions with
 the most own time and cumulative time.
+
+``--issue`` (CUDA) answers "is this setting bound by the host?" instead: each step starts with the GPU idle, and the
+tool prints the median time the host takes to issue a step (the Python returns) next to the synchronised step and
+the GPU's kernel time per step (torch.profiler, over the same number of steps).  When the issue time comes close to
+the kernel time, every µs of host work a feature adds shows in the step (docs/performance.md, section 2).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
+import statistics
 import tempfile
 import time
 
@@ -63,6 +69,11 @@ def main() -> None:
         default="cuda_time_total",
         help="--kernels: the table's order (e.g. self_cpu_time_total for the host side of each op and runtime call)",
     )
+    p.add_argument(
+        "--issue",
+        action="store_true",
+        help="CUDA: the host's time to issue a step from an idle GPU, the synchronised step and the GPU kernel time",
+    )
     a = p.parse_args()
     dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
     if a.device == "cpu":  # one thread, as tools/probe_hot_path.py: idle OpenMP workers spinning on a shared machine
@@ -84,6 +95,9 @@ def main() -> None:
             one()
         if a.device == "cuda":
             torch.cuda.synchronize()
+        if a.issue:
+            issue_report(a, one)
+            return
         if a.kernels:
             from torch.profiler import ProfilerActivity, profile
 
@@ -110,6 +124,30 @@ def main() -> None:
     st = pstats.Stats(prof)
     st.sort_stats("tottime").print_stats(a.top)
     st.sort_stats("cumulative").print_stats(a.top)
+
+
+def issue_report(a, one) -> None:
+    """`--issue`: medians over `a.steps` steps, each started with the GPU idle."""
+    from torch.profiler import ProfilerActivity, profile
+
+    issue, step = [], []
+    for _ in range(a.steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        one()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        issue.append(t1 - t0)
+        step.append(time.perf_counter() - t0)
+    with profile(activities=[ProfilerActivity.CUDA]) as kprof:
+        for _ in range(a.steps):
+            one()
+        torch.cuda.synchronize()
+    gpu = sum(e.self_device_time_total for e in kprof.key_averages()) / a.steps / 1e3  # µs -> ms
+    print(
+        f"{a.setting}: host time to issue a step {statistics.median(issue) * 1e3:.1f} ms, synchronised step "
+        f"{statistics.median(step) * 1e3:.1f} ms, GPU kernel time {gpu:.1f} ms per step (medians of {a.steps})"
+    )
 
 
 if __name__ == "__main__":
