@@ -10,6 +10,7 @@ cancel), with NaN codes and an infinite decode scale; and a call counter pins th
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import numpy as np
@@ -20,12 +21,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import tedebug
 from tedebug import recipe as R
 from tedebug.nn import Linear
-from tedebug.nn import gemm as gemm_module
 from tedebug.nn.gemm import gemm
 from tedebug.quantization import float8 as float8_module
 from tedebug.quantization.float8 import Float8CurrentScalingQuantizer, Float8Quantizer, Float8Tensor
 
 LAYOUTS = ("TN", "NN", "NT", "TT")
+#: the module (the package's attribute `gemm` may be the function of that name)
+gemm_module = importlib.import_module("tedebug.nn.gemm")
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -152,6 +154,20 @@ def test_shapes_left_to_the_general_path():
     b.rowwise_data = b.columnwise_data.t()
     assert b.host_decoded("rowwise") is None
     out = gemm(a, b, layout="TN", out_dtype=torch.float32)
+    assert torch.equal(_bits(out), _bits(_reference(a, b, "TN", torch.float32, None)))
+
+
+def test_a_pair_the_fast_path_declines_is_asked_once(monkeypatch):
+    """Two plain CPU Float8Tensors that `_host_fp8` declines (M of 1) go to the general path after one question:
+    the check for operands unwrapped from debug tensors does not ask again for the same pair."""
+    q = Float8CurrentScalingQuantizer()
+    g = torch.Generator().manual_seed(4)
+    a, b = q.quantize(_adversarial((16, 8), g)), q.quantize(_adversarial((1, 8), g))
+    answers = []
+    original = gemm_module._host_fp8
+    monkeypatch.setattr(gemm_module, "_host_fp8", lambda *args: answers.append(original(*args)) or answers[-1])
+    out = gemm(a, b, layout="TN", out_dtype=torch.float32)
+    assert answers == [None]
     assert torch.equal(_bits(out), _bits(_reference(a, b, "TN", torch.float32, None)))
 
 
