@@ -19,6 +19,7 @@ from tedebug import debug_api
 from tedebug.registry import user_module_name
 
 DEBUG_FEATURE_DIR = Path(__file__).parent / "feature_dirs_debug"
+DEBUG_FEATURE_FILE = DEBUG_FEATURE_DIR / "debug_test_features.py"
 
 
 def _gpu_missing():
@@ -41,9 +42,6 @@ def pytest_collection_modifyitems(config, items):
         skip = pytest.mark.skip(reason=reason)
         for item in gpu_items:
             item.add_marker(skip)
-
-
-DEBUG_FEATURE_FILE = DEBUG_FEATURE_DIR / "debug_test_features.py"
 
 
 def make_debug_config(features, regex=".*"):
