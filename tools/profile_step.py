@@ -75,6 +75,8 @@ def main() -> None:
         help="CUDA: the host's time to issue a step from an idle GPU, the synchronised step and the GPU kernel time",
     )
     a = p.parse_args()
+    if a.issue and a.device != "cuda":
+        p.error("--issue measures a CUDA step against its GPU kernel time: it needs --device cuda")
     dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
     if a.device == "cpu":  # one thread, as tools/probe_hot_path.py: idle OpenMP workers spinning on a shared machine
         torch.set_num_threads(1)  # inflated every figure many times over
