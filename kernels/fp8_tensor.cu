@@ -387,19 +387,18 @@ __device__ __noinline__ unsigned long long ct_count_over(const CtChunk ch, unsig
     return of;
 }
 
-// Thread (tx = tid % 16, ty = tid / 16) of a 256-thread block owns tile rows 4 ty .. 4 ty + 3 and columns
-// 8 tx .. 8 tx + 7.  partial: [gridDim.x][3] = (underflows, sq_err, overflows); out[0..2]: the column sums; out[3..7]:
-// the scale_inv partials, out[8] = M * K (see the end).
-extern "C" __global__ void __launch_bounds__(256)
-ted_fp8_cast_transpose16(const ted_raw_t* __restrict__ x, long long M, long long K,
-                         const float* __restrict__ scale_p, const float* __restrict__ scale_inv_p, float fp8_max,
-                         int do_row, int do_col, unsigned char* __restrict__ row_codes,
-                         unsigned char* __restrict__ col_codes, double* __restrict__ partial,
-                         unsigned int* __restrict__ ticket, double* __restrict__ out) {
+// The cast of `ted_fp8_cast_transpose16` and `ted_fp8_current_cast16` with the decode scale `scale` and its inverse
+// `sinv`.  Thread (tx = tid % 16, ty = tid / 16) of a 256-thread block owns tile rows 4 ty .. 4 ty + 3 and columns
+// 8 tx .. 8 tx + 7 of the tiles blockIdx.x, blockIdx.x + gridDim.x, ...  partial: [gridDim.x][3] = (underflows,
+// sq_err, overflows); out[0..2]: the column sums; out[3..7]: the scale_inv partials, out[8] = M * K (see the end).
+// Returns true in the one block that finished the statistics (the last to arrive at `ticket`, which it reset).
+__device__ __forceinline__ bool ct16_cast(const ted_raw_t* __restrict__ x, long long M, long long K, float scale,
+                                          float sinv, float fp8_max, int do_row, int do_col,
+                                          unsigned char* __restrict__ row_codes, unsigned char* __restrict__ col_codes,
+                                          double* __restrict__ partial, unsigned int* __restrict__ ticket,
+                                          double* __restrict__ out) {
     __shared__ __align__(16) unsigned int tile_t[CT_K * 16];
     __shared__ double scratch[32];
-    const float scale = scale_p[0];
-    const float sinv = scale_inv_p[0];
     const float sinv_abs = ted_abs(sinv);
     const unsigned int thr_bits = __float_as_uint(ted_mul(sinv, fp8_max));
     const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
@@ -487,18 +486,90 @@ ted_fp8_cast_transpose16(const ted_raw_t* __restrict__ x, long long M, long long
         double* p = partial + (long long)blockIdx.x * 3;
         p[0] = t0; p[1] = t1; p[2] = t2;
     }
-    if (ted_last_block(ticket)) {
-        ted_finish_columns(partial, gridDim.x, 3, out, ticket);
-        if (threadIdx.x == 0) {
-            // out[3..7]: the scale_inv partials of the one decode scale s, out[8] the number of elements (torch_ref.scale_inv_partials of a
-            // one-element tensor: count 1, sum s, m2 (s - s/1)^2, smallest non-zero s (+inf if zero), max s), so
-            // that LogFp8TensorStats builds its whole row from this vector (tedebug.backends.fused_stats)
-            const double s = (double)scale_inv_p[0];
-            const double d = s - s;
-            const double inf = __longlong_as_double(0x7FF0000000000000ll);
-            out[3] = 1.0; out[4] = s; out[5] = d * d; out[6] = (s != 0.0) ? s : inf; out[7] = s;
-            out[8] = (double)(M * K);  // numel: the row's count column (exact below 2^53)
+    if (!ted_last_block(ticket)) return false;
+    ted_finish_columns(partial, gridDim.x, 3, out, ticket);
+    if (threadIdx.x == 0) {
+        // out[3..7]: the scale_inv partials of the one decode scale s, out[8] the number of elements
+        // (torch_ref.scale_inv_partials of a one-element tensor: count 1, sum s, m2 (s - s/1)^2, smallest non-zero s
+        // (+inf if zero), max s), so that LogFp8TensorStats builds its whole row from this vector
+        // (tedebug.backends.fused_stats)
+        const double s = (double)sinv;
+        const double d = s - s;
+        const double inf = __longlong_as_double(0x7FF0000000000000ll);
+        out[3] = 1.0; out[4] = s; out[5] = d * d; out[6] = (s != 0.0) ? s : inf; out[7] = s;
+        out[8] = (double)(M * K);  // numel: the row's count column (exact below 2^53)
+    }
+    return true;
+}
+
+// The cast + transpose of a 16-bit [M, K] tensor (M % 64 == 0, K % 128 == 0) with the scale and scale_inv the
+// amax pass wrote (current scaling) or the quantizer holds (delayed scaling).
+extern "C" __global__ void __launch_bounds__(256)
+ted_fp8_cast_transpose16(const ted_raw_t* __restrict__ x, long long M, long long K,
+                         const float* __restrict__ scale_p, const float* __restrict__ scale_inv_p, float fp8_max,
+                         int do_row, int do_col, unsigned char* __restrict__ row_codes,
+                         unsigned char* __restrict__ col_codes, double* __restrict__ partial,
+                         unsigned int* __restrict__ ticket, double* __restrict__ out) {
+    ct16_cast(x, M, K, scale_p[0], scale_inv_p[0], fp8_max, do_row, do_col, row_codes, col_codes, partial, ticket,
+              out);
+}
+
+// Current scaling in one launch: the amax pass and the cast of `ted_fp8_amax_scale` + `ted_fp8_cast_transpose16`,
+// with a grid-wide barrier between them instead of a second launch (a launch costs the host 15-30 us on the lent
+// H200 hosts; a small tensor's quantization is bound by that, not by the GPU).
+// 1. Each block folds max|x| over the words of its own tiles (the words the cast reads: ted_pmax drops NaN, as in
+//    am_run; the maximum does not depend on the order, so the amax is bit for bit the amax pass's) into ws[0]
+//    (atomicMax on the bits of a non-negative float).  Loads keep the lines in L2 for the cast's second read.
+// 2. Barrier: thread 0 of each block takes a ticket at ws[1]; the last one computes amax, scale and scale_inv
+//    (ted_amax_outputs, mode 1: vector[0] = amax, vector[1] = scale, vector[4] = scale_inv, as the amax pass
+//    writes them), resets ws[0] and ws[1], and releases the others through the flag ws[2]; they wait on it.
+//    Every block must be resident at once: the host launches this kernel cooperatively (cuLaunchCooperativeKernel)
+//    with the cast's own grid, and only where the occupancy allows it (cupy_fp8_tensor._fused_launch).
+// 3. The cast (ct16_cast) with the same grid, so the codes and the statistics are those of the two launches; the
+//    block that finishes the statistics has seen every block pass the barrier, and clears the flag.
+// ws[0..2] are 0 between launches (a zeroed workspace, as the other kernels' tickets).
+extern "C" __global__ void __launch_bounds__(256, 4)
+ted_fp8_current_cast16(const ted_raw_t* __restrict__ x, long long M, long long K, unsigned int* __restrict__ ws,
+                       float* __restrict__ vector, float fp8_max, float epsilon, int pow2, int do_row, int do_col,
+                       unsigned char* __restrict__ row_codes, unsigned char* __restrict__ col_codes,
+                       double* __restrict__ partial, unsigned int* __restrict__ ticket, double* __restrict__ out) {
+    __shared__ float warp_max[8];
+    const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+    const long long n_tk = K / CT_K;
+    const long long n_tiles = (M / CT_M) * n_tk;
+    unsigned int pk = 0u;
+    for (long long tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
+        const long long m0 = (tile / n_tk) * CT_M, k0 = (tile % n_tk) * CT_K;
+        const ted_raw_t* src = x + (m0 + 4 * ty) * K + k0 + 8 * tx;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint4 v = __ldcg(reinterpret_cast<const uint4*>(src + i * K));
+            AM_FOLD(v);
         }
     }
+    float am = ted_max(ted_lo(pk), ted_hi(pk));
+    for (int off = 16; off > 0; off >>= 1) am = ted_max(am, __shfl_down_sync(0xFFFFFFFFu, am, off));
+    if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = am;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < 8; ++w) am = ted_max(am, warp_max[w]);
+        atomicMax(ws, __float_as_uint(am));  // non-negative floats order like their bits
+        __threadfence();
+        if (atomicAdd(ws + 1, 1u) == gridDim.x - 1) {
+            const float amax = __uint_as_float(atomicExch(ws, 0u));
+            ted_amax_outputs(amax, vector, 1, fp8_max, epsilon, pow2, vector + 1, vector + 4);
+            ws[1] = 0u;
+            __threadfence();
+            atomicExch(ws + 2, 1u);
+        } else {
+            while (atomicAdd(ws + 2, 0u) == 0u) __nanosleep(64);
+            __threadfence();
+        }
+    }
+    __syncthreads();
+    const float scale = __ldcg(vector + 1), sinv = __ldcg(vector + 4);  // written by another block: through L2
+    if (ct16_cast(x, M, K, scale, sinv, fp8_max, do_row, do_col, row_codes, col_codes, partial, ticket, out) &&
+        threadIdx.x == 0)
+        ws[2] = 0u;
 }
 #endif

@@ -8,6 +8,8 @@ What it owns:
 - `fp8_amax`, `fp8_amax_scale`, `fp8_current_scale`, `fp8_scale_inv`: device scalars without a host sync;
 - the cast + transpose (``ted_fp8_cast_transpose16`` for bf16 / fp16 with M % 64 == 0 and K % 128 == 0, else the
   general ``ted_fp8_cast_transpose``), which also counts underflows and overflows and sums the squared error;
+- current scaling of a bf16 / fp16 tensor of that fast shape in one cooperative launch
+  (``ted_fp8_current_cast16``: the amax pass and the cast with a grid-wide barrier between them; the same bytes);
 - the kernel paths of the per-tensor quantizers (`fp8_current_quantize`, `fp8_delayed_quantize`, `fp8_quantize`),
   which return the raw buffers (`Float8Buffers`; `tedebug.quantization.float8` builds the `Float8Tensor`), and of
   the delayed-scaling update (`fp8_delayed_update`).
@@ -16,7 +18,7 @@ What it owns:
 from __future__ import annotations
 
 import enum
-from typing import Any, NamedTuple, Optional, Tuple
+from typing import Any, Dict, NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
@@ -42,7 +44,15 @@ from tedebug.backends.cupy_runtime import (
 )
 from tedebug.backends.cupy_stats import BASIC_ROW_LEN, basic_stats_and_amax_into
 from tedebug.backends.fused_stats import FP8_STATS, FP8_STATS_WITH_SCALE
-from tedebug.backends.launch import Kernel, launch, launch_on, raw_stream
+from tedebug.backends.launch import (
+    Kernel,
+    cooperative_capacity,
+    launch,
+    launch_cooperative_on,
+    launch_mode,
+    launch_on,
+    raw_stream,
+)
 from tedebug.format_constants import FP8_MAX
 
 CT_BLOCKS_PER_SM = 4  # ted_fp8_cast_transpose16 (48 registers)
@@ -321,6 +331,26 @@ def _launch_cast(
 
 _CAST_TICKET = 4 * TICKETS["cast"]
 _AMAX_TICKET = 4 * TICKETS["amax"]
+_CURRENT_TICKET = 4 * TICKETS["fp8_current"]
+
+#: (device index, dtype, FP8 format) -> (``ted_fp8_current_cast16``, the most blocks resident at once: the largest
+#: grid its grid-wide barrier allows; 0: no cooperative launch there)
+_CURRENT_KERNELS: Dict[Tuple[int, torch.dtype, str], Tuple[Kernel, int]] = {}
+
+
+def _fused_current(plan: _CastPlan, x2d: torch.Tensor, index: int, fp8_format: str) -> Optional[Kernel]:
+    """The one-launch current-scaling kernel for a quantization of `plan` (the 16-bit fast path), or None where
+    its barrier cannot hold: cooperative launches unavailable (the ``cupy`` launch mode, the device) or the cast's
+    grid larger than the blocks that fit on the device at once."""
+    if launch_mode() != "driver":  # (asked at every call, as `launch_on` does: $TEDEBUG_LAUNCH may change)
+        return None
+    key = (index, x2d.dtype, fp8_format)
+    entry = _CURRENT_KERNELS.get(key)
+    if entry is None:
+        kernel = get_kernel("fp8_tensor.cu", "ted_fp8_current_cast16", dtype_options(x2d, fp8_format))
+        entry = _CURRENT_KERNELS[key] = (kernel, cooperative_capacity(kernel, index, THREADS))
+    kernel, capacity = entry
+    return kernel if plan.cast_grid <= capacity else None
 
 
 def _amax_pass(
@@ -423,7 +453,10 @@ def fp8_current_quantize(
 ) -> Float8Buffers:
     """Current scaling of a CUDA [M, K] tensor: amax + scale (one launch), cast + transpose.
 
-    The cast reads the scale and scale_inv the first launch wrote, by address: no tensor op in between.  With
+    The cast reads the scale and scale_inv the first launch wrote, by address: no tensor op in between.  On the
+    16-bit fast shape, where the device allows a cooperative launch of the cast's grid, the two are one launch of
+    ``ted_fp8_current_cast16`` (`_fused_current`: the same codes, scale_inv and statistics; a launch costs the host
+    more than such a tensor's whole quantization costs the GPU).  With
     `high_precision_stats` the first launch is the statistics pass (`amax_launch(..., high_precision_out=)`),
     which writes the same amax, scale and scale_inv and also the input's basic statistics row
     (`Float8Buffers.high_precision_stats`): a tensor logged and quantized is read once for both.
@@ -441,11 +474,54 @@ def fp8_current_quantize(
     vector = small.data_ptr() + _VECTOR_AT  # float32 amax, scale, -, -, scale_inv
     scale_ptr, scale_inv_ptr = vector + 4, vector + 16
     stream = raw_stream(index)
+    fused = _fused_current(plan, x, index, fp8_format) if plan.fast and not high_precision_stats else None
+    if fused is not None:  # amax, scale and cast in one launch (`ted_fp8_current_cast16`)
+        stats = _launch_current(fused, plan, x, index, stream, vector, epsilon, pow2, rowwise, columnwise, outputs)
+        return Float8Buffers(outputs.rowwise, outputs.columnwise, small.view(torch.float32)[_CURRENT_SCALE_INV], stats)
     mode_args = (vector, _CURRENT_SCALE_MODE, plan.fp8_max, np.float32(epsilon), FLAGS[bool(pow2)], scale_ptr)
     high_precision = _amax_pass(plan, x, index, stream, mode_args + (scale_inv_ptr,), small, high_precision_stats)
     stats = _launch_cast(plan, x, index, stream, scale_ptr, scale_inv_ptr, rowwise, columnwise, outputs)
     scale_inv = small.view(torch.float32)[_CURRENT_SCALE_INV]
     return Float8Buffers(outputs.rowwise, outputs.columnwise, scale_inv, stats, high_precision)
+
+
+def _launch_current(
+    kernel: Kernel,
+    plan: _CastPlan,
+    x2d: torch.Tensor,
+    index: int,
+    stream: int,
+    vector: int,
+    epsilon: float,
+    pow2: bool,
+    rowwise: bool,
+    columnwise: bool,
+    outputs: _Outputs,
+) -> torch.Tensor:
+    """The cooperative launch of ``ted_fp8_current_cast16`` with the cast's grid: the same small allocation as the
+    two launches (amax, scale and scale_inv at `vector`, the statistics vector at its start), returned as the
+    float64 view of `plan.stats_len` entries."""
+    row, col, small = outputs
+    partials, tickets = workspace_on(index, stream)
+    args = (
+        x2d.data_ptr(),
+        plan.m,
+        plan.k,
+        tickets + _CURRENT_TICKET,
+        vector,
+        plan.fp8_max,
+        np.float32(epsilon),
+        FLAGS[bool(pow2)],
+        FLAGS[rowwise],
+        FLAGS[columnwise],
+        row.data_ptr() if row is not None else 0,
+        col.data_ptr() if col is not None else 0,
+        partials,
+        tickets + _CAST_TICKET,
+        small.data_ptr(),
+    )
+    launch_cooperative_on(kernel, index, stream, plan.cast_grid, THREADS, args)
+    return small[: plan.stats_len]
 
 
 _CURRENT_SCALE_MODE = np.int32(AmaxMode.CURRENT_SCALE)

@@ -1,7 +1,9 @@
 """Launching a CuPy-compiled kernel on torch's current CUDA stream with little host cost.
 
 What it owns: `Kernel` (one compiled kernel function, its CUDA function handle per device) and `launch(kernel,
-grid, block, args, device)`.
+grid, block, args, device)`; and, for a kernel with a grid-wide barrier, `launch_cooperative_on`
+(``cuLaunchCooperativeKernel``: every block resident at once) with `cooperative_capacity`, the largest grid it takes
+(0 in the ``cupy`` mode or where the device has no cooperative launches: the caller then takes another path).
 
 Two ways to launch, chosen once per process:
 
@@ -68,23 +70,48 @@ def raw_stream(device_index: int) -> int:
 
 # ------------------------------------------------------------------------------------------------ driver path
 @functools.lru_cache(maxsize=None)
-def _driver():
-    """(cuLaunchKernel, cuGetErrorName) from libcuda through ctypes.PyDLL (GIL held), or None if it cannot load."""
+def _libcuda():
+    """libcuda through ctypes.PyDLL (calls hold the GIL), or None if it cannot load."""
     for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
         try:
-            lib = ctypes.PyDLL(name)
+            return ctypes.PyDLL(name)
         except OSError:
             continue
-        launch_fn = lib.cuLaunchKernel
-        launch_fn.argtypes = (
-            [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-        )
-        launch_fn.restype = ctypes.c_int
-        error_name = lib.cuGetErrorName
-        error_name.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
-        error_name.restype = ctypes.c_int
-        return launch_fn, error_name
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def _driver():
+    """(cuLaunchKernel, cuGetErrorName) from libcuda, or None if it cannot load."""
+    lib = _libcuda()
+    if lib is None:
+        return None
+    launch_fn = lib.cuLaunchKernel
+    launch_fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    launch_fn.restype = ctypes.c_int
+    error_name = lib.cuGetErrorName
+    error_name.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+    error_name.restype = ctypes.c_int
+    return launch_fn, error_name
+
+
+@functools.lru_cache(maxsize=None)
+def _cooperative_driver():
+    """(cuLaunchCooperativeKernel, cuOccupancyMaxActiveBlocksPerMultiprocessor, cuDeviceGetAttribute) from libcuda,
+    or None if it cannot load."""
+    lib = _libcuda()
+    if lib is None:
+        return None
+    launch_fn = lib.cuLaunchCooperativeKernel
+    launch_fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p, ctypes.c_void_p]
+    launch_fn.restype = ctypes.c_int
+    occupancy = lib.cuOccupancyMaxActiveBlocksPerMultiprocessor
+    occupancy.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+    occupancy.restype = ctypes.c_int
+    attribute = lib.cuDeviceGetAttribute
+    attribute.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int]
+    attribute.restype = ctypes.c_int
+    return launch_fn, occupancy, attribute
 
 
 _read_env = environ_reader(ENV_VAR)
@@ -267,6 +294,52 @@ def _launch_driver(
         raise KernelLaunchError(
             f"tedebug: cuLaunchKernel({kernel.name!r}, grid={grid}, block={block}, shared_mem={shared_mem}) on "
             f"cuda:{index} failed with {_error_name(code)}"
+        )
+
+
+#: CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH
+_ATTRIBUTE_COOPERATIVE_LAUNCH = 95
+
+
+def cooperative_capacity(kernel: Kernel, index: int, block: int) -> int:
+    """How many blocks of `block` threads of `kernel` (no dynamic shared memory) can be resident on device `index`
+    at once, which is the most a cooperative launch (`launch_cooperative_on`) may ask for; 0 where cooperative
+    launches are unavailable (the ``cupy`` launch mode, no libcuda, a device without them) or the driver says no."""
+    driver = _cooperative_driver() if launch_mode() == "driver" else None
+    if driver is None:
+        return 0
+    _, occupancy, attribute = driver
+    supported = ctypes.c_int(0)
+    if attribute(ctypes.byref(supported), _ATTRIBUTE_COOPERATIVE_LAUNCH, index) != 0 or not supported.value:
+        return 0
+    per_sm = ctypes.c_int(0)
+    function = kernel.handle(index)
+    if _current_device() != index:
+        with torch.cuda.device(index):
+            code = occupancy(ctypes.byref(per_sm), function, block, 0)
+    else:
+        code = occupancy(ctypes.byref(per_sm), function, block, 0)
+    if code != 0:
+        return 0
+    return per_sm.value * torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def launch_cooperative_on(kernel: Kernel, index: int, stream: int, grid: int, block: int, args: Sequence[Any]) -> None:
+    """`launch_on` through ``cuLaunchCooperativeKernel``: every block of the grid is resident at the same time (a
+    kernel with a grid-wide barrier needs that).  `grid` must not exceed `cooperative_capacity`; only where that is
+    above 0."""
+    launch_fn = _cooperative_driver()[0]  # type: ignore[index]  # (`cooperative_capacity` checked it loads)
+    function = kernel.handle(index)
+    params = _arg_block(args, kernel.name).params
+    if _current_device() != index:
+        with torch.cuda.device(index):
+            code = launch_fn(function, grid, 1, 1, block, 1, 1, 0, stream, params)
+    else:
+        code = launch_fn(function, grid, 1, 1, block, 1, 1, 0, stream, params)
+    if code != 0:
+        raise KernelLaunchError(
+            f"tedebug: cuLaunchCooperativeKernel({kernel.name!r}, grid={grid}, block={block}) on cuda:{index} "
+            f"failed with {_error_name(code)}"
         )
 
 

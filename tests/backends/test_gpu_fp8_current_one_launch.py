@@ -1,0 +1,155 @@
+"""Current scaling in one launch (``ted_fp8_current_cast16``: the amax pass and the cast with a grid-wide barrier
+between them): on the 16-bit fast shape its codes, amax, scale, scale_inv and statistics vector are bit for bit
+those of the two launches (``ted_fp8_amax_scale`` then ``ted_fp8_cast_transpose16``), launch after launch on one
+stream (the barrier's flag and tickets are left at 0); and it is the path a quantization takes there: one launch,
+and none on the other shapes or with the statistics pass.  Every test needs CUDA and CuPy."""
+
+import pytest
+import torch
+
+from tedebug.backends import cupy_fp8_tensor, launch
+from tedebug.quantization.float8 import Float8CurrentScalingQuantizer
+
+from support.kernel_inputs import special_values
+
+pytestmark = pytest.mark.gpu
+
+DEV = torch.device("cuda")
+#: one tile (grid 1), a few, more tiles than one wave of blocks (grid-stride), and a tall and a wide one
+SHAPES = [(64, 128), (128, 256), (192, 384), (4096, 2048), (8192, 128), (64, 8192)]
+
+
+def inputs(shape, dtype, seed):
+    """A normal tensor, one with special values (NaN, infinities, signed zeros, subnormals, FP8 maxima) spread in,
+    one of zeros only (amax 0: scale 1) and one of NaN only."""
+    g = torch.Generator().manual_seed(seed)
+    normal = (torch.randn(shape, generator=g) * 3).to(dtype)
+    special = normal.clone().reshape(-1)
+    values = special_values(dtype)
+    where = torch.randint(0, special.numel(), (min(special.numel(), 40),), generator=g)
+    special[where] = values[torch.randint(0, values.numel(), where.shape, generator=g)]
+    zeros = torch.zeros(shape, dtype=dtype)
+    nan = torch.full(shape, float("nan"), dtype=dtype)
+    return [t.reshape(shape).to(DEV) for t in (normal, special, zeros, nan)]
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().cpu().reshape(-1).contiguous().view(torch.uint8)
+
+
+def quantize_both_ways(monkeypatch, x, fmt, epsilon, pow2, rowwise=True, columnwise=True):
+    """(one launch, two launches) of `fp8_current_quantize`, with the small allocations as bytes."""
+    one = cupy_fp8_tensor.fp8_current_quantize(x, fmt, epsilon, pow2, rowwise, columnwise)
+    with monkeypatch.context() as m:
+        m.setattr(cupy_fp8_tensor, "_fused_current", lambda *args: None)
+        two = cupy_fp8_tensor.fp8_current_quantize(x, fmt, epsilon, pow2, rowwise, columnwise)
+    return one, two
+
+
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("fmt, pow2, epsilon", [("E4M3", False, 0.0), ("E5M2", True, 0.0), ("E4M3", False, 1e-3)])
+def test_one_launch_gives_the_bytes_of_the_two_launches(monkeypatch, dtype, shape, fmt, pow2, epsilon):
+    plan = cupy_fp8_tensor._cast_plan(torch.empty(shape, dtype=dtype, device=DEV), DEV.index or 0, fmt)
+    assert plan.fast
+    assert cupy_fp8_tensor._fused_current(plan, torch.empty(shape, dtype=dtype, device=DEV), 0, fmt) is not None
+    for x in inputs(shape, dtype, sum(shape)):
+        one, two = quantize_both_ways(monkeypatch, x, fmt, epsilon, pow2)
+        assert one.high_precision_stats is None and two.high_precision_stats is None
+        assert torch.equal(bits(one.rowwise_data), bits(two.rowwise_data))
+        assert torch.equal(bits(one.columnwise_data), bits(two.columnwise_data))
+        assert torch.equal(bits(one.scale_inv), bits(two.scale_inv))
+        assert torch.equal(bits(one.stats), bits(two.stats))  # underflows, squared error, overflows, scale partials
+        # amax and scale too: the float32 slots (amax, scale, -, -, scale_inv) of the small allocation
+        at = cupy_fp8_tensor._VECTOR_AT // 4
+        small_one, small_two = one.scale_inv._base, two.scale_inv._base  # (scale_inv: a view of the allocation)
+        slots = [0, 1, 4]
+        assert torch.equal(
+            bits(small_one.view(torch.float32)[at : at + 5][slots]),
+            bits(small_two.view(torch.float32)[at : at + 5][slots]),
+        )
+
+
+@pytest.mark.parametrize("rowwise, columnwise", [(True, False), (False, True)])
+def test_one_direction(monkeypatch, rowwise, columnwise):
+    x = inputs((128, 256), torch.bfloat16, 7)[1]
+    one, two = quantize_both_ways(monkeypatch, x, "E4M3", 0.0, False, rowwise, columnwise)
+    assert (one.rowwise_data is None) is not rowwise and (one.columnwise_data is None) is not columnwise
+    for a, b in ((one.rowwise_data, two.rowwise_data), (one.columnwise_data, two.columnwise_data)):
+        assert (a is None and b is None) or torch.equal(bits(a), bits(b))
+    assert torch.equal(bits(one.stats), bits(two.stats)) and torch.equal(bits(one.scale_inv), bits(two.scale_inv))
+
+
+def test_launch_after_launch_on_one_stream():
+    """Each launch leaves the barrier's slots at 0: many quantizations of different tensors queued back to back
+    (no host wait between them) each give their own tensor's bytes, as a fresh one-at-a-time launch does."""
+    xs = [inputs((256, 512), torch.bfloat16, seed)[0] * (seed + 1) for seed in range(24)]
+    queued = [cupy_fp8_tensor.fp8_current_quantize(x, "E4M3", 0.0, False, True, True) for x in xs]
+    for x, q in zip(xs, queued):
+        torch.cuda.synchronize()
+        alone = cupy_fp8_tensor.fp8_current_quantize(x, "E4M3", 0.0, False, True, True)
+        torch.cuda.synchronize()
+        assert torch.equal(bits(q.rowwise_data), bits(alone.rowwise_data))
+        assert torch.equal(bits(q.scale_inv), bits(alone.scale_inv)) and torch.equal(bits(q.stats), bits(alone.stats))
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """The kernel names launched, in order (through either launch function)."""
+    names = []
+    plain, cooperative = cupy_fp8_tensor.launch_on, cupy_fp8_tensor.launch_cooperative_on
+
+    def count_plain(kernel, *args, **kwargs):
+        names.append(kernel.name)
+        return plain(kernel, *args, **kwargs)
+
+    def count_cooperative(kernel, *args, **kwargs):
+        names.append(kernel.name)
+        return cooperative(kernel, *args, **kwargs)
+
+    monkeypatch.setattr(cupy_fp8_tensor, "launch_on", count_plain)
+    monkeypatch.setattr(cupy_fp8_tensor, "launch_cooperative_on", count_cooperative)
+    return names
+
+
+def test_the_quantizer_takes_one_launch_on_the_fast_shape(launches):
+    q = Float8CurrentScalingQuantizer("E4M3")
+    x = torch.randn(128, 256, device=DEV, dtype=torch.bfloat16)
+    q(x)
+    assert launches == ["ted_fp8_current_cast16"]
+    launches.clear()
+    q(torch.randn(96, 256, device=DEV, dtype=torch.bfloat16))  # M % 64 != 0: the general cast, two launches
+    assert launches[0] == "ted_fp8_amax_scale" and "ted_fp8_current_cast16" not in launches
+    launches.clear()
+    cupy_fp8_tensor.fp8_current_quantize(x, "E4M3", 0.0, False, True, True, high_precision_stats=True)
+    assert launches == ["ted_fp8_cast_transpose16"]  # (the statistics pass is launched by cupy_stats)
+
+
+def test_two_launches_where_the_grid_does_not_fit(monkeypatch, launches):
+    """A device that cannot hold the cast's grid at once (or no cooperative launch at all): the two launches."""
+    monkeypatch.setattr(cupy_fp8_tensor, "_CURRENT_KERNELS", {})
+    monkeypatch.setattr(cupy_fp8_tensor, "cooperative_capacity", lambda kernel, index, block: 0)
+    x = torch.randn(128, 256, device=DEV, dtype=torch.bfloat16)
+    cupy_fp8_tensor.fp8_current_quantize(x, "E4M3", 0.0, False, True, True)
+    assert launches == ["ted_fp8_amax_scale", "ted_fp8_cast_transpose16"]
+
+
+def test_cooperative_capacity_is_the_occupancy():
+    x = torch.empty(128, 256, device=DEV, dtype=torch.bfloat16)
+    plan = cupy_fp8_tensor._cast_plan(x, 0, "E4M3")
+    assert cupy_fp8_tensor._fused_current(plan, x, 0, "E4M3") is not None
+    kernel, capacity = cupy_fp8_tensor._CURRENT_KERNELS[(0, torch.bfloat16, "E4M3")]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert capacity >= cupy_fp8_tensor.CT_BLOCKS_PER_SM * sms  # __launch_bounds__(256, 4): the cast's whole grid
+    assert launch.cooperative_capacity(kernel, 0, 256) == capacity
+
+
+def test_two_launches_in_the_cupy_launch_mode(monkeypatch, launches):
+    """``TEDEBUG_LAUNCH=cupy`` (no cooperative launch through CuPy here): the two launches, the same bytes."""
+    x = inputs((128, 256), torch.bfloat16, 3)[1]
+    one = cupy_fp8_tensor.fp8_current_quantize(x, "E4M3", 0.0, False, True, True)
+    launches.clear()
+    monkeypatch.setenv(launch.ENV_VAR, "cupy")
+    two = cupy_fp8_tensor.fp8_current_quantize(x, "E4M3", 0.0, False, True, True)
+    assert launches == ["ted_fp8_amax_scale", "ted_fp8_cast_transpose16"]
+    assert torch.equal(bits(one.rowwise_data), bits(two.rowwise_data)) and torch.equal(bits(one.stats), bits(two.stats))
