@@ -7,6 +7,8 @@
 // the last block writes amax and, for current scaling, scale and scale_inv) and `ted_fp8_cast_transpose16` (bf16 /
 // fp16, M % 64 == 0, K % 128 == 0: 64 x 128 tiles, 16-byte loads, 8-byte row stores, 4x4 byte transposes in
 // registers, chunk-swizzled shared memory, 16-byte transposed stores, the stats finished by the last block).
+// `ted_fp8_current_cast16` is the two in one cooperative launch (a grid-wide barrier between the amax and the
+// cast; the same bytes), which current scaling takes where the device holds the cast's grid at once.
 // `ted_fp8_cast_transpose` (general) handles every other shape and fp32 inputs.  `ted_fp8_amax` is the earlier
 // amax kernel (no longer launched); `ted_fp8_current_scale` is still used for empty tensors.
 #include "common.cuh"
