@@ -10,7 +10,7 @@ import torch
 from tedebug.backends import cupy_fp8_tensor, launch
 from tedebug.quantization.float8 import Float8CurrentScalingQuantizer
 
-from support.kernel_inputs import special_values
+from support.kernel_inputs import normal_and_special
 
 pytestmark = pytest.mark.gpu
 
@@ -22,12 +22,7 @@ SHAPES = [(64, 128), (128, 256), (192, 384), (4096, 2048), (8192, 128), (64, 819
 def inputs(shape, dtype, seed):
     """A normal tensor, one with special values (NaN, infinities, signed zeros, subnormals, FP8 maxima) spread in,
     one of zeros only (amax 0: scale 1) and one of NaN only."""
-    g = torch.Generator().manual_seed(seed)
-    normal = (torch.randn(shape, generator=g) * 3).to(dtype)
-    special = normal.clone().reshape(-1)
-    values = special_values(dtype)
-    where = torch.randint(0, special.numel(), (min(special.numel(), 40),), generator=g)
-    special[where] = values[torch.randint(0, values.numel(), where.shape, generator=g)]
+    normal, special = normal_and_special(shape, dtype, torch.Generator().manual_seed(seed))
     zeros = torch.zeros(shape, dtype=dtype)
     nan = torch.full(shape, float("nan"), dtype=dtype)
     return [t.reshape(shape).to(DEV) for t in (normal, special, zeros, nan)]

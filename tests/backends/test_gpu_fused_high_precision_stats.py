@@ -14,7 +14,7 @@ from tedebug.plan import InspectCall
 from tedebug.quantization.float8 import Float8CurrentScalingQuantizer
 
 from support.features import RecordingSink, debug_session, section
-from support.kernel_inputs import special_values
+from support.kernel_inputs import normal_and_special
 
 pytestmark = pytest.mark.gpu
 
@@ -27,12 +27,7 @@ SHAPES = [(64, 128), (256, 384), (70, 130), (1, 9), (4096, 1025)]
 def inputs(shape, dtype, seed):
     """A normal tensor, one with the special values (NaN, infinities, signed zeros, subnormals, FP8 maxima) spread
     in, one of zeros and subnormals only (amax below the normal range), and one of NaN only (amax 0)."""
-    g = torch.Generator().manual_seed(seed)
-    normal = (torch.randn(shape, generator=g) * 3).to(dtype)
-    special = normal.clone().reshape(-1)
-    values = special_values(dtype)
-    where = torch.randint(0, special.numel(), (min(special.numel(), 40),), generator=g)
-    special[where] = values[torch.randint(0, values.numel(), where.shape, generator=g)]
+    normal, special = normal_and_special(shape, dtype, torch.Generator().manual_seed(seed))
     tiny = torch.zeros(shape, dtype=dtype).reshape(-1)
     tiny[::3] = torch.finfo(dtype).tiny / 4
     tiny[1::5] = -torch.finfo(dtype).tiny / 2

@@ -41,6 +41,17 @@ def special_values(dtype: torch.dtype) -> torch.Tensor:
     return torch.tensor(vals, dtype=torch.float32).to(dtype)
 
 
+def normal_and_special(shape, dtype: torch.dtype, generator: torch.Generator):
+    """(a normal tensor of `shape` scaled by 3, the same with up to 40 `special_values` spread in at random
+    places), in `dtype` on the CPU."""
+    normal = (torch.randn(shape, generator=generator) * 3).to(dtype)
+    special = normal.clone().reshape(-1)
+    values = special_values(dtype)
+    where = torch.randint(0, special.numel(), (min(special.numel(), 40),), generator=generator)
+    special[where] = values[torch.randint(0, values.numel(), where.shape, generator=generator)]
+    return normal, special.reshape(shape)
+
+
 def backend_pair(make_quantizer, x: torch.Tensor):
     """(the kernels' quantization of `x`, the torch path's), each by a fresh quantizer from `make_quantizer()`."""
     with dispatch.use_backend("cupy"):
