@@ -333,6 +333,9 @@ _CAST_TICKET = 4 * TICKETS["cast"]
 _AMAX_TICKET = 4 * TICKETS["amax"]
 _CURRENT_TICKET = 4 * TICKETS["fp8_current"]
 
+#: whether torch's current stream is capturing a CUDA graph (the private call skips the public one's checks)
+_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing
+
 #: (device index, dtype, FP8 format) -> (``ted_fp8_current_cast16``, the most blocks resident at once: the largest
 #: grid its grid-wide barrier allows; 0: no cooperative launch there)
 _CURRENT_KERNELS: Dict[Tuple[int, torch.dtype, str], Tuple[Kernel, int]] = {}
@@ -340,9 +343,12 @@ _CURRENT_KERNELS: Dict[Tuple[int, torch.dtype, str], Tuple[Kernel, int]] = {}
 
 def _fused_current(plan: _CastPlan, x2d: torch.Tensor, index: int, fp8_format: str) -> Optional[Kernel]:
     """The one-launch current-scaling kernel for a quantization of `plan` (the 16-bit fast path), or None where
-    its barrier cannot hold: cooperative launches unavailable (the ``cupy`` launch mode, the device) or the cast's
-    grid larger than the blocks that fit on the device at once."""
+    its barrier cannot hold or the launch could fail: cooperative launches unavailable (the ``cupy`` launch mode,
+    the device), the cast's grid larger than the blocks that fit on the device at once, or a CUDA graph being
+    captured on the current stream."""
     if launch_mode() != "driver":  # (asked at every call, as `launch_on` does: $TEDEBUG_LAUNCH may change)
+        return None
+    if _capturing():  # a CUDA graph being captured: cooperative launches are not capturable on every CUDA version
         return None
     key = (index, x2d.dtype, fp8_format)
     entry = _CURRENT_KERNELS.get(key)

@@ -6,6 +6,8 @@ test_gpu_kernels.py, test_gpu_nvfp4.py, test_gpu_emulated_gemm.py).
 - per-tensor FP8 (`cupy_fp8_tensor._cast_plan`), NVFP4 (`cupy_nvfp4._quantize_plan`) and the dequantization of
   the emulated GEMMs' operands (`cupy_dequant._plan`) look their kernels up once per shape, choose the kernel the
   shape calls for, and size the grid within one block per work item and the per-SM bound of their kernel;
+- the one-launch current scaling (`cupy_fp8_tensor._fused_current`) is chosen only in the driver launch mode,
+  outside a CUDA graph capture and where the device holds the cast's grid at once;
 - the flat paths of per-tensor FP8 (`fp8_current_quantize`, `fp8_delayed_quantize`) build the amax pass's
   arguments themselves: they are exactly those of the general `amax_launch` for the same outputs.
 """
@@ -80,6 +82,42 @@ def test_fp8_cast_plan(asked, shape, dtype, fast):
     assert cupy_fp8_tensor._cast_plan(x, 0, "E5M2") is plan and len(asked) == 2  # planned once
     cupy_fp8_tensor._cast_plan(x, 0, "E4M3")  # another format: another plan
     assert len(asked) == 4
+
+
+def test_one_launch_current_scaling_only_where_its_barrier_holds(asked, monkeypatch):
+    """`_fused_current` picks ``ted_fp8_current_cast16`` for a fast-shape plan only in the driver launch mode,
+    outside a CUDA graph capture, and where the device holds the cast's grid at once (its capacity is asked once
+    per device, dtype and format)."""
+    mode, capturing, capacities = ["driver"], [False], []
+
+    def capacity(kernel, index, block):
+        capacities.append((kernel[1], index, block))
+        return 4 * SMS
+
+    monkeypatch.setattr(cupy_fp8_tensor, "launch_mode", lambda: mode[0])
+    monkeypatch.setattr(cupy_fp8_tensor, "_capturing", lambda: capturing[0])
+    monkeypatch.setattr(cupy_fp8_tensor, "cooperative_capacity", capacity)
+    monkeypatch.setattr(cupy_fp8_tensor, "_CURRENT_KERNELS", {})
+    x = torch.empty((64 * 4 * SMS, 128), dtype=torch.bfloat16)  # 4 x SMS tiles: a grid of 4 x SMS blocks
+    plan = cupy_fp8_tensor._cast_plan(x, 0, "E4M3")
+    asked.clear()
+    assert cupy_fp8_tensor._fused_current(plan, x, 0, "E4M3") == ("kernel", "ted_fp8_current_cast16", asked[0][2])
+    assert capacities == [("ted_fp8_current_cast16", 0, THREADS)]
+    assert cupy_fp8_tensor._fused_current(plan, x, 0, "E4M3") is not None and len(capacities) == len(asked) == 1
+    bigger = torch.empty((64 * 4 * SMS + 64, 128), dtype=torch.bfloat16)  # one tile more, and a grid of as many
+    bigger_plan = cupy_fp8_tensor._cast_plan(bigger, 0, "E4M3")
+    assert bigger_plan.cast_grid == 4 * SMS  # (the cast's grid stays within 4 blocks per SM: it still fits)
+    assert cupy_fp8_tensor._fused_current(bigger_plan, bigger, 0, "E4M3") is not None
+    monkeypatch.setattr(cupy_fp8_tensor, "_CURRENT_KERNELS", {})
+    monkeypatch.setattr(cupy_fp8_tensor, "cooperative_capacity", lambda kernel, index, block: 4 * SMS - 1)
+    assert cupy_fp8_tensor._fused_current(plan, x, 0, "E4M3") is None  # one block more than fits
+    capturing[0] = True
+    monkeypatch.setattr(cupy_fp8_tensor, "cooperative_capacity", capacity)
+    monkeypatch.setattr(cupy_fp8_tensor, "_CURRENT_KERNELS", {})
+    assert cupy_fp8_tensor._fused_current(plan, x, 0, "E4M3") is None
+    capturing[0], mode[0] = False, "cupy"
+    assert cupy_fp8_tensor._fused_current(plan, x, 0, "E4M3") is None
+    assert len(capacities) == 1  # neither of the last two asked
 
 
 @pytest.mark.parametrize("two_d, sr", [(False, False), (True, False), (False, True)])
