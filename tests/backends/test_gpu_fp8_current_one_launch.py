@@ -148,3 +148,15 @@ def test_two_launches_in_the_cupy_launch_mode(monkeypatch, launches):
     two = cupy_fp8_tensor.fp8_current_quantize(x, "E4M3", 0.0, False, True, True)
     assert launches == ["ted_fp8_amax_scale", "ted_fp8_cast_transpose16"]
     assert torch.equal(bits(one.rowwise_data), bits(two.rowwise_data)) and torch.equal(bits(one.stats), bits(two.stats))
+
+
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
+def test_no_local_memory(dtype):
+    """The one-launch kernel keeps its arrays in registers (a kernel with local memory makes its launches block in
+    a training loop: docs/internals.md), within the 64 registers its 4 resident blocks per SM allow."""
+    from tedebug.backends.cupy_runtime import dtype_options, get_kernel
+
+    x = torch.zeros(64, 128, dtype=dtype, device=DEV)
+    for fmt in ("E4M3", "E5M2"):
+        raw = get_kernel("fp8_tensor.cu", "ted_fp8_current_cast16", dtype_options(x, fmt)).raw(0)
+        assert raw.local_size_bytes == 0 and raw.num_regs <= 64, (fmt, raw.local_size_bytes, raw.num_regs)
