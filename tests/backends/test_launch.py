@@ -73,6 +73,69 @@ def test_launch_mode_from_the_environment(monkeypatch):
     assert launch.launch_mode() == "cupy"
 
 
+class _FakeLibcuda:
+    """Stand-ins for the libcuda entry points the launchers take (ctypes functions with settable argtypes), on a
+    device with `per_sm` resident blocks per SM, cooperative launches `supported` or not, and a driver answer
+    `code` for the occupancy query."""
+
+    def __init__(self, per_sm, supported=1, code=0):
+        self.asked = []
+
+        def occupancy(out, function, block, shared):
+            self.asked.append((function, block, shared))
+            out._obj.value = per_sm
+            return code
+
+        def attribute(out, attribute, device):
+            assert attribute == 95  # CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH
+            out._obj.value = supported
+            return 0
+
+        for name, fn in (
+            ("cuLaunchKernel", lambda *a: 0),
+            ("cuGetErrorName", lambda *a: 0),
+            ("cuLaunchCooperativeKernel", lambda *a: 0),
+            ("cuOccupancyMaxActiveBlocksPerMultiprocessor", occupancy),
+            ("cuDeviceGetAttribute", attribute),
+        ):
+            setattr(self, name, _Settable(fn))
+
+
+class _Settable:
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+
+@pytest.mark.parametrize(
+    "per_sm, supported, code, expected", [(4, 1, 0, 4 * 7), (3, 1, 0, 3 * 7), (4, 0, 0, 0), (4, 1, 2, 0)]
+)
+def test_cooperative_capacity_is_occupancy_times_sms(monkeypatch, per_sm, supported, code, expected):
+    """`cooperative_capacity`: the resident blocks per SM the driver reports times the SMs; 0 where the device has no
+    cooperative launches or the query fails; and 0 in the cupy launch mode, without asking."""
+    fake = _FakeLibcuda(per_sm, supported, code)
+    monkeypatch.setattr(launch, "_libcuda", lambda: fake)
+    for cached in (launch._driver, launch._cooperative_driver):
+        monkeypatch.setattr(launch, cached.__name__, cached.__wrapped__)  # (no lru_cache: the fake each time)
+    monkeypatch.setattr(launch, "_current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: type("P", (), {"multi_processor_count": 7}))
+
+    class Kernel:
+        name = "k"
+
+        def handle(self, index):
+            return 1234
+
+    monkeypatch.setenv(launch.ENV_VAR, "driver")
+    assert launch.cooperative_capacity(Kernel(), 0, 256) == expected
+    assert fake.asked == ([(1234, 256, 0)] if supported else [])
+    monkeypatch.setenv(launch.ENV_VAR, "cupy")
+    fake.asked.clear()
+    assert launch.cooperative_capacity(Kernel(), 0, 256) == 0 and fake.asked == []
+
+
 def test_stream_handle_speaks_the_cuda_stream_protocol():
     assert launch._StreamHandle(1234).__cuda_stream__() == (0, 1234)
 
