@@ -238,6 +238,29 @@ def debug_section(name: str, **features: dict) -> dict:
     }
 
 
+#: the six tensors of a GEMM call, and the three a quantization reads
+ALL_TENSORS = ["activation", "weight", "gradient", "output", "wgrad", "dgrad"]
+INPUT_TENSORS = ["activation", "weight", "gradient"]
+#: the logging settings of the end-to-end benchmark and its tools (`logging_config`), and the tensors each logs per
+#: linear layer and step
+LOGGED_PER_LAYER = {"hp-log": len(ALL_TENSORS), "fp8-log": len(INPUT_TENSORS), "fp8-both": len(INPUT_TENSORS)}
+
+
+def logging_config(setting: str) -> dict:
+    """The debug config of a logging setting, at freq 1 on every layer: ``hp-log`` LogTensorStats (`LOG_STATS`) on
+    the six tensors; ``fp8-log`` LogFp8TensorStats (`FP8_LOG_STATS`) on activation, weight and gradient;
+    ``fp8-both`` both features on those three (the FP8 settings are measured under FP8 current scaling)."""
+    fp8_params = {"stats": FP8_LOG_STATS, "tensors": INPUT_TENSORS, "freq": 1}
+    if setting == "hp-log":
+        return debug_section(setting, LogTensorStats={"stats": LOG_STATS, "tensors": ALL_TENSORS, "freq": 1})
+    if setting == "fp8-log":
+        return debug_section(setting, LogFp8TensorStats=fp8_params)
+    if setting == "fp8-both":
+        hp_params = {"stats": LOG_STATS, "tensors": INPUT_TENSORS, "freq": 1}
+        return debug_section(setting, LogTensorStats=hp_params, LogFp8TensorStats=fp8_params)
+    raise ValueError(f"unknown logging setting {setting!r}; expected one of {sorted(LOGGED_PER_LAYER)}")
+
+
 def train_step(model: torch.nn.Module, x: torch.Tensor, optimizer, recipe) -> None:
     """One training step of the benchmarks: forward under ``tedebug.autocast(recipe=...)`` (off for None),
     backward outside it (as in TransformerEngine), the optimizer step, and ``debug_api.step()`` in a debug session."""
@@ -330,29 +353,27 @@ def bench_end_to_end(
             finally:
                 debug_api.end_debug()
 
-    tensors = ["activation", "weight", "gradient", "output", "wgrad", "dgrad"]
-    inputs = ["activation", "weight", "gradient"]
     gemms = 4 * layers
-    idle = debug_section("idle", LogTensorStats={"stats": LOG_STATS, "tensors": tensors, "start_step": 10**9})
-    full = debug_section("all", LogTensorStats={"stats": LOG_STATS, "tensors": tensors, "freq": 1})
+    idle = debug_section("idle", LogTensorStats={"stats": LOG_STATS, "tensors": ALL_TENSORS, "start_step": 10**9})
     # (label, config, recipe or None, index of the baseline row, tensors fed per step)
     settings = [
         ("no debug_api (baseline)", None, None, 0, 0),
         ("initialised, nothing active", idle, None, 0, 0),
-        (f"LogTensorStats, 6 tensors x {gemms} GEMMs, freq 1", full, None, 0, 6 * gemms),
+        (f"LogTensorStats, 6 tensors x {gemms} GEMMs, freq 1", logging_config("hp-log"), None, 0, 6 * gemms),
     ]
     if fp8:
-        fp8_params = {"stats": FP8_LOG_STATS, "tensors": inputs, "freq": 1}
-        fp8_only = debug_section("fp8", LogFp8TensorStats=fp8_params)
-        both = debug_section(
-            "both", LogTensorStats={"stats": LOG_STATS, "tensors": inputs, "freq": 1}, LogFp8TensorStats=fp8_params
-        )
         recipe = Float8CurrentScaling()
         base = len(settings)
         settings += [
             ("FP8 current scaling, no debug_api (FP8 baseline)", None, recipe, base, 0),
-            (f"FP8 + LogFp8TensorStats, 3 tensors x {gemms} GEMMs", fp8_only, recipe, base, 3 * gemms),
-            (f"FP8 + LogTensorStats + LogFp8TensorStats, 3 x {gemms}", both, recipe, base, 3 * gemms),
+            (f"FP8 + LogFp8TensorStats, 3 tensors x {gemms} GEMMs", logging_config("fp8-log"), recipe, base, 3 * gemms),
+            (
+                f"FP8 + LogTensorStats + LogFp8TensorStats, 3 x {gemms}",
+                logging_config("fp8-both"),
+                recipe,
+                base,
+                3 * gemms,
+            ),
         ]
     samples: Dict[str, List[float]] = {label: [] for label, *_ in settings}
     for _ in range(max(1, rounds)):

@@ -30,21 +30,8 @@ from tedebug import recipe as recipe_module
 
 
 def config(setting: str):
-    inputs = ["activation", "weight", "gradient"]
-    if setting == "hp-log":
-        return bench.debug_section(
-            "s", LogTensorStats={"stats": bench.LOG_STATS, "freq": 1, "tensors": inputs + ["output", "wgrad", "dgrad"]}
-        )
-    fp8_params = {"stats": bench.FP8_LOG_STATS, "tensors": inputs, "freq": 1}
-    if setting == "fp8-log":
-        return bench.debug_section("s", LogFp8TensorStats=fp8_params)
-    if setting == "fp8-both":
-        return bench.debug_section(
-            "s",
-            LogFp8TensorStats=fp8_params,
-            LogTensorStats={"stats": bench.LOG_STATS, "tensors": inputs, "freq": 1},
-        )
-    return None
+    """The setting's debug config (`bench.logging_config`), None for the settings without debug_api."""
+    return bench.logging_config(setting) if setting in bench.LOGGED_PER_LAYER else None
 
 
 def main() -> None:

@@ -2,9 +2,10 @@
 
     python tools/split_logging_cost.py --setting hp-log [--device cuda] [--hidden 256 --heads 2 --batch 1 --seq 128]
 
-Settings (those of `tools/profile_step.py`): ``hp-log`` is LogTensorStats (8 statistics, the 6 tensors of every
-GEMM, freq 1) on the bf16 model; ``fp8-log`` is LogFp8TensorStats (underflows%, mse, scale_inv_min/max on
-activation, weight and gradient, freq 1) on the model under FP8 current scaling.  The model is `tedebug.bench`'s
+Settings (`tedebug.bench.logging_config`, as in `tedebug bench --e2e` and `tools/profile_step.py`): ``hp-log`` is
+LogTensorStats (8 statistics, the 6 tensors of every GEMM, freq 1) on the bf16 model; ``fp8-log`` is
+LogFp8TensorStats (underflows%, mse, scale_inv_min/max on activation, weight and gradient, freq 1) on the model
+under FP8 current scaling.  The model is `tedebug.bench`'s
 12-block stack.  The variants, each run as whole training steps in interleaved rounds (CUDA: back-to-back steps
 timed by the wall clock between two synchronisations; CPU: one torch thread, process time):
 
@@ -43,7 +44,7 @@ from tedebug.features import log_fp8_tensor_stats, log_tensor_stats
 from tedebug.stats.engine import StatsEngine
 
 VARIANTS = ("no debug", "whole feature", "feature's feed a no-op", "engine's feed a no-op", "emission a no-op")
-LOGGED_PER_STEP = {"hp-log": 6 * 4 * 12, "fp8-log": 3 * 4 * 12}  # logged tensors per step of the 12-block model
+LAYERS = 12  # blocks of the model, 4 linear layers each
 
 
 def _no_op(*args, **kwargs) -> None:
@@ -79,19 +80,11 @@ def main() -> None:
         torch.set_num_threads(1)
     warnings.simplefilter("ignore")
     torch.manual_seed(0)
-    model = torch.nn.Sequential(*[bench._Block(a.hidden, a.heads, i) for i in range(12)]).to(a.device, dtype)
+    model = torch.nn.Sequential(*[bench._Block(a.hidden, a.heads, i) for i in range(LAYERS)]).to(a.device, dtype)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     x = torch.randn(a.batch, a.seq, a.hidden, device=a.device, dtype=dtype)
-    inputs = ["activation", "weight", "gradient"]
-    if a.setting == "hp-log":
-        tensors = inputs + ["output", "wgrad", "dgrad"]
-        config = bench.debug_section("s", LogTensorStats={"stats": bench.LOG_STATS, "freq": 1, "tensors": tensors})
-        recipe = None
-    else:
-        config = bench.debug_section(
-            "s", LogFp8TensorStats={"stats": bench.FP8_LOG_STATS, "tensors": inputs, "freq": 1}
-        )
-        recipe = recipe_module.Float8CurrentScaling()
+    config = bench.logging_config(a.setting)
+    recipe = recipe_module.Float8CurrentScaling() if a.setting == "fp8-log" else None
     patches = _patches(a.setting)
     originals = {pair: pair[0].__dict__[pair[1]] for pairs in patches.values() for pair in pairs}
     clock: Callable[[], float] = time.perf_counter if on_gpu else time.process_time
@@ -126,7 +119,7 @@ def main() -> None:
                     for (owner, name), original in originals.items():
                         setattr(owner, name, original)
     base = statistics.median(results["no debug"])
-    per_step = LOGGED_PER_STEP[a.setting]
+    per_step = bench.LOGGED_PER_LAYER[a.setting] * 4 * LAYERS
     print(
         f"{a.setting} on {a.device}, hidden {a.hidden}, {a.batch}x{a.seq} tokens, medians of {a.rounds} interleaved "
         f"rounds of {a.steps} steps ({per_step} logged tensors per step)"
