@@ -46,7 +46,7 @@ from tedebug.backends.cupy_stats import BASIC_ROW_LEN, basic_stats_and_amax_into
 from tedebug.backends.fused_stats import FP8_STATS, FP8_STATS_WITH_SCALE
 from tedebug.backends.launch import (
     Kernel,
-    cooperative_capacity,
+    cooperative_blocks_per_sm,
     launch,
     launch_cooperative_on,
     launch_mode,
@@ -354,7 +354,7 @@ def _fused_current(plan: _CastPlan, x2d: torch.Tensor, index: int, fp8_format: s
     entry = _CURRENT_KERNELS.get(key)
     if entry is None:
         kernel = get_kernel("fp8_tensor.cu", "ted_fp8_current_cast16", dtype_options(x2d, fp8_format))
-        entry = _CURRENT_KERNELS[key] = (kernel, cooperative_capacity(kernel, index, THREADS))
+        entry = _CURRENT_KERNELS[key] = (kernel, cooperative_blocks_per_sm(kernel, index, THREADS) * sm_count(index))
     kernel, capacity = entry
     return kernel if plan.cast_grid <= capacity else None
 

@@ -2,8 +2,9 @@
 
 What it owns: `Kernel` (one compiled kernel function, its CUDA function handle per device) and `launch(kernel,
 grid, block, args, device)`; and, for a kernel with a grid-wide barrier, `launch_cooperative_on`
-(``cuLaunchCooperativeKernel``: every block resident at once) with `cooperative_capacity`, the largest grid it takes
-(0 in the ``cupy`` mode or where the device has no cooperative launches: the caller then takes another path).
+(``cuLaunchCooperativeKernel``: every block resident at once) with `cooperative_blocks_per_sm`, which bounds the
+grid it takes (0 in the ``cupy`` mode or where the device has no cooperative launches: the caller then takes
+another path).
 
 Two ways to launch, chosen once per process:
 
@@ -301,10 +302,11 @@ def _launch_driver(
 _ATTRIBUTE_COOPERATIVE_LAUNCH = 95
 
 
-def cooperative_capacity(kernel: Kernel, index: int, block: int) -> int:
-    """How many blocks of `block` threads of `kernel` (no dynamic shared memory) can be resident on device `index`
-    at once, which is the most a cooperative launch (`launch_cooperative_on`) may ask for; 0 where cooperative
-    launches are unavailable (the ``cupy`` launch mode, no libcuda, a device without them) or the driver says no."""
+def cooperative_blocks_per_sm(kernel: Kernel, index: int, block: int) -> int:
+    """How many blocks of `block` threads of `kernel` (no dynamic shared memory) can be resident on one SM of device
+    `index` at once: times the SMs, the most a cooperative launch (`launch_cooperative_on`) may ask for; 0 where
+    cooperative launches are unavailable (the ``cupy`` launch mode, no libcuda, a device without them) or the
+    driver says no."""
     driver = _cooperative_driver() if launch_mode() == "driver" else None
     if driver is None:
         return 0
@@ -319,16 +321,14 @@ def cooperative_capacity(kernel: Kernel, index: int, block: int) -> int:
             code = occupancy(ctypes.byref(per_sm), function, block, 0)
     else:
         code = occupancy(ctypes.byref(per_sm), function, block, 0)
-    if code != 0:
-        return 0
-    return per_sm.value * torch.cuda.get_device_properties(index).multi_processor_count
+    return per_sm.value if code == 0 else 0
 
 
 def launch_cooperative_on(kernel: Kernel, index: int, stream: int, grid: int, block: int, args: Sequence[Any]) -> None:
     """`launch_on` through ``cuLaunchCooperativeKernel``: every block of the grid is resident at the same time (a
-    kernel with a grid-wide barrier needs that).  `grid` must not exceed `cooperative_capacity`; only where that is
-    above 0."""
-    launch_fn = _cooperative_driver()[0]  # type: ignore[index]  # (`cooperative_capacity` checked it loads)
+    kernel with a grid-wide barrier needs that).  `grid` must not exceed `cooperative_blocks_per_sm` times the SMs;
+    only where that is above 0."""
+    launch_fn = _cooperative_driver()[0]  # type: ignore[index]  # (`cooperative_blocks_per_sm` checked it loads)
     function = kernel.handle(index)
     params = _arg_block(args, kernel.name).params
     if _current_device() != index:

@@ -123,20 +123,20 @@ def test_the_quantizer_takes_one_launch_on_the_fast_shape(launches):
 def test_two_launches_where_the_grid_does_not_fit(monkeypatch, launches):
     """A device that cannot hold the cast's grid at once (or no cooperative launch at all): the two launches."""
     monkeypatch.setattr(cupy_fp8_tensor, "_CURRENT_KERNELS", {})
-    monkeypatch.setattr(cupy_fp8_tensor, "cooperative_capacity", lambda kernel, index, block: 0)
+    monkeypatch.setattr(cupy_fp8_tensor, "cooperative_blocks_per_sm", lambda kernel, index, block: 0)
     x = torch.randn(128, 256, device=DEV, dtype=torch.bfloat16)
     cupy_fp8_tensor.fp8_current_quantize(x, "E4M3", 0.0, False, True, True)
     assert launches == ["ted_fp8_amax_scale", "ted_fp8_cast_transpose16"]
 
 
-def test_cooperative_capacity_is_the_occupancy():
+def test_the_capacity_is_the_occupancy_times_the_sms():
     x = torch.empty(128, 256, device=DEV, dtype=torch.bfloat16)
     plan = cupy_fp8_tensor._cast_plan(x, 0, "E4M3")
     assert cupy_fp8_tensor._fused_current(plan, x, 0, "E4M3") is not None
     kernel, capacity = cupy_fp8_tensor._CURRENT_KERNELS[(0, torch.bfloat16, "E4M3")]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert capacity >= cupy_fp8_tensor.CT_BLOCKS_PER_SM * sms  # __launch_bounds__(256, 4): the cast's whole grid
-    assert launch.cooperative_capacity(kernel, 0, 256) == capacity
+    assert launch.cooperative_blocks_per_sm(kernel, 0, 256) * sms == capacity
 
 
 def test_two_launches_in_the_cupy_launch_mode(monkeypatch, launches):

@@ -109,18 +109,15 @@ class _Settable:
         return self.fn(*args)
 
 
-@pytest.mark.parametrize(
-    "per_sm, supported, code, expected", [(4, 1, 0, 4 * 7), (3, 1, 0, 3 * 7), (4, 0, 0, 0), (4, 1, 2, 0)]
-)
-def test_cooperative_capacity_is_occupancy_times_sms(monkeypatch, per_sm, supported, code, expected):
-    """`cooperative_capacity`: the resident blocks per SM the driver reports times the SMs; 0 where the device has no
+@pytest.mark.parametrize("per_sm, supported, code, expected", [(4, 1, 0, 4), (3, 1, 0, 3), (4, 0, 0, 0), (4, 1, 2, 0)])
+def test_cooperative_blocks_per_sm_is_the_occupancy(monkeypatch, per_sm, supported, code, expected):
+    """`cooperative_blocks_per_sm`: the resident blocks per SM the driver reports; 0 where the device has no
     cooperative launches or the query fails; and 0 in the cupy launch mode, without asking."""
     fake = _FakeLibcuda(per_sm, supported, code)
     monkeypatch.setattr(launch, "_libcuda", lambda: fake)
     for cached in (launch._driver, launch._cooperative_driver):
         monkeypatch.setattr(launch, cached.__name__, cached.__wrapped__)  # (no lru_cache: the fake each time)
     monkeypatch.setattr(launch, "_current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: type("P", (), {"multi_processor_count": 7}))
 
     class Kernel:
         name = "k"
@@ -129,11 +126,11 @@ def test_cooperative_capacity_is_occupancy_times_sms(monkeypatch, per_sm, suppor
             return 1234
 
     monkeypatch.setenv(launch.ENV_VAR, "driver")
-    assert launch.cooperative_capacity(Kernel(), 0, 256) == expected
+    assert launch.cooperative_blocks_per_sm(Kernel(), 0, 256) == expected
     assert fake.asked == ([(1234, 256, 0)] if supported else [])
     monkeypatch.setenv(launch.ENV_VAR, "cupy")
     fake.asked.clear()
-    assert launch.cooperative_capacity(Kernel(), 0, 256) == 0 and fake.asked == []
+    assert launch.cooperative_blocks_per_sm(Kernel(), 0, 256) == 0 and fake.asked == []
 
 
 def test_stream_handle_speaks_the_cuda_stream_protocol():

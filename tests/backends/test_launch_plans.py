@@ -92,11 +92,11 @@ def test_one_launch_current_scaling_only_where_its_barrier_holds(asked, monkeypa
 
     def capacity(kernel, index, block):
         capacities.append((kernel[1], index, block))
-        return 4 * SMS
+        return 4  # blocks per SM
 
     monkeypatch.setattr(cupy_fp8_tensor, "launch_mode", lambda: mode[0])
     monkeypatch.setattr(cupy_fp8_tensor, "_capturing", lambda: capturing[0])
-    monkeypatch.setattr(cupy_fp8_tensor, "cooperative_capacity", capacity)
+    monkeypatch.setattr(cupy_fp8_tensor, "cooperative_blocks_per_sm", capacity)
     monkeypatch.setattr(cupy_fp8_tensor, "_CURRENT_KERNELS", {})
     x = torch.empty((64 * 4 * SMS, 128), dtype=torch.bfloat16)  # 4 x SMS tiles: a grid of 4 x SMS blocks
     plan = cupy_fp8_tensor._cast_plan(x, 0, "E4M3")
@@ -109,10 +109,10 @@ def test_one_launch_current_scaling_only_where_its_barrier_holds(asked, monkeypa
     assert bigger_plan.cast_grid == 4 * SMS  # (the cast's grid stays within 4 blocks per SM: it still fits)
     assert cupy_fp8_tensor._fused_current(bigger_plan, bigger, 0, "E4M3") is not None
     monkeypatch.setattr(cupy_fp8_tensor, "_CURRENT_KERNELS", {})
-    monkeypatch.setattr(cupy_fp8_tensor, "cooperative_capacity", lambda kernel, index, block: 4 * SMS - 1)
-    assert cupy_fp8_tensor._fused_current(plan, x, 0, "E4M3") is None  # one block more than fits
+    monkeypatch.setattr(cupy_fp8_tensor, "cooperative_blocks_per_sm", lambda kernel, index, block: 3)
+    assert cupy_fp8_tensor._fused_current(plan, x, 0, "E4M3") is None  # 3 x SMS resident: the grid does not fit
     capturing[0] = True
-    monkeypatch.setattr(cupy_fp8_tensor, "cooperative_capacity", capacity)
+    monkeypatch.setattr(cupy_fp8_tensor, "cooperative_blocks_per_sm", capacity)
     monkeypatch.setattr(cupy_fp8_tensor, "_CURRENT_KERNELS", {})
     assert cupy_fp8_tensor._fused_current(plan, x, 0, "E4M3") is None
     capturing[0], mode[0] = False, "cupy"
