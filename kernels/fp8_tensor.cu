@@ -526,7 +526,7 @@ ted_fp8_cast_transpose16(const ted_raw_t* __restrict__ x, long long M, long long
 //    (ted_amax_outputs, mode 1: vector[0] = amax, vector[1] = scale, vector[4] = scale_inv, as the amax pass
 //    writes them), resets ws[0] and ws[1], and releases the others through the flag ws[2]; they wait on it.
 //    Every block must be resident at once: the host launches this kernel cooperatively (cuLaunchCooperativeKernel)
-//    with the cast's own grid, and only where the occupancy allows it (cupy_fp8_tensor._fused_launch).
+//    with the cast's own grid, and only where the occupancy allows it (cupy_fp8_tensor._fused_current).
 // 3. The cast (ct16_cast) with the same grid, so the codes and the statistics are those of the two launches; the
 //    block that finishes the statistics has seen every block pass the barrier, and clears the flag.
 // ws[0..2] are 0 between launches (a zeroed workspace, as the other kernels' tickets).

@@ -483,10 +483,11 @@ def fp8_current_quantize(
     fused = _fused_current(plan, x, index, fp8_format) if plan.fast and not high_precision_stats else None
     if fused is not None:  # amax, scale and cast in one launch (`ted_fp8_current_cast16`)
         stats = _launch_current(fused, plan, x, index, stream, vector, epsilon, pow2, rowwise, columnwise, outputs)
-        return Float8Buffers(outputs.rowwise, outputs.columnwise, small.view(torch.float32)[_CURRENT_SCALE_INV], stats)
-    mode_args = (vector, _CURRENT_SCALE_MODE, plan.fp8_max, np.float32(epsilon), FLAGS[bool(pow2)], scale_ptr)
-    high_precision = _amax_pass(plan, x, index, stream, mode_args + (scale_inv_ptr,), small, high_precision_stats)
-    stats = _launch_cast(plan, x, index, stream, scale_ptr, scale_inv_ptr, rowwise, columnwise, outputs)
+        high_precision = None
+    else:
+        mode_args = (vector, _CURRENT_SCALE_MODE, plan.fp8_max, np.float32(epsilon), FLAGS[bool(pow2)], scale_ptr)
+        high_precision = _amax_pass(plan, x, index, stream, mode_args + (scale_inv_ptr,), small, high_precision_stats)
+        stats = _launch_cast(plan, x, index, stream, scale_ptr, scale_inv_ptr, rowwise, columnwise, outputs)
     scale_inv = small.view(torch.float32)[_CURRENT_SCALE_INV]
     return Float8Buffers(outputs.rowwise, outputs.columnwise, scale_inv, stats, high_precision)
 
