@@ -126,6 +126,19 @@ __device__ __forceinline__ double ted_block_sum(double v, double* scratch) {
     return r;
 }
 
+// The largest of the non-negative `am` of the block's threads, folded by thread 0 into *amax_bits (atomicMax on the
+// bits: non-negative floats order like their bits; ted_max drops NaN).  Call from all threads.
+__device__ __forceinline__ void ted_block_amax_into(float am, unsigned int* amax_bits) {
+    __shared__ float warp_max[32];
+    for (int off = 16; off > 0; off >>= 1) am = ted_max(am, __shfl_down_sync(0xFFFFFFFFu, am, off));
+    if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = am;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); ++w) am = ted_max(am, warp_max[w]);
+        atomicMax(amax_bits, __float_as_uint(am));
+    }
+}
+
 // The four error statistics of a row + column quantize kernel (row underflows, row squared error, column
 // underflows, column squared error): block sums in a fixed order, stored by thread 0 as partial[blockIdx.x][0..3].
 // Call from all threads; the caller then finishes the columns (ted_last_block + ted_finish_columns, or a launch of

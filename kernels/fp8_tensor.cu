@@ -535,7 +535,6 @@ ted_fp8_current_cast16(const ted_raw_t* __restrict__ x, long long M, long long K
                        float* __restrict__ vector, float fp8_max, float epsilon, int pow2, int do_row, int do_col,
                        unsigned char* __restrict__ row_codes, unsigned char* __restrict__ col_codes,
                        double* __restrict__ partial, unsigned int* __restrict__ ticket, double* __restrict__ out) {
-    __shared__ float warp_max[8];
     const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
     const long long n_tk = K / CT_K;
     const long long n_tiles = (M / CT_M) * n_tk;
@@ -549,13 +548,8 @@ ted_fp8_current_cast16(const ted_raw_t* __restrict__ x, long long M, long long K
             AM_FOLD(v);
         }
     }
-    float am = ted_max(ted_lo(pk), ted_hi(pk));
-    for (int off = 16; off > 0; off >>= 1) am = ted_max(am, __shfl_down_sync(0xFFFFFFFFu, am, off));
-    if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = am;
-    __syncthreads();
+    ted_block_amax_into(ted_max(ted_lo(pk), ted_hi(pk)), ws);
     if (threadIdx.x == 0) {
-        for (int w = 1; w < 8; ++w) am = ted_max(am, warp_max[w]);
-        atomicMax(ws, __float_as_uint(am));  // non-negative floats order like their bits
         __threadfence();
         if (atomicAdd(ws + 1, 1u) == gridDim.x - 1) {
             const float amax = __uint_as_float(atomicExch(ws, 0u));

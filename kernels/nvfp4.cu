@@ -1402,7 +1402,6 @@ __device__ __forceinline__ void nr_forward(const float (&v)[16], unsigned int si
 extern "C" __global__ void __launch_bounds__(256)
 ted_nvfp4_rht_amax_v1(const ted_raw_t* __restrict__ x, long long M, long long K, unsigned int sign_mask,
                    unsigned int* __restrict__ amax_bits) {
-    __shared__ float warp_max[8];
     const long long n_tiles = ((M / 16 + NR1_GROUPS - 1) / NR1_GROUPS) * ((K + NR1_COLS - 1) / NR1_COLS);
     float am = 0.0f;
     for (long long tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
@@ -1415,13 +1414,7 @@ ted_nvfp4_rht_amax_v1(const ted_raw_t* __restrict__ x, long long M, long long K,
 #pragma unroll
         for (int j = 0; j < 16; ++j) am = ted_max(am, ted_abs(ted_to_float(raw[j])));  // max drops NaN
     }
-    for (int off = 16; off > 0; off >>= 1) am = ted_max(am, __shfl_down_sync(0xFFFFFFFFu, am, off));
-    if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = am;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < 8; ++w) am = ted_max(am, warp_max[w]);
-        atomicMax(amax_bits, __float_as_uint(am));  // non-negative floats order like their bits
-    }
+    ted_block_amax_into(am, amax_bits);
 }
 
 // amax[1]: the columnwise (rotated) global amax.  NV_SR only: the Philox seed and the offset of the [K, M] draw.
