@@ -8,7 +8,9 @@
 // fp16, M % 64 == 0, K % 128 == 0: 64 x 128 tiles, 16-byte loads, 8-byte row stores, 4x4 byte transposes in
 // registers, chunk-swizzled shared memory, 16-byte transposed stores, the stats finished by the last block).
 // `ted_fp8_current_cast16` is the two in one cooperative launch (a grid-wide barrier between the amax and the
-// cast; the same bytes), which current scaling takes where the device holds the cast's grid at once.
+// cast; the same bytes), which current scaling takes where the device holds the cast's grid at once;
+// `ted_fp8_delayed_cast16` is delayed scaling's recording pass and cast in one ordinary launch (the cast needs no
+// amax, so no barrier).
 // `ted_fp8_cast_transpose` (general) handles every other shape and fp32 inputs.  `ted_fp8_amax` is the earlier
 // amax kernel (no longer launched); `ted_fp8_current_scale` is still used for empty tensors.
 #include "common.cuh"
@@ -394,11 +396,14 @@ __device__ __noinline__ unsigned long long ct_count_over(const CtChunk ch, unsig
 // 8 tx .. 8 tx + 7 of the tiles blockIdx.x, blockIdx.x + gridDim.x, ...  partial: [gridDim.x][3] = (underflows,
 // sq_err, overflows); out[0..2]: the column sums; out[3..7]: the scale_inv partials, out[8] = M * K (see the end).
 // Returns true in the one block that finished the statistics (the last to arrive at `ticket`, which it reset).
+// With AMAX each block also folds max|x| of the words it cast (ted_pmax drops NaN, as in am_run: the same amax bit
+// for bit) into *amax_bits before it takes its ticket, so the block that returns true reads the tensor's amax there.
+template <bool AMAX = false>
 __device__ __forceinline__ bool ct16_cast(const ted_raw_t* __restrict__ x, long long M, long long K, float scale,
                                           float sinv, float fp8_max, int do_row, int do_col,
                                           unsigned char* __restrict__ row_codes, unsigned char* __restrict__ col_codes,
                                           double* __restrict__ partial, unsigned int* __restrict__ ticket,
-                                          double* __restrict__ out) {
+                                          double* __restrict__ out, unsigned int* __restrict__ amax_bits = nullptr) {
     __shared__ __align__(16) unsigned int tile_t[CT_K * 16];
     __shared__ double scratch[32];
     const float sinv_abs = ted_abs(sinv);
@@ -409,6 +414,7 @@ __device__ __forceinline__ bool ct16_cast(const ted_raw_t* __restrict__ x, long 
 
     unsigned long long nzx = 0ull, nzc = 0ull, of = 0ull;
     double err = 0.0;
+    unsigned int tmax = 0u;  // AMAX: packed max |x| of this thread's words
     for (long long tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
         const long long m0 = (tile / n_tk) * CT_M, k0 = (tile % n_tk) * CT_K;
         const ted_raw_t* src = x + (m0 + 4 * ty) * K + k0 + 8 * tx;
@@ -448,6 +454,7 @@ __device__ __forceinline__ bool ct16_cast(const ted_raw_t* __restrict__ x, long 
         }
         // overflow: only when some |x| of this thread exceeds the threshold (amx drops NaN, keeps Inf)
         if (__float_as_uint(ted_max(ted_lo(amx), ted_hi(amx))) > thr_bits) of += ct_count_over(ch, thr_bits);
+        if (AMAX) tmax = ted_pmax(tmax, amx);
         unsigned int ccnt = 0u;
 #pragma unroll
         for (int i = 0; i < 4; ++i) ccnt += ted_fp8x4_nonzero(codes[i][0]) + ted_fp8x4_nonzero(codes[i][1]);
@@ -481,6 +488,7 @@ __device__ __forceinline__ bool ct16_cast(const ted_raw_t* __restrict__ x, long 
             }
         }
     }
+    if (AMAX) ted_block_amax_into(ted_max(ted_lo(tmax), ted_hi(tmax)), amax_bits);
     const double t0 = ted_block_sum((double)nzx - (double)nzc, scratch);
     const double t1 = ted_block_sum(err, scratch);
     const double t2 = ted_block_sum((double)of, scratch);
@@ -567,5 +575,28 @@ ted_fp8_current_cast16(const ted_raw_t* __restrict__ x, long long M, long long K
     if (ct16_cast(x, M, K, scale, sinv, fp8_max, do_row, do_col, row_codes, col_codes, partial, ticket, out) &&
         threadIdx.x == 0)
         ws[2] = 0u;
+}
+
+// Delayed scaling in one launch: the recording pass (`ted_fp8_amax_scale` in mode 3) and the cast of
+// `ted_fp8_cast_transpose16` together.  The cast needs only the quantizer's scale, known before the launch, and
+// its inverse, which every block computes as the recording pass does (ted_div(1, scale): the same bits), so no
+// block waits for another and the launch is an ordinary one.  The cast folds max|x| into ws[0] (ct16_cast<true>),
+// and the block that finishes the statistics, which every other block has reached, writes what the recording pass
+// writes: history[0] = maximum(history[0], amax) (NaN kept, as torch.maximum) and scale_inv_out[0] = 1 / scale;
+// it resets ws[0].  ws[0] is 0 between launches.
+extern "C" __global__ void __launch_bounds__(256, 4)  // the cast's 4 blocks per SM (CT_BLOCKS_PER_SM)
+ted_fp8_delayed_cast16(const ted_raw_t* __restrict__ x, long long M, long long K, unsigned int* __restrict__ ws,
+                       float* __restrict__ history, float* __restrict__ scale_p, float* __restrict__ scale_inv_out,
+                       float fp8_max, int do_row, int do_col, unsigned char* __restrict__ row_codes,
+                       unsigned char* __restrict__ col_codes, double* __restrict__ partial,
+                       unsigned int* __restrict__ ticket, double* __restrict__ out) {
+    const float scale = scale_p[0];
+    const float sinv = ted_div(1.0f, scale);
+    if (ct16_cast<true>(x, M, K, scale, sinv, fp8_max, do_row, do_col, row_codes, col_codes, partial, ticket, out,
+                        ws) &&
+        threadIdx.x == 0) {
+        const float amax = __uint_as_float(atomicExch(ws, 0u));
+        ted_amax_outputs(amax, history, 3, fp8_max, 0.0f, 0, scale_p, scale_inv_out);
+    }
 }
 #endif

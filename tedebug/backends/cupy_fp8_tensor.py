@@ -9,7 +9,8 @@ What it owns:
 - the cast + transpose (``ted_fp8_cast_transpose16`` for bf16 / fp16 with M % 64 == 0 and K % 128 == 0, else the
   general ``ted_fp8_cast_transpose``), which also counts underflows and overflows and sums the squared error;
 - current scaling of a bf16 / fp16 tensor of that fast shape in one cooperative launch
-  (``ted_fp8_current_cast16``: the amax pass and the cast with a grid-wide barrier between them; the same bytes);
+  (``ted_fp8_current_cast16``: the amax pass and the cast with a grid-wide barrier between them; the same bytes),
+  and delayed scaling of one in one ordinary launch (``ted_fp8_delayed_cast16``: the cast records the amax);
 - the kernel paths of the per-tensor quantizers (`fp8_current_quantize`, `fp8_delayed_quantize`, `fp8_quantize`),
   which return the raw buffers (`Float8Buffers`; `tedebug.quantization.float8` builds the `Float8Tensor`), and of
   the delayed-scaling update (`fp8_delayed_update`).
@@ -559,26 +560,83 @@ def fp8_delayed_quantize(
 ) -> Float8Buffers:
     """Delayed scaling of a CUDA [M, K] tensor: records max|x| into history[0] (as torch.maximum, NaN kept) and
     casts with the current `scale` (the quantizer's state on x's device: fp32 `history` [L] or [L, 1], `scale`).
-    `high_precision_stats`: the recording pass is the statistics pass, as in `fp8_current_quantize`."""
+    On the 16-bit fast shape both are one launch of ``ted_fp8_delayed_cast16`` (the same codes, history entry,
+    scale_inv and statistics as the two launches).  `high_precision_stats`: the recording pass is the statistics
+    pass, as in `fp8_current_quantize` (two launches)."""
     x = ready_input(x2d)
     if x.numel() == 0 or not (scale.dtype == torch.float32 and scale.numel() == 1 and scale.is_contiguous()):
         recorded = history[:1]  # history entry 0, a 1-element view
         torch.maximum(recorded, fp8_amax(x), out=recorded)
         return fp8_quantize(x, scale, fp8_format, rowwise, columnwise)
-    # one launch: amax of x recorded into history[0] (torch.maximum) and scale_inv = 1 / scale (into the outputs'
-    # float32 vector, 16-byte aligned), then the cast
+    # amax of x recorded into history[0] (torch.maximum), scale_inv = 1 / scale (into the outputs' float32 vector,
+    # 16-byte aligned) and the cast: one launch on the 16-bit fast shape, else the recording pass and the cast
     index = x.get_device()
     plan = _cast_plan(x, index, fp8_format)
     outputs = _outputs(plan.m, plan.k, x.device, rowwise, columnwise)
     small = outputs.small
     scale_ptr, scale_inv_ptr = scale.data_ptr(), small.data_ptr() + _VECTOR_AT
     stream = raw_stream(index)
-    mode_args = (history.data_ptr(), _RECORD_MODE, _ZERO_F32, _ZERO_F32, FLAGS[0], scale_ptr, scale_inv_ptr)
-    high_precision = _amax_pass(plan, x, index, stream, mode_args, small, high_precision_stats)
-    stats = _launch_cast(plan, x, index, stream, scale_ptr, scale_inv_ptr, rowwise, columnwise, outputs)
+    if _delayed_in_one_launch(plan, high_precision_stats):  # the recording and the cast in one launch
+        stats = _launch_delayed(plan, x, index, stream, fp8_format, history, scale_ptr, scale_inv_ptr, outputs)
+        high_precision = None
+    else:
+        mode_args = (history.data_ptr(), _RECORD_MODE, _ZERO_F32, _ZERO_F32, FLAGS[0], scale_ptr, scale_inv_ptr)
+        high_precision = _amax_pass(plan, x, index, stream, mode_args, small, high_precision_stats)
+        stats = _launch_cast(plan, x, index, stream, scale_ptr, scale_inv_ptr, rowwise, columnwise, outputs)
     scale_inv = small.view(torch.float32)[_DELAYED_SCALE_INV]
     return Float8Buffers(outputs.rowwise, outputs.columnwise, scale_inv, stats, high_precision)
 
 
 _RECORD_MODE = np.int32(AmaxMode.RECORD)
 _ZERO_F32 = np.float32(0.0)
+_DELAYED_TICKET = 4 * TICKETS["fp8_delayed"]
+#: (device index, dtype, FP8 format) -> ``ted_fp8_delayed_cast16``
+_DELAYED_KERNELS: Dict[Tuple[int, torch.dtype, str], Kernel] = {}
+
+
+def _delayed_in_one_launch(plan: _CastPlan, high_precision_stats: bool) -> bool:
+    """Whether a delayed-scaling quantization of `plan` takes ``ted_fp8_delayed_cast16``: on the 16-bit fast shape,
+    unless the statistics pass is to record the amax."""
+    return plan.fast and not high_precision_stats
+
+
+def _launch_delayed(
+    plan: _CastPlan,
+    x2d: torch.Tensor,
+    index: int,
+    stream: int,
+    fp8_format: str,
+    history: torch.Tensor,
+    scale_ptr: int,
+    scale_inv_ptr: int,
+    outputs: _Outputs,
+) -> torch.Tensor:
+    """The launch of ``ted_fp8_delayed_cast16`` with the cast's grid (the 16-bit fast path): the codes and the
+    statistics vector of `_launch_cast`, max|x| recorded into history[0] and scale_inv written at `scale_inv_ptr`
+    as the recording pass does; returns the float64 view of `plan.stats_len` entries."""
+    row, col, small = outputs
+    key = (index, x2d.dtype, fp8_format)
+    kernel = _DELAYED_KERNELS.get(key)
+    if kernel is None:
+        options = dtype_options(x2d, fp8_format)
+        kernel = _DELAYED_KERNELS[key] = get_kernel("fp8_tensor.cu", "ted_fp8_delayed_cast16", options)
+    partials, tickets = workspace_on(index, stream)
+    args = (
+        x2d.data_ptr(),
+        plan.m,
+        plan.k,
+        tickets + _DELAYED_TICKET,
+        history.data_ptr(),
+        scale_ptr,
+        scale_inv_ptr,
+        plan.fp8_max,
+        FLAGS[row is not None],
+        FLAGS[col is not None],
+        row.data_ptr() if row is not None else 0,
+        col.data_ptr() if col is not None else 0,
+        partials,
+        tickets + _CAST_TICKET,
+        small.data_ptr(),
+    )
+    launch_on(kernel, index, stream, plan.cast_grid, THREADS, args)
+    return small[: plan.stats_len]
