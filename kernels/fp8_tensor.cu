@@ -11,38 +11,9 @@
 // cast; the same bytes), which current scaling takes where the device holds the cast's grid at once;
 // `ted_fp8_delayed_cast16` is delayed scaling's recording pass and cast in one ordinary launch (the cast needs no
 // amax, so no barrier).
-// `ted_fp8_cast_transpose` (general) handles every other shape and fp32 inputs.  `ted_fp8_amax` is the earlier
-// amax kernel (no longer launched); `ted_fp8_current_scale` is still used for empty tensors.
+// `ted_fp8_cast_transpose` (general) handles every other shape and fp32 inputs.  `ted_fp8_current_scale` is still
+// used for empty tensors.
 #include "common.cuh"
-
-// amax_out must hold 0 (as uint bits) before the launch; non-negative floats order like their uint bits.
-extern "C" __global__ void __launch_bounds__(256)
-ted_fp8_amax(const ted_raw_t* __restrict__ x, long long n, unsigned int* __restrict__ amax_out) {
-    __shared__ float warp_max[32];
-    const long long nvec = n / (16 / TED_ELEM_BYTES);
-    const long long gtid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    float am = 0.0f;
-    const uint4* xv = reinterpret_cast<const uint4*>(x);
-    for (long long i = gtid; i < nvec; i += stride) {
-        uint4 w = __ldcs(xv + i);
-        float f[16 / TED_ELEM_BYTES];
-        ted_unpack_word(w.x, f);
-        ted_unpack_word(w.y, f + TED_PER_WORD);
-        ted_unpack_word(w.z, f + 2 * TED_PER_WORD);
-        ted_unpack_word(w.w, f + 3 * TED_PER_WORD);
-#pragma unroll
-        for (int e = 0; e < 16 / TED_ELEM_BYTES; ++e) am = ted_max(am, ted_abs(f[e]));  // max drops NaN
-    }
-    for (long long i = nvec * (16 / TED_ELEM_BYTES) + gtid; i < n; i += stride) am = ted_max(am, ted_abs(ted_load(x, i)));
-    for (int off = 16; off > 0; off >>= 1) am = ted_max(am, __shfl_down_sync(0xFFFFFFFFu, am, off));
-    if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = am;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)(blockDim.x >> 5); ++w) am = ted_max(am, warp_max[w]);
-        atomicMax(amax_out, __float_as_uint(am));
-    }
-}
 
 // TE's compute_scale_from_amax for current scaling (amax < epsilon -> epsilon; 0 / Inf / NaN amax -> 1; else
 // fp8_max / amax rounded once, Inf -> FLT_MAX; pow2 rounds down to a power of two): writes scale and
