@@ -292,26 +292,13 @@ def _launch_cast(
     stream: int,
     scale_ptr: int,
     scale_inv_ptr: int,
-    rowwise: bool,
-    columnwise: bool,
     outputs: _Outputs,
 ) -> torch.Tensor:
     """The cast + transpose of the prepared `x2d` into `outputs` (the enabled directions' codes, the statistics
     vector at the start of the small allocation, returned as a float64 view of `plan.stats_len` entries): one launch
     of the 16-bit kernel, else the general kernel (per-block partials summed by a second launch)."""
     row, col, small = outputs
-    args = (
-        x2d.data_ptr(),
-        plan.m,
-        plan.k,
-        scale_ptr,
-        scale_inv_ptr,
-        plan.fp8_max,
-        FLAGS[rowwise],
-        FLAGS[columnwise],
-        row.data_ptr() if row is not None else 0,
-        col.data_ptr() if col is not None else 0,
-    )
+    args = (x2d.data_ptr(), plan.m, plan.k, scale_ptr, scale_inv_ptr, plan.fp8_max) + _codes_args(row, col)
     stats = small[: plan.stats_len]
     if plan.fast:  # one launch; its vector also holds the scale_inv partials (FP8_STATS_WITH_SCALE)
         partials, tickets = workspace_on(index, stream)
@@ -328,6 +315,17 @@ def _launch_cast(
     launch_on(plan.cast, index, stream, plan.cast_grid, THREADS, args + (partial.data_ptr(),))
     sum_columns(partial, stats)
     return stats
+
+
+def _codes_args(row: Optional[torch.Tensor], col: Optional[torch.Tensor]) -> Tuple[Any, ...]:
+    """The cast kernels' arguments for the directions produced: (do_row, do_col, row codes, col codes), 0 for an
+    absent direction."""
+    return (
+        FLAGS[row is not None],
+        FLAGS[col is not None],
+        row.data_ptr() if row is not None else 0,
+        col.data_ptr() if col is not None else 0,
+    )
 
 
 _CAST_TICKET = 4 * TICKETS["cast"]
@@ -398,7 +396,7 @@ def _cast_transpose(
     plan = _cast_plan(x2d, index, fp8_format)
     outputs = _outputs(plan.m, plan.k, x2d.device, rowwise, columnwise)
     stream = raw_stream(index)
-    stats = _launch_cast(plan, x2d, index, stream, scale_ptr, scale_inv_ptr, rowwise, columnwise, outputs)
+    stats = _launch_cast(plan, x2d, index, stream, scale_ptr, scale_inv_ptr, outputs)
     return outputs.rowwise, outputs.columnwise, stats
 
 
@@ -483,12 +481,12 @@ def fp8_current_quantize(
     stream = raw_stream(index)
     fused = _fused_current(plan, x, index, fp8_format) if plan.fast and not high_precision_stats else None
     if fused is not None:  # amax, scale and cast in one launch (`ted_fp8_current_cast16`)
-        stats = _launch_current(fused, plan, x, index, stream, vector, epsilon, pow2, rowwise, columnwise, outputs)
+        stats = _launch_current(fused, plan, x, index, stream, vector, epsilon, pow2, outputs)
         high_precision = None
     else:
         mode_args = (vector, _CURRENT_SCALE_MODE, plan.fp8_max, np.float32(epsilon), FLAGS[bool(pow2)], scale_ptr)
         high_precision = _amax_pass(plan, x, index, stream, mode_args + (scale_inv_ptr,), small, high_precision_stats)
-        stats = _launch_cast(plan, x, index, stream, scale_ptr, scale_inv_ptr, rowwise, columnwise, outputs)
+        stats = _launch_cast(plan, x, index, stream, scale_ptr, scale_inv_ptr, outputs)
     scale_inv = small.view(torch.float32)[_CURRENT_SCALE_INV]
     return Float8Buffers(outputs.rowwise, outputs.columnwise, scale_inv, stats, high_precision)
 
@@ -502,8 +500,6 @@ def _launch_current(
     vector: int,
     epsilon: float,
     pow2: bool,
-    rowwise: bool,
-    columnwise: bool,
     outputs: _Outputs,
 ) -> torch.Tensor:
     """The cooperative launch of ``ted_fp8_current_cast16`` with the cast's grid: the same small allocation as the
@@ -512,21 +508,18 @@ def _launch_current(
     row, col, small = outputs
     partials, tickets = workspace_on(index, stream)
     args = (
-        x2d.data_ptr(),
-        plan.m,
-        plan.k,
-        tickets + _CURRENT_TICKET,
-        vector,
-        plan.fp8_max,
-        np.float32(epsilon),
-        FLAGS[bool(pow2)],
-        FLAGS[rowwise],
-        FLAGS[columnwise],
-        row.data_ptr() if row is not None else 0,
-        col.data_ptr() if col is not None else 0,
-        partials,
-        tickets + _CAST_TICKET,
-        small.data_ptr(),
+        (
+            x2d.data_ptr(),
+            plan.m,
+            plan.k,
+            tickets + _CURRENT_TICKET,
+            vector,
+            plan.fp8_max,
+            np.float32(epsilon),
+            FLAGS[bool(pow2)],
+        )
+        + _codes_args(row, col)
+        + (partials, tickets + _CAST_TICKET, small.data_ptr())
     )
     launch_cooperative_on(kernel, index, stream, plan.cast_grid, THREADS, args)
     return small[: plan.stats_len]
@@ -582,7 +575,7 @@ def fp8_delayed_quantize(
     else:
         mode_args = (history.data_ptr(), _RECORD_MODE, _ZERO_F32, _ZERO_F32, FLAGS[0], scale_ptr, scale_inv_ptr)
         high_precision = _amax_pass(plan, x, index, stream, mode_args, small, high_precision_stats)
-        stats = _launch_cast(plan, x, index, stream, scale_ptr, scale_inv_ptr, rowwise, columnwise, outputs)
+        stats = _launch_cast(plan, x, index, stream, scale_ptr, scale_inv_ptr, outputs)
     scale_inv = small.view(torch.float32)[_DELAYED_SCALE_INV]
     return Float8Buffers(outputs.rowwise, outputs.columnwise, scale_inv, stats, high_precision)
 
@@ -622,21 +615,18 @@ def _launch_delayed(
         kernel = _DELAYED_KERNELS[key] = get_kernel("fp8_tensor.cu", "ted_fp8_delayed_cast16", options)
     partials, tickets = workspace_on(index, stream)
     args = (
-        x2d.data_ptr(),
-        plan.m,
-        plan.k,
-        tickets + _DELAYED_TICKET,
-        history.data_ptr(),
-        scale_ptr,
-        scale_inv_ptr,
-        plan.fp8_max,
-        FLAGS[row is not None],
-        FLAGS[col is not None],
-        row.data_ptr() if row is not None else 0,
-        col.data_ptr() if col is not None else 0,
-        partials,
-        tickets + _CAST_TICKET,
-        small.data_ptr(),
+        (
+            x2d.data_ptr(),
+            plan.m,
+            plan.k,
+            tickets + _DELAYED_TICKET,
+            history.data_ptr(),
+            scale_ptr,
+            scale_inv_ptr,
+            plan.fp8_max,
+        )
+        + _codes_args(row, col)
+        + (partials, tickets + _CAST_TICKET, small.data_ptr())
     )
     launch_on(kernel, index, stream, plan.cast_grid, THREADS, args)
     return small[: plan.stats_len]
