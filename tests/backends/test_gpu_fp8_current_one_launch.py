@@ -10,7 +10,7 @@ import torch
 from tedebug.backends import cupy_fp8_tensor, launch
 from tedebug.quantization.float8 import Float8CurrentScalingQuantizer
 
-from support.kernel_inputs import normal_and_special
+from support.kernel_inputs import bits, cast_inputs
 
 pytestmark = pytest.mark.gpu
 
@@ -20,16 +20,8 @@ SHAPES = [(64, 128), (128, 256), (192, 384), (4096, 2048), (8192, 128), (64, 819
 
 
 def inputs(shape, dtype, seed):
-    """A normal tensor, one with special values (NaN, infinities, signed zeros, subnormals, FP8 maxima) spread in,
-    one of zeros only (amax 0: scale 1) and one of NaN only."""
-    normal, special = normal_and_special(shape, dtype, torch.Generator().manual_seed(seed))
-    zeros = torch.zeros(shape, dtype=dtype)
-    nan = torch.full(shape, float("nan"), dtype=dtype)
-    return [t.reshape(shape).to(DEV) for t in (normal, special, zeros, nan)]
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().cpu().reshape(-1).contiguous().view(torch.uint8)
+    """`cast_inputs` on the GPU: normal, special values spread in, zeros only (amax 0), NaN only."""
+    return cast_inputs(shape, dtype, seed, DEV)
 
 
 def quantize_both_ways(monkeypatch, x, fmt, epsilon, pow2, rowwise=True, columnwise=True):

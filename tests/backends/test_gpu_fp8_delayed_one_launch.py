@@ -11,7 +11,7 @@ import torch
 from tedebug.backends import cupy_fp8_tensor
 from tedebug.quantization.float8 import Float8Quantizer
 
-from support.kernel_inputs import normal_and_special
+from support.kernel_inputs import bits, cast_inputs
 
 pytestmark = pytest.mark.gpu
 
@@ -25,16 +25,8 @@ SCALES = [448.0 / 3.7, 2.0**-3, 1e-30, 3e38, 0.0]
 
 
 def inputs(shape, dtype, seed):
-    """A normal tensor, one with special values (NaN, infinities, signed zeros, subnormals, FP8 maxima) spread in,
-    one of zeros only and one of NaN only."""
-    normal, special = normal_and_special(shape, dtype, torch.Generator().manual_seed(seed))
-    zeros = torch.zeros(shape, dtype=dtype)
-    nan = torch.full(shape, float("nan"), dtype=dtype)
-    return [t.reshape(shape).to(DEV) for t in (normal, special, zeros, nan)]
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().cpu().reshape(-1).contiguous().view(torch.uint8)
+    """`cast_inputs` on the GPU: normal, special values spread in, zeros only (amax 0), NaN only."""
+    return cast_inputs(shape, dtype, seed, DEV)
 
 
 def quantize_both_ways(monkeypatch, x, entry, scale, fmt, rowwise=True, columnwise=True):

@@ -14,7 +14,7 @@ from tedebug.plan import InspectCall
 from tedebug.quantization.float8 import Float8CurrentScalingQuantizer
 
 from support.features import RecordingSink, debug_session, section
-from support.kernel_inputs import normal_and_special
+from support.kernel_inputs import bits, normal_and_special
 
 pytestmark = pytest.mark.gpu
 
@@ -33,10 +33,6 @@ def inputs(shape, dtype, seed):
     tiny[1::5] = -torch.finfo(dtype).tiny / 2
     nan = torch.full(shape, float("nan"), dtype=dtype)
     return [t.reshape(shape).to(DEV) for t in (normal, special, tiny, nan)]
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().cpu().reshape(-1).contiguous().view(torch.uint8)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -52,6 +52,21 @@ def normal_and_special(shape, dtype: torch.dtype, generator: torch.Generator):
     return normal, special.reshape(shape)
 
 
+def cast_inputs(shape, dtype: torch.dtype, seed: int, device) -> list:
+    """Four tensors of `shape` on `device` for comparing two paths of one cast: a normal tensor, one with
+    `special_values` spread in (NaN, infinities, signed zeros, subnormals, FP8 maxima), one of zeros only (amax 0)
+    and one of NaN only."""
+    normal, special = normal_and_special(shape, dtype, torch.Generator().manual_seed(seed))
+    zeros = torch.zeros(shape, dtype=dtype)
+    nan = torch.full(shape, float("nan"), dtype=dtype)
+    return [t.reshape(shape).to(device) for t in (normal, special, zeros, nan)]
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The bytes of `t` (on the CPU, flattened): what a bit-for-bit comparison compares."""
+    return t.detach().cpu().reshape(-1).contiguous().view(torch.uint8)
+
+
 def backend_pair(make_quantizer, x: torch.Tensor):
     """(the kernels' quantization of `x`, the torch path's), each by a fresh quantizer from `make_quantizer()`."""
     with dispatch.use_backend("cupy"):
