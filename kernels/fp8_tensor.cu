@@ -96,7 +96,7 @@ ted_fp8_cast_transpose(const ted_raw_t* __restrict__ x, long long M, long long K
                        const float* __restrict__ scale_p, const float* __restrict__ scale_inv_p, float fp8_max,
                        int do_row, int do_col,
                        unsigned char* __restrict__ row_codes, unsigned char* __restrict__ col_codes,
-                       double* __restrict__ partial) {
+                       double* __restrict__ partial, unsigned int* __restrict__ ticket, double* __restrict__ out) {
     __shared__ unsigned char tile_codes[TM][TK + 4];
     __shared__ double scratch[32];
     const float scale = scale_p[0];
@@ -189,6 +189,8 @@ ted_fp8_cast_transpose(const ted_raw_t* __restrict__ x, long long M, long long K
         double* p = partial + (long long)blockIdx.x * 3;
         p[0] = t0; p[1] = t1; p[2] = t2;
     }
+    // the last block adds the partials up (as ted_sum_columns would in a second launch: the same order)
+    if (ted_last_block(ticket)) ted_finish_columns(partial, gridDim.x, 3, out, ticket);
 }
 
 

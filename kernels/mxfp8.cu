@@ -17,7 +17,7 @@
 // 8-byte code stores (a warp writes 256 contiguous bytes per row).  The last block (atomic ticket) sums the
 // per-block statistics into out[4] = (row underflows, row sq_err, col underflows, col sq_err).
 // `ted_mxfp8_quantize` (the first kernel below) is the general kernel used for fp32 inputs: a warp owns
-// 32 rows x 64 columns held in registers, per-block partials [grid, 4] summed by ted_sum_columns.
+// 32 rows x 64 columns held in registers, per-block partials [grid, 4] added up by the last block.
 #include "common.cuh"
 
 #define CPL 2   // columns per lane (64 fp32 values of a 32-row tile in registers)
@@ -52,7 +52,7 @@ ted_mxfp8_quantize(const ted_raw_t* __restrict__ x, long long M, long long K, fl
                    int do_row, int do_col,
                    unsigned char* __restrict__ row_codes, unsigned char* __restrict__ row_scales,
                    unsigned char* __restrict__ col_codes, unsigned char* __restrict__ col_scales,
-                   double* __restrict__ partial) {
+                   double* __restrict__ partial, unsigned int* __restrict__ ticket, double* __restrict__ out) {
     const int lane = threadIdx.x & 31;
     const long long warps_total = (long long)gridDim.x * (blockDim.x >> 5);
     const long long warp_id = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -168,6 +168,8 @@ ted_mxfp8_quantize(const ted_raw_t* __restrict__ x, long long M, long long K, fl
         col_uf += cuf;
     }
     ted_store_dir_stats((double)row_uf, row_err, (double)col_uf, col_err, partial);
+    // the last block adds the partials up (as ted_sum_columns would in a second launch: the same order)
+    if (ted_last_block(ticket)) ted_finish_columns(partial, gridDim.x, 4, out, ticket);
 }
 
 

@@ -38,7 +38,6 @@ from tedebug.backends.cupy_runtime import (
     prepare_input,
     ready_input,
     sm_count,
-    sum_columns,
     ticket,
     workspace,
     workspace_on,
@@ -296,25 +295,17 @@ def _launch_cast(
 ) -> torch.Tensor:
     """The cast + transpose of the prepared `x2d` into `outputs` (the enabled directions' codes, the statistics
     vector at the start of the small allocation, returned as a float64 view of `plan.stats_len` entries): one launch
-    of the 16-bit kernel, else the general kernel (per-block partials summed by a second launch)."""
+    of the 16-bit kernel (whose vector also holds the scale_inv partials: FP8_STATS_WITH_SCALE) or of the general
+    kernel, each finishing its statistics in its last block."""
     row, col, small = outputs
-    args = (x2d.data_ptr(), plan.m, plan.k, scale_ptr, scale_inv_ptr, plan.fp8_max) + _codes_args(row, col)
-    stats = small[: plan.stats_len]
-    if plan.fast:  # one launch; its vector also holds the scale_inv partials (FP8_STATS_WITH_SCALE)
-        partials, tickets = workspace_on(index, stream)
-        launch_on(
-            plan.cast,
-            index,
-            stream,
-            plan.cast_grid,
-            THREADS,
-            args + (partials, tickets + _CAST_TICKET, small.data_ptr()),
-        )
-        return stats
-    partial = torch.empty((plan.cast_grid, 3), dtype=torch.float64, device=x2d.device)
-    launch_on(plan.cast, index, stream, plan.cast_grid, THREADS, args + (partial.data_ptr(),))
-    sum_columns(partial, stats)
-    return stats
+    partials, tickets = workspace_on(index, stream)
+    args = (
+        (x2d.data_ptr(), plan.m, plan.k, scale_ptr, scale_inv_ptr, plan.fp8_max)
+        + _codes_args(row, col)
+        + (partials, tickets + _CAST_TICKET, small.data_ptr())
+    )
+    launch_on(plan.cast, index, stream, plan.cast_grid, THREADS, args)
+    return small[: plan.stats_len]
 
 
 def _codes_args(row: Optional[torch.Tensor], col: Optional[torch.Tensor]) -> Tuple[Any, ...]:

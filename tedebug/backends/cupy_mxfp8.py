@@ -1,7 +1,7 @@
 """CuPy launchers of ``kernels/mxfp8.cu``: MXFP8 codes, E8M0 scales and the fused error statistics.
 
 bf16 / fp16 inputs take the single-launch ``ted_mxfp8_quantize16`` (32 x 256 tiles, statistics finished by the last
-block); float32 inputs take ``ted_mxfp8_quantize``, whose per-block partials a second launch adds up.  Both write
+block); float32 inputs take ``ted_mxfp8_quantize``; each finishes its statistics in its last block.  Both write
 rowwise codes [M, K] with scales [M, K/32] and columnwise codes [M, K] with scales [M/32, K], as the torch reference,
 and return them as raw buffers (`MXFP8Buffers`); `tedebug.quantization.mxfp8` builds the `MXFP8Tensor`.
 """
@@ -23,7 +23,6 @@ from tedebug.backends.cupy_runtime import (
     pointer,
     ready_input,
     sm_count,
-    sum_columns,
     ticket,
     workspace,
 )
@@ -59,12 +58,15 @@ def mxfp8_quantize_raw(x2d: torch.Tensor, fp8_format: str, rowwise: bool, column
     tiles = (m // 32) * ((k + 32 * cpl - 1) // (32 * cpl))
     grid = max(1, min(BLOCKS_PER_SM * sm_count(device_index(dev)), (tiles + 7) // 8))
     outputs = _mxfp8_empty(m, k, dev, rowwise, columnwise)
-    partial = torch.empty((grid, 4), dtype=torch.float64, device=dev)
     stats = torch.empty(4, dtype=torch.float64, device=dev)
+    partials, tickets = workspace(dev)
     kernel = get_kernel("mxfp8.cu", "ted_mxfp8_quantize", opts)
-    args = _head_args(x2d, fp8_format, rowwise, columnwise, outputs) + (partial.data_ptr(),)
+    args = _head_args(x2d, fp8_format, rowwise, columnwise, outputs) + (
+        partials,
+        ticket(tickets, "mxfp8"),
+        stats.data_ptr(),
+    )
     launch(kernel, grid, THREADS, args, dev)
-    sum_columns(partial, stats)
     return MXFP8Buffers(*outputs, stats)
 
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tedebug.backends import cupy_dequant, cupy_fp8_tensor, cupy_nvfp4, cupy_runtime
-from tedebug.backends.cupy_runtime import BLOCKS_PER_SM, FLAGS, THREADS, PlanCache
+from tedebug.backends.cupy_runtime import BLOCKS_PER_SM, FLAGS, THREADS, TICKETS, PlanCache
 from tedebug.backends.fused_stats import FP8_STATS, FP8_STATS_WITH_SCALE
 
 SMS = 7  # the stand-in device's SM count: small, so that the per-SM bound shows
@@ -37,6 +37,7 @@ def asked(monkeypatch):
     monkeypatch.setattr(cupy_fp8_tensor, "sm_count", lambda index: SMS)
     monkeypatch.setattr(cupy_nvfp4, "_sm_count", lambda index: SMS)
     monkeypatch.setattr(cupy_runtime, "sm_count", lambda index: SMS)  # (`grid_on`'s)
+    monkeypatch.setattr(cupy_fp8_tensor, "_DELAYED_KERNELS", {})  # (restored after the test: no stand-in outlives it)
     caches = (cupy_fp8_tensor._CAST_PLANS, cupy_nvfp4._QUANTIZE_PLANS, cupy_dequant._PLANS)
     for cache in caches:
         cache.clear()
@@ -163,7 +164,6 @@ def launches(monkeypatch, asked):
         return out
 
     monkeypatch.setattr(cupy_fp8_tensor, "_outputs", outputs)
-    monkeypatch.setattr(cupy_fp8_tensor, "sum_columns", lambda partial, out: recorded.append(("sum_columns", 1, ())))
     monkeypatch.setattr(cupy_fp8_tensor, "raw_stream", lambda index: 1234)
     monkeypatch.setattr(cupy_fp8_tensor, "workspace_on", lambda index, stream: (5000, 9000))
     monkeypatch.setattr(cupy_fp8_tensor, "workspace", lambda device: (5000, 9000))
@@ -203,12 +203,42 @@ def test_flat_delayed_scaling_launches_what_the_general_amax_pass_launches(launc
     x = torch.ones((96, 256), dtype=torch.bfloat16)
     history, scale = torch.zeros(4), torch.full((1,), 2.0)
     cupy_fp8_tensor.fp8_delayed_quantize(x, history, scale, "E4M3", True, False)
-    (amax_name, amax_grid, flat), (cast_name, _, cast_args) = recorded[:2]
-    scale_inv = made[0].small.view(torch.float32)[32:33]
+    (amax_name, amax_grid, flat), (cast_name, _, cast_args) = recorded  # (the cast finishes its own statistics)
+    small = made[0].small
+    scale_inv = small.view(torch.float32)[32:33]
     recorded.clear()
     cupy_fp8_tensor.amax_launch(x, history, record=(scale, scale_inv))
     assert recorded == [(amax_name, amax_grid, flat)]
     assert cast_name == "ted_fp8_cast_transpose" and cast_args[3:5] == (scale.data_ptr(), scale_inv.data_ptr())
+    # the workspace's partials, the cast's ticket and the statistics vector at the start of the small allocation
+    assert cast_args[-3:] == (5000, 9000 + 4 * TICKETS["cast"], small.data_ptr())
+
+
+def test_delayed_scaling_on_the_fast_shape_is_one_launch(launches):
+    """`fp8_delayed_quantize` of a fast-shape tensor: one launch of ``ted_fp8_delayed_cast16`` with the cast's grid
+    and the arguments in the kernel's order (input, shape, its amax slot, the history, scale, scale_inv at the small
+    allocation's float32 vector, FP8 max, directions, codes, partials, the cast's ticket, the statistics vector);
+    not with the statistics pass, nor on another shape."""
+    recorded, made = launches
+    x = torch.ones((128, 256), dtype=torch.bfloat16)
+    history, scale = torch.zeros(4), torch.full((1,), 2.0)
+    buffers = cupy_fp8_tensor.fp8_delayed_quantize(x, history, scale, "E4M3", True, False)
+    small = made[0].small
+    plan = cupy_fp8_tensor._cast_plan(x, 0, "E4M3")
+    assert recorded == [
+        (
+            "ted_fp8_delayed_cast16",
+            plan.cast_grid,
+            (x.data_ptr(), plan.m, plan.k, 9000 + 4 * TICKETS["fp8_delayed"], history.data_ptr(), scale.data_ptr())
+            + (small.data_ptr() + 128, plan.fp8_max, FLAGS[1], FLAGS[0], made[0].rowwise.data_ptr(), 0)
+            + (5000, 9000 + 4 * TICKETS["cast"], small.data_ptr()),
+        )
+    ]
+    assert buffers.scale_inv.data_ptr() == small.data_ptr() + 128 and buffers.stats.numel() == 9
+    assert cupy_fp8_tensor._delayed_in_one_launch(plan, False)
+    assert not cupy_fp8_tensor._delayed_in_one_launch(plan, True)  # the statistics pass records the amax
+    general = cupy_fp8_tensor._cast_plan(torch.ones((96, 256), dtype=torch.bfloat16), 0, "E4M3")
+    assert not cupy_fp8_tensor._delayed_in_one_launch(general, False)
 
 
 def test_flat_statistics_pass_gets_what_the_general_amax_pass_gives_it(launches, monkeypatch):
