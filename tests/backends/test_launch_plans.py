@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from tedebug.backends import cupy_dequant, cupy_fp8_tensor, cupy_nvfp4, cupy_runtime
+from tedebug.backends import cupy_dequant, cupy_fp8_tensor, cupy_mxfp8, cupy_nvfp4, cupy_runtime
 from tedebug.backends.cupy_runtime import BLOCKS_PER_SM, FLAGS, THREADS, TICKETS, PlanCache
 from tedebug.backends.fused_stats import FP8_STATS, FP8_STATS_WITH_SCALE
 
@@ -272,3 +272,24 @@ def test_flat_statistics_pass_gets_what_the_general_amax_pass_gives_it(launches,
     cupy_fp8_tensor.amax_launch(x, history, record=(scale, scale_inv), high_precision_out=buffers.high_precision_stats)
     assert len(passes) == 2 and passes[0] == passes[1]
     assert [name for name, _, _ in recorded] == ["ted_fp8_cast_transpose16"] * 2  # no amax launch of its own
+
+
+def test_fp32_mxfp8_quantize_is_one_launch(monkeypatch):
+    """`mxfp8_quantize_raw` of an fp32 tensor: one launch of ``ted_mxfp8_quantize`` whose last block adds the
+    per-block partials up in the stream's workspace (the partials, the MXFP8 ticket and the statistics vector end
+    its arguments); no second launch."""
+    recorded = []
+    monkeypatch.setattr(cupy_mxfp8, "get_kernel", lambda source, name, options: ("kernel", name, tuple(options)))
+    monkeypatch.setattr(cupy_mxfp8, "device_index", lambda device: 0)
+    monkeypatch.setattr(cupy_mxfp8, "sm_count", lambda index: SMS)
+    monkeypatch.setattr(cupy_mxfp8, "workspace", lambda device: (5000, 9000))
+    monkeypatch.setattr(
+        cupy_mxfp8, "launch", lambda kernel, grid, block, args, device: recorded.append((kernel[1], grid, args))
+    )
+    x = torch.ones((64, 256), dtype=torch.float32)
+    buffers = cupy_mxfp8.mxfp8_quantize_raw(x, "E4M3", True, True)
+    ((name, grid, args),) = recorded
+    tiles = (64 // 32) * (256 // 64)  # 32-row tiles of 64 columns (two per lane)
+    assert name == "ted_mxfp8_quantize" and grid == max(1, min(BLOCKS_PER_SM * SMS, (tiles + 7) // 8))
+    assert args[0] == x.data_ptr() and args[-3:] == (5000, 9000 + 4 * TICKETS["mxfp8"], buffers.stats.data_ptr())
+    assert buffers.stats.dtype == torch.float64 and buffers.stats.numel() == 4
