@@ -466,6 +466,12 @@ def _host_error_vector(values: np.ndarray, codes: np.ndarray, inverse: np.float3
     flat = values.reshape(-1)
     codes = codes.reshape(-1)
     kept = np.count_nonzero(codes & 0x7F)  # codes other than ±0 (0x00 / 0x80; the NaN code is non-zero)
+    # the non-zero inputs: all of them when every code is non-zero and the scale is finite and non-zero (a zero
+    # input then encodes to ±0; a zero or infinite scale makes NaN of 0 · Inf), else counted
+    if kept == flat.size and inverse != 0.0 and inverse - inverse == 0.0:
+        nonzero = kept
+    else:
+        nonzero = np.count_nonzero(flat)
     decoded = _decode_array(fmt, codes, inverse)  # the dequantized values, as `_dequantize` gives them
     terms = flat.astype(np.float64)
     np.subtract(terms, decoded, out=terms)
@@ -484,7 +490,7 @@ def _host_error_vector(values: np.ndarray, codes: np.ndarray, inverse: np.float3
     spread = s - total
     vector = np.array(
         (
-            float(np.count_nonzero(flat) - kept),
+            float(nonzero - kept),
             sq_err,
             float(overflows),
             1.0,
