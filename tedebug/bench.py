@@ -354,25 +354,35 @@ def bench_end_to_end(
                 debug_api.end_debug()
 
     gemms = 4 * layers
+
+    def fed(setting: str) -> int:  # the tensors a logging setting feeds per step
+        return LOGGED_PER_LAYER[setting] * gemms
+
     idle = debug_section("idle", LogTensorStats={"stats": LOG_STATS, "tensors": ALL_TENSORS, "start_step": 10**9})
     # (label, config, recipe or None, index of the baseline row, tensors fed per step)
     settings = [
         ("no debug_api (baseline)", None, None, 0, 0),
         ("initialised, nothing active", idle, None, 0, 0),
-        (f"LogTensorStats, 6 tensors x {gemms} GEMMs, freq 1", logging_config("hp-log"), None, 0, 6 * gemms),
+        (f"LogTensorStats, 6 tensors x {gemms} GEMMs, freq 1", logging_config("hp-log"), None, 0, fed("hp-log")),
     ]
     if fp8:
         recipe = Float8CurrentScaling()
         base = len(settings)
         settings += [
             ("FP8 current scaling, no debug_api (FP8 baseline)", None, recipe, base, 0),
-            (f"FP8 + LogFp8TensorStats, 3 tensors x {gemms} GEMMs", logging_config("fp8-log"), recipe, base, 3 * gemms),
+            (
+                f"FP8 + LogFp8TensorStats, 3 tensors x {gemms} GEMMs",
+                logging_config("fp8-log"),
+                recipe,
+                base,
+                fed("fp8-log"),
+            ),
             (
                 f"FP8 + LogTensorStats + LogFp8TensorStats, 3 x {gemms}",
                 logging_config("fp8-both"),
                 recipe,
                 base,
-                3 * gemms,
+                fed("fp8-both"),
             ),
         ]
     samples: Dict[str, List[float]] = {label: [] for label, *_ in settings}
