@@ -8,21 +8,15 @@ kernels return.
 
 from __future__ import annotations
 
-from types import ModuleType
-
 from tedebug.backends import torch_ref
 from tedebug.backends import dispatch  # GPU dispatch hook (gpu helper)
 
 
-def backend_for(tensor, kernel: dispatch.KernelChoice = None) -> ModuleType:
-    """The module whose family functions compute partials for `tensor` (`tedebug.backends.dispatch` decides, under
-    `kernel` or the default).
-
-    `tensor` is None for scale-only statistics of a weight kept only in quantized form: torch handles those.
-    """
-    if tensor is None:
-        return torch_ref
-    return dispatch.stats_backend(tensor, kernel)
+#: the module whose family functions compute partials for a tensor (`tedebug.backends.dispatch.stats_backend`:
+#: ``backend_for(tensor, kernel=None)`` decides under `kernel` or the default; a None tensor, for scale-only
+#: statistics of a weight kept only in quantized form, gets the torch reference).  The same function, not a wrapper:
+#: every logged tensor asks.
+backend_for = dispatch.stats_backend
 
 
 __all__ = ["backend_for", "dispatch", "torch_ref"]

@@ -166,17 +166,22 @@ def _kernel_input(tensor: torch.Tensor) -> bool:
     return tensor.dtype in _KERNEL_DTYPES and tensor.numel() > 0
 
 
-def stats_backend(tensor: torch.Tensor, kernel: KernelChoice = None) -> ModuleType:
+def stats_backend(tensor: Optional[torch.Tensor], kernel: KernelChoice = None) -> ModuleType:
     """The module whose family functions compute statistics partials of `tensor` (called for every logged tensor,
-    so the usual answers take one look at the backend name and at the tensor: "torch" or a tensor that is not on a
-    CUDA device under "auto" get the torch reference, a CUDA tensor the kernels take under "auto" gets
-    them; "cupy" goes through `use_kernels`, which raises where the kernels cannot run)."""
-    name = _name_of(kernel)
-    if name == "torch":
+    so the usual answers take one look at the backend name and at the tensor: "torch", a tensor that is not on a
+    CUDA device under "auto" and None (scale-only statistics of a weight kept only in quantized form) get the torch
+    reference, a CUDA tensor the kernels take under "auto" gets them; "cupy" goes through `use_kernels`, which
+    raises where the kernels cannot run).  The usual answers are written out here rather than asked of the helpers
+    below: every logged tensor asks."""
+    if tensor is None:
         return torch_ref
+    name = requested_backend() if kernel is None else _name_of(kernel)
     if name == "auto":
-        if tensor.is_cuda and _cupy_importable() and _kernel_input(tensor):
-            return _kernel_module("cupy_stats")
+        if tensor.is_cuda and (_cupy_found or _cupy_importable()) and tensor.dtype in _KERNEL_DTYPES:
+            if tensor.numel() > 0:
+                return _KERNEL_MODULES.get("cupy_stats") or _kernel_module("cupy_stats")
+        return torch_ref
+    if name == "torch":
         return torch_ref
     if use_kernels(tensor, kernel) and _kernel_input(tensor):
         return _kernel_module("cupy_stats")
