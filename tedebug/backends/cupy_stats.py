@@ -30,7 +30,6 @@ from tedebug.backends.cupy_runtime import (
     dtype_options,
     get_kernel,
     prepare_input,
-    ready_input,
     sm_count,
     workspace_on,
 )
@@ -119,38 +118,56 @@ def basic_stats_group_into(items: Sequence[Tuple[torch.Tensor, int]]) -> None:
     misaligned one is read from its contiguous copy, as `basic_stats_into` does).  The blocks of one wave are split
     among the tensors (`group_grids`); a tensor's row is then bit for bit the row of a lone launch with that many
     blocks, and the launch costs about what one pass over all the tensors' bytes costs, where separate launches
-    each pay a pass's ramp-up and drain (kernels/stats.cu)."""
-    if len(items) == 1:
+    each pay a pass's ramp-up and drain (kernels/stats.cu).  Every logged tensor of a layer comes through here, so
+    the checks and the arguments are made in one pass over `items`, with the per-(device, dtype) constants looked
+    up once (`_group_launch`)."""
+    count = len(items)
+    if count == 1:
         basic_stats_into(*items[0])
         return
-    if not 1 < len(items) <= GROUP_MAX:
-        raise ValueError(f"basic_stats_group_into: 1 to {GROUP_MAX} tensors, got {len(items)}")
+    if not 1 < count <= GROUP_MAX:
+        raise ValueError(f"basic_stats_group_into: 1 to {GROUP_MAX} tensors, got {count}")
     x = items[0][0]
-    if x.dtype not in DTYPE_CODE:
-        raise TypeError(f"tedebug kernels: expected a float32/bfloat16/float16 tensor, got {x.dtype}")
-    if any(t.dtype != x.dtype or t.device != x.device or t.numel() == 0 for t, _ in items):
-        raise ValueError("basic_stats_group_into: the tensors must be non-empty, of one dtype, on one device")
-    items = [(ready_input(t), out) for t, out in items]
-    index = x.get_device()
-    _, vec, max_grid = _STATS_LAUNCH.get((index, x.dtype)) or _stats_launch(x, index)
-    numels = [t.numel() for t, _ in items]
+    dtype, index = x.dtype, x.get_device()
+    constants = _GROUP_LAUNCH.get((index, dtype))
+    if constants is None:
+        if dtype not in DTYPE_CODE:
+            raise TypeError(f"tedebug kernels: expected a float32/bfloat16/float16 tensor, got {dtype}")
+        constants = _group_launch(x, index)
+    kernel, vec, max_grid = constants
+    ready = []  # the tensors read: a copy made here must stay alive until the launch is queued
+    numels = []
+    for tensor, _ in items:
+        n = tensor.numel()
+        if tensor.dtype is not dtype or tensor.get_device() != index or n == 0:
+            raise ValueError("basic_stats_group_into: the tensors must be non-empty, of one dtype, on one device")
+        if tensor.data_ptr() % 16 or not tensor.is_contiguous():
+            tensor = prepare_input(tensor)
+        ready.append(tensor)
+        numels.append(n)
     grids = group_grids(numels, vec, max_grid)
     args: list = []
-    for (tensor, out_ptr), n, grid in zip(items, numels, grids):
-        args += [tensor.data_ptr(), np.int64(n), np.uint32(grid), out_ptr]
-    for _ in range(GROUP_MAX - len(items)):  # absent tensors: no blocks
-        args += [0, np.int64(0), np.uint32(0), 0]
-    kernel = _GROUP_KERNELS.get((index, x.dtype))
-    if kernel is None:
-        kernel = _GROUP_KERNELS[(index, x.dtype)] = get_kernel("stats.cu", "ted_stats_group", dtype_options(x))
+    for tensor, n, grid, (_, out_ptr) in zip(ready, numels, grids, items):
+        args += (tensor.data_ptr(), np.int64(n), np.uint32(grid), out_ptr)
+    args += _ABSENT_TENSOR * (GROUP_MAX - count)
     stream = raw_stream(index)
     partials, tickets = workspace_on(index, stream)
-    args += [partials, tickets + _GROUP_TICKET_OFFSET]
+    args += (partials, tickets + _GROUP_TICKET_OFFSET)
     launch_on(kernel, index, stream, sum(grids), THREADS, tuple(args))
 
 
-#: (device index, dtype) -> the ``ted_stats_group`` kernel of `basic_stats_group_into`
-_GROUP_KERNELS: Dict[Tuple[int, torch.dtype], Kernel] = {}
+#: the arguments of an absent tensor of ``ted_stats_group`` (no blocks)
+_ABSENT_TENSOR = (0, np.int64(0), np.uint32(0), 0)
+#: (device index, dtype) -> (the ``ted_stats_group`` kernel, elements per 16-byte load, largest grid) of
+#: `basic_stats_group_into`
+_GROUP_LAUNCH: Dict[Tuple[int, torch.dtype], Tuple[Kernel, int, int]] = {}
+
+
+def _group_launch(x: torch.Tensor, index: int) -> Tuple[Kernel, int, int]:
+    _, vec, max_grid = _STATS_LAUNCH.get((index, x.dtype)) or _stats_launch(x, index)
+    kernel = get_kernel("stats.cu", "ted_stats_group", dtype_options(x))
+    constants = _GROUP_LAUNCH[(index, x.dtype)] = (kernel, vec, max_grid)
+    return constants
 
 
 def basic_stats_and_amax_into(x: torch.Tensor, out_ptr: int, amax_args: Tuple[Any, ...], nz_ptr: int = 0) -> None:

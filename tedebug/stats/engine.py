@@ -164,13 +164,8 @@ class StatsEngine:
                     # one launch writing the whole row into this step's slab; inside a layer's launch group the
                     # launch waits for the group's other tensors (`tedebug.stats.launch_group`)
                     slab = self._slab(tensor.device, len(backend.BASIC_ROW_KEYS))
-                    index = slab.take()
-                    queue = launch_group.pending()
-                    group_into = getattr(backend, "basic_stats_group_into", None)
-                    if queue is not None and group_into is not None:
-                        launch_group.defer(queue, group_into, into, tensor, slab.address(index))
-                    else:
-                        into(tensor, slab.address(index))
+                    index, address = slab.take()
+                    launch_group.submit(getattr(backend, "basic_stats_group_into", None), into, tensor, address)
                     buffer.add_slab_row(slab, index, backend.BASIC_ROW_KEYS)
                     return
             if tensor is not None and tensor.requires_grad and torch.is_grad_enabled():

@@ -6,8 +6,8 @@ reduce up to three tensors at the same time (`cupy_stats.basic_stats_group_into`
 section 3).
 
 How: a layer opens a group around the code that feeds a GEMM call's tensors (`open_group` / `close_group`: the
-forward of one linear GEMM, its backward).  While this thread's group is open, `StatsEngine.feed` hands the launch
-of a tensor's statistics row to `defer` instead of launching it; the queue is launched `GROUP_MAX` tensors at a time
+forward of one linear GEMM, its backward).  `StatsEngine.feed` hands the launch of a tensor's statistics row to
+`submit`, which queues it while this thread's group is open; the queue is launched `GROUP_MAX` tensors at a time
 of one device and dtype, when it is full and when the group closes.  The rows' slab addresses are taken at the feed,
 so the buffers are the same; only the launch moves, to a point the layer chooses where nothing has changed the
 tensors since their feed (the group holds a reference to each, so none is freed before its launch).  Feeds outside
@@ -58,8 +58,14 @@ def close_group(opened: bool) -> None:
         _launch(queue)
 
 
-def defer(queue: List[Deferred], group_into: Callable[..., None], into: Callable[..., None], x: Any, address: int):
-    """Queue the statistics launch of `x` into the row at `address`; launch the queue once it holds `GROUP_MAX`."""
+def submit(group_into: Optional[Callable[..., None]], into: Callable[..., None], x: Any, address: int) -> None:
+    """Launch the statistics row of `x` into `address`: queued while this thread's group is open (launched once the
+    queue holds `GROUP_MAX` tensors, or when the group closes), at once through `into` when no group is open or the
+    backend has no group launch (`group_into` None)."""
+    queue = getattr(_THREAD, "queue", None)
+    if queue is None or group_into is None:
+        into(x, address)
+        return
     queue.append((group_into, into, x, address))
     if len(queue) >= GROUP_MAX:
         batch = queue[:]
@@ -72,7 +78,7 @@ def _launch(queue: List[Deferred]) -> None:
     groups: dict = {}
     for entry in queue:
         x = entry[2]
-        groups.setdefault((entry[0], x.device, x.dtype), []).append(entry)
+        groups.setdefault((entry[0], x.get_device(), x.dtype), []).append(entry)  # (an index: no device object)
     for entries in groups.values():
         for start in range(0, len(entries), GROUP_MAX):
             chunk = entries[start : start + GROUP_MAX]
@@ -83,4 +89,4 @@ def _launch(queue: List[Deferred]) -> None:
                 chunk[0][0]([(x, address) for _, _, x, address in chunk])
 
 
-__all__ = ["GROUP_MAX", "close_group", "defer", "open_group", "pending"]
+__all__ = ["GROUP_MAX", "close_group", "open_group", "pending", "submit"]

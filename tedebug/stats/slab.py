@@ -14,7 +14,7 @@ the same stream in ordinary training (tedebug's own kernels launch on torch's cu
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Tuple
 
 import torch
 
@@ -41,15 +41,16 @@ class RowSlab:
         """Rows handed out since the last `reset`."""
         return self._used
 
-    def take(self) -> int:
-        """Hand out the next row; returns its index (its address is `address(index)`)."""
+    def take(self) -> Tuple[int, int]:
+        """Hand out the next row; returns its index and its device address (`address(index)`)."""
         index = self._used
-        if index // CHUNK_ROWS >= len(self._chunks):
+        chunk_index, row = divmod(index, CHUNK_ROWS)
+        if chunk_index >= len(self._chunks):
             chunk = torch.empty((CHUNK_ROWS, self.width), dtype=torch.float64, device=self.device)
             self._chunks.append(chunk)
             self._bases.append(chunk.data_ptr())
         self._used = index + 1
-        return index
+        return index, self._bases[chunk_index] + row * self._row_bytes
 
     def address(self, index: int) -> int:
         """Device address of row `index`."""

@@ -40,7 +40,7 @@ def launched(monkeypatch):
         lambda kernel, index, stream, grid, block, args: calls.append((kernel, grid, block, args)),
     )
     monkeypatch.setattr(cupy_stats, "_STATS_LAUNCH", {})
-    monkeypatch.setattr(cupy_stats, "_GROUP_KERNELS", {})
+    monkeypatch.setattr(cupy_stats, "_GROUP_LAUNCH", {})
     return calls
 
 

@@ -63,20 +63,24 @@ def test_the_queue():
     assert opened and launch_group.pending() == []
     assert launch_group.open_group() is False  # an inner group joins the open one
     launch_group.close_group(False)  # ... and its close leaves the queue alone
-    queue = launch_group.pending()
-    launch_group.defer(queue, group, lone, f32[0], 100)
-    launch_group.defer(queue, group, lone, f64, 101)
-    assert calls == []  # waiting for the group
-    launch_group.defer(queue, group, lone, f32[1], 102)  # the third: the queue goes out, one launch per dtype
-    assert calls == [("group", [(0.0, 100), (1.0, 102)]), ("lone", 9.0, 101)] and queue == []
+    launch_group.submit(group, lone, f32[0], 100)
+    launch_group.submit(group, lone, f64, 101)
+    assert calls == [] and len(launch_group.pending()) == 2  # waiting for the group
+    launch_group.submit(group, lone, f32[1], 102)  # the third: the queue goes out, one launch per dtype
+    assert calls == [("group", [(0.0, 100), (1.0, 102)]), ("lone", 9.0, 101)] and launch_group.pending() == []
     calls.clear()
     for i in (2, 3, 4):
-        launch_group.defer(queue, group, lone, f32[i], 100 + i)
+        launch_group.submit(group, lone, f32[i], 100 + i)
     assert calls == [("group", [(2.0, 102), (3.0, 103), (4.0, 104)])]
     calls.clear()
-    launch_group.defer(queue, group, lone, f32[0], 7)
+    launch_group.submit(None, lone, f32[3], 8)  # a backend without a group launch: at once, group or not
+    assert calls == [("lone", 3.0, 8)] and launch_group.pending() == []
+    calls.clear()
+    launch_group.submit(group, lone, f32[0], 7)
     launch_group.close_group(opened)  # the leftover goes out at the close, through the lone launch
     assert calls == [("lone", 0.0, 7)] and launch_group.pending() is None
+    launch_group.submit(group, lone, f32[1], 9)  # no group open: at once
+    assert calls == [("lone", 0.0, 7), ("lone", 1.0, 9)]
 
 
 def _run(tmp_path, name):
@@ -114,7 +118,7 @@ def test_a_layer_launches_once_per_direction(tmp_path, launches, no_debug_sessio
         ("group", [numels["output"], numels["activation"], numels["weight"]]),  # gradient, dgrad, wgrad
     ]
     launches.clear()
-    monkeypatch.setattr(launch_group, "pending", lambda: None)  # every tensor launched alone at its feed
+    monkeypatch.setattr(launch_group, "open_group", lambda: False)  # no group: every tensor launched at its feed
     alone = _run(tmp_path, "alone")
     assert [kind for kind, _ in launches] == ["lone"] * 6
     assert len(grouped) == 6 * len(STATS) and grouped == alone
