@@ -20,7 +20,7 @@ import torch
 from tedebug import active, debug_api
 from tedebug.config.schedule import Schedule
 from tedebug.nn import Linear
-from tedebug.stats.definitions import StatRequest
+from tedebug.stats.definitions import FORMULAS_FILE, StatRequest
 
 from support.features import RecordingSink, debug_session
 
@@ -112,11 +112,14 @@ def test_schedule_clocks_belong_to_their_session(tmp_path):
 
 
 def _stats_calls(fn) -> Counter:
-    """The Python functions of `tedebug.stats` that `fn()` calls, counted by qualified name."""
+    """The Python functions of `tedebug.stats` (and the statistics formulas it generates) that `fn()` calls, counted
+    by qualified name."""
     calls: Counter = Counter()
 
     def profile(frame, event, arg):
-        if event == "call" and frame.f_code.co_filename.startswith(STATS_DIR):
+        if event == "call" and (
+            frame.f_code.co_filename.startswith(STATS_DIR) or frame.f_code.co_filename == FORMULAS_FILE
+        ):
             calls[frame.f_code.co_qualname] += 1
 
     sys.setprofile(profile)
@@ -140,7 +143,7 @@ def test_a_staged_feed_and_its_step_make_no_other_stats_calls(tmp_path):
             for i, t in enumerate(tensors):
                 engine.feed(f"L{i}", "activation", requests, t, iteration=iteration, options=(1,))
 
-        feed_all(0)  # the first step builds the buffers, their finalizers and gathers
+        feed_all(0)  # the first step builds the buffers, their formulas and gathers
         debug_api.step()
         feeds = _stats_calls(lambda: feed_all(1))
         step = _stats_calls(debug_api.step)
@@ -150,12 +153,8 @@ def test_a_staged_feed_and_its_step_make_no_other_stats_calls(tmp_path):
     assert per_buffer == {
         "FedRow.__init__": 6,
         "StatBuffer.clear": 6,
-        # the final formulas: one finalizer per statistic, mean / std / dynamic range through their helpers
-        "finalizer.<locals>.<lambda>": 48,
-        "_div": 6,
-        "_std": 6,
-        "_dynamic_range": 6,
-        "_log2": 12,
+        # the final formulas: one generated function per buffer (`row_evaluator`), all eight statistics in it
+        "values_of": 6,
         # the staged rows' column pick (`StatBuffer.host_gather`), once per buffer
         "StatBuffer.host_gather.<locals>.<lambda>": 6,
         # the "fed since the last step" test, twice per buffer: when the step lists the fed buffers, and when the

@@ -270,7 +270,7 @@ def _same_float(a: float, b: float) -> bool:
     ],
 )
 def test_buffer_finalizers_equal_finalize(data):
-    """Each buffer's index-resolved finalizer gives exactly `finalize`'s value (the emission fast path)."""
+    """A buffer's generated row function gives exactly `finalize`'s values (the emission fast path)."""
     from tedebug.backends import torch_ref
     from tedebug.stats.buffers import BufferKey, StatBuffer
     from tedebug.stats.definitions import HP_KINDS, NUMEL, Column, finalize
@@ -283,10 +283,11 @@ def test_buffer_finalizers_equal_finalize(data):
     partials[Column("block_dr", (2, 1, False))] = 1.25
     row = [partials[c] for c in buffer.columns]
     values = dict(zip(buffer.columns, row))
-    for (name, stat, value_of), request in zip(buffer.emitters, requests):
+    evaluated = buffer.emitters.values_of(row)
+    for (name, stat), value, request in zip(buffer.emitters.names, evaluated, requests, strict=True):
         assert (name, stat) == (f"l_activation_{request.name}", request.name)
-        assert _same_float(value_of(row), finalize(request, values)), request.name
-    got = {stat: value_of(row) for _, stat, value_of in buffer.emitters}
+        assert _same_float(value, finalize(request, values)), request.name
+    got = {stat: value for (_, stat), value in zip(buffer.emitters.names, evaluated)}
     if data == [1.0, -2.0, 0.0, 4.0]:  # mean 3/4, Σ(x-m)² = 0.0625+7.5625+0.5625+10.5625 = 18.75
         assert (got["min"], got["max"], got["mean"], got["l1_norm"], got["cur_amax"]) == (-2.0, 4.0, 0.75, 7.0, 4.0)
         assert got["std"] == math.sqrt(18.75 / 3) and got["l2_norm"] == math.sqrt(21.0)

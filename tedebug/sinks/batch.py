@@ -1,14 +1,14 @@
 """`ScalarBatch`: the statistics of one step in columnar form, as `tedebug.stats.engine.StatsEngine` emits them.
 
 A batch holds one row per emitted buffer: ``(emitters, row, iteration, layer, tensor)``, where `emitters` is the
-buffer's tuple of ``(name, stat, value_of)`` (one per statistic, in request order), `row` its merged row and
-``value_of(row)`` the statistic's final value.  It is a read-only ``Sequence[Record]`` (`tedebug.sinks.base.Record`):
-the records ``(name, value, iteration, layer, tensor, stat)`` are built on first use and cached, so any sink
-(`Sink.log_scalars`, a user object, TensorBoard) receives it as it would a list of records.  The file sinks
-(`tedebug.sinks.text`, `tedebug.sinks.jsonl`) read its columns instead, each computed once per batch whatever the
-number of sinks:
+buffer's `Emitters`: its ``(name, stat)`` pairs (one per statistic, in request order) and ``values_of(row)``, the
+final values of them all from its merged row (one call per buffer: `tedebug.stats.definitions.row_evaluator`
+generates it).  It is a read-only ``Sequence[Record]`` (`tedebug.sinks.base.Record`): the records ``(name, value,
+iteration, layer, tensor, stat)`` are built on first use and cached, so any sink (`Sink.log_scalars`, a user object,
+TensorBoard) receives it as it would a list of records.  The file sinks (`tedebug.sinks.text`, `tedebug.sinks.jsonl`)
+read its columns instead, each computed once per batch whatever the number of sinks:
 
-* `values`: the value of every record as a Python float, in record order (every ``value_of`` runs once per batch);
+* `values`: the value of every record as a Python float, in record order (every ``values_of`` runs once per batch);
 * `iteration`: the iteration of every record, or None when they differ;
 * `layout` / `same_layout`: a key of the sequence of (name, layer, tensor, stat): the rows' emitters, layer and
   tensor objects, compared by identity.  A buffer keeps its emitters tuple while its requests stay the same, so
@@ -16,7 +16,7 @@ number of sinks:
   for the last one.  The same layout implies the same names; a different one only means "make them again".
 
 A batch never changes once built: the rows must not be modified after they are handed over (the engine makes new
-ones every step), and `emitters` must be immutable (a tuple).
+ones every step), and `emitters` never changes (an immutable `Emitters`).
 """
 
 from __future__ import annotations
@@ -24,16 +24,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import chain
 from operator import is_, itemgetter
-from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple, Union, overload
+from typing import Any, Callable, Iterable, Iterator, List, NamedTuple, Optional, Tuple, Union, overload
 
 from tedebug.sinks.background import Record
 
-#: ``(name, stat, value_of)`` of one statistic of a buffer
-Emitter = Tuple[str, str, Callable[[Any], Any]]
-#: ``(emitters, row, iteration, layer, tensor)``: one buffer of a batch
-BatchRow = Tuple[Tuple[Emitter, ...], Any, Any, Any, Any]
 
-_EMITTERS = itemgetter(0)
+class Emitters(NamedTuple):
+    """What a buffer emits: the ``(name, stat)`` pair of each statistic (emitted name, requested statistic, in
+    request order) and `values_of`, the list of their final values from one merged row, in the same order."""
+
+    names: Tuple[Tuple[str, str], ...]
+    values_of: Callable[[Any], List[Any]]
+
+
+#: ``(emitters, row, iteration, layer, tensor)``: one buffer of a batch
+BatchRow = Tuple[Emitters, Any, Any, Any, Any]
+
 _LAYOUT_PARTS = itemgetter(0, 3, 4)
 _UNSET: Any = object()  # a column not computed yet (None is a valid `iteration`)
 
@@ -55,7 +61,7 @@ class ScalarBatch(Sequence):
     # ------------------------------------------------------------------------------------------- sequence
     def __len__(self) -> int:
         if self._len is None:
-            self._len = sum(map(len, map(_EMITTERS, self._rows)))
+            self._len = sum(len(row[0].names) for row in self._rows)
         return self._len
 
     @overload
@@ -80,20 +86,26 @@ class ScalarBatch(Sequence):
             raw = iter(self._raw_values())
             records: List[Record] = []
             for emitters, _, iteration, layer, tensor in self._rows:
-                records.extend([(name, next(raw), iteration, layer, tensor, stat) for name, stat, _ in emitters])
+                records.extend([(name, next(raw), iteration, layer, tensor, stat) for name, stat in emitters.names])
             self._records = records
         return self._records
 
     # ------------------------------------------------------------------------------------------- columns
     def evaluate(self) -> "ScalarBatch":
-        """Run every ``value_of`` now (an error it raises is raised here); returns the batch."""
+        """Run every ``values_of`` now (an error it raises is raised here); returns the batch."""
         self._raw_values()
         return self
 
     def _raw_values(self) -> List[Any]:
-        """``value_of(row)`` of every statistic, in record order, as the emitters return them."""
-        if self._raw is None:  # (a comprehension: Python calls Python functions faster than map does)
-            self._raw = [value_of(row) for emitters, row, _, _, _ in self._rows for _, _, value_of in emitters]
+        """The value of every statistic, in record order, as the emitters' ``values_of`` return them."""
+        if self._raw is None:
+            raw: List[Any] = []
+            for emitters, row, _, _, _ in self._rows:
+                values = emitters.values_of(row)
+                if len(values) != len(emitters.names):
+                    raise ValueError(f"{len(values)} values for the {len(emitters.names)} statistics {emitters.names}")
+                raw += values
+            self._raw = raw
         return self._raw
 
     @property
@@ -109,7 +121,7 @@ class ScalarBatch(Sequence):
         """The iteration of every record, or None when they differ (or the batch is empty)."""
         if self._iteration is _UNSET:
             try:
-                iterations = {row[2] for row in self._rows if row[0]}
+                iterations = {row[2] for row in self._rows if row[0].names}
             except TypeError:  # an unhashable iteration: treated as mixed
                 iterations = set()
             self._iteration = iterations.pop() if len(iterations) == 1 else None
@@ -132,5 +144,5 @@ class ScalarBatch(Sequence):
         """``(name, layer, tensor, stat)`` of every record, in order (what a sink makes its cached line pieces of)."""
         parts: List[Tuple[Any, Any, Any, Any]] = []
         for emitters, _, _, layer, tensor in self._rows:
-            parts.extend([(name, layer, tensor, stat) for name, stat, _ in emitters])
+            parts.extend([(name, layer, tensor, stat) for name, stat in emitters.names])
         return parts

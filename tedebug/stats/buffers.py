@@ -32,8 +32,9 @@ from tedebug.stats.definitions import (
     columns_for,
     combine_rows,
     family_of,
-    finalizer,
+    row_evaluator,
 )
+from tedebug.sinks.batch import Emitters
 from tedebug.stats.slab import RowSlab
 
 #: the partial families of quantization statistics (they read a quantized direction)
@@ -111,9 +112,10 @@ class StatBuffer:
         self._gathers: Dict[tuple, Any] = {}  # index tensors per device, numpy index arrays
         self._positions: Dict[Tuple[str, ...], Tuple[int, ...]] = {}
         self._vector_positions: Dict[Tuple[str, ...], Tuple[int, ...]] = {}
-        #: (emitted name, request name, value of the request from a merged row in `columns` order) per request
-        self.emitters: Tuple[Tuple[str, str, Callable[[Sequence[float]], float]], ...] = tuple(
-            (name, r.name, finalizer(r, self.columns)) for name, r in zip(self.stat_names, requests)
+        #: (emitted name, request name) per request, and the final values of them all from a merged row in
+        #: `columns` order (one generated function: `row_evaluator`)
+        self.emitters = Emitters(
+            tuple((name, r.name) for name, r in zip(self.stat_names, requests)), row_evaluator(requests, self.columns)
         )
 
     def covered_by(self, keys: Tuple[str, ...]) -> bool:

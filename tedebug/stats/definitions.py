@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -357,57 +357,78 @@ def _std(m2: float, numel: float) -> float:
     return math.sqrt(m2 / (numel - 1)) if numel > 1 else math.nan
 
 
-#: high-precision kinds whose value is one partial, as is
-_SINGLE_PARTIAL_KINDS = ("min", "max", "nan_count", "inf_count", "l1_norm", "cur_amax")
+#: statistic kind -> its final formula over a merged row, as a Python expression in which ``{partial}`` stands for the
+#: float value of that partial in the statistic's qualifier (``{numel}``: the row's element count) and ``_nan``,
+#: ``_inf``, ``_sqrt``, ``_log2`` for math's.  `row_evaluator` compiles the formulas of a buffer's statistics into one
+#: function; `finalize` spells the same formulas out, and the tests hold the two to the same bits.
+FORMULAS: Dict[str, str] = {
+    "min": "{min}",
+    "max": "{max}",
+    "mean": "({sum} / {numel} if {numel} != 0 else _nan)",
+    "std": "(_sqrt({m2} / ({numel} - 1)) if {numel} > 1 else _nan)",
+    "l1_norm": "{abs_sum}",
+    "l2_norm": "_sqrt({sq_sum})",
+    "cur_amax": "{amax}",
+    # +inf when no element is non-zero; log2(0) = -inf
+    "dynamic_range": (
+        "(_inf if {nz_abs_max} == 0.0"
+        " else _log2({nz_abs_max}) - (_log2({nz_abs_min}) if {nz_abs_min} != 0.0 else -_inf))"
+    ),
+    "nan_count": "{nan_count}",
+    "inf_count": "{inf_count}",
+    BLOCKWISE_KIND: "{block_dr}",
+    "underflows%": "100.0 * ({underflows_num} / {numel} if {numel} != 0 else _nan)",
+    "overflows%": "100.0 * ({overflows_num} / {numel} if {numel} != 0 else _nan)",
+    "mse": "({sq_err} / {numel} if {numel} != 0 else _nan)",
+    "scale_inv_min": "(0.0 if {scale_nz_min} == _inf else {scale_nz_min})",
+    "scale_inv_max": "{scale_max}",
+    "scale_inv_std": "(_sqrt({scale_m2} / {scale_count}) if {scale_count} > 0 else _nan)",
+}
+#: the names the formulas use besides the row
+_FORMULA_NAMES = {"_nan": math.nan, "_inf": math.inf, "_sqrt": math.sqrt, "_log2": math.log2, "float": float}
+#: the file name of the generated functions (in tracebacks and profiles)
+FORMULAS_FILE = "<tedebug statistics formulas>"
+#: generated source -> its compiled function (buffers of one layout share one)
+_EVALUATORS: Dict[str, Callable[[Sequence[float]], List[float]]] = {}
 
 
-def finalizer(request: StatRequest, columns: Sequence[Column]) -> Callable[[Sequence[float]], float]:
-    """`finalize` of `request` as a function of a merged row given as a sequence in `columns` order.
+def _qualifier(request: StatRequest) -> Tuple[Any, ...]:
+    """The qualifier of the partial columns `request` reads (see `Column`)."""
+    if request.kind in QUANTIZED_KINDS:
+        return (request.recipe, bool(request.columnwise))
+    return tuple(request.params) if request.kind == BLOCKWISE_KIND else ()
 
-    The column positions are resolved once (a buffer builds its finalizers when its requests are set), so the
-    per-step cost is the formula alone; the formulas are the ones `finalize` uses.
-    """
+
+def row_evaluator(
+    requests: Sequence[StatRequest], columns: Sequence[Column]
+) -> Callable[[Sequence[float]], List[float]]:
+    """One function giving the final value of every request, in order, from a merged row in `columns` order.
+
+    It is the `FORMULAS` of the requests with the column positions resolved now, generated as one Python function
+    (each column read and converted to float once), so a step evaluates a buffer with one call instead of one per
+    statistic.  Only `FORMULAS` and column positions go into the generated source, never a name from a config."""
     position = {column: i for i, column in enumerate(columns)}
-    kind = request.kind
-    n = position[NUMEL]
-    if kind in _SINGLE_PARTIAL_KINDS:
-        i = position[_PLAIN_COLUMNS[_HP_PARTIALS[kind][0]]]
-        return lambda row: float(row[i])
-    if kind == "mean":
-        s = position[_PLAIN_COLUMNS["sum"]]
-        return lambda row: _div(float(row[s]), float(row[n]))
-    if kind == "std":
-        m2 = position[_PLAIN_COLUMNS["m2"]]
-        return lambda row: _std(float(row[m2]), float(row[n]))
-    if kind == "l2_norm":
-        q = position[_PLAIN_COLUMNS["sq_sum"]]
-        return lambda row: math.sqrt(float(row[q]))
-    if kind == "dynamic_range":
-        hi, lo = position[_PLAIN_COLUMNS["nz_abs_max"]], position[_PLAIN_COLUMNS["nz_abs_min"]]
-        return lambda row: _dynamic_range(float(row[hi]), float(row[lo]))
-    if kind in QUANTIZED_KINDS:
-        return _quantized_finalizer(kind, position, (request.recipe, bool(request.columnwise)), n)
-    columns = tuple(columns)
-    return lambda row: finalize(request, dict(zip(columns, row)))
+    used: Dict[int, None] = {}
 
+    def local(name: str, qualifier: Tuple[Any, ...]) -> str:
+        index = position[NUMEL if name == "numel" else Column(name, qualifier)]
+        used[index] = None
+        return f"v{index}"
 
-def _quantized_finalizer(kind: str, position: Mapping[Column, int], qualifier: tuple, n: int):
-    """`finalizer` of a quantization statistic: `_finalize_quantized`'s formulas on positions resolved once."""
-    at = {name: position[Column(name, qualifier)] for name in _QUANTIZED_PARTIALS[kind]}
-    if kind in ("underflows%", "overflows%"):
-        i = at["underflows_num" if kind == "underflows%" else "overflows_num"]
-        return lambda row: 100.0 * _div(float(row[i]), float(row[n]))
-    if kind == "mse":
-        i = at["sq_err"]
-        return lambda row: _div(float(row[i]), float(row[n]))
-    if kind == "scale_inv_min":
-        i = at["scale_nz_min"]
-        return lambda row: _scale_inv_min(float(row[i]))
-    if kind == "scale_inv_max":
-        i = at["scale_max"]
-        return lambda row: float(row[i])
-    count, m2 = at["scale_count"], at["scale_m2"]
-    return lambda row: _scale_inv_std(float(row[m2]), float(row[count]))
+    expressions = []
+    for request in requests:
+        qualifier = _qualifier(request)
+        formula = FORMULAS[request.kind]
+        names = [name for name in PARTIALS if "{" + name + "}" in formula]
+        expressions.append(formula.format(**{name: local(name, qualifier) for name in names}))
+    reads = "".join(f"    v{i} = float(row[{i}])\n" for i in sorted(used))
+    source = f"def values_of(row):\n{reads}    return [{', '.join(expressions)}]\n"
+    evaluator = _EVALUATORS.get(source)
+    if evaluator is None:
+        namespace: Dict[str, Any] = dict(_FORMULA_NAMES)
+        exec(compile(source, FORMULAS_FILE, "exec"), namespace)
+        evaluator = _EVALUATORS[source] = namespace["values_of"]
+    return evaluator
 
 
 def _dynamic_range(nz_max: float, nz_min: float) -> float:

@@ -17,10 +17,11 @@ hand out rows again until `host_rows()` has returned; the engine alternates two 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from tedebug.sinks.batch import Emitters
 from tedebug.stats.buffers import BufferKey, StatBuffer, VectorRow
 from tedebug.stats.definitions import Column, combine_rows
 from tedebug.stats.slab import RowSlab
@@ -47,7 +48,7 @@ class FedRow:
     def __init__(self, buffer: StatBuffer) -> None:
         self.key: BufferKey = buffer.key
         self.columns: Tuple[Column, ...] = buffer.columns
-        self.emitters: Tuple[Tuple[str, str, Callable[[Sequence[float]], float]], ...] = buffer.emitters
+        self.emitters: Emitters = buffer.emitters
         self.iteration: Optional[int] = buffer.iteration
         self.reduction_group: Any = buffer.reduction_group
         self.skip_reduction: bool = buffer.skip_reduction

@@ -16,7 +16,7 @@ except ImportError:
 
 from tedebug.sinks import jsonl
 from tedebug.sinks.jsonl import JsonlSink, value_texts
-from tedebug.sinks.batch import ScalarBatch
+from tedebug.sinks.batch import Emitters, ScalarBatch
 
 #: the places where Python's repr and orjson could disagree: the switch to exponents on both sides, subnormals,
 #: the extremes, signed zeros, non-finite values
@@ -119,7 +119,7 @@ def test_short_columns_skip_orjson(monkeypatch):
 def test_batch_files_equal_with_and_without_orjson(tmp_path, monkeypatch):
     """A JsonlSink writes the same bytes for a batch either way, and they are `json.dumps` of each record."""
     values = sample(7, n=64)
-    emitters = tuple((f"L_activation_s{i}", f"s{i}", (lambda row, i=i: row[i])) for i in range(len(values)))
+    emitters = Emitters(tuple((f"L_activation_s{i}", f"s{i}") for i in range(len(values))), list)
     batch = ScalarBatch([(emitters, values, 3, "L", "activation")])
     written = []
     counting = _CountingOrjson()

@@ -8,13 +8,12 @@ import math
 import random
 import threading
 import unicodedata
-from operator import itemgetter
 
 import pytest
 import torch
 
 from tedebug.sinks import MetricLogger, Sink
-from tedebug.sinks.batch import ScalarBatch
+from tedebug.sinks.batch import Emitters, ScalarBatch
 from tedebug.sinks.jsonl import JsonlSink
 from tedebug.sinks.text import TextStatsSink
 from tedebug.stats import StatsEngine
@@ -77,8 +76,8 @@ class _FixedTime:
 
 
 def emitters_of(layer, tensor, stats):
-    """The emitters tuple of a buffer: (name, stat, value_of) with value_of picking the stat's column."""
-    return tuple((f"{layer}_{tensor}_{stat}", stat, itemgetter(i)) for i, stat in enumerate(stats))
+    """The emitters of a buffer whose row holds the values of `stats` in order."""
+    return Emitters(tuple((f"{layer}_{tensor}_{stat}", stat) for stat in stats), lambda row: list(row[: len(stats)]))
 
 
 def text_sink(path):
@@ -155,7 +154,7 @@ def expected_jsonl(records):
 # ------------------------------------------------------------------------------------------------ the sequence
 def test_scalar_batch_is_the_sequence_of_its_records():
     e1 = emitters_of("L1", "activation", ["min", "max"])
-    e2 = (("L2_weight_count", "count", lambda row: 7),)  # an int value: kept as it is in the records
+    e2 = Emitters((("L2_weight_count", "count"),), lambda row: [7])  # an int value: kept as it is in the records
     rows = [(e1, [-1.5, 2.5], 4, "L1", "activation"), (e2, [0.0], 4, "L2", "weight")]
     batch = ScalarBatch(rows)
     expected = [
@@ -188,7 +187,7 @@ def test_scalar_batch_empty_mixed_iterations_and_subclass_values():
     mixed = ScalarBatch([(e, [1.0], 3, "L", "x"), (e, [2.0], 4, "L", "x")])
     assert mixed.iteration is None and [r[2] for r in mixed] == [3, 4]
     # a buffer without statistics contributes no record and no iteration
-    assert ScalarBatch([((), [], 9, "L", "y"), (e, [1.0], 3, "L", "x")]).iteration == 3
+    assert ScalarBatch([(Emitters((), lambda row: []), [], 9, "L", "y"), (e, [1.0], 3, "L", "x")]).iteration == 3
     numpy_value = ScalarBatch([(e, [np.float64(0.1)], 1, "L", "x")])
     assert type(numpy_value.values[0]) is float and numpy_value.values == [0.1]
     assert type(numpy_value[0][1]) is np.float64  # records keep what the emitter returned
@@ -199,9 +198,9 @@ def test_scalar_batch_evaluates_each_formula_once():
 
     def value_of(row):
         calls.append(1)
-        return row[0]
+        return [row[0]]
 
-    batch = ScalarBatch([((("n", "s", value_of),), [2.0], 1, "L", "x")])
+    batch = ScalarBatch([(Emitters((("n", "s"),), value_of), [2.0], 1, "L", "x")])
     batch.values, list(batch), batch.values, batch[0]
     assert len(calls) == 1
 
@@ -209,7 +208,7 @@ def test_scalar_batch_evaluates_each_formula_once():
         raise ZeroDivisionError("formula")
 
     with pytest.raises(ZeroDivisionError):
-        ScalarBatch([((("n", "s", broken),), [2.0], 1, "L", "x")]).evaluate()
+        ScalarBatch([(Emitters((("n", "s"),), broken), [2.0], 1, "L", "x")]).evaluate()
 
 
 def test_same_layout_compares_identity():
@@ -323,7 +322,7 @@ def random_batches(seed, steps=6):
         batches.append(
             ScalarBatch(
                 [
-                    (e, [value() for _ in e], step + (mixed and i % 2), layer, tensor)
+                    (e, [value() for _ in e.names], step + (mixed and i % 2), layer, tensor)
                     for i, (e, layer, tensor) in enumerate(buffers)
                 ]
             )

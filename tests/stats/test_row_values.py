@@ -1,17 +1,17 @@
-"""A buffer's emitters (`StatBuffer.emitters`: one finalizer per statistic) give, through a step's `ScalarBatch`,
-every final value of a merged row with the same bits as `finalize` (the formulas on a column mapping), in record
-order, for every statistic kind, on rows holding zeros of both signs, infinities and NaN.  (The quantized kinds'
-finalizers resolve their columns' positions once, as the high-precision ones do, and share `finalize`'s formula
-helpers, so for them this checks the positions and the wiring; for the blockwise kind a buffer's finalizer is
-`finalize` itself.  The formulas are tested with the statistics definitions.)"""
+"""A buffer's emitters (`StatBuffer.emitters`: its names and one function generated from `FORMULAS` giving every
+final value of a merged row, `row_evaluator`) give, through a step's `ScalarBatch`, the same bits as `finalize` (the
+formulas spelled out on a column mapping), in record order, for every statistic kind, on rows holding zeros of both
+signs, infinities and NaN.  (The formulas themselves are tested with the statistics definitions.)"""
 
 from __future__ import annotations
 
 import math
 import random
 
-from tedebug.sinks.batch import ScalarBatch
-from tedebug.stats.definitions import HP_KINDS, QUANTIZED_KINDS, StatRequest, columns_for, finalize, finalizer
+import pytest
+
+from tedebug.sinks.batch import Emitters, ScalarBatch
+from tedebug.stats.definitions import HP_KINDS, QUANTIZED_KINDS, StatRequest, columns_for, finalize, row_evaluator
 
 
 def _requests():
@@ -49,7 +49,7 @@ def _rows(columns, rng):
 
 def emitters(names, requests, columns):
     """A buffer's emitters, as `StatBuffer` builds them."""
-    return tuple((name, r.name, finalizer(r, columns)) for name, r in zip(names, requests))
+    return Emitters(tuple((name, r.name) for name, r in zip(names, requests)), row_evaluator(requests, columns))
 
 
 def test_batch_values_equal_finalize_bit_for_bit():
@@ -57,7 +57,7 @@ def test_batch_values_equal_finalize_bit_for_bit():
     for requests in _requests():
         columns = columns_for(requests)
         built = emitters([f"L_x_{r.name}" for r in requests], requests, columns)
-        assert [(name, stat) for name, stat, _ in built] == [(f"L_x_{r.name}", r.name) for r in requests]
+        assert built.names == tuple((f"L_x_{r.name}", r.name) for r in requests)
         rows = list(_rows(columns, rng))
         batch = ScalarBatch([(built, row, 7, "L", "x") for row in rows])
         values = batch.values
@@ -65,22 +65,19 @@ def test_batch_values_equal_finalize_bit_for_bit():
         assert list(map(_key, values)) == list(map(_key, oracle))
 
 
-def test_batch_runs_each_finalizer_once_per_row():
+def test_batch_evaluates_each_row_once():
     requests = [StatRequest.parse_hp(kind) for kind in ("min", "max", "mean", "std", "dynamic_range")]
     columns = columns_for(requests)
     calls = []
 
     def counted(built):
-        """`built` whose finalizers count their calls."""
+        """`built` whose row function counts its calls."""
 
-        def count(value_of):
-            def wrapped(row):
-                calls.append(1)
-                return value_of(row)
+        def values_of(row):
+            calls.append(1)
+            return built.values_of(row)
 
-            return wrapped
-
-        return tuple((name, stat, count(value_of)) for name, stat, value_of in built)
+        return built._replace(values_of=values_of)
 
     first = counted(emitters(["a_min", "a_max", "a_mean", "a_std", "a_dr"], requests, columns))
     second = counted(emitters(["b_min", "b_max", "b_mean", "b_std", "b_dr"], requests, columns))
@@ -88,7 +85,7 @@ def test_batch_runs_each_finalizer_once_per_row():
     rows = [next(_rows(columns, rng)) for _ in range(2)]
     batch = ScalarBatch([(first, rows[0], 7, "a", "x"), (second, rows[1], 7, "b", "x")])
     values = batch.values
-    assert len(calls) == 10 and len(values) == 10 and len(batch) == 10
+    assert len(calls) == 2 and len(values) == 10 and len(batch) == 10
     expected = [finalize(r, dict(zip(columns, row))) for row in rows for r in requests]
     assert list(map(_key, values)) == list(map(_key, expected))
     assert [record[0] for record in batch] == ["a_min", "a_max", "a_mean", "a_std", "a_dr"] + [
@@ -98,4 +95,19 @@ def test_batch_runs_each_finalizer_once_per_row():
         "b_std",
         "b_dr",
     ]
-    assert len(calls) == 10  # building the records reused the values: no finalizer ran again
+    assert len(calls) == 2  # building the records reused the values: no row was evaluated again
+
+
+def test_one_function_per_layout():
+    """Buffers of one column layout and statistics share one generated function; another layout gets its own."""
+    hp, quantized = _requests()
+    columns = columns_for(hp)
+    assert row_evaluator(hp, columns) is row_evaluator(list(hp), columns)
+    assert row_evaluator(hp[:3], columns) is not row_evaluator(hp, columns)
+    assert row_evaluator(quantized, columns_for(quantized)) is not row_evaluator(hp, columns)
+
+
+def test_a_wrong_number_of_values_is_an_error():
+    broken = Emitters((("a", "min"), ("b", "max")), lambda row: [row[0]])
+    with pytest.raises(ValueError, match="1 values for the 2 statistics"):
+        ScalarBatch([(broken, [1.0], 1, "L", "x")]).evaluate()
