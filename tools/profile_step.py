@@ -12,21 +12,51 @@ the most own time and cumulative time.
 tool prints the median time the host takes to issue a step (the Python returns) next to the synchronised step and
 the GPU's kernel time per step (torch.profiler, over the same number of steps).  When the issue time comes close to
 the kernel time, every µs of host work a feature adds shows in the step (docs/performance.md, section 2).
+
+``--parts`` answers "where does a logged tensor's host time go, inside a real step?": the main functions of the
+debug path (`PARTS`) are wrapped with a clock, and the tool prints each one's inclusive host time per step, its calls
+per step and its time per logged tensor.  Unlike cProfile, which slows every Python call several times and so
+shifts the balance between Python and the GPU, the wrappers time only these functions (a few tenths of a µs each),
+so the figures are what the parts cost inside the step, where they cost several times what they cost in a tight loop
+(docs/performance.md, sections 4 and 7).  The times nest (a feed runs inside an inspection, which runs inside a
+layer's forward): compare a row with the rows inside it, not the sum of the rows.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import cProfile
+import importlib
 import pstats
 import statistics
 import tempfile
 import time
+from typing import Callable, Dict
 
 import torch
 
 from tedebug import bench, debug_api
 from tedebug import recipe as recipe_module
+
+
+#: the functions `--parts` times: (module, qualified name in it), outermost first
+PARTS = (
+    ("tedebug.nn.base", "linear_gemm"),
+    ("tedebug.nn.debug_gate", "LayerDebugState.debug_quantizers"),
+    ("tedebug.nn.base", "_LinearFunction._forward"),
+    ("tedebug.nn.base", "_LinearFunction._backward"),
+    ("tedebug.nn.gemm", "gemm"),
+    ("tedebug.debug_quantization", "DebugQuantizer._inspect"),
+    ("tedebug.stats.engine", "StatsEngine.feed"),
+    ("tedebug.stats.launch_group", "_launch"),
+    ("tedebug.debug_api", "step"),
+    ("tedebug.stats.engine", "StatsEngine.step"),
+    ("tedebug.stats.readback", "RowsInFlight.__init__"),
+    ("tedebug.stats.readback", "RowsInFlight.host_rows"),
+    ("tedebug.sinks.base", "MetricLogger.flush_and_wait"),
+    ("tedebug.sinks.background", "BackgroundWriter._write"),
+)
 
 
 def config(setting: str):
@@ -55,6 +85,11 @@ def main() -> None:
         "--sort",
         default="cuda_time_total",
         help="--kernels: the table's order (e.g. self_cpu_time_total for the host side of each op and runtime call)",
+    )
+    p.add_argument(
+        "--parts",
+        action="store_true",
+        help="instead of cProfile: the inclusive host time per step of the debug path's main functions (PARTS)",
     )
     p.add_argument(
         "--issue",
@@ -87,6 +122,10 @@ def main() -> None:
         if a.issue:
             issue_report(a, one)
             return
+        if a.parts:
+            logged = bench.LOGGED_PER_LAYER.get(a.setting, 0) * 4 * a.layers if cfg is not None else 0
+            parts_report(a, one, logged)
+            return
         if a.kernels:
             from torch.profiler import ProfilerActivity, profile
 
@@ -113,6 +152,72 @@ def main() -> None:
     st = pstats.Stats(prof)
     st.sort_stats("tottime").print_stats(a.top)
     st.sort_stats("cumulative").print_stats(a.top)
+
+
+def _wrap_parts(totals: Dict[str, float], calls: Dict[str, int]) -> Callable[[], None]:
+    """Wrap every function of `PARTS` with a clock adding into `totals` and `calls`; returns the undo.  A name that
+    no longer exists is an AttributeError here (the table must follow the code)."""
+    undo = []
+    for module_name, qualified in PARTS:
+        owner = importlib.import_module(module_name)
+        *outer, name = qualified.split(".")
+        for part in outer:
+            owner = getattr(owner, part)
+        raw = owner.__dict__[name]
+        function = raw.__func__ if isinstance(raw, staticmethod) else raw
+        key = f"{module_name}.{qualified}"
+
+        def timed(*args, __function=function, __key=key, **kwargs):
+            start = time.perf_counter()
+            try:
+                return __function(*args, **kwargs)
+            finally:
+                totals[__key] += time.perf_counter() - start
+                calls[__key] += 1
+
+        setattr(owner, name, staticmethod(timed) if isinstance(raw, staticmethod) else timed)
+        undo.append((owner, name, raw))
+        # modules that imported the function by name call their own reference: point it at the wrapper too
+        for module in (importlib.import_module(m) for m in ("tedebug.nn.base", "tedebug.nn.parallel")):
+            if not outer and module.__dict__.get(name) is function and module is not owner:
+                setattr(module, name, timed)
+                undo.append((module, name, function))
+
+    def restore() -> None:
+        for owner, name, raw in reversed(undo):
+            setattr(owner, name, raw)
+
+    return restore
+
+
+def parts_report(a, one, logged: int) -> None:
+    """`--parts`: the inclusive host time of each function of `PARTS` over `a.steps` steps (backward on autograd's
+    thread, as in training)."""
+    totals: Dict[str, float] = collections.defaultdict(float)
+    calls: Dict[str, int] = collections.Counter()
+    restore = _wrap_parts(totals, calls)
+    try:
+        for _ in range(3):  # warm-up through the wrappers
+            one()
+        if a.device == "cuda":
+            torch.cuda.synchronize()
+        totals.clear()
+        calls.clear()
+        start = time.perf_counter()
+        for _ in range(a.steps):
+            one()
+        host = (time.perf_counter() - start) * 1e3 / a.steps
+        if a.device == "cuda":
+            torch.cuda.synchronize()
+    finally:
+        restore()
+    per_tensor = f", {logged} logged tensors per step" if logged else ""
+    print(f"{a.setting}: host time to issue a step {host:.2f} ms (the timed parts included){per_tensor}")
+    for key, total in sorted(totals.items(), key=lambda item: -item[1]):
+        line = f"  {key:52s} {total * 1e3 / a.steps:8.2f} ms/step {calls[key] / a.steps:7.0f} calls/step"
+        if logged:
+            line += f" {total * 1e6 / a.steps / logged:8.1f} us/logged tensor"
+        print(line)
 
 
 def issue_report(a, one) -> None:
