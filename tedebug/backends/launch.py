@@ -115,6 +115,60 @@ def _cooperative_driver():
     return launch_fn, occupancy, attribute
 
 
+@functools.lru_cache(maxsize=None)
+def _context_driver():
+    """(cuDeviceGet, cuDevicePrimaryCtxRetain, cuCtxSetCurrent) from libcuda, or None if it cannot load."""
+    lib = _libcuda()
+    if lib is None:
+        return None
+    device_get = lib.cuDeviceGet
+    device_get.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
+    device_get.restype = ctypes.c_int
+    retain = lib.cuDevicePrimaryCtxRetain
+    retain.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
+    retain.restype = ctypes.c_int
+    set_current = lib.cuCtxSetCurrent
+    set_current.argtypes = [ctypes.c_void_p]
+    set_current.restype = ctypes.c_int
+    return device_get, retain, set_current
+
+
+#: CUDA_ERROR_INVALID_CONTEXT: the calling thread has no current CUDA context
+_INVALID_CONTEXT = 201
+
+
+def _bind_primary_context(index: int) -> bool:
+    """Make device `index`'s primary context (the one torch's CUDA runtime uses) current on the calling thread;
+    False when the driver refuses.
+
+    Why: the runtime binds it to a thread at that thread's first runtime call that needs it, and torch's device
+    switch skips ``cudaSetDevice`` when the device already reads as current, which device 0 does on a new thread.
+    So a driver launch that comes first on a thread - a tedebug kernel launched from autograd's device thread before
+    any torch kernel ran there, or from a thread of the user's - finds no context (CUDA_ERROR_INVALID_CONTEXT).
+    Asked only after that error (the launch is then made again), so it costs nothing on the usual path.  The
+    primary context is retained once more and never released: it lives as long as the process anyway."""
+    driver = _context_driver()
+    if driver is None:
+        return False
+    device_get, retain, set_current = driver
+    device = ctypes.c_int(0)
+    context = ctypes.c_void_p(0)
+    if device_get(ctypes.byref(device), index) != 0 or retain(ctypes.byref(context), device.value) != 0:
+        return False
+    return set_current(context) == 0
+
+
+def _again_with_context(code: int, index: int, call: Any, *args: Any) -> int:
+    """After a driver call returned `code`: the call made again with device `index`'s primary context bound to this
+    thread when `code` says the thread had none (`_bind_primary_context`), else `code` itself."""
+    if code != _INVALID_CONTEXT or not _bind_primary_context(index):
+        return code
+    if _current_device() != index:
+        with torch.cuda.device(index):
+            return call(*args)
+    return call(*args)
+
+
 _read_env = environ_reader(ENV_VAR)
 
 
@@ -292,6 +346,10 @@ def _launch_driver(
     else:
         code = launch_fn(function, grid, 1, 1, block, 1, 1, shared_mem, stream, params, None)
     if code != 0:
+        code = _again_with_context(
+            code, index, launch_fn, function, grid, 1, 1, block, 1, 1, shared_mem, stream, params, None
+        )
+    if code != 0:
         raise KernelLaunchError(
             f"tedebug: cuLaunchKernel({kernel.name!r}, grid={grid}, block={block}, shared_mem={shared_mem}) on "
             f"cuda:{index} failed with {_error_name(code)}"
@@ -321,6 +379,8 @@ def cooperative_blocks_per_sm(kernel: Kernel, index: int, block: int) -> int:
             code = occupancy(ctypes.byref(per_sm), function, block, 0)
     else:
         code = occupancy(ctypes.byref(per_sm), function, block, 0)
+    if code != 0:
+        code = _again_with_context(code, index, occupancy, ctypes.byref(per_sm), function, block, 0)
     return per_sm.value if code == 0 else 0
 
 
@@ -336,6 +396,8 @@ def launch_cooperative_on(kernel: Kernel, index: int, stream: int, grid: int, bl
             code = launch_fn(function, grid, 1, 1, block, 1, 1, 0, stream, params)
     else:
         code = launch_fn(function, grid, 1, 1, block, 1, 1, 0, stream, params)
+    if code != 0:
+        code = _again_with_context(code, index, launch_fn, function, grid, 1, 1, block, 1, 1, 0, stream, params)
     if code != 0:
         raise KernelLaunchError(
             f"tedebug: cuLaunchCooperativeKernel({kernel.name!r}, grid={grid}, block={block}) on cuda:{index} "

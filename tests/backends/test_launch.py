@@ -133,6 +133,53 @@ def test_cooperative_blocks_per_sm_is_the_occupancy(monkeypatch, per_sm, support
     assert launch.cooperative_blocks_per_sm(Kernel(), 0, 256) == 0 and fake.asked == []
 
 
+@pytest.mark.parametrize("first, bind, expected", [(201, 0, 0), (201, 2, 201), (700, 0, 700), (0, 0, 0)])
+def test_a_launch_without_a_context_binds_the_primary_context_and_goes_again(monkeypatch, first, bind, expected):
+    """CUDA_ERROR_INVALID_CONTEXT (201: the thread's first CUDA work is this launch) binds device 0's primary context
+    to the thread (cuDeviceGet, cuDevicePrimaryCtxRetain, cuCtxSetCurrent) and launches once more; any other error,
+    or a binding the driver refuses, is raised as it was, and a launch that succeeds binds nothing."""
+    codes, calls = [first, 0], []
+
+    def launch_fn(*args):
+        calls.append(("launch", args[0]))
+        return codes.pop(0) if first != 201 or bind == 0 else 201
+
+    def device_get(out, ordinal):
+        calls.append(("device", ordinal))
+        out._obj.value = 9
+        return 0
+
+    def retain(out, device):
+        calls.append(("retain", device))
+        out._obj.value = 77
+        return bind
+
+    def set_current(context):
+        calls.append(("current", context.value))
+        return 0
+
+    monkeypatch.setattr(launch, "_driver", lambda: (launch_fn, lambda code, name: 1))
+    monkeypatch.setattr(launch, "_context_driver", lambda: (device_get, retain, set_current))
+    monkeypatch.setattr(launch, "_current_device", lambda: 0)
+
+    class Kernel:
+        name = "ted_k"
+
+        def handle(self, index):
+            return 1234
+
+    if expected:
+        with pytest.raises(launch.KernelLaunchError, match=f"ted_k.*CUresult {expected}"):
+            launch._launch_driver(Kernel(), 0, 1, 32, (np.int32(1),), 5, 0)
+    else:
+        launch._launch_driver(Kernel(), 0, 1, 32, (np.int32(1),), 5, 0)
+    bound = [("device", 0), ("retain", 9)] + ([("current", 77)] if bind == 0 else [])
+    if first == 201:
+        assert calls == [("launch", 1234)] + bound + ([("launch", 1234)] if bind == 0 else [])
+    else:
+        assert calls == [("launch", 1234)]
+
+
 def test_stream_handle_speaks_the_cuda_stream_protocol():
     assert launch._StreamHandle(1234).__cuda_stream__() == (0, 1234)
 
