@@ -7,6 +7,7 @@ In `loop` the statistic ``layer_activation_max`` of iteration `it` is exactly ``
 parent).  With RAISE_AT the loop raises an uncaught RuntimeError right after printing that iteration.
 """
 
+import signal
 import sys
 import time
 
@@ -49,6 +50,10 @@ def hold(log_dir: str) -> None:
 
 
 if __name__ == "__main__":
+    # a training process answers Ctrl-C; a parent started as a background job of a non-interactive shell (`make
+    # test &`) passes SIGINT on ignored, and Python then installs no handler: take the default one back
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if sys.argv[1] == "loop":
         loop(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else -1)
     else:

@@ -143,6 +143,18 @@ def test_killed_run_keeps_every_returned_iteration_and_only_whole_lines(tmp_path
         assert result.lost == set()
 
 
+@pytest.fixture
+def answering_ctrl_c():
+    """Python's own SIGINT handler for the test (a test run started as a background job of a non-interactive shell,
+    `make test &`, inherits SIGINT ignored, and tedebug's guard only replaces the default handler)."""
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("answering_ctrl_c")
 def test_ctrl_c_inside_step_is_raised_after_the_step_completed(tmp_path):
     class InterruptingSink:
         def log_scalar(self, name, value, iteration):
