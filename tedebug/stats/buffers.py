@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, Hashable, Iterator, List, NamedTuple, Op
 
 import torch
 
+from tedebug.sinks.batch import Emitters
 from tedebug.stats.definitions import (
     NONFINITE_COLUMNS,
     NUMEL,
@@ -34,7 +35,6 @@ from tedebug.stats.definitions import (
     family_of,
     row_evaluator,
 )
-from tedebug.sinks.batch import Emitters
 from tedebug.stats.slab import RowSlab
 
 #: the partial families of quantization statistics (they read a quantized direction)

@@ -251,14 +251,20 @@ def combiner_of(column: Column) -> str:
     return PARTIALS[column.name][1]
 
 
+def _qualifier(request: StatRequest) -> Tuple[Any, ...]:
+    """The qualifier of the partial columns `request` reads (see `Column`)."""
+    if request.kind in QUANTIZED_KINDS:
+        return (request.recipe, bool(request.columnwise))
+    return tuple(request.params) if request.kind == BLOCKWISE_KIND else ()
+
+
 def request_columns(request: StatRequest) -> Tuple[Column, ...]:
     """The partial columns one statistic depends on (numel excluded: every row has it)."""
-    if request.kind in _HP_PARTIALS:
-        return tuple(Column(p) for p in _HP_PARTIALS[request.kind])
+    qualifier = _qualifier(request)
     if request.kind == BLOCKWISE_KIND:
-        return (Column("block_dr", tuple(request.params)),)
-    qualifier = (request.recipe, bool(request.columnwise))
-    return tuple(Column(p, qualifier) for p in _QUANTIZED_PARTIALS[request.kind])
+        return (Column("block_dr", qualifier),)
+    partials = _HP_PARTIALS[request.kind] if request.kind in _HP_PARTIALS else _QUANTIZED_PARTIALS[request.kind]
+    return tuple(Column(p, qualifier) for p in partials)
 
 
 def _column_sort_key(column: Column) -> Tuple[int, str]:
@@ -390,13 +396,6 @@ _FORMULA_NAMES = {"_nan": math.nan, "_inf": math.inf, "_sqrt": math.sqrt, "_log2
 FORMULAS_FILE = "<tedebug statistics formulas>"
 #: generated source -> its compiled function (buffers of one layout share one)
 _EVALUATORS: Dict[str, Callable[[Sequence[float]], List[float]]] = {}
-
-
-def _qualifier(request: StatRequest) -> Tuple[Any, ...]:
-    """The qualifier of the partial columns `request` reads (see `Column`)."""
-    if request.kind in QUANTIZED_KINDS:
-        return (request.recipe, bool(request.columnwise))
-    return tuple(request.params) if request.kind == BLOCKWISE_KIND else ()
 
 
 def row_evaluator(
