@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import chain
-from operator import is_, itemgetter
+from operator import attrgetter, is_, itemgetter
 from typing import Any, Callable, Iterable, Iterator, List, NamedTuple, Optional, Tuple, Union, overload
 
 from tedebug.sinks.background import Record
@@ -40,6 +40,8 @@ class Emitters(NamedTuple):
 #: ``(emitters, row, iteration, layer, tensor)``: one buffer of a batch
 BatchRow = Tuple[Emitters, Any, Any, Any, Any]
 
+_EMITTERS = itemgetter(0)
+_NAMES = attrgetter("names")
 _LAYOUT_PARTS = itemgetter(0, 3, 4)
 _UNSET: Any = object()  # a column not computed yet (None is a valid `iteration`)
 
@@ -61,7 +63,7 @@ class ScalarBatch(Sequence):
     # ------------------------------------------------------------------------------------------- sequence
     def __len__(self) -> int:
         if self._len is None:
-            self._len = sum(len(row[0].names) for row in self._rows)
+            self._len = sum(map(len, map(_NAMES, map(_EMITTERS, self._rows))))
         return self._len
 
     @overload
