@@ -3,16 +3,19 @@ kernel ran there (a backward whose first op is tedebug's), or from a thread of t
 device's primary context to a thread only at that thread's first runtime call, so the driver launch finds none
 (CUDA_ERROR_INVALID_CONTEXT) unless it binds the context itself (`launch._bind_primary_context`, on that error
 only).  Checked on fresh threads: a plain launch gives the row the main thread's launch gives, the occupancy that
-sizes a cooperative launch is the main thread's, and a cooperative launch (FP8 current scaling) gives the same
-bytes.  Every test needs CUDA and CuPy."""
+sizes a cooperative launch is the main thread's, a cooperative launch (FP8 current scaling) gives the same bytes,
+and a kernel whose module was never loaded loads (CuPy's module load needs no context of ours) and launches.
+Every test needs CUDA and CuPy."""
 
+import os
 import threading
 
+import numpy as np
 import pytest
 import torch
 
 from tedebug.backends import cupy_fp8_tensor, cupy_stats, launch
-from tedebug.backends.cupy_runtime import THREADS, dtype_options, get_kernel
+from tedebug.backends.cupy_runtime import THREADS, TICKETS, dtype_options, get_kernel, sm_count, workspace_on
 
 pytestmark = pytest.mark.gpu
 
@@ -86,3 +89,24 @@ def test_launches_first_in_autograd_device_thread():
     assert torch.equal(fp8.rowwise_data, expected.rowwise_data)
     assert torch.equal(fp8.columnwise_data, expected.columnwise_data)
     assert torch.equal(fp8.scale_inv, expected.scale_inv)
+
+
+def test_a_kernel_loaded_first_on_a_new_thread():
+    """A kernel first used on a new thread (a define no other test compiles makes its module a new one) loads and
+    launches there."""
+    x = torch.randn(64, 64, device=DEV, dtype=torch.float16)
+    options = dtype_options(x) + (f"-DTEDEBUG_TEST_FRESH_MODULE={os.getpid()}",)
+    expected = _row(x, torch.empty(len(cupy_stats.BASIC_ROW_KEYS), dtype=torch.float64, device=DEV)).cpu()
+    out = torch.zeros_like(expected, device=DEV)
+
+    def work():
+        kernel = get_kernel("stats.cu", "ted_stats", options)
+        stream = launch.raw_stream(0)
+        partials, tickets = workspace_on(0, stream)
+        args = (x.data_ptr(), np.int64(x.numel()), partials, tickets + 4 * TICKETS["stats"], out.data_ptr())
+        grid = cupy_stats._lone_grid(x.numel(), 16 // x.element_size(), cupy_stats.STATS_BLOCKS_PER_SM * sm_count(0))
+        launch.launch_on(kernel, 0, stream, grid, THREADS, args)  # the grid of `basic_stats_into`
+
+    _on_a_new_thread(work)
+    torch.cuda.synchronize()
+    assert torch.equal(out.cpu(), expected)
