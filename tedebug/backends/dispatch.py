@@ -115,8 +115,8 @@ def cupy_available() -> bool:
 
 def use_kernels(tensor: torch.Tensor, kernel: KernelChoice = None) -> bool:
     """Whether `tensor` goes to the CuPy kernels under `kernel` (None: the default, `requested_backend()`); errors
-    for an impossible "cupy"."""
-    name = _name_of(kernel)
+    for an impossible "cupy".  (Every quantization asks: the default is read without `_name_of`'s frame.)"""
+    name = requested_backend() if kernel is None else _name_of(kernel)
     if name == "torch":
         return False
     if name == "cupy":
