@@ -47,6 +47,8 @@ PARTS = (
     ("tedebug.nn.base", "_LinearFunction._forward"),
     ("tedebug.nn.base", "_LinearFunction._backward"),
     ("tedebug.nn.gemm", "gemm"),
+    ("tedebug.quantization.tensor", "Quantizer.quantize"),
+    ("tedebug.debug_quantization", "DebugQuantizer.quantize"),
     ("tedebug.debug_quantization", "DebugQuantizer._inspect"),
     ("tedebug.stats.engine", "StatsEngine.feed"),
     ("tedebug.stats.launch_group", "_launch"),
