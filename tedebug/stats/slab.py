@@ -42,7 +42,8 @@ class RowSlab:
         return self._used
 
     def take(self) -> Tuple[int, int]:
-        """Hand out the next row; returns its index and its device address (`address(index)`)."""
+        """Hand out the next row; returns its index and its device address (where `row(index)` starts: a kernel writes
+        the row there)."""
         index = self._used
         chunk_index, row = divmod(index, CHUNK_ROWS)
         if chunk_index >= len(self._chunks):
@@ -51,10 +52,6 @@ class RowSlab:
             self._bases.append(chunk.data_ptr())
         self._used = index + 1
         return index, self._bases[chunk_index] + row * self._row_bytes
-
-    def address(self, index: int) -> int:
-        """Device address of row `index`."""
-        return self._bases[index // CHUNK_ROWS] + (index % CHUNK_ROWS) * self._row_bytes
 
     def row(self, index: int) -> torch.Tensor:
         """Row `index` as a float64 view (for callers that need a tensor)."""
