@@ -11,7 +11,9 @@ A partial column is identified by ``Column(name, qualifier)``: the qualifier is 
 partials of a quantized tensor.  Every row starts with ``Column("numel", ())``.
 
 `StatRequest` names one requested statistic; `columns_for` gives the dependency closure of a set of requests and
-`finalize` turns a merged row into the logged value.  Numerical choices (documented for users):
+`finalize` turns a merged row into the logged value (the formulas spelled out; a step evaluates them through
+`row_evaluator`, the same formulas compiled per buffer layout, held to the same bits by the tests).  Numerical
+choices (documented for users):
 
 * ``std`` is the unbiased standard deviation (torch.std); across feeds and ranks the pooled value uses
   M2 = Σ M2_i + Σ n_i (m_i − m)², i.e. exactly the std of the concatenated data (TransformerEngine's combination
@@ -214,7 +216,7 @@ _PARTIAL_ORDER = {name: i for i, name in enumerate(PARTIALS)}
 M2_LINKS = {"m2": ("numel", "sum"), "scale_m2": ("scale_count", "scale_sum")}
 
 NUMEL = Column("numel", ())
-#: the unqualified column of every partial name (built once: `finalize` runs for every logged value)
+#: the unqualified column of every partial name (built once, for `finalize`)
 _PLAIN_COLUMNS = {name: Column(name) for name in PARTIALS}
 #: the non-finite counters kept whenever the basic family is computed (for the first-non-finite report)
 NONFINITE_COLUMNS = (Column("nan_count", ()), Column("inf_count", ()))
