@@ -318,6 +318,7 @@ def bench_end_to_end(
     device: str = "cuda",
     dtype: torch.dtype = torch.bfloat16,
     fp8: bool = False,
+    writer_thread: bool = False,
 ) -> List[Dict[str, object]]:
     """ms per training step of the GPT-style stack in three debug settings (see the module docstring), and with
     `fp8` three more under ``tedebug.autocast(recipe=Float8CurrentScaling())``: no debug_api (the baseline of
@@ -328,6 +329,9 @@ def bench_end_to_end(
     them alike); each row gives the median and the range of its rounds, the overhead of the medians against its
     baseline's (the high-precision one, or the FP8 one for FP8 rows) and, for rows that log, the added time per
     logged tensor (``per_tensor_us``: the difference of the medians over the tensors fed per step).
+    The sessions write their statistics files as by default (the writer process, `tedebug.sinks.process_writer`);
+    `writer_thread` adds, after each row that logs, the same setting with ``background_logging=True`` (the writer
+    thread, which writes a step's batch inside the next `step()`).
     `device="cpu"` (float32, small shapes) exercises the same code without a GPU."""
     import tempfile
 
@@ -343,11 +347,11 @@ def bench_end_to_end(
     def one(recipe) -> None:
         train_step(model, x, opt, recipe)
 
-    def debug_ms(cfg, recipe) -> float:
+    def debug_ms(cfg, recipe, background_logging) -> float:
         if cfg is None:
             return timed_steps_ms(lambda: one(recipe), warmup, iters, on_gpu)
         with tempfile.TemporaryDirectory() as log_dir:
-            debug_api.initialize(cfg, log_dir=log_dir)
+            debug_api.initialize(cfg, log_dir=log_dir, background_logging=background_logging)
             try:
                 return timed_steps_ms(lambda: one(recipe), warmup, iters, on_gpu)
             finally:
@@ -385,16 +389,29 @@ def bench_end_to_end(
                 fed("fp8-both"),
             ),
         ]
-    samples: Dict[str, List[float]] = {label: [] for label, *_ in settings}
+    # (the settings above, each as (label, config, recipe, baseline index, tensors fed, background_logging))
+    runs = [setting + ("process",) for setting in settings]
+    if writer_thread:
+        runs = [r for setting in runs for r in [setting] + ([_with_writer_thread(setting)] if setting[4] else [])]
+        position = {label: i for i, (label, *_) in enumerate(runs)}
+        baseline_of = {i: label for i, (label, *_) in enumerate(settings)}
+        runs = [(*r[:3], position[baseline_of[r[3]]], *r[4:]) for r in runs]
+    samples: Dict[str, List[float]] = {label: [] for label, *_ in runs}
     for _ in range(max(1, rounds)):
-        for label, cfg, recipe, _, _ in settings:
-            samples[label].append(debug_ms(cfg, recipe))
+        for label, cfg, recipe, _, _, background_logging in runs:
+            samples[label].append(debug_ms(cfg, recipe, background_logging))
     rows = median_rows(samples)
-    for row, (_, _, _, base_index, fed) in zip(rows, settings):
+    for row, (_, _, _, base_index, fed, _) in zip(rows, runs):
         base_ms = rows[base_index]["ms"]
         row["overhead"] = row["ms"] / base_ms - 1.0
         row["per_tensor_us"] = (row["ms"] - base_ms) * 1e3 / fed if fed else None
     return rows
+
+
+def _with_writer_thread(setting: tuple) -> tuple:
+    """A setting of `bench_end_to_end` with its statistics files written by the writer thread."""
+    label, cfg, recipe, base, fed, _ = setting
+    return (f"{label}, writer thread", cfg, recipe, base, fed, True)
 
 
 class _TorchBlock(torch.nn.Module):
@@ -551,7 +568,13 @@ def run_e2e(args: argparse.Namespace) -> int:
     """``tedebug bench --e2e --no-kernels`` (or ``--device cpu``): the end-to-end logging table alone."""
     shape, dtype = _e2e_shape(args)
     rows = bench_end_to_end(
-        **shape, iters=args.steps, rounds=args.rounds, device=args.device, dtype=dtype, fp8=args.fp8
+        **shape,
+        iters=args.steps,
+        rounds=args.rounds,
+        device=args.device,
+        dtype=dtype,
+        fp8=args.fp8,
+        writer_thread=args.writer_thread,
     )
     where = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     print(
@@ -566,9 +589,12 @@ def run_e2e(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Body of ``tedebug bench``; returns the exit code."""
-    if args.recipes or args.fp8 or args.no_kernels:
+    if args.recipes or args.fp8 or args.no_kernels or args.writer_thread:
         if not args.e2e:
-            print("tedebug bench: error: --recipes, --fp8 and --no-kernels go with --e2e", file=sys.stderr)
+            print(
+                "tedebug bench: error: --recipes, --fp8, --no-kernels and --writer-thread go with --e2e",
+                file=sys.stderr,
+            )
             return 2
     if args.recipes:
         return run_recipes(args)
@@ -641,6 +667,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="--e2e: cuda (the full model) or cpu (a tiny float32 version, for tests)",
     )
     parser.add_argument("--steps", type=int, default=20, help="--e2e: timed steps per round")
+    parser.add_argument(
+        "--writer-thread",
+        action="store_true",
+        help="with --e2e: also time each logging setting with background_logging=True (the statistics files written "
+        "by the writer thread instead of the writer process)",
+    )
     for flag in ("layers", "hidden", "heads", "batch", "seq"):
         parser.add_argument(
             f"--{flag}",

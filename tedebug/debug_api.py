@@ -6,10 +6,12 @@ state of the API, besides the sinks (and the weight-TP-reduction flag) queued be
 with nvdlfw_inspect's ``api`` module:
 
 - ``initialize(config_file="", feature_dirs=None, statistics_logger=None, log_dir=".", init_training_step=0, *,
-  tb_writer=None, default_logging_enabled=False, background_logging=True, on_sink_error="warn",
+  tb_writer=None, default_logging_enabled=False, background_logging="process", on_sink_error="warn",
   statistics_rank0_only=False)``: RuntimeError if already initialised; unknown keyword arguments raise TypeError; a
-  failure leaves nothing set (retry works).  `background_logging` (tedebug's own addition) writes the statistics
-  files on a writer thread (see `tedebug.session`); False writes them inside `step()`.  `on_sink_error` (tedebug's
+  failure leaves nothing set (retry works).  `background_logging` (tedebug's own addition): ``"process"`` (the
+  default) has a writer process of its own write the text and JSONL statistics files (`tedebug.sinks.process_writer`:
+  the training process spends almost no host time on them), True a writer thread, False `step()` itself (see
+  `tedebug.session`).  `on_sink_error` (tedebug's
   own addition): ``"warn"`` reports a failing sink once and stops it, training goes on; ``"raise"`` raises from
   `step()` / `end_debug()`.  `statistics_rank0_only` (tedebug's own addition): only global rank 0 writes the
   statistics files (text and JSONL); reduced statistics are the same on every rank, so the other ranks' files
@@ -87,7 +89,7 @@ def initialize(
     *,
     tb_writer: Any = None,
     default_logging_enabled: bool = False,
-    background_logging: bool = True,
+    background_logging: Union[bool, str] = "process",
     on_sink_error: str = "warn",
     statistics_rank0_only: bool = False,
     plan_cache: bool = True,

@@ -28,33 +28,43 @@ by `debug_api.add_statistics_sink` before initialize, the default text statistic
 files (text, JSONL) are written by global rank 0 only.  (nvdlfw ignores `tb_writer` when
 `statistics_logger` is given; tedebug attaches both.)
 
-Background logging (`background_logging`, default True): the session's `MetricLogger` writes tedebug's own sinks
-(text statistics file, JSONL, TensorBoard) on one writer thread (`tedebug.sinks.background`).  When every sink is
-one of those (no `statistics_logger` or other caller-thread sink), the statistics engine also defers its read-back
-(`tedebug.stats.engine`; several ranks: one asynchronous collective per reduction group): `step()` for iteration N
-enqueues the transfer of iteration N's rows and returns without waiting for the GPU, after reducing iteration N-1
-and having the writer write it; a training loop that never synchronises keeps its GPU queue full across steps.
-Otherwise `step()`
-first writes iteration N-1, then reads iteration N back.  Either way `step()` waits until iteration N-1 is written,
-so it writes it itself, in the training thread (`MetricLogger.flush_and_wait`): handing the batch to the writer
-thread only to wait for it cost the hand-over and the two threads' contention for the GIL (about 9 µs of host time
-per logged tensor on the CPU probe); the writer thread still writes what `flush()` hands it without waiting, and
-the last batch at `end_debug()` / interpreter exit.  The records reach every sink in the order of a synchronous run.
-Guarantee: after `debug_api.step()` returns for iteration N, iteration N-1 (and everything before it) is on disk;
-iteration N is written during the next `step()`, or at `end_debug()` / `flush()` / interpreter exit (the atexit
-handler of `tedebug.debug_api` calls `flush()`, which emits the iteration in flight and drains the writer; an
-uncaught exception in iteration N+1 therefore still leaves iteration N on disk; a fatal signal, ``os._exit`` or a
-CUDA error that destroys the context before the exit can lose it).  Sinks supplied by the user
+Background logging (`background_logging`, default ``"process"``): the statistics engine hands each step's batch to
+the session's `MetricLogger`, which has it written off the training thread.
+
+* ``"process"`` (the default): tedebug's text and JSONL statistics files are written by a writer process of their
+  own (`tedebug.sinks.process_writer`; the training process keeps the final formulas and one pipe write per step:
+  formatting and writing cost it nothing, on a host whose Python is the bottleneck as on a GPU host).  Other sinks
+  are written as with ``True``.  If the process cannot start, one warning says so and ``True`` applies.
+* ``True``: tedebug's own sinks (text, JSONL, TensorBoard) are written on one writer thread
+  (`tedebug.sinks.background`).
+* ``False``: every write happens inside `step()`: iteration N is on disk when it returns.
+
+When every sink is one of tedebug's own (no `statistics_logger` or other caller-thread sink), the statistics engine
+also defers its read-back (`tedebug.stats.engine`; several ranks: one asynchronous collective per reduction group):
+`step()` for iteration N enqueues the transfer of iteration N's rows and returns without waiting for the GPU, after
+reducing iteration N-1 and handing it to the writers; a training loop that never synchronises keeps its GPU queue
+full across steps.  Otherwise `step()` first writes iteration N-1, then reads iteration N back.  With the writer
+thread, `step()` waits until iteration N-1 is written, so it writes it itself, in the training thread
+(`MetricLogger.flush_and_wait`: handing the batch to the thread only to wait for it cost the hand-over and the two
+threads' contention for the GIL, about 9 µs of host time per logged tensor on the CPU probe); the writer process
+writes it while training goes on.  The records reach every sink in the order of a synchronous run.
+
+Guarantee: after `debug_api.step()` returns for iteration N, iteration N-1 (and everything before it) is on disk
+(writer thread), or on disk except iteration N-1, which the writer process has received and writes whatever happens
+to the training process (SIGKILL, ``os._exit``, a crash included: it ends only after writing everything it was
+sent).  Iteration N is written during the next `step()`, or at `end_debug()` / `flush()` / interpreter exit (the
+atexit handler of `tedebug.debug_api` calls `flush()`, which emits the iteration in flight and waits for the
+writers; an uncaught exception in iteration N+1 therefore still leaves iteration N on disk; a fatal signal,
+``os._exit`` or a CUDA error that destroys the context before the exit can lose it).  Sinks supplied by the user
 (`statistics_logger`, queued sinks) are called in the caller's thread unless they are `Sink` subclasses declaring
-``thread_safe = True``.  With ``background_logging=False`` every write happens inside `step()`: iteration N is on
-disk when it returns.
+``thread_safe = True``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Dict, Iterable, Optional
+from typing import Any, Dict, Iterable, Optional, Union
 
 from tedebug import usage_checks
 from tedebug.config import load_config
@@ -297,8 +307,8 @@ def _check_arguments(log_dir: Any, init_training_step: Any, background_logging: 
         raise ValueError(f"initialize: on_sink_error must be one of {SINK_ERROR_POLICIES}, got {on_sink_error!r}")
     if isinstance(init_training_step, bool) or not isinstance(init_training_step, int):
         raise TypeError(f"initialize: init_training_step must be an int, got {init_training_step!r}")
-    if not isinstance(background_logging, bool):
-        raise TypeError(f"initialize: background_logging must be a bool, got {background_logging!r}")
+    if not isinstance(background_logging, bool) and background_logging != "process":
+        raise TypeError(f"initialize: background_logging must be True, False or 'process', got {background_logging!r}")
 
 
 def open_session(
@@ -312,7 +322,7 @@ def open_session(
     default_logging_enabled: bool = False,
     queued_sinks: Iterable[Any] = (),
     weight_tensor_tp_group_reduce: bool = True,
-    background_logging: bool = True,
+    background_logging: Union[bool, str] = "process",
     on_sink_error: str = "warn",
     statistics_rank0_only: bool = False,
 ) -> DebugSession:
@@ -346,7 +356,8 @@ def open_session(
             text_log.log(f"Feature registry: {replaced}")
         config = _load_config(config_file, registry, text_log)
         metric_logger = MetricLogger(
-            background=background_logging,
+            background=bool(background_logging),
+            writer_process=background_logging == "process",
             on_sink_error=on_sink_error,
             report=lambda message: text_log.log(message, logging.WARNING),
         )

@@ -2,7 +2,8 @@
 
 `kill_trial(how, log_dir, after)` runs tests/fault_child.py in a subprocess, waits until `after` iterations have
 returned from `debug_api.step()` (the child prints each), then ends it by `how`: ``"SIGKILL"``, ``"SIGTERM"``,
-``"SIGINT"`` or ``"exception"`` (an uncaught error raised by the child itself), and reads what reached the disk.
+``"SIGINT"`` or ``"exception"`` (an uncaught error raised by the child itself), waits until the child's statistics
+writer process has finished (it writes what it was handed, then ends), and reads what reached the disk.
 It returns a `TrialResult`: the iterations whose step() had returned, the iterations found in the JSONL and text
 statistics files, and every malformed line (a partial or forged line) of either file.
 """
@@ -16,6 +17,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import List, Set
 
@@ -94,6 +96,32 @@ def kill_trial(how: str, log_dir: str, after: int, timeout_s: float = 120.0) -> 
         if child.poll() is None:
             child.kill()
             child.wait()
+    wait_for_writer_process(child.pid)
     result = TrialResult(how, returned)
     read_statistics(log_dir, result)
     return result
+
+
+def writer_processes(parent_pid: int) -> List[int]:
+    """The pids of the statistics writer processes started by the process `parent_pid` (Linux: found by their
+    command line, which names the writer's module and its parent's pid; the parent may be gone)."""
+    found = []
+    for entry in pathlib.Path("/proc").glob("[0-9]*"):
+        try:
+            command = (entry / "cmdline").read_bytes().decode("utf-8", "replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[-1].split()[0]
+        except OSError:  # ended meanwhile
+            continue
+        if "tedebug.sinks.writer_child" in command and f", {parent_pid}, " in command and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def wait_for_writer_process(parent_pid: int, timeout_s: float = 60.0) -> None:
+    """Wait until the writer process of the (ended) process `parent_pid` has ended: it writes what it was handed,
+    then ends (`tedebug.sinks.writer_child`), so the files are complete only then."""
+    deadline = time.monotonic() + timeout_s
+    while writer_processes(parent_pid):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the statistics writer process of {parent_pid} did not end within {timeout_s} s")
+        time.sleep(0.05)

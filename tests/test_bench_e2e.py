@@ -172,3 +172,38 @@ def test_end_to_end_bench_command_on_cpu(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "--fp8"])  # --fp8 needs --e2e
     assert exit_info.value.code == 2
+
+
+def test_end_to_end_bench_writer_thread_rows_follow_each_logging_row(monkeypatch):
+    """`--writer-thread`: each row that logs (with the writer process, the default) is followed by the same setting
+    with background_logging=True, whose overhead is against the same baseline (the high-precision or the FP8 one)."""
+    from tedebug import debug_api as api
+
+    used = []
+    real_initialize = api.initialize
+
+    def recording_initialize(*args, **kwargs):
+        used.append(kwargs.get("background_logging"))
+        return real_initialize(*args, **kwargs)
+
+    monkeypatch.setattr(api, "initialize", recording_initialize)
+    rows = bench.bench_end_to_end(
+        layers=1, hidden=32, heads=2, batch=1, seq=16, iters=1, warmup=1, rounds=1, device="cpu",
+        dtype=torch.float32, fp8=True, writer_thread=True,
+    )  # fmt: skip
+    labels = [r["setting"] for r in rows]
+    assert labels == [
+        "no debug_api (baseline)",
+        "initialised, nothing active",
+        "LogTensorStats, 6 tensors x 4 GEMMs, freq 1",
+        "LogTensorStats, 6 tensors x 4 GEMMs, freq 1, writer thread",
+        "FP8 current scaling, no debug_api (FP8 baseline)",
+        "FP8 + LogFp8TensorStats, 3 tensors x 4 GEMMs",
+        "FP8 + LogFp8TensorStats, 3 tensors x 4 GEMMs, writer thread",
+        "FP8 + LogTensorStats + LogFp8TensorStats, 3 x 4",
+        "FP8 + LogTensorStats + LogFp8TensorStats, 3 x 4, writer thread",
+    ]
+    assert used == ["process", "process", True, "process", True, "process", True]
+    assert rows[3]["overhead"] == pytest.approx(rows[3]["ms"] / rows[0]["ms"] - 1.0)
+    assert rows[6]["overhead"] == pytest.approx(rows[6]["ms"] / rows[4]["ms"] - 1.0)
+    assert rows[6]["per_tensor_us"] == pytest.approx((rows[6]["ms"] - rows[4]["ms"]) * 1e3 / 12)

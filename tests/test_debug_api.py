@@ -294,16 +294,16 @@ def test_initialize_and_end_debug_set_the_active_session(tmp_path):
         active.session()
 
 
-@pytest.mark.parametrize("background", [False, True])
-def test_stats_file_jsonl_and_flush_at_step(tmp_path, background):
-    """Synchronous logging: a step's statistics are on disk when step() returns.  Background logging (the
-    default): they are on disk when the next step() returns."""
+@pytest.mark.parametrize("background, steps", [(False, 1), (True, 2), ("process", 3)])
+def test_stats_file_jsonl_and_flush_at_step(tmp_path, background, steps):
+    """Synchronous logging: a step's statistics are on disk when step() returns.  The writer thread: when the next
+    step() returns.  The writer process (the default): it has them when the next step() returns, and has written
+    them when the one after returns."""
     init(tmp_path, background_logging=background)
     debug_api.session().metric_logger.log_scalar(
         "fc1_activation_underflows%", 0.15625, 7, layer="fc1", tensor="activation", stat="underflows%"
     )
-    debug_api.step()
-    if background:
+    for _ in range(steps):
         debug_api.step()
     lines = stats_log(tmp_path)  # read before end_debug
     assert len(lines) == 1 and re.fullmatch(
@@ -536,7 +536,8 @@ def test_readme_feature_on_the_shared_bases_checks_its_config_at_load(tmp_path):
         assert debug_api.DEBUG_MANAGER is None
 
 
-def test_step_emits_stats_of_the_finished_iteration(tmp_path):
+@pytest.mark.parametrize("background_logging, on_disk_at", [(True, 1), ("process", 2)])
+def test_step_emits_stats_of_the_finished_iteration(tmp_path, background_logging, on_disk_at):
     config = {
         "s": {
             "enabled": True,
@@ -546,7 +547,7 @@ def test_step_emits_stats_of_the_finished_iteration(tmp_path):
             },
         }
     }
-    debug_api.initialize(config, log_dir=str(tmp_path))
+    debug_api.initialize(config, log_dir=str(tmp_path), background_logging=background_logging)
     te = debug_api.transformer_engine
     x = torch.tensor([1.0, 2.5, -3.0])
     for it in range(3):
@@ -563,7 +564,9 @@ def test_step_emits_stats_of_the_finished_iteration(tmp_path):
                 quantizer=None,
             )
         debug_api.step()
-        if it == 1:  # emitted by the step that finished iteration 0, on disk when the next step returns
+        # emitted by the step after the one that finished iteration 0: on disk when that step returns (the writer
+        # thread), or when the step after it returns (the writer process has written the batch it was handed)
+        if it == on_disk_at:
             assert len(stats_log(tmp_path)) == 2
     debug_api.session().flush()
     messages = [line.split(" - INFO - ", 1)[1] for line in stats_log(tmp_path)]

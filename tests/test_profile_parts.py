@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "profile_step.py"
 
 
@@ -29,8 +31,15 @@ def test_every_part_exists():
         assert callable(owner), (module_name, qualified)
 
 
-def test_parts_of_a_logged_step_with_their_calls():
-    shape = ["--layers", "1", "--hidden", "16", "--heads", "2", "--batch", "1", "--seq", "4"]
+@pytest.mark.parametrize(
+    "writer, writes",
+    [
+        ("process", "tedebug.sinks.process_writer.ProcessWriter.submit"),
+        ("thread", "tedebug.sinks.background.BackgroundWriter._write"),
+    ],
+)
+def test_parts_of_a_logged_step_with_their_calls(writer, writes):
+    shape = ["--layers", "1", "--hidden", "16", "--heads", "2", "--batch", "1", "--seq", "4", "--writer", writer]
     command = [sys.executable, str(TOOL), "--device", "cpu", "--setting", "hp-log", "--steps", "2", "--parts", *shape]
     run = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
@@ -54,5 +63,5 @@ def test_parts_of_a_logged_step_with_their_calls():
         "tedebug.stats.readback.RowsInFlight.__init__": 1,
         "tedebug.stats.readback.RowsInFlight.host_rows": 1,
         "tedebug.sinks.base.MetricLogger.flush_and_wait": 1,
-        "tedebug.sinks.background.BackgroundWriter._write": 1,
+        writes: 1,  # the statistics written in the step (thread), or handed to the writer process
     }  # (the grouped GPU launches, `launch_group._launch`, run only on CUDA)

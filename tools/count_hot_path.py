@@ -16,7 +16,8 @@ collection off).  Settings (the probe's): ``hp`` the stack in high precision wit
 LogTensorStats with 8 statistics on the 6 tensors of every GEMM at freq 1 (288 logged tensors per step), ``fp8``
 the stack under Float8CurrentScaling without debug_api, ``fp8-log`` that with LogFp8TensorStats (underflows%, mse,
 scale_inv_min, scale_inv_max) on activation, weight and gradient (144 per step).  The instructions of the training
-thread are counted (callgrind collects per thread; `step()` writes the statistics in that thread).
+thread are counted (callgrind collects per thread; with ``--writer thread`` `step()` writes the statistics in that
+thread; the writer process, the default, is another process, which callgrind does not follow).
 
 Prints the instructions per measured step of each setting and, where both settings of a difference ran: per logged
 tensor of LogTensorStats (hp-log − hp) and of LogFp8TensorStats (fp8-log − fp8), and FP8 current scaling's extra
@@ -40,7 +41,11 @@ LINEAR_LAYERS = 4 * LAYERS
 SETTINGS = ("hp", "hp-log", "fp8", "fp8-log")
 
 
-def child(setting: str, steps: int, warmup: int) -> None:
+#: `--writer`: the sessions' ``background_logging`` (the writer process, the default, or the writer thread)
+WRITERS = {"thread": True, "process": "process"}
+
+
+def child(setting: str, steps: int, warmup: int, writer: str = "process") -> None:
     """The measured run (inside callgrind): warm-up steps, then `steps` steps inside one functools.reduce."""
     import functools
     import warnings
@@ -73,7 +78,7 @@ def child(setting: str, steps: int, warmup: int) -> None:
     with tempfile.TemporaryDirectory() as log_dir, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if config is not None:
-            debug_api.initialize(config, log_dir=log_dir)
+            debug_api.initialize(config, log_dir=log_dir, background_logging=WRITERS[writer])
         for _ in range(warmup):
             bench.train_step(model, x, optimizer, recipe)
         functools.reduce(step, range(steps), 0)  # the only window callgrind collects in
@@ -81,7 +86,7 @@ def child(setting: str, steps: int, warmup: int) -> None:
             debug_api.end_debug()
 
 
-def count(setting: str, steps: int, warmup: int) -> int:
+def count(setting: str, steps: int, warmup: int, writer: str = "process") -> int:
     """Instructions (callgrind's Ir) of `steps` measured steps of `setting`, in a child process under callgrind."""
     with tempfile.TemporaryDirectory() as out:
         out_file = os.path.join(out, "callgrind.out")
@@ -98,6 +103,8 @@ def count(setting: str, steps: int, warmup: int) -> int:
             str(steps),
             "--warmup",
             str(warmup),
+            "--writer",
+            writer,
         ]
         run = subprocess.run(command, capture_output=True, text=True)
         if run.returncode != 0:
@@ -115,10 +122,18 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--settings", default=",".join(SETTINGS), help=f"comma-separated, of {', '.join(SETTINGS)}")
+    parser.add_argument(
+        "--writer",
+        choices=sorted(WRITERS),
+        default="process",
+        help="who writes the statistics files: the writer process (the sessions' default; its own instructions "
+        "run in another process and are not counted) or the writer thread (background_logging=True: `step()` "
+        "writes the statistics in the training thread, counted; the figures before the writer process)",
+    )
     parser.add_argument("--child", choices=SETTINGS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.steps, args.warmup)
+        child(args.child, args.steps, args.warmup, args.writer)
         return 0
     if shutil.which("valgrind") is None:
         raise SystemExit("count_hot_path: needs valgrind (e.g. `apt-get install valgrind`)")
@@ -128,7 +143,7 @@ def main() -> int:
         raise SystemExit(f"count_hot_path: unknown settings {unknown}; expected some of {list(SETTINGS)}")
     totals = {}
     for setting in settings:
-        totals[setting] = count(setting, args.steps, args.warmup)
+        totals[setting] = count(setting, args.steps, args.warmup, args.writer)
         print(f"{setting:8s} {totals[setting] / args.steps / 1e6:9.2f} M instructions per step", flush=True)
     per_step = {s: t / args.steps for s, t in totals.items()}
     if "hp" in per_step and "hp-log" in per_step:

@@ -58,7 +58,10 @@ PARTS = (
     ("tedebug.stats.readback", "RowsInFlight.host_rows"),
     ("tedebug.sinks.base", "MetricLogger.flush_and_wait"),
     ("tedebug.sinks.background", "BackgroundWriter._write"),
+    ("tedebug.sinks.process_writer", "ProcessWriter.submit"),
 )
+#: `--writer`: the session's ``background_logging`` (the writer process, the default, or the writer thread)
+WRITERS = {"process": "process", "thread": True}
 
 
 def config(setting: str):
@@ -77,6 +80,12 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--top", type=int, default=40)
     p.add_argument("--device", default="cuda")
+    p.add_argument(
+        "--writer",
+        choices=sorted(WRITERS),
+        default="process",
+        help="who writes the statistics files: the writer process (the default) or the writer thread",
+    )
     p.add_argument("--recipe", default="Float8CurrentScaling", help="the recipe of the fp8* settings")
     p.add_argument(
         "--kernels",
@@ -116,7 +125,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as d:
         if cfg is not None:
-            debug_api.initialize(cfg, log_dir=d)
+            debug_api.initialize(cfg, log_dir=d, background_logging=WRITERS[a.writer])
         for _ in range(3):
             one()
         if a.device == "cuda":

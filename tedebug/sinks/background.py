@@ -79,6 +79,24 @@ def _iterations(chunks: Sequence[Sequence[Record]]) -> str:
     return ", ".join(map(str, seen)) or "none"
 
 
+def sink_failure_error(
+    failures: Sequence[Tuple[Any, BaseException]], iterations: str, where: str = "tedebug's background writer"
+) -> BackgroundSinkError:
+    """The error of a job in which `failures` ((sink, exception), first failure first) happened, for the caller's
+    thread to raise or report; `where` names the writer."""
+    sink, exc = failures[0]
+    message = (
+        f"statistics sink {describe_sink(sink)} failed in {where} while writing iteration(s) {iterations}: "
+        f"{type(exc).__name__}: {exc}"
+    )
+    if len(failures) > 1:
+        others = "; ".join(f"{describe_sink(s)}: {type(e).__name__}: {e}" for s, e in failures[1:])
+        message += f" (also failed: {others})"
+    error = BackgroundSinkError(message, sink, failures, iterations)
+    error.__cause__ = exc
+    return error
+
+
 Job = Tuple[Tuple[Any, ...], List[Any]]
 
 
@@ -189,19 +207,4 @@ class BackgroundWriter:
                 if self.skip_failed:
                     failed.add(id(sink))
         if failures:
-            self._errors.append(self._failure_error(failures, chunks))
-
-    @staticmethod
-    def _failure_error(failures: List[Tuple[Any, BaseException]], chunks) -> BackgroundSinkError:
-        sink, exc = failures[0]
-        iterations = _iterations(chunks)
-        message = (
-            f"statistics sink {describe_sink(sink)} failed in tedebug's background writer while writing "
-            f"iteration(s) {iterations}: {type(exc).__name__}: {exc}"
-        )
-        if len(failures) > 1:
-            others = "; ".join(f"{describe_sink(s)}: {type(e).__name__}: {e}" for s, e in failures[1:])
-            message += f" (also failed: {others})"
-        error = BackgroundSinkError(message, sink, failures, iterations)
-        error.__cause__ = exc
-        return error
+            self._errors.append(sink_failure_error(failures, _iterations(chunks)))

@@ -29,6 +29,14 @@ caller's thread (as `BackgroundSinkError`, naming the sink) at the next `log_sca
 `drain` or `close`; the other sinks still receive the batch.  In synchronous mode (the default of
 ``MetricLogger()``) every call is made in the caller's thread.
 
+Writer process (``MetricLogger(background=True, writer_process=True)``; what a debug session uses unless
+``initialize(..., background_logging=True / False)``): the sinks that say how to make their twin in another process
+(`Sink.writer_process_spec`: tedebug's text and JSONL files) are written by a process of their own
+(`tedebug.sinks.process_writer`) instead of the writer thread; the others as above.  The hand-over of a batch
+builds its `log_deferred` builders in the caller's thread (the final formulas) and returns once the process has
+written the previous batch; its errors come back as the writer thread's do, one batch later.  If the process cannot
+take a sink, that is reported once and the thread writes it.
+
 Sink errors (``MetricLogger(on_sink_error=...)``): with ``"raise"`` (the default of a bare `MetricLogger`, and
 ``initialize(..., on_sink_error="raise")``) a sink error propagates as described above.  With ``"warn"`` (what a
 debug session uses by default) a debugging tool never takes the training run down: the first error of a sink (in
@@ -48,6 +56,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 from tedebug import active
 from tedebug.sinks.background import BackgroundSinkError, BackgroundWriter, describe_sink
 from tedebug.sinks.batch import ScalarBatch
+from tedebug.sinks.process_writer import ProcessWriter
 
 #: one scalar of a batch: (name, value, iteration, layer, tensor, stat)
 Record = Tuple[str, Any, int, Optional[str], Optional[str], Optional[str]]
@@ -75,6 +84,11 @@ class Sink:
     """
 
     thread_safe: bool = False
+
+    def writer_process_spec(self) -> Optional[Tuple[str, str, dict]]:
+        """How a writer process makes this sink's twin: ``(module, class name, keyword arguments)``, the twin
+        appending to this sink's file; None (the default) when it cannot (`tedebug.sinks.process_writer`)."""
+        return None
 
     def log_scalar(
         self,
@@ -170,7 +184,12 @@ class MetricLogger:
     errors)."""
 
     def __init__(
-        self, *, background: bool = False, on_sink_error: str = "raise", report: Optional[Callable[[str], None]] = None
+        self,
+        *,
+        background: bool = False,
+        on_sink_error: str = "raise",
+        report: Optional[Callable[[str], None]] = None,
+        writer_process: bool = False,
     ) -> None:
         if on_sink_error not in SINK_ERROR_POLICIES:
             raise ValueError(f"on_sink_error must be one of {SINK_ERROR_POLICIES}, got {on_sink_error!r}")
@@ -190,15 +209,45 @@ class MetricLogger:
             BackgroundWriter(skip_failed=on_sink_error == "warn") if self.background else None
         )
         self._held: List[Any] = []  # chunks held back by `one_step_behind` until the next one
+        #: background mode with ``writer_process``: the sinks with a `Sink.writer_process_spec` are written by a
+        #: process of their own (`tedebug.sinks.process_writer`); None when off or when it could not start
+        self._process: Optional[ProcessWriter] = (
+            ProcessWriter(skip_failed=on_sink_error == "warn") if self.background and writer_process else None
+        )
+        self._process_sinks: List[Any] = []
 
     def add_sink(self, sink: Any) -> Any:
         """Attach `sink` (a `Sink` or any object with ``log_scalar(name, value, iteration)``); returns it."""
         self.sinks.append(check_sink(sink))
-        if self.background and isinstance(sink, Sink) and sink.thread_safe:
+        spec = sink.writer_process_spec() if self._process is not None and isinstance(sink, Sink) else None
+        if spec is not None and self._in_writer_process(sink, spec):
+            self._process_sinks.append(sink)
+        elif self.background and isinstance(sink, Sink) and sink.thread_safe:
             self._writer_sinks.append(sink)
         else:
             self._caller_sinks.append(sink)
         return sink
+
+    def _in_writer_process(self, sink: Any, spec: Tuple[str, str, dict]) -> bool:
+        """Hand `sink` to the writer process; False (reported once; the writer process is then given up for this
+        logger) when it cannot take it."""
+        assert self._process is not None
+        problem = self._process.add(sink, spec)
+        if problem is None:
+            return True
+        self._report(
+            f"tedebug: the statistics writer process cannot write {describe_sink(sink)} ({problem}); the statistics "
+            f"files are written by the training process instead"
+        )
+        if not self._process_sinks:
+            self._process.stop()
+            self._process = None
+        return False
+
+    @property
+    def _queues(self) -> bool:
+        """True when something writes the pending chunks (the writer thread's sinks or the writer process's)."""
+        return bool(self._writer_sinks or self._process_sinks)
 
     def _log_scalar(
         self,
@@ -220,7 +269,7 @@ class MetricLogger:
                     sink.log_scalar(name, value, iteration)
             except Exception as exc:
                 self._sink_failed(sink, exc, str(iteration))
-        if self._writer_sinks:
+        if self._queues:
             if not (self._pending and self._pending[-1] is self._loose):
                 self._loose = []
                 self._pending.append(self._loose)
@@ -244,7 +293,7 @@ class MetricLogger:
                             sink.log_scalar(name, value, iteration)
                 except Exception as exc:
                     self._sink_failed(sink, exc, _record_iterations(records))
-            if self._writer_sinks:  # our own copy (the caller may reuse its list); a ScalarBatch never changes
+            if self._queues:  # our own copy (the caller may reuse its list); a ScalarBatch never changes
                 self._pending.append(records if isinstance(records, ScalarBatch) else list(records))
         self._raise_writer_error()
 
@@ -253,7 +302,7 @@ class MetricLogger:
         writer thread (the caller pays nothing for formatting the values); otherwise it runs now, as
         `log_scalars(build())`.  `build` must depend only on data it captured (it may run after the caller moved
         on); an exception it raises is reported like a sink error."""
-        if self._caller_sinks or not self._writer_sinks:
+        if self._caller_sinks or not self._queues:
             self.log_scalars(build())
             return
         self._dirty = True
@@ -296,11 +345,14 @@ class MetricLogger:
 
     def flush(self) -> None:
         """Flush every sink that can be flushed, if anything was logged since the last flush (an idle
-        `debug_api.step()` then costs no file-system call).  Background mode: wait for the batch in flight, hand
-        the queued batch to the writer (which writes and flushes it) and return."""
+        `debug_api.step()` then costs no file-system call).  Background mode: wait for the batch in flight (the
+        writer process's too, even when nothing new was logged), hand the queued batch to the writers (which write
+        and flush it) and return."""
         writer = self._writer
         if writer is not None:
             writer.wait()
+        if self._process is not None:
+            self._process.wait()
         if self._dirty:
             self._dirty = False
             self._flush_caller_sinks()
@@ -309,19 +361,23 @@ class MetricLogger:
 
     def flush_and_wait(self) -> None:
         """`flush()` followed by `wait_written()`, with the queued batch written in the caller's thread instead of
-        being handed to the writer thread (the caller waits for it anyway: `BackgroundWriter.write_now`).
-        Synchronous mode: the same as `flush()`."""
+        being handed to the writer thread (the caller waits for it anyway: `BackgroundWriter.write_now`); the writer
+        process is handed it after the batch in flight there is written (so when this returns, every batch handed
+        over before the previous call is on disk).  Synchronous mode: the same as `flush()`."""
         writer = self._writer
         if writer is None:
             self.flush()
             return
         writer.wait()
+        if self._process is not None:
+            self._process.wait()
         if self._dirty:
             self._dirty = False
             self._flush_caller_sinks()
-            if self._writer_sinks:
-                pending, self._pending, self._loose = self._pending, [], []
-                writer.write_now(self._writer_sinks, pending)
+            if self._queues:
+                pending = self._take_pending()
+                if self._writer_sinks:
+                    writer.write_now(self._writer_sinks, pending)
         self._raise_writer_error()
 
     def _flush_caller_sinks(self) -> None:
@@ -338,17 +394,21 @@ class MetricLogger:
         Synchronous mode: nothing to wait for."""
         if self._writer is not None:
             self._writer.wait()
+        if self._process is not None:
+            self._process.wait()
         self._raise_writer_error()
 
     def drain(self) -> None:
         """`flush()`, then wait until the writer has written and flushed everything and end its thread (a later
         batch starts a new one).  Synchronous mode: the same as `flush()`.  Chunks held back by `one_step_behind` are
-        written too."""
+        written too.  The writer process (if any) keeps running: this waits until it has written everything."""
         self.release_held()
         self.flush()
         if self._writer is not None:
             self._writer.stop()
-            self._raise_writer_error()
+        if self._process is not None:
+            self._process.wait()
+        self._raise_writer_error()
 
     def close(self) -> None:
         """Drain the writer, then close `Sink` subclasses, flush the others, and forget all of them (each is closed
@@ -364,8 +424,16 @@ class MetricLogger:
             error = self._writer.take_error()
             if error is not None:
                 errors.append((None, error))
+        if self._process is not None:
+            try:
+                self._process.stop()  # (the chunks were handed over with the writer thread's, above)
+            except Exception as exc:  # collected and re-raised below, after every sink had its turn
+                errors.append((None, exc))
+            error = self._process.take_error()
+            if error is not None:
+                errors.append((None, error))
         sinks, self.sinks = self.sinks, []
-        self._caller_sinks, self._writer_sinks = [], []
+        self._caller_sinks, self._writer_sinks, self._process_sinks = [], [], []
         for sink in sinks:
             try:
                 if isinstance(sink, Sink):
@@ -395,19 +463,54 @@ class MetricLogger:
 
     # ------------------------------------------------------------------------------------------- background
     def _hand_over(self) -> None:
-        """Give the queued batch to the writer (it writes, then flushes, every writer sink)."""
-        if self._writer is None or not self._writer_sinks:
+        """Give the queued batch to the writers (each writes, then flushes, its sinks)."""
+        if self._writer is None or not self._queues:
             return
+        pending = self._take_pending()
+        if self._writer_sinks:
+            self._writer.submit(self._writer_sinks, pending)
+
+    def _take_pending(self) -> List[Any]:
+        """The queued chunks, taken; the writer process's sinks are given them here (`log_deferred` builders built
+        first, once for both writers: the writer thread then receives the built chunks)."""
         pending, self._pending, self._loose = self._pending, [], []
-        self._writer.submit(self._writer_sinks, pending)
+        if self._process_sinks:
+            assert self._process is not None
+            pending = self._built(pending)
+            self._process.submit(self._process_sinks, pending)
+        return pending
+
+    def _built(self, chunks: List[Any]) -> List[Any]:
+        """`chunks` with every builder replaced by what it returns (a builder that raises is reported like the
+        writer thread reports it, and its batch is not written)."""
+        built = []
+        for chunk in chunks:
+            if callable(chunk):
+                try:
+                    chunk = chunk()
+                except Exception as exc:  # noqa: BLE001 - reported (or raised) as the writer thread's build error
+                    error = BackgroundSinkError(
+                        f"tedebug's statistics writer could not build a batch of statistics: "
+                        f"{type(exc).__name__}: {exc}",
+                        None,
+                    )
+                    error.__cause__ = exc
+                    self._raise_or_report(error)
+                    continue
+            built.append(chunk)
+        return built
 
     def _raise_writer_error(self) -> None:
-        if self._writer is not None:
-            error = self._writer.take_error()
-            if error is not None:
-                if self.on_sink_error == "raise":
-                    raise error
-                self._report_background(error)
+        for writer in (self._writer, self._process):
+            if writer is not None:
+                error = writer.take_error()
+                if error is not None:
+                    self._raise_or_report(error)
+
+    def _raise_or_report(self, error: BackgroundSinkError) -> None:
+        if self.on_sink_error == "raise":
+            raise error
+        self._report_background(error)
 
     # ------------------------------------------------------------------------------------------- sink errors
     def _sink_failed(self, sink: Any, exc: Exception, iterations: str) -> None:
@@ -431,6 +534,7 @@ class MetricLogger:
         self.sinks = [s for s in self.sinks if s is not sink]
         self._caller_sinks = [s for s in self._caller_sinks if s is not sink]
         self._writer_sinks = [s for s in self._writer_sinks if s is not sink]
-        if not self._writer_sinks:  # nothing left to hand over: drop what was queued for the writer
+        self._process_sinks = [s for s in self._process_sinks if s is not sink]
+        if not self._queues:  # nothing left to hand over: drop what was queued for the writers
             self._pending, self._loose, self._held = [], [], []
         self._report(message)

@@ -142,6 +142,15 @@ class ScalarBatch(Sequence):
         mine = self.layout
         return layout is not None and len(layout) == len(mine) and all(map(is_, layout, mine))
 
+    def row_parts(self) -> List[Tuple[Tuple[Tuple[str, str], ...], Any, Any]]:
+        """``(names, layer, tensor)`` of every row (`Emitters.names`): the layout as plain data (what a writer process
+        receives, `tedebug.sinks.process_wire`)."""
+        return [(emitters.names, layer, tensor) for emitters, _, _, layer, tensor in self._rows]
+
+    def row_iterations(self) -> List[Any]:
+        """The iteration of every row, in order."""
+        return [row[2] for row in self._rows]
+
     def name_parts(self) -> List[Tuple[Any, Any, Any, Any]]:
         """``(name, layer, tensor, stat)`` of every record, in order (what a sink makes its cached line pieces of)."""
         parts: List[Tuple[Any, Any, Any, Any]] = []

@@ -29,7 +29,7 @@ import operator
 import os
 from itertools import chain, compress, count
 from types import ModuleType
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -133,6 +133,11 @@ class JsonlSink(Sink):
         #: the layout of the last `ScalarBatch` encoded and its lines' name pieces (None: a name part is not a str)
         self._batch_layout: Optional[tuple] = None
         self._batch_names: Optional[List[str]] = None
+
+    def writer_process_spec(self) -> Optional[Tuple[str, str, dict]]:
+        if type(self) is not JsonlSink:  # a subclass may write differently: it stays in this process
+            return None
+        return (__name__, "JsonlSink", {"path": os.path.abspath(self.path), "append": True})
 
     def log_scalar(
         self,

@@ -27,7 +27,7 @@ import os
 import re
 import time
 from itertools import repeat
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from tedebug.logging import STATS_LOG_DIR, file_mode_from_env, log_file_name
 from tedebug.sinks.base import Record, Sink
@@ -88,18 +88,26 @@ class _AscTime:
 
 
 class TextStatsSink(Sink):
-    """Writes each scalar as one nvdlfw-format line to `path` (truncated unless the overwrite env var is 0)."""
+    """Writes each scalar as one nvdlfw-format line to `path` (truncated unless the overwrite env var is 0, or
+    `append` says otherwise)."""
 
     thread_safe = True  # only the background writer calls it (see tedebug.sinks.base)
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, *, append: Optional[bool] = None):
         self.path = path
-        self._file = RecordFile(os.path.abspath(path), append=file_mode_from_env() == "a")
+        if append is None:
+            append = file_mode_from_env() == "a"
+        self._file = RecordFile(os.path.abspath(path), append=append)
         self._pending: List[str] = []
         self._asctime = _AscTime()
         #: the layout of the last `ScalarBatch` written and its names (None: a name is not a plain str)
         self._batch_layout: Optional[tuple] = None
         self._batch_names: Optional[List[str]] = None
+
+    def writer_process_spec(self) -> Optional[Tuple[str, str, dict]]:
+        if type(self) is not TextStatsSink:  # a subclass may write differently: it stays in this process
+            return None
+        return (__name__, "TextStatsSink", {"path": os.path.abspath(self.path), "append": True})
 
     def log_scalar(
         self,

@@ -1,0 +1,134 @@
+"""What travels between a training process and its statistics writer process (`tedebug.sinks.process_writer`).
+
+Framing: a message is one pickled tuple, preceded by its length (8 bytes, little-endian), written to a pipe with
+`send` (a loop of ``os.write``: the writer process reads it back whole with `MessageReader`, or not at all: a
+message cut short by the death of its sender is dropped, never half-used).
+
+Chunks (what `MetricLogger` queues for its writers: `ScalarBatch`es and lists of records) are encoded by
+`ChunkEncoder` in the training process and decoded by `ChunkDecoder` in the writer process, so that the sinks there
+receive what the writer thread's sinks receive, record for record and bit for bit:
+
+* a `ScalarBatch` travels as its float values (one ``array('d')`` of bytes: ``batch.values``, so the final formulas
+  run in the training process) and its iteration(s), plus, when its layout differs from the last batch's, the
+  layout itself: per row the ``(name, stat)`` pairs, the layer and the tensor.  The decoder keeps one `Emitters` per
+  layout row, so consecutive batches of one layout are again batches of the same layout for the sinks' caches;
+* a list of records travels as it is, each value converted to a float (what every file sink writes of it).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+from array import array
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from tedebug.sinks.batch import Emitters, ScalarBatch
+
+_HEADER = struct.Struct("<Q")
+
+
+def send(fd: int, message: Tuple[Any, ...]) -> None:
+    """Write `message` to the pipe `fd` (BrokenPipeError when the other end is gone)."""
+    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    data = memoryview(_HEADER.pack(len(payload)) + payload)
+    while data:
+        written = os.write(fd, data)
+        data = data[written:]
+
+
+class MessageReader:
+    """Reads whole messages from a pipe: `feed` what ``os.read`` returned, then take the complete messages."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> None:
+        self._buffer += data
+
+    def messages(self) -> List[Tuple[Any, ...]]:
+        """The complete messages received so far, in order (a partial one stays buffered)."""
+        out = []
+        buffer = self._buffer
+        start = 0
+        while len(buffer) - start >= _HEADER.size:
+            (length,) = _HEADER.unpack_from(buffer, start)
+            end = start + _HEADER.size + length
+            if len(buffer) < end:
+                break
+            out.append(pickle.loads(bytes(buffer[start + _HEADER.size : end])))
+            start = end
+        del buffer[:start]
+        return out
+
+    @property
+    def partial(self) -> bool:
+        """True while part of a message is buffered."""
+        return bool(self._buffer)
+
+
+# ------------------------------------------------------------------------------------------------ chunks
+#: an encoded chunk: ("layout", id, rows) | ("batch", layout id, iteration, row iterations or None, values bytes) |
+#: ("records", records)
+Encoded = Tuple[Any, ...]
+
+
+class ChunkEncoder:
+    """Encodes the chunks of one training process's jobs (it remembers the last batch layout it sent)."""
+
+    def __init__(self) -> None:
+        self._layout: Optional[Tuple[Any, ...]] = None
+        self._layout_id = 0
+
+    def encode(self, chunk: Sequence[Any]) -> List[Encoded]:
+        """The encoded form of `chunk` (a `ScalarBatch` or a sequence of records): one or two entries."""
+        if type(chunk) is not ScalarBatch:
+            return [("records", [(n, float(v), it, layer, tensor, stat) for n, v, it, layer, tensor, stat in chunk])]
+        out: List[Encoded] = []
+        if not chunk.same_layout(self._layout):
+            self._layout = chunk.layout
+            self._layout_id += 1
+            out.append(("layout", self._layout_id, chunk.row_parts()))
+        iteration = chunk.iteration
+        iterations = None if iteration is not None else chunk.row_iterations()
+        out.append(("batch", self._layout_id, iteration, iterations, array("d", chunk.values).tobytes()))
+        return out
+
+
+def _given(row: Any) -> Any:
+    """`Emitters.values_of` of a decoded row: its values are already final."""
+    return row
+
+
+class ChunkDecoder:
+    """Decodes the chunks a `ChunkEncoder` encoded, in the order they were encoded."""
+
+    def __init__(self) -> None:
+        #: layout id -> per row (emitters, layer, tensor, number of values)
+        self._layouts: Dict[int, List[Tuple[Emitters, Any, Any, int]]] = {}
+
+    def decode(self, encoded: Encoded) -> Optional[Sequence[Any]]:
+        """The chunk of one encoded entry (None for a layout entry, which only defines a layout)."""
+        kind = encoded[0]
+        if kind == "records":
+            return encoded[1]
+        if kind == "layout":
+            _, layout_id, rows = encoded
+            self._layouts = {
+                layout_id: [(Emitters(names, _given), layer, tensor, len(names)) for names, layer, tensor in rows]
+            }
+            return None
+        _, layout_id, iteration, iterations, data = encoded
+        values = array("d")
+        values.frombytes(data)
+        flat = values.tolist()
+        rows = []
+        offset = 0
+        for index, (emitters, layer, tensor, count) in enumerate(self._layouts[layout_id]):
+            row_iteration = iteration if iterations is None else iterations[index]
+            rows.append((emitters, flat[offset : offset + count], row_iteration, layer, tensor))
+            offset += count
+        return ScalarBatch(rows)
+
+
+__all__ = ["ChunkDecoder", "ChunkEncoder", "MessageReader", "send"]

@@ -1,0 +1,249 @@
+"""The statistics writer process (``background_logging="process"``, tedebug.sinks.process_writer): the files it
+writes are the writer thread's, byte for byte (the text file's timestamps aside); what is handed over survives a
+SIGKILL of the training process; a failing sink, the death of the writer process and a writer process that cannot
+start are reported and never stop training; and the wire format carries batches and records exactly."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+import torch
+
+from tedebug import bench, debug_api
+from tedebug.sinks import MetricLogger
+from tedebug.sinks import process_writer
+from tedebug.sinks.base import BackgroundSinkError
+from tedebug.sinks.batch import Emitters, ScalarBatch
+from tedebug.sinks.jsonl import JsonlSink
+from tedebug.sinks.process_wire import ChunkDecoder, ChunkEncoder, MessageReader, send
+from tedebug.sinks.text import TextStatsSink
+
+STATS = bench.debug_section("s", LogTensorStats={"stats": bench.LOG_STATS, "freq": 1, "tensors": bench.ALL_TENSORS})
+_STAMP = re.compile(rb"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ", re.MULTILINE)
+
+
+def _train(log_dir, background_logging, steps=3):
+    """A 2-block run logging 8 statistics of every tensor, plus one scalar of user code per step (a tensor value)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[bench._Block(32, 2, i) for i in range(2)])
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(1, 8, 32)
+    debug_api.initialize(STATS, log_dir=str(log_dir), background_logging=background_logging)
+    try:
+        for step in range(steps):
+            MetricLogger.log_scalar("user_loss", torch.tensor(0.5 + step), step)
+            bench.train_step(model, x, optimizer, None)
+    finally:
+        debug_api.end_debug()
+
+
+def _files(log_dir):
+    text = (log_dir / "nvdlfw_inspect_statistics_logs" / "nvdlfw_inspect_globalrank-0.log").read_bytes()
+    jsonl = (log_dir / "tedebug_statistics" / "metrics_globalrank-0.jsonl").read_bytes()
+    return _STAMP.sub(b"", text), jsonl
+
+
+def test_the_files_are_the_writer_threads(tmp_path, no_debug_session):
+    _train(tmp_path / "thread", True)
+    _train(tmp_path / "process", "process")
+    thread_text, thread_jsonl = _files(tmp_path / "thread")
+    process_text, process_jsonl = _files(tmp_path / "process")
+    assert process_jsonl == thread_jsonl
+    assert process_text == thread_text
+    records = [json.loads(line) for line in process_jsonl.splitlines()]
+    assert {r["iteration"] for r in records} == {0, 1, 2}
+    assert [r["value"] for r in records if r["name"] == "user_loss"] == [0.5, 1.5, 2.5]
+
+
+def _jsonl_iterations(path):
+    if not path.exists():
+        return set()
+    return {json.loads(line)["iteration"] for line in path.read_text().splitlines()}
+
+
+def test_after_step_n_iteration_n_minus_2_is_on_disk(tmp_path, no_debug_session):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(bench._Block(32, 2, 0))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(1, 8, 32)
+    jsonl = tmp_path / "tedebug_statistics" / "metrics_globalrank-0.jsonl"
+    debug_api.initialize(STATS, log_dir=str(tmp_path), background_logging="process")
+    try:
+        for step in range(5):
+            bench.train_step(model, x, optimizer, None)
+            assert set(range(step - 1)) <= _jsonl_iterations(jsonl)  # iterations 0 .. step-2 written
+    finally:
+        debug_api.end_debug()
+    assert _jsonl_iterations(jsonl) == set(range(5))
+
+
+_KILLED_RUN = """
+import os, signal, sys, torch
+from tedebug import bench, debug_api
+torch.manual_seed(0)
+model = torch.nn.Sequential(bench._Block(32, 2, 0))
+optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+x = torch.randn(1, 8, 32)
+debug_api.initialize(STATS, log_dir=sys.argv[1], background_logging="process")
+for _ in range(6):
+    bench.train_step(model, x, optimizer, None)
+from tedebug import active
+print(active.DEBUG_MANAGER.metric_logger._process._process.pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_what_was_handed_over_survives_a_sigkill_of_the_training_process(tmp_path):
+    script = "STATS = " + repr(STATS) + "\n" + textwrap.dedent(_KILLED_RUN)
+    run = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == -signal.SIGKILL, run.stderr[-3000:]
+    writer_pid = int(run.stdout.split()[-1])
+    deadline = time.monotonic() + 60
+    while _alive(writer_pid) and time.monotonic() < deadline:  # it notices its parent is gone, writes, ends
+        time.sleep(0.1)
+    assert not _alive(writer_pid)
+    # the sixth step() handed iteration 4 over (its own, 5, was still on its way back from the device)
+    assert _jsonl_iterations(tmp_path / "tedebug_statistics" / "metrics_globalrank-0.jsonl") == set(range(5))
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (its parent, this test's child, is gone: it is reaped by init) counts as ended
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _batch(iteration, values):
+    emitters = Emitters((("l_t_a", "a"), ("l_t_b", "b")), lambda row: list(row))
+    return ScalarBatch([(emitters, values, iteration, "l", "t")])
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (a file whose writes fail with ENOSPC)")
+def test_a_failing_sink_is_reported_once_and_the_others_go_on(tmp_path):
+    reports = []
+    logger = MetricLogger(background=True, on_sink_error="warn", report=reports.append, writer_process=True)
+    full = logger.add_sink(JsonlSink("/dev/full", append=True))
+    logger.add_sink(TextStatsSink(str(tmp_path / "s.log")))
+    for iteration in range(4):
+        logger.log_scalars(_batch(iteration, [1.0 + iteration, 2.0]))
+        logger.flush()
+    assert full in logger._stopped and full not in logger._process_sinks  # (known at the next job's hand-over)
+    logger.close()
+    assert len(reports) == 1, reports
+    assert "JsonlSink('/dev/full')" in reports[0] and "errno 28, ENOSPC" in reports[0]
+    assert "iteration(s) 0" in reports[0]
+    lines = (tmp_path / "s.log").read_text().splitlines()
+    assert [line.split("value=")[1] for line in lines if "l_t_a" in line] == ["1.0000", "2.0000", "3.0000", "4.0000"]
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_failing_sink_raises_with_on_sink_error_raise(tmp_path):
+    logger = MetricLogger(background=True, on_sink_error="raise", writer_process=True)
+    logger.add_sink(JsonlSink("/dev/full", append=True))
+    logger.log_scalars(_batch(0, [1.0, 2.0]))
+    logger.flush()
+    with pytest.raises(BackgroundSinkError, match="No space left on device") as info:
+        logger.wait_written()
+    assert isinstance(info.value.__cause__, OSError) and info.value.__cause__.errno == 28
+    logger.close()
+
+
+def test_the_death_of_the_writer_process_is_reported_and_training_goes_on(tmp_path):
+    reports = []
+    logger = MetricLogger(background=True, on_sink_error="warn", report=reports.append, writer_process=True)
+    logger.add_sink(JsonlSink(str(tmp_path / "s.jsonl")))
+    logger.log_scalars(_batch(0, [1.0, 2.0]))
+    logger.flush()
+    logger.wait_written()
+    os.kill(logger._process._process.pid, signal.SIGKILL)
+    for iteration in (1, 2, 3):
+        logger.log_scalars(_batch(iteration, [1.0, 2.0]))
+        logger.flush()
+    logger.close()
+    assert len(reports) == 1, reports
+    assert "writer process ended" in reports[0] and "iteration(s) 1" in reports[0]
+    assert _jsonl_iterations(tmp_path / "s.jsonl") == {0}
+
+
+def test_a_writer_process_that_cannot_start_leaves_the_files_to_the_training_process(tmp_path, monkeypatch):
+    monkeypatch.setattr(process_writer.sys, "executable", str(tmp_path / "no-such-python"))
+    reports = []
+    logger = MetricLogger(background=True, on_sink_error="warn", report=reports.append, writer_process=True)
+    logger.add_sink(JsonlSink(str(tmp_path / "s.jsonl")))
+    logger.add_sink(TextStatsSink(str(tmp_path / "s.log")))
+    for iteration in range(3):
+        logger.log_scalars(_batch(iteration, [1.0, 2.0]))
+        logger.flush()
+    logger.close()
+    assert len(reports) == 1 and "cannot write JsonlSink" in reports[0] and "no-such-python" in reports[0]
+    assert logger._process is None
+    assert _jsonl_iterations(tmp_path / "s.jsonl") == {0, 1, 2}
+    assert len((tmp_path / "s.log").read_text().splitlines()) == 6
+
+
+# ------------------------------------------------------------------------------------------------ wire
+def test_messages_are_read_whole_whatever_the_pieces_they_arrive_in():
+    read, write = os.pipe()
+    messages = [("job", 1, [0, 1], [("records", [("n", 1.5, 2, None, None, None)])]), ("exit",), ("x" * 70000,)]
+
+    def sender():  # (the last message is larger than a pipe's buffer: the write waits for the reads)
+        for message in messages:
+            send(write, message)
+        os.close(write)
+
+    thread = threading.Thread(target=sender)
+    thread.start()
+    data = b""
+    while chunk := os.read(read, 1 << 20):
+        data += chunk
+    thread.join()
+    os.close(read)
+    reader = MessageReader()
+    received = []
+    for start in range(0, len(data), 7):  # 7-byte pieces: headers and payloads cut anywhere
+        reader.feed(data[start : start + 7])
+        received += reader.messages()
+    assert received == messages and not reader.partial
+    reader.feed(data[:20])  # a message cut short stays partial, never returned
+    assert reader.messages() == [] and reader.partial
+
+
+def test_batches_and_records_decode_to_the_same_records():
+    encoder, decoder = ChunkEncoder(), ChunkDecoder()
+    a = Emitters((("l_act_min", "min"), ("l_act_max", "max")), lambda row: [row[0], row[1]])
+    b = Emitters((("m_w_mse", "mse"),), lambda row: [row[2] * 2])
+    layouts = [
+        ScalarBatch([(a, [1.0, -0.0, 3.0], 4, "l", "act"), (b, [0.0, 0.0, float("nan")], 4, "m", "w")]),
+        ScalarBatch([(a, [5e-324, 1e308, 0.0], 5, "l", "act"), (b, [0.0, 0.0, -float("inf")], 5, "m", "w")]),
+        ScalarBatch([(b, [0.0, 0.0, 0.1 + 0.2], 6, "m", "w"), (a, [2.0, 3.0, 0.0], 7, "l", "act")]),  # new layout
+        [("user", torch.tensor(2.5), 7, None, None, None)],
+    ]
+    decoded = []
+    for chunk in layouts:
+        decoded += [c for c in map(decoder.decode, encoder.encode(chunk)) if c is not None]
+    assert len(decoded) == 4
+    for original, copy in zip(layouts, decoded):
+        for got, want in zip(copy, original, strict=True):
+            assert got[0] == want[0] and got[2:] == want[2:]
+            assert repr(float(got[1])) == repr(float(want[1]))  # the same float, NaN and -0.0 included
+    # the second batch reuses the first one's layout: the same objects, for the sinks' caches
+    assert decoded[1].same_layout(decoded[0].layout) and not decoded[2].same_layout(decoded[1].layout)
+    assert decoded[2].iteration is None  # mixed iterations travel per row
+
+
+def test_initialize_accepts_process_and_rejects_other_strings(tmp_path, no_debug_session):
+    with pytest.raises(TypeError, match="background_logging must be True, False or 'process'"):
+        debug_api.initialize("", log_dir=str(tmp_path), background_logging="processes")
