@@ -24,8 +24,10 @@ fastest rounds (other work on the machine only adds time), on CPU float32 with t
    (``--only fp8log``).
 
 A machine shared with other work drifts: compare figures of one run only.  ``--clock cpu`` measures the process's
-CPU time (`time.process_time`, every thread, the background sink writer included) instead of wall time: time
+CPU time (`time.process_time`, every thread of the training process) instead of wall time: time
 spent waiting for a core that other work holds does not count, which makes figures from a busy machine compare.
+The statistics writer process (the default `background_logging`) is another process: its time is not counted;
+it runs on another core, as it does in training.
 """
 
 from __future__ import annotations
