@@ -12,7 +12,9 @@ receive what the writer thread's sinks receive, record for record and bit for bi
   run in the training process) and its iteration(s), plus, when its layout differs from the last batch's, the
   layout itself: per row the ``(name, stat)`` pairs, the layer and the tensor.  The decoder keeps one `Emitters` per
   layout row, so consecutive batches of one layout are again batches of the same layout for the sinks' caches;
-* a list of records travels as it is, each value converted to a float (what every file sink writes of it).
+* a list of records travels as it is, each value converted to a float (what every file sink writes of it; a 0-d
+  CUDA tensor logged by user code waits for the GPU here, in the training process); a value that is no number
+  travels as it is, for the sinks there to fail on it as they would in the training process.
 """
 
 from __future__ import annotations
@@ -28,13 +30,23 @@ from tedebug.sinks.batch import Emitters, ScalarBatch
 _HEADER = struct.Struct("<Q")
 
 
-def send(fd: int, message: Tuple[Any, ...]) -> None:
-    """Write `message` to the pipe `fd` (BrokenPipeError when the other end is gone)."""
+def pack(message: Tuple[Any, ...]) -> bytes:
+    """`message` as it travels: its length, then its pickle."""
     payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    data = memoryview(_HEADER.pack(len(payload)) + payload)
+    return _HEADER.pack(len(payload)) + payload
+
+
+def write(fd: int, packed: bytes) -> None:
+    """Write a `pack`ed message to the pipe `fd` (BrokenPipeError when the other end is gone)."""
+    data = memoryview(packed)
     while data:
         written = os.write(fd, data)
         data = data[written:]
+
+
+def send(fd: int, message: Tuple[Any, ...]) -> None:
+    """`write(fd, pack(message))`."""
+    write(fd, pack(message))
 
 
 class MessageReader:
@@ -80,10 +92,14 @@ class ChunkEncoder:
         self._layout: Optional[Tuple[Any, ...]] = None
         self._layout_id = 0
 
+    def forget_layout(self) -> None:
+        """Send the layout again with the next batch (the last encoding may not have reached the decoder)."""
+        self._layout = None
+
     def encode(self, chunk: Sequence[Any]) -> List[Encoded]:
         """The encoded form of `chunk` (a `ScalarBatch` or a sequence of records): one or two entries."""
         if type(chunk) is not ScalarBatch:
-            return [("records", [(n, float(v), it, layer, tensor, stat) for n, v, it, layer, tensor, stat in chunk])]
+            return [("records", [(n, _number(v), it, layer, tensor, stat) for n, v, it, layer, tensor, stat in chunk])]
         out: List[Encoded] = []
         if not chunk.same_layout(self._layout):
             self._layout = chunk.layout
@@ -93,6 +109,16 @@ class ChunkEncoder:
         iterations = None if iteration is not None else chunk.row_iterations()
         out.append(("batch", self._layout_id, iteration, iterations, array("d", chunk.values).tobytes()))
         return out
+
+
+def _number(value: Any) -> Any:
+    """`value` as a float when it is a number (a Python number, a numpy scalar, a one-element tensor), else as it is."""
+    if type(value) is float:
+        return value
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return value
 
 
 def _given(row: Any) -> Any:
@@ -131,4 +157,4 @@ class ChunkDecoder:
         return ScalarBatch(rows)
 
 
-__all__ = ["ChunkDecoder", "ChunkEncoder", "MessageReader", "send"]
+__all__ = ["ChunkDecoder", "ChunkEncoder", "MessageReader", "pack", "send", "write"]

@@ -30,6 +30,7 @@ parent's).
 
 from __future__ import annotations
 
+import builtins
 import os
 import select
 import subprocess
@@ -38,7 +39,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from tedebug.sinks.background import BackgroundSinkError, sink_failure_error
 from tedebug.sinks.batch import ScalarBatch
-from tedebug.sinks.process_wire import ChunkEncoder, MessageReader, send
+from tedebug.sinks.process_wire import ChunkEncoder, MessageReader, pack, send, write
 
 #: seconds between two checks that the writer process is alive while the training process waits for it
 _LIVENESS_POLL_S = 0.5
@@ -97,21 +98,27 @@ class ProcessWriter:
                 self._fail_all(self._gone, _iterations(chunks), sinks)
             return
         indices = [index for index, (sink, _) in self._sinks.items() if any(sink is s for s in sinks)]
+        job = self._next_job
         try:
             encoded: List[Any] = []
             for chunk in chunks:
                 encoded += self._encoder.encode(chunk)
-        except Exception as exc:  # noqa: BLE001 - a value that is not a number: that batch is lost, reported
-            error = BackgroundSinkError(f"{_WHERE} could not be given a batch of statistics: {exc}", None)
+            message = pack(("job", job, indices, encoded))
+        except Exception as exc:  # noqa: BLE001 - e.g. a value that cannot be pickled: that batch is lost, reported
+            error = BackgroundSinkError(
+                f"{_WHERE} could not be given the statistics of iteration(s) {_iterations(chunks)}: "
+                f"{type(exc).__name__}: {exc}",
+                None,
+            )
             error.__cause__ = exc
             self._errors.append(error)
+            self._encoder.forget_layout()  # the process may not have the layout this encoding assumed
             return
-        job = self._next_job
         self._next_job += 1
         self._in_flight[job] = _iterations(chunks)
         try:
             self._ensure_started()
-            send(self._to_child, ("job", job, indices, encoded))
+            write(self._to_child, message)
         except (OSError, WriterProcessGone):
             self._collect(wait_all=True)  # the process is gone: report what it had not written
 
@@ -257,9 +264,16 @@ class ProcessWriter:
 
 def _rebuilt(kind: str, message: str, code: Optional[int], strerror: Optional[str]) -> BaseException:
     """The exception a sink raised in the writer process, as this process can have it: an OSError with its errno
-    (its subclass, as Python picks it: PermissionError, ...), else a RuntimeError naming the original type."""
+    (its subclass, as Python picks it: PermissionError, ...), a built-in exception type with its message, else a
+    RuntimeError naming the original type."""
     if code is not None:
         return OSError(code, strerror or message)
+    builtin = getattr(builtins, kind, None)
+    if isinstance(builtin, type) and issubclass(builtin, Exception) and not issubclass(builtin, OSError):
+        try:
+            return builtin(message)
+        except Exception:  # noqa: BLE001 - a type whose constructor wants more: named in a RuntimeError instead
+            pass
     return RuntimeError(f"{kind}: {message}")
 
 

@@ -194,6 +194,37 @@ def test_a_writer_process_that_cannot_start_leaves_the_files_to_the_training_pro
     assert len((tmp_path / "s.log").read_text().splitlines()) == 6
 
 
+def test_a_value_that_is_no_number_fails_the_sinks_as_in_the_writer_thread(tmp_path):
+    reports = {}
+    for writer_process in (False, True):
+        got = reports[writer_process] = []
+        logger = MetricLogger(background=True, on_sink_error="warn", report=got.append, writer_process=writer_process)
+        logger.add_sink(JsonlSink(str(tmp_path / f"{writer_process}.jsonl")))
+        logger.log_scalar("x", "not a number", 0)
+        logger.flush()
+        logger.log_scalars(_batch(1, [1.0, 2.0]))
+        logger.flush()
+        logger.close()
+    assert len(reports[True]) == len(reports[False]) == 1
+    assert "ValueError: could not convert string to float: 'not a number'" in reports[True][0]
+    assert reports[True][0].replace("True.jsonl", "False.jsonl") == reports[False][0]  # the same report
+
+
+def test_a_batch_that_cannot_travel_is_reported_and_the_next_ones_are_written(tmp_path):
+    reports = []
+    logger = MetricLogger(background=True, on_sink_error="warn", report=reports.append, writer_process=True)
+    logger.add_sink(JsonlSink(str(tmp_path / "s.jsonl")))
+    logger.log_scalars(_batch(0, [1.0, 2.0]))
+    logger.log_scalars([(lambda: None, 1.0, 0, None, None, None)])  # a name that cannot be pickled
+    logger.flush()
+    logger.log_scalars(_batch(1, [3.0, 4.0]))  # the layout of the batch lost with it: sent again
+    logger.flush()
+    logger.close()
+    assert len(reports) == 1 and "could not be given the statistics of iteration(s) 0" in reports[0]
+    records = [json.loads(line) for line in (tmp_path / "s.jsonl").read_text().splitlines()]
+    assert [(r["iteration"], r["value"]) for r in records] == [(1, 3.0), (1, 4.0)]
+
+
 # ------------------------------------------------------------------------------------------------ wire
 def test_messages_are_read_whole_whatever_the_pieces_they_arrive_in():
     read, write = os.pipe()
