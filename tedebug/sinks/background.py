@@ -97,6 +97,17 @@ def sink_failure_error(
     return error
 
 
+def merged_errors(errors: List[BackgroundSinkError]) -> Optional[BackgroundSinkError]:
+    """The first of `errors` with the later ones attached (as notes, and their failures), or None when empty."""
+    if not errors:
+        return None
+    for later in errors[1:]:
+        if hasattr(errors[0], "add_note"):  # Python 3.11+
+            errors[0].add_note(f"a later batch also failed: {later}")
+        errors[0].failures.extend(later.failures)
+    return errors[0]
+
+
 Job = Tuple[Tuple[Any, ...], List[Any]]
 
 
@@ -150,14 +161,8 @@ class BackgroundWriter:
 
     def take_error(self) -> Optional[BackgroundSinkError]:
         """The first error of the finished jobs not yet taken (later ones attached as notes), or None."""
-        if not self._errors:
-            return None
         errors, self._errors = self._errors, []
-        for later in errors[1:]:
-            if hasattr(errors[0], "add_note"):  # Python 3.11+
-                errors[0].add_note(f"a later batch also failed: {later}")
-            errors[0].failures.extend(later.failures)
-        return errors[0]
+        return merged_errors(errors)
 
     def stop(self) -> None:
         """Wait for the job in flight, end the thread and join it."""

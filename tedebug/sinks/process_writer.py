@@ -37,7 +37,7 @@ import subprocess
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from tedebug.sinks.background import BackgroundSinkError, sink_failure_error
+from tedebug.sinks.background import BackgroundSinkError, merged_errors, sink_failure_error
 from tedebug.sinks.batch import ScalarBatch
 from tedebug.sinks.process_wire import ChunkEncoder, MessageReader, pack, send, write
 
@@ -129,14 +129,8 @@ class ProcessWriter:
 
     def take_error(self) -> Optional[BackgroundSinkError]:
         """The first error not yet taken (later ones attached as notes), or None."""
-        if not self._errors:
-            return None
         errors, self._errors = self._errors, []
-        for later in errors[1:]:
-            if hasattr(errors[0], "add_note"):  # Python 3.11+
-                errors[0].add_note(f"a later batch also failed: {later}")
-            errors[0].failures.extend(later.failures)
-        return errors[0]
+        return merged_errors(errors)
 
     def stop(self) -> None:
         """Wait for every job, have the process close its sinks, and end it."""
