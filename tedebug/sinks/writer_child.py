@@ -14,7 +14,10 @@ standard library, never torch), it reads messages (`tedebug.sinks.process_wire`)
 It ends too when its pipe reaches end-of-file or its parent process is gone (checked every `PARENT_POLL_S`), after
 writing every message it received whole and closing its sinks: a training process that is killed (SIGKILL,
 ``os._exit``, a fatal signal) loses none of the statistics it had handed over.  It ignores SIGINT and SIGTERM,
-which a terminal or a job scheduler sends to the whole process group: it finishes when its parent does.
+which a terminal or a job scheduler sends to the whole process group: it finishes when its parent does.  It runs
+at the lowest priority (nice 19), so that, woken by the training process's message when no core is idle, it does
+not run ahead of that process on its core (on the 2-core VM with both cores busy the pipe write of a step's batch
+took 1.6 ms at the default priority, the time of writing the whole batch, and 0.03 ms at nice 19).
 """
 
 from __future__ import annotations
@@ -103,6 +106,10 @@ def main(read_fd: int, write_fd: int, parent_pid: int, skip_failed: bool) -> Non
     """The writer process's loop (see the module docstring)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        os.nice(19)  # the lowest priority: woken by a message, it never takes the training process's core
+    except OSError:
+        pass
     writer = _Writer(skip_failed)
     reader = MessageReader()
     answering = True
