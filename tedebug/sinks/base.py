@@ -55,7 +55,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from tedebug import active
 from tedebug.sinks.background import BackgroundSinkError, BackgroundWriter, describe_sink
-from tedebug.sinks.batch import ScalarBatch
+from tedebug.sinks.batch import DeferredBatch, ScalarBatch
 from tedebug.sinks.process_writer import ProcessWriter
 
 #: one scalar of a batch: (name, value, iteration, layer, tensor, stat)
@@ -482,10 +482,13 @@ class MetricLogger:
 
     def _built(self, chunks: List[Any]) -> List[Any]:
         """`chunks` with every builder replaced by what it returns (a builder that raises is reported like the
-        writer thread reports it, and its batch is not written)."""
+        writer thread reports it, and its batch is not written).  A `DeferredBatch` stays unevaluated when no writer
+        thread sink takes it: the writer process runs its final formulas."""
         built = []
         for chunk in chunks:
-            if callable(chunk):
+            if type(chunk) is DeferredBatch and not self._writer_sinks:
+                chunk = chunk.batch()
+            elif callable(chunk):
                 try:
                     chunk = chunk()
                 except Exception as exc:  # noqa: BLE001 - reported (or raised) as the writer thread's build error

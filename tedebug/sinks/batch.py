@@ -142,10 +142,14 @@ class ScalarBatch(Sequence):
         mine = self.layout
         return layout is not None and len(layout) == len(mine) and all(map(is_, layout, mine))
 
-    def row_parts(self) -> List[Tuple[Tuple[Tuple[str, str], ...], Any, Any]]:
-        """``(names, layer, tensor)`` of every row (`Emitters.names`): the layout as plain data (what a writer process
-        receives, `tedebug.sinks.process_wire`)."""
-        return [(emitters.names, layer, tensor) for emitters, _, _, layer, tensor in self._rows]
+    def row_parts(self) -> List[Tuple[Emitters, Any, Any]]:
+        """``(emitters, layer, tensor)`` of every row: the layout (what a writer process receives as plain data,
+        `tedebug.sinks.process_wire`)."""
+        return [(emitters, layer, tensor) for emitters, _, _, layer, tensor in self._rows]
+
+    def merged_rows(self) -> List[Any]:
+        """The row of every buffer, as given (what each `Emitters.values_of` takes)."""
+        return [row[1] for row in self._rows]
 
     def row_iterations(self) -> List[Any]:
         """The iteration of every row, in order."""
@@ -157,3 +161,20 @@ class ScalarBatch(Sequence):
         for emitters, _, _, layer, tensor in self._rows:
             parts.extend([(name, layer, tensor, stat) for name, stat in emitters.names])
         return parts
+
+
+class DeferredBatch:
+    """A step's statistics whose final formulas have not run yet: `log_deferred` calls it for the evaluated
+    `ScalarBatch` (a formula's error is then the build's, not the first sink's); `batch()` is the same batch not
+    evaluated, for a writer that evaluates elsewhere (the writer process evaluates the formulas it receives)."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self, rows: Iterable[BatchRow]) -> None:
+        self.rows = rows
+
+    def batch(self) -> ScalarBatch:
+        return ScalarBatch(self.rows)
+
+    def __call__(self) -> ScalarBatch:
+        return ScalarBatch(self.rows).evaluate()

@@ -8,10 +8,13 @@ Chunks (what `MetricLogger` queues for its writers: `ScalarBatch`es and lists of
 `ChunkEncoder` in the training process and decoded by `ChunkDecoder` in the writer process, so that the sinks there
 receive what the writer thread's sinks receive, record for record and bit for bit:
 
-* a `ScalarBatch` travels as its float values (one ``array('d')`` of bytes: ``batch.values``, so the final formulas
-  run in the training process) and its iteration(s), plus, when its layout differs from the last batch's, the
-  layout itself: per row the ``(name, stat)`` pairs, the layer and the tensor.  The decoder keeps one `Emitters` per
-  layout row, so consecutive batches of one layout are again batches of the same layout for the sinks' caches;
+* a `ScalarBatch` travels as its merged rows (one ``array('d')`` of bytes, and each row's length) and its
+  iteration(s), plus, when its layout differs from the last batch's, the layout itself: per row the ``(name, stat)``
+  pairs, the layer, the tensor and the source of its final formulas (`tedebug.compiled_formulas`), which the decoder
+  compiles, so the formulas run in the writer process, on the same floats with the same code.  A batch whose rows
+  do not all have such a source (emitters made by other code), or whose rows are not all floats, travels as its
+  final values instead (``batch.values``, evaluated in the training process).  The decoder keeps one `Emitters`
+  per layout row, so consecutive batches of one layout are again batches of the same layout for the sinks' caches;
 * a list of records travels as it is, each value converted to a float (what every file sink writes of it; a 0-d
   CUDA tensor logged by user code waits for the GPU here, in the training process); a value that is no number
   travels as it is, for the sinks there to fail on it as they would in the training process.
@@ -23,9 +26,11 @@ import os
 import pickle
 import struct
 from array import array
+from itertools import chain
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from tedebug.sinks.batch import Emitters, ScalarBatch
+from tedebug.compiled_formulas import compiled, source_of
 
 _HEADER = struct.Struct("<Q")
 
@@ -91,6 +96,7 @@ class ChunkEncoder:
     def __init__(self) -> None:
         self._layout: Optional[Tuple[Any, ...]] = None
         self._layout_id = 0
+        self._rows_travel = False  # every row of the layout has the source of its formulas
 
     def forget_layout(self) -> None:
         """Send the layout again with the next batch (the last encoding may not have reached the decoder)."""
@@ -102,12 +108,26 @@ class ChunkEncoder:
             return [("records", [(n, _number(v), it, layer, tensor, stat) for n, v, it, layer, tensor, stat in chunk])]
         out: List[Encoded] = []
         if not chunk.same_layout(self._layout):
+            parts = chunk.row_parts()
+            sources = [source_of(emitters.values_of) for emitters, _, _ in parts]
             self._layout = chunk.layout
             self._layout_id += 1
-            out.append(("layout", self._layout_id, chunk.row_parts()))
+            self._rows_travel = None not in sources
+            rows = [(e.names, layer, tensor, source) for (e, layer, tensor), source in zip(parts, sources)]
+            out.append(("layout", self._layout_id, rows))
         iteration = chunk.iteration
         iterations = None if iteration is not None else chunk.row_iterations()
-        out.append(("batch", self._layout_id, iteration, iterations, array("d", chunk.values).tobytes()))
+        lengths: Optional[List[int]] = None
+        if self._rows_travel:
+            rows = chunk.merged_rows()
+            try:
+                data = array("d", chain.from_iterable(rows)).tobytes()
+                lengths = list(map(len, rows))
+            except (TypeError, ValueError):  # a row that is not floats: its final values instead
+                lengths = None
+        if lengths is None:
+            data = array("d", chunk.values).tobytes()
+        out.append(("batch", self._layout_id, iteration, iterations, data, lengths))
         return out
 
 
@@ -130,8 +150,8 @@ class ChunkDecoder:
     """Decodes the chunks a `ChunkEncoder` encoded, in the order they were encoded."""
 
     def __init__(self) -> None:
-        #: layout id -> per row (emitters, layer, tensor, number of values)
-        self._layouts: Dict[int, List[Tuple[Emitters, Any, Any, int]]] = {}
+        #: layout id -> per row (emitters of final values, emitters of the formulas or None, layer, tensor)
+        self._layouts: Dict[int, List[Tuple[Emitters, Optional[Emitters], Any, Any]]] = {}
 
     def decode(self, encoded: Encoded) -> Optional[Sequence[Any]]:
         """The chunk of one encoded entry (None for a layout entry, which only defines a layout)."""
@@ -141,20 +161,29 @@ class ChunkDecoder:
         if kind == "layout":
             _, layout_id, rows = encoded
             self._layouts = {
-                layout_id: [(Emitters(names, _given), layer, tensor, len(names)) for names, layer, tensor in rows]
+                layout_id: [
+                    (Emitters(names, _given), Emitters(names, compiled(source)) if source else None, layer, tensor)
+                    for names, layer, tensor, source in rows
+                ]
             }
             return None
-        _, layout_id, iteration, iterations, data = encoded
+        _, layout_id, iteration, iterations, data, lengths = encoded
         values = array("d")
         values.frombytes(data)
         flat = values.tolist()
-        rows = []
+        batch_rows = []
         offset = 0
-        for index, (emitters, layer, tensor, count) in enumerate(self._layouts[layout_id]):
+        for index, (given, formulas, layer, tensor) in enumerate(self._layouts[layout_id]):
             row_iteration = iteration if iterations is None else iterations[index]
-            rows.append((emitters, flat[offset : offset + count], row_iteration, layer, tensor))
+            if lengths is None:  # final values
+                emitters, count = given, len(given.names)
+            elif formulas is not None:  # merged rows: the formulas run here
+                emitters, count = formulas, lengths[index]
+            else:
+                raise ValueError(f"merged rows for layout {layout_id}, whose row {index} has no formulas")
+            batch_rows.append((emitters, flat[offset : offset + count], row_iteration, layer, tensor))
             offset += count
-        return ScalarBatch(rows)
+        return ScalarBatch(batch_rows)
 
 
 __all__ = ["ChunkDecoder", "ChunkEncoder", "MessageReader", "pack", "send", "write"]

@@ -241,8 +241,15 @@ class ProcessWriter:
     def _done(self, message: Tuple[Any, ...]) -> None:
         if message[0] != "done":
             raise WriterProcessGone(f"an unexpected answer {message[0]!r}")
-        _, job, failures = message
-        self._failed(failures, self._in_flight.pop(job, "?"))
+        _, job, failures, unbuilt = message
+        iterations = self._in_flight.pop(job, "?")
+        for problem in unbuilt:  # reported as the writer thread reports a batch it could not build
+            self._errors.append(
+                BackgroundSinkError(
+                    f"{_WHERE} could not build a batch of statistics of iteration(s) {iterations}: {problem}", None
+                )
+            )
+        self._failed(failures, iterations)
 
     def _failed(self, failures: List[Tuple[Any, ...]], iterations: str) -> None:
         """Keep the error of the failures the process reported (sinks named by their objects in this process)."""

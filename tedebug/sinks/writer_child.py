@@ -5,10 +5,11 @@ standard library, never torch), it reads messages (`tedebug.sinks.process_wire`)
 
 * ``("sink", index, module, class name, kwargs)``: create the sink ``module.class(**kwargs)``; answer
   ``("sink", index, None)`` or the error's text;
-* ``("job", job id, sink indices, encoded chunks)``: decode the chunks, give every chunk to each listed sink
-  (`Sink.log_scalars`), then flush it, sink by sink in order, as the writer thread does; answer ``("done", job id,
-  failures)``, one ``(index, kind, message, errno, strerror)`` per sink that raised.  With ``skip_failed`` a sink
-  that failed once is not called again;
+* ``("job", job id, sink indices, encoded chunks)``: decode the chunks and run the final formulas of their
+  batches, give every chunk to each listed sink (`Sink.log_scalars`), then flush it, sink by sink in order, as the
+  writer thread does; answer ``("done", job id, failures, unbuilt)``: one ``(index, kind, message, errno,
+  strerror)`` per sink that raised, and the error of each batch that could not be decoded or evaluated (that batch
+  is not written; the others are).  With ``skip_failed`` a sink that failed once is not called again;
 * ``("exit",)``: close every sink, answer ``("closed", failures)`` and end.
 
 It ends too when its pipe reaches end-of-file or its parent process is gone (checked every `PARENT_POLL_S`), after
@@ -28,6 +29,7 @@ import select
 import signal
 from typing import Any, Dict, List, Optional, Set, Tuple
 
+from tedebug.sinks.batch import ScalarBatch
 from tedebug.sinks.process_wire import ChunkDecoder, MessageReader, send
 
 #: seconds between two checks that the parent process still exists, while no message arrives
@@ -72,10 +74,18 @@ class _Writer:
 
     def job(self, job_id: int, indices: List[int], encoded: List[Tuple[Any, ...]]) -> Tuple[Any, ...]:
         failures: List[Failure] = []
-        try:
-            chunks = [chunk for chunk in map(self.decoder.decode, encoded) if chunk is not None]
-        except Exception as exc:  # noqa: BLE001 - every sink of the job is told (the batch cannot be written)
-            return ("done", job_id, [describe(index, exc) for index in indices])
+        chunks = []
+        unbuilt = []  # the batches that could not be decoded or whose final formulas raised: lost, reported
+        for entry in encoded:
+            try:
+                chunk = self.decoder.decode(entry)
+                if type(chunk) is ScalarBatch:
+                    chunk.evaluate()  # the final formulas: an error is the batch's, not the first sink's
+            except Exception as exc:  # noqa: BLE001 - reported to the training process; the other batches go on
+                unbuilt.append(f"{type(exc).__name__}: {exc}")
+                continue
+            if chunk is not None:
+                chunks.append(chunk)
         for index in indices:
             sink = self.sinks.get(index)
             if sink is None or index in self.failed:
@@ -88,7 +98,7 @@ class _Writer:
                 failures.append(describe(index, exc))
                 if self.skip_failed:
                     self.failed.add(index)
-        return ("done", job_id, failures)
+        return ("done", job_id, failures, unbuilt)
 
     def close(self) -> List[Failure]:
         failures = []

@@ -37,6 +37,8 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Opt
 
 import torch
 
+from tedebug.compiled_formulas import FORMULAS_FILE, compiled  # noqa: F401 - FORMULAS_FILE: API
+
 # ------------------------------------------------------------------------------------------------ statistic kinds
 HP_KINDS = (
     "min",
@@ -392,12 +394,6 @@ FORMULAS: Dict[str, str] = {
     "scale_inv_max": "{scale_max}",
     "scale_inv_std": "(_sqrt({scale_m2} / {scale_count}) if {scale_count} > 0 else _nan)",
 }
-#: the names the formulas use besides the row
-_FORMULA_NAMES = {"_nan": math.nan, "_inf": math.inf, "_sqrt": math.sqrt, "_log2": math.log2, "float": float}
-#: the file name of the generated functions (in tracebacks and profiles)
-FORMULAS_FILE = "<tedebug statistics formulas>"
-#: generated source -> its compiled function (buffers of one layout share one)
-_EVALUATORS: Dict[str, Callable[[Sequence[float]], List[float]]] = {}
 
 
 def row_evaluator(
@@ -407,7 +403,9 @@ def row_evaluator(
 
     It is the `FORMULAS` of the requests with the column positions resolved now, generated as one Python function
     (each column read and converted to float once), so a step evaluates a buffer with one call instead of one per
-    statistic.  Only `FORMULAS` and column positions go into the generated source, never a name from a config."""
+    statistic.  Only `FORMULAS` and column positions go into the generated source, never a name from a config.  It
+    is compiled by `tedebug.compiled_formulas.compiled` (which a statistics writer process also uses, on the same
+    source: the formulas' helper names and file name live there)."""
     position = {column: i for i, column in enumerate(columns)}
     used: Dict[int, None] = {}
 
@@ -423,13 +421,7 @@ def row_evaluator(
         names = [name for name in PARTIALS if "{" + name + "}" in formula]
         expressions.append(formula.format(**{name: local(name, qualifier) for name in names}))
     reads = "".join(f"    v{i} = float(row[{i}])\n" for i in sorted(used))
-    source = f"def values_of(row):\n{reads}    return [{', '.join(expressions)}]\n"
-    evaluator = _EVALUATORS.get(source)
-    if evaluator is None:
-        namespace: Dict[str, Any] = dict(_FORMULA_NAMES)
-        exec(compile(source, FORMULAS_FILE, "exec"), namespace)
-        evaluator = _EVALUATORS[source] = namespace["values_of"]
-    return evaluator
+    return compiled(f"def values_of(row):\n{reads}    return [{', '.join(expressions)}]\n")
 
 
 def _dynamic_range(nz_max: float, nz_min: float) -> float:

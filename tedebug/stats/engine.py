@@ -43,7 +43,7 @@ import torch
 from tedebug.backends import backend_for, dispatch
 from tedebug.backends.fused_stats import FusedStats, fused_vector, high_precision_row
 from tedebug.config.parsing import GEMMS_OF_TENSOR
-from tedebug.sinks.batch import ScalarBatch
+from tedebug.sinks.batch import DeferredBatch
 from tedebug.stats import launch_group
 from tedebug.stats import reduce as _reduce
 from tedebug.stats.buffers import BufferKey, BufferStore, StatBuffer
@@ -389,8 +389,7 @@ class StatsEngine:
             ):
                 self._report_nonfinite(buffer, values)  # (a count that is not zero: the first non-finite values)
 
-        def records() -> ScalarBatch:  # the final formulas; depends only on `rows` (may run on a writer thread)
-            return ScalarBatch(rows).evaluate()  # a formula's error is the build's, not the first sink's
+        records = DeferredBatch(rows)  # the final formulas run when a writer builds it, or in the writer process
 
         log_deferred = getattr(self.metric_logger, "log_deferred", None)
         log_scalars = getattr(self.metric_logger, "log_scalars", None)

@@ -5,6 +5,7 @@ start are reported and never stop training; and the wire format carries batches 
 
 import json
 import os
+import random
 import re
 import signal
 import subprocess
@@ -22,7 +23,9 @@ from tedebug.sinks import process_writer
 from tedebug.sinks.base import BackgroundSinkError
 from tedebug.sinks.batch import Emitters, ScalarBatch
 from tedebug.sinks.jsonl import JsonlSink
+from tedebug import compiled_formulas
 from tedebug.sinks.process_wire import ChunkDecoder, ChunkEncoder, MessageReader, send
+from tedebug.stats.definitions import NUMEL, StatRequest, columns_for, row_evaluator
 from tedebug.sinks.text import TextStatsSink
 
 STATS = bench.debug_section("s", LogTensorStats={"stats": bench.LOG_STATS, "freq": 1, "tensors": bench.ALL_TENSORS})
@@ -273,6 +276,45 @@ def test_batches_and_records_decode_to_the_same_records():
     # the second batch reuses the first one's layout: the same objects, for the sinks' caches
     assert decoded[1].same_layout(decoded[0].layout) and not decoded[2].same_layout(decoded[1].layout)
     assert decoded[2].iteration is None  # mixed iterations travel per row
+
+
+def test_merged_rows_travel_and_the_writer_process_runs_their_formulas():
+    """Emitters of compiled formulas (`row_evaluator`): the rows travel as they are and the decoded batch evaluates
+    them there, to the same bits; a batch of such emitters whose rows are not floats travels as its values."""
+    requests = [StatRequest.parse_hp(name) for name in ("min", "mean", "std", "dynamic_range")]
+    columns = list(columns_for(requests))
+    emitters = Emitters(tuple((f"l_act_{r.name}", r.name) for r in requests), row_evaluator(requests, columns))
+    rng = random.Random(5)
+    rows = [[rng.uniform(0.0, 3.0) for _ in columns] for _ in range(3)]  # (m2 >= 0: the std's square root)
+    for row in rows:
+        row[columns.index(NUMEL)] = float(rng.randint(2, 9))
+    batch = ScalarBatch([(emitters, row, 3, f"l{i}", "act") for i, row in enumerate(rows)])
+    encoded = ChunkEncoder().encode(batch)
+    assert encoded[0][0] == "layout" and all(row[3] for row in encoded[0][2])  # the formulas' source travels
+    assert encoded[1][5] == [len(columns)] * 3  # the merged rows, not the values
+    decoder = ChunkDecoder()
+    decoded = [c for c in map(decoder.decode, encoded) if c is not None][0]
+    assert [repr(v) for v in decoded.values] == [repr(v) for v in batch.values]
+    assert decoded[0][0] == "l_act_min" and decoded.iteration == 3
+    odd = ScalarBatch([(emitters, [str(v) for v in row], 3, "l", "act") for row in rows[:1]])  # not floats
+    assert ChunkEncoder().encode(odd)[1][5] is None  # final values, evaluated in the training process
+
+
+def test_a_batch_whose_formulas_raise_there_is_reported_and_the_next_ones_are_written(tmp_path):
+    reports = []
+    logger = MetricLogger(background=True, on_sink_error="warn", report=reports.append, writer_process=True)
+    logger.add_sink(JsonlSink(str(tmp_path / "s.jsonl")))
+    ratio = Emitters(
+        (("l_t_ratio", "ratio"),), compiled_formulas.compiled("def values_of(row):\n    return [row[0] / row[1]]\n")
+    )
+    for iteration, divisor in ((0, 0.0), (1, 4.0)):
+        logger.log_scalars(ScalarBatch([(ratio, [1.0, divisor], iteration, "l", "t")]))
+        logger.flush()
+    logger.close()
+    assert len(reports) == 1 and "could not build a batch of statistics of iteration(s) 0" in reports[0]
+    assert "ZeroDivisionError" in reports[0]
+    records = [json.loads(line) for line in (tmp_path / "s.jsonl").read_text().splitlines()]
+    assert [(r["iteration"], r["value"]) for r in records] == [(1, 0.25)]
 
 
 def test_initialize_accepts_process_and_rejects_other_strings(tmp_path, no_debug_session):
