@@ -32,9 +32,9 @@ Background logging (`background_logging`, default ``"process"``): the statistics
 the session's `MetricLogger`, which has it written off the training thread.
 
 * ``"process"`` (the default): tedebug's text and JSONL statistics files are written by a writer process of their
-  own (`tedebug.sinks.process_writer`; the training process keeps the final formulas and one pipe write per step:
-  formatting and writing cost it nothing, on a host whose Python is the bottleneck as on a GPU host).  Other sinks
-  are written as with ``True``.  If the process cannot start, one warning says so and ``True`` applies.
+  own (`tedebug.sinks.process_writer`; the training process sends the step's rows in one pipe write: the final
+  formulas, formatting and writing cost it nothing, on a host whose Python is the bottleneck as on a GPU host).
+  Other sinks are written as with ``True``.  If the process cannot start, one warning says so and ``True`` applies.
 * ``True``: tedebug's own sinks (text, JSONL, TensorBoard) are written on one writer thread
   (`tedebug.sinks.background`).
 * ``False``: every write happens inside `step()`: iteration N is on disk when it returns.

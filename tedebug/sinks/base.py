@@ -33,9 +33,10 @@ Writer process (``MetricLogger(background=True, writer_process=True)``; what a d
 ``initialize(..., background_logging=True / False)``): the sinks that say how to make their twin in another process
 (`Sink.writer_process_spec`: tedebug's text and JSONL files) are written by a process of their own
 (`tedebug.sinks.process_writer`) instead of the writer thread; the others as above.  The hand-over of a batch
-builds its `log_deferred` builders in the caller's thread (the final formulas) and returns once the process has
-written the previous batch; its errors come back as the writer thread's do, one batch later.  If the process cannot
-take a sink, that is reported once and the thread writes it.
+builds its `log_deferred` builders in the caller's thread, except a `DeferredBatch` that no writer-thread sink
+needs (the writer process runs its final formulas), and returns once the process has written the previous batch;
+its errors come back as the writer thread's do, one batch later.  If the process cannot take a sink, that is
+reported once and the thread writes it.
 
 Sink errors (``MetricLogger(on_sink_error=...)``): with ``"raise"`` (the default of a bare `MetricLogger`, and
 ``initialize(..., on_sink_error="raise")``) a sink error propagates as described above.  With ``"warn"`` (what a

@@ -1,9 +1,10 @@
 """`ProcessWriter`: tedebug's statistics files written by a separate process, not by the training process.
 
-Why: formatting and writing a step's statistics (its final formulas aside) is pure host work: about 1.5 µs per value
+Why: evaluating, formatting and writing a step's statistics is pure host work: about 1.5 µs per value
 on a GPU host, 8-12 µs per logged tensor of eight statistics.  On a writer thread it still holds the training
 process's GIL, so a training loop bound by its host's Python pays it in full; a process of its own runs on another
-core.  The training process keeps only the final formulas (`ScalarBatch.values`) and one pipe write per step.
+core.  The training process sends the step's merged rows in one pipe write; the writer process runs the final
+formulas (`tedebug.sinks.process_wire`).
 
 Which sinks: those that say how to make their twin in another process (`Sink.writer_process_spec`: tedebug's text
 statistics file and JSONL file).  The twin opens the same file for appending; the sink object in the training
