@@ -58,7 +58,15 @@ def main() -> int:
         default="wall",
         help="wall: time.perf_counter; cpu: time.process_time (all threads of this process)",
     )
+    parser.add_argument(
+        "--writer",
+        choices=("process", "thread"),
+        default="process",
+        help="who writes the statistics files: the writer process (the sessions' default) or the writer thread "
+        "(background_logging=True, which writes each step's batch in the training thread)",
+    )
     args = parser.parse_args()
+    background_logging = True if args.writer == "thread" else "process"
     clock = time.perf_counter if args.clock == "wall" else time.process_time
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
@@ -107,7 +115,7 @@ def main() -> int:
 
     def logged() -> float:
         with tempfile.TemporaryDirectory() as log_dir:
-            debug_api.initialize(full, log_dir=log_dir)
+            debug_api.initialize(full, log_dir=log_dir, background_logging=background_logging)
             try:
                 return run_steps(stack, debug=True)
             finally:
@@ -127,7 +135,7 @@ def main() -> int:
 
     def fp8_logged() -> float:
         with tempfile.TemporaryDirectory() as log_dir:
-            debug_api.initialize(fp8_log, log_dir=log_dir)
+            debug_api.initialize(fp8_log, log_dir=log_dir, background_logging=background_logging)
             try:
                 return run_steps(stack, Float8CurrentScaling(), debug=True)
             finally:
@@ -161,7 +169,7 @@ def main() -> int:
         StatsEngine._emit = lambda self, *args, **kwargs: None
         try:
             with tempfile.TemporaryDirectory() as log_dir:
-                debug_api.initialize(full, log_dir=log_dir)
+                debug_api.initialize(full, log_dir=log_dir, background_logging=background_logging)
                 try:
                     engine = active.session().stats
 
