@@ -228,6 +228,43 @@ def test_a_batch_that_cannot_travel_is_reported_and_the_next_ones_are_written(tm
     assert [(r["iteration"], r["value"]) for r in records] == [(1, 3.0), (1, 4.0)]
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_that_writes_starts_a_writer_process_of_its_own(tmp_path):
+    logger = MetricLogger(background=True, on_sink_error="raise", writer_process=True)
+    logger.add_sink(JsonlSink(str(tmp_path / "s.jsonl")))
+    logger.log_scalars(_batch(0, [1.0, 2.0]))
+    logger.flush()
+    logger.wait_written()
+    parents_writer = logger._process._process.pid
+    pid = os.fork()
+    if pid == 0:  # child: its batch goes to a writer process it starts; the parent's is left alone
+        code = 3
+        try:
+            logger.log_scalars(_batch(1, [3.0, 4.0]))
+            logger.flush()
+            logger.wait_written()
+            if logger._process._process.pid != parents_writer:
+                code = 0
+            logger.close()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    logger.log_scalars(_batch(2, [5.0, 6.0]))  # the parent's writer process still takes the parent's batches
+    logger.flush()
+    assert logger._process._process.pid == parents_writer
+    logger.close()
+    records = [json.loads(line) for line in (tmp_path / "s.jsonl").read_text().splitlines()]
+    assert sorted((r["iteration"], r["value"]) for r in records) == [
+        (0, 1.0),
+        (0, 2.0),
+        (1, 3.0),
+        (1, 4.0),
+        (2, 5.0),
+        (2, 6.0),
+    ]
+
+
 # ------------------------------------------------------------------------------------------------ wire
 def test_messages_are_read_whole_whatever_the_pieces_they_arrive_in():
     read, write = os.pipe()
