@@ -1,8 +1,8 @@
 """What travels between a training process and its statistics writer process (`tedebug.sinks.process_writer`).
 
-Framing: a message is one pickled tuple, preceded by its length (8 bytes, little-endian), written to a pipe with
-`send` (a loop of ``os.write``: the writer process reads it back whole with `MessageReader`, or not at all: a
-message cut short by the death of its sender is dropped, never half-used).
+Framing: a message is one pickled tuple, preceded by its length (8 bytes, little-endian): `pack` makes it, `write`
+writes it to a pipe (a loop of ``os.write``; `send` does both), and the other end reads it back whole with
+`MessageReader`, or not at all: a message cut short by the death of its sender is dropped, never half-used.
 
 Chunks (what `MetricLogger` queues for its writers: `ScalarBatch`es and lists of records) are encoded by
 `ChunkEncoder` in the training process and decoded by `ChunkDecoder` in the writer process, so that the sinks there
