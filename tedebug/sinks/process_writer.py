@@ -19,9 +19,10 @@ the sinks and ends the process.  Errors come back as `BackgroundSinkError`s from
 (its errno kept), as from the writer thread; with ``skip_failed`` a sink that failed once is not written again.
 
 What is on disk when (background_logging="process"): when `debug_api.step()` returns for iteration N, iteration
-N-2 (and everything before it) is on disk and iteration N-1 is in the writer process, which writes it whatever happens to the training process
-afterwards (a crash, SIGKILL, ``os._exit``: it finishes what it received, then ends); the last iterations are handed
-over and written by `end_debug()` or the atexit handler, as in background mode.  If the writer process itself dies,
+N-2 (and everything before it) is on disk and iteration N-1 is in the writer process, which writes it whatever
+happens to the training process afterwards (a crash, SIGKILL, ``os._exit``: it finishes what it received, then
+ends); the last iterations are handed over and written by `end_debug()` or the atexit handler, as in background
+mode.  If the writer process itself dies,
 the statistics it had not yet written are lost: each of its sinks then fails once (reported and stopped with
 ``on_sink_error="warn"``, naming the iterations handed over and not written), and training goes on.
 
