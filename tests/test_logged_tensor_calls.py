@@ -20,7 +20,8 @@ import torch
 from tedebug import active, debug_api
 from tedebug.config.schedule import Schedule
 from tedebug.nn import Linear
-from tedebug.stats.definitions import FORMULAS_FILE, StatRequest
+from tedebug.compiled_formulas import FORMULAS_FILE
+from tedebug.stats.definitions import StatRequest
 
 from support.features import RecordingSink, debug_session
 

@@ -74,8 +74,17 @@ def describe_sink(sink: Any) -> str:
     return f"{type(sink).__name__}({path!r})" if isinstance(path, (str, os.PathLike)) else type(sink).__name__
 
 
-def _iterations(chunks: Sequence[Sequence[Record]]) -> str:
-    seen = dict.fromkeys(record[2] for chunk in chunks for record in chunk)  # first-seen order
+def iterations_text(chunks: Sequence[Sequence[Record]]) -> str:
+    """The iterations of the records of `chunks`, first-seen order, as text ("3, 4"; "none").  A
+    `tedebug.sinks.batch.ScalarBatch` answers from its rows (its records are not built for this)."""
+    seen: dict = {}
+    for chunk in chunks:
+        row_iterations = getattr(chunk, "row_iterations", None)
+        if row_iterations is None:
+            seen.update(dict.fromkeys(record[2] for record in chunk))
+        else:
+            iteration = chunk.iteration  # type: ignore[attr-defined]  # (a ScalarBatch)
+            seen.update(dict.fromkeys([iteration] if iteration is not None else row_iterations()))
     return ", ".join(map(str, seen)) or "none"
 
 
@@ -212,4 +221,4 @@ class BackgroundWriter:
                 if self.skip_failed:
                     failed.add(id(sink))
         if failures:
-            self._errors.append(sink_failure_error(failures, _iterations(chunks)))
+            self._errors.append(sink_failure_error(failures, iterations_text(chunks)))

@@ -55,7 +55,7 @@ import warnings
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from tedebug import active
-from tedebug.sinks.background import BackgroundSinkError, BackgroundWriter, describe_sink
+from tedebug.sinks.background import BackgroundSinkError, BackgroundWriter, describe_sink, iterations_text
 from tedebug.sinks.batch import DeferredBatch, ScalarBatch
 from tedebug.sinks.process_writer import ProcessWriter
 
@@ -175,11 +175,6 @@ def _warn(message: str) -> None:
     warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
-def _record_iterations(records: Sequence[Record]) -> str:
-    seen = dict.fromkeys(record[2] for record in records)
-    return ", ".join(map(str, seen)) or "none"
-
-
 class MetricLogger:
     """Fans each scalar out to the sinks of one session (see the module docstring for background mode and sink
     errors)."""
@@ -293,7 +288,7 @@ class MetricLogger:
                         for name, value, iteration, _, _, _ in records:
                             sink.log_scalar(name, value, iteration)
                 except Exception as exc:
-                    self._sink_failed(sink, exc, _record_iterations(records))
+                    self._sink_failed(sink, exc, iterations_text([records]))
             if self._queues:  # our own copy (the caller may reuse its list); a ScalarBatch never changes
                 self._pending.append(records if isinstance(records, ScalarBatch) else list(records))
         self._raise_writer_error()

@@ -39,8 +39,7 @@ import subprocess
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from tedebug.sinks.background import BackgroundSinkError, merged_errors, sink_failure_error
-from tedebug.sinks.batch import ScalarBatch
+from tedebug.sinks.background import BackgroundSinkError, iterations_text, merged_errors, sink_failure_error
 from tedebug.sinks.process_wire import ChunkEncoder, MessageReader, pack, send, write
 
 #: seconds between two checks that the writer process is alive while the training process waits for it
@@ -97,7 +96,7 @@ class ProcessWriter:
         self._collect(wait_all=True)
         if self._gone is not None:
             if not self.skip_failed:  # "raise": every batch that cannot be written is an error
-                self._fail_all(self._gone, _iterations(chunks), sinks)
+                self._fail_all(self._gone, iterations_text(chunks), sinks)
             return
         indices = [index for index, (sink, _) in self._sinks.items() if any(sink is s for s in sinks)]
         job = self._next_job
@@ -108,7 +107,7 @@ class ProcessWriter:
             message = pack(("job", job, indices, encoded))
         except Exception as exc:  # noqa: BLE001 - e.g. a value that cannot be pickled: that batch is lost, reported
             error = BackgroundSinkError(
-                f"{_WHERE} could not be given the statistics of iteration(s) {_iterations(chunks)}: "
+                f"{_WHERE} could not be given the statistics of iteration(s) {iterations_text(chunks)}: "
                 f"{type(exc).__name__}: {exc}",
                 None,
             )
@@ -117,7 +116,7 @@ class ProcessWriter:
             self._encoder.forget_layout()  # the process may not have the layout this encoding assumed
             return
         self._next_job += 1
-        self._in_flight[job] = _iterations(chunks)
+        self._in_flight[job] = iterations_text(chunks)
         try:
             self._ensure_started()
             write(self._to_child, message)
@@ -278,19 +277,6 @@ def _rebuilt(kind: str, message: str, code: Optional[int], strerror: Optional[st
         except Exception:  # noqa: BLE001 - a type whose constructor wants more: named in a RuntimeError instead
             pass
     return RuntimeError(f"{kind}: {message}")
-
-
-def _iterations(chunks: Sequence[Any]) -> str:
-    seen: Dict[Any, None] = {}
-    for chunk in chunks:
-        if type(chunk) is ScalarBatch:
-            iteration = chunk.iteration
-            for value in [iteration] if iteration is not None else chunk.row_iterations():
-                seen.setdefault(value, None)
-        else:
-            for record in chunk:
-                seen.setdefault(record[2], None)
-    return ", ".join(map(str, seen)) or "none"
 
 
 __all__ = ["ProcessWriter", "Spec", "WriterProcessGone"]

@@ -37,7 +37,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Opt
 
 import torch
 
-from tedebug.compiled_formulas import FORMULAS_FILE, compiled  # noqa: F401 - FORMULAS_FILE: API
+from tedebug.compiled_formulas import compiled
 
 # ------------------------------------------------------------------------------------------------ statistic kinds
 HP_KINDS = (

@@ -354,6 +354,6 @@ def test_a_batch_whose_formulas_raise_there_is_reported_and_the_next_ones_are_wr
     assert [(r["iteration"], r["value"]) for r in records] == [(1, 0.25)]
 
 
-def test_initialize_accepts_process_and_rejects_other_strings(tmp_path, no_debug_session):
+def test_background_logging_rejects_strings_other_than_process(tmp_path, no_debug_session):
     with pytest.raises(TypeError, match="background_logging must be True, False or 'process'"):
         debug_api.initialize("", log_dir=str(tmp_path), background_logging="processes")
