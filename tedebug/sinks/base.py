@@ -91,6 +91,19 @@ class Sink:
         appending to this sink's file; None (the default) when it cannot (`tedebug.sinks.process_writer`)."""
         return None
 
+    def handed_to_writer_process(self) -> None:
+        """Called once the writer process writes this sink's twin: from then on this object is not given the
+        statistics (it may still be called by the training script, see `writer_process_notes`)."""
+
+    def writer_process_notes(self) -> List[Any]:
+        """What this object (in the training process) has for its twin since the last call, e.g. values the
+        training script logged through it; taken at each hand-over and given to the twin's
+        `apply_writer_process_notes` before that hand-over's statistics.  Picklable items; none by default."""
+        return []
+
+    def apply_writer_process_notes(self, notes: Sequence[Any]) -> None:
+        """The twin's side of `writer_process_notes`."""
+
     def log_scalar(
         self,
         name: str,
@@ -230,6 +243,7 @@ class MetricLogger:
         assert self._process is not None
         problem = self._process.add(sink, spec)
         if problem is None:
+            sink.handed_to_writer_process()
             return True
         self._report(
             f"tedebug: the statistics writer process cannot write {describe_sink(sink)} ({problem}); the statistics "

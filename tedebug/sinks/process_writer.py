@@ -7,8 +7,10 @@ core.  The training process sends the step's merged rows in one pipe write; the 
 formulas (`tedebug.sinks.process_wire`).
 
 Which sinks: those that say how to make their twin in another process (`Sink.writer_process_spec`: tedebug's text
-statistics file and JSONL file).  The twin opens the same file for appending; the sink object in the training
-process stays as it is, unused.  Every other sink is written as in background mode (writer thread or caller's
+statistics file and JSONL file, and a TensorBoard sink that owns its writer).  The twin opens the same file for
+appending (the TensorBoard twin an event file of its own in the same directory); the sink object in the training
+process is not given the statistics, but what the training script logs through it (`Sink.writer_process_notes`:
+a TensorBoard sink's user scalars) travels to the twin with each job.  Every other sink is written as in background mode (writer thread or caller's
 thread), in the same order of records.
 
 Protocol (`tedebug.sinks.process_wire`, `tedebug.sinks.writer_child`): `add` starts the process on first use and has
@@ -94,17 +96,22 @@ class ProcessWriter:
         """Wait until the previous job is written, then send `chunks` for `sinks` (sinks `add` accepted)."""
         self._check_fork()
         self._collect(wait_all=True)
+        indices = [index for index, (sink, _) in self._sinks.items() if any(sink is s for s in sinks)]
+        notes = {}  # taken even when they cannot be sent: nothing piles up in the sinks
+        for index in indices:
+            taken = self._sinks[index][0].writer_process_notes()
+            if taken:
+                notes[index] = taken
         if self._gone is not None:
             if not self.skip_failed:  # "raise": every batch that cannot be written is an error
                 self._fail_all(self._gone, iterations_text(chunks), sinks)
             return
-        indices = [index for index, (sink, _) in self._sinks.items() if any(sink is s for s in sinks)]
         job = self._next_job
         try:
             encoded: List[Any] = []
             for chunk in chunks:
                 encoded += self._encoder.encode(chunk)
-            message = pack(("job", job, indices, encoded))
+            message = pack(("job", job, indices, encoded, notes))
         except Exception as exc:  # noqa: BLE001 - e.g. a value that cannot be pickled: that batch is lost, reported
             error = BackgroundSinkError(
                 f"{_WHERE} could not be given the statistics of iteration(s) {iterations_text(chunks)}: "

@@ -43,6 +43,13 @@ costs about 25 ms per step of statistics); the event files are byte-identical.
 Thread safety (`thread_safe`, for the background writer of `tedebug.sinks.base.MetricLogger`): True when the sink
 owns its writer or the writer is a torch ``SummaryWriter`` (whose event queue is locked); a user-supplied writer of
 any other type is called in the caller's thread.
+
+The writer process (``background_logging="process"``, the default): a sink given `log_dir` owns its writer, a
+torch-free `tedebug.sinks.tb_events.EventWriter` (the same events as a ``SummaryWriter``), so the statistics writer
+process writes it whole (`writer_process_spec`): the statistics, the summaries, the layout, and the user scalars,
+which `log_user_scalar` on this object then queues for that process (they reach the file with the next step's
+statistics, or at `end_debug()`).  One event file per run, written by one process.  A sink wrapping a given writer
+stays in the training process.
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ import numpy as np
 
 from tedebug.sinks.base import Record, Sink
 from tedebug.sinks.tb_crc import use_fast_crc
+from tedebug.sinks.tb_events import EventWriter
 
 TAG_STYLES = ("hierarchical", "flat")
 MAX_LINES_PER_CHART = 16
@@ -160,13 +168,11 @@ class TensorBoardSink(Sink):
         if (writer is None) == (log_dir is None):
             raise ValueError("TensorBoardSink: give exactly one of `writer` (a SummaryWriter) or `log_dir`")
         use_fast_crc()
-        if writer is None:
-            from torch.utils.tensorboard import SummaryWriter
-
-            writer = SummaryWriter(log_dir=log_dir)
-        self.writer = writer
+        #: a sink given `log_dir` owns its writer: a torch-free event writer (`tedebug.sinks.tb_events`), which the
+        #: statistics writer process can own too
+        self.writer: Any = writer if writer is not None else EventWriter(log_dir)  # type: ignore[arg-type]
         self._owns_writer = log_dir is not None
-        self._batched = torch_summary_writer(writer)  # an owned writer is one too
+        self._batched = self._owns_writer or torch_summary_writer(writer)
         self.thread_safe = self._batched
         self.tag_style = tag_style
         self._charts: Dict[str, Dict[str, List[str]]] = {}  # tensor -> stat -> layers, in first-seen order
@@ -176,6 +182,32 @@ class TensorBoardSink(Sink):
         self.summaries = tag_style == "hierarchical" if summaries is None else bool(summaries)
         self._step_values: Dict[tuple, Tuple[List[str], List[float]]] = {}  # (iteration, tensor, stat) -> layers
         self._value_prefixes: Dict[str, bytes] = {}  # tag -> wire bytes of a Summary.Value up to its float
+        #: True once the writer process writes this sink's twin: `log_user_scalar` then queues its scalars for it
+        #: (`writer_process_notes`) and this object writes nothing itself
+        self._twin_elsewhere = False
+        self._user_scalars: List[Tuple[str, float, int]] = []  # queued for the twin, in call order
+
+    def writer_process_spec(self) -> Optional[Tuple[str, str, dict]]:
+        """A sink that owns its writer is written by the writer process (the same directory, the twin's own event
+        file); one wrapping a given writer (``tb_writer``, a user's ``SummaryWriter``) stays in this process: that
+        writer is the training script's, and two event files of one run being written at once is what
+        TensorBoard's live reload follows least well."""
+        if type(self) is not TensorBoardSink or not self._owns_writer:
+            return None
+        kwargs = {"log_dir": self.writer.log_dir, "tag_style": self.tag_style, "summaries": self.summaries}
+        return (__name__, "TensorBoardSink", kwargs)
+
+    def handed_to_writer_process(self) -> None:
+        self._twin_elsewhere = True
+
+    def writer_process_notes(self) -> List[Tuple[str, float, int]]:
+        """The user scalars logged since the last call, for the twin (`apply_writer_process_notes`)."""
+        queued, self._user_scalars = self._user_scalars, []
+        return queued
+
+    def apply_writer_process_notes(self, notes: Sequence[Tuple[str, float, int]]) -> None:
+        for tag, value, iteration in notes:
+            self.log_user_scalar(tag, value, iteration)
 
     def tag_for(self, name: str, *, layer: Optional[str], tensor: Optional[str], stat: Optional[str]) -> str:
         """The TensorBoard tag of one scalar."""
@@ -205,6 +237,9 @@ class TensorBoardSink(Sink):
         category; see the module docstring."""
         if not isinstance(tag, str) or not tag:
             raise ValueError(f"TensorBoardSink.log_user_scalar: tag must be a non-empty str, got {tag!r}")
+        if self._twin_elsewhere:  # written by the twin in the writer process, with the next step's statistics
+            self._user_scalars.append((tag, float(value), int(iteration)))
+            return
         self.writer.add_scalar(tag, float(value), int(iteration))
         with self._layout_lock:
             if tag not in self._user_tags:
@@ -217,7 +252,7 @@ class TensorBoardSink(Sink):
         if not self._batched:
             super().log_scalars(records)
             return
-        file_writer = self.writer._get_file_writer()  # what add_scalar writes through (reopened after close)
+        file_writer = self._file_writer()
         summaries = self.summaries
         tags: List[str] = []
         values: List[float] = []
@@ -236,6 +271,11 @@ class TensorBoardSink(Sink):
                 self._note_value(iteration, tensor, stat, layer, values[-1])
         if tags:
             file_writer.add_summary(self._summary(tags, values), run_iteration)
+
+    def _file_writer(self) -> Any:
+        """What `add_summary` is called on: the own writer, or what a ``SummaryWriter``'s add_scalar writes through
+        (reopened after a close)."""
+        return self.writer if self._owns_writer else self.writer._get_file_writer()
 
     def _summary(self, tags: List[str], values: List[float]) -> Any:
         """``Summary(value=[Summary.Value(tag=t, simple_value=v), ...])``, parsed from its wire bytes: each value is
@@ -318,17 +358,22 @@ class TensorBoardSink(Sink):
                 add_text(f"{base}/argmax", f"{worst} ({worst_value:.6g})", iteration)
         for iteration, (tags, numbers) in by_iteration.items():
             if self._batched:
-                self.writer._get_file_writer().add_summary(self._summary(tags, numbers), iteration)
+                self._file_writer().add_summary(self._summary(tags, numbers), iteration)
             else:
                 for tag, number in zip(tags, numbers):
                     self.writer.add_scalar(tag, number, iteration)
 
     def flush(self) -> None:
+        if self._twin_elsewhere:
+            return
         self._write_summaries()
         self._write_layout()
         self.writer.flush()
 
     def close(self) -> None:
+        if self._twin_elsewhere:
+            self.writer.close()  # (written before the hand-over, if anything was)
+            return
         self._write_summaries()
         self._write_layout()
         if self._owns_writer:

@@ -5,8 +5,9 @@ standard library, never torch), it reads messages (`tedebug.sinks.process_wire`)
 
 * ``("sink", index, module, class name, kwargs)``: create the sink ``module.class(**kwargs)``; answer
   ``("sink", index, None)`` or the error's text;
-* ``("job", job id, sink indices, encoded chunks)``: decode the chunks and run the final formulas of their
-  batches, give every chunk to each listed sink (`Sink.log_scalars`), then flush it, sink by sink in order, as the
+* ``("job", job id, sink indices, encoded chunks, notes)``: decode the chunks and run the final formulas of their
+  batches, give each listed sink its notes (`Sink.apply_writer_process_notes`: e.g. the user scalars of a
+  TensorBoard sink) and every chunk (`Sink.log_scalars`), then flush it, sink by sink in order, as the
   writer thread does; answer ``("done", job id, failures, unbuilt)``: one ``(index, kind, message, errno,
   strerror)`` per sink that raised, and the error of each batch that could not be decoded or evaluated (that batch
   is not written; the others are).  With ``skip_failed`` a sink that failed once is not called again;
@@ -72,7 +73,9 @@ class _Writer:
             return ("closed", self.close())
         raise ValueError(f"tedebug's statistics writer process: unknown message {kind!r}")
 
-    def job(self, job_id: int, indices: List[int], encoded: List[Tuple[Any, ...]]) -> Tuple[Any, ...]:
+    def job(
+        self, job_id: int, indices: List[int], encoded: List[Tuple[Any, ...]], notes: Dict[int, List[Any]]
+    ) -> Tuple[Any, ...]:
         failures: List[Failure] = []
         chunks = []
         unbuilt = []  # the batches that could not be decoded or whose final formulas raised: lost, reported
@@ -91,6 +94,8 @@ class _Writer:
             if sink is None or index in self.failed:
                 continue
             try:
+                if index in notes:  # what the training script logged through the sink's object there
+                    sink.apply_writer_process_notes(notes[index])
                 for chunk in chunks:
                     sink.log_scalars(chunk)
                 sink.flush()

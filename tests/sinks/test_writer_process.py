@@ -26,6 +26,7 @@ from tedebug.sinks.jsonl import JsonlSink
 from tedebug import compiled_formulas
 from tedebug.sinks.process_wire import ChunkDecoder, ChunkEncoder, MessageReader, send
 from tedebug.stats.definitions import NUMEL, StatRequest, columns_for, row_evaluator
+from tedebug.sinks.tensorboard import TensorBoardSink
 from tedebug.sinks.text import TextStatsSink
 
 STATS = bench.debug_section("s", LogTensorStats={"stats": bench.LOG_STATS, "freq": 1, "tensors": bench.ALL_TENSORS})
@@ -357,3 +358,61 @@ def test_a_batch_whose_formulas_raise_there_is_reported_and_the_next_ones_are_wr
 def test_background_logging_rejects_strings_other_than_process(tmp_path, no_debug_session):
     with pytest.raises(TypeError, match="background_logging must be True, False or 'process'"):
         debug_api.initialize("", log_dir=str(tmp_path), background_logging="processes")
+
+
+def _train_with_tensorboard(log_dir, background_logging, steps=3):
+    """`_train` with a TensorBoard sink that owns its writer and a user scalar per step, one after the last step."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[bench._Block(32, 2, i) for i in range(2)])
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(1, 8, 32)
+    debug_api.initialize(STATS, log_dir=str(log_dir), background_logging=background_logging)
+    sink = debug_api.add_statistics_sink(TensorBoardSink(log_dir=str(log_dir / "tb")))
+    try:
+        for step in range(steps):
+            bench.train_step(model, x, optimizer, None)
+            sink.log_user_scalar("train/loss", 0.5 + step, step)
+        sink.log_user_scalar("train/final", 9.0, steps)
+    finally:
+        debug_api.end_debug()
+    return sink
+
+
+def _tensorboard(directory):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(directory), size_guidance={"scalars": 0, "tensors": 0})
+    accumulator.Reload()
+    tags = accumulator.Tags()
+    scalars = {t: [(e.step, e.value) for e in accumulator.Scalars(t)] for t in tags["scalars"]}
+    tensors = {
+        t: [(e.step, e.tensor_proto.SerializeToString()) for e in accumulator.Tensors(t)] for t in tags["tensors"]
+    }
+    return scalars, tensors
+
+
+def test_a_tensorboard_sink_of_its_own_is_written_there(tmp_path, no_debug_session):
+    in_thread = _train_with_tensorboard(tmp_path / "thread", True)
+    in_process = _train_with_tensorboard(tmp_path / "process", "process")
+    assert not in_thread._twin_elsewhere and in_process._twin_elsewhere
+    assert in_process.writer._file is None  # the object in the training process opened no event file
+    assert len(list((tmp_path / "process" / "tb").glob("*tfevents*"))) == 1  # one run, one writer
+    scalars, tensors = _tensorboard(tmp_path / "process" / "tb")
+    assert (scalars, tensors) == _tensorboard(tmp_path / "thread" / "tb")
+    assert scalars["train/loss"] == [(0, 0.5), (1, 1.5), (2, 2.5)]
+    assert scalars["train/final"] == [(3, 9.0)]  # logged after the last step: handed over at the end
+    assert len([t for t in scalars if t.endswith("/activation/max")]) == 8  # 2 blocks x 4 GEMMs
+    assert "custom_scalars__config__" in tensors
+
+
+def test_a_tensorboard_sink_of_a_given_writer_stays(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path))
+    assert TensorBoardSink(writer).writer_process_spec() is None  # the training script's writer: not moved
+    writer.close()
+    assert TensorBoardSink(log_dir=str(tmp_path / "own")).writer_process_spec() == (
+        "tedebug.sinks.tensorboard",
+        "TensorBoardSink",
+        {"log_dir": str(tmp_path / "own"), "tag_style": "hierarchical", "summaries": True},
+    )

@@ -1,0 +1,57 @@
+"""`tedebug.sinks.tb_events.EventWriter` against torch's ``SummaryWriter``: the same calls give the same events."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+from torch.utils.tensorboard import SummaryWriter
+
+from tedebug.sinks.tb_events import EventWriter
+
+LAYOUT = {
+    "user": {"train/loss": ["Multiline", ["^train/loss$"]]},
+    "activation": {"activation/max": ["Multiline", [".*/activation/max$"]], "band": ["Margin", ["v", "lo", "hi"]]},
+}
+
+
+def _write(writer):
+    writer.add_scalar("a/b", 0.1, 3)  # (not exact in float32: both round it the same way)
+    writer.add_scalar("a/b", float("inf"), 4)
+    writer.add_text("summary/x/argmax", "layer_7 (1.5)", 4)
+    writer.add_custom_scalars(LAYOUT)
+    writer.close()
+
+
+def _events(directory):
+    (path,) = glob.glob(os.path.join(directory, "*tfevents*"))
+    events = []
+    for event in EventFileLoader(path).Load():
+        event.wall_time = 0.0  # the one field that differs
+        events.append(event.SerializeToString(deterministic=True))
+    return events
+
+
+def test_the_events_are_summary_writers(tmp_path):
+    _write(SummaryWriter(str(tmp_path / "torch")))
+    _write(EventWriter(str(tmp_path / "own")))
+    ours = _events(str(tmp_path / "own"))
+    assert len(ours) == 5  # the file version, two scalars, the text, the layout
+    assert ours == _events(str(tmp_path / "torch"))
+
+
+def test_the_file_is_made_at_the_first_write(tmp_path):
+    writer = EventWriter(str(tmp_path / "tb"))
+    writer.flush()
+    writer.close()
+    assert not (tmp_path / "tb").exists()
+    writer.add_scalar("x", 1.0, 0)
+    writer.close()
+    assert len(glob.glob(str(tmp_path / "tb" / "*tfevents*"))) == 1
+
+
+def test_a_margin_chart_takes_three_tags(tmp_path):
+    with pytest.raises(ValueError, match="Margin chart takes 3 tags"):
+        EventWriter(str(tmp_path)).add_custom_scalars({"c": {"m": ["Margin", ["a", "b"]]}})
