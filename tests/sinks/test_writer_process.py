@@ -33,19 +33,27 @@ STATS = bench.debug_section("s", LogTensorStats={"stats": bench.LOG_STATS, "freq
 _STAMP = re.compile(rb"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ", re.MULTILINE)
 
 
-def _train(log_dir, background_logging, steps=3):
-    """A 2-block run logging 8 statistics of every tensor, plus one scalar of user code per step (a tensor value)."""
+def _train(log_dir, background_logging, steps=3, tensorboard=False):
+    """A 2-block run logging 8 statistics of every tensor, plus one scalar of user code per step (a tensor value);
+    with `tensorboard`, also a TensorBoard sink that owns its writer (returned), given a user scalar after each
+    step and one after the last."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[bench._Block(32, 2, i) for i in range(2)])
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(1, 8, 32)
     debug_api.initialize(STATS, log_dir=str(log_dir), background_logging=background_logging)
+    sink = debug_api.add_statistics_sink(TensorBoardSink(log_dir=str(log_dir / "tb"))) if tensorboard else None
     try:
         for step in range(steps):
             MetricLogger.log_scalar("user_loss", torch.tensor(0.5 + step), step)
             bench.train_step(model, x, optimizer, None)
+            if sink is not None:
+                sink.log_user_scalar("train/loss", 0.5 + step, step)
+        if sink is not None:
+            sink.log_user_scalar("train/final", 9.0, steps)
     finally:
         debug_api.end_debug()
+    return sink
 
 
 def _files(log_dir):
@@ -360,24 +368,6 @@ def test_background_logging_rejects_strings_other_than_process(tmp_path, no_debu
         debug_api.initialize("", log_dir=str(tmp_path), background_logging="processes")
 
 
-def _train_with_tensorboard(log_dir, background_logging, steps=3):
-    """`_train` with a TensorBoard sink that owns its writer and a user scalar per step, one after the last step."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*[bench._Block(32, 2, i) for i in range(2)])
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x = torch.randn(1, 8, 32)
-    debug_api.initialize(STATS, log_dir=str(log_dir), background_logging=background_logging)
-    sink = debug_api.add_statistics_sink(TensorBoardSink(log_dir=str(log_dir / "tb")))
-    try:
-        for step in range(steps):
-            bench.train_step(model, x, optimizer, None)
-            sink.log_user_scalar("train/loss", 0.5 + step, step)
-        sink.log_user_scalar("train/final", 9.0, steps)
-    finally:
-        debug_api.end_debug()
-    return sink
-
-
 def _tensorboard(directory):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -392,8 +382,8 @@ def _tensorboard(directory):
 
 
 def test_a_tensorboard_sink_of_its_own_is_written_there(tmp_path, no_debug_session):
-    in_thread = _train_with_tensorboard(tmp_path / "thread", True)
-    in_process = _train_with_tensorboard(tmp_path / "process", "process")
+    in_thread = _train(tmp_path / "thread", True, tensorboard=True)
+    in_process = _train(tmp_path / "process", "process", tensorboard=True)
     assert not in_thread._twin_elsewhere and in_process._twin_elsewhere
     assert in_process.writer._file is None  # the object in the training process opened no event file
     assert len(list((tmp_path / "process" / "tb").glob("*tfevents*"))) == 1  # one run, one writer
