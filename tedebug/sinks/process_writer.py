@@ -10,8 +10,8 @@ Which sinks: those that say how to make their twin in another process (`Sink.wri
 statistics file and JSONL file, and a TensorBoard sink that owns its writer).  The twin opens the same file for
 appending (the TensorBoard twin an event file of its own in the same directory); the sink object in the training
 process is not given the statistics, but what the training script logs through it (`Sink.writer_process_notes`:
-a TensorBoard sink's user scalars) travels to the twin with each job.  Every other sink is written as in background mode (writer thread or caller's
-thread), in the same order of records.
+a TensorBoard sink's user scalars) travels to the twin with each job.  Every other sink is written as in
+background mode (writer thread or caller's thread), in the same order of records.
 
 Protocol (`tedebug.sinks.process_wire`, `tedebug.sinks.writer_child`): `add` starts the process on first use and has
 it create each sink (a failure there is returned: the caller then writes that sink itself).  `submit(sinks, chunks)`
