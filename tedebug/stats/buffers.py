@@ -19,7 +19,7 @@ where each partial goes in the row, the emitted names) is derived once per buffe
 
 from __future__ import annotations
 
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any, Callable, Dict, Hashable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
@@ -81,6 +81,8 @@ class StatBuffer:
         self.vector_rows: List[VectorRow] = []
         #: the immutable ``stats`` object `requests` were last parsed from (`StatsEngine.feed`'s fast path)
         self.stats_source: Any = None
+        #: its place in the `BufferStore`'s creation order (the order of the emitted rows)
+        self.order = 0
 
     def _set_requests(self, requests: Tuple[StatRequest, ...]) -> None:
         self.requests = requests
@@ -273,18 +275,24 @@ def family_slots(columns: Tuple[Column, ...]) -> Tuple[FamilySlots, ...]:
 
 
 class BufferStore:
-    """All buffers of a session in creation order."""
+    """All buffers of a session in creation order, and the ones a feed reached since the last step (`touched`): a step
+    looks at those only, so a step in which nothing is logged costs nothing per buffer of the session."""
 
     def __init__(self) -> None:
         self._buffers: Dict[BufferKey, StatBuffer] = {}
         #: the buffer of a `BufferKey` or of the plain tuple of its fields (a NamedTuple hashes and compares as its
         #: fields), or None: the dict's own ``get`` (every feed looks its buffer up)
         self.get: Callable[[tuple], Optional[StatBuffer]] = self._buffers.get  # type: ignore[assignment]
+        #: the buffers a feed reached since the last `clear_step`, as dict keys (no duplicates): every path that
+        #: gives a buffer a row first adds it (``touched[buffer] = None``; one dict object for the store's life, so
+        #: a feed may keep a reference to it)
+        self.touched: Dict[StatBuffer, None] = {}
 
     def get_or_create(self, key: BufferKey, requests: Tuple[StatRequest, ...], *, is_weight: bool) -> StatBuffer:
         buffer = self._buffers.get(key)
         if buffer is None:
             buffer = StatBuffer(key, requests, is_weight=is_weight)
+            buffer.order = len(self._buffers)
             self._buffers[key] = buffer
         else:
             buffer.set_requests(requests)
@@ -299,11 +307,19 @@ class BufferStore:
 
     def fed(self) -> List[StatBuffer]:
         """Buffers fed since the last step, in creation order."""
-        return [b for b in self._buffers.values() if b.fed]
+        buffers = [b for b in self.touched if b.fed]
+        buffers.sort(key=_creation_order)  # (feeds may come in another order than the buffers were made)
+        return buffers
 
     def clear_step(self) -> None:
-        for buffer in self._buffers.values():
+        """Forget the step's rows (of the touched buffers: no other buffer holds one)."""
+        for buffer in self.touched:
             buffer.clear()
+        self.touched.clear()
 
     def reset(self) -> None:
         self._buffers.clear()
+        self.touched.clear()
+
+
+_creation_order = attrgetter("order")

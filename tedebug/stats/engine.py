@@ -79,6 +79,7 @@ class StatsEngine:
         self.defer_read_back = defer_read_back
         self.log_message = log_message
         self._store = BufferStore()
+        self._touched = self._store.touched
         self._next_iter: Dict[str, int] = {}
         self._nonfinite_reported = False
         self._request_cache: Dict[tuple, Tuple[StatRequest, ...]] = {}
@@ -131,6 +132,7 @@ class StatsEngine:
         if buffer is None or requests is not buffer.requests:
             buffer = self._store.get_or_create(BufferKey(*key), requests, is_weight=is_weight)
             buffer.stats_source = stats if _immutable_entries(stats) else None
+        self._touched[buffer] = None  # (before any path below gives it a row: the step looks at these only)
         buffer.is_weight = is_weight
         buffer.iteration = iteration
         buffer.reduction_group = reduction_group
