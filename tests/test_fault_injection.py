@@ -24,6 +24,7 @@ from tedebug.registry import build_registry
 from tedebug.sinks import BackgroundSinkError
 from tedebug.sinks.jsonl import JsonlSink
 from tedebug.sinks.record_file import RecordFile
+from tedebug.sinks.tensorboard import TensorBoardSink
 
 STATS = {
     "s": {
@@ -188,6 +189,28 @@ def test_a_full_disk_sink_is_reported_once_and_training_goes_on(tmp_path, backgr
         f"statistics sink JsonlSink('/dev/full') failed while writing iteration(s) {iterations}: OSError: "
         f"[Errno 28] No space left on device (errno 28, ENOSPC); this sink is stopped"
     ) in warnings_[0]
+
+
+def test_a_tensorboard_directory_that_cannot_be_made_fails_at_set_up(tmp_path):
+    (tmp_path / "taken").write_text("a file where the event directory should go")
+    with pytest.raises(NotADirectoryError):
+        TensorBoardSink(log_dir=str(tmp_path / "taken" / "tb"))
+
+
+def test_a_tensorboard_sink_failing_in_the_writer_process_is_reported_once(tmp_path):
+    event_dir = tmp_path / "tb"
+    debug_api.initialize(STATS, log_dir=str(tmp_path / "run"))
+    sink = debug_api.add_statistics_sink(TensorBoardSink(log_dir=str(event_dir)))
+    event_dir.rmdir()
+    event_dir.write_text("the event directory replaced by a file after set-up")
+    for start in range(3):
+        run_steps("fc1", 1, start=start)
+        sink.log_user_scalar("train/loss", 1.0, start)  # queued for the writer process: nothing raises here
+    debug_api.end_debug()  # no exception from step() or end_debug()
+    assert [r["iteration"] for r in jsonl_records(tmp_path / "run")] == [0, 1, 2]  # the other sinks went on
+    warnings_ = [line for line in main_log(tmp_path / "run").splitlines() if " - WARNING - " in line]
+    assert len(warnings_) == 1
+    assert f"statistics sink TensorBoardSink({str(event_dir)!r}) failed while writing iteration(s) 0: " in warnings_[0]
 
 
 @pytest.mark.parametrize("background", [True, False])

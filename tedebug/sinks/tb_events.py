@@ -14,8 +14,9 @@ What it writes is what a ``SummaryWriter`` writes for the same calls, event by e
   same ``{category: {chart: ["Multiline" | "Margin", tags]}}`` dict;
 - `add_summary(summary, step)`: any prepared ``Summary`` (the sink's batched scalars).
 
-The file is created at the first write (``events.out.tfevents.<time>.<host>.<pid>.<n>``, as the tensorboard package
-names it), so a sink whose statistics another process writes opens nothing in this one.
+The directory is made at construction (an error there is the training script's, at set-up, as with a
+``SummaryWriter``); the file at the first write (``events.out.tfevents.<time>.<host>.<pid>.<n>``, as the tensorboard
+package names it), so a sink whose statistics another process writes opens no file in this one.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ class EventWriter:
 
     def __init__(self, log_dir: str, *, max_queue: int = 10, flush_secs: int = 120) -> None:
         self.log_dir = os.fspath(log_dir)
+        os.makedirs(self.log_dir, exist_ok=True)  # a directory that cannot be made is an error here, at set-up
         self.max_queue = max_queue
         self.flush_secs = flush_secs
         self._file: Optional[Any] = None  # the tensorboard package's EventFileWriter, from the first write on
@@ -128,7 +130,6 @@ class EventWriter:
         if self._file is None:
             from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-            os.makedirs(self.log_dir, exist_ok=True)
             self._file = EventFileWriter(self.log_dir, self.max_queue, self.flush_secs)
         return self._file
 

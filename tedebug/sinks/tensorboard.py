@@ -187,6 +187,12 @@ class TensorBoardSink(Sink):
         self._twin_elsewhere = False
         self._user_scalars: List[Tuple[str, float, int]] = []  # queued for the twin, in call order
 
+    @property
+    def path(self) -> Optional[str]:
+        """The directory the event file is written to (named in error reports), when known."""
+        log_dir = getattr(self.writer, "log_dir", None)
+        return log_dir if isinstance(log_dir, str) else None
+
     def writer_process_spec(self) -> Optional[Tuple[str, str, dict]]:
         """A sink that owns its writer is written by the writer process (the same directory, the twin's own event
         file); one wrapping a given writer (``tb_writer``, a user's ``SummaryWriter``) stays in this process: that

@@ -42,11 +42,11 @@ def test_the_events_are_summary_writers(tmp_path):
     assert ours == _events(str(tmp_path / "torch"))
 
 
-def test_the_file_is_made_at_the_first_write(tmp_path):
+def test_the_directory_is_made_at_once_the_file_at_the_first_write(tmp_path):
     writer = EventWriter(str(tmp_path / "tb"))
     writer.flush()
     writer.close()
-    assert not (tmp_path / "tb").exists()
+    assert (tmp_path / "tb").is_dir() and not list((tmp_path / "tb").iterdir())
     writer.add_scalar("x", 1.0, 0)
     writer.close()
     assert len(glob.glob(str(tmp_path / "tb" / "*tfevents*"))) == 1
