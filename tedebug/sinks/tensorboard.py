@@ -54,6 +54,7 @@ stays in the training process.
 
 from __future__ import annotations
 
+import operator
 import re
 import sys
 import threading
@@ -62,6 +63,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from tedebug.sinks.base import Record, Sink
+from tedebug.sinks.batch import ScalarBatch
 from tedebug.sinks.tb_crc import use_fast_crc
 from tedebug.sinks.tb_events import EventWriter
 
@@ -152,6 +154,56 @@ def cross_layer_summary(layers: Sequence[str], values: Sequence[float]) -> Tuple
     return float(array[worst]), p_high, median, layers[worst], float(array[worst])
 
 
+class _BatchWire:
+    """What `TensorBoardSink` writes for every `ScalarBatch` of one layout, worked out once: the wire bytes of the
+    ``Summary`` with a 4-byte hole per value (each value's tag prefix, `_value_prefix`), where the values go, and the
+    (tensor, stat) groups of the cross-layer summaries with their layers and value positions.  `summary(values)` is
+    the ``Summary`` `TensorBoardSink._summary` builds from the same tags and values, byte for byte."""
+
+    def __init__(self, tags: List[str], parts: List[Tuple[str, str, str, str]], prefixes: Dict[str, bytes]) -> None:
+        pieces: List[bytes] = []
+        holes: List[int] = []
+        offset = 0
+        for tag in tags:
+            prefix = prefixes.get(tag)
+            if prefix is None:
+                prefix = prefixes[tag] = _value_prefix(tag)
+            pieces.append(prefix)
+            pieces.append(b"\0\0\0\0")
+            offset += len(prefix)
+            holes.append(offset)
+            offset += 4
+        self.template = np.frombuffer(b"".join(pieces), dtype=np.uint8)
+        #: the byte positions of the values' float32 bytes, in value order
+        self.holes = (np.asarray(holes, dtype=np.int64)[:, None] + np.arange(4)).reshape(-1)
+        by_group: Dict[Tuple[str, str], Tuple[List[str], List[int]]] = {}
+        for index, (_, layer, tensor, stat) in enumerate(parts):
+            layers, positions = by_group.setdefault((tensor, stat), ([], []))
+            layers.append(layer)
+            positions.append(index)
+        self.groups = [
+            (tensor, stat, tuple(layers), _picker(positions))
+            for (tensor, stat), (layers, positions) in by_group.items()
+        ]
+
+    def summary(self, values: Sequence[float]) -> Any:
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        with np.errstate(over="ignore"):
+            raw = np.asarray(values, dtype=np.float64).astype("<f4")
+        wire = self.template.copy()
+        wire[self.holes] = raw.view(np.uint8)
+        return Summary.FromString(wire.tobytes())
+
+
+def _picker(positions: List[int]) -> Any:
+    """A function taking the values at `positions` from a sequence, as a tuple."""
+    if len(positions) == 1:
+        only = positions[0]
+        return lambda values: (values[only],)
+    return operator.itemgetter(*positions)
+
+
 class TensorBoardSink(Sink):
     """Writes each statistic with `SummaryWriter.add_scalar`; see the module docstring for tags and layout."""
 
@@ -182,6 +234,9 @@ class TensorBoardSink(Sink):
         self.summaries = tag_style == "hierarchical" if summaries is None else bool(summaries)
         self._step_values: Dict[tuple, Tuple[List[str], List[float]]] = {}  # (iteration, tensor, stat) -> layers
         self._value_prefixes: Dict[str, bytes] = {}  # tag -> wire bytes of a Summary.Value up to its float
+        #: the `_BatchWire` of the last `ScalarBatch` layout (None: that layout has a name that is not a str)
+        self._wire: Optional[_BatchWire] = None
+        self._wire_layout: Optional[tuple] = None
         #: True once the writer process writes this sink's twin: `log_user_scalar` then queues its scalars for it
         #: (`writer_process_notes`) and this object writes nothing itself
         self._twin_elsewhere = False
@@ -258,6 +313,15 @@ class TensorBoardSink(Sink):
         if not self._batched:
             super().log_scalars(records)
             return
+        if type(records) is ScalarBatch and records.iteration is not None:
+            wire = self._wire_for(records)
+            if wire is not None:  # one step of tedebug's statistics: no Python work per record
+                step_values = records.values
+                self._file_writer().add_summary(wire.summary(step_values), records.iteration)
+                if self.summaries:
+                    for group_tensor, group_stat, layers, pick in wire.groups:
+                        self._note_values(records.iteration, group_tensor, group_stat, layers, pick(step_values))
+                return
         file_writer = self._file_writer()
         summaries = self.summaries
         tags: List[str] = []
@@ -277,6 +341,28 @@ class TensorBoardSink(Sink):
                 self._note_value(iteration, tensor, stat, layer, values[-1])
         if tags:
             file_writer.add_summary(self._summary(tags, values), run_iteration)
+
+    def _wire_for(self, batch: ScalarBatch) -> Optional["_BatchWire"]:
+        """The `_BatchWire` of `batch`'s layout (made again when the layout changed: its charts are noted then);
+        None when a record's name, layer, tensor or statistic is not a plain str."""
+        if not batch.same_layout(self._wire_layout):
+            parts = batch.name_parts()
+            self._wire = None
+            self._wire_layout = batch.layout
+            if all(type(part) is str for record in parts for part in record):
+                tags = [
+                    self.tag_for(name, layer=layer, tensor=tensor, stat=stat) for name, layer, tensor, stat in parts
+                ]
+                for tag, (name, layer, tensor, stat) in zip(tags, parts):
+                    if tag != name:
+                        self._note_chart(tensor, stat, layer)
+                self._wire = _BatchWire(tags, parts, self._value_prefixes)
+        return self._wire
+
+    def _note_values(self, iteration: int, tensor: str, stat: str, layers: Sequence[str], values: Sequence[float]):
+        noted_layers, noted_values = self._step_values.setdefault((iteration, tensor, stat), ([], []))
+        noted_layers.extend(layers)
+        noted_values.extend(values)
 
     def _file_writer(self) -> Any:
         """What `add_summary` is called on: the own writer, or what a ``SummaryWriter``'s add_scalar writes through
