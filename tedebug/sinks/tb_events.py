@@ -22,6 +22,7 @@ package names it), so a sink whose statistics another process writes opens no fi
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any, Dict, Optional
 
@@ -95,6 +96,7 @@ class EventWriter:
         self.max_queue = max_queue
         self.flush_secs = flush_secs
         self._file: Optional[Any] = None  # the tensorboard package's EventFileWriter, from the first write on
+        self._opening = threading.Lock()  # two threads' first writes (user scalars, statistics) open one file
 
     def get_logdir(self) -> str:
         return self.log_dir
@@ -117,21 +119,27 @@ class EventWriter:
         self.add_summary(layout_summary(layout))
 
     def flush(self) -> None:
-        if self._file is not None:
-            self._file.flush()
+        file = self._file
+        if file is not None:
+            file.flush()
 
     def close(self) -> None:
         """Flush and close the file; a later write opens a new one (as a closed ``SummaryWriter`` does)."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        with self._opening:
+            file, self._file = self._file, None
+        if file is not None:
+            file.close()
 
     def _events(self) -> Any:
-        if self._file is None:
+        file = self._file
+        if file is None:
             from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-            self._file = EventFileWriter(self.log_dir, self.max_queue, self.flush_secs)
-        return self._file
+            with self._opening:
+                if self._file is None:
+                    self._file = EventFileWriter(self.log_dir, self.max_queue, self.flush_secs)
+                file = self._file
+        return file
 
 
 __all__ = ["EventWriter", "LAYOUT_TAG", "TEXT_SUFFIX", "layout_summary", "scalar_summary", "text_summary"]
