@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 import time
 from typing import Callable, Dict, List, Sequence, Tuple
@@ -319,6 +320,7 @@ def bench_end_to_end(
     dtype: torch.dtype = torch.bfloat16,
     fp8: bool = False,
     writer_thread: bool = False,
+    tensorboard: bool = False,
 ) -> List[Dict[str, object]]:
     """ms per training step of the GPT-style stack in three debug settings (see the module docstring), and with
     `fp8` three more under ``tedebug.autocast(recipe=Float8CurrentScaling())``: no debug_api (the baseline of
@@ -331,7 +333,11 @@ def bench_end_to_end(
     logged tensor (``per_tensor_us``: the difference of the medians over the tensors fed per step).
     The sessions write their statistics files as by default (the writer process, `tedebug.sinks.process_writer`);
     `writer_thread` adds, after each row that logs, the same setting with ``background_logging=True`` (the writer
-    thread, which writes a step's batch inside the next `step()`).
+    thread, which writes a step's batch inside the next `step()`).  `tensorboard` adds, after the LogTensorStats row,
+    the same setting with a TensorBoard sink: a `TensorBoardSink(log_dir=...)` added to the default files (all
+    written by the writer process), and a torch ``SummaryWriter`` given as ``initialize(tb_writer=...)``
+    (TransformerEngine's way: no text file then; the JSONL file in the writer process, the events in the training
+    process), both against the high-precision baseline.
     `device="cpu"` (float32, small shapes) exercises the same code without a GPU."""
     import tempfile
 
@@ -347,15 +353,27 @@ def bench_end_to_end(
     def one(recipe) -> None:
         train_step(model, x, opt, recipe)
 
-    def debug_ms(cfg, recipe, background_logging) -> float:
+    def debug_ms(cfg, recipe, background_logging, board) -> float:
         if cfg is None:
             return timed_steps_ms(lambda: one(recipe), warmup, iters, on_gpu)
         with tempfile.TemporaryDirectory() as log_dir:
-            debug_api.initialize(cfg, log_dir=log_dir, background_logging=background_logging)
+            tb_writer = None
+            if board == _TB_WRITER:
+                from torch.utils.tensorboard import SummaryWriter
+
+                tb_writer = SummaryWriter(os.path.join(log_dir, "tb_writer"))
+            # (with a tb_writer and no default_logging_enabled, TransformerEngine's way, there is no text file)
+            debug_api.initialize(cfg, log_dir=log_dir, background_logging=background_logging, tb_writer=tb_writer)
+            if board == _TB_SINK:
+                from tedebug.sinks.tensorboard import TensorBoardSink
+
+                debug_api.add_statistics_sink(TensorBoardSink(log_dir=os.path.join(log_dir, "tensorboard")))
             try:
                 return timed_steps_ms(lambda: one(recipe), warmup, iters, on_gpu)
             finally:
                 debug_api.end_debug()
+                if tb_writer is not None:
+                    tb_writer.close()
 
     gemms = 4 * layers
 
@@ -389,29 +407,40 @@ def bench_end_to_end(
                 fed("fp8-both"),
             ),
         ]
-    # (the settings above, each as (label, config, recipe, baseline index, tensors fed, background_logging))
-    runs = [setting + ("process",) for setting in settings]
+    # (the settings above, each as (label, config, recipe, baseline index, tensors fed, background_logging, board))
+    runs = [setting + ("process", None) for setting in settings]
+    if tensorboard:
+        logged = runs[2]
+        runs[3:3] = [
+            ("LogTensorStats + TensorBoardSink(log_dir)", *logged[1:6], _TB_SINK),
+            ("LogTensorStats + tb_writer (no text file)", *logged[1:6], _TB_WRITER),
+        ]
     if writer_thread:
         runs = [r for setting in runs for r in [setting] + ([_with_writer_thread(setting)] if setting[4] else [])]
-        position = {label: i for i, (label, *_) in enumerate(runs)}
-        baseline_of = {i: label for i, (label, *_) in enumerate(settings)}
-        runs = [(*r[:3], position[baseline_of[r[3]]], *r[4:]) for r in runs]
+    # the baseline indices, from places in `settings` to places in `runs`
+    position = {label: i for i, (label, *_) in enumerate(runs)}
+    baseline_of = {i: label for i, (label, *_) in enumerate(settings)}
+    runs = [(*r[:3], position[baseline_of[r[3]]], *r[4:]) for r in runs]
     samples: Dict[str, List[float]] = {label: [] for label, *_ in runs}
     for _ in range(max(1, rounds)):
-        for label, cfg, recipe, _, _, background_logging in runs:
-            samples[label].append(debug_ms(cfg, recipe, background_logging))
+        for label, cfg, recipe, _, _, background_logging, board in runs:
+            samples[label].append(debug_ms(cfg, recipe, background_logging, board))
     rows = median_rows(samples)
-    for row, (_, _, _, base_index, fed, _) in zip(rows, runs):
+    for row, (_, _, _, base_index, fed, _, _) in zip(rows, runs):
         base_ms = rows[base_index]["ms"]
         row["overhead"] = row["ms"] / base_ms - 1.0
         row["per_tensor_us"] = (row["ms"] - base_ms) * 1e3 / fed if fed else None
     return rows
 
 
+#: the TensorBoard sinks of `bench_end_to_end(tensorboard=True)`: a sink owning its writer, a torch SummaryWriter
+_TB_SINK, _TB_WRITER = "sink", "tb_writer"
+
+
 def _with_writer_thread(setting: tuple) -> tuple:
     """A setting of `bench_end_to_end` with its statistics files written by the writer thread."""
-    label, cfg, recipe, base, fed, _ = setting
-    return (f"{label}, writer thread", cfg, recipe, base, fed, True)
+    label, cfg, recipe, base, fed, _, board = setting
+    return (f"{label}, writer thread", cfg, recipe, base, fed, True, board)
 
 
 class _TorchBlock(torch.nn.Module):
@@ -575,6 +604,7 @@ def run_e2e(args: argparse.Namespace) -> int:
         dtype=dtype,
         fp8=args.fp8,
         writer_thread=args.writer_thread,
+        tensorboard=args.tensorboard,
     )
     where = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     print(
@@ -589,10 +619,10 @@ def run_e2e(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Body of ``tedebug bench``; returns the exit code."""
-    if args.recipes or args.fp8 or args.no_kernels or args.writer_thread:
+    if args.recipes or args.fp8 or args.no_kernels or args.writer_thread or args.tensorboard:
         if not args.e2e:
             print(
-                "tedebug bench: error: --recipes, --fp8, --no-kernels and --writer-thread go with --e2e",
+                "tedebug bench: error: --recipes, --fp8, --no-kernels, --writer-thread and --tensorboard go with --e2e",
                 file=sys.stderr,
             )
             return 2
@@ -672,6 +702,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with --e2e: also time each logging setting with background_logging=True (the statistics files written "
         "by the writer thread instead of the writer process)",
+    )
+    parser.add_argument(
+        "--tensorboard",
+        action="store_true",
+        help="with --e2e: also time LogTensorStats with a TensorBoardSink(log_dir=...) and with a tb_writer",
     )
     for flag in ("layers", "hidden", "heads", "batch", "seq"):
         parser.add_argument(

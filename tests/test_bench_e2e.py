@@ -207,3 +207,37 @@ def test_end_to_end_bench_writer_thread_rows_follow_each_logging_row(monkeypatch
     assert rows[3]["overhead"] == pytest.approx(rows[3]["ms"] / rows[0]["ms"] - 1.0)
     assert rows[6]["overhead"] == pytest.approx(rows[6]["ms"] / rows[4]["ms"] - 1.0)
     assert rows[6]["per_tensor_us"] == pytest.approx((rows[6]["ms"] - rows[4]["ms"]) * 1e3 / 12)
+
+
+def test_end_to_end_bench_tensorboard_rows_follow_the_logging_row(monkeypatch, tmp_path):
+    """`--tensorboard`: after the LogTensorStats row, the same setting with a TensorBoardSink(log_dir) and with a
+    tb_writer, against the high-precision baseline; the FP8 rows keep their own baseline."""
+    from tedebug import debug_api as api
+    from tedebug.sinks.tensorboard import TensorBoardSink
+
+    seen = []
+    real_initialize, real_add = api.initialize, api.add_statistics_sink
+
+    def recording_initialize(*args, **kwargs):
+        seen.append(type(kwargs.get("tb_writer")).__name__)
+        return real_initialize(*args, **kwargs)
+
+    def recording_add(sink):
+        seen.append(type(sink).__name__)
+        return real_add(sink)
+
+    monkeypatch.setattr(api, "initialize", recording_initialize)
+    monkeypatch.setattr(api, "add_statistics_sink", recording_add)
+    rows = bench.bench_end_to_end(
+        layers=1, hidden=32, heads=2, batch=1, seq=16, iters=1, warmup=1, rounds=1, device="cpu",
+        dtype=torch.float32, fp8=True, tensorboard=True,
+    )  # fmt: skip
+    assert [r["setting"] for r in rows][2:6] == [
+        "LogTensorStats, 6 tensors x 4 GEMMs, freq 1",
+        "LogTensorStats + TensorBoardSink(log_dir)",
+        "LogTensorStats + tb_writer (no text file)",
+        "FP8 current scaling, no debug_api (FP8 baseline)",
+    ]
+    assert seen[:5] == ["NoneType", "NoneType", "NoneType", TensorBoardSink.__name__, "SummaryWriter"]
+    assert rows[4]["per_tensor_us"] == pytest.approx((rows[4]["ms"] - rows[0]["ms"]) * 1e3 / 24)
+    assert rows[7]["overhead"] == pytest.approx(rows[7]["ms"] / rows[5]["ms"] - 1.0)  # FP8 + both vs the FP8 baseline
