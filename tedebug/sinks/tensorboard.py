@@ -467,6 +467,7 @@ class TensorBoardSink(Sink):
 
     def close(self) -> None:
         if self._twin_elsewhere:
+            self._twin_elsewhere = False  # (a later session that is given this sink decides anew)
             self.writer.close()  # (written before the hand-over, if anything was)
             return
         self._write_summaries()

@@ -406,3 +406,27 @@ def test_a_tensorboard_sink_of_a_given_writer_stays(tmp_path):
         "TensorBoardSink",
         {"log_dir": str(tmp_path / "own"), "tag_style": "hierarchical", "summaries": True},
     )
+
+
+def test_a_tensorboard_sink_given_to_a_later_session_writes_there(tmp_path, no_debug_session):
+    """A sink the writer process wrote for one session, given to a later session with the writer thread: that
+    session's statistics and layout reach its event file (the sink does not stay "written elsewhere")."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    sink = TensorBoardSink(log_dir=str(tmp_path / "tb"))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(bench._Block(32, 2, 0))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(1, 8, 32)
+    for background_logging in ("process", True):
+        debug_api.initialize(
+            STATS, log_dir=str(tmp_path / str(background_logging)), background_logging=background_logging
+        )
+        debug_api.add_statistics_sink(sink)
+        bench.train_step(model, x, optimizer, None)
+        debug_api.end_debug()
+    files = sorted((tmp_path / "tb").glob("*tfevents*"), key=lambda path: path.stat().st_mtime)
+    assert len(files) == 2  # the writer process's, then this process's
+    for path in files:
+        tags = {v.tag for event in EventFileLoader(str(path)).Load() for v in event.summary.value}
+        assert "custom_scalars__config__" in tags and any(tag.endswith("/activation/max") for tag in tags)
