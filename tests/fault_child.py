@@ -4,9 +4,11 @@
     python fault_child.py hold LOG_DIR              initialize, print "ready", wait for stdin to close
 
 In `loop` the statistic ``layer_activation_max`` of iteration `it` is exactly ``it + 0.5`` (an oracle for the
-parent).  With RAISE_AT the loop raises an uncaught RuntimeError right after printing that iteration.
+parent); besides the text and JSONL files a `TensorBoardSink` writes them to ``LOG_DIR/tensorboard``.  With
+RAISE_AT the loop raises an uncaught RuntimeError right after printing that iteration.
 """
 
+import os
 import signal
 import sys
 import time
@@ -14,6 +16,7 @@ import time
 import torch
 
 from tedebug import debug_api
+from tedebug.sinks.tensorboard import TensorBoardSink
 
 CONFIG = {
     "s": {
@@ -29,6 +32,7 @@ PAUSE_S = 0.002
 
 def loop(log_dir: str, raise_at: int) -> None:
     debug_api.initialize(CONFIG, log_dir=log_dir, default_logging_enabled=True)
+    debug_api.add_statistics_sink(TensorBoardSink(log_dir=os.path.join(log_dir, "tensorboard")))
     te = debug_api.transformer_engine
     base = torch.linspace(-1.0, 0.5, 64)
     for iteration in range(100_000):

@@ -5,7 +5,8 @@ returned from `debug_api.step()` (the child prints each), then ends it by `how`:
 ``"SIGINT"`` or ``"exception"`` (an uncaught error raised by the child itself), waits until the child's statistics
 writer process has finished (it writes what it was handed, then ends), and reads what reached the disk.
 It returns a `TrialResult`: the iterations whose step() had returned, the iterations found in the JSONL and text
-statistics files, and every malformed line (a partial or forged line) of either file.
+statistics files and in the TensorBoard event files, and every malformed line (a partial or forged line) of either
+statistics file.
 """
 
 from __future__ import annotations
@@ -34,13 +35,15 @@ class TrialResult:
     returned: Set[int]  # iterations whose step() returned before the end
     in_jsonl: Set[int] = field(default_factory=set)  # iterations with all three statistics in the JSONL file
     in_text: Set[int] = field(default_factory=set)
+    in_tensorboard: Set[int] = field(default_factory=set)  # with all three statistics in the event files
     bad_lines: List[str] = field(default_factory=list)
     wrong_values: List[str] = field(default_factory=list)
 
     @property
     def lost(self) -> Set[int]:
-        """Iterations whose step() returned but that are missing from the JSONL or the text file."""
-        return self.returned - (self.in_jsonl & self.in_text)
+        """Iterations whose step() returned but that are missing from the JSONL file, the text file or the
+        TensorBoard event files."""
+        return self.returned - (self.in_jsonl & self.in_text & self.in_tensorboard)
 
 
 def read_statistics(log_dir: str, result: TrialResult) -> None:
@@ -74,6 +77,23 @@ def read_statistics(log_dir: str, result: TrialResult) -> None:
             iteration = int(match.group(2))
             counts[iteration] = counts.get(iteration, 0) + 1
     result.in_text = {it for it, n in counts.items() if n == 3}
+    result.in_tensorboard = _in_tensorboard(pathlib.Path(log_dir, "tensorboard"), result)
+
+
+def _in_tensorboard(directory: pathlib.Path, result: TrialResult) -> Set[int]:
+    """The iterations whose three statistics are in the event files of `directory` (a wrong max is recorded)."""
+    from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader  # (the events as written)
+
+    counts: dict = {}
+    for path in sorted(directory.glob("*tfevents*")) if directory.exists() else []:
+        for event in LegacyEventFileLoader(str(path)).Load():
+            for value in event.summary.value:
+                if value.tag not in ("layer/activation/max", "layer/activation/min", "layer/activation/mean"):
+                    continue
+                if value.tag.endswith("max") and value.simple_value != event.step + 0.5:
+                    result.wrong_values.append(f"tensorboard: {value.tag} at {event.step} = {value.simple_value}")
+                counts[event.step] = counts.get(event.step, 0) + 1
+    return {it for it, n in counts.items() if n == 3}
 
 
 def kill_trial(how: str, log_dir: str, after: int, timeout_s: float = 120.0) -> TrialResult:

@@ -6,7 +6,8 @@ rejection, and kill trials / iterations lost.  Run once from the repository root
 "Rejected clearly" means a `ConfigError` whose first line names the file (or ``<dict>``); "crashed" means any other
 exception.  A mutant of a shipped config may also load (it is still valid).  Kill trials run tests/fault_child.py and
 end it after a random number of steps by SIGKILL, SIGTERM, SIGINT or an uncaught exception (equal shares); an
-iteration is lost when its `step()` returned but its statistics are missing from the JSONL or the text file.
+iteration is lost when its `step()` returned but its statistics are missing from the JSONL file, the text file
+or the TensorBoard event files.
 """
 
 from __future__ import annotations
