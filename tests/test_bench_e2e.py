@@ -174,19 +174,24 @@ def test_end_to_end_bench_command_on_cpu(capsys):
     assert exit_info.value.code == 2
 
 
+def _recording(monkeypatch, seen, name, note):
+    """Replace ``debug_api.<name>`` by a wrapper that appends ``note(*args, **kwargs)`` to `seen`, then calls it."""
+    from tedebug import debug_api as api
+
+    real = getattr(api, name)
+
+    def recording(*args, **kwargs):
+        seen.append(note(*args, **kwargs))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(api, name, recording)
+
+
 def test_end_to_end_bench_writer_thread_rows_follow_each_logging_row(monkeypatch):
     """`--writer-thread`: each row that logs (with the writer process, the default) is followed by the same setting
     with background_logging=True, whose overhead is against the same baseline (the high-precision or the FP8 one)."""
-    from tedebug import debug_api as api
-
     used = []
-    real_initialize = api.initialize
-
-    def recording_initialize(*args, **kwargs):
-        used.append(kwargs.get("background_logging"))
-        return real_initialize(*args, **kwargs)
-
-    monkeypatch.setattr(api, "initialize", recording_initialize)
+    _recording(monkeypatch, used, "initialize", lambda *args, **kwargs: kwargs.get("background_logging"))
     rows = bench.bench_end_to_end(
         layers=1, hidden=32, heads=2, batch=1, seq=16, iters=1, warmup=1, rounds=1, device="cpu",
         dtype=torch.float32, fp8=True, writer_thread=True,
@@ -212,22 +217,11 @@ def test_end_to_end_bench_writer_thread_rows_follow_each_logging_row(monkeypatch
 def test_end_to_end_bench_tensorboard_rows_follow_the_logging_row(monkeypatch, tmp_path):
     """`--tensorboard`: after the LogTensorStats row, the same setting with a TensorBoardSink(log_dir) and with a
     tb_writer, against the high-precision baseline; the FP8 rows keep their own baseline."""
-    from tedebug import debug_api as api
     from tedebug.sinks.tensorboard import TensorBoardSink
 
     seen = []
-    real_initialize, real_add = api.initialize, api.add_statistics_sink
-
-    def recording_initialize(*args, **kwargs):
-        seen.append(type(kwargs.get("tb_writer")).__name__)
-        return real_initialize(*args, **kwargs)
-
-    def recording_add(sink):
-        seen.append(type(sink).__name__)
-        return real_add(sink)
-
-    monkeypatch.setattr(api, "initialize", recording_initialize)
-    monkeypatch.setattr(api, "add_statistics_sink", recording_add)
+    _recording(monkeypatch, seen, "initialize", lambda *args, **kwargs: type(kwargs.get("tb_writer")).__name__)
+    _recording(monkeypatch, seen, "add_statistics_sink", lambda sink: type(sink).__name__)
     rows = bench.bench_end_to_end(
         layers=1, hidden=32, heads=2, batch=1, seq=16, iters=1, warmup=1, rounds=1, device="cpu",
         dtype=torch.float32, fp8=True, tensorboard=True,

@@ -164,21 +164,7 @@ class _BatchWire:
     the ``Summary`` `TensorBoardSink._summary` builds from the same tags and values, byte for byte."""
 
     def __init__(self, tags: List[str], parts: List[Tuple[str, str, str, str]], prefixes: Dict[str, bytes]) -> None:
-        pieces: List[bytes] = []
-        holes: List[int] = []
-        offset = 0
-        for tag in tags:
-            prefix = prefixes.get(tag)
-            if prefix is None:
-                prefix = prefixes[tag] = _value_prefix(tag)
-            pieces.append(prefix)
-            pieces.append(b"\0\0\0\0")
-            offset += len(prefix)
-            holes.append(offset)
-            offset += 4
-        self.template = np.frombuffer(b"".join(pieces), dtype=np.uint8)
-        #: the byte positions of the values' float32 bytes, in value order
-        self.holes = (np.asarray(holes, dtype=np.int64)[:, None] + np.arange(4)).reshape(-1)
+        self.template, self.holes = _wire_template(tags, prefixes)
         by_group: Dict[Tuple[str, str], Tuple[List[str], List[int]]] = {}
         for index, (_, layer, tensor, stat) in enumerate(parts):
             layers, positions = by_group.setdefault((tensor, stat), ([], []))
@@ -190,13 +176,39 @@ class _BatchWire:
         ]
 
     def summary(self, values: Sequence[float]) -> Any:
-        from tensorboard.compat.proto.summary_pb2 import Summary
+        return _filled_summary(self.template, self.holes, values)
 
-        with np.errstate(over="ignore"):
-            raw = np.asarray(values, dtype=np.float64).astype("<f4")
-        wire = self.template.copy()
-        wire[self.holes] = raw.view(np.uint8)
-        return Summary.FromString(wire.tobytes())
+
+def _wire_template(tags: Sequence[str], prefixes: Dict[str, bytes]) -> Tuple[np.ndarray, np.ndarray]:
+    """The wire bytes of ``Summary(value=[Summary.Value(tag=t, simple_value=...) for t in tags])`` with 4 zero bytes
+    where each float goes (each tag's prefix, `_value_prefix`, cached in `prefixes`), and the byte positions of
+    those holes, 4 per value, in value order."""
+    pieces: List[bytes] = []
+    holes: List[int] = []
+    offset = 0
+    for tag in tags:
+        prefix = prefixes.get(tag)
+        if prefix is None:
+            prefix = prefixes[tag] = _value_prefix(tag)
+        pieces.append(prefix)
+        pieces.append(b"\0\0\0\0")
+        offset += len(prefix)
+        holes.append(offset)
+        offset += 4
+    template = np.frombuffer(b"".join(pieces), dtype=np.uint8)
+    return template, (np.asarray(holes, dtype=np.int64)[:, None] + np.arange(4)).reshape(-1)
+
+
+def _filled_summary(template: np.ndarray, holes: np.ndarray, values: Sequence[float]) -> Any:
+    """The ``Summary`` of a `_wire_template` with `values` in its holes: each the little-endian float32 of the
+    double (numpy's rounding, as the protobuf setter's; overflow gives inf)."""
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    with np.errstate(over="ignore"):
+        raw = np.asarray(values, dtype=np.float64).astype("<f4")
+    wire = template.copy()
+    wire[holes] = raw.view(np.uint8)
+    return Summary.FromString(wire.tobytes())
 
 
 def _picker(positions: List[int]) -> Any:
@@ -294,7 +306,7 @@ class TensorBoardSink(Sink):
         if tag != name:
             self._note_chart(tensor, stat, layer)  # type: ignore[arg-type]  # a tag of its own: all three are set
         if self.summaries and layer is not None and tensor is not None and stat is not None:
-            self._note_value(iteration, tensor, stat, layer, value)
+            self._note_values(iteration, tensor, stat, (layer,), (float(value),))
 
     def log_user_scalar(self, tag: str, value: Any, iteration: int) -> None:
         """A scalar of the training script (e.g. ``"train/loss"``) under `tag`, charted in the layout's "user"
@@ -341,7 +353,7 @@ class TensorBoardSink(Sink):
             if tag != name:
                 self._note_chart(tensor, stat, layer)  # type: ignore[arg-type]  # a tag of its own: all three are set
             if summaries and layer is not None and tensor is not None and stat is not None:
-                self._note_value(iteration, tensor, stat, layer, values[-1])
+                self._note_values(iteration, tensor, stat, (layer,), values[-1:])
         if tags:
             file_writer.add_summary(self._summary(tags, values), run_iteration)
 
@@ -363,6 +375,7 @@ class TensorBoardSink(Sink):
         return self._wire
 
     def _note_values(self, iteration: int, tensor: str, stat: str, layers: Sequence[str], values: Sequence[float]):
+        """Keep `values` (floats) of `layers` for the cross-layer summaries of (iteration, tensor, stat)."""
         noted_layers, noted_values = self._step_values.setdefault((iteration, tensor, stat), ([], []))
         noted_layers.extend(layers)
         noted_values.extend(values)
@@ -373,22 +386,9 @@ class TensorBoardSink(Sink):
         return self.writer if self._owns_writer else self.writer._get_file_writer()
 
     def _summary(self, tags: List[str], values: List[float]) -> Any:
-        """``Summary(value=[Summary.Value(tag=t, simple_value=v), ...])``, parsed from its wire bytes: each value is
-        its tag's cached prefix plus the little-endian float32 (numpy's rounding of the double, as the protobuf
-        setter's; overflow gives inf), which costs a fraction of building one message object per value."""
-        from tensorboard.compat.proto.summary_pb2 import Summary
-
-        with np.errstate(over="ignore"):
-            raw = np.asarray(values, dtype=np.float64).astype("<f4").tobytes()
-        prefixes = self._value_prefixes
-        parts: List[bytes] = []
-        for i, tag in enumerate(tags):
-            prefix = prefixes.get(tag)
-            if prefix is None:
-                prefix = prefixes[tag] = _value_prefix(tag)
-            parts.append(prefix)
-            parts.append(raw[4 * i : 4 * i + 4])
-        return Summary.FromString(b"".join(parts))
+        """``Summary(value=[Summary.Value(tag=t, simple_value=v), ...])``, parsed from its wire bytes (`_wire_template`
+        filled by `_filled_summary`), which costs a fraction of building one message object per value."""
+        return _filled_summary(*_wire_template(tags, self._value_prefixes), values)
 
     def _note_chart(self, tensor: str, stat: str, layer: str) -> None:
         layers = self._charts.setdefault(tensor, {}).setdefault(stat, [])
@@ -396,11 +396,6 @@ class TensorBoardSink(Sink):
             with self._layout_lock:
                 layers.append(layer)
                 self._layout_dirty = True
-
-    def _note_value(self, iteration: int, tensor: str, stat: str, layer: str, value: Any) -> None:
-        layers, values = self._step_values.setdefault((iteration, tensor, stat), ([], []))
-        layers.append(layer)
-        values.append(float(value))
 
     def layout(self) -> Dict[str, Dict[str, list]]:
         """The custom-scalars layout: a "user" category with one chart per user scalar (when any), then per tensor
