@@ -161,6 +161,14 @@ class DebugQuantizer(Quantizer):
         self.columnwise_postquantize_enabled = post_col
         #: both GEMM operands are the high-precision tensor (what `_gemm_operands` gives without a dtype)
         self._high_precision_only = row == HIGH_PRECISION and col == HIGH_PRECISION
+        #: the GEMMs take the tensor as it is (no parent quantizer, no modification) and nothing is inspected after
+        #: a quantization: all this quantizer may do is inspect the tensor (`inspect_only_gemm` in `tedebug.nn`)
+        self.inspect_only = (
+            self.parent_quantizer is None
+            and not (post_row or post_col)
+            and row == HIGH_PRECISION
+            and (col is None or col == HIGH_PRECISION)
+        )
         #: `set_usage` passes the usages on to the parent (it quantizes a direction of this tensor)
         self._syncs_parent = col is not None and self.parent_quantizer is not None and STANDARD_QUANTIZE in (row, col)
         if col is None:  # a GEMM output: only a modification needs the path (besides the inspection)

@@ -164,22 +164,24 @@ def test_converted_model_without_debug_runs_torchs_linear(monkeypatch):
 
 
 def test_recipe_or_debug_path_takes_the_tedebug_path(monkeypatch, tmp_path):
-    """A recipe, or a debug path in high precision (LogTensorStats on), goes through `_LinearFunction` (once per
-    linear layer and call); an initialised session whose features are not active this iteration does not."""
+    """A recipe goes through `_LinearFunction`, a debug path in high precision that only inspects (LogTensorStats
+    on) through `_inspected_linear` (once per linear layer and call); an initialised session whose features are
+    not active this iteration takes neither."""
     applied = _Counter(monkeypatch, nn_base._LinearFunction, "apply")
+    inspected = _Counter(monkeypatch, nn_base, "_inspected_linear")
     model = tedebug.convert_model(_model())
     x = torch.randn(3, 16)
     _train_step(model, x, Float8CurrentScaling())
-    assert applied.calls == 2
+    assert (applied.calls, inspected.calls) == (2, 0)
     cfg = section(
         {"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": TENSORS, "start_step": 1, "end_step": 1}}
     )
     with debug_session(cfg, tmp_path, sink=RecordingSink()):
         _train_step(model, x)  # iteration 0: nothing active
-        assert applied.calls == 2
+        assert (applied.calls, inspected.calls) == (2, 0)
         debug_api.step()
         _train_step(model, x)  # iteration 1: logged
-        assert applied.calls == 4
+        assert (applied.calls, inspected.calls) == (2, 2)
         debug_api.step()
         _train_step(model, x)  # iteration 2: never again
-        assert applied.calls == 4
+        assert (applied.calls, inspected.calls) == (2, 2)

@@ -44,6 +44,8 @@ from tedebug import recipe as recipe_module
 PARTS = (
     ("tedebug.nn.base", "linear_gemm"),
     ("tedebug.nn.debug_gate", "LayerDebugState.debug_quantizers"),
+    ("tedebug.nn.base", "_inspected_linear"),
+    ("tedebug.nn.base", "_inspect_backward"),
     ("tedebug.nn.base", "_LinearFunction._forward"),
     ("tedebug.nn.base", "_LinearFunction._backward"),
     ("tedebug.nn.gemm", "gemm"),

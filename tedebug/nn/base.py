@@ -4,7 +4,8 @@
 - `GemmState`: per-GEMM quantizer state (quantizers built from the active recipe, rebuilt when the recipe
   changes; delayed-scaling ``update_scale()`` before every use but the first; the debug gate);
 - `linear_gemm`: the custom autograd function running one quantized linear GEMM (fprop, dgrad, wgrad), with the
-  debug hooks (`process_gemm_output` on the GEMM outputs) and saving of quantized operands for backward;
+  debug hooks (`process_gemm_output` on the GEMM outputs) and saving of quantized operands for backward; torch's
+  own linear where nothing is quantized or modified (`_inspected_linear` when the debug path only inspects);
 - `BaseLayer`: the `torch.nn.Module` base with `name`, `default_recipe` and the recipe resolution.
 
 Activation checkpointing (`torch.utils.checkpoint`, reentrant or not, and what Hugging Face's
@@ -18,6 +19,7 @@ so the recomputed operands equal the original ones; the forward roles are quanti
 
 from __future__ import annotations
 
+import functools
 import itertools
 import types
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -435,6 +437,10 @@ def linear_gemm(
     last = state.last
     if last is not None and grad_enabled and torch._C._current_graph_task_id() != -1:  # `in_recompute()`
         normal, qs, delayed = last
+        if qs is not normal and inspect_only(qs) and _FAST_DEVICES.get(x.device.type, False):
+            y = _inspected_linear(x, weight, bias, qs, True)  # as the original call: no forward inspection
+            if y is not None:
+                return y
         return _LinearFunction.apply(x, weight, bias, _Call(state, normal, qs, dtype, True, True, delayed))
     if recipe is not None and reduce_amax and getattr(recipe, "reduce_amax", False):
         reduce_amaxes((state,), recipe)
@@ -442,11 +448,104 @@ def linear_gemm(
         last = state.last = _HIGH_PRECISION if recipe is None else state.plan(recipe)
     else:
         last = state.last = state.debug_plan(layer_name, recipe)
-    if recipe is None and last[1] is last[0]:
-        # high precision and no debug path: torch's own linear, the same numbers (forward and backward) as
-        # `_LinearFunction` with no quantizer, without its Python autograd function
-        return torch.nn.functional.linear(x, weight, bias)
+    if last[1] is last[0]:
+        if recipe is None:
+            # high precision and no debug path: torch's own linear, the same numbers (forward and backward) as
+            # `_LinearFunction` with no quantizer, without its Python autograd function
+            return torch.nn.functional.linear(x, weight, bias)
+    elif inspect_only(last[1]) and _FAST_DEVICES.get(x.device.type, False):
+        y = _inspected_linear(x, weight, bias, last[1], False)
+        if y is not None:
+            return y
     return _LinearFunction.apply(x, weight, bias, _Call(state, last[0], last[1], dtype, grad_enabled, False, last[2]))
+
+
+def inspect_only(qs: Dict[str, Optional[object]]) -> bool:
+    """Every debug quantizer of a GEMM call only inspects its tensor (`DebugQuantizer.inspect_only`: no
+    quantization, no modification, no postquantize inspection), so torch's own linear computes what
+    `_LinearFunction` would (`_inspected_linear`)."""
+    for q in qs.values():
+        if not getattr(q, "inspect_only", False):
+            return False
+    return True
+
+
+#: device type -> whether a 2-D `F.linear` there records the autograd nodes `_inspected_linear` reads (learned at
+#: the first call; a device whose linear records something else takes `_LinearFunction`)
+_FAST_DEVICES: Dict[str, bool] = {"cpu": True, "cuda": True}
+#: the node a 2-D `F.linear` records -> positions of (dx, the gradient of Wᵀ) in its grad_inputs
+_LINEAR_NODES: Dict[str, Tuple[int, int]] = {"AddmmBackward0": (1, 2), "MmBackward0": (0, 1)}
+_NODE_POSITIONS: Dict[type, Optional[Tuple[int, int]]] = {}
+
+
+def _inspected_linear(x, weight, bias, qs, replay: bool):
+    """A GEMM call whose debug quantizers only inspect (`inspect_only`): torch's own linear, the same numbers as
+    `_LinearFunction` with no quantizer (forward and backward: fprop ``F.linear``, dgrad ``dy·W``, wgrad
+    ``dyᵀ·x``, the same ops on the same operands), without the Python autograd function, its three `gemm` calls
+    and its operand bookkeeping.  The forward tensors are inspected here, in `_LinearFunction`'s order (x, W, y:
+    the order the statistics are logged in); the backward ones (dy, dx, dW) by a hook on the node the linear
+    recorded, which autograd calls with its inputs and outputs.  A recompute (`replay`) runs the same linear (so
+    a non-reentrant checkpoint sees the same saved tensors) without the forward inspection."""
+    x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+    y = torch.nn.functional.linear(x2, weight, bias)
+    node = y.grad_fn
+    positions = None
+    if node is not None:
+        positions = _NODE_POSITIONS.get(type(node), _UNKNOWN)
+        if positions is _UNKNOWN:
+            positions = _NODE_POSITIONS[type(node)] = _LINEAR_NODES.get(node.name())
+        if positions is None:  # not the node expected: this device's calls take `_LinearFunction` from now on
+            _FAST_DEVICES[x.device.type] = False
+            return None
+    if not replay:
+        opened = launch_group.open_group()  # the statistics of x, W and y: one launch (tedebug.stats.launch_group)
+        try:
+            q = qs["input"]
+            if q.inspect_tensor_enabled:
+                q._inspect(x2, x2, x2)
+            q = qs["weight"]
+            if q.inspect_tensor_enabled:
+                q._inspect(weight, weight, weight)
+            q = qs["output"]
+            if q.inspect_tensor_enabled:
+                q._inspect(y, None, None)
+        finally:
+            launch_group.close_group(opened)
+    if positions is not None and (
+        qs["grad_output"].inspect_tensor_enabled
+        or qs["grad_input"].inspect_tensor_enabled
+        or qs["grad_weight"].inspect_tensor_enabled
+    ):
+        node.register_hook(functools.partial(_inspect_backward, qs, positions))
+    return y if x2 is x else y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+_UNKNOWN = (-1, -1)
+
+
+def _inspect_backward(qs, positions: Tuple[int, int], grad_inputs, grad_outputs) -> None:
+    """The backward inspection of `_inspected_linear` (a post-hook of its linear's node): dy, dx and dW in
+    `_LinearFunction`'s order, as one statistics group; nothing when neither x nor W takes a gradient."""
+    dx = grad_inputs[positions[0]]
+    dwt = grad_inputs[positions[1]]
+    if dx is None and dwt is None:
+        return
+    opened = launch_group.open_group()
+    try:
+        q = qs["grad_output"]
+        if q.inspect_tensor_enabled:
+            dy = grad_outputs[0]
+            if not dy.is_contiguous():
+                dy = dy.contiguous()
+            q._inspect(dy, dy, dy)
+        q = qs["grad_input"]
+        if dx is not None and q.inspect_tensor_enabled:
+            q._inspect(dx, None, None)
+        q = qs["grad_weight"]
+        if dwt is not None and q.inspect_tensor_enabled:
+            q._inspect(dwt.t(), None, None)  # the gradient of Wᵀ, laid out as W's ([N, K] contiguous)
+    finally:
+        launch_group.close_group(opened)
 
 
 class _SkippedBackwardUses(torch.autograd.Function):

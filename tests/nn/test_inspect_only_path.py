@@ -1,0 +1,189 @@
+"""A GEMM call whose debug quantizers only inspect (high precision, no modification) runs torch's own linear with
+the backward tensors inspected by a hook on its autograd node (`tedebug.nn.base._inspected_linear`).  It must log
+exactly what the generic path (`_LinearFunction`, forced here by marking the device as not taking the short path)
+logs - the same text log, byte for byte, the same values in the same order - and train the same numbers."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from tedebug import debug_api
+from tedebug.nn import LayerNormLinear, LayerNormMLP, Linear
+from tedebug.nn import base as nn_base
+
+from support.features import RecordingSink, section
+
+STATS = ["min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range"]
+TENSORS = ["activation", "weight", "output", "gradient", "wgrad", "dgrad"]
+LOG_STATS = section({"LogTensorStats": {"enabled": True, "stats": STATS, "tensors": TENSORS, "freq": 1}})
+
+
+class Stack(torch.nn.Module):
+    """Every tedebug linear layer kind, with and without bias, on a 3-D input; `checkpointed`: the MLP under
+    torch.utils.checkpoint (None: not checkpointed; "reentrant" or "non_reentrant")."""
+
+    def __init__(self, dim: int = 32, checkpointed=None) -> None:
+        super().__init__()
+        self.qkv = LayerNormLinear(dim, 3 * dim, name="qkv")
+        self.proj = Linear(3 * dim, dim, bias=False, name="proj")
+        self.mlp = LayerNormMLP(dim, 2 * dim, name="mlp")
+        self.checkpointed = checkpointed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.proj(F.gelu(self.qkv(x)))
+        if self.checkpointed is None:
+            return x + self.mlp(x)
+        return x + checkpoint(self.mlp, x, use_reentrant=self.checkpointed == "reentrant")
+
+
+def _train(tmp_path: pathlib.Path, *, short: bool, device: str = "cpu", dtype=torch.float32, steps: int = 3, **kw):
+    """Train `Stack` under LogTensorStats; (text log without time stamps, sink values in emission order, losses,
+    parameters, the number of `_LinearFunction` calls).  `short=False` sends every call through `_LinearFunction`."""
+    torch.manual_seed(0)
+    model = Stack(**kw).to(device, dtype)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    data = [torch.randn(2, 8, 32, generator=g).to(device, dtype) for _ in range(steps)]
+    if kw.get("checkpointed") == "reentrant":
+        data = [x.requires_grad_(True) for x in data]
+    sink = RecordingSink()
+    log_dir = tmp_path / ("short" if short else "generic")
+    applied = []
+    generic_apply = nn_base._LinearFunction.apply
+    saved = dict(nn_base._FAST_DEVICES)
+    if not short:
+        nn_base._FAST_DEVICES[torch.device(device).type] = False
+    nn_base._LinearFunction.apply = lambda *a: applied.append(1) or generic_apply(*a)
+    losses = []
+    try:
+        debug_api.initialize(LOG_STATS, statistics_logger=sink, log_dir=str(log_dir), default_logging_enabled=True)
+        try:
+            for x in data:
+                loss = model(x).float().pow(2).mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                losses.append(loss.detach())
+                debug_api.step()
+        finally:
+            debug_api.end_debug()
+    finally:
+        nn_base._LinearFunction.apply = generic_apply
+        nn_base._FAST_DEVICES.clear()
+        nn_base._FAST_DEVICES.update(saved)
+    text = (log_dir / "nvdlfw_inspect_statistics_logs" / "nvdlfw_inspect_globalrank-0.log").read_text()
+    text = re.sub(r"(?m)^[0-9-]+ [0-9:,]+ - ", "", text)  # the lines without their time stamps
+    params = [p.detach().clone() for p in model.parameters()]
+    return text, sink.rows, torch.stack(losses), params, len(applied)
+
+
+def _assert_same(short, generic) -> None:
+    text, rows, losses, params, applied = short
+    g_text, g_rows, g_losses, g_params, g_applied = generic
+    assert applied == 0 and g_applied > 0  # each run took the path it was meant to
+    assert text == g_text
+    assert rows == g_rows
+    assert torch.equal(losses, g_losses)
+    assert all(torch.equal(a, b) for a, b in zip(params, g_params))
+
+
+def test_short_path_logs_and_trains_what_the_generic_path_does(tmp_path):
+    short = _train(tmp_path, short=True)
+    _assert_same(short, _train(tmp_path, short=False))
+    text, rows = short[0], short[1]
+    names = {name for name, _, _ in rows}
+    for gemm in ("qkv", "proj", "mlp.fc1", "mlp.fc2"):  # every tensor of every GEMM, the backward ones included
+        for tensor in TENSORS:
+            assert f"{gemm}_{tensor}_l1_norm" in names
+    assert "proj_wgrad_max" in text
+
+
+@pytest.mark.parametrize("mode", ["reentrant", "non_reentrant"])
+def test_checkpointed_short_path_logs_once_what_the_generic_path_does(tmp_path, mode):
+    """The recompute runs the same linear without inspecting again; the backward tensors are inspected once, by the
+    node of whichever graph the backward runs through."""
+    short = _train(tmp_path, short=True, checkpointed=mode)
+    _assert_same(short, _train(tmp_path, short=False, checkpointed=mode))
+    plain = _train(tmp_path / "plain", short=True)
+    assert short[1] == plain[1]  # the checkpointed run logs what the plain one logs
+
+
+def _one_layer(tmp_path: pathlib.Path, *, short: bool, x_grad: bool, w_grad: bool):
+    """One `Linear` under LogTensorStats whose input / weight may take no gradient: the names logged."""
+    torch.manual_seed(0)
+    layer = Linear(32, 16, name="fc")
+    layer.weight.requires_grad_(w_grad)
+    x = torch.randn(4, 32, requires_grad=x_grad)
+    sink = RecordingSink()
+    saved = dict(nn_base._FAST_DEVICES)
+    nn_base._FAST_DEVICES["cpu"] = short
+    try:
+        debug_api.initialize(LOG_STATS, statistics_logger=sink, log_dir=str(tmp_path / str(short)))
+        try:
+            layer(x).sum().backward()
+            debug_api.step()
+        finally:
+            debug_api.end_debug()
+    finally:
+        nn_base._FAST_DEVICES.update(saved)
+    return sink.rows
+
+
+@pytest.mark.parametrize("x_grad, w_grad", [(False, True), (True, False), (False, False)])
+def test_a_tensor_without_gradient_has_no_backward_statistics(tmp_path, x_grad, w_grad):
+    """No dgrad where the input takes no gradient, no wgrad where the weight takes none (the node's output is
+    None), and no gradient either where neither does (only the bias does): as on the generic path."""
+    rows = _one_layer(tmp_path, short=True, x_grad=x_grad, w_grad=w_grad)
+    assert rows == _one_layer(tmp_path, short=False, x_grad=x_grad, w_grad=w_grad)
+    names = {name for name, _, _ in rows}
+    assert ("fc_dgrad_max" in names) == x_grad
+    assert ("fc_wgrad_max" in names) == w_grad
+    assert ("fc_gradient_max" in names) == (x_grad or w_grad)
+    assert "fc_output_max" in names
+
+
+def test_an_unexpected_autograd_node_falls_back_to_the_generic_path(tmp_path, monkeypatch):
+    """Where a 2-D linear records a node the hook cannot read, the call is redone on the generic path and the
+    device takes it from then on; nothing logged changes."""
+    monkeypatch.setattr(nn_base, "_LINEAR_NODES", {})
+    monkeypatch.setattr(nn_base, "_NODE_POSITIONS", {})
+    text, rows, losses, params, applied = _train(tmp_path, short=True)
+    assert applied > 0 and nn_base._FAST_DEVICES["cpu"] is True  # (restored by _train)
+    g_text, g_rows, g_losses, g_params, _ = _train(tmp_path, short=False)
+    assert (text, rows) == (g_text, g_rows)
+    assert torch.equal(losses, g_losses)
+
+
+def test_a_modifying_feature_keeps_the_generic_path(tmp_path):
+    """FakeQuant modifies the activation: that call is not inspect-only and goes through `_LinearFunction`."""
+    cfg = section(
+        {"FakeQuant": {"enabled": True, "gemms": ["fprop"], "tensors": ["activation"], "quant_format": "FP8E4M3"}}
+    )
+    layer = Linear(32, 16, name="fc")
+    calls = []
+    generic_apply = nn_base._LinearFunction.apply
+    nn_base._LinearFunction.apply = lambda *a: calls.append(1) or generic_apply(*a)
+    try:
+        debug_api.initialize(cfg, log_dir=str(tmp_path))
+        try:
+            layer(torch.randn(4, 32)).sum().backward()
+            debug_api.step()
+        finally:
+            debug_api.end_debug()
+    finally:
+        nn_base._LinearFunction.apply = generic_apply
+    assert calls == [1]
+
+
+@pytest.mark.gpu
+def test_short_path_logs_what_the_generic_path_does_on_the_gpu(tmp_path):
+    """On CUDA the statistics kernels read each tensor in memory order: the hook's dW (the gradient of Wᵀ, transposed
+    back) and dy must be laid out as `_LinearFunction`'s for the sums to come out in the same order."""
+    kw = dict(device="cuda", dtype=torch.bfloat16)
+    _assert_same(_train(tmp_path, short=True, **kw), _train(tmp_path, short=False, **kw))
