@@ -485,8 +485,13 @@ def _inspected_linear(x, weight, bias, qs, replay: bool):
     and its operand bookkeeping.  The forward tensors are inspected here, in `_LinearFunction`'s order (x, W, y:
     the order the statistics are logged in); the backward ones (dy, dx, dW) by a hook on the node the linear
     recorded, which autograd calls with its inputs and outputs.  A recompute (`replay`) runs the same linear (so
-    a non-reentrant checkpoint sees the same saved tensors) without the forward inspection."""
+    a non-reentrant checkpoint sees the same saved tensors) without the forward inspection.  None (nothing run)
+    for a call this cannot take: a non-contiguous x or W, or a device whose linear records another node."""
     x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+    if not (weight.is_contiguous() and x2.is_contiguous()):
+        # torch's backward of a linear computes dW (dx) of a column-major W (x) as another GEMM than dyᵀ·x (dy·W),
+        # whose bits may differ: such calls (Conv1D's weight, a transposed input) keep `_LinearFunction`
+        return None
     y = torch.nn.functional.linear(x2, weight, bias)
     node = y.grad_fn
     positions = None

@@ -181,6 +181,40 @@ def test_a_modifying_feature_keeps_the_generic_path(tmp_path):
     assert calls == [1]
 
 
+def _calls_of(tmp_path: pathlib.Path, layer: torch.nn.Module, x: torch.Tensor):
+    """(`_LinearFunction` calls, rows logged) of one step of `layer` under LogTensorStats."""
+    calls = []
+    generic_apply = nn_base._LinearFunction.apply
+    nn_base._LinearFunction.apply = lambda *a: calls.append(1) or generic_apply(*a)
+    sink = RecordingSink()
+    try:
+        debug_api.initialize(LOG_STATS, statistics_logger=sink, log_dir=str(tmp_path))
+        try:
+            layer(x).square().sum().backward()
+            debug_api.step()
+        finally:
+            debug_api.end_debug()
+    finally:
+        nn_base._LinearFunction.apply = generic_apply
+    return len(calls), sink.rows
+
+
+def test_a_column_major_weight_or_input_keeps_the_generic_path(tmp_path):
+    """torch's backward computes the gradient of a column-major operand as another GEMM (``xᵀ·dy`` for Conv1D's
+    ``[in, out]`` weight), whose bits may differ from `_LinearFunction`'s: such calls keep `_LinearFunction`."""
+    from tedebug.nn.hf import Conv1DLinear
+
+    torch.manual_seed(0)
+    conv = Conv1DLinear(24, 32, name="conv")  # weight [32, 24] = [in, out]: the GEMM's W is its transpose
+    calls, rows = _calls_of(tmp_path / "conv", conv, torch.randn(2, 5, 32, requires_grad=True))
+    assert calls == 1 and any(name == "conv_wgrad_max" for name, _, _ in rows)
+    layer = Linear(32, 16, name="fc")
+    transposed = torch.randn(32, 6).t().requires_grad_(True)  # [6, 32], column-major
+    calls, rows = _calls_of(tmp_path / "fc", layer, transposed)
+    assert calls == 1 and any(name == "fc_dgrad_max" for name, _, _ in rows)
+    assert _calls_of(tmp_path / "fc2", layer, transposed.detach().contiguous())[0] == 0
+
+
 @pytest.mark.gpu
 def test_short_path_logs_what_the_generic_path_does_on_the_gpu(tmp_path):
     """On CUDA the statistics kernels read each tensor in memory order: the hook's dW (the gradient of Wᵀ, transposed
