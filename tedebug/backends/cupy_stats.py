@@ -34,7 +34,7 @@ from tedebug.backends.cupy_runtime import (
     workspace_on,
 )
 from tedebug.backends.fused_stats import fused_statistic, fused_vector  # noqa: F401 - fused_vector: engine API
-from tedebug.backends.launch import Kernel, launch_on, raw_stream
+from tedebug.backends.launch import Kernel, launch_on, launch_signed, raw_stream
 
 STATS_BLOCKS_PER_SM = 3  # ted_stats: __launch_bounds__(256, 3)
 #: the order of the kernel's basic partials (the same as the torch reference's rows)
@@ -146,18 +146,21 @@ def basic_stats_group_into(items: Sequence[Tuple[torch.Tensor, int]]) -> None:
         ready.append(tensor)
         numels.append(n)
     grids = group_grids(numels, vec, max_grid)
-    args: list = []
+    values: list = []
     for tensor, n, grid, (_, out_ptr) in zip(ready, numels, grids, items):
-        args += (tensor.data_ptr(), np.int64(n), np.uint32(grid), out_ptr)
-    args += _ABSENT_TENSOR * (GROUP_MAX - count)
+        values += (tensor.data_ptr(), n, grid, out_ptr)
+    values += _ABSENT_TENSOR * (GROUP_MAX - count)
     stream = raw_stream(index)
     partials, tickets = workspace_on(index, stream)
-    args += (partials, tickets + _GROUP_TICKET_OFFSET)
-    launch_on(kernel, index, stream, sum(grids), THREADS, tuple(args))
+    values += (partials, tickets + _GROUP_TICKET_OFFSET)
+    launch_signed(kernel, index, stream, sum(grids), THREADS, _GROUP_SIGNATURE, values)
 
 
+#: the argument types of ``ted_stats_group``: (data, numel, blocks, row address) per tensor, then the workspace's
+#: partials and ticket
+_GROUP_SIGNATURE = (int, np.int64, np.uint32, int) * GROUP_MAX + (int, int)
 #: the arguments of an absent tensor of ``ted_stats_group`` (no blocks)
-_ABSENT_TENSOR = (0, np.int64(0), np.uint32(0), 0)
+_ABSENT_TENSOR = (0, 0, 0, 0)
 #: (device index, dtype) -> (the ``ted_stats_group`` kernel, elements per 16-byte load, largest grid) of
 #: `basic_stats_group_into`
 _GROUP_LAUNCH: Dict[Tuple[int, torch.dtype], Tuple[Kernel, int, int]] = {}

@@ -225,10 +225,15 @@ _THREAD_BLOCKS = threading.local()  # per thread: argument signature -> _ArgBloc
 
 def _arg_block(args: Sequence[Any], kernel_name: str) -> _ArgBlock:
     """This thread's parameter block for `args`' signature, with `args` packed into it."""
+    return _packed_block(tuple(map(type, args)), args, kernel_name)
+
+
+def _packed_block(signature: Tuple[type, ...], args: Sequence[Any], kernel_name: str) -> _ArgBlock:
+    """This thread's parameter block for `signature`, with `args` packed into it (a plain int or float packs into
+    the C type its signature entry names)."""
     blocks = getattr(_THREAD_BLOCKS, "blocks", None)
     if blocks is None:
         blocks = _THREAD_BLOCKS.blocks = {}
-    signature = tuple(map(type, args))
     block = blocks.get(signature)
     if block is None:
         block = blocks[signature] = _ArgBlock(signature, kernel_name)
@@ -329,17 +334,36 @@ def launch_on(
     """`launch` for a caller that already holds the device index and the raw stream (`raw_stream(index)`, torch's
     current stream there): the per-tensor statistics launch.  `grid` and `block` must be ints."""
     if launch_mode() == "driver":
-        _launch_driver(kernel, index, grid, block, args, stream, shared_mem)
+        _launch_driver(kernel, index, grid, block, _arg_block(args, kernel.name).params, stream, shared_mem)
     else:
         _launch_cupy(kernel, index, grid, block, args, stream, shared_mem)
 
 
+def launch_signed(
+    kernel: Kernel,
+    index: int,
+    stream: int,
+    grid: int,
+    block: int,
+    signature: Tuple[type, ...],
+    values: Sequence[Any],
+) -> None:
+    """`launch_on` for a caller whose argument types never change: `signature` gives each argument's type as
+    `launch_on`'s `args` would carry it (int for a pointer, np.int64, np.uint32, ...) and `values` the arguments as
+    plain Python numbers, packed straight into the parameter block, so a launch makes no numpy scalar per argument
+    and does not work the signature out again (the statistics group launch: 14 arguments, every GEMM call)."""
+    if launch_mode() == "driver":
+        _launch_driver(kernel, index, grid, block, _packed_block(signature, values, kernel.name).params, stream, 0)
+    else:
+        args = tuple(v if kind is int else kind(v) for kind, v in zip(signature, values))
+        _launch_cupy(kernel, index, grid, block, args, stream, 0)
+
+
 def _launch_driver(
-    kernel: Kernel, index: int, grid: int, block: int, args: Sequence[Any], stream: int, shared_mem: int
+    kernel: Kernel, index: int, grid: int, block: int, params: Any, stream: int, shared_mem: int
 ) -> None:
     launch_fn, _ = _driver()
     function = kernel.handle(index)
-    params = _arg_block(args, kernel.name).params
     if _current_device() != index:
         with torch.cuda.device(index):
             code = launch_fn(function, grid, 1, 1, block, 1, 1, shared_mem, stream, params, None)

@@ -40,6 +40,39 @@ def test_arguments_are_packed_one_slot_each_where_the_params_point():
     assert struct.unpack_from("<Qqi4xI4xf4xdQ", bytes(block.slots)) == (1, 2, 3, 4, 5.0, 6.0, 7)
 
 
+def test_a_signed_launch_packs_plain_numbers_as_its_signature_types(monkeypatch):
+    """`launch_signed` packs plain ints into the bytes the typed arguments of `launch_on` pack into, and in the
+    ``cupy`` mode hands CuPy those typed arguments."""
+    signature = (int, np.int64, np.uint32, int)
+    values = (0x7F0012345670, -5, 4000000000, 12)
+    typed = (0x7F0012345670, np.int64(-5), np.uint32(4000000000), 12)
+    launched = []
+
+    def driver(kernel, index, grid, block, params, stream, shared_mem):  # the slots as the launch finds them
+        packed = launch._THREAD_BLOCKS.blocks[signature]
+        assert params is packed.params
+        launched.append(("driver", bytes(packed.slots), grid, block, stream))
+
+    def cupy(kernel, index, grid, block, args, stream, shared_mem):
+        launched.append(("cupy", args, [type(a) for a in args]))
+
+    monkeypatch.setattr(launch, "_launch_driver", driver)
+    monkeypatch.setattr(launch, "_launch_cupy", cupy)
+
+    class Kernel:
+        name = "ted_k"
+
+    monkeypatch.setenv(launch.ENV_VAR, "cupy")
+    launch.launch_signed(Kernel(), 0, 5, 3, 256, signature, values)
+    assert launched.pop() == ("cupy", typed, [type(a) for a in typed])
+    monkeypatch.setattr(launch, "_driver", lambda: (None, None))
+    monkeypatch.setenv(launch.ENV_VAR, "driver")
+    launch.launch_signed(Kernel(), 0, 5, 3, 256, signature, values)
+    reference = launch._ArgBlock(signature, "k")  # (its own slots: what `_arg_block(typed)` would pack)
+    reference.pack_into(reference.slots, 0, *typed)
+    assert launched == [("driver", bytes(reference.slots), 3, 256, 5)]
+
+
 def test_arguments_need_a_fixed_c_type():
     with pytest.raises(TypeError, match=r"kernel 'ted_x', argument 1: float has no fixed C type"):
         launch._arg_block((7, 0.5), "ted_x")
@@ -168,11 +201,12 @@ def test_a_launch_without_a_context_binds_the_primary_context_and_goes_again(mon
         def handle(self, index):
             return 1234
 
+    params = launch._arg_block((np.int32(1),), "ted_k").params
     if expected:
         with pytest.raises(launch.KernelLaunchError, match=f"ted_k.*CUresult {expected}"):
-            launch._launch_driver(Kernel(), 0, 1, 32, (np.int32(1),), 5, 0)
+            launch._launch_driver(Kernel(), 0, 1, 32, params, 5, 0)
     else:
-        launch._launch_driver(Kernel(), 0, 1, 32, (np.int32(1),), 5, 0)
+        launch._launch_driver(Kernel(), 0, 1, 32, params, 5, 0)
     bound = [("device", 0), ("retain", 9)] + ([("current", 77)] if bind == 0 else [])
     if first == 201:
         assert calls == [("launch", 1234)] + bound + ([("launch", 1234)] if bind == 0 else [])
@@ -193,14 +227,21 @@ def test_driver_and_cupy_launches_agree(monkeypatch):
 
     g = torch.Generator().manual_seed(1)
     x = (torch.randn(4099, 33, generator=g) * 7 + 3).to("cuda", torch.bfloat16)
-    rows = {}
+    rows, groups = {}, {}
+    parts = (x[:1000], x[1000:1001], x[1001:])  # (contiguous pieces of three sizes: one group launch)
     for mode in ("driver", "cupy"):
         monkeypatch.setenv(launch.ENV_VAR, mode)
         assert launch.launch_mode() == mode
         out = torch.full((13,), -1.0, dtype=torch.float64, device="cuda")
         cupy_stats.basic_stats_into(x, out.data_ptr())
         rows[mode] = out.cpu()
+        grouped = torch.full((3, 13), -1.0, dtype=torch.float64, device="cuda")
+        cupy_stats.basic_stats_group_into([(p, grouped[i].data_ptr()) for i, p in enumerate(parts)])
+        groups[mode] = grouped.cpu()
     assert torch.equal(rows["driver"], rows["cupy"])
+    assert torch.equal(groups["driver"], groups["cupy"])
+    assert groups["driver"][:, 0].tolist() == [p.numel() for p in parts]
+    assert groups["driver"][:, 2].tolist() == [p.float().max().item() for p in parts]
     assert rows["driver"][0].item() == x.numel()
     assert rows["driver"][1].item() == x.float().min().item() and rows["driver"][2].item() == x.float().max().item()
 

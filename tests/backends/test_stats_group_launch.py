@@ -39,6 +39,12 @@ def launched(monkeypatch):
         "launch_on",
         lambda kernel, index, stream, grid, block, args: calls.append((kernel, grid, block, args)),
     )
+
+    def signed(kernel, index, stream, grid, block, signature, values):  # the arguments typed as their signature says
+        assert len(signature) == len(values)
+        calls.append((kernel, grid, block, tuple(v if kind is int else kind(v) for kind, v in zip(signature, values))))
+
+    monkeypatch.setattr(cupy_stats, "launch_signed", signed)
     monkeypatch.setattr(cupy_stats, "_STATS_LAUNCH", {})
     monkeypatch.setattr(cupy_stats, "_GROUP_LAUNCH", {})
     return calls
