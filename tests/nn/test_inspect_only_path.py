@@ -5,6 +5,7 @@ logs - the same text log, byte for byte, the same values in the same order - and
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 import re
 
@@ -17,7 +18,7 @@ from tedebug import debug_api
 from tedebug.nn import LayerNormLinear, LayerNormMLP, Linear
 from tedebug.nn import base as nn_base
 
-from support.features import RecordingSink, section
+from support.features import RecordingSink, debug_session, section
 
 STATS = ["min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range"]
 TENSORS = ["activation", "weight", "output", "gradient", "wgrad", "dgrad"]
@@ -42,6 +43,24 @@ class Stack(torch.nn.Module):
         return x + checkpoint(self.mlp, x, use_reentrant=self.checkpointed == "reentrant")
 
 
+@contextlib.contextmanager
+def _paths(short: bool, device: str = "cpu"):
+    """Yield a list that gets one entry per `_LinearFunction` call; `short=False` marks `device` as not taking the
+    inspection-only path, so that every call goes through `_LinearFunction`."""
+    calls: list = []
+    generic_apply = nn_base._LinearFunction.apply
+    saved = dict(nn_base._FAST_DEVICES)
+    if not short:
+        nn_base._FAST_DEVICES[device] = False
+    nn_base._LinearFunction.apply = lambda *a: calls.append(1) or generic_apply(*a)
+    try:
+        yield calls
+    finally:
+        nn_base._LinearFunction.apply = generic_apply
+        nn_base._FAST_DEVICES.clear()
+        nn_base._FAST_DEVICES.update(saved)
+
+
 def _train(tmp_path: pathlib.Path, *, short: bool, device: str = "cpu", dtype=torch.float32, steps: int = 3, **kw):
     """Train `Stack` under LogTensorStats; (text log without time stamps, sink values in emission order, losses,
     parameters, the number of `_LinearFunction` calls).  `short=False` sends every call through `_LinearFunction`."""
@@ -54,16 +73,9 @@ def _train(tmp_path: pathlib.Path, *, short: bool, device: str = "cpu", dtype=to
         data = [x.requires_grad_(True) for x in data]
     sink = RecordingSink()
     log_dir = tmp_path / ("short" if short else "generic")
-    applied = []
-    generic_apply = nn_base._LinearFunction.apply
-    saved = dict(nn_base._FAST_DEVICES)
-    if not short:
-        nn_base._FAST_DEVICES[torch.device(device).type] = False
-    nn_base._LinearFunction.apply = lambda *a: applied.append(1) or generic_apply(*a)
     losses = []
-    try:
-        debug_api.initialize(LOG_STATS, statistics_logger=sink, log_dir=str(log_dir), default_logging_enabled=True)
-        try:
+    with _paths(short, device) as applied:
+        with debug_session(LOG_STATS, log_dir, sink=sink, default_logging_enabled=True):
             for x in data:
                 loss = model(x).float().pow(2).mean()
                 loss.backward()
@@ -71,12 +83,6 @@ def _train(tmp_path: pathlib.Path, *, short: bool, device: str = "cpu", dtype=to
                 opt.zero_grad()
                 losses.append(loss.detach())
                 debug_api.step()
-        finally:
-            debug_api.end_debug()
-    finally:
-        nn_base._LinearFunction.apply = generic_apply
-        nn_base._FAST_DEVICES.clear()
-        nn_base._FAST_DEVICES.update(saved)
     text = (log_dir / "nvdlfw_inspect_statistics_logs" / "nvdlfw_inspect_globalrank-0.log").read_text()
     text = re.sub(r"(?m)^[0-9-]+ [0-9:,]+ - ", "", text)  # the lines without their time stamps
     params = [p.detach().clone() for p in model.parameters()]
@@ -121,17 +127,9 @@ def _one_layer(tmp_path: pathlib.Path, *, short: bool, x_grad: bool, w_grad: boo
     layer.weight.requires_grad_(w_grad)
     x = torch.randn(4, 32, requires_grad=x_grad)
     sink = RecordingSink()
-    saved = dict(nn_base._FAST_DEVICES)
-    nn_base._FAST_DEVICES["cpu"] = short
-    try:
-        debug_api.initialize(LOG_STATS, statistics_logger=sink, log_dir=str(tmp_path / str(short)))
-        try:
-            layer(x).sum().backward()
-            debug_api.step()
-        finally:
-            debug_api.end_debug()
-    finally:
-        nn_base._FAST_DEVICES.update(saved)
+    with _paths(short), debug_session(LOG_STATS, tmp_path / str(short), sink=sink):
+        layer(x).sum().backward()
+        debug_api.step()
     return sink.rows
 
 
@@ -166,36 +164,18 @@ def test_a_modifying_feature_keeps_the_generic_path(tmp_path):
         {"FakeQuant": {"enabled": True, "gemms": ["fprop"], "tensors": ["activation"], "quant_format": "FP8E4M3"}}
     )
     layer = Linear(32, 16, name="fc")
-    calls = []
-    generic_apply = nn_base._LinearFunction.apply
-    nn_base._LinearFunction.apply = lambda *a: calls.append(1) or generic_apply(*a)
-    try:
-        debug_api.initialize(cfg, log_dir=str(tmp_path))
-        try:
-            layer(torch.randn(4, 32)).sum().backward()
-            debug_api.step()
-        finally:
-            debug_api.end_debug()
-    finally:
-        nn_base._LinearFunction.apply = generic_apply
+    with _paths(True) as calls, debug_session(cfg, tmp_path):
+        layer(torch.randn(4, 32)).sum().backward()
+        debug_api.step()
     assert calls == [1]
 
 
 def _calls_of(tmp_path: pathlib.Path, layer: torch.nn.Module, x: torch.Tensor):
     """(`_LinearFunction` calls, rows logged) of one step of `layer` under LogTensorStats."""
-    calls = []
-    generic_apply = nn_base._LinearFunction.apply
-    nn_base._LinearFunction.apply = lambda *a: calls.append(1) or generic_apply(*a)
     sink = RecordingSink()
-    try:
-        debug_api.initialize(LOG_STATS, statistics_logger=sink, log_dir=str(tmp_path))
-        try:
-            layer(x).square().sum().backward()
-            debug_api.step()
-        finally:
-            debug_api.end_debug()
-    finally:
-        nn_base._LinearFunction.apply = generic_apply
+    with _paths(True) as calls, debug_session(LOG_STATS, tmp_path, sink=sink):
+        layer(x).square().sum().backward()
+        debug_api.step()
     return len(calls), sink.rows
 
 
