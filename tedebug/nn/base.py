@@ -437,7 +437,7 @@ def linear_gemm(
     last = state.last
     if last is not None and grad_enabled and torch._C._current_graph_task_id() != -1:  # `in_recompute()`
         normal, qs, delayed = last
-        if qs is not normal and inspect_only(qs) and _FAST_DEVICES.get(x.device.type, False):
+        if qs is not normal and _only_inspects(qs) and _FAST_DEVICES.get(x.device.type, False):
             y = _inspected_linear(x, weight, bias, qs, True)  # as the original call: no forward inspection
             if y is not None:
                 return y
@@ -453,14 +453,14 @@ def linear_gemm(
             # high precision and no debug path: torch's own linear, the same numbers (forward and backward) as
             # `_LinearFunction` with no quantizer, without its Python autograd function
             return torch.nn.functional.linear(x, weight, bias)
-    elif inspect_only(last[1]) and _FAST_DEVICES.get(x.device.type, False):
+    elif _only_inspects(last[1]) and _FAST_DEVICES.get(x.device.type, False):
         y = _inspected_linear(x, weight, bias, last[1], False)
         if y is not None:
             return y
     return _LinearFunction.apply(x, weight, bias, _Call(state, last[0], last[1], dtype, grad_enabled, False, last[2]))
 
 
-def inspect_only(qs: Dict[str, Optional[object]]) -> bool:
+def _only_inspects(qs: Dict[str, Optional[object]]) -> bool:
     """Every debug quantizer of a GEMM call only inspects its tensor (`DebugQuantizer.inspect_only`: no
     quantization, no modification, no postquantize inspection), so torch's own linear computes what
     `_LinearFunction` would (`_inspected_linear`)."""
@@ -476,10 +476,11 @@ _FAST_DEVICES: Dict[str, bool] = {"cpu": True, "cuda": True}
 #: the node a 2-D `F.linear` records -> positions of (dx, the gradient of Wᵀ) in its grad_inputs
 _LINEAR_NODES: Dict[str, Tuple[int, int]] = {"AddmmBackward0": (1, 2), "MmBackward0": (0, 1)}
 _NODE_POSITIONS: Dict[type, Optional[Tuple[int, int]]] = {}
+_UNKNOWN = (-1, -1)  # (a node type not seen yet)
 
 
 def _inspected_linear(x, weight, bias, qs, replay: bool):
-    """A GEMM call whose debug quantizers only inspect (`inspect_only`): torch's own linear, the same numbers as
+    """A GEMM call whose debug quantizers only inspect (`_only_inspects`): torch's own linear, the same numbers as
     `_LinearFunction` with no quantizer (forward and backward: fprop ``F.linear``, dgrad ``dy·W``, wgrad
     ``dyᵀ·x``, the same ops on the same operands), without the Python autograd function, its three `gemm` calls
     and its operand bookkeeping.  The forward tensors are inspected here, in `_LinearFunction`'s order (x, W, y:
@@ -523,9 +524,6 @@ def _inspected_linear(x, weight, bias, qs, replay: bool):
     ):
         node.register_hook(functools.partial(_inspect_backward, qs, positions))
     return y if x2 is x else y.reshape(*x.shape[:-1], y.shape[-1])
-
-
-_UNKNOWN = (-1, -1)
 
 
 def _inspect_backward(qs, positions: Tuple[int, int], grad_inputs, grad_outputs) -> None:
