@@ -212,7 +212,7 @@ class Float8Tensor(QuantizedTensor):
         key = float(factor)
         if cached is not None and cached[0] == key and key != 0.0:
             return cached[1]
-        table = _decode_array(self.fp8_format, _CODES, factor)
+        table = _table_times(self.fp8_format, factor)
         self._table = (key, table)
         return table
 
@@ -252,8 +252,13 @@ class Float8Tensor(QuantizedTensor):
         return self.scale_inv.float().reshape(1)
 
 
-#: the 256 FP8 codes in order: `_decode_array` of them is the table of their values times a factor
-_CODES = np.arange(256, dtype=np.uint8)
+def _table_times(fmt: str, factor: np.float32) -> np.ndarray:
+    """The 256 fp32 values of the FP8 codes of `fmt` times `factor` (IEEE fp32 products, a new array): what
+    `_decode_array` gives the codes 0..255, with one product and no look-up."""
+    if math.isfinite(factor):
+        return np.multiply(fp8_decode_table(fmt), factor)
+    with np.errstate(invalid="ignore"):  # 0 · Inf makes NaN of a zero code, as torch's product does
+        return np.multiply(fp8_decode_table(fmt), factor)
 
 
 def _host_decode(fmt: str, data: torch.Tensor, scale_inv: torch.Tensor) -> np.ndarray:
@@ -364,7 +369,7 @@ def _host_fp32(tensor: torch.Tensor) -> np.ndarray:
     an fp32 tensor; the exact fp32 copy of a bfloat16 / float16 one)."""
     if tensor.dtype is not torch.float32:
         return tensor.detach().float().numpy()
-    return (tensor.detach() if tensor.requires_grad else tensor).numpy()
+    return tensor.numpy(force=True)  # (detached in one call; a CPU tensor's own memory, no copy)
 
 
 #: distinct shapes whose `_scaled_workspace` one thread keeps before it starts over, and the largest kept (a
@@ -403,16 +408,19 @@ def _host_cast(
 ) -> Float8Tensor:
     """`_cast_per_tensor` of a contiguous CPU `tensor` (fp32 `values`, their NaN-ignoring `amax`, whether any is
     NaN) with the fp32 `scale`, computed by numpy where that is exact: x·scale (IEEE fp32 products), the
-    saturation (skipped when amax·scale <= fp8_max: rounding is monotone, so no product exceeds it; the double
-    product of two fp32 values is exact), the NaN code, the transpose and 1/scale; only the fp32 -> FP8 rounding
-    is torch's own cast.  With `quantizer.error_stats` the tensor also carries the statistics vector of the cast
-    (`_host_error_stats`).  `workspace`: `_scaled_workspace` of the tensor's shape."""
+    saturation (skipped when the fp32 amax·scale stays below `_ROUNDS_TO_MAX`: rounding is monotone, so no product
+    exceeds it, and the cast rounds whatever lies between fp8_max and it to fp8_max; the double product of two fp32
+    values is exact), the NaN code, the transpose and 1/scale; only the fp32 -> FP8 rounding is torch's own cast.
+    With `quantizer.error_stats` the tensor also carries the statistics vector of the cast (`_host_error_stats`).
+    `workspace`: `_scaled_workspace` of the tensor's shape."""
     fmt = quantizer.fp8_format
     fmax = FP8_MAX[fmt]
     shape = tensor.shape
     scaled, scaled_tensor, mk = workspace
     largest = float(amax) * float(scale)  # exact, and below 2·fp8_max its fp32 rounding cannot overflow
-    if largest <= fmax or (largest < 2.0 * fmax and np.float32(largest) <= fmax):
+    if largest <= fmax or (largest < 2.0 * fmax and np.float32(largest) < _ROUNDS_TO_MAX[fmt]):
+        # no product rounds beyond ±fp8_max (an amax whose scale rounded up lands just above it, and the cast
+        # rounds it to fp8_max, as the saturation would), so nothing is clipped
         np.multiply(values, scale, out=scaled)
     else:  # products may overflow to Inf (and saturate); a zero or infinite scale makes NaN of 0 · Inf
         with np.errstate(over="ignore", invalid="ignore"):
@@ -442,6 +450,13 @@ def _host_cast(
         directions = (("rowwise", quantizer.rowwise_usage), ("columnwise", quantizer.columnwise_usage))
         attach_fused(out, tensor, {usage: per for usage, on in directions if on})
     return out
+
+
+#: for each FP8 format, the fp32 magnitude from which torch's round-to-nearest-even cast no longer gives the
+#: largest finite code: fp8_max plus half the spacing of the two largest codes (448 + (448 - 416) / 2 = 464 for E4M3,
+#: 57344 + (57344 - 49152) / 2 = 61440 for E5M2, where the tie already goes up to Inf; older torch versions make NaN
+#: of E4M3 values above 464).  Below it, the cast gives what saturating to fp8_max first gives.
+_ROUNDS_TO_MAX = {"E4M3": 464.0, "E5M2": 61440.0}
 
 
 def _host_error_stats(values: np.ndarray, codes: np.ndarray, inverse: np.float32, fmt: str, amax) -> torch.Tensor:

@@ -175,3 +175,26 @@ def test_delayed_scaling_history_of_shape_l_by_1():
     q_host, q_ref = host.quantize(x), _delayed_torch_path(ref, x)
     assert host.amax_history.tolist() == ref.amax_history.tolist() == [[7.5], [9.0]]
     _check_vector(x, q_host, q_ref)
+
+
+@pytest.mark.parametrize("fmt", ["E4M3", "E5M2"])
+def test_products_just_above_the_maximum_round_to_it_without_saturation(fmt):
+    """Products between fp8_max and `_ROUNDS_TO_MAX` skip the saturation (the cast rounds them to fp8_max) and still
+    store the torch path's bytes, which clamps first; from `_ROUNDS_TO_MAX` on the saturation runs.  The bound is
+    fp8_max plus half the spacing of the two largest finite codes, and the largest fp32 below it casts to fp8_max."""
+    from tedebug.quantization.float8 import _ROUNDS_TO_MAX
+    from tedebug.quantization.formats import FP8_MAX, TORCH_FP8_DTYPE, fp8_decode_table
+
+    fmax = FP8_MAX[fmt]
+    table = fp8_decode_table(fmt)
+    finite = sorted({float(v) for v in table if math.isfinite(v) and 0.0 <= v < fmax})
+    bound = _ROUNDS_TO_MAX[fmt]
+    assert bound == fmax + (fmax - finite[-1]) / 2
+    below = torch.tensor(bound).nextafter(torch.tensor(0.0))
+    assert below.to(TORCH_FP8_DTYPE[fmt]).float().item() == fmax
+    for top in (below.item(), (fmax + bound) / 2, fmax * (1 + 2**-20), bound, bound * 1.001):
+        products = torch.tensor([[top, -top * 0.999, fmax, 1.0, -0.0, top / 3]])
+        for scale in (1.0, 2.0):  # (halving is exact: the products are the values above)
+            x = products / scale
+            host, ref = _delayed(fmt, scale, torch.zeros(1)), _delayed(fmt, scale, torch.zeros(1))
+            _check_vector(x, host.quantize(x), _delayed_torch_path(ref, x))
