@@ -8,7 +8,8 @@ runs instead: the same values, traced like any torch code.
 
 from __future__ import annotations
 
-from typing import Callable
+import threading
+from typing import Any, Callable, Hashable
 
 import torch
 
@@ -35,3 +36,30 @@ compiling = _is_compiling
 def numpy_on(device: torch.device) -> bool:
     """Whether a tensor on `device` may take a numpy host path here: a CPU device, not while torch.compile traces."""
     return device.type == "cpu" and not _is_compiling()
+
+
+class PerThreadTable:
+    """Entries (scratch arrays and the tensors wrapping them, keyed by shape) that a CPU host path makes once and
+    reuses, kept per thread so that two threads never share one: a thread's table starts over when it holds
+    `capacity` entries, which bounds what a run over ever new shapes keeps."""
+
+    __slots__ = ("_local", "capacity")
+
+    def __init__(self, capacity: int) -> None:
+        self._local = threading.local()
+        self.capacity = capacity
+
+    def get(self, key: Hashable) -> Any:
+        """This thread's entry for `key`, or None."""
+        table = getattr(self._local, "table", None)
+        return None if table is None else table.get(key)
+
+    def keep(self, key: Hashable, entry: Any) -> Any:
+        """Keep `entry` for `key` in this thread's table and return it."""
+        table = getattr(self._local, "table", None)
+        if table is None:
+            table = self._local.table = {}
+        elif len(table) >= self.capacity:
+            table.clear()
+        table[key] = entry
+        return entry

@@ -18,7 +18,7 @@ from typing import Dict, List, Tuple
 import numpy as np
 import torch
 
-from tedebug.host_numpy import compiling
+from tedebug.host_numpy import PerThreadTable, compiling
 
 from tedebug.format_constants import FP8_MAX
 
@@ -222,18 +222,14 @@ class _Workspace:
 #: distinct element counts whose workspaces one thread keeps (at most 16 x 1 MB) before it starts over (also the
 #: number of shapes a workspace keeps views for)
 _WORKSPACES_PER_THREAD = 16
-_thread_state = threading.local()  # one workspace table per thread: two threads never share the arrays
+_WORKSPACES = PerThreadTable(_WORKSPACES_PER_THREAD)
+_thread_state = threading.local()  # (the batch scratch of `_batch_scratch`, one per thread)
 
 
 def _workspace(n: int) -> _Workspace:
-    table = getattr(_thread_state, "workspaces", None)
-    if table is None:
-        table = _thread_state.workspaces = {}
-    space = table.get(n)
+    space = _WORKSPACES.get(n)
     if space is None:
-        if len(table) >= _WORKSPACES_PER_THREAD:
-            table.clear()
-        space = table[n] = _Workspace(n)
+        space = _WORKSPACES.keep(n, _Workspace(n))
     return space
 
 

@@ -27,9 +27,11 @@ from __future__ import annotations
 import math
 from typing import Optional, Tuple, Union
 
+import numpy as np
 import torch
 
 from tedebug.backends import dispatch
+from tedebug.host_numpy import PerThreadTable
 from tedebug.quantization.float8 import Float8Tensor
 from tedebug.quantization.float8_block import Float8BlockwiseTensor
 from tedebug.quantization.formats import TORCH_FP8_DTYPE
@@ -318,12 +320,35 @@ def _host_fp8(
     (am, ak), (bm, bk) = a._mk, b._mk
     if (ak if layout[0] == "T" else am) != (bm if layout[1] == "T" else bk):
         return None
-    a_values = a.host_decoded(usages[0])
-    b_values = b.host_decoded(usages[1]) if a_values is not None else None
-    if b_values is None:
+    # the decoded operands go to this thread's arrays for their shapes (`_operand_arrays`), already wrapped as the
+    # tensors `mm` takes (A's as its transposed view)
+    a_array, op_a = _operand_arrays(0, (am, ak) if usages[0] == "rowwise" else (ak, am))
+    b_array, op_b = _operand_arrays(1, (bm, bk) if usages[1] == "rowwise" else (bk, bm))
+    if a.host_decoded(usages[0], a_array) is None or b.host_decoded(usages[1], b_array) is None:
         return None
-    out = torch.mm(torch.from_numpy(b_values), torch.from_numpy(a_values.T))
+    out = torch.mm(op_b, op_a)
     return _bias_and_cast(out, bias, out_dtype if out_dtype is not None else b._dtype)
+
+
+#: the arrays of `_operand_arrays`, per thread, operand and shape: at most 32, the largest 65536 elements
+_OPERANDS = PerThreadTable(32)
+_OPERAND_MAX_NUMEL = 65536
+
+
+def _operand_arrays(slot: int, shape: Tuple[int, int]) -> Tuple[np.ndarray, torch.Tensor]:
+    """The fp32 array of `shape` that receives the decoded values of operand `slot` (0: A, 1: B) of the CPU FP8
+    GEMM and the tensor `mm` takes for it (A's transposed view, B's as it is): made once per thread, operand and
+    shape (a new pair above `_OPERAND_MAX_NUMEL` elements, where it costs little next to the product).  The values
+    never outlive the call: `mm` has read them and written its own result before the next GEMM on the thread
+    writes the arrays again."""
+    key = (slot, shape)
+    entry = _OPERANDS.get(key)
+    if entry is None:
+        array = np.empty(shape, dtype=np.float32)
+        entry = (array, torch.from_numpy(array.T if slot == 0 else array))
+        if array.size <= _OPERAND_MAX_NUMEL:
+            _OPERANDS.keep(key, entry)
+    return entry
 
 
 def _plain(

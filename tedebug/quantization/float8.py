@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import functools
 import math
-import threading
 from typing import Callable, Iterable, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
 
-from tedebug.host_numpy import compiling
+from tedebug.host_numpy import PerThreadTable, compiling
 
 from tedebug.backends import dispatch
 from tedebug.backends.dispatch import KernelChoice
@@ -180,9 +179,10 @@ class Float8Tensor(QuantizedTensor):
         values = self.dequantize(dtype=torch.float32, usage=usage)
         return values.reshape(1, -1) if values.dim() == 1 else values.reshape(-1, values.shape[-1])
 
-    def host_decoded(self, usage: str) -> Optional[np.ndarray]:
+    def host_decoded(self, usage: str, out: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
         """The fp32 values of the `usage` codes of a 2-D tensor in the layout they are stored in (rowwise `[M, K]`,
-        columnwise `[K, M]`), as a new numpy array: the values ``dequantize(usage=usage)`` gives, decoded by one
+        columnwise `[K, M]`), as a new numpy array (or written into `out`, a C-contiguous fp32 array of that
+        shape, and returned): the values ``dequantize(usage=usage)`` gives, decoded by one
         look-up in the 256 code values times scale_inv (`_scaled_table`; each entry is the IEEE fp32 product that
         the element-wise decode computes, so the values are the same bits).  None, for the caller to take
         `fp32_matrix`, when the codes are absent, not on the CPU or not contiguous, when M or K is 1 (whose
@@ -202,7 +202,7 @@ class Float8Tensor(QuantizedTensor):
             codes, factor = data.numpy(), np.float32(self.scale_inv.item())
         else:
             return None
-        return self._scaled_table(factor).take(codes, mode="wrap")  # (uint8 codes: see `_decode_array`)
+        return self._scaled_table(factor).take(codes, mode="wrap", out=out)  # (uint8 codes: see `_decode_array`)
 
     def _scaled_table(self, factor: np.float32) -> np.ndarray:
         """The 256 fp32 values of the codes of this format times the decode scale `factor`, made once per value of
@@ -372,28 +372,22 @@ def _host_fp32(tensor: torch.Tensor) -> np.ndarray:
     return tensor.numpy(force=True)  # (detached in one call; a CPU tensor's own memory, no copy)
 
 
-#: distinct shapes whose `_scaled_workspace` one thread keeps before it starts over, and the largest kept (a
-#: table holds at most 32 x 256 KiB)
-_WORKSPACES_PER_THREAD = 32
+#: the arrays of `_scaled_workspace`, per thread and shape: at most 32 shapes, the largest 65536 elements (a table
+#: holds at most 32 x 256 KiB)
+_WORKSPACES = PerThreadTable(32)
 _WORKSPACE_MAX_NUMEL = 65536
-_thread_state = threading.local()  # one workspace table per thread: two threads never share the arrays
 
 
 def _scaled_workspace(shape: torch.Size) -> Tuple[np.ndarray, torch.Tensor, Tuple[int, int]]:
     """The fp32 array of `shape` that receives |x| for the amax and then x·scale before the cast (its contents
     never leave the quantization: the cast copies them), the tensor sharing its memory, and the 2-D view's
     (M, K): made once per shape and thread, so a cast allocates and wraps no temporary."""
-    table = getattr(_thread_state, "workspaces", None)
-    if table is None:
-        table = _thread_state.workspaces = {}
-    entry = table.get(shape)
+    entry = _WORKSPACES.get(shape)
     if entry is None:
         array = np.empty(tuple(shape), dtype=np.float32)
         entry = (array, torch.from_numpy(array), matrix_shape(shape))
         if array.size <= _WORKSPACE_MAX_NUMEL:  # a large tensor's cast costs far more than its allocation
-            if len(table) >= _WORKSPACES_PER_THREAD:
-                table.clear()
-            table[shape] = entry
+            _WORKSPACES.keep(shape, entry)
     return entry
 
 

@@ -25,6 +25,8 @@ from tedebug.nn.gemm import gemm
 from tedebug.quantization import float8 as float8_module
 from tedebug.quantization.float8 import Float8CurrentScalingQuantizer, Float8Quantizer, Float8Tensor
 
+from support.concurrency import run_in_two_threads
+
 LAYOUTS = ("TN", "NN", "NT", "TT")
 #: the module (the package's attribute `gemm` may be the function of that name)
 gemm_module = importlib.import_module("tedebug.nn.gemm")
@@ -107,6 +109,34 @@ def test_same_bits_and_operand_strides_as_the_definition(layout, formats):
                 op_b, op_a = _reference_operands(aq, bq, layout)
                 assert seen.mm == [((tuple(op_b.shape), op_b.stride()), (tuple(op_a.shape), op_a.stride()))]
                 assert "t" not in seen.ops  # no transposing torch call: the fast path ran
+
+
+def test_threads_and_large_operands_get_arrays_of_their_own():
+    """The decoded operands go to arrays kept per thread and shape (`_operand_arrays`): two threads multiplying
+    operands of one shape at once each get their own product's bits, and an operand above the kept size gets a new
+    array with the same result."""
+    g = torch.Generator().manual_seed(1415)
+    pairs = [
+        (
+            Float8CurrentScalingQuantizer().quantize(_adversarial((24, 40), g)),
+            Float8CurrentScalingQuantizer().quantize(_adversarial((16, 40), g)),
+        )
+        for _ in range(2)
+    ]
+    expected = [_bits(_reference(a, b, "TN", torch.float32, None)) for a, b in pairs]
+    results = run_in_two_threads(lambda i: _bits(gemm(*pairs[i], layout="TN", out_dtype=torch.float32)), 300)
+    for i in range(2):
+        assert all(torch.equal(r, expected[i]) for r in results[i])
+    limit = gemm_module._OPERAND_MAX_NUMEL
+    gemm_module._OPERAND_MAX_NUMEL = 24 * 40 - 1  # A too large to keep, B kept
+    try:
+        for layout in LAYOUTS:
+            a = Float8CurrentScalingQuantizer().quantize(_adversarial((24, 40) if layout[0] == "T" else (40, 24), g))
+            b = Float8CurrentScalingQuantizer().quantize(_adversarial((16, 40) if layout[1] == "N" else (40, 16), g))
+            out = gemm(a, b, layout=layout, out_dtype=torch.float32)
+            assert torch.equal(_bits(out), _bits(_reference(a, b, layout, torch.float32, None)))
+    finally:
+        gemm_module._OPERAND_MAX_NUMEL = limit
 
 
 def test_nan_codes_and_an_infinite_decode_scale():
@@ -239,7 +269,7 @@ def test_layers_take_the_fast_path(monkeypatch, tmp_path, no_debug_session, insp
     host_decoded = Float8Tensor.host_decoded
     monkeypatch.setattr(gemm_module, "_host_fp8", counting)
     monkeypatch.setattr(
-        Float8Tensor, "host_decoded", lambda self, usage: decoded.append(usage) or host_decoded(self, usage)
+        Float8Tensor, "host_decoded", lambda self, usage, *out: decoded.append(usage) or host_decoded(self, usage, *out)
     )
     wrapped = []
     unwrap = gemm_module.gemm_operand
