@@ -391,6 +391,13 @@ def _scaled_workspace(shape: torch.Size) -> Tuple[np.ndarray, torch.Tensor, Tupl
     return entry
 
 
+#: for each FP8 format, the fp32 magnitude from which torch's round-to-nearest-even cast no longer gives the
+#: largest finite code: fp8_max plus half the spacing of the two largest codes (448 + (448 - 416) / 2 = 464 for E4M3,
+#: 57344 + (57344 - 49152) / 2 = 61440 for E5M2, where the tie already goes up to Inf; older torch versions make NaN
+#: of E4M3 values above 464).  Below it, the cast gives what saturating to fp8_max first gives.
+_ROUNDS_TO_MAX = {"E4M3": 464.0, "E5M2": 61440.0}
+
+
 def _host_cast(
     quantizer: "Float8Quantizer | Float8CurrentScalingQuantizer",
     tensor: torch.Tensor,
@@ -440,22 +447,19 @@ def _host_cast(
     out = Float8Tensor._assemble(shape, tensor.dtype, tensor.device, quantizer, fmt, mk, scale_inv, rowwise, columnwise)
     out._host_arrays = (rowwise, codes_np, columnwise, columnwise_np, scale_inv, inverse_np)
     if quantizer.error_stats:
-        per = FusedStats(_host_error_stats(values, codes_np, inverse, fmt, amax), FP8_STATS_WITH_SCALE)
+        # the decode table of scale_inv, made here for the statistics and kept on the tensor for its GEMMs
+        table = out._scaled_table(inverse)
+        per = FusedStats(_host_error_stats(values, codes_np, inverse, table, fmt, amax), FP8_STATS_WITH_SCALE)
         directions = (("rowwise", quantizer.rowwise_usage), ("columnwise", quantizer.columnwise_usage))
         attach_fused(out, tensor, {usage: per for usage, on in directions if on})
     return out
 
 
-#: for each FP8 format, the fp32 magnitude from which torch's round-to-nearest-even cast no longer gives the
-#: largest finite code: fp8_max plus half the spacing of the two largest codes (448 + (448 - 416) / 2 = 464 for E4M3,
-#: 57344 + (57344 - 49152) / 2 = 61440 for E5M2, where the tie already goes up to Inf; older torch versions make NaN
-#: of E4M3 values above 464).  Below it, the cast gives what saturating to fp8_max first gives.
-_ROUNDS_TO_MAX = {"E4M3": 464.0, "E5M2": 61440.0}
-
-
-def _host_error_stats(values: np.ndarray, codes: np.ndarray, inverse: np.float32, fmt: str, amax) -> torch.Tensor:
+def _host_error_stats(
+    values: np.ndarray, codes: np.ndarray, inverse: np.float32, table: np.ndarray, fmt: str, amax
+) -> torch.Tensor:
     """The float64 statistics vector (`FP8_STATS_WITH_SCALE` order) of the host cast of `values` into `codes` with
-    decode scale `inverse`, for the quantized tensor to carry (`fused_stats.attach_fused`): the values the torch
+    decode scale `inverse` (`table`: the 256 code values times it, `_table_times`), for the quantized tensor to carry (`fused_stats.attach_fused`): the values the torch
     reference (`torch_ref.underflow_partials`, `mse_partials`, `overflow_partials`, `scale_inv_partials`) computes
     from the tensor and its quantization, bit for bit, for either direction (both hold the same codes).
 
@@ -466,12 +470,14 @@ def _host_error_stats(values: np.ndarray, codes: np.ndarray, inverse: np.float32
     squared errors, is torch's sum of the contiguous float64 terms in the tensor's element order, which is how
     the reference sums them.  The scale_inv partials of one value need no reduction."""
     if math.isfinite(inverse):
-        return _host_error_vector(values, codes, inverse, fmt, amax)
+        return _host_error_vector(values, codes, inverse, table, fmt, amax)
     with np.errstate(all="ignore"):  # 0 · Inf and Inf − Inf make NaN, as in the reference
-        return _host_error_vector(values, codes, inverse, fmt, amax)
+        return _host_error_vector(values, codes, inverse, table, fmt, amax)
 
 
-def _host_error_vector(values: np.ndarray, codes: np.ndarray, inverse: np.float32, fmt: str, amax) -> torch.Tensor:
+def _host_error_vector(
+    values: np.ndarray, codes: np.ndarray, inverse: np.float32, table: np.ndarray, fmt: str, amax
+) -> torch.Tensor:
     flat = values.reshape(-1)
     codes = codes.reshape(-1)
     kept = np.count_nonzero(codes & 0x7F)  # codes other than ±0 (0x00 / 0x80; the NaN code is non-zero)
@@ -481,9 +487,8 @@ def _host_error_vector(values: np.ndarray, codes: np.ndarray, inverse: np.float3
         nonzero = kept
     else:
         nonzero = np.count_nonzero(flat)
-    decoded = _decode_array(fmt, codes, inverse)  # the dequantized values, as `_dequantize` gives them
-    terms = flat.astype(np.float64)
-    np.subtract(terms, decoded, out=terms)
+    decoded = table.take(codes, mode="wrap")  # the dequantized values, as `_dequantize` gives them
+    terms = np.subtract(flat, decoded, dtype=np.float64)  # (both converted to float64 exactly, then subtracted)
     np.multiply(terms, terms, out=terms)
     sq_err = torch.from_numpy(terms).sum().item()
     fmax = FP8_MAX[fmt]

@@ -201,9 +201,10 @@ def test_a_pair_the_fast_path_declines_is_asked_once(monkeypatch):
     assert torch.equal(_bits(out), _bits(_reference(a, b, "TN", torch.float32, None)))
 
 
-def test_the_decode_table_follows_scale_inv():
+def test_the_decode_table_follows_scale_inv(monkeypatch):
     """The table (code values times scale_inv) is made once for both directions of a tensor, and again when
-    scale_inv changes: in place (a refresh through ``quantize(out=)``) or replaced."""
+    scale_inv changes: in place (a refresh through ``quantize(out=)``) or replaced.  A cast that computes the
+    quantization-error statistics makes the table for them, and the GEMM's look-ups use that one."""
     made = []
     original = float8_module._table_times
 
@@ -213,20 +214,26 @@ def test_the_decode_table_follows_scale_inv():
 
     g = torch.Generator().manual_seed(11)
     quantizer = Float8CurrentScalingQuantizer()
+    quantizer.error_stats = False  # a layer's quantizer outside the debug path
     x, y = torch.randn(6, 10, generator=g), torch.randn(6, 10, generator=g) * 50.0
     q = quantizer.quantize(x)
-    float8_module._table_times = counting
-    try:
-        q.host_decoded("rowwise")
-        q.host_decoded("columnwise")
-        assert made == [q.scale_inv.item()]
-        quantizer.quantize(y, out=q)  # new codes and scale_inv written into q's own tensors
-        assert torch.equal(torch.from_numpy(q.host_decoded("rowwise")), _flat(q, "rowwise"))
-        q.scale_inv = torch.tensor(0.25)
-        assert torch.equal(torch.from_numpy(q.host_decoded("columnwise")).t(), _flat(q, "columnwise"))
-        assert made == [made[0], quantizer.quantize(y).scale_inv.item(), 0.25]
-    finally:
-        float8_module._table_times = original
+    monkeypatch.setattr(float8_module, "_table_times", counting)
+    q.host_decoded("rowwise")
+    q.host_decoded("columnwise")
+    assert made == [q.scale_inv.item()]
+    quantizer.quantize(y, out=q)  # new codes and scale_inv written into q's own tensors
+    assert torch.equal(torch.from_numpy(q.host_decoded("rowwise")), _flat(q, "rowwise"))
+    assert made == [made[0], q.scale_inv.item()]
+    q.scale_inv = torch.tensor(0.25)
+    assert torch.equal(torch.from_numpy(q.host_decoded("columnwise")).t(), _flat(q, "columnwise"))
+    assert made[2:] == [0.25]
+    quantizer.error_stats = True
+    del made[:]
+    q = quantizer.quantize(x)
+    assert made == [q.scale_inv.item()]  # made by the cast, for the statistics
+    assert torch.equal(torch.from_numpy(q.host_decoded("rowwise")), _flat(q, "rowwise"))
+    assert torch.equal(torch.from_numpy(q.host_decoded("columnwise")).t(), _flat(q, "columnwise"))
+    assert made == [q.scale_inv.item()]
 
 
 @pytest.mark.parametrize("inspected", [False, True], ids=["plain", "LogFp8TensorStats"])
