@@ -459,9 +459,10 @@ def _host_error_stats(
     values: np.ndarray, codes: np.ndarray, inverse: np.float32, table: np.ndarray, fmt: str, amax
 ) -> torch.Tensor:
     """The float64 statistics vector (`FP8_STATS_WITH_SCALE` order) of the host cast of `values` into `codes` with
-    decode scale `inverse` (`table`: the 256 code values times it, `_table_times`), for the quantized tensor to carry (`fused_stats.attach_fused`): the values the torch
-    reference (`torch_ref.underflow_partials`, `mse_partials`, `overflow_partials`, `scale_inv_partials`) computes
-    from the tensor and its quantization, bit for bit, for either direction (both hold the same codes).
+    decode scale `inverse` (`table`: the 256 code values times it, `_table_times`), for the quantized tensor to
+    carry (`fused_stats.attach_fused`): the values the torch reference (`torch_ref.underflow_partials`,
+    `mse_partials`, `overflow_partials`, `scale_inv_partials`) computes from the tensor and its quantization, bit for
+    bit, for either direction (both hold the same codes).
 
     Counts and the element-wise terms are order-free, so numpy computes them: underflows = non-zero inputs − codes
     other than ±0 (a NaN counts as non-zero on both sides); the squared errors (x − dequantized)² in float64 from
