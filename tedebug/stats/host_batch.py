@@ -95,13 +95,14 @@ class HostBatch:
                 group.grow()
             group.count = index + 1
             group.partial_rows = partial_rows
-            if tensor.requires_grad:
-                tensor = tensor.detach()  # read without an autograd record
             try:
                 if dtype in _NUMPY_DTYPES:  # the elements in row-major order, as `reshape(-1)` orders them (`ravel`
-                    # views a contiguous array; a strided one is copied in C order first); no shape object is built
-                    group.rows[index] = tensor.numpy().ravel()
+                    # views a contiguous array; a strided one is copied in C order first); no shape object is built;
+                    # numpy(force=True) reads a tensor that requires grad without an autograd record, in one call
+                    group.rows[index] = tensor.numpy(force=True).ravel()
                 else:
+                    if tensor.requires_grad:
+                        tensor = tensor.detach()  # read without an autograd record
                     group.rows_tensor[index].view(tensor.shape).copy_(tensor)
             except (RuntimeError, TypeError, ValueError):  # e.g. a tensor numpy cannot read: the per-tensor path
                 group.count -= 1
