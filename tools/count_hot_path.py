@@ -13,7 +13,9 @@ tokens, fp32, one torch thread) under ``valgrind --tool=callgrind``: warm-up ste
 steps inside one `functools.reduce` call, which is the only C function callgrind collects in
 (``--toggle-collect=functools_reduce``; tedebug never calls `functools.reduce`, so no nested call switches the
 collection off).  Settings (the probe's): ``hp`` the stack in high precision without debug_api, ``hp-log``
-LogTensorStats with 8 statistics on the 6 tensors of every GEMM at freq 1 (288 logged tensors per step), ``fp8``
+LogTensorStats with 8 statistics on the 6 tensors of every GEMM at freq 1 (288 logged tensors per step),
+``hp-idle`` that feature with ``start_step: 1000000000`` (a session in which no step logs: what an idle step
+costs), ``fp8``
 the stack under Float8CurrentScaling without debug_api, ``fp8-log`` that with LogFp8TensorStats (underflows%, mse,
 scale_inv_min, scale_inv_max) on activation, weight and gradient (144 per step).  The instructions of the training
 thread are counted (callgrind collects per thread; with ``--writer thread`` `step()` writes the statistics in that
@@ -38,7 +40,7 @@ import tempfile
 LAYERS, HIDDEN, HEADS, BATCH, SEQ = 12, 32, 2, 1, 8
 LOGGED = {"hp-log": 6 * 4 * LAYERS, "fp8-log": 3 * 4 * LAYERS}  # logged tensors per step
 LINEAR_LAYERS = 4 * LAYERS
-SETTINGS = ("hp", "hp-log", "fp8", "fp8-log")
+SETTINGS = ("hp", "hp-idle", "hp-log", "fp8", "fp8-log")
 
 
 #: `--writer`: the sessions' ``background_logging`` (the writer process, the default, or the writer thread)
@@ -62,9 +64,11 @@ def child(setting: str, steps: int, warmup: int, writer: str = "process") -> Non
     x = torch.randn(BATCH, SEQ, HIDDEN)
     recipe = recipe_module.Float8CurrentScaling() if setting.startswith("fp8") else None
     config = None
-    if setting == "hp-log":
+    if setting in ("hp-log", "hp-idle"):
         tensors = ["activation", "weight", "gradient", "output", "wgrad", "dgrad"]
-        config = bench.debug_section("s", LogTensorStats={"stats": bench.LOG_STATS, "freq": 1, "tensors": tensors})
+        # hp-idle: the same feature scheduled to start far beyond the run, so every step is idle (bench's "idle")
+        when = {"freq": 1} if setting == "hp-log" else {"start_step": 10**9}
+        config = bench.debug_section("s", LogTensorStats={"stats": bench.LOG_STATS, "tensors": tensors, **when})
     elif setting == "fp8-log":
         tensors = ["activation", "weight", "gradient"]
         config = bench.debug_section(
@@ -150,6 +154,9 @@ def main() -> int:
         print(
             f"LogTensorStats: {(per_step['hp-log'] - per_step['hp']) / LOGGED['hp-log'] / 1e3:.1f} k per logged tensor"
         )
+    if "hp" in per_step and "hp-idle" in per_step:
+        extra = per_step["hp-idle"] - per_step["hp"]
+        print(f"an idle step: {extra / 1e3:.1f} k instructions over high precision ({extra / per_step['hp']:+.2%})")
     if "fp8" in per_step and "fp8-log" in per_step:
         extra = (per_step["fp8-log"] - per_step["fp8"]) / LOGGED["fp8-log"]
         print(f"LogFp8TensorStats over FP8 current scaling: {extra / 1e3:.1f} k per logged tensor")
