@@ -15,11 +15,11 @@ steps inside one `functools.reduce` call, which is the only C function callgrind
 collection off).  Settings (the probe's): ``hp`` the stack in high precision without debug_api, ``hp-log``
 LogTensorStats with 8 statistics on the 6 tensors of every GEMM at freq 1 (288 logged tensors per step),
 ``hp-idle`` that feature with ``start_step: 1000000000`` (a session in which no step logs: what an idle step
-costs), ``fp8``
-the stack under Float8CurrentScaling without debug_api, ``fp8-log`` that with LogFp8TensorStats (underflows%, mse,
-scale_inv_min, scale_inv_max) on activation, weight and gradient (144 per step).  The instructions of the training
-thread are counted (callgrind collects per thread; with ``--writer thread`` `step()` writes the statistics in that
-thread; the writer process, the default, is another process, which callgrind does not follow).
+costs), ``fp8`` the stack under Float8CurrentScaling without debug_api, ``fp8-log`` that with LogFp8TensorStats
+(underflows%, mse, scale_inv_min, scale_inv_max) on activation, weight and gradient (144 per step).  The
+instructions of the training thread are counted (callgrind collects per thread; with ``--writer thread`` `step()`
+writes the statistics in that thread; the writer process, the default, is another process, which callgrind does not
+follow).
 
 Prints the instructions per measured step of each setting and, where both settings of a difference ran: per logged
 tensor of LogTensorStats (hp-log − hp) and of LogFp8TensorStats (fp8-log − fp8), and FP8 current scaling's extra
