@@ -9,7 +9,7 @@ runs instead: the same values, traced like any torch code.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Optional
 
 import torch
 
@@ -41,21 +41,26 @@ def numpy_on(device: torch.device) -> bool:
 class PerThreadTable:
     """Entries (scratch arrays and the tensors wrapping them, keyed by shape) that a CPU host path makes once and
     reuses, kept per thread so that two threads never share one: a thread's table starts over when it holds
-    `capacity` entries, which bounds what a run over ever new shapes keeps."""
+    `capacity` entries, which bounds what a run over ever new shapes keeps, and an entry of more than `max_numel`
+    elements is not kept (a large tensor's work costs far more than making its scratch again)."""
 
-    __slots__ = ("_local", "capacity")
+    __slots__ = ("_local", "capacity", "max_numel")
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, max_numel: Optional[int] = None) -> None:
         self._local = threading.local()
         self.capacity = capacity
+        self.max_numel = max_numel
 
     def get(self, key: Hashable) -> Any:
         """This thread's entry for `key`, or None."""
         table = getattr(self._local, "table", None)
         return None if table is None else table.get(key)
 
-    def keep(self, key: Hashable, entry: Any) -> Any:
-        """Keep `entry` for `key` in this thread's table and return it."""
+    def keep(self, key: Hashable, entry: Any, numel: int = 0) -> Any:
+        """Keep `entry` (of `numel` elements) for `key` in this thread's table, unless it is larger than `max_numel`;
+        return it."""
+        if self.max_numel is not None and numel > self.max_numel:
+            return entry
         table = getattr(self._local, "table", None)
         if table is None:
             table = self._local.table = {}

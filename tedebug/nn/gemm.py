@@ -331,23 +331,20 @@ def _host_fp8(
 
 
 #: the arrays of `_operand_arrays`, per thread, operand and shape: at most 32, the largest 65536 elements
-_OPERANDS = PerThreadTable(32)
-_OPERAND_MAX_NUMEL = 65536
+_OPERANDS = PerThreadTable(32, max_numel=65536)
 
 
 def _operand_arrays(slot: int, shape: Tuple[int, int]) -> Tuple[np.ndarray, torch.Tensor]:
     """The fp32 array of `shape` that receives the decoded values of operand `slot` (0: A, 1: B) of the CPU FP8
     GEMM and the tensor `mm` takes for it (A's transposed view, B's as it is): made once per thread, operand and
-    shape (a new pair above `_OPERAND_MAX_NUMEL` elements, where it costs little next to the product).  The values
+    shape (a new pair above `_OPERANDS.max_numel` elements, where it costs little next to the product).  The values
     never outlive the call: `mm` has read them and written its own result before the next GEMM on the thread
     writes the arrays again."""
     key = (slot, shape)
     entry = _OPERANDS.get(key)
     if entry is None:
         array = np.empty(shape, dtype=np.float32)
-        entry = (array, torch.from_numpy(array.T if slot == 0 else array))
-        if array.size <= _OPERAND_MAX_NUMEL:
-            _OPERANDS.keep(key, entry)
+        entry = _OPERANDS.keep(key, (array, torch.from_numpy(array.T if slot == 0 else array)), array.size)
     return entry
 
 

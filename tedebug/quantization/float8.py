@@ -374,8 +374,7 @@ def _host_fp32(tensor: torch.Tensor) -> np.ndarray:
 
 #: the arrays of `_scaled_workspace`, per thread and shape: at most 32 shapes, the largest 65536 elements (a table
 #: holds at most 32 x 256 KiB)
-_WORKSPACES = PerThreadTable(32)
-_WORKSPACE_MAX_NUMEL = 65536
+_WORKSPACES = PerThreadTable(32, max_numel=65536)
 
 
 def _scaled_workspace(shape: torch.Size) -> Tuple[np.ndarray, torch.Tensor, Tuple[int, int]]:
@@ -385,9 +384,7 @@ def _scaled_workspace(shape: torch.Size) -> Tuple[np.ndarray, torch.Tensor, Tupl
     entry = _WORKSPACES.get(shape)
     if entry is None:
         array = np.empty(tuple(shape), dtype=np.float32)
-        entry = (array, torch.from_numpy(array), matrix_shape(shape))
-        if array.size <= _WORKSPACE_MAX_NUMEL:  # a large tensor's cast costs far more than its allocation
-            _WORKSPACES.keep(shape, entry)
+        entry = _WORKSPACES.keep(shape, (array, torch.from_numpy(array), matrix_shape(shape)), array.size)
     return entry
 
 

@@ -127,8 +127,8 @@ def test_threads_and_large_operands_get_arrays_of_their_own():
     results = run_in_two_threads(lambda i: _bits(gemm(*pairs[i], layout="TN", out_dtype=torch.float32)), 300)
     for i in range(2):
         assert all(torch.equal(r, expected[i]) for r in results[i])
-    limit = gemm_module._OPERAND_MAX_NUMEL
-    gemm_module._OPERAND_MAX_NUMEL = 24 * 40 - 1  # A too large to keep, B kept
+    limit = gemm_module._OPERANDS.max_numel
+    gemm_module._OPERANDS.max_numel = 24 * 40 - 1  # A too large to keep, B kept
     try:
         for layout in LAYOUTS:
             a = Float8CurrentScalingQuantizer().quantize(_adversarial((24, 40) if layout[0] == "T" else (40, 24), g))
@@ -136,7 +136,7 @@ def test_threads_and_large_operands_get_arrays_of_their_own():
             out = gemm(a, b, layout=layout, out_dtype=torch.float32)
             assert torch.equal(_bits(out), _bits(_reference(a, b, layout, torch.float32, None)))
     finally:
-        gemm_module._OPERAND_MAX_NUMEL = limit
+        gemm_module._OPERANDS.max_numel = limit
 
 
 def test_nan_codes_and_an_infinite_decode_scale():
