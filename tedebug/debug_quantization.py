@@ -169,6 +169,14 @@ class DebugQuantizer(Quantizer):
             and row == HIGH_PRECISION
             and (col is None or col == HIGH_PRECISION)
         )
+        #: both GEMM operands are the parent's quantization of the tensor, as it is, and nothing is inspected after
+        #: it: `layer_operand` hands the GEMMs the quantized tensor itself (what the wrapper would unwrap to)
+        self._parent_operands_only = (
+            self.parent_quantizer is not None
+            and row == STANDARD_QUANTIZE
+            and col == STANDARD_QUANTIZE
+            and not (post_row or post_col)
+        )
         #: `set_usage` passes the usages on to the parent (it quantizes a direction of this tensor)
         self._syncs_parent = col is not None and self.parent_quantizer is not None and STANDARD_QUANTIZE in (row, col)
         if col is None:  # a GEMM output: only a modification needs the path (besides the inspection)
@@ -268,12 +276,18 @@ class DebugQuantizer(Quantizer):
 
     def layer_operand(self, tensor: torch.Tensor) -> Union[torch.Tensor, "DebugQuantizedTensor"]:
         """What a `tedebug.nn` layer hands its GEMMs for `tensor`: `quantize(tensor)`, or - when both directions
-        use the high-precision tensor as it is - the tensor itself after the same inspection (a GEMM unwraps a
-        `DebugQuantizedTensor` of one plain tensor into that tensor anyway, so the numbers are the same, without
-        the wrapper and its save / restore around the backward)."""
-        if self._high_precision_only and self.columnwise_gemm_name is not None and isinstance(tensor, torch.Tensor):
-            self._inspect(tensor, tensor, tensor)
-            return tensor
+        use one object as it is - that object after the same inspection: the high-precision tensor itself, or the
+        parent's quantization of it when both directions take the standard quantization and nothing is inspected
+        after it (a GEMM unwraps a `DebugQuantizedTensor` whose directions hold one object into that object anyway,
+        so the numbers are the same, without the wrapper and its save / restore around the backward)."""
+        if self.columnwise_gemm_name is not None and isinstance(tensor, torch.Tensor):
+            if self._high_precision_only:
+                self._inspect(tensor, tensor, tensor)
+                return tensor
+            if self._parent_operands_only:
+                quantized = self._parent_quantize(tensor)
+                self._inspect(tensor, quantized, quantized)
+                return quantized
         return self.quantize(tensor)
 
     def quantize_without_inspection(self, tensor: torch.Tensor) -> "DebugQuantizedTensor":

@@ -1,5 +1,6 @@
 """The GEMM operands a `tedebug.nn` layer takes through its debug quantizers (`DebugQuantizer.layer_operand`): the
-high-precision tensor itself when both directions use it as it is, a `DebugQuantizedTensor` otherwise; the layer's
+high-precision tensor itself, or the parent's quantization of it, when both directions use that one object as it
+is, a `DebugQuantizedTensor` otherwise; the layer's
 outputs and gradients are then exactly torch's, and each logged tensor's statistics are those of the tensor."""
 
 import math
@@ -27,15 +28,40 @@ def _hand_stats(t):
     return {"min": v.min().item(), "max": v.max().item(), "l1_norm": v.abs().sum().item()}
 
 
+def _same_float8(a, b) -> bool:
+    return type(a) is type(b) and all(
+        torch.equal(getattr(a, field), getattr(b, field)) for field in ("rowwise_data", "columnwise_data", "scale_inv")
+    )
+
+
 def test_high_precision_operand_is_the_tensor_itself(tmp_path):
     config = section({"LogTensorStats": {"enabled": True, "stats": ["min"], "tensors": ["activation"], "freq": 1}})
     x = _randn(4, 8, seed=1)
     with debug_session(config, tmp_path, RecordingSink()):
         q = DebugQuantizer("L", "activation", None, None)
         assert q.layer_operand(x) is x
-        quantized = DebugQuantizer("Q", "activation", Float8CurrentScalingQuantizer("E4M3"), None)
-        operand = quantized.layer_operand(x)  # a Quantize direction: wrapped as quantize() wraps it
-        assert isinstance(operand, DebugQuantizedTensor) and operand.get_tensor(False) is not x
+
+
+def test_quantized_operand_is_the_parents_tensor_when_both_directions_take_it(tmp_path):
+    """Both directions quantized by the parent and only inspected: the operand is the parent's quantization itself
+    (the object a DebugQuantizedTensor would hand each GEMM); with one direction in high precision it stays
+    wrapped, each direction holding its own object."""
+    x = _randn(4, 8, seed=1)
+    alone = Float8CurrentScalingQuantizer("E4M3")(x)
+    logged = section({"LogTensorStats": {"enabled": True, "stats": ["min"], "tensors": ["activation"], "freq": 1}})
+    with debug_session(logged, tmp_path / "logged", RecordingSink()):
+        q = DebugQuantizer("Q", "activation", Float8CurrentScalingQuantizer("E4M3"), None)
+        operand = q.layer_operand(x)
+        assert _same_float8(operand, alone)
+        assert _same_float8(q.quantize(x).get_tensor(False), alone)  # what the wrapper would hand the GEMMs
+        debug_api.step()
+    fprop_high = section({"DisableQuantizationGEMM": {"enabled": True, "gemms": ["fprop"]}})
+    with debug_session(fprop_high, tmp_path / "fprop", RecordingSink()):
+        q = DebugQuantizer("Q", "activation", Float8CurrentScalingQuantizer("E4M3"), None)
+        operand = q.layer_operand(x)
+        assert isinstance(operand, DebugQuantizedTensor)
+        assert operand.get_tensor(False) is x  # fprop reads the high-precision tensor
+        assert _same_float8(operand.get_tensor(True), alone)  # wgrad its quantization
 
 
 def test_logged_linear_gives_torchs_numbers_and_the_tensors_statistics(tmp_path):

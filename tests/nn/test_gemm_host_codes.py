@@ -240,8 +240,8 @@ def test_the_decode_table_follows_scale_inv(monkeypatch):
 def test_layers_take_the_fast_path(monkeypatch, tmp_path, no_debug_session, inspected):
     """A Linear training step under FP8 current scaling on the CPU runs its three GEMMs (fprop, dgrad, wgrad) on the
     fast path, each with two table look-ups, and its results equal the general path's (`_host_fp8` switched off).
-    With LogFp8TensorStats inspecting the three operands, the GEMMs receive debug tensors wrapping the same
-    Float8Tensors: unwrapped, they take the fast path too."""
+    With LogFp8TensorStats inspecting the three operands, the debug quantizers only inspect their parents'
+    quantizations and hand the GEMMs those very Float8Tensors, no debug tensor around them: the same fast path."""
     if inspected:
         stats = {"stats": ["underflows%", "mse"], "tensors": ["activation", "weight", "gradient"], "freq": 1}
         config = {
@@ -287,7 +287,7 @@ def test_layers_take_the_fast_path(monkeypatch, tmp_path, no_debug_session, insp
     )
     fast = step()
     assert calls == [True, True, True] and len(decoded) == 6
-    assert wrapped == ([True] * 6 if inspected else [])  # (plain Float8Tensor pairs never reach the unwrapping)
+    assert wrapped == []  # (plain Float8Tensor pairs never reach the unwrapping)
     monkeypatch.setattr(gemm_module, "_host_fp8", lambda *args: None)
     general = step()
     for a, b in zip(fast, general):
