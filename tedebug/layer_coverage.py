@@ -132,9 +132,14 @@ def _import_module(module_part: str):
         finally:
             sys.path.remove(os.path.dirname(path))
         return module
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    return importlib.import_module(module_part)
+    cwd = os.getcwd()
+    if cwd in sys.path:
+        return importlib.import_module(module_part)
+    sys.path.insert(0, cwd)  # a dotted module of the current directory, for this import only (as a file's directory)
+    try:
+        return importlib.import_module(module_part)
+    finally:
+        sys.path.remove(cwd)
 
 
 def layers_from_model(spec: str) -> Tuple[List[str], str]:

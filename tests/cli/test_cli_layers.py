@@ -187,7 +187,9 @@ def test_layers_from_model_sources(tmp_path, monkeypatch):
     layers, source = layers_from_model(f"{MODELS}:demo_gpt")  # already converted: lm_head stays plain
     assert layers == DEMO_LAYERS and "the factory's own conversion" in source
     monkeypatch.chdir(ROOT)  # a dotted module importable from the current directory
+    path_before = list(sys.path)
     assert layers_from_model("tests.models.named_models:megatron_gpt")[0][-1] == "output_layer"
+    assert sys.path == path_before  # the current directory was on sys.path for that import only
     for spec, message in (
         (f"{MODELS}", "expected MODULE:FACTORY"),
         (f"{MODELS}:nope", "has no attribute 'nope'"),
