@@ -10,7 +10,9 @@ after) training:
 - `layers_from_model("module:factory")`: imports ``module`` (a dotted module name importable from the current
   directory, or a path to a ``.py`` file), calls ``factory()`` (a dotted attribute path; a module instance is used
   as is), converts the model with `tedebug.convert_model` (unless it already contains tedebug layers: then the
-  factory chose which layers to convert) and returns the names of its tedebug layers.
+  factory chose which layers to convert) and returns the names of its tedebug layers.  While the model is imported
+  and built, the current directory (or the ``.py`` file's directory) is first on ``sys.path``; it is taken off
+  afterwards, so the call leaves ``sys.path`` as it found it.
 - `coverage(config, layers)`: per enabled section, the layers it selects; the sections that select nothing; the
   layers no section selects; the layers two or more sections select (an error once training calls a hook).
 
@@ -20,6 +22,7 @@ Errors in the user's input (a run dir without logs, a module that does not impor
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import importlib
 import importlib.util
@@ -114,38 +117,44 @@ def layers_from_run(run_dir: str) -> Tuple[List[str], str]:
     return layers, f"{len(layers)} layer(s) logged in {run_dir} ({kind})"
 
 
-def _import_module(module_part: str):
-    if module_part.endswith(".py") or os.sep in module_part:
-        path = os.path.abspath(module_part)
-        if not os.path.isfile(path):
-            raise LayerSourceError(f"--model {module_part}: no such file")
-        name = "tedebug_model_" + re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses and pickling look their module up there
-        sys.path.insert(0, os.path.dirname(path))  # sibling imports of the model file
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            sys.modules.pop(name, None)
-            raise
-        finally:
-            sys.path.remove(os.path.dirname(path))
-        return module
-    cwd = os.getcwd()
-    if cwd in sys.path:
-        return importlib.import_module(module_part)
-    sys.path.insert(0, cwd)  # a dotted module of the current directory, for this import only (as a file's directory)
+def _is_file(module_part: str) -> bool:
+    return module_part.endswith(".py") or os.sep in module_part
+
+
+@contextlib.contextmanager
+def _first_on_path(directory: str):
+    """`directory` first on sys.path while the user's model is imported and built (a model file's sibling modules,
+    or the packages of the current directory, import from there), and off it again afterwards."""
+    if directory in sys.path:
+        yield
+        return
+    sys.path.insert(0, directory)
     try:
-        return importlib.import_module(module_part)
+        yield
     finally:
-        sys.path.remove(cwd)
+        sys.path.remove(directory)
+
+
+def _import_module(module_part: str):
+    if not _is_file(module_part):
+        return importlib.import_module(module_part)
+    path = os.path.abspath(module_part)
+    if not os.path.isfile(path):
+        raise LayerSourceError(f"--model {module_part}: no such file")
+    name = "tedebug_model_" + re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look their module up there
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
 
 
 def layers_from_model(spec: str) -> Tuple[List[str], str]:
     """``(names of the tedebug layers of the converted model, description)``; see the module docstring."""
-    import torch
-
     from tedebug.nn.base import BaseLayer
     from tedebug.nn.convert import convert_model
 
@@ -154,6 +163,23 @@ def layers_from_model(spec: str) -> Tuple[List[str], str]:
         raise LayerSourceError(
             f"--model {spec!r}: expected MODULE:FACTORY, e.g. examples.gpt:build_model or path/to/model.py:make_model"
         )
+    directory = os.path.dirname(os.path.abspath(module_part)) if _is_file(module_part) else os.getcwd()
+    with _first_on_path(directory):
+        model = _built_model(spec, module_part, attribute)
+    converted = not any(isinstance(m, BaseLayer) for m in model.modules())
+    if converted:  # a factory that returns tedebug layers already chose which layers to convert
+        convert_model(model)
+    layers = list(dict.fromkeys(m.name for m in model.modules() if isinstance(m, BaseLayer)))
+    if not layers:
+        raise LayerSourceError(f"--model {spec}: the model has no torch.nn.Linear (or tedebug) layer to debug")
+    how = "after tedebug.convert_model" if converted else "(the factory's own conversion)"
+    return layers, f"{len(layers)} tedebug layer(s) of {spec} {how}"
+
+
+def _built_model(spec: str, module_part: str, attribute: str):
+    """The torch.nn.Module `spec` names: the module's attribute itself, or what the factory it names returns."""
+    import torch
+
     try:
         target = _import_module(module_part)
     except LayerSourceError:
@@ -184,14 +210,7 @@ def layers_from_model(spec: str) -> Tuple[List[str], str]:
         raise LayerSourceError(
             f"--model {spec}: {attribute}() returned a {type(model).__name__}, expected a torch.nn.Module"
         )
-    converted = not any(isinstance(m, BaseLayer) for m in model.modules())
-    if converted:  # a factory that returns tedebug layers already chose which layers to convert
-        convert_model(model)
-    layers = list(dict.fromkeys(m.name for m in model.modules() if isinstance(m, BaseLayer)))
-    if not layers:
-        raise LayerSourceError(f"--model {spec}: the model has no torch.nn.Linear (or tedebug) layer to debug")
-    how = "after tedebug.convert_model" if converted else "(the factory's own conversion)"
-    return layers, f"{len(layers)} tedebug layer(s) of {spec} {how}"
+    return model
 
 
 # ------------------------------------------------------------------------------------------------- coverage

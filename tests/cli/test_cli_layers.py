@@ -177,8 +177,22 @@ def test_model_file_with_a_dataclass_and_a_sibling_import(tmp_path):
     assert layers_from_model(f"{tmp_path / 'net.py'}:build")[0] == ["0", "1", "2"]
 
 
+def test_a_factory_may_import_its_siblings_when_called(tmp_path):
+    (tmp_path / "late_sizes.py").write_text("WIDTH = 5\n")
+    (tmp_path / "late_net.py").write_text(
+        "import torch\n"
+        "def build():\n"
+        "    from late_sizes import WIDTH\n"
+        "    return torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH))\n"
+    )
+    assert layers_from_model(f"{tmp_path / 'late_net.py'}:build")[0] == ["0"]
+    assert str(tmp_path) not in sys.path
+
+
 def test_layers_from_model_sources(tmp_path, monkeypatch):
+    path_at_start = list(sys.path)
     layers, source = layers_from_model(f"{MODELS}:megatron_gpt")
+    assert sys.path == path_at_start  # the model file's directory was on sys.path while the model was built only
     assert layers == [
         f"decoder.layers.{i}.{kind}"
         for i in range(2)
