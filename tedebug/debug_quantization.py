@@ -169,14 +169,6 @@ class DebugQuantizer(Quantizer):
             and row == HIGH_PRECISION
             and (col is None or col == HIGH_PRECISION)
         )
-        #: both GEMM operands are the parent's quantization of the tensor, as it is, and nothing is inspected after
-        #: it: `layer_operand` hands the GEMMs the quantized tensor itself (what the wrapper would unwrap to)
-        self._parent_operands_only = (
-            self.parent_quantizer is not None
-            and row == STANDARD_QUANTIZE
-            and col == STANDARD_QUANTIZE
-            and not (post_row or post_col)
-        )
         #: `set_usage` passes the usages on to the parent (it quantizes a direction of this tensor)
         self._syncs_parent = col is not None and self.parent_quantizer is not None and STANDARD_QUANTIZE in (row, col)
         if col is None:  # a GEMM output: only a modification needs the path (besides the inspection)
@@ -190,6 +182,11 @@ class DebugQuantizer(Quantizer):
                 or API_CALL_MODIFY in (row, col)
                 or (self.parent_quantizer is not None and (row != STANDARD_QUANTIZE or col != STANDARD_QUANTIZE))
             )
+        #: a GEMM input with a parent whose directions need nothing but the inspection: both GEMM operands are the
+        #: parent's quantization as it is, which `layer_operand` hands the GEMMs itself (what the wrapper unwraps to)
+        self._parent_operands_only = (
+            self.parent_quantizer is not None and col is not None and not self._directions_need_path
+        )
 
     @property
     def is_output_type(self) -> bool:
