@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Dict, List, Tuple
+from itertools import repeat
+from typing import Dict, List
 
 import numpy as np
 import torch
@@ -335,44 +336,55 @@ def _partial_rows_block(values: np.ndarray, dtype: torch.dtype) -> List[tuple]:
         _row_sums(torch.from_numpy(values), step, sums_tensor[1])
         _row_sums(magnitudes_tensor, step, sums_tensor[2])
         totals_array = sums[1]
-        sq_sums, abs_sums = sums[0].tolist(), sums[2].tolist()
-        lows = np.minimum.reduce(values, axis=1).tolist()
-        highs = np.maximum.reduce(values, axis=1).tolist()
+        lows_array = np.minimum.reduce(values, axis=1)
+        highs_array = np.maximum.reduce(values, axis=1)
         smallest_array = np.minimum.reduce(magnitudes, axis=1)
-        smallest = smallest_array.tolist()
+        # per row: max|x| = max(|min|, |max|) (exact); every element counts and the smallest magnitude is the
+        # smallest non-zero one unless the row holds a zero (no NaN in a row of finite sum: those are redone below)
+        amaxs = np.maximum(np.abs(lows_array), np.abs(highs_array)).tolist()
+        nonzeros = np.full(k, float(n))
+        nz_abs_mins = smallest_array.copy()
         # rows holding a zero: their non-zero count and smallest non-zero magnitude (+inf when all are zero)
         with_zero = np.flatnonzero(smallest_array == 0.0)
-        zero_rows: Dict[int, Tuple[float, float]] = {}
         if len(with_zero):
             some = magnitudes[with_zero]
-            counts = np.count_nonzero(some, axis=1).tolist()
-            minima = np.minimum.reduce(some, axis=1, where=some != 0, initial=math.inf).tolist()
-            zero_rows = dict(zip(with_zero.tolist(), zip(counts, minima)))
+            nonzeros[with_zero] = np.count_nonzero(some, axis=1)
+            nz_abs_mins[with_zero] = np.minimum.reduce(some, axis=1, where=some != 0, initial=math.inf)
+        # rows redone or patched below: a sum that is not finite, a zero minimum or maximum (its sign)
+        patched = np.flatnonzero(~np.isfinite(totals_array) | (lows_array == 0.0) | (highs_array == 0.0)).tolist()
         # Σ(x − mean)² around each row's mean, the same correctly rounded float64 division as `total / numel`
         np.subtract(values, (totals_array / n)[:, None], out=magnitudes)
         np.square(magnitudes, out=magnitudes)
         _row_sums(magnitudes_tensor, step, sums_tensor[3])
-        m2s = sums[3].tolist()
-    rows: List[tuple] = []
-    for i, total_value in enumerate(totals_array.tolist()):
-        if not math.isfinite(total_value):
+        totals = totals_array.tolist()
+        # one tuple per row in `BASIC_KEYS` order, built by zip (the NaN and infinity counts of a finite row are 0)
+        rows: List[tuple] = list(
+            zip(
+                lows_array.tolist(),
+                highs_array.tolist(),
+                totals,
+                sums[3].tolist(),
+                sums[2].tolist(),
+                sums[0].tolist(),
+                amaxs,
+                nz_abs_mins.tolist(),
+                amaxs,
+                nonzeros.tolist(),
+                repeat(0.0),
+                repeat(0.0),
+            )
+        )
+    for i in patched:
+        if not math.isfinite(totals[i]):  # a NaN, an infinity or a float64 overflow: the lone tensor's path
             lone = torch.from_numpy(values[i])
-            rows.append(_small_basic_partial_values(lone if dtype is F64 else lone.to(dtype), n))
+            rows[i] = _small_basic_partial_values(lone if dtype is F64 else lone.to(dtype), n)
             continue
-        low, high = lows[i], highs[i]
+        low, high = rows[i][0], rows[i][1]
         if low == 0.0:  # the zero's sign as the reference's reduction of the flattened tensor picks it
             low = _in_dtype(values[i], dtype).amin().item()
         if high == 0.0:
             high = _in_dtype(values[i], dtype).amax().item()
-        amax = max(abs(low), abs(high))
-        if smallest[i] > 0.0:  # no zero: every element counts, the smallest magnitude is non-zero
-            nonzero, nz_abs_min = float(n), smallest[i]
-        else:  # a zero (no NaN in a row of finite sum); +inf when every element is zero
-            count, nz_abs_min = zero_rows[i]
-            nonzero = float(count)
-        rows.append(
-            (low, high, total_value, m2s[i], abs_sums[i], sq_sums[i], amax, nz_abs_min, amax, nonzero, 0.0, 0.0)
-        )
+        rows[i] = (low, high) + rows[i][2:]
     return rows
 
 
