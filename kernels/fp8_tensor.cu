@@ -8,12 +8,15 @@
 // fp16, M % 64 == 0, K % 128 == 0: 64 x 128 tiles, 16-byte loads, 8-byte row stores, 4x4 byte transposes in
 // registers, chunk-swizzled shared memory, 16-byte transposed stores, the stats finished by the last block).
 // `ted_fp8_current_cast16` is the two in one cooperative launch (a grid-wide barrier between the amax and the
-// cast; the same bytes), which current scaling takes where the device holds the cast's grid at once;
+// cast; the same bytes), which current scaling takes where the device holds the cast's grid at once, and
+// `ted_fp8_current_stats_cast16` the same with stats.cu's statistics pass (stats_pass.cuh) as its first phase, for a
+// tensor that is also logged (its basic statistics row is a lone `ted_stats` launch's, bit for bit);
 // `ted_fp8_delayed_cast16` is delayed scaling's recording pass and cast in one ordinary launch (the cast needs no
-// amax, so no barrier).
+// amax, so no barrier), and `ted_fp8_delayed_stats_cast16` the same with the statistics pass recording the amax.
 // `ted_fp8_cast_transpose` (general) handles every other shape and fp32 inputs.  `ted_fp8_current_scale` is still
 // used for empty tensors.
 #include "common.cuh"
+#include "stats_pass.cuh"  // stats_run: the statistics pass of ted_fp8_current_stats_cast16
 
 // TE's compute_scale_from_amax for current scaling (amax < epsilon -> epsilon; 0 / Inf / NaN amax -> 1; else
 // fp8_max / amax rounded once, Inf -> FLT_MAX; pow2 rounds down to a power of two): writes scale and
@@ -550,6 +553,51 @@ ted_fp8_current_cast16(const ted_raw_t* __restrict__ x, long long M, long long K
         ws[2] = 0u;
 }
 
+// Current scaling in one launch for a tensor that is also logged: the statistics pass that is also the amax pass
+// (`ted_stats_amax` of stats.cu) and the cast of `ted_fp8_cast_transpose16`, with the grid-wide barrier of
+// `ted_fp8_current_cast16` between them.  The host launches it cooperatively with the cast's grid.
+// 1. The statistics pass runs as `stats_blocks` blocks, the grid of a lone `ted_stats` launch on x: this kernel's
+//    block b runs its blocks b, b + gridDim.x, ... (`stats_run` takes the block index and count it works as), so
+//    every partial and the row written at stats_out are bit for bit those of `ted_stats_amax`.  The last of those
+//    blocks to finish writes the row and what the amax pass writes in mode 1 (vector[0] = amax, vector[1] = scale,
+//    vector[4] = scale_inv) before its own block reaches the barrier.
+// 2. Barrier: thread 0 of each block takes a ticket at ws[1]; the last one resets it and releases the others
+//    through the flag ws[2].  The statistics partials are all read before the release, so the cast may write its
+//    own partials into the same workspace rows.
+// 3. The cast (ct16_cast) with this grid, the cast's own: the codes and the statistics vector of the two launches;
+//    the block that finishes the cast's statistics clears the flag.
+// ws[1..2] are 0 between launches (ws[0], the amax slot of `ted_fp8_current_cast16`, is not used).
+// __launch_bounds__(256, 3), the statistics pass's own: within the cast's 64 registers the pass spills to local
+// memory, so at most 3 blocks per SM are resident and a cast grid above that takes the two launches.
+extern "C" __global__ void __launch_bounds__(256, 3)
+ted_fp8_current_stats_cast16(const ted_raw_t* __restrict__ x, long long M, long long K, unsigned int* __restrict__ ws,
+                             float* __restrict__ vector, float fp8_max, float epsilon, int pow2, int do_row,
+                             int do_col, unsigned char* __restrict__ row_codes, unsigned char* __restrict__ col_codes,
+                             double* __restrict__ partial, unsigned int* __restrict__ ticket, double* __restrict__ out,
+                             unsigned int* __restrict__ stats_ticket, double* __restrict__ stats_out,
+                             unsigned int stats_blocks) {
+    Acc* stats_partial = reinterpret_cast<Acc*>(partial);
+    for (unsigned int b = blockIdx.x; b < stats_blocks; b += gridDim.x)
+        stats_run<true>(x, M * K, stats_partial, stats_ticket, stats_out, vector, 1, fp8_max, epsilon, pow2,
+                        vector + 1, vector + 4, nullptr, b, stats_blocks);
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(ws + 1, 1u) == gridDim.x - 1) {
+            ws[1] = 0u;
+            __threadfence();
+            atomicExch(ws + 2, 1u);
+        } else {
+            while (atomicAdd(ws + 2, 0u) == 0u) __nanosleep(64);
+            __threadfence();
+        }
+    }
+    __syncthreads();
+    const float scale = __ldcg(vector + 1), sinv = __ldcg(vector + 4);  // written by another block: through L2
+    if (ct16_cast(x, M, K, scale, sinv, fp8_max, do_row, do_col, row_codes, col_codes, partial, ticket, out) &&
+        threadIdx.x == 0)
+        ws[2] = 0u;
+}
+
 // Delayed scaling in one launch: the recording pass (`ted_fp8_amax_scale` in mode 3) and the cast of
 // `ted_fp8_cast_transpose16` together.  The cast needs only the quantizer's scale, known before the launch, and
 // its inverse, which every block computes as the recording pass does (ted_div(1, scale): the same bits), so no
@@ -571,5 +619,36 @@ ted_fp8_delayed_cast16(const ted_raw_t* __restrict__ x, long long M, long long K
         const float amax = __uint_as_float(atomicExch(ws, 0u));
         ted_amax_outputs(amax, history, 3, fp8_max, 0.0f, 0, scale_p, scale_inv_out);
     }
+}
+
+// Delayed scaling in one launch for a tensor that is also logged: the statistics pass that records the amax
+// (`ted_stats_amax` in mode 3) and the cast of `ted_fp8_cast_transpose16`.  The cast needs only the quantizer's
+// scale, so, as in `ted_fp8_delayed_cast16`, no block waits for another and the launch is an ordinary one:
+// 1. the statistics pass as the `stats_blocks` blocks of a lone `ted_stats` launch on x (block b of this kernel runs
+//    its blocks b, b + gridDim.x, ...: the row at stats_out bit for bit that launch's), whose last block writes the
+//    row, history[0] = maximum(history[0], amax) and scale_inv_out[0] = 1 / scale, as the recording pass does;
+// 2. the cast (ct16_cast) with this grid, the cast's own, and scale_inv = 1 / scale computed as the recording pass
+//    computes it: the codes and the statistics vector of the two launches.
+// The two phases run side by side in different blocks, so their partials take different workspace rows: the
+// statistics pass's Acc rows first, the cast's rows after them (stats_blocks x 88 + gridDim.x x 24 bytes fit the
+// workspace's 4 x 128 bytes per SM).  `ws` is not used (the signature is ted_fp8_delayed_cast16's, then the
+// statistics pass's arguments).  __launch_bounds__(256, 3): the statistics pass's register budget, as in
+// `ted_fp8_current_stats_cast16` (here no residency is needed: a larger grid runs in waves).
+extern "C" __global__ void __launch_bounds__(256, 3)
+ted_fp8_delayed_stats_cast16(const ted_raw_t* __restrict__ x, long long M, long long K, unsigned int* __restrict__ ws,
+                             float* __restrict__ history, float* __restrict__ scale_p,
+                             float* __restrict__ scale_inv_out, float fp8_max, int do_row, int do_col,
+                             unsigned char* __restrict__ row_codes, unsigned char* __restrict__ col_codes,
+                             double* __restrict__ partial, unsigned int* __restrict__ ticket, double* __restrict__ out,
+                             unsigned int* __restrict__ stats_ticket, double* __restrict__ stats_out,
+                             unsigned int stats_blocks) {
+    Acc* stats_partial = reinterpret_cast<Acc*>(partial);
+    for (unsigned int b = blockIdx.x; b < stats_blocks; b += gridDim.x)
+        stats_run<true>(x, M * K, stats_partial, stats_ticket, stats_out, history, 3, 0.0f, 0.0f, 0, scale_p,
+                              scale_inv_out, nullptr, b, stats_blocks);
+    const float scale = scale_p[0];
+    const float sinv = ted_div(1.0f, scale);
+    ct16_cast(x, M, K, scale, sinv, fp8_max, do_row, do_col, row_codes, col_codes,
+              reinterpret_cast<double*>(stats_partial + stats_blocks), ticket, out);
 }
 #endif

@@ -9,7 +9,9 @@ What it owns:
 - the cast + transpose (``ted_fp8_cast_transpose16`` for bf16 / fp16 with M % 64 == 0 and K % 128 == 0, else the
   general ``ted_fp8_cast_transpose``), which also counts underflows and overflows and sums the squared error;
 - current scaling of a bf16 / fp16 tensor of that fast shape in one cooperative launch
-  (``ted_fp8_current_cast16``: the amax pass and the cast with a grid-wide barrier between them; the same bytes),
+  (``ted_fp8_current_cast16``: the amax pass and the cast with a grid-wide barrier between them; the same bytes;
+  ``ted_fp8_current_stats_cast16`` for a tensor that is also logged: stats.cu's statistics pass in place of the
+  amax pass, so its basic statistics row comes from the same launch),
   and delayed scaling of one in one ordinary launch (``ted_fp8_delayed_cast16``: the cast records the amax);
 - the kernel paths of the per-tensor quantizers (`fp8_current_quantize`, `fp8_delayed_quantize`, `fp8_quantize`),
   which return the raw buffers (`Float8Buffers`; `tedebug.quantization.float8` builds the `Float8Tensor`), and of
@@ -42,7 +44,7 @@ from tedebug.backends.cupy_runtime import (
     workspace,
     workspace_on,
 )
-from tedebug.backends.cupy_stats import BASIC_ROW_LEN, basic_stats_and_amax_into
+from tedebug.backends.cupy_stats import BASIC_ROW_LEN, STATS_TICKET_OFFSET, basic_stats_and_amax_into, lone_grid
 from tedebug.backends.fused_stats import FP8_STATS, FP8_STATS_WITH_SCALE
 from tedebug.backends.launch import (
     Kernel,
@@ -326,24 +328,31 @@ _CURRENT_TICKET = 4 * TICKETS["fp8_current"]
 #: whether torch's current stream is capturing a CUDA graph (the private call skips the public one's checks)
 _capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing
 
-#: (device index, dtype, FP8 format) -> (``ted_fp8_current_cast16``, the most blocks resident at once: the largest
-#: grid its grid-wide barrier allows; 0: no cooperative launch there)
-_CURRENT_KERNELS: Dict[Tuple[int, torch.dtype, str], Tuple[Kernel, int]] = {}
+#: (device index, dtype, FP8 format, with the statistics pass) -> (``ted_fp8_current_cast16`` or
+#: ``ted_fp8_current_stats_cast16``, the most blocks resident at once: the largest grid its grid-wide barrier
+#: allows; 0: no cooperative launch there)
+_CURRENT_KERNELS: Dict[Tuple[int, torch.dtype, str, bool], Tuple[Kernel, int]] = {}
+#: the one-launch kernel, without and with the statistics pass
+_CURRENT_KERNEL_NAMES = ("ted_fp8_current_cast16", "ted_fp8_current_stats_cast16")
 
 
-def _fused_current(plan: _CastPlan, x2d: torch.Tensor, index: int, fp8_format: str) -> Optional[Kernel]:
+def _fused_current(
+    plan: _CastPlan, x2d: torch.Tensor, index: int, fp8_format: str, high_precision_stats: bool = False
+) -> Optional[Kernel]:
     """The one-launch current-scaling kernel for a quantization of `plan` (the 16-bit fast path), or None where
     its barrier cannot hold or the launch could fail: cooperative launches unavailable (the ``cupy`` launch mode,
     the device), the cast's grid larger than the blocks that fit on the device at once, or a CUDA graph being
-    captured on the current stream."""
+    captured on the current stream.  With `high_precision_stats`, the kernel whose first phase is the statistics
+    pass (``ted_fp8_current_stats_cast16``) instead of the amax pass."""
     if launch_mode() != "driver":  # (asked at every call, as `launch_on` does: $TEDEBUG_LAUNCH may change)
         return None
     if _capturing():  # a CUDA graph being captured: cooperative launches are not capturable on every CUDA version
         return None
-    key = (index, x2d.dtype, fp8_format)
+    key = (index, x2d.dtype, fp8_format, high_precision_stats)
     entry = _CURRENT_KERNELS.get(key)
     if entry is None:
-        kernel = get_kernel("fp8_tensor.cu", "ted_fp8_current_cast16", dtype_options(x2d, fp8_format))
+        name = _CURRENT_KERNEL_NAMES[high_precision_stats]
+        kernel = get_kernel("fp8_tensor.cu", name, dtype_options(x2d, fp8_format))
         entry = _CURRENT_KERNELS[key] = (kernel, cooperative_blocks_per_sm(kernel, index, THREADS) * sm_count(index))
     kernel, capacity = entry
     return kernel if plan.cast_grid <= capacity else None
@@ -455,7 +464,9 @@ def fp8_current_quantize(
     more than such a tensor's whole quantization costs the GPU).  With
     `high_precision_stats` the first launch is the statistics pass (`amax_launch(..., high_precision_out=)`),
     which writes the same amax, scale and scale_inv and also the input's basic statistics row
-    (`Float8Buffers.high_precision_stats`): a tensor logged and quantized is read once for both.
+    (`Float8Buffers.high_precision_stats`): a tensor logged and quantized is read once for both.  On the fast
+    shape that pass and the cast are again one launch (``ted_fp8_current_stats_cast16``), so a logged tensor's
+    quantization costs the host what an unlogged one costs.
 
     Every training step quantizes each GEMM operand, so the path is flat: the kernels, grids and constant arguments
     of the shape come from `_cast_plan`, and the call makes three allocations and two views."""
@@ -470,10 +481,10 @@ def fp8_current_quantize(
     vector = small.data_ptr() + _VECTOR_AT  # float32 amax, scale, -, -, scale_inv
     scale_ptr, scale_inv_ptr = vector + 4, vector + 16
     stream = raw_stream(index)
-    fused = _fused_current(plan, x, index, fp8_format) if plan.fast and not high_precision_stats else None
-    if fused is not None:  # amax, scale and cast in one launch (`ted_fp8_current_cast16`)
-        stats = _launch_current(fused, plan, x, index, stream, vector, epsilon, pow2, outputs)
-        high_precision = None
+    fused = _fused_current(plan, x, index, fp8_format, high_precision_stats) if plan.fast else None
+    if fused is not None:  # amax (or the statistics pass), scale and cast in one launch
+        high_precision = small[_HIGH_PRECISION_AT // 8 : _SMALL_WORDS] if high_precision_stats else None
+        stats = _launch_current(fused, plan, x, index, stream, vector, epsilon, pow2, outputs, high_precision)
     else:
         mode_args = (vector, _CURRENT_SCALE_MODE, plan.fp8_max, np.float32(epsilon), FLAGS[bool(pow2)], scale_ptr)
         high_precision = _amax_pass(plan, x, index, stream, mode_args + (scale_inv_ptr,), small, high_precision_stats)
@@ -492,10 +503,13 @@ def _launch_current(
     epsilon: float,
     pow2: bool,
     outputs: _Outputs,
+    high_precision: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """The cooperative launch of ``ted_fp8_current_cast16`` with the cast's grid: the same small allocation as the
     two launches (amax, scale and scale_inv at `vector`, the statistics vector at its start), returned as the
-    float64 view of `plan.stats_len` entries."""
+    float64 view of `plan.stats_len` entries.  With `high_precision` (the basic statistics row's view of the small
+    allocation), ``ted_fp8_current_stats_cast16``, whose statistics pass writes that row, working as the blocks of
+    a lone statistics launch on `x2d` (`cupy_stats.lone_grid`)."""
     row, col, small = outputs
     partials, tickets = workspace_on(index, stream)
     args = (
@@ -512,6 +526,8 @@ def _launch_current(
         + _codes_args(row, col)
         + (partials, tickets + _CAST_TICKET, small.data_ptr())
     )
+    if high_precision is not None:
+        args += (tickets + STATS_TICKET_OFFSET, high_precision.data_ptr(), np.uint32(lone_grid(x2d, index)))
     launch_cooperative_on(kernel, index, stream, plan.cast_grid, THREADS, args)
     return small[: plan.stats_len]
 
@@ -546,7 +562,8 @@ def fp8_delayed_quantize(
     casts with the current `scale` (the quantizer's state on x's device: fp32 `history` [L] or [L, 1], `scale`).
     On the 16-bit fast shape both are one launch of ``ted_fp8_delayed_cast16`` (the same codes, history entry,
     scale_inv and statistics as the two launches).  `high_precision_stats`: the recording pass is the statistics
-    pass, as in `fp8_current_quantize` (two launches)."""
+    pass, as in `fp8_current_quantize`; on the fast shape again in one launch with the cast
+    (``ted_fp8_delayed_stats_cast16``)."""
     x = ready_input(x2d)
     if x.numel() == 0 or not (scale.dtype == torch.float32 and scale.numel() == 1 and scale.is_contiguous()):
         recorded = history[:1]  # history entry 0, a 1-element view
@@ -560,9 +577,11 @@ def fp8_delayed_quantize(
     small = outputs.small
     scale_ptr, scale_inv_ptr = scale.data_ptr(), small.data_ptr() + _VECTOR_AT
     stream = raw_stream(index)
-    if _delayed_in_one_launch(plan, high_precision_stats):  # the recording and the cast in one launch
-        stats = _launch_delayed(plan, x, index, stream, fp8_format, history, scale_ptr, scale_inv_ptr, outputs)
-        high_precision = None
+    if _delayed_in_one_launch(plan, high_precision_stats):  # the recording (or statistics) pass and the cast
+        high_precision = small[_HIGH_PRECISION_AT // 8 : _SMALL_WORDS] if high_precision_stats else None
+        stats = _launch_delayed(
+            plan, x, index, stream, fp8_format, history, scale_ptr, scale_inv_ptr, outputs, high_precision
+        )
     else:
         mode_args = (history.data_ptr(), _RECORD_MODE, _ZERO_F32, _ZERO_F32, FLAGS[0], scale_ptr, scale_inv_ptr)
         high_precision = _amax_pass(plan, x, index, stream, mode_args, small, high_precision_stats)
@@ -574,14 +593,18 @@ def fp8_delayed_quantize(
 _RECORD_MODE = np.int32(AmaxMode.RECORD)
 _ZERO_F32 = np.float32(0.0)
 _DELAYED_TICKET = 4 * TICKETS["fp8_delayed"]
-#: (device index, dtype, FP8 format) -> ``ted_fp8_delayed_cast16``
-_DELAYED_KERNELS: Dict[Tuple[int, torch.dtype, str], Kernel] = {}
+#: (device index, dtype, FP8 format, with the statistics pass) -> ``ted_fp8_delayed_cast16`` or
+#: ``ted_fp8_delayed_stats_cast16``
+_DELAYED_KERNELS: Dict[Tuple[int, torch.dtype, str, bool], Kernel] = {}
+#: the one-launch kernel, without and with the statistics pass
+_DELAYED_KERNEL_NAMES = ("ted_fp8_delayed_cast16", "ted_fp8_delayed_stats_cast16")
 
 
 def _delayed_in_one_launch(plan: _CastPlan, high_precision_stats: bool) -> bool:
-    """Whether a delayed-scaling quantization of `plan` takes ``ted_fp8_delayed_cast16``: on the 16-bit fast shape,
-    unless the statistics pass is to record the amax."""
-    return plan.fast and not high_precision_stats
+    """Whether a delayed-scaling quantization of `plan` takes one launch (``ted_fp8_delayed_cast16``, or
+    ``ted_fp8_delayed_stats_cast16`` when the statistics pass records the amax): on the 16-bit fast shape (an
+    ordinary launch: nothing to check about the device)."""
+    return plan.fast
 
 
 def _launch_delayed(
@@ -594,16 +617,20 @@ def _launch_delayed(
     scale_ptr: int,
     scale_inv_ptr: int,
     outputs: _Outputs,
+    high_precision: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """The launch of ``ted_fp8_delayed_cast16`` with the cast's grid (the 16-bit fast path): the codes and the
     statistics vector of `_launch_cast`, max|x| recorded into history[0] and scale_inv written at `scale_inv_ptr`
-    as the recording pass does; returns the float64 view of `plan.stats_len` entries."""
+    as the recording pass does; returns the float64 view of `plan.stats_len` entries.  With `high_precision` (the
+    basic statistics row's view of the small allocation), ``ted_fp8_delayed_stats_cast16``, whose statistics pass
+    records the amax and writes that row, working as the blocks of a lone statistics launch on `x2d`."""
     row, col, small = outputs
-    key = (index, x2d.dtype, fp8_format)
+    logged = high_precision is not None
+    key = (index, x2d.dtype, fp8_format, logged)
     kernel = _DELAYED_KERNELS.get(key)
     if kernel is None:
         options = dtype_options(x2d, fp8_format)
-        kernel = _DELAYED_KERNELS[key] = get_kernel("fp8_tensor.cu", "ted_fp8_delayed_cast16", options)
+        kernel = _DELAYED_KERNELS[key] = get_kernel("fp8_tensor.cu", _DELAYED_KERNEL_NAMES[logged], options)
     partials, tickets = workspace_on(index, stream)
     args = (
         (
@@ -619,5 +646,7 @@ def _launch_delayed(
         + _codes_args(row, col)
         + (partials, tickets + _CAST_TICKET, small.data_ptr())
     )
+    if high_precision is not None:
+        args += (tickets + STATS_TICKET_OFFSET, high_precision.data_ptr(), np.uint32(lone_grid(x2d, index)))
     launch_on(kernel, index, stream, plan.cast_grid, THREADS, args)
     return small[: plan.stats_len]

@@ -38,7 +38,8 @@ MAX_BLOCKS_PER_SM = 4
 _PARTIAL_ROW_BYTES = 128  # >= sizeof(Acc) = 88 and 4 doubles
 #: uint32 slots of the tickets; "amax": 4 (amax bits), 5 (ticket), 6-7 (64-bit non-zero count of ted_amax_count);
 #: "stats_group": 16-18 (one per tensor of a `ted_stats_group` launch); "fp8_current": 24 (amax bits), 25 (barrier
-#: ticket), 26 (barrier flag) of ``ted_fp8_current_cast16``; "fp8_delayed": 28 (amax bits of
+#: ticket), 26 (barrier flag) of ``ted_fp8_current_cast16`` (25 and 26 also of ``ted_fp8_current_stats_cast16``,
+#: whose statistics pass takes the "stats" ticket); "fp8_delayed": 28 (amax bits of
 #: ``ted_fp8_delayed_cast16``)
 TICKETS = {
     "stats": 0,

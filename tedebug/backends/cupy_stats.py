@@ -43,7 +43,8 @@ BASIC_KEYS = torch_ref.BASIC_KEYS
 BASIC_ROW_KEYS = torch_ref.BASIC_ROW_KEYS
 #: its length (13): the float64 slots a statistics pass that is also an amax pass writes (`basic_stats_and_amax_into`)
 BASIC_ROW_LEN = len(BASIC_ROW_KEYS)
-_STATS_TICKET_OFFSET = 4 * TICKETS["stats"]
+#: the statistics pass's ticket in a workspace's tickets (its byte offset)
+STATS_TICKET_OFFSET = 4 * TICKETS["stats"]
 
 
 def basic_stats_into(x: torch.Tensor, out_ptr: int) -> None:
@@ -73,8 +74,16 @@ def basic_stats_into(x: torch.Tensor, out_ptr: int) -> None:
     stream = raw_stream(index)
     partials, tickets = workspace_on(index, stream)
     launch_on(
-        kernel, index, stream, grid, THREADS, (pointer, np.int64(n), partials, tickets + _STATS_TICKET_OFFSET, out_ptr)
+        kernel, index, stream, grid, THREADS, (pointer, np.int64(n), partials, tickets + STATS_TICKET_OFFSET, out_ptr)
     )
+
+
+def lone_grid(x: torch.Tensor, index: int) -> int:
+    """The grid of `basic_stats_into` for the prepared CUDA tensor `x` on device `index`: a kernel that runs the
+    statistics pass inside another launch (``ted_fp8_current_stats_cast16``) works as that many blocks, so that its
+    row is this launch's bit for bit."""
+    _, vec, max_grid = _STATS_LAUNCH.get((index, x.dtype)) or _stats_launch(x, index)
+    return _lone_grid(x.numel(), vec, max_grid)
 
 
 def _lone_grid(n: int, vec: int, max_grid: int) -> int:
@@ -179,13 +188,12 @@ def basic_stats_and_amax_into(x: torch.Tensor, out_ptr: int, amax_args: Tuple[An
     bit for bit the same).  `amax_args`: the amax pass's ``(amax_out, mode, fp8_max, epsilon, pow2, scale_out,
     scale_inv_out)`` (`cupy_fp8_tensor.amax_launch`); `nz_ptr`: where count_nonzero(x) goes (int64), 0 for none."""
     index = x.get_device()
-    _, vec, max_grid = _STATS_LAUNCH.get((index, x.dtype)) or _stats_launch(x, index)
     kernel = get_kernel("stats.cu", "ted_stats_amax", dtype_options(x))
     n = x.numel()
-    grid = _lone_grid(n, vec, max_grid)  # the grid of `basic_stats_into`
+    grid = lone_grid(x, index)  # the grid of `basic_stats_into`
     stream = raw_stream(index)
     partials, tickets = workspace_on(index, stream)
-    args = (x.data_ptr(), np.int64(n), partials, tickets + _STATS_TICKET_OFFSET, out_ptr) + amax_args + (nz_ptr,)
+    args = (x.data_ptr(), np.int64(n), partials, tickets + STATS_TICKET_OFFSET, out_ptr) + amax_args + (nz_ptr,)
     launch_on(kernel, index, stream, grid, THREADS, args)
 
 

@@ -1,13 +1,15 @@
 """Current scaling in one launch (``ted_fp8_current_cast16``: the amax pass and the cast with a grid-wide barrier
-between them): on the 16-bit fast shape its codes, amax, scale, scale_inv and statistics vector are bit for bit
-those of the two launches (``ted_fp8_amax_scale`` then ``ted_fp8_cast_transpose16``), launch after launch on one
-stream (the barrier's flag and tickets are left at 0); and it is the path a quantization takes there: one launch,
-and none on the other shapes or with the statistics pass.  Every test needs CUDA and CuPy."""
+between them; ``ted_fp8_current_stats_cast16``: the statistics pass in place of the amax pass, for a tensor that is
+also logged): on the 16-bit fast shape its codes, amax, scale, scale_inv, statistics vector and basic statistics
+row are bit for bit those of the two launches (``ted_fp8_amax_scale`` or ``ted_stats_amax``, then
+``ted_fp8_cast_transpose16``) and the row that of a lone statistics launch, launch after launch on one stream (the
+barrier's flag and tickets are left at 0); and it is the path a quantization takes there: one launch, and none on
+the other shapes.  Every test needs CUDA and CuPy."""
 
 import pytest
 import torch
 
-from tedebug.backends import cupy_fp8_tensor, launch
+from tedebug.backends import cupy_fp8_tensor, cupy_stats, launch
 from tedebug.quantization.float8 import Float8CurrentScalingQuantizer
 
 from support.kernel_inputs import bits, cast_inputs
@@ -24,25 +26,43 @@ def inputs(shape, dtype, seed):
     return cast_inputs(shape, dtype, seed, DEV)
 
 
-def quantize_both_ways(monkeypatch, x, fmt, epsilon, pow2, rowwise=True, columnwise=True):
-    """(one launch, two launches) of `fp8_current_quantize`, with the small allocations as bytes."""
-    one = cupy_fp8_tensor.fp8_current_quantize(x, fmt, epsilon, pow2, rowwise, columnwise)
+def quantize_both_ways(monkeypatch, x, fmt, epsilon, pow2, rowwise=True, columnwise=True, logged=False):
+    """(one launch, two launches) of `fp8_current_quantize` (with the statistics pass when `logged`)."""
+    one = cupy_fp8_tensor.fp8_current_quantize(x, fmt, epsilon, pow2, rowwise, columnwise, logged)
     with monkeypatch.context() as m:
         m.setattr(cupy_fp8_tensor, "_fused_current", lambda *args: None)
-        two = cupy_fp8_tensor.fp8_current_quantize(x, fmt, epsilon, pow2, rowwise, columnwise)
+        two = cupy_fp8_tensor.fp8_current_quantize(x, fmt, epsilon, pow2, rowwise, columnwise, logged)
     return one, two
 
 
+def lone_row(x):
+    """The basic statistics row of a lone statistics launch on `x` (`ted_stats`)."""
+    row = torch.empty(cupy_stats.BASIC_ROW_LEN, dtype=torch.float64, device=DEV)
+    cupy_stats.basic_stats_into(x, row.data_ptr())
+    return row
+
+
+@pytest.mark.parametrize("logged", (False, True))
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("fmt, pow2, epsilon", [("E4M3", False, 0.0), ("E5M2", True, 0.0), ("E4M3", False, 1e-3)])
-def test_one_launch_gives_the_bytes_of_the_two_launches(monkeypatch, dtype, shape, fmt, pow2, epsilon):
-    plan = cupy_fp8_tensor._cast_plan(torch.empty(shape, dtype=dtype, device=DEV), DEV.index or 0, fmt)
+def test_one_launch_gives_the_bytes_of_the_two_launches(monkeypatch, dtype, shape, fmt, pow2, epsilon, logged):
+    empty = torch.empty(shape, dtype=dtype, device=DEV)
+    plan = cupy_fp8_tensor._cast_plan(empty, DEV.index or 0, fmt)
     assert plan.fast
-    assert cupy_fp8_tensor._fused_current(plan, torch.empty(shape, dtype=dtype, device=DEV), 0, fmt) is not None
+    fused = cupy_fp8_tensor._fused_current(plan, empty, 0, fmt, logged)
+    # one launch wherever the cast's grid fits the blocks resident at once: every shape here without the statistics
+    # pass (4 per SM), all but the largest with it (3 per SM: the statistics pass's register budget)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert (fused is not None) == (not logged or plan.cast_grid <= 3 * sms)
     for x in inputs(shape, dtype, sum(shape)):
-        one, two = quantize_both_ways(monkeypatch, x, fmt, epsilon, pow2)
-        assert one.high_precision_stats is None and two.high_precision_stats is None
+        one, two = quantize_both_ways(monkeypatch, x, fmt, epsilon, pow2, logged=logged)
+        if logged:  # the row of the statistics pass in both, bit for bit a lone launch's (NaN payloads included)
+            want = bits(lone_row(x))
+            assert torch.equal(bits(one.high_precision_stats), want)
+            assert torch.equal(bits(two.high_precision_stats), want)
+        else:
+            assert one.high_precision_stats is None and two.high_precision_stats is None
         assert torch.equal(bits(one.rowwise_data), bits(two.rowwise_data))
         assert torch.equal(bits(one.columnwise_data), bits(two.columnwise_data))
         assert torch.equal(bits(one.scale_inv), bits(two.scale_inv))
@@ -71,13 +91,16 @@ def test_launch_after_launch_on_one_stream():
     """Each launch leaves the barrier's slots at 0: many quantizations of different tensors queued back to back
     (no host wait between them) each give their own tensor's bytes, as a fresh one-at-a-time launch does."""
     xs = [inputs((256, 512), torch.bfloat16, seed)[0] * (seed + 1) for seed in range(24)]
-    queued = [cupy_fp8_tensor.fp8_current_quantize(x, "E4M3", 0.0, False, True, True) for x in xs]
-    for x, q in zip(xs, queued):
+    logged = [seed % 3 == 1 for seed in range(24)]  # the two kernels interleaved: they share the barrier's slots
+    queued = [cupy_fp8_tensor.fp8_current_quantize(x, "E4M3", 0.0, False, True, True, on) for x, on in zip(xs, logged)]
+    for x, on, q in zip(xs, logged, queued):
         torch.cuda.synchronize()
-        alone = cupy_fp8_tensor.fp8_current_quantize(x, "E4M3", 0.0, False, True, True)
+        alone = cupy_fp8_tensor.fp8_current_quantize(x, "E4M3", 0.0, False, True, True, on)
         torch.cuda.synchronize()
         assert torch.equal(bits(q.rowwise_data), bits(alone.rowwise_data))
         assert torch.equal(bits(q.scale_inv), bits(alone.scale_inv)) and torch.equal(bits(q.stats), bits(alone.stats))
+        if on:
+            assert torch.equal(bits(q.high_precision_stats), bits(lone_row(x)))
 
 
 @pytest.fixture
@@ -109,7 +132,7 @@ def test_the_quantizer_takes_one_launch_on_the_fast_shape(launches):
     assert launches[0] == "ted_fp8_amax_scale" and "ted_fp8_current_cast16" not in launches
     launches.clear()
     cupy_fp8_tensor.fp8_current_quantize(x, "E4M3", 0.0, False, True, True, high_precision_stats=True)
-    assert launches == ["ted_fp8_cast_transpose16"]  # (the statistics pass is launched by cupy_stats)
+    assert launches == ["ted_fp8_current_stats_cast16"]  # the statistics pass, the scale and the cast
 
 
 def test_two_launches_where_the_grid_does_not_fit(monkeypatch, launches):
@@ -119,16 +142,22 @@ def test_two_launches_where_the_grid_does_not_fit(monkeypatch, launches):
     x = torch.randn(128, 256, device=DEV, dtype=torch.bfloat16)
     cupy_fp8_tensor.fp8_current_quantize(x, "E4M3", 0.0, False, True, True)
     assert launches == ["ted_fp8_amax_scale", "ted_fp8_cast_transpose16"]
+    launches.clear()
+    logged = cupy_fp8_tensor.fp8_current_quantize(x, "E4M3", 0.0, False, True, True, high_precision_stats=True)
+    assert launches == ["ted_fp8_cast_transpose16"]  # (after the statistics pass, which cupy_stats launches)
+    assert torch.equal(bits(logged.high_precision_stats), bits(lone_row(x)))
 
 
 def test_the_capacity_is_the_occupancy_times_the_sms():
     x = torch.empty(128, 256, device=DEV, dtype=torch.bfloat16)
     plan = cupy_fp8_tensor._cast_plan(x, 0, "E4M3")
-    assert cupy_fp8_tensor._fused_current(plan, x, 0, "E4M3") is not None
-    kernel, capacity = cupy_fp8_tensor._CURRENT_KERNELS[(0, torch.bfloat16, "E4M3")]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    assert capacity >= cupy_fp8_tensor.CT_BLOCKS_PER_SM * sms  # __launch_bounds__(256, 4): the cast's whole grid
-    assert launch.cooperative_blocks_per_sm(kernel, 0, 256) * sms == capacity
+    for logged in (False, True):
+        assert cupy_fp8_tensor._fused_current(plan, x, 0, "E4M3", logged) is not None
+        kernel, capacity = cupy_fp8_tensor._CURRENT_KERNELS[(0, torch.bfloat16, "E4M3", logged)]
+        # __launch_bounds__(256, 4): the cast's whole grid; with the statistics pass (256, 3)
+        assert capacity >= (3 if logged else cupy_fp8_tensor.CT_BLOCKS_PER_SM) * sms
+        assert launch.cooperative_blocks_per_sm(kernel, 0, 256) * sms == capacity
 
 
 def test_two_launches_in_the_cupy_launch_mode(monkeypatch, launches):
@@ -144,11 +173,14 @@ def test_two_launches_in_the_cupy_launch_mode(monkeypatch, launches):
 
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
 def test_no_local_memory(dtype):
-    """The one-launch kernel keeps its arrays in registers (a kernel with local memory makes its launches block in
-    a training loop: docs/internals.md), within the 64 registers its 4 resident blocks per SM allow."""
+    """The one-launch kernels keep their arrays in registers (a kernel with local memory makes its launches block in
+    a training loop: docs/internals.md), within the registers their resident blocks per SM allow: 4 blocks of 256
+    threads (64 registers), 3 with the statistics pass."""
     from tedebug.backends.cupy_runtime import dtype_options, get_kernel
 
     x = torch.zeros(64, 128, dtype=dtype, device=DEV)
-    for fmt in ("E4M3", "E5M2"):
-        raw = get_kernel("fp8_tensor.cu", "ted_fp8_current_cast16", dtype_options(x, fmt)).raw(0)
-        assert raw.local_size_bytes == 0 and raw.num_regs <= 64, (fmt, raw.local_size_bytes, raw.num_regs)
+    for name, blocks in (("ted_fp8_current_cast16", 4), ("ted_fp8_current_stats_cast16", 3)):
+        for fmt in ("E4M3", "E5M2"):
+            raw = get_kernel("fp8_tensor.cu", name, dtype_options(x, fmt)).raw(0)
+            fits = raw.num_regs * 256 * blocks <= 65536
+            assert raw.local_size_bytes == 0 and fits, (name, fmt, raw.local_size_bytes, raw.num_regs)

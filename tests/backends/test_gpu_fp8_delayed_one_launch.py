@@ -1,14 +1,15 @@
 """Delayed scaling in one launch (``ted_fp8_delayed_cast16``: the cast records max|x| into the history, and the block
 that finishes the statistics writes the entry and scale_inv): on the 16-bit fast shape its codes, history entry,
 scale_inv and statistics vector are bit for bit those of the two launches (``ted_fp8_amax_scale`` in its recording
-mode, then ``ted_fp8_cast_transpose16``), launch after launch on one stream (its amax slot is left at 0); and it is
-the path a delayed-scaling quantization takes there: one launch, two on the other shapes and with the statistics
-pass.  Every test needs CUDA and CuPy."""
+mode, then ``ted_fp8_cast_transpose16``), launch after launch on one stream (its amax slot is left at 0); with the
+statistics pass (``ted_fp8_delayed_stats_cast16``, for a tensor that is also logged) the same, and the basic
+statistics row is a lone statistics launch's; and it is the path a delayed-scaling quantization takes there: one
+launch, two on the other shapes.  Every test needs CUDA and CuPy."""
 
 import pytest
 import torch
 
-from tedebug.backends import cupy_fp8_tensor
+from tedebug.backends import cupy_fp8_tensor, cupy_stats
 from tedebug.quantization.float8 import Float8Quantizer
 
 from support.kernel_inputs import bits, cast_inputs
@@ -29,8 +30,9 @@ def inputs(shape, dtype, seed):
     return cast_inputs(shape, dtype, seed, DEV)
 
 
-def quantize_both_ways(monkeypatch, x, entry, scale, fmt, rowwise=True, columnwise=True):
-    """(one launch, its history), (two launches, their history) of `fp8_delayed_quantize` from the same state."""
+def quantize_both_ways(monkeypatch, x, entry, scale, fmt, rowwise=True, columnwise=True, logged=False):
+    """(one launch, its history), (two launches, their history) of `fp8_delayed_quantize` from the same state (with
+    the statistics pass when `logged`)."""
     results = []
     for one in (True, False):
         history = torch.tensor([entry, 5.0, 7.0], dtype=torch.float32, device=DEV)
@@ -38,20 +40,35 @@ def quantize_both_ways(monkeypatch, x, entry, scale, fmt, rowwise=True, columnwi
         with monkeypatch.context() as m:
             if not one:
                 m.setattr(cupy_fp8_tensor, "_delayed_in_one_launch", lambda plan, high_precision_stats: False)
-            q = cupy_fp8_tensor.fp8_delayed_quantize(x, history, state, fmt, rowwise, columnwise)
+            q = cupy_fp8_tensor.fp8_delayed_quantize(x, history, state, fmt, rowwise, columnwise, logged)
         results.append((q, history))
     return results
 
 
+def lone_row(x):
+    """The basic statistics row of a lone statistics launch on `x` (`ted_stats`)."""
+    row = torch.empty(cupy_stats.BASIC_ROW_LEN, dtype=torch.float64, device=DEV)
+    cupy_stats.basic_stats_into(x, row.data_ptr())
+    return row
+
+
+@pytest.mark.parametrize("logged", (False, True))
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("fmt", ("E4M3", "E5M2"))
-def test_one_launch_gives_the_bytes_of_the_two_launches(monkeypatch, dtype, shape, fmt):
+def test_one_launch_gives_the_bytes_of_the_two_launches(monkeypatch, dtype, shape, fmt, logged):
     assert cupy_fp8_tensor._cast_plan(torch.empty(shape, dtype=dtype, device=DEV), DEV.index or 0, fmt).fast
     for i, x in enumerate(inputs(shape, dtype, sum(shape))):
+        want = bits(lone_row(x)) if logged else None
         for entry, scale in zip(ENTRIES, SCALES[i:] + SCALES[:i]):  # every pair of (input, entry, scale) kinds
-            (one, one_history), (two, two_history) = quantize_both_ways(monkeypatch, x, entry, scale, fmt)
-            assert one.high_precision_stats is None and two.high_precision_stats is None
+            (one, one_history), (two, two_history) = quantize_both_ways(
+                monkeypatch, x, entry, scale, fmt, logged=logged
+            )
+            if logged:  # the row of the statistics pass in both, bit for bit a lone launch's (NaN payloads included)
+                assert torch.equal(bits(one.high_precision_stats), want)
+                assert torch.equal(bits(two.high_precision_stats), want)
+            else:
+                assert one.high_precision_stats is None and two.high_precision_stats is None
             assert torch.equal(bits(one.rowwise_data), bits(two.rowwise_data))
             assert torch.equal(bits(one.columnwise_data), bits(two.columnwise_data))
             assert torch.equal(bits(one.scale_inv), bits(two.scale_inv))
@@ -87,14 +104,20 @@ def test_launch_after_launch_on_one_stream():
     xs = [inputs((256, 512), torch.bfloat16, seed)[0] * (seed + 1) for seed in range(24)]
     scale = torch.tensor([3.0], device=DEV)
     histories = [torch.zeros(2, device=DEV) for _ in xs]
-    queued = [cupy_fp8_tensor.fp8_delayed_quantize(x, h, scale, "E4M3", True, True) for x, h in zip(xs, histories)]
-    for x, q, h in zip(xs, queued, histories):
+    logged = [seed % 3 == 1 for seed in range(24)]  # the two kernels interleaved
+    queued = [
+        cupy_fp8_tensor.fp8_delayed_quantize(x, h, scale, "E4M3", True, True, on)
+        for x, h, on in zip(xs, histories, logged)
+    ]
+    for x, q, h, on in zip(xs, queued, histories, logged):
         torch.cuda.synchronize()
         alone_history = torch.zeros(2, device=DEV)
-        alone = cupy_fp8_tensor.fp8_delayed_quantize(x, alone_history, scale, "E4M3", True, True)
+        alone = cupy_fp8_tensor.fp8_delayed_quantize(x, alone_history, scale, "E4M3", True, True, on)
         torch.cuda.synchronize()
         assert torch.equal(bits(q.rowwise_data), bits(alone.rowwise_data))
         assert torch.equal(bits(q.stats), bits(alone.stats)) and torch.equal(bits(h), bits(alone_history))
+        if on:
+            assert torch.equal(bits(q.high_precision_stats), bits(lone_row(x)))
 
 
 @pytest.fixture
@@ -121,16 +144,19 @@ def test_the_quantizer_takes_one_launch_on_the_fast_shape(launches):
     launches.clear()
     x = torch.randn(128, 256, device=DEV, dtype=torch.bfloat16)
     cupy_fp8_tensor.fp8_delayed_quantize(x, q.amax_history, q.scale, "E4M3", True, True, high_precision_stats=True)
-    assert launches == ["ted_fp8_cast_transpose16"]  # (the statistics pass is launched by cupy_stats)
+    assert launches == ["ted_fp8_delayed_stats_cast16"]  # the statistics pass records the amax, then the cast
 
 
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
 def test_no_local_memory(dtype):
-    """The kernel keeps its arrays in registers (a kernel with local memory makes its launches block in a training
-    loop: docs/internals.md), within the 64 registers of the cast's 4 resident blocks per SM."""
+    """The kernels keep their arrays in registers (a kernel with local memory makes its launches block in a training
+    loop: docs/internals.md), within the registers of their resident blocks per SM: the cast's 4 blocks of 256
+    threads (64 registers), 3 with the statistics pass."""
     from tedebug.backends.cupy_runtime import dtype_options, get_kernel
 
     x = torch.zeros(64, 128, dtype=dtype, device=DEV)
-    for fmt in ("E4M3", "E5M2"):
-        raw = get_kernel("fp8_tensor.cu", "ted_fp8_delayed_cast16", dtype_options(x, fmt)).raw(0)
-        assert raw.local_size_bytes == 0 and raw.num_regs <= 64, (fmt, raw.local_size_bytes, raw.num_regs)
+    for name, blocks in (("ted_fp8_delayed_cast16", 4), ("ted_fp8_delayed_stats_cast16", 3)):
+        for fmt in ("E4M3", "E5M2"):
+            raw = get_kernel("fp8_tensor.cu", name, dtype_options(x, fmt)).raw(0)
+            fits = raw.num_regs * 256 * blocks <= 65536
+            assert raw.local_size_bytes == 0 and fits, (name, fmt, raw.local_size_bytes, raw.num_regs)

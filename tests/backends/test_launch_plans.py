@@ -236,9 +236,29 @@ def test_delayed_scaling_on_the_fast_shape_is_one_launch(launches):
     ]
     assert buffers.scale_inv.data_ptr() == small.data_ptr() + 128 and buffers.stats.numel() == 9
     assert cupy_fp8_tensor._delayed_in_one_launch(plan, False)
-    assert not cupy_fp8_tensor._delayed_in_one_launch(plan, True)  # the statistics pass records the amax
     general = cupy_fp8_tensor._cast_plan(torch.ones((96, 256), dtype=torch.bfloat16), 0, "E4M3")
     assert not cupy_fp8_tensor._delayed_in_one_launch(general, False)
+    assert not cupy_fp8_tensor._delayed_in_one_launch(general, True)
+
+
+def test_logged_delayed_scaling_on_the_fast_shape_is_one_launch(launches, monkeypatch):
+    """With the statistics pass (`high_precision_stats`), the one launch is ``ted_fp8_delayed_stats_cast16``: the
+    arguments of ``ted_fp8_delayed_cast16``, then the statistics pass's ticket, the basic statistics row in the
+    small allocation and the grid of a lone statistics launch on the tensor, as a uint32 (`cupy_stats.lone_grid`)."""
+    recorded, made = launches
+    monkeypatch.setattr(cupy_fp8_tensor, "lone_grid", lambda x, index: 11)
+    x = torch.ones((128, 256), dtype=torch.bfloat16)
+    history, scale = torch.zeros(4), torch.full((1,), 2.0)
+    buffers = cupy_fp8_tensor.fp8_delayed_quantize(x, history, scale, "E4M3", True, True, high_precision_stats=True)
+    small = made[0].small
+    plan = cupy_fp8_tensor._cast_plan(x, 0, "E4M3")
+    ((name, grid, args),) = recorded
+    assert name == "ted_fp8_delayed_stats_cast16" and grid == plan.cast_grid
+    assert args[:4] == (x.data_ptr(), plan.m, plan.k, 9000 + 4 * TICKETS["fp8_delayed"])
+    assert args[-6:-3] == (5000, 9000 + 4 * TICKETS["cast"], small.data_ptr())
+    assert args[-3:] == (9000 + 4 * TICKETS["stats"], small.data_ptr() + 160, np.uint32(11))
+    assert type(args[-1]) is np.uint32
+    assert buffers.high_precision_stats.data_ptr() == small.data_ptr() + 160
 
 
 def test_flat_statistics_pass_gets_what_the_general_amax_pass_gives_it(launches, monkeypatch):
@@ -267,11 +287,17 @@ def test_flat_statistics_pass_gets_what_the_general_amax_pass_gives_it(launches,
     assert len(passes) == 2 and passes[0] == passes[1]
     history, scale = torch.zeros(4), torch.full((1,), 2.0)
     passes.clear()
-    buffers = cupy_fp8_tensor.fp8_delayed_quantize(x, history, scale, "E4M3", True, True, high_precision_stats=True)
+    general = torch.ones((96, 256), dtype=torch.bfloat16)  # (on the fast shape delayed scaling takes one launch)
+    buffers = cupy_fp8_tensor.fp8_delayed_quantize(
+        general, history, scale, "E4M3", True, True, high_precision_stats=True
+    )
     scale_inv = made[1].small.view(torch.float32)[32:33]
-    cupy_fp8_tensor.amax_launch(x, history, record=(scale, scale_inv), high_precision_out=buffers.high_precision_stats)
+    cupy_fp8_tensor.amax_launch(
+        general, history, record=(scale, scale_inv), high_precision_out=buffers.high_precision_stats
+    )
     assert len(passes) == 2 and passes[0] == passes[1]
-    assert [name for name, _, _ in recorded] == ["ted_fp8_cast_transpose16"] * 2  # no amax launch of its own
+    # no amax launch of their own
+    assert [name for name, _, _ in recorded] == ["ted_fp8_cast_transpose16", "ted_fp8_cast_transpose"]
 
 
 def test_fp32_mxfp8_quantize_is_one_launch(monkeypatch):
