@@ -16,7 +16,7 @@
 // `ted_fp8_cast_transpose` (general) handles every other shape and fp32 inputs.  `ted_fp8_current_scale` is still
 // used for empty tensors.
 #include "common.cuh"
-#include "stats_pass.cuh"  // stats_run: the statistics pass of ted_fp8_current_stats_cast16
+#include "stats_pass.cuh"  // stats_run: the statistics pass of the two *_stats_cast16 kernels
 
 // TE's compute_scale_from_amax for current scaling (amax < epsilon -> epsilon; 0 / Inf / NaN amax -> 1; else
 // fp8_max / amax rounded once, Inf -> FLT_MAX; pow2 rounds down to a power of two): writes scale and
@@ -645,7 +645,7 @@ ted_fp8_delayed_stats_cast16(const ted_raw_t* __restrict__ x, long long M, long 
     Acc* stats_partial = reinterpret_cast<Acc*>(partial);
     for (unsigned int b = blockIdx.x; b < stats_blocks; b += gridDim.x)
         stats_run<true>(x, M * K, stats_partial, stats_ticket, stats_out, history, 3, 0.0f, 0.0f, 0, scale_p,
-                              scale_inv_out, nullptr, b, stats_blocks);
+                        scale_inv_out, nullptr, b, stats_blocks);
     const float scale = scale_p[0];
     const float sinv = ted_div(1.0f, scale);
     ct16_cast(x, M, K, scale, sinv, fp8_max, do_row, do_col, row_codes, col_codes,
