@@ -7,7 +7,8 @@ test_gpu_kernels.py, test_gpu_nvfp4.py, test_gpu_emulated_gemm.py).
   the emulated GEMMs' operands (`cupy_dequant._plan`) look their kernels up once per shape, choose the kernel the
   shape calls for, and size the grid within one block per work item and the per-SM bound of their kernel;
 - the one-launch current scaling (`cupy_fp8_tensor._fused_current`) is chosen only in the driver launch mode,
-  outside a CUDA graph capture and where the device holds the cast's grid at once;
+  outside a CUDA graph capture and where the device holds the cast's grid at once; a logged tensor's (with the
+  statistics pass) has its own kernel and capacity, and so has delayed scaling's;
 - the flat paths of per-tensor FP8 (`fp8_current_quantize`, `fp8_delayed_quantize`) build the amax pass's
   arguments themselves: they are exactly those of the general `amax_launch` for the same outputs.
 """
@@ -119,6 +120,53 @@ def test_one_launch_current_scaling_only_where_its_barrier_holds(asked, monkeypa
     capturing[0], mode[0] = False, "cupy"
     assert cupy_fp8_tensor._fused_current(plan, x, 0, "E4M3") is None
     assert len(capacities) == 1  # neither of the last two asked
+
+
+def test_logged_current_scaling_takes_the_statistics_kernel_with_its_own_capacity(launches, monkeypatch):
+    """With `high_precision_stats`, `_fused_current` picks ``ted_fp8_current_stats_cast16``, whose capacity it asks
+    and keeps apart from the plain kernel's (3 blocks per SM: a grid of 4 per SM does not fit it), and the one
+    launch gets the plain kernel's arguments, then the statistics pass's ticket, the basic statistics row in the
+    small allocation and the grid of a lone statistics launch on the tensor (uint32, `cupy_stats.lone_grid`)."""
+    recorded, made = launches
+    cooperative = []
+    per_sm = {"ted_fp8_current_cast16": 4, "ted_fp8_current_stats_cast16": 3}
+    monkeypatch.setattr(cupy_fp8_tensor, "launch_mode", lambda: "driver")
+    monkeypatch.setattr(cupy_fp8_tensor, "_capturing", lambda: False)
+    monkeypatch.setattr(cupy_fp8_tensor, "cooperative_blocks_per_sm", lambda kernel, index, block: per_sm[kernel[1]])
+    monkeypatch.setattr(cupy_fp8_tensor, "_CURRENT_KERNELS", {})
+    monkeypatch.setattr(
+        cupy_fp8_tensor,
+        "launch_cooperative_on",
+        lambda kernel, index, stream, grid, block, args: cooperative.append((kernel[1], grid, args)),
+    )
+    monkeypatch.setattr(cupy_fp8_tensor, "lone_grid", lambda x, index: 11)
+    x = torch.ones((128, 256), dtype=torch.bfloat16)
+    plan = cupy_fp8_tensor._cast_plan(x, 0, "E4M3")
+    assert (
+        cupy_fp8_tensor._fused_current(plan, x, 0, "E4M3", True)
+        == cupy_fp8_tensor._CURRENT_KERNELS[(0, torch.bfloat16, "E4M3", True)][0]
+    )
+    buffers = cupy_fp8_tensor.fp8_current_quantize(x, "E4M3", 0.0, False, True, True, high_precision_stats=True)
+    unlogged = cupy_fp8_tensor.fp8_current_quantize(x, "E4M3", 0.0, False, True, True)
+    assert recorded == []  # neither took a plain launch
+    (logged_name, logged_grid, logged_args), (plain_name, plain_grid, plain_args) = cooperative
+    assert (logged_name, plain_name) == ("ted_fp8_current_stats_cast16", "ted_fp8_current_cast16")
+    assert logged_grid == plain_grid == plan.cast_grid
+    small = made[0].small
+    # the input, its shape, the barrier's slots, then (after the outputs' vector) FP8 max, epsilon, pow2, directions
+    assert logged_args[:4] == plain_args[:4] and logged_args[5:10] == plain_args[5:10]
+    assert len(logged_args) == len(plain_args) + 3
+    assert logged_args[4] == small.data_ptr() + 128  # amax, scale, -, -, scale_inv
+    assert logged_args[-6:-3] == (5000, 9000 + 4 * TICKETS["cast"], small.data_ptr())
+    assert logged_args[-3:] == (9000 + 4 * TICKETS["stats"], small.data_ptr() + 160, np.uint32(11))
+    assert type(logged_args[-1]) is np.uint32
+    assert buffers.high_precision_stats.data_ptr() == small.data_ptr() + 160 and unlogged.high_precision_stats is None
+    # a grid of 4 blocks per SM: the plain kernel holds it at once, the statistics kernel does not
+    big = torch.empty((64 * 4 * SMS, 128), dtype=torch.bfloat16)
+    big_plan = cupy_fp8_tensor._cast_plan(big, 0, "E4M3")
+    assert big_plan.cast_grid == 4 * SMS
+    assert cupy_fp8_tensor._fused_current(big_plan, big, 0, "E4M3") is not None
+    assert cupy_fp8_tensor._fused_current(big_plan, big, 0, "E4M3", True) is None
 
 
 @pytest.mark.parametrize("two_d, sr", [(False, False), (True, False), (False, True)])
