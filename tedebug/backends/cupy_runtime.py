@@ -2,9 +2,11 @@
 
 What it owns:
 
-- loading: one `cupy.RawModule` per (source file, compile options), built lazily and cached; a compile failure
-  raises `KernelCompileError` naming the source and options and showing the NVRTC log; `get_kernel` returns a cached
-  `tedebug.backends.launch.Kernel` (launched with `tedebug.backends.launch.launch` on torch's current stream);
+- loading: one `cupy.RawModule` per (source file, compile options), built lazily and cached (the source stamped
+  with a digest of the kernel headers, so that CuPy's disk cache never serves a binary of other headers); a
+  compile failure raises `KernelCompileError` naming the source and options and showing the NVRTC log;
+  `get_kernel` returns a cached `tedebug.backends.launch.Kernel` (launched with `tedebug.backends.launch.launch`
+  on torch's current stream);
 - one persistent workspace per (device, stream) holding the per-block partials and the atomic tickets of the
   single-launch kernels (the last block of a launch finishes the reduction and resets its ticket), so a call
   allocates only its outputs; `ticket(tickets, name)` is the address of one kernel family's ticket slot;
@@ -20,6 +22,7 @@ The launchers live in one module per kernel source: `cupy_stats` (``stats.cu``),
 from __future__ import annotations
 
 import functools
+import hashlib
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
@@ -93,6 +96,21 @@ def cupy_importable() -> bool:
 _MODULES: Dict[Tuple[str, Tuple[str, ...]], object] = {}
 
 
+@functools.lru_cache(maxsize=None)
+def headers_stamp(directory: Path) -> str:
+    """A comment line naming a digest of every header (``*.cuh``) in the kernel folder `directory`, appended to each
+    source before it is compiled.
+
+    Why: CuPy keeps compiled modules on disk keyed by the source text and the options, not by the files the source
+    includes, so after an upgrade that changed only a header (the statistics pass lives in ``stats_pass.cuh``) it
+    would load the binary built from the old header.  The stamp makes the key change with any header.  Read once
+    per process and folder."""
+    digest = hashlib.sha256()
+    for header in sorted(directory.glob("*.cuh")):
+        digest.update(header.name.encode() + b"\0" + header.read_bytes() + b"\0")
+    return f"\n// tedebug kernel headers {digest.hexdigest()[:32]}\n"
+
+
 def get_module(source: str, options: Tuple[str, ...]):
     """The compiled RawModule of ``kernels/<source>`` for `options` (cached per (source, options))."""
     key = (source, tuple(options))
@@ -102,7 +120,7 @@ def get_module(source: str, options: Tuple[str, ...]):
     cp = _cupy()
     directory = kernel_dir()
     path = directory / source
-    code = path.read_text()
+    code = path.read_text() + headers_stamp(directory)  # (the compile cache must see the headers: `headers_stamp`)
     # No fast math.  CuPy appends -ftz=true itself; the kernels avoid flushing through inline PTX (common.cuh).
     full_options = ("-std=c++17", "--prec-div=true", "--prec-sqrt=true", f"-I{directory}") + tuple(options)
     try:
