@@ -209,6 +209,8 @@ def fp8_cast_transpose_raw(
 _VECTOR_AT = 128
 _HIGH_PRECISION_AT = _VECTOR_AT + 32
 _SMALL_WORDS = (_HIGH_PRECISION_AT + 8 * BASIC_ROW_LEN) // 8
+#: the float64 words of the basic statistics row in the small allocation
+_HIGH_PRECISION_ROW = slice(_HIGH_PRECISION_AT // 8, _SMALL_WORDS)
 #: float32 index in the small allocation of scale_inv under current scaling (vector[4]) and delayed scaling (vector[0])
 _CURRENT_SCALE_INV = (_VECTOR_AT + 16) // 4
 _DELAYED_SCALE_INV = _VECTOR_AT // 4
@@ -372,7 +374,7 @@ def _amax_pass(
     `high_precision_stats` the statistics pass that writes the same and x's basic statistics row into the small
     allocation; returns that row (a view of `small`), or None."""
     if high_precision_stats:
-        row = small[_HIGH_PRECISION_AT // 8 : _SMALL_WORDS]
+        row = small[_HIGH_PRECISION_ROW]
         basic_stats_and_amax_into(x, row.data_ptr(), outputs)
         return row
     _, tickets = workspace_on(index, stream)
@@ -483,7 +485,7 @@ def fp8_current_quantize(
     stream = raw_stream(index)
     fused = _fused_current(plan, x, index, fp8_format, high_precision_stats) if plan.fast else None
     if fused is not None:  # amax (or the statistics pass), scale and cast in one launch
-        high_precision = small[_HIGH_PRECISION_AT // 8 : _SMALL_WORDS] if high_precision_stats else None
+        high_precision = small[_HIGH_PRECISION_ROW] if high_precision_stats else None
         stats = _launch_current(fused, plan, x, index, stream, vector, epsilon, pow2, outputs, high_precision)
     else:
         mode_args = (vector, _CURRENT_SCALE_MODE, plan.fp8_max, np.float32(epsilon), FLAGS[bool(pow2)], scale_ptr)
@@ -578,7 +580,7 @@ def fp8_delayed_quantize(
     scale_ptr, scale_inv_ptr = scale.data_ptr(), small.data_ptr() + _VECTOR_AT
     stream = raw_stream(index)
     if _delayed_in_one_launch(plan, high_precision_stats):  # the recording (or statistics) pass and the cast
-        high_precision = small[_HIGH_PRECISION_AT // 8 : _SMALL_WORDS] if high_precision_stats else None
+        high_precision = small[_HIGH_PRECISION_ROW] if high_precision_stats else None
         stats = _launch_delayed(
             plan, x, index, stream, fp8_format, history, scale_ptr, scale_inv_ptr, outputs, high_precision
         )
