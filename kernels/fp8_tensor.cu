@@ -500,6 +500,28 @@ ted_fp8_cast_transpose16(const ted_raw_t* __restrict__ x, long long M, long long
               out);
 }
 
+// The grid-wide barrier of the cooperative one-launch kernels (every block resident at once): thread 0 of each
+// block takes a ticket at ws[1]; the last one to arrive, which every other block's writes before the barrier are
+// visible to, runs `last()`, resets the ticket and releases the others through the flag ws[2], on which they wait.
+// The block that finishes the cast's statistics clears the flag afterwards (ct16_cast returns true there), so
+// ws[1..2] are 0 between launches.
+template <typename Last>
+__device__ __forceinline__ void ct_grid_barrier(unsigned int* ws, Last last) {
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(ws + 1, 1u) == gridDim.x - 1) {
+            last();
+            ws[1] = 0u;
+            __threadfence();
+            atomicExch(ws + 2, 1u);
+        } else {
+            while (atomicAdd(ws + 2, 0u) == 0u) __nanosleep(64);
+            __threadfence();
+        }
+    }
+    __syncthreads();
+}
+
 // Current scaling in one launch: the amax pass and the cast of `ted_fp8_amax_scale` + `ted_fp8_cast_transpose16`,
 // with a grid-wide barrier between them instead of a second launch (a launch costs the host 15-30 us on the lent
 // H200 hosts; a small tensor's quantization is bound by that, not by the GPU).
@@ -533,20 +555,10 @@ ted_fp8_current_cast16(const ted_raw_t* __restrict__ x, long long M, long long K
         }
     }
     ted_block_amax_into(ted_max(ted_lo(pk), ted_hi(pk)), ws);
-    if (threadIdx.x == 0) {
-        __threadfence();
-        if (atomicAdd(ws + 1, 1u) == gridDim.x - 1) {
-            const float amax = __uint_as_float(atomicExch(ws, 0u));
-            ted_amax_outputs(amax, vector, 1, fp8_max, epsilon, pow2, vector + 1, vector + 4);
-            ws[1] = 0u;
-            __threadfence();
-            atomicExch(ws + 2, 1u);
-        } else {
-            while (atomicAdd(ws + 2, 0u) == 0u) __nanosleep(64);
-            __threadfence();
-        }
-    }
-    __syncthreads();
+    ct_grid_barrier(ws, [&] {
+        const float amax = __uint_as_float(atomicExch(ws, 0u));
+        ted_amax_outputs(amax, vector, 1, fp8_max, epsilon, pow2, vector + 1, vector + 4);
+    });
     const float scale = __ldcg(vector + 1), sinv = __ldcg(vector + 4);  // written by another block: through L2
     if (ct16_cast(x, M, K, scale, sinv, fp8_max, do_row, do_col, row_codes, col_codes, partial, ticket, out) &&
         threadIdx.x == 0)
@@ -580,18 +592,7 @@ ted_fp8_current_stats_cast16(const ted_raw_t* __restrict__ x, long long M, long 
     for (unsigned int b = blockIdx.x; b < stats_blocks; b += gridDim.x)
         stats_run<true>(x, M * K, stats_partial, stats_ticket, stats_out, vector, 1, fp8_max, epsilon, pow2,
                         vector + 1, vector + 4, nullptr, b, stats_blocks);
-    if (threadIdx.x == 0) {
-        __threadfence();
-        if (atomicAdd(ws + 1, 1u) == gridDim.x - 1) {
-            ws[1] = 0u;
-            __threadfence();
-            atomicExch(ws + 2, 1u);
-        } else {
-            while (atomicAdd(ws + 2, 0u) == 0u) __nanosleep(64);
-            __threadfence();
-        }
-    }
-    __syncthreads();
+    ct_grid_barrier(ws, [] {});
     const float scale = __ldcg(vector + 1), sinv = __ldcg(vector + 4);  // written by another block: through L2
     if (ct16_cast(x, M, K, scale, sinv, fp8_max, do_row, do_col, row_codes, col_codes, partial, ticket, out) &&
         threadIdx.x == 0)
