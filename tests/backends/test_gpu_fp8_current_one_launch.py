@@ -9,10 +9,10 @@ the other shapes.  Every test needs CUDA and CuPy."""
 import pytest
 import torch
 
-from tedebug.backends import cupy_fp8_tensor, cupy_stats, launch
+from tedebug.backends import cupy_fp8_tensor, launch
 from tedebug.quantization.float8 import Float8CurrentScalingQuantizer
 
-from support.kernel_inputs import bits, cast_inputs
+from support.kernel_inputs import bits, cast_inputs, lone_row
 
 pytestmark = pytest.mark.gpu
 
@@ -33,13 +33,6 @@ def quantize_both_ways(monkeypatch, x, fmt, epsilon, pow2, rowwise=True, columnw
         m.setattr(cupy_fp8_tensor, "_fused_current", lambda *args: None)
         two = cupy_fp8_tensor.fp8_current_quantize(x, fmt, epsilon, pow2, rowwise, columnwise, logged)
     return one, two
-
-
-def lone_row(x):
-    """The basic statistics row of a lone statistics launch on `x` (`ted_stats`)."""
-    row = torch.empty(cupy_stats.BASIC_ROW_LEN, dtype=torch.float64, device=DEV)
-    cupy_stats.basic_stats_into(x, row.data_ptr())
-    return row
 
 
 @pytest.mark.parametrize("logged", (False, True))

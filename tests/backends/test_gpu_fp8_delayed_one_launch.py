@@ -9,10 +9,10 @@ launch, two on the other shapes.  Every test needs CUDA and CuPy."""
 import pytest
 import torch
 
-from tedebug.backends import cupy_fp8_tensor, cupy_stats
+from tedebug.backends import cupy_fp8_tensor
 from tedebug.quantization.float8 import Float8Quantizer
 
-from support.kernel_inputs import bits, cast_inputs
+from support.kernel_inputs import bits, cast_inputs, lone_row
 
 pytestmark = pytest.mark.gpu
 
@@ -43,13 +43,6 @@ def quantize_both_ways(monkeypatch, x, entry, scale, fmt, rowwise=True, columnwi
             q = cupy_fp8_tensor.fp8_delayed_quantize(x, history, state, fmt, rowwise, columnwise, logged)
         results.append((q, history))
     return results
-
-
-def lone_row(x):
-    """The basic statistics row of a lone statistics launch on `x` (`ted_stats`)."""
-    row = torch.empty(cupy_stats.BASIC_ROW_LEN, dtype=torch.float64, device=DEV)
-    cupy_stats.basic_stats_into(x, row.data_ptr())
-    return row
 
 
 @pytest.mark.parametrize("logged", (False, True))

@@ -135,3 +135,13 @@ def with_reference_vector(x: torch.Tensor, table=None):
         vector[index] = partials[name]
     attach_fused(q, x, {"rowwise": FusedStats(vector, table)})
     return q
+
+
+def lone_row(x: torch.Tensor) -> torch.Tensor:
+    """The basic statistics row of a lone statistics launch on the CUDA tensor `x` (``ted_stats`` through
+    `cupy_stats.basic_stats_into`): what a kernel that runs the statistics pass inside another launch must write."""
+    from tedebug.backends import cupy_stats  # (the kernel backend loads only where a GPU test runs)
+
+    row = torch.empty(cupy_stats.BASIC_ROW_LEN, dtype=torch.float64, device=x.device)
+    cupy_stats.basic_stats_into(x, row.data_ptr())
+    return row
