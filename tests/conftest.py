@@ -3,7 +3,9 @@
 
 - `no_debug_session`: no tedebug session before or after the test;
 - `start`: for the debug-path tests, opens a session with the test features of tests/feature_dirs_debug and returns
-  their loaded module (its CALLS list records every call).
+  their loaded module (its CALLS list records every call);
+- `host_kernels`: runs a test of the CPU FP8 host path twice, with the compiled helpers of kernels/host_fp8.c and
+  with the numpy path (``$TEDEBUG_HOST_KERNELS``), which must give the same bits.
 
 And the ``gpu`` marker's promise (pyproject.toml): a test marked ``gpu`` is skipped, with the reason, where CUDA or
 CuPy is missing (`pytest_collection_modifyitems`), so a GPU test module only declares the mark."""
@@ -91,3 +93,15 @@ def no_debug_session():
     yield
     debug_api.end_debug()
     debug_api._queued_sinks.clear()
+
+
+@pytest.fixture(params=["c", "numpy"])
+def host_kernels(request, monkeypatch):
+    """The test once with the compiled CPU helpers (``$TEDEBUG_HOST_KERNELS=c``: an error if they cannot be built)
+    and once with the numpy path; the compiled run is skipped, with the reason, where there is no C compiler."""
+    from tedebug.backends import host_kernels as helpers
+
+    if request.param == "c" and helpers.compiler() is None:
+        pytest.skip("no C compiler ($CC, cc, gcc or clang): the compiled CPU helpers cannot be built here")
+    monkeypatch.setenv(helpers.ENV_VAR, request.param)
+    return request.param

@@ -29,6 +29,7 @@ from tedebug.host_numpy import PerThreadTable, compiling
 
 from tedebug.backends import dispatch
 from tedebug.backends.dispatch import KernelChoice
+from tedebug.backends.host_kernels import HostFp8, host_fp8
 from tedebug.backends.fused_stats import (
     FP8_STATS,
     FP8_STATS_WITH_SCALE,
@@ -364,6 +365,12 @@ def _empty_per_tensor(quantizer: Quantizer, shape, dtype, device, fp8_format: st
 
 
 # ------------------------------------------------------------------------------------------------ CPU host path
+def _fp32_source(tensor: torch.Tensor) -> torch.Tensor:
+    """The contiguous fp32 CPU tensor of a contiguous CPU tensor's values, read without autograd: the tensor itself
+    when it is fp32 (its memory is read through a pointer, never written), else its exact fp32 copy."""
+    return tensor if tensor.dtype is torch.float32 else tensor.detach().float()
+
+
 def _host_fp32(tensor: torch.Tensor) -> np.ndarray:
     """The fp32 values of a contiguous CPU tensor as a numpy array of its shape, read without autograd (a view of
     an fp32 tensor; the exact fp32 copy of a bfloat16 / float16 one)."""
@@ -413,7 +420,6 @@ def _host_cast(
     `workspace`: `_scaled_workspace` of the tensor's shape."""
     fmt = quantizer.fp8_format
     fmax = FP8_MAX[fmt]
-    shape = tensor.shape
     scaled, scaled_tensor, mk = workspace
     largest = float(amax) * float(scale)  # exact, and below 2·fp8_max its fp32 rounding cannot overflow
     if largest <= fmax or (largest < 2.0 * fmax and np.float32(largest) < _ROUNDS_TO_MAX[fmt]):
@@ -433,6 +439,69 @@ def _host_cast(
     if quantizer.columnwise_usage:
         columnwise_np = codes_np.reshape(mk).T.copy()  # (C order: the contiguous [K, M] transpose)
         columnwise = torch.from_numpy(columnwise_np)
+    rowwise = codes if quantizer.rowwise_usage else None
+    values_read = values if quantizer.error_stats else None
+    return _host_result(quantizer, tensor, values_read, amax, scale, mk, rowwise, codes_np, columnwise, columnwise_np)
+
+
+def _compiled_cast(
+    quantizer: "Float8Quantizer | Float8CurrentScalingQuantizer",
+    tensor: torch.Tensor,
+    source: torch.Tensor,
+    amax: float,
+    scale: np.float32,
+    helpers: HostFp8,
+) -> Float8Tensor:
+    """`_host_cast` by the compiled helpers (`tedebug.backends.host_kernels`): the product, the saturation (under
+    the same condition), the rounding, the NaN code and the transposed copy in one call that writes the codes
+    straight into the tensors' memory.  `source`: the contiguous fp32 tensor of `tensor`'s values (itself when it
+    is fp32); `amax`: their NaN-ignoring max|x| as a Python float.  The same bytes as `_host_cast` (the compiled
+    rounding matches torch's cast for every fp32 value: tests/backends/test_host_kernels.py)."""
+    fmt = quantizer.fp8_format
+    fmax = FP8_MAX[fmt]
+    shape = tensor.shape
+    mk = _MATRIX_SHAPES.get(shape)
+    if mk is None:
+        mk = _MATRIX_SHAPES.keep(shape, matrix_shape(shape))
+    largest = amax * float(scale)  # exact, as in `_host_cast`
+    clip = not (largest <= fmax or (largest < 2.0 * fmax and np.float32(largest) < _ROUNDS_TO_MAX[fmt]))
+    codes_np = np.empty(shape, dtype=np.uint8)  # (the rowwise codes are always written: the transpose's source)
+    codes = torch.from_numpy(codes_np)
+    columnwise = columnwise_np = None
+    col = 0
+    if quantizer.columnwise_usage:
+        columnwise_np = np.empty((mk[1], mk[0]), dtype=np.uint8)
+        columnwise = torch.from_numpy(columnwise_np)
+        col = columnwise.data_ptr()
+    helpers.cast(source.data_ptr(), mk[0], mk[1], float(scale), fmt, clip, fmax, codes.data_ptr(), col)
+    values = source.numpy(force=True) if quantizer.error_stats else None  # (a weight requires grad: detached)
+    rowwise = codes if quantizer.rowwise_usage else None
+    return _host_result(
+        quantizer, tensor, values, np.float32(amax), scale, mk, rowwise, codes_np, columnwise, columnwise_np
+    )
+
+
+#: `matrix_shape` of the shapes `_compiled_cast` has seen, per thread
+_MATRIX_SHAPES = PerThreadTable(64)
+
+
+def _host_result(
+    quantizer: "Float8Quantizer | Float8CurrentScalingQuantizer",
+    tensor: torch.Tensor,
+    values: Optional[np.ndarray],
+    amax,
+    scale: np.float32,
+    mk: Tuple[int, int],
+    rowwise: Optional[torch.Tensor],
+    codes_np: np.ndarray,
+    columnwise: Optional[torch.Tensor],
+    columnwise_np: Optional[np.ndarray],
+) -> Float8Tensor:
+    """The Float8Tensor of a host cast (`_host_cast`, `_compiled_cast`) from its codes (`codes_np`: the rowwise
+    codes' array, made even when `rowwise` is None; `columnwise_np` the transpose's): scale_inv = 1/scale in fp32,
+    the numpy views kept for the GEMMs' decode, and the statistics vector of the cast of `values` (the fp32 input,
+    given exactly when `quantizer.error_stats` asks for the vector) with NaN-ignoring `amax`."""
+    fmt = quantizer.fp8_format
     if scale != 0.0:
         inverse = np.float32(1.0) / scale
     else:  # a delayed-scaling state may hold a zero scale: 1/0 = Inf, as torch divides
@@ -440,10 +509,10 @@ def _host_cast(
             inverse = np.float32(1.0) / scale
     inverse_np = np.array(inverse)  # (0-d float32: the scalar's own dtype)
     scale_inv = torch.from_numpy(inverse_np)
-    rowwise = codes if quantizer.rowwise_usage else None
+    shape = tensor.shape
     out = Float8Tensor._assemble(shape, tensor.dtype, tensor.device, quantizer, fmt, mk, scale_inv, rowwise, columnwise)
     out._host_arrays = (rowwise, codes_np, columnwise, columnwise_np, scale_inv, inverse_np)
-    if quantizer.error_stats:
+    if values is not None:
         # the decode table of scale_inv, made here for the statistics and kept on the tensor for its GEMMs
         table = out._scaled_table(inverse)
         per = FusedStats(_host_error_stats(values, codes_np, inverse, table, fmt, amax), FP8_STATS_WITH_SCALE)
@@ -568,8 +637,15 @@ class Float8CurrentScalingQuantizer(Quantizer):
     def _quantize_on_host(self, tensor: torch.Tensor) -> Float8Tensor:
         """The torch path above for a contiguous, non-empty CPU tensor, computed by numpy where that is exact: the
         amax (a maximum, order-free; the same pass tells whether a NaN is present) and the scale (`_scale_of`, fp32
-        arithmetic), then `_host_cast`.  The same bytes and scale_inv as `_cast_per_tensor`
+        arithmetic), then `_host_cast`; where the compiled helpers are built (`tedebug.backends.host_kernels`) the
+        amax and `_compiled_cast` are theirs.  The same bytes and scale_inv as `_cast_per_tensor`
         (tests/test_host_cost_cpu.py compares them)."""
+        helpers = host_fp8()
+        if helpers is not None:  # the compiled helpers: the amax in one call, the cast in another
+            source = _fp32_source(tensor)
+            largest, _ = helpers.amax_and_nan(source.data_ptr(), source.numel())
+            scale = _scale_of(largest, FP8_MAX[self.fp8_format], self.amax_epsilon, self.force_pow_2_scales, FLT_MAX)
+            return _compiled_cast(self, tensor, source, largest, scale, helpers)
         values = _host_fp32(tensor)
         workspace = _scaled_workspace(tensor.shape)
         amax, has_nan = host_amax_and_nan(values, workspace[0])  # (|x| goes to the workspace, overwritten below)
@@ -708,12 +784,19 @@ class Float8Quantizer(Quantizer):
     def _quantize_on_host(self, tensor: torch.Tensor, history: torch.Tensor) -> Float8Tensor:
         """The torch path above for a contiguous, non-empty CPU tensor (the state is on the CPU too, `state_to`):
         the amax by numpy (order-free), recorded into history[0] as ``torch.maximum`` does (NaN propagates), then
-        `_host_cast` with the stored scale.  The same bytes, scale_inv and history as the torch path
-        (tests/quantization/test_float8_host_stats.py compares them)."""
+        `_host_cast` with the stored scale (the compiled helpers' amax and `_compiled_cast` where they are built).
+        The same bytes, scale_inv and history as the torch path (tests/quantization/test_float8_host_stats.py
+        compares them)."""
+        recorded = history.numpy()
+        helpers = host_fp8()
+        if helpers is not None:  # the compiled helpers: the amax in one call, the cast in another
+            source = _fp32_source(tensor)
+            largest, _ = helpers.amax_and_nan(source.data_ptr(), source.numel())
+            recorded[0] = np.maximum(recorded[0], np.float32(largest))
+            return _compiled_cast(self, tensor, source, largest, np.float32(self.scale.item()), helpers)
         values = _host_fp32(tensor)
         workspace = _scaled_workspace(tensor.shape)
         amax, has_nan = host_amax_and_nan(values, workspace[0])  # (|x| goes to the workspace, overwritten below)
-        recorded = history.numpy()
         recorded[0] = np.maximum(recorded[0], amax)
         return _host_cast(self, tensor, values, amax, has_nan, np.float32(self.scale.item()), workspace)
 

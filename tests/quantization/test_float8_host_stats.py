@@ -7,7 +7,8 @@
   inputs (zeros of both signs, fp32 subnormals, values at and beyond the FP8 maximum, NaN, infinities, odd and
   N-D shapes, a dynamic range that makes the float64 sum depend on its order, a tensor above torch's parallel
   grain) and state (zero, infinite, huge and tiny delayed scales);
-- with the flag off nothing is attached.
+- with the flag off nothing is attached;
+- each of these holds for the compiled helpers (kernels/host_fp8.c) and for the numpy path.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from support.concurrency import run_in_two_threads
 from support.kernel_inputs import fp8_cast_inputs, reference_fp8_partials
 
 NAN, INF = float("nan"), float("inf")
+
+#: every test here runs with the compiled CPU helpers and with the numpy path (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("host_kernels")
 
 
 _CURRENT = [
@@ -153,6 +157,22 @@ def test_vector_is_for_that_tensor_at_that_version_only():
     assert fused_vector(q, x.clone(), "rowwise") is None
     x.mul_(2.0)
     assert fused_vector(q, x, "rowwise") is None
+
+
+@pytest.mark.parametrize(
+    "make", [Float8CurrentScalingQuantizer, lambda: Float8Quantizer(torch.tensor(3.0), torch.zeros(4), "E4M3")]
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_tensor_that_requires_grad_is_read_without_autograd(make, dtype):
+    """A layer's weight requires grad: its codes, scale_inv and statistics vector are those of its detached copy."""
+    x = (torch.randn(6, 16, generator=torch.Generator().manual_seed(12)) * 40).to(dtype)
+    leaf = x.clone().requires_grad_(True)
+    plain, graded = make().quantize(x), make().quantize(leaf)
+    assert torch.equal(graded.rowwise_data, plain.rowwise_data)
+    assert torch.equal(graded.columnwise_data, plain.columnwise_data)
+    assert torch.equal(graded.scale_inv, plain.scale_inv)
+    values = [{k: v.item() for k, v in fused_vector(q, t, "rowwise").items()} for q, t in ((graded, leaf), (plain, x))]
+    assert values[0] == values[1] and values[0]["sq_err"] > 0
 
 
 def test_threads_casting_tensors_of_one_shape_do_not_share_a_workspace():

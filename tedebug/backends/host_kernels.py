@@ -1,0 +1,186 @@
+"""The compiled CPU helpers of ``kernels/host_fp8.c``: per-tensor FP8 quantization of CPU tensors in two calls.
+
+Why: on the CPU a small tensor's FP8 quantization is bound by its number of Python-level calls (the numpy path of
+`tedebug.quantization.float8` makes about ten: |x|, the reduction, the product, torch's cast, the views, the
+transposed copy), three quantizations per linear layer and step.  The two functions of the C source make the
+amax one call and the product, the cast and the transposed copy another, with the same bits (the source's header
+says why; tests/backends/test_host_kernels.py compares them with torch's cast).
+
+How: the source is compiled with the system C compiler (``$CC``, else ``cc``, ``gcc`` or ``clang``) into a shared
+library the first time a process needs it, kept in a cache directory (``$TEDEBUG_CACHE_DIR``, else
+``$XDG_CACHE_HOME/tedebug``, else ``~/.cache/tedebug``) under a name that carries a digest of the source, the
+compiler and the flags, and loaded through ctypes.  Several processes (the ranks of one machine) may build it at
+once: each writes its own temporary file and renames it into place, so a loaded file is always whole.  No build
+step at install time, and nothing to carry for a user without a compiler.
+
+The kernel choice is visible (as ``KernelPreference`` in torchao): ``$TEDEBUG_HOST_KERNELS`` is ``c`` (use the
+compiled helpers; an error when they cannot be built), ``numpy`` (the numpy path) or unset (the compiled helpers
+where they build, else the numpy path, which gives the same bits; the reason is kept in `unavailable_reason`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Optional, Tuple
+
+from tedebug.backends.cupy_runtime import kernel_dir
+from tedebug.backends.environ import environ_reader
+
+ENV_VAR = "TEDEBUG_HOST_KERNELS"
+_MODES = ("c", "numpy")
+SOURCE_NAME = "host_fp8.c"
+#: no contraction into fused multiply-adds and no fast-math: every product is one IEEE fp32 multiplication;
+#: -fno-trapping-math lets the loops vectorize (selects may evaluate both sides) without changing a value; no -march
+#: (the cache directory may be shared by machines of different CPUs)
+FLAGS = ("-O3", "-std=c99", "-fPIC", "-shared", "-fno-fast-math", "-ffp-contract=off", "-fno-trapping-math")
+
+
+class HostKernelError(RuntimeError):
+    """``$TEDEBUG_HOST_KERNELS=c`` asked for the compiled helpers and they could not be built or loaded."""
+
+
+class HostFp8:
+    """The loaded functions of ``host_fp8.c`` (device pointers are plain ints: ``tensor.data_ptr()``)."""
+
+    __slots__ = ("_amax", "_cast", "_local", "path")
+
+    def __init__(self, library: Any, path: Path) -> None:
+        self.path = path
+        self._amax = library.ted_host_amax
+        self._amax.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+        self._amax.restype = ctypes.c_int
+        self._cast = library.ted_host_fp8_cast
+        self._cast.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_float, ctypes.c_int]
+        self._cast.argtypes += [ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p]
+        self._cast.restype = None
+        self._local = threading.local()
+
+    def amax_and_nan(self, pointer: int, numel: int) -> Tuple[float, bool]:
+        """(max|x| over the `numel` fp32 values at `pointer` with NaN ignored, 0 when all are NaN; whether any is
+        NaN): `formats.host_amax_and_nan`'s answer, the amax as a Python float (the fp32 value exactly)."""
+        slot = getattr(self._local, "slot", None)
+        if slot is None:
+            slot = self._local.slot = ctypes.c_float(0.0)
+            self._local.address = ctypes.addressof(slot)
+        nan = self._amax(pointer, numel, self._local.address)
+        return slot.value, bool(nan)
+
+    def cast(
+        self, pointer: int, m: int, k: int, scale: float, fmt: str, clip: bool, fp8_max: float, row: int, col: int
+    ) -> None:
+        """The FP8 codes (`fmt` "E4M3" or "E5M2") of the [m, k] fp32 values at `pointer` times `scale`, clamped to
+        ±fp8_max first when `clip`, NaN as 0x7F: into `row` ([m, k], always) and `col` ([k, m], the transpose; 0
+        for none).  Without `clip` no product may reach the format's overflow threshold (the caller checks the
+        amax)."""
+        self._cast(pointer, m, k, scale, 1 if fmt == "E5M2" else 0, 1 if clip else 0, fp8_max, row, col or None)
+
+
+_read_env = environ_reader(ENV_VAR)
+_LOCK = threading.Lock()
+#: the outcome of the one build: (HostFp8 or None, why it is None)
+_BUILT: Optional[Tuple[Optional[HostFp8], str]] = None
+
+
+def host_fp8() -> Optional[HostFp8]:
+    """The compiled helpers, or None where the numpy path runs (``$TEDEBUG_HOST_KERNELS=numpy``, or unset and they
+    could not be built); raises `HostKernelError` when the variable says ``c`` and they could not be."""
+    raw = _read_env()
+    if raw is None:
+        built = _BUILT if _BUILT is not None else _build_once()
+        return built[0]
+    mode = raw.strip().lower()
+    if mode == "numpy":
+        return None
+    if mode != "c":
+        raise ValueError(f"environment variable {ENV_VAR}={raw!r}: expected one of {_MODES}")
+    helpers, reason = _BUILT if _BUILT is not None else _build_once()
+    if helpers is None:
+        raise HostKernelError(f"{ENV_VAR}=c: the compiled CPU helpers ({SOURCE_NAME}) are unavailable: {reason}")
+    return helpers
+
+
+def unavailable_reason() -> str:
+    """Why the compiled helpers are not used ("" when they are, or were not asked for yet)."""
+    return _BUILT[1] if _BUILT is not None else ""
+
+
+def _build_once() -> Tuple[Optional[HostFp8], str]:
+    global _BUILT
+    with _LOCK:
+        if _BUILT is None:
+            try:
+                path = build(cache_dir())
+                _BUILT = (HostFp8(ctypes.CDLL(str(path)), path), "")
+            except (OSError, subprocess.SubprocessError, HostKernelError, AttributeError) as exc:
+                _BUILT = (None, f"{type(exc).__name__}: {exc}")
+        return _BUILT
+
+
+def cache_dir() -> Path:
+    """Where the built library is kept: ``$TEDEBUG_CACHE_DIR``, else ``$XDG_CACHE_HOME/tedebug``, else
+    ``~/.cache/tedebug``."""
+    explicit = os.environ.get("TEDEBUG_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "tedebug"
+
+
+def compiler() -> Optional[str]:
+    """The C compiler: ``$CC`` when set, else the first of cc, gcc and clang on PATH (None when there is none)."""
+    named = os.environ.get("CC")
+    if named:
+        return shutil.which(named) or named
+    for name in ("cc", "gcc", "clang"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def build(directory: Path) -> Path:
+    """The shared library of ``kernels/host_fp8.c`` in `directory`, compiled there unless a library of the same
+    source, compiler and flags already is; raises `HostKernelError` naming the compiler's complaint."""
+    cc = compiler()
+    if cc is None:
+        raise HostKernelError("no C compiler ($CC, cc, gcc or clang) on PATH")
+    path = kernel_dir() / SOURCE_NAME
+    source = path.read_bytes()
+    digest = hashlib.sha256()
+    for part in (source, cc.encode(), " ".join(FLAGS).encode(), platform.machine().encode()):
+        digest.update(part)
+        digest.update(b"\0")
+    target = directory / f"host_fp8-{digest.hexdigest()[:20]}.so"
+    if target.exists():
+        return target
+    directory.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=".host_fp8-", suffix=".so", dir=directory)
+    os.close(handle)
+    try:
+        command = [cc, *FLAGS, "-o", temporary, str(path), "-lm"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise HostKernelError(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr.strip()}")
+        os.replace(temporary, target)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+    return target
+
+
+def _reset_for_tests() -> None:
+    """Forget the build (tests that point the cache or the compiler elsewhere)."""
+    global _BUILT
+    with _LOCK:
+        _BUILT = None
+
+
+__all__ = ["ENV_VAR", "HostFp8", "HostKernelError", "build", "cache_dir", "compiler", "host_fp8", "unavailable_reason"]
