@@ -256,9 +256,11 @@ class Float8Tensor(QuantizedTensor):
 def _table_times(fmt: str, factor: np.float32) -> np.ndarray:
     """The 256 fp32 values of the FP8 codes of `fmt` times `factor` (IEEE fp32 products, a new array): what
     `_decode_array` gives the codes 0..255, with one product and no look-up."""
-    if math.isfinite(factor):
+    if math.isfinite(factor) and factor != 0.0:
         return np.multiply(fp8_decode_table(fmt), factor)
-    with np.errstate(invalid="ignore"):  # 0 · Inf makes NaN of a zero code, as torch's product does
+    # 0 · Inf makes NaN: of a zero code with an infinite factor, of E5M2's infinite codes with a zero one (a delayed
+    # scale of Inf), as torch's product does, without numpy's warning in the user's run
+    with np.errstate(invalid="ignore"):
         return np.multiply(fp8_decode_table(fmt), factor)
 
 

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -24,7 +25,7 @@ from tedebug.quantization.float8 import (
     Float8Quantizer,
     _cast_per_tensor,
 )
-from tedebug.quantization.formats import tensor_amax
+from tedebug.quantization.formats import decode_fp8, tensor_amax
 
 from support.concurrency import run_in_two_threads
 from support.kernel_inputs import fp8_cast_inputs, reference_fp8_partials
@@ -173,6 +174,19 @@ def test_a_tensor_that_requires_grad_is_read_without_autograd(make, dtype):
     assert torch.equal(graded.scale_inv, plain.scale_inv)
     values = [{k: v.item() for k, v in fused_vector(q, t, "rowwise").items()} for q, t in ((graded, leaf), (plain, x))]
     assert values[0] == values[1] and values[0]["sq_err"] > 0
+
+
+def test_an_infinite_delayed_scale_raises_no_numpy_warning():
+    """A delayed scale of Inf gives scale_inv 0: E5M2's infinite codes then decode to 0 · Inf = NaN, as torch's
+    product does, without numpy's RuntimeWarning in the user's run."""
+    x = torch.tensor([[1.0, -2.0, 0.0], [3.0, 0.5, -0.25]])
+    quantizer = Float8Quantizer(torch.tensor(INF), torch.zeros(4), "E5M2")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        q = quantizer.quantize(x)
+        values = q.dequantize(dtype=torch.float32)
+    reference = decode_fp8(q.rowwise_data, "E5M2") * q.scale_inv  # (torch's product: x · Inf, 0 · Inf = NaN)
+    assert q.scale_inv.item() == 0.0 and torch.equal(values.view(torch.int32), reference.view(torch.int32))
 
 
 def test_threads_casting_tensors_of_one_shape_do_not_share_a_workspace():
