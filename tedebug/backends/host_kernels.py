@@ -8,14 +8,16 @@ says why; tests/backends/test_host_kernels.py compares them with torch's cast).
 
 How: the source is compiled with the system C compiler (``$CC``, else ``cc``, ``gcc`` or ``clang``) into a shared
 library the first time a process needs it, kept in a cache directory (``$TEDEBUG_CACHE_DIR``, else
-``$XDG_CACHE_HOME/tedebug``, else ``~/.cache/tedebug``) under a name that carries a digest of the source, the
-compiler and the flags, and loaded through ctypes.  Several processes (the ranks of one machine) may build it at
+``$XDG_CACHE_HOME/tedebug``, else ``~/.cache/tedebug``; where that cannot be written, a private ``tedebug-<uid>``
+folder in the temporary directory) under a name that carries a digest of the source, the compiler and the flags,
+and loaded through ctypes.  Several processes (the ranks of one machine) may build it at
 once: each writes its own temporary file and renames it into place, so a loaded file is always whole.  No build
 step at install time, and nothing to carry for a user without a compiler.
 
 The kernel choice is visible (as ``KernelPreference`` in torchao): ``$TEDEBUG_HOST_KERNELS`` is ``c`` (use the
 compiled helpers; an error when they cannot be built), ``numpy`` (the numpy path) or unset (the compiled helpers
-where they build, else the numpy path, which gives the same bits; the reason is kept in `unavailable_reason`).
+where they build, else the numpy path, which gives the same bits; the reason is kept in `unavailable_reason`, and
+a compiler that fails is reported once with a RuntimeWarning; a machine without a compiler is not).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import warnings
 from pathlib import Path
 from typing import Any, Optional, Tuple
 
@@ -116,12 +119,36 @@ def _build_once() -> Tuple[Optional[HostFp8], str]:
     global _BUILT
     with _LOCK:
         if _BUILT is None:
-            try:
-                path = build(cache_dir())
-                _BUILT = (HostFp8(ctypes.CDLL(str(path)), path), "")
-            except (OSError, subprocess.SubprocessError, HostKernelError, AttributeError) as exc:
-                _BUILT = (None, f"{type(exc).__name__}: {exc}")
+            _BUILT = _build_and_load()
+            if _BUILT[0] is None and _read_env() is None and compiler() is not None:
+                # a compiler that fails is not what this machine should do: said once, then the numpy path runs
+                warnings.warn(
+                    f"tedebug: the compiled CPU helpers ({SOURCE_NAME}) could not be built ({_BUILT[1]}); per-tensor "
+                    f"FP8 on the CPU uses numpy instead (the same values, slower). {ENV_VAR}=numpy chooses that and "
+                    "silences this warning.",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
         return _BUILT
+
+
+def _build_and_load() -> Tuple[Optional[HostFp8], str]:
+    """The loaded helpers and "", or None and why: built in `cache_dir()`, else (that folder cannot be written or
+    its library cannot be loaded) in a private folder under the temporary directory (`fallback_dir`)."""
+    if compiler() is None:
+        return None, "no C compiler ($CC, cc, gcc or clang) on PATH"
+    reasons = []
+    for directory, private in ((cache_dir(), False), (fallback_dir(), True)):
+        try:
+            if private:
+                _make_private(directory)
+            path = build(directory)
+            return HostFp8(ctypes.CDLL(str(path)), path), ""
+        except (HostKernelError, subprocess.SubprocessError) as exc:  # the compiler itself: another folder won't help
+            return None, str(exc)
+        except (OSError, AttributeError) as exc:  # the folder, or loading the library from it
+            reasons.append(f"{directory}: {type(exc).__name__}: {exc}")
+    return None, "; ".join(reasons)
 
 
 def cache_dir() -> Path:
@@ -132,6 +159,22 @@ def cache_dir() -> Path:
         return Path(explicit)
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "tedebug"
+
+
+def fallback_dir() -> Path:
+    """The folder of the library when `cache_dir()` cannot hold it: ``tedebug-<uid>`` in the temporary directory."""
+    uid = os.getuid() if hasattr(os, "getuid") else os.getlogin()
+    return Path(tempfile.gettempdir()) / f"tedebug-{uid}"
+
+
+def _make_private(directory: Path) -> None:
+    """Create `directory` readable and writable by this user only, or check that it already is and belongs to
+    this user (a library loaded from a folder others can write to would run their code); OSError otherwise."""
+    directory.mkdir(mode=0o700, exist_ok=True)
+    status = directory.stat()
+    owner_ok = not hasattr(os, "getuid") or status.st_uid == os.getuid()
+    if not owner_ok or status.st_mode & 0o022:
+        raise PermissionError(f"{directory} is not a private folder of this user; not loading code from it")
 
 
 def compiler() -> Optional[str]:
@@ -168,7 +211,10 @@ def build(directory: Path) -> Path:
         command = [cc, *FLAGS, "-o", temporary, str(path), "-lm"]
         done = subprocess.run(command, capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
-            raise HostKernelError(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr.strip()}")
+            complaint = done.stderr.strip()
+            raise HostKernelError(
+                f"{' '.join(command)} failed (exit status {done.returncode})" + (f":\n{complaint}" if complaint else "")
+            )
         os.replace(temporary, target)
     finally:
         if os.path.exists(temporary):
@@ -183,4 +229,14 @@ def _reset_for_tests() -> None:
         _BUILT = None
 
 
-__all__ = ["ENV_VAR", "HostFp8", "HostKernelError", "build", "cache_dir", "compiler", "host_fp8", "unavailable_reason"]
+__all__ = [
+    "ENV_VAR",
+    "HostFp8",
+    "HostKernelError",
+    "build",
+    "cache_dir",
+    "compiler",
+    "fallback_dir",
+    "host_fp8",
+    "unavailable_reason",
+]

@@ -5,8 +5,10 @@
   both formats, with and without the saturation the caller may skip, and with a scale that makes real products;
 - the transposed codes are the transpose of the rowwise ones (which are always written), and can be left out;
 - the amax ignores NaN (0 when all are NaN), keeps infinities and says whether a NaN was present;
-- the library is built once per source, compiler and flags and then loaded from the cache; a compiler that fails or
-  is missing leaves the numpy path in place, unless ``$TEDEBUG_HOST_KERNELS=c`` asks for the helpers (an error).
+- the library is built once per source, compiler and flags and then loaded from the cache (or, where the cache
+  cannot be written, from a private temporary folder, never from one others can write to); two builders at once
+  leave one whole library; a compiler that fails (with one warning) or is missing leaves the numpy path in place,
+  unless ``$TEDEBUG_HOST_KERNELS=c`` asks for the helpers (an error).
 
 Once over all 2^32 fp32 bit patterns (2026-12-04, not run here: minutes), the cast matched torch's in both formats.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import subprocess
+import warnings
 
 import numpy as np
 import pytest
@@ -22,6 +25,8 @@ import torch
 
 from tedebug.backends import host_kernels
 from tedebug.quantization.formats import FP8_MAX, TORCH_FP8_DTYPE, fp8_decode_table
+
+from support.concurrency import run_in_two_threads
 
 pytestmark = pytest.mark.skipif(host_kernels.compiler() is None, reason="no C compiler: nothing to build")
 
@@ -173,3 +178,52 @@ def test_cache_dir(monkeypatch, tmp_path):
     monkeypatch.delenv("TEDEBUG_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
     assert host_kernels.cache_dir() == tmp_path / "x" / "tedebug"
+
+
+def _fresh(monkeypatch, tmp_path, cache):
+    """A process's first look: no build yet, the cache at `cache`, the fallback folder in `tmp_path`, no choice."""
+    monkeypatch.setattr(host_kernels, "_BUILT", None)
+    monkeypatch.setenv("TEDEBUG_CACHE_DIR", str(cache))
+    monkeypatch.setattr(host_kernels, "fallback_dir", lambda: tmp_path / "private")
+    monkeypatch.delenv(host_kernels.ENV_VAR, raising=False)
+
+
+def test_an_unwritable_cache_falls_back_to_a_private_temporary_folder(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("not a folder")
+    _fresh(monkeypatch, tmp_path, tmp_path / "file" / "cache")
+    helpers = host_kernels.host_fp8()
+    assert helpers is not None and helpers.path.parent == tmp_path / "private"
+    assert (tmp_path / "private").stat().st_mode & 0o777 == 0o700
+
+
+def test_a_folder_others_can_write_to_is_not_loaded_from(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("not a folder")
+    _fresh(monkeypatch, tmp_path, tmp_path / "file" / "cache")
+    (tmp_path / "private").mkdir(mode=0o777)
+    (tmp_path / "private").chmod(0o777)
+    with pytest.warns(RuntimeWarning, match="not a private folder"):
+        assert host_kernels.host_fp8() is None
+    assert list((tmp_path / "private").iterdir()) == []
+
+
+def test_a_failing_compiler_warns_once_and_leaves_the_numpy_path(tmp_path, monkeypatch):
+    _fresh(monkeypatch, tmp_path, tmp_path / "cache")
+    monkeypatch.setenv("CC", "false")
+    with pytest.warns(
+        RuntimeWarning,
+        match=r"(?s)could not be built \(.*false .*failed \(exit status 1\)\).*TEDEBUG_HOST_KERNELS=numpy",
+    ):
+        assert host_kernels.host_fp8() is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert host_kernels.host_fp8() is None  # (once per process)
+
+
+def test_two_builders_at_once_leave_one_whole_library(tmp_path):
+    """Ranks of one machine may build at once: each compiles into its own temporary file and renames it into
+    place, so the library is whole whoever wins (no build is cached yet: both compile)."""
+    results = run_in_two_threads(lambda i: [host_kernels.build(tmp_path)], 1)
+    paths = {result[0] for result in results[0] + results[1]}
+    assert len(paths) == 1 and [p.name for p in tmp_path.iterdir()] == [next(iter(paths)).name]
+    library = ctypes.CDLL(str(next(iter(paths))))
+    assert library.ted_host_fp8_cast is not None
