@@ -216,9 +216,13 @@ def main() -> int:
             samples[label].append(fn())
     med = {label: statistics.median(values) for label, values in samples.items()}
     low = {label: min(values) for label, values in samples.items()}
+    from tedebug.backends import host_kernels
+
+    cast = "compiled helpers" if host_kernels.host_fp8() is not None else "numpy"
     print(
         f"torch {torch.__version__}, CPU float32, {LAYERS} blocks, hidden {HIDDEN}, {BATCH}x{SEQ} tokens, "
-        f"{args.rounds} interleaved rounds x {args.iters} steps, {args.clock} clock (median; min-max)"
+        f"{args.rounds} interleaved rounds x {args.iters} steps, {args.clock} clock (median; min-max); "
+        f"the CPU FP8 cast: {cast} (${host_kernels.ENV_VAR})"
     )
     for label, values in samples.items():
         print(f"  {label:55s} {med[label]:9.0f} us/step  ({min(values):.0f}-{max(values):.0f})")
