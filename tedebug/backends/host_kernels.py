@@ -14,10 +14,11 @@ and loaded through ctypes.  Several processes (the ranks of one machine) may bui
 once: each writes its own temporary file and renames it into place, so a loaded file is always whole.  No build
 step at install time, and nothing to carry for a user without a compiler.
 
-The kernel choice is visible (as ``KernelPreference`` in torchao): ``$TEDEBUG_HOST_KERNELS`` is ``c`` (use the
-compiled helpers; an error when they cannot be built), ``numpy`` (the numpy path) or unset (the compiled helpers
-where they build, else the numpy path, which gives the same bits; the reason is kept in `unavailable_reason`, and
-a compiler that fails is reported once with a RuntimeWarning; a machine without a compiler is not).
+The kernel choice is visible (as ``KernelPreference`` in torchao): `use_host_kernels(mode)`, else
+``$TEDEBUG_HOST_KERNELS``, names it: ``c`` (the compiled helpers; an error when they cannot be built), ``numpy``
+(the numpy path) or ``auto``, the default (the compiled helpers where they build, else the numpy path, which gives
+the same bits; the reason is kept in `unavailable_reason`, and a compiler that fails is reported once with a
+RuntimeWarning; a machine without a compiler is not).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from tedebug.backends.cupy_runtime import kernel_dir
 from tedebug.backends.environ import environ_reader
 
 ENV_VAR = "TEDEBUG_HOST_KERNELS"
-_MODES = ("c", "numpy")
+_MODES = ("auto", "c", "numpy")
 SOURCE_NAME = "host_fp8.c"
 #: no contraction into fused multiply-adds and no fast-math: every product is one IEEE fp32 multiplication;
 #: -fno-trapping-math lets the loops vectorize (selects may evaluate both sides) without changing a value; no -march
@@ -92,20 +93,56 @@ _LOCK = threading.Lock()
 _BUILT: Optional[Tuple[Optional[HostFp8], str]] = None
 
 
-def host_fp8() -> Optional[HostFp8]:
-    """The compiled helpers, or None where the numpy path runs (``$TEDEBUG_HOST_KERNELS=numpy``, or unset and they
-    could not be built); raises `HostKernelError` when the variable says ``c`` and they could not be."""
+class use_host_kernels:  # noqa: N801 - reads as a function at call sites
+    """Choose the CPU FP8 cast for this process ("auto" | "c" | "numpy"), over ``$TEDEBUG_HOST_KERNELS``; as a
+    context manager, restore the previous choice on exit (as `dispatch.use_backend` does for the GPU kernels)."""
+
+    def __init__(self, mode: str) -> None:
+        global _override
+        self.mode = _check_mode(mode, "use_host_kernels")
+        self._previous = _override
+        _override = self.mode
+
+    def __enter__(self) -> "use_host_kernels":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        global _override
+        _override = self._previous
+
+
+_override: Optional[str] = None
+#: (raw value of $TEDEBUG_HOST_KERNELS, the mode it names): checked again only when the value changes
+_env_parsed: Tuple[Optional[str], str] = (None, "auto")
+
+
+def _check_mode(value: str, where: str) -> str:
+    mode = value.strip().lower() if isinstance(value, str) else value
+    if mode not in _MODES:
+        raise ValueError(f"{where}={value!r}: expected one of {_MODES}")
+    return mode
+
+
+def requested_mode() -> str:
+    """The CPU FP8 cast asked for: `use_host_kernels`' choice, else ``$TEDEBUG_HOST_KERNELS`` (read at every call),
+    else ``"auto"``."""
+    global _env_parsed
+    if _override is not None:
+        return _override
     raw = _read_env()
-    if raw is None:
-        built = _BUILT if _BUILT is not None else _build_once()
-        return built[0]
-    mode = raw.strip().lower()
+    if raw is not _env_parsed[0]:  # (the reader returns the same object while the variable is unchanged)
+        _env_parsed = (raw, "auto" if raw is None else _check_mode(raw, f"environment variable {ENV_VAR}"))
+    return _env_parsed[1]
+
+
+def host_fp8() -> Optional[HostFp8]:
+    """The compiled helpers, or None where the numpy path runs (asked for, or "auto" and they could not be built);
+    raises `HostKernelError` when "c" is asked for and they could not be built."""
+    mode = requested_mode()
     if mode == "numpy":
         return None
-    if mode != "c":
-        raise ValueError(f"environment variable {ENV_VAR}={raw!r}: expected one of {_MODES}")
-    helpers, reason = _BUILT if _BUILT is not None else _build_once()
-    if helpers is None:
+    helpers, reason = _BUILT if _BUILT is not None else _build_once(mode)
+    if helpers is None and mode == "c":
         raise HostKernelError(f"{ENV_VAR}=c: the compiled CPU helpers ({SOURCE_NAME}) are unavailable: {reason}")
     return helpers
 
@@ -115,12 +152,12 @@ def unavailable_reason() -> str:
     return _BUILT[1] if _BUILT is not None else ""
 
 
-def _build_once() -> Tuple[Optional[HostFp8], str]:
+def _build_once(mode: str) -> Tuple[Optional[HostFp8], str]:
     global _BUILT
     with _LOCK:
         if _BUILT is None:
             _BUILT = _build_and_load()
-            if _BUILT[0] is None and _read_env() is None and compiler() is not None:
+            if _BUILT[0] is None and mode == "auto" and compiler() is not None:
                 # a compiler that fails is not what this machine should do: said once, then the numpy path runs
                 warnings.warn(
                     f"tedebug: the compiled CPU helpers ({SOURCE_NAME}) could not be built ({_BUILT[1]}); per-tensor "
@@ -238,5 +275,7 @@ __all__ = [
     "compiler",
     "fallback_dir",
     "host_fp8",
+    "requested_mode",
     "unavailable_reason",
+    "use_host_kernels",
 ]

@@ -167,9 +167,24 @@ def test_the_variable_chooses(monkeypatch):
     assert host_kernels.host_fp8() is None
     monkeypatch.setenv(host_kernels.ENV_VAR, " C ")
     assert isinstance(host_kernels.host_fp8(), host_kernels.HostFp8)
+    monkeypatch.setenv(host_kernels.ENV_VAR, "auto")
+    assert isinstance(host_kernels.host_fp8(), host_kernels.HostFp8)
     monkeypatch.setenv(host_kernels.ENV_VAR, "fortran")
-    with pytest.raises(ValueError, match="TEDEBUG_HOST_KERNELS='fortran': expected one of"):
+    with pytest.raises(ValueError, match="environment variable TEDEBUG_HOST_KERNELS='fortran': expected one of"):
         host_kernels.host_fp8()
+
+
+def test_use_host_kernels_overrides_the_variable_and_restores_the_choice(monkeypatch):
+    monkeypatch.setenv(host_kernels.ENV_VAR, "c")
+    with host_kernels.use_host_kernels("numpy"):
+        assert host_kernels.requested_mode() == "numpy" and host_kernels.host_fp8() is None
+        with host_kernels.use_host_kernels("auto"):
+            assert isinstance(host_kernels.host_fp8(), host_kernels.HostFp8)
+        assert host_kernels.requested_mode() == "numpy"
+    assert host_kernels.requested_mode() == "c"
+    with pytest.raises(ValueError, match="use_host_kernels='cuda': expected one of"):
+        host_kernels.use_host_kernels("cuda")
+    assert host_kernels.requested_mode() == "c"
 
 
 def test_cache_dir(monkeypatch, tmp_path):
