@@ -15,7 +15,8 @@
  *   to the FP8 format to nearest, ties to even, as torch's fp32 -> float8 cast rounds.  Normal results round the
  *   fp32 mantissa with the carry-into-the-exponent addition; results below the smallest normal are multiples of
  *   the smallest subnormal, and the quotient by it (an exact product with a power of two) is rounded to an integer
- *   by adding 2^23.  NaN stores 0x7F, the canonical NaN code of both formats, whatever its sign.  The caller
+ *   by adding 2^23, whose fp32 neighbours are 1 apart (in the default rounding mode, to nearest even, which numpy
+ *   and torch assume as well).  NaN stores 0x7F, the canonical NaN code of both formats, whatever its sign.  The caller
  *   guarantees that no product reaches the format's overflow threshold (464 for E4M3, 61440 for E5M2) unless `clip`
  *   is set: the encoding has no Inf/NaN-on-overflow case.
  *

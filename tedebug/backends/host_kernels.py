@@ -48,11 +48,11 @@ FLAGS = ("-O3", "-std=c99", "-fPIC", "-shared", "-fno-fast-math", "-ffp-contract
 
 
 class HostKernelError(RuntimeError):
-    """``$TEDEBUG_HOST_KERNELS=c`` asked for the compiled helpers and they could not be built or loaded."""
+    """The compiled helpers were asked for (mode "c") and could not be built or loaded."""
 
 
 class HostFp8:
-    """The loaded functions of ``host_fp8.c`` (device pointers are plain ints: ``tensor.data_ptr()``)."""
+    """The loaded functions of ``host_fp8.c`` (addresses of CPU memory are plain ints: ``tensor.data_ptr()``)."""
 
     __slots__ = ("_amax", "_cast", "_local", "path")
 
@@ -143,7 +143,10 @@ def host_fp8() -> Optional[HostFp8]:
         return None
     helpers, reason = _BUILT if _BUILT is not None else _build_once(mode)
     if helpers is None and mode == "c":
-        raise HostKernelError(f"{ENV_VAR}=c: the compiled CPU helpers ({SOURCE_NAME}) are unavailable: {reason}")
+        raise HostKernelError(
+            f'the CPU FP8 cast "c" was asked for (use_host_kernels / ${ENV_VAR}), but the compiled helpers '
+            f"({SOURCE_NAME}) are unavailable: {reason}"
+        )
     return helpers
 
 
