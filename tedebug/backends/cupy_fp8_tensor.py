@@ -529,7 +529,7 @@ def _launch_current(
         + (partials, tickets + _CAST_TICKET, small.data_ptr())
     )
     if high_precision is not None:
-        args += (tickets + STATS_TICKET_OFFSET, high_precision.data_ptr(), np.uint32(lone_grid(x2d, index)))
+        args += _stats_pass_args(tickets, high_precision, x2d, index)
     launch_cooperative_on(kernel, index, stream, plan.cast_grid, THREADS, args)
     return small[: plan.stats_len]
 
@@ -649,6 +649,13 @@ def _launch_delayed(
         + (partials, tickets + _CAST_TICKET, small.data_ptr())
     )
     if high_precision is not None:
-        args += (tickets + STATS_TICKET_OFFSET, high_precision.data_ptr(), np.uint32(lone_grid(x2d, index)))
+        args += _stats_pass_args(tickets, high_precision, x2d, index)
     launch_on(kernel, index, stream, plan.cast_grid, THREADS, args)
     return small[: plan.stats_len]
+
+
+def _stats_pass_args(tickets: int, high_precision: torch.Tensor, x2d: torch.Tensor, index: int) -> Tuple[Any, ...]:
+    """The trailing arguments of the ``*_stats_cast16`` kernels: the statistics pass's ticket, the row it writes
+    (`high_precision`, a view of the small allocation) and the grid of a lone statistics launch on `x2d`, whose
+    blocks the pass works as."""
+    return (tickets + STATS_TICKET_OFFSET, high_precision.data_ptr(), np.uint32(lone_grid(x2d, index)))

@@ -80,7 +80,8 @@ def basic_stats_into(x: torch.Tensor, out_ptr: int) -> None:
 
 def lone_grid(x: torch.Tensor, index: int) -> int:
     """The grid of `basic_stats_into` for the prepared CUDA tensor `x` on device `index`: a kernel that runs the
-    statistics pass inside another launch (``ted_fp8_current_stats_cast16``) works as that many blocks, so that its
+    statistics pass inside another launch (``ted_fp8_current_stats_cast16``, ``ted_fp8_delayed_stats_cast16``)
+    works as that many blocks, so that its
     row is this launch's bit for bit."""
     _, vec, max_grid = _STATS_LAUNCH.get((index, x.dtype)) or _stats_launch(x, index)
     return _lone_grid(x.numel(), vec, max_grid)

@@ -404,6 +404,15 @@ def _scaled_workspace(shape: torch.Size) -> Tuple[np.ndarray, torch.Tensor, Tupl
 _ROUNDS_TO_MAX = {"E4M3": 464.0, "E5M2": 61440.0}
 
 
+def _saturates(largest: float, fmt: str) -> bool:
+    """Whether a host cast whose largest product is `largest` (amax · scale, exact in double) must saturate
+    first: not when no product rounds beyond ±fp8_max in fp32 (an amax whose scale rounded up lands just above it,
+    and the cast rounds it to fp8_max, as the saturation would); below 2·fp8_max the fp32 rounding of `largest`
+    cannot overflow."""
+    fmax = FP8_MAX[fmt]
+    return not (largest <= fmax or (largest < 2.0 * fmax and np.float32(largest) < _ROUNDS_TO_MAX[fmt]))
+
+
 def _host_cast(
     quantizer: "Float8Quantizer | Float8CurrentScalingQuantizer",
     tensor: torch.Tensor,
@@ -423,10 +432,7 @@ def _host_cast(
     fmt = quantizer.fp8_format
     fmax = FP8_MAX[fmt]
     scaled, scaled_tensor, mk = workspace
-    largest = float(amax) * float(scale)  # exact, and below 2·fp8_max its fp32 rounding cannot overflow
-    if largest <= fmax or (largest < 2.0 * fmax and np.float32(largest) < _ROUNDS_TO_MAX[fmt]):
-        # no product rounds beyond ±fp8_max (an amax whose scale rounded up lands just above it, and the cast
-        # rounds it to fp8_max, as the saturation would), so nothing is clipped
+    if not _saturates(float(amax) * float(scale), fmt):  # (nothing is clipped)
         np.multiply(values, scale, out=scaled)
     else:  # products may overflow to Inf (and saturate); a zero or infinite scale makes NaN of 0 · Inf
         with np.errstate(over="ignore", invalid="ignore"):
@@ -462,11 +468,8 @@ def _compiled_cast(
     fmt = quantizer.fp8_format
     fmax = FP8_MAX[fmt]
     shape = tensor.shape
-    mk = _MATRIX_SHAPES.get(shape)
-    if mk is None:
-        mk = _MATRIX_SHAPES.keep(shape, matrix_shape(shape))
-    largest = amax * float(scale)  # exact, as in `_host_cast`
-    clip = not (largest <= fmax or (largest < 2.0 * fmax and np.float32(largest) < _ROUNDS_TO_MAX[fmt]))
+    mk = matrix_shape(shape)
+    clip = _saturates(amax * float(scale), fmt)
     codes_np = np.empty(shape, dtype=np.uint8)  # (the rowwise codes are always written: the transpose's source)
     codes = torch.from_numpy(codes_np)
     columnwise = columnwise_np = None
@@ -481,10 +484,6 @@ def _compiled_cast(
     return _host_result(
         quantizer, tensor, values, np.float32(amax), scale, mk, rowwise, codes_np, columnwise, columnwise_np
     )
-
-
-#: `matrix_shape` of the shapes `_compiled_cast` has seen, per thread
-_MATRIX_SHAPES = PerThreadTable(64)
 
 
 def _host_result(
