@@ -21,6 +21,7 @@ from tedebug.sinks.text import TextStatsSink
 from tedebug.stats import StatRequest, StatsEngine
 
 from support.features import RecordingSink, debug_session, section
+from support.slab_backend import slab_backend
 
 TABS = " \t\t\t\t "
 ASCTIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}"
@@ -344,29 +345,6 @@ def test_feed_gathers_the_row_from_a_backend_vector(monkeypatch, stats):
     assert rows["reference"][0][0] == 4.0 and rows["reference"][2][0] == 4.0  # numel column
 
 
-def _slab_backend(keys, calls):
-    """A CPU stand-in for the kernel backend's `basic_stats_into`: writes (numel, partials in `keys` order) as
-    float64 at the given address, as the CUDA kernel does."""
-    import ctypes
-    import types
-    from tedebug.backends import torch_ref
-
-    row_keys = ("numel",) + keys
-
-    def basic_stats_into(x, address):
-        calls.append(x)
-        partials = torch_ref.basic_partials(x)
-        values = torch.stack([torch.tensor(float(x.numel()), dtype=torch.float64)] + [partials[k] for k in keys])
-        ctypes.memmove(address, values.data_ptr(), 8 * len(row_keys))
-
-    return types.SimpleNamespace(
-        BASIC_KEYS=keys,
-        BASIC_ROW_KEYS=row_keys,
-        basic_stats_into=basic_stats_into,
-        basic_partials=torch_ref.basic_partials,
-    )
-
-
 def test_slab_rows_equal_the_reference_rows_with_microbatches_and_weights(monkeypatch):
     """A backend writing whole rows into the step's slab (`basic_stats_into`) emits exactly what the reference path
     emits: several feeds of one buffer merged, a weight keeping its first feed, key order of the backend followed
@@ -393,8 +371,8 @@ def test_slab_rows_equal_the_reference_rows_with_microbatches_and_weights(monkey
     steps = 3
     for name, backend, defer in (
         ("reference", None, False),
-        ("slab", _slab_backend(keys, calls), False),
-        ("deferred", _slab_backend(keys, calls), True),
+        ("slab", slab_backend(keys, calls), False),
+        ("deferred", slab_backend(keys, calls), True),
     ):
         if backend is not None:
             monkeypatch.setattr(engine_module, "backend_for", lambda x, b=backend: b)

@@ -51,14 +51,19 @@ class ScalarBatch(Sequence):
 
     __slots__ = ("_rows", "_len", "_raw", "_values", "_records", "_iteration", "_layout")
 
-    def __init__(self, rows: Iterable[BatchRow]) -> None:
+    def __init__(
+        self, rows: Iterable[BatchRow], layout: Optional[Tuple[Any, ...]] = None, iteration: Any = _UNSET
+    ) -> None:
+        """`layout` and `iteration`, when given, are the batch's `layout` and `iteration` as the caller knows them
+        (a caller that emits the same rows every step keeps one layout object: `same_layout` is then one
+        comparison)."""
         self._rows: Tuple[BatchRow, ...] = tuple(rows)
         self._len: Optional[int] = None
         self._raw: Optional[List[Any]] = None  # value_of(row) of every record, as returned
         self._values: Optional[List[float]] = None
         self._records: Optional[List[Record]] = None
-        self._iteration: Any = _UNSET
-        self._layout: Optional[Tuple[Any, ...]] = None
+        self._iteration: Any = iteration
+        self._layout: Optional[Tuple[Any, ...]] = layout
 
     # ------------------------------------------------------------------------------------------- sequence
     def __len__(self) -> int:
@@ -140,6 +145,8 @@ class ScalarBatch(Sequence):
         """True when `layout` (another batch's `layout`) holds the same objects as this batch's, so both batches have
         the same sequence of (name, layer, tensor, stat)."""
         mine = self.layout
+        if layout is mine:
+            return True
         return layout is not None and len(layout) == len(mine) and all(map(is_, layout, mine))
 
     def row_parts(self) -> List[Tuple[Emitters, Any, Any]]:
@@ -168,13 +175,17 @@ class DeferredBatch:
     `ScalarBatch` (a formula's error is then the build's, not the first sink's); `batch()` is the same batch not
     evaluated, for a writer that evaluates elsewhere (the writer process evaluates the formulas it receives)."""
 
-    __slots__ = ("rows",)
+    __slots__ = ("rows", "layout", "iteration")
 
-    def __init__(self, rows: Iterable[BatchRow]) -> None:
+    def __init__(
+        self, rows: Iterable[BatchRow], layout: Optional[Tuple[Any, ...]] = None, iteration: Any = _UNSET
+    ) -> None:
         self.rows = rows
+        self.layout = layout  # (`ScalarBatch`'s optional arguments, passed on)
+        self.iteration = iteration
 
     def batch(self) -> ScalarBatch:
-        return ScalarBatch(self.rows)
+        return ScalarBatch(self.rows, self.layout, self.iteration)
 
     def __call__(self) -> ScalarBatch:
-        return ScalarBatch(self.rows).evaluate()
+        return self.batch().evaluate()

@@ -50,7 +50,7 @@ from tedebug.stats.buffers import BufferKey, BufferStore, StatBuffer
 from tedebug.stats.definitions import StatRequest
 from tedebug.stats.host_batch import HostBatch
 from tedebug.stats.distributed import NO_REPLICA, DeferredReduction, GroupReducer, replica_id
-from tedebug.stats.readback import FedRow, RowsInFlight
+from tedebug.stats.readback import FedRow, RowsInFlight, SlabLayout, SlabStepInFlight, is_slab_step
 from tedebug.stats.slab import RowSlab
 
 
@@ -85,6 +85,7 @@ class StatsEngine:
         self._request_cache: Dict[tuple, Tuple[StatRequest, ...]] = {}
         self._numel_tensors: Dict[Tuple[int, torch.device], torch.Tensor] = {}
         self._slabs: Dict[torch.device, RowSlab] = {}  # this step's slabs
+        self._slab_layout: Optional[SlabLayout] = None  # the last slab step's layout (`_slab_step`)
         self._spare_slabs: Dict[torch.device, RowSlab] = {}  # the other set (deferred read-back alternates them)
         self._in_flight: Optional[Tuple[Any, Dict[torch.device, RowSlab]]] = None
         #: (layer, tensor) -> replica id of a tensor every rank of a TP group holds whole (`note_tp_replicas`)
@@ -304,9 +305,14 @@ class StatsEngine:
         try:
             if not fed and not due:
                 return
+            communicate = _reduce.distributed_ready()
+            slab_step = self._slab_step(fed) if fed and not communicate else None
+            if slab_step is not None:
+                self._emit_slab_step(slab_step, slab_step.values())
+                return
             rows = RowsInFlight(fed)
             host = rows.host_rows()
-            merged = self._reduce(rows.entries, host, _reduce.distributed_ready())
+            merged = self._reduce(rows.entries, host, communicate)
             self._emit(rows.entries, merged)
         finally:
             self._store.clear_step()
@@ -317,7 +323,9 @@ class StatsEngine:
         """Deferred read-back: start iteration `finished_iteration`'s transfers (and, with several ranks, its
         collectives); None when this rank has nothing to do (the participation rule of the module docstring)."""
         if not _reduce.needs_communication():
-            return RowsInFlight(fed) if fed else None
+            if not fed:
+                return None
+            return self._slab_step(fed) or RowsInFlight(fed)
         if not fed and not any(n <= finished_iteration for n in self._next_iter.values()):
             return None
         known = [b.reduction_group for b in self._store if not b.skip_reduction]
@@ -339,7 +347,31 @@ class StatsEngine:
             previous, self._in_flight = self._in_flight, None
             self._finish(*previous)
 
+    def _slab_step(self, fed: List[StatBuffer]) -> Optional[SlabStepInFlight]:
+        """The step's rows as a slab step (`tedebug.stats.readback.SlabLayout`: the layout of the last such step
+        when it still fits, else a new one), or None when `fed` is not one."""
+        first = fed[0]
+        if len(first.slab_rows) != 1:
+            return None
+        slab, iteration = first.slab_rows[0][0], first.iteration
+        layout = self._slab_layout
+        if layout is None or not layout.matches(fed, slab, iteration):
+            if not is_slab_step(fed):
+                return None
+            layout = self._slab_layout = SlabLayout(fed)
+        return SlabStepInFlight(layout, slab, iteration)
+
     def _finish(self, rows: Any, slabs: Dict[torch.device, RowSlab]) -> None:
+        if isinstance(rows, SlabStepInFlight):
+            try:
+                values = rows.values()
+            finally:
+                for slab in slabs.values():
+                    slab.reset()
+                if not self._spare_slabs:
+                    self._spare_slabs = slabs
+            self._emit_slab_step(rows, values)
+            return
         try:
             host = rows.host_rows()
         finally:
@@ -389,10 +421,13 @@ class StatsEngine:
                 and not self._nonfinite_reported
                 and (values[positions[0]] or values[positions[1]])
             ):
-                self._report_nonfinite(buffer, values)  # (a count that is not zero: the first non-finite values)
+                # (a count that is not zero: the first non-finite values)
+                self._report_nonfinite(buffer.key, buffer.iteration, positions, values)
+        self._log_batch(DeferredBatch(rows))
 
-        records = DeferredBatch(rows)  # the final formulas run when a writer builds it, or in the writer process
-
+    def _log_batch(self, records: DeferredBatch) -> None:
+        """Hand a step's batch to the metric logger (the final formulas run when a writer builds it, or in the
+        writer process), then flush it when the engine flushes at each step."""
         log_deferred = getattr(self.metric_logger, "log_deferred", None)
         log_scalars = getattr(self.metric_logger, "log_scalars", None)
         if callable(log_deferred):
@@ -406,19 +441,36 @@ class StatsEngine:
         if self.flush_at_step and callable(flush):
             flush()
 
-    def _report_nonfinite(self, buffer: FedRow, values: Sequence[float]) -> None:
-        if self._nonfinite_reported or self.log_message is None or buffer.nonfinite_positions is None:
+    def _emit_slab_step(self, step: SlabStepInFlight, values: List[List[float]]) -> None:
+        """`_emit` of a slab step: the rows in the layout's order, with its layout key and iteration."""
+        layout, iteration = step.layout, step.iteration
+        if layout.nonfinite and not self._nonfinite_reported:
+            for i, nan_at, inf_at in layout.nonfinite:
+                row = values[i]
+                if (row[nan_at] or row[inf_at]) and not self._nonfinite_reported:
+                    self._report_nonfinite(layout.buffers[i].key, iteration, (nan_at, inf_at), row)
+        rows = [
+            (emitters, row, iteration, layer, tensor) for (emitters, layer, tensor), row in zip(layout.parts, values)
+        ]
+        self._log_batch(DeferredBatch(rows, layout.key, iteration if layout.named else None))
+
+    def _report_nonfinite(
+        self, key: BufferKey, iteration: Any, positions: Tuple[int, int], values: Sequence[float]
+    ) -> None:
+        """Write the first non-finite values' message (once per session) when the row `values` of buffer `key`
+        counts any (`positions`: where its NaN and Inf counts are)."""
+        if self._nonfinite_reported or self.log_message is None:
             return
-        nan_at, inf_at = buffer.nonfinite_positions
+        nan_at, inf_at = positions
         nans, infs = int(values[nan_at]), int(values[inf_at])
         if nans == 0 and infs == 0:
             return
         self._nonfinite_reported = True
-        layer, tensor_name, _ = buffer.key
+        layer, tensor_name, _ = key
         gemms = "/".join(g for g in GEMMS_OF_TENSOR.get(tensor_name, ()) if g) or "-"
         self.log_message(
             f"First non-finite values: layer={layer} tensor={tensor_name} gemm={gemms} "
-            f"iteration={buffer.iteration} nan_count={nans} inf_count={infs}",
+            f"iteration={iteration} nan_count={nans} inf_count={infs}",
             layer_name=layer,
             level=logging.WARNING,
         )
@@ -433,6 +485,7 @@ class StatsEngine:
         self._numel_tensors.clear()
         self._slabs.clear()
         self._spare_slabs.clear()
+        self._slab_layout = None
         self._in_flight = None
         self._replicas.clear()
         self._replica_groups.clear()

@@ -161,3 +161,133 @@ class RowsInFlight:
             else:
                 host[entry.key] = combine_rows(entry.columns, torch.tensor(parts, dtype=torch.float64)).tolist()
         return host
+
+
+# ------------------------------------------------------------------------------------------------ slab steps
+class SlabLayout:
+    """What the emission of a *slab step* keeps from one step to the next: a step in which every fed buffer's row is
+    exactly one row of one `RowSlab` (one kernel launch per tensor, the GPU path's usual step), with the same buffers,
+    slab rows, emitters and slab layout as the step the layout was made for.
+
+    Such a step's emission is one gather per column layout and one ``tolist``, and the batch it hands over has this
+    layout's key (`ScalarBatch.same_layout` then compares one object), so a step costs a few attribute checks per
+    buffer instead of a snapshot object, a classification and a row list each."""
+
+    __slots__ = (
+        "buffers",
+        "emitters",
+        "rows",
+        "keys",
+        "row_index",
+        "columns",
+        "groups",
+        "parts",
+        "key",
+        "named",
+        "nonfinite",
+    )
+
+    def __init__(self, fed: Sequence[StatBuffer]) -> None:
+        first = fed[0]
+        self.buffers: Tuple[StatBuffer, ...] = tuple(fed)
+        self.emitters: Tuple[Emitters, ...] = tuple(b.emitters for b in fed)
+        self.rows: Tuple[int, ...] = tuple(b.slab_rows[0][1] for b in fed)
+        self.keys: Tuple[str, ...] = first.slab_keys
+        #: the slab rows in buffer order (None: they are the slab's rows 0, 1, ... already)
+        self.row_index: Optional[torch.Tensor] = (
+            None if self.rows == tuple(range(len(fed))) else torch.tensor(self.rows, dtype=torch.long)
+        )
+        by_positions: Dict[Tuple[int, ...], List[int]] = {}
+        for i, b in enumerate(fed):
+            by_positions.setdefault(b.row_positions(self.keys), []).append(i)
+        #: the columns of every row in the slab row when all buffers have the same (the usual case), else None and
+        #: per column layout its columns and the buffers (positions in `buffers`) that have it
+        self.columns: Optional[List[int]] = list(next(iter(by_positions))) if len(by_positions) == 1 else None
+        self.groups: List[Tuple[List[int], List[int], torch.Tensor]] = [
+            (list(positions), members, torch.tensor(members, dtype=torch.long))
+            for positions, members in by_positions.items()
+        ]
+        #: (emitters, layer, tensor) of every row, and the `ScalarBatch` layout key made of them
+        self.parts = [(b.emitters, b.key.layer, b.key.tensor) for b in fed]
+        self.key: Tuple[Any, ...] = tuple(part for row in self.parts for part in row)
+        self.named = any(e.names for e in self.emitters)  # (a batch with no named row has no one iteration)
+        #: (position in `buffers`, NaN count column, Inf count column) of the buffers that count non-finite values
+        self.nonfinite: List[Tuple[int, int, int]] = [
+            (i, *b.nonfinite_positions) for i, b in enumerate(fed) if b.nonfinite_positions is not None
+        ]
+
+    def matches(self, fed: Sequence[StatBuffer], slab: RowSlab, iteration: Any) -> bool:
+        """True when `fed` is a slab step of this layout, all of it at `iteration`."""
+        if len(fed) != len(self.buffers):
+            return False
+        keys = self.keys
+        for b, mine, emitters, row in zip(fed, self.buffers, self.emitters, self.rows):
+            if b is not mine or b.emitters is not emitters or b.slab_keys is not keys or b.iteration != iteration:
+                return False
+            slab_rows = b.slab_rows
+            if (
+                len(slab_rows) != 1
+                or slab_rows[0][0] is not slab
+                or slab_rows[0][1] != row
+                or b._row is not None
+                or b._host_row is not None
+                or b.staged
+                or b.vector_rows
+            ):
+                return False
+        return True
+
+
+def is_slab_step(fed: Sequence[StatBuffer]) -> bool:
+    """True when every buffer of `fed` (not empty) holds exactly one slab row, all of one slab, one slab layout and
+    one iteration, and nothing else (a `SlabLayout` can be made of it)."""
+    if not fed or len(fed[0].slab_rows) != 1:
+        return False
+    slab, keys, iteration = fed[0].slab_rows[0][0], fed[0].slab_keys, fed[0].iteration
+    for b in fed:
+        slab_rows = b.slab_rows
+        if (
+            len(slab_rows) != 1
+            or slab_rows[0][0] is not slab
+            or b.slab_keys is not keys
+            or b.iteration != iteration
+            or b._row is not None
+            or b._host_row is not None
+            or b.staged
+            or b.vector_rows
+        ):
+            return False
+    return True
+
+
+class SlabStepInFlight:
+    """The rows of one finished slab step (`SlabLayout`) on their way to the host: the slab's transfer enqueued
+    and an event recorded at construction, without waiting; `values()` waits for it and returns every buffer's row
+    as Python floats in its `columns` order, in the layout's buffer order."""
+
+    __slots__ = ("layout", "slab", "iteration", "_event")
+
+    def __init__(self, layout: SlabLayout, slab: RowSlab, iteration: Any) -> None:
+        self.layout = layout
+        self.slab = slab
+        self.iteration = iteration
+        slab.start_host_copy()
+        self._event = None
+        if slab.device.type == "cuda":
+            self._event = torch.cuda.Event()
+            self._event.record(torch.cuda.current_stream(slab.device))
+
+    def values(self) -> List[List[float]]:
+        if self._event is not None:
+            self._event.synchronize()
+        layout = self.layout
+        host = self.slab.host_tensor()
+        if layout.row_index is not None:
+            host = host.index_select(0, layout.row_index)
+        if layout.columns is not None:
+            return host[:, layout.columns].tolist()
+        values: List[Any] = [None] * len(layout.buffers)
+        for columns, members, index in layout.groups:
+            for i, row in zip(members, host.index_select(0, index)[:, columns].tolist()):
+                values[i] = row
+        return values

@@ -1,0 +1,192 @@
+"""Slab steps (`tedebug.stats.readback.SlabLayout`, `StatsEngine._slab_step`): a step whose every fed buffer holds
+exactly one row of the step's slab is read back and emitted through a layout kept from step to step.  It must emit
+exactly what the general read-back (`RowsInFlight`) emits, fall back to it for any other step, and make a new layout
+only when the buffers, their order in the slab or their statistics change."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from tedebug import debug_api
+from tedebug.sinks.batch import DeferredBatch, Emitters, ScalarBatch
+from tedebug.stats import StatsEngine
+from tedebug.stats import engine as engine_module
+
+from support.features import RecordingSink
+from support.slab_backend import slab_backend
+
+BASIC = ("min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range")
+COUNTS = ("min", "nan_count", "inf_count", "l2_norm")  # another column layout, with the non-finite counts
+
+
+def _feeds(iteration: int):
+    """The feeds of one iteration: (layer, tensor, stats, x, is_weight), each iteration in its own pattern."""
+    g = torch.Generator().manual_seed(100 + iteration)
+    scale = iteration + 1.0
+    feeds = [
+        ("l0", "activation", BASIC, torch.randn(8, 4, generator=g) * scale, False),
+        ("l0", "weight", BASIC, torch.randn(4, 4, generator=g) - scale, True),
+        ("l0", "output", COUNTS, torch.randn(8, 4, generator=g) * scale, False),
+        ("l1", "gradient", COUNTS, torch.randn(3, 5, generator=g) + scale, False),
+    ]
+    if iteration in (2, 3):  # fed in the other order: each buffer gets another slab row than the one it was made with
+        feeds.reverse()
+    if iteration == 4:  # a second microbatch of one buffer: two slab rows, so the general read-back
+        feeds.insert(1, ("l0", "activation", BASIC, torch.randn(5, 4, generator=g), False))
+    if iteration == 5:  # one buffer not fed
+        feeds = feeds[:3]
+    if iteration == 6:  # a weight fed twice keeps its first feed (no second slab row)
+        feeds.append(("l0", "weight", BASIC, torch.randn(4, 4, generator=g), True))
+    if iteration == 7:  # non-finite values, reported once with their own iteration
+        feeds[2][3][1, 1] = float("nan")
+        feeds[3][3][0, 0] = float("inf")
+    return feeds
+
+
+#: the iterations read back as slab steps, and those that make a new layout (the others keep the last one)
+SLAB_STEPS = [0, 1, 2, 3, 5, 6, 7]
+NEW_LAYOUTS = [0, 2, 5, 6]
+
+
+def _run(monkeypatch, defer: bool, slab_steps: bool):
+    """Eight iterations through an engine whose rows are written into its slab (the stand-in backend): the records,
+    the messages and the iterations at which slab steps and new layouts were made."""
+    monkeypatch.setattr(engine_module, "backend_for", lambda x, b=slab_backend(): b)
+    made = {"steps": [], "layouts": []}
+    current = {"iteration": None}
+    real_step, real_layout = engine_module.SlabStepInFlight, engine_module.SlabLayout
+
+    class CountingStep(real_step):
+        def __init__(self, layout, slab, iteration):
+            made["steps"].append(iteration)
+            super().__init__(layout, slab, iteration)
+
+    class CountingLayout(real_layout):
+        def __init__(self, fed):
+            made["layouts"].append(current["iteration"])
+            super().__init__(fed)
+
+    monkeypatch.setattr(engine_module, "SlabStepInFlight", CountingStep)
+    monkeypatch.setattr(engine_module, "SlabLayout", CountingLayout)
+    if not slab_steps:
+        monkeypatch.setattr(engine_module.StatsEngine, "_slab_step", lambda self, fed: None)
+    sink, messages = RecordingSink(), []
+    engine = StatsEngine(sink, defer_read_back=defer, log_message=lambda text, **kw: messages.append((text, kw)))
+    for iteration in range(8):
+        current["iteration"] = iteration
+        for layer, tensor, stats, x, is_weight in _feeds(iteration):
+            engine.feed(layer, tensor, stats, x, iteration=iteration, is_weight=is_weight)
+        engine.step(iteration)
+    engine.finish_pending()
+    monkeypatch.undo()
+    return sink.rows, messages, made
+
+
+@pytest.mark.parametrize("defer", [False, True], ids=["synchronous", "deferred"])
+def test_slab_steps_emit_what_the_general_read_back_emits(monkeypatch, defer):
+    rows, messages, made = _run(monkeypatch, defer, slab_steps=True)
+    general_rows, general_messages, general_made = _run(monkeypatch, defer, slab_steps=False)
+    assert general_made == {"steps": [], "layouts": []}
+    assert made["steps"] == SLAB_STEPS
+    assert made["layouts"] == NEW_LAYOUTS
+    assert repr(rows) == repr(general_rows)  # the same floats in the same order (repr: NaN equals NaN)
+    assert messages == general_messages
+    assert len(messages) == 1 and "layer=l0 tensor=output" in messages[0][0] and "iteration=7" in messages[0][0]
+    emitted = {(name, iteration) for name, _, iteration in rows}
+    assert ("l1_gradient_min", 5) not in emitted and ("l1_gradient_min", 6) in emitted
+    # an independent look at two rows read through a permuted layout (iteration 3) and a new one (iteration 6)
+    values = {(name, iteration): value for name, value, iteration in rows}
+    for iteration in (3, 6):
+        feeds = {(layer, tensor): x for layer, tensor, _, x, _ in _feeds(iteration)}
+        x = feeds[("l0", "activation")].double()
+        assert values[("l0_activation_mean", iteration)] == pytest.approx(x.mean().item(), rel=1e-12)
+        y = feeds[("l1", "gradient")].double()
+        assert values[("l1_gradient_l2_norm", iteration)] == pytest.approx(math.sqrt((y * y).sum().item()), rel=1e-12)
+    first, second = [x for _, tensor, _, x, _ in _feeds(6) if tensor == "weight"]
+    assert values[("l0_weight_max", 6)] == first.max().item() != second.max().item()  # a weight keeps its first feed
+
+
+def _emitters(names):
+    return Emitters(tuple((n, n) for n in names), lambda row: list(row))
+
+
+def test_a_batch_takes_the_layout_and_iteration_its_caller_keeps():
+    rows = [(_emitters(["a_x_min"]), [1.0], 4, "a", "x"), (_emitters(["b_y_max"]), [2.0], 4, "b", "y")]
+    key = tuple(part for emitters, _, _, layer, tensor in rows for part in (emitters, layer, tensor))
+    batch = DeferredBatch(rows, key, 4).batch()
+    assert batch.layout is key and batch.iteration == 4
+    assert batch.same_layout(key) and batch.same_layout(ScalarBatch(rows).layout)
+    assert not batch.same_layout(ScalarBatch(rows[:1]).layout)
+    assert DeferredBatch(rows)().iteration == 4 and list(DeferredBatch(rows, key, 4)()) == list(ScalarBatch(rows))
+
+
+def _session_files(tmp_path: Path, monkeypatch, slab_steps: bool, writer) -> dict:
+    """The statistics files of a short run of two tedebug blocks whose rows go through the slab (stand-in backend),
+    LogTensorStats on all six tensors, a NaN in the input at iteration 2 (`writer`: `background_logging`)."""
+    from tedebug.bench import _Block
+
+    monkeypatch.setattr(engine_module, "backend_for", lambda x, b=slab_backend(): b)
+    made = {"steps": 0, "layouts": 0}
+    real_step, real_layout = engine_module.SlabStepInFlight, engine_module.SlabLayout
+
+    class CountingStep(real_step):
+        def __init__(self, *args):
+            made["steps"] += 1
+            super().__init__(*args)
+
+    class CountingLayout(real_layout):
+        def __init__(self, fed):
+            made["layouts"] += 1
+            super().__init__(fed)
+
+    monkeypatch.setattr(engine_module, "SlabStepInFlight", CountingStep)
+    monkeypatch.setattr(engine_module, "SlabLayout", CountingLayout)
+    if not slab_steps:
+        monkeypatch.setattr(engine_module.StatsEngine, "_slab_step", lambda self, fed: None)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[_Block(16, 2, i) for i in range(2)])
+    stats = list(BASIC) + ["nan_count", "inf_count"]
+    tensors = ["activation", "weight", "gradient", "output", "wgrad", "dgrad"]
+    config = {
+        "all": {
+            "enabled": True,
+            "layers": {"layer_name_regex_pattern": ".*"},
+            "transformer_engine": {"LogTensorStats": {"enabled": True, "stats": stats, "tensors": tensors, "freq": 1}},
+        }
+    }
+    log_dir = tmp_path / f"{slab_steps}-{writer}"
+    x = torch.randn(1, 4, 16)
+    debug_api.initialize(config, log_dir=str(log_dir), background_logging=writer)
+    try:
+        for iteration in range(4):
+            xi = x.clone()
+            if iteration == 2:
+                xi[0, 0, 0] = float("nan")
+            model(xi).square().mean().backward()
+            debug_api.step()
+    finally:
+        debug_api.end_debug()
+    monkeypatch.undo()
+    assert made == ({"steps": 4, "layouts": 1} if slab_steps else {"steps": 0, "layouts": 0})
+    files = {}
+    for path in sorted(log_dir.rglob("*")):
+        if path.is_file() and path.suffix in (".jsonl", ".log"):
+            lines = path.read_text().replace(str(log_dir), "<log_dir>").splitlines()
+            if path.suffix == ".log":  # the timestamps aside
+                lines = [line.split(" ", 2)[-1] for line in lines]
+            files[str(path.relative_to(log_dir))] = lines
+    return files
+
+
+@pytest.mark.parametrize("writer", ["process", True, False], ids=["process", "thread", "synchronous"])
+def test_a_run_logs_the_same_lines_with_slab_steps(tmp_path, monkeypatch, writer):
+    with_slab_steps = _session_files(tmp_path, monkeypatch, True, writer)
+    general = _session_files(tmp_path, monkeypatch, False, writer)
+    assert with_slab_steps == general
+    jsonl = [lines for name, lines in general.items() if name.endswith(".jsonl")]
+    assert len(jsonl) == 1 and len(jsonl[0]) == 4 * 2 * 4 * 6 * 10  # iterations, blocks, GEMMs, tensors, statistics
+    assert sum("First non-finite values" in line for lines in general.values() for line in lines) == 1
