@@ -50,7 +50,7 @@ from tedebug.stats.buffers import BufferKey, BufferStore, StatBuffer
 from tedebug.stats.definitions import StatRequest
 from tedebug.stats.host_batch import HostBatch
 from tedebug.stats.distributed import NO_REPLICA, DeferredReduction, GroupReducer, replica_id
-from tedebug.stats.readback import FedRow, RowsInFlight, SlabLayout, SlabStepInFlight, is_slab_step
+from tedebug.stats.readback import FedRow, OneRowStepInFlight, RowsInFlight, StepLayout, one_row_step
 from tedebug.stats.slab import RowSlab
 
 
@@ -85,7 +85,7 @@ class StatsEngine:
         self._request_cache: Dict[tuple, Tuple[StatRequest, ...]] = {}
         self._numel_tensors: Dict[Tuple[int, torch.device], torch.Tensor] = {}
         self._slabs: Dict[torch.device, RowSlab] = {}  # this step's slabs
-        self._slab_layout: Optional[SlabLayout] = None  # the last slab step's layout (`_slab_step`)
+        self._step_layout: Optional[StepLayout] = None  # the last one-row step's layout (`_one_row_step`)
         self._spare_slabs: Dict[torch.device, RowSlab] = {}  # the other set (deferred read-back alternates them)
         self._in_flight: Optional[Tuple[Any, Dict[torch.device, RowSlab]]] = None
         #: (layer, tensor) -> replica id of a tensor every rank of a TP group holds whole (`note_tp_replicas`)
@@ -306,9 +306,9 @@ class StatsEngine:
             if not fed and not due:
                 return
             communicate = _reduce.distributed_ready()
-            slab_step = self._slab_step(fed) if fed and not communicate else None
-            if slab_step is not None:
-                self._emit_slab_step(slab_step, slab_step.values())
+            one_row = self._one_row_step(fed) if fed and not communicate else None
+            if one_row is not None:
+                self._emit_one_row(one_row, one_row.values())
                 return
             rows = RowsInFlight(fed)
             host = rows.host_rows()
@@ -325,7 +325,7 @@ class StatsEngine:
         if not _reduce.needs_communication():
             if not fed:
                 return None
-            return self._slab_step(fed) or RowsInFlight(fed)
+            return self._one_row_step(fed) or RowsInFlight(fed)
         if not fed and not any(n <= finished_iteration for n in self._next_iter.values()):
             return None
         known = [b.reduction_group for b in self._store if not b.skip_reduction]
@@ -347,22 +347,24 @@ class StatsEngine:
             previous, self._in_flight = self._in_flight, None
             self._finish(*previous)
 
-    def _slab_step(self, fed: List[StatBuffer]) -> Optional[SlabStepInFlight]:
-        """The step's rows as a slab step (`tedebug.stats.readback.SlabLayout`: the layout of the last such step
-        when it still fits, else a new one), or None when `fed` is not one."""
-        first = fed[0]
-        if len(first.slab_rows) != 1:
+    def _one_row_step(self, fed: List[StatBuffer]) -> Optional[OneRowStepInFlight]:
+        """The step's rows as a one-row step (`tedebug.stats.readback.StepLayout`: the layout of the last such
+        step when it still fits, else a new one), or None when `fed` is not one."""
+        iteration = fed[0].iteration
+        layout = self._step_layout
+        if layout is not None:
+            at = layout.first_slab
+            slab = fed[at].slab_rows[0][0] if 0 <= at < len(fed) and len(fed[at].slab_rows) == 1 else None
+            if layout.matches(fed, slab, iteration):
+                return OneRowStepInFlight(layout, fed, slab, iteration)
+        found = one_row_step(fed)
+        if found is None:
             return None
-        slab, iteration = first.slab_rows[0][0], first.iteration
-        layout = self._slab_layout
-        if layout is None or not layout.matches(fed, slab, iteration):
-            if not is_slab_step(fed):
-                return None
-            layout = self._slab_layout = SlabLayout(fed)
-        return SlabStepInFlight(layout, slab, iteration)
+        layout = self._step_layout = StepLayout(fed)
+        return OneRowStepInFlight(layout, fed, found[0], iteration)
 
     def _finish(self, rows: Any, slabs: Dict[torch.device, RowSlab]) -> None:
-        if isinstance(rows, SlabStepInFlight):
+        if isinstance(rows, OneRowStepInFlight):
             try:
                 values = rows.values()
             finally:
@@ -370,7 +372,7 @@ class StatsEngine:
                     slab.reset()
                 if not self._spare_slabs:
                     self._spare_slabs = slabs
-            self._emit_slab_step(rows, values)
+            self._emit_one_row(rows, values)
             return
         try:
             host = rows.host_rows()
@@ -441,8 +443,8 @@ class StatsEngine:
         if self.flush_at_step and callable(flush):
             flush()
 
-    def _emit_slab_step(self, step: SlabStepInFlight, values: List[List[float]]) -> None:
-        """`_emit` of a slab step: the rows in the layout's order, with its layout key and iteration."""
+    def _emit_one_row(self, step: OneRowStepInFlight, values: List[List[float]]) -> None:
+        """`_emit` of a one-row step: the rows in the layout's order, with its layout key and iteration."""
         layout, iteration = step.layout, step.iteration
         if layout.nonfinite and not self._nonfinite_reported:
             for i, nan_at, inf_at in layout.nonfinite:
@@ -485,7 +487,7 @@ class StatsEngine:
         self._numel_tensors.clear()
         self._slabs.clear()
         self._spare_slabs.clear()
-        self._slab_layout = None
+        self._step_layout = None
         self._in_flight = None
         self._replicas.clear()
         self._replica_groups.clear()

@@ -163,24 +163,29 @@ class RowsInFlight:
         return host
 
 
-# ------------------------------------------------------------------------------------------------ slab steps
-class SlabLayout:
-    """What the emission of a *slab step* keeps from one step to the next: a step in which every fed buffer's row is
-    exactly one row of one `RowSlab` (one kernel launch per tensor, the GPU path's usual step), with the same buffers,
-    slab rows, emitters and slab layout as the step the layout was made for.
+# ------------------------------------------------------------------------------------------------ one-row steps
+class StepLayout:
+    """What the emission of a *one-row step* keeps from one step to the next.  In a one-row step every fed buffer
+    holds exactly one row and nothing else: a row of the step's slab (one kernel launch per tensor, the GPU path's
+    usual step with LogTensorStats) or one statistics vector a quantize kernel wrote (LogFp8TensorStats and
+    LogTensorStats on quantized tensors).  The layout holds for a later step with the same buffers, in the same slab
+    rows, vector lengths and column layouts, with the same emitters.
 
-    Such a step's emission is one gather per column layout and one ``tolist``, and the batch it hands over has this
-    layout's key (`ScalarBatch.same_layout` then compares one object), so a step costs a few attribute checks per
-    buffer instead of a snapshot object, a classification and a row list each."""
+    Such a step is read back with one transfer for the slab and one stack and transfer per vector length, emitted
+    with one gather per column layout and one ``tolist``, and the batch it hands over has this layout's key
+    (`ScalarBatch.same_layout` then compares one object): a few attribute checks per buffer instead of a `FedRow`
+    snapshot, a classification and a row dict each."""
 
     __slots__ = (
         "buffers",
         "emitters",
-        "rows",
+        "slab_at",
+        "first_slab",
         "keys",
         "row_index",
         "columns",
         "groups",
+        "vectors",
         "parts",
         "key",
         "named",
@@ -188,23 +193,42 @@ class SlabLayout:
     )
 
     def __init__(self, fed: Sequence[StatBuffer]) -> None:
-        first = fed[0]
         self.buffers: Tuple[StatBuffer, ...] = tuple(fed)
         self.emitters: Tuple[Emitters, ...] = tuple(b.emitters for b in fed)
-        self.rows: Tuple[int, ...] = tuple(b.slab_rows[0][1] for b in fed)
-        self.keys: Tuple[str, ...] = first.slab_keys
-        #: the slab rows in buffer order (None: they are the slab's rows 0, 1, ... already)
+        #: per buffer, its slab row, or -1 - its vector group (a vector row)
+        slab_at: List[int] = []
+        #: per vector length: (vector length, device index, members: (buffer position, the row's positions))
+        vectors: Dict[Tuple[int, int], List[Tuple[int, Tuple[int, ...]]]] = {}
+        for i, b in enumerate(fed):
+            if b.slab_rows:
+                slab_at.append(b.slab_rows[0][1])
+                continue
+            vector_row = b.vector_rows[0]
+            group = (vector_row.vector.numel(), vector_row.vector.get_device())
+            members = vectors.setdefault(group, [])
+            slab_at.append(-1 - list(vectors).index(group))
+            members.append((i, vector_row.positions))
+        self.slab_at: Tuple[int, ...] = tuple(slab_at)
+        self.vectors: List[Tuple[int, int, List[Tuple[int, Tuple[int, ...]]]]] = [
+            (length, device, members) for (length, device), members in vectors.items()
+        ]
+        slabbed = [(i, b) for i, b in enumerate(fed) if b.slab_rows]
+        self.first_slab = slabbed[0][0] if slabbed else -1  # (where a step's slab is found)
+        self.keys: Tuple[str, ...] = slabbed[0][1].slab_keys if slabbed else ()
+        rows = [self.slab_at[i] for i, _ in slabbed]
+        #: the slab rows of the slabbed buffers in their order (None: the slab's rows 0, 1, ... already)
         self.row_index: Optional[torch.Tensor] = (
-            None if self.rows == tuple(range(len(fed))) else torch.tensor(self.rows, dtype=torch.long)
+            None if rows == list(range(len(rows))) else torch.tensor(rows, dtype=torch.long)
         )
         by_positions: Dict[Tuple[int, ...], List[int]] = {}
-        for i, b in enumerate(fed):
+        for i, b in slabbed:
             by_positions.setdefault(b.row_positions(self.keys), []).append(i)
-        #: the columns of every row in the slab row when all buffers have the same (the usual case), else None and
-        #: per column layout its columns and the buffers (positions in `buffers`) that have it
+        #: the slab columns of every slabbed buffer when all have the same, and the buffers that have each column
+        #: layout: (its slab columns, buffer positions, their places among the slabbed rows)
         self.columns: Optional[List[int]] = list(next(iter(by_positions))) if len(by_positions) == 1 else None
+        place = {i: k for k, (i, _) in enumerate(slabbed)}
         self.groups: List[Tuple[List[int], List[int], torch.Tensor]] = [
-            (list(positions), members, torch.tensor(members, dtype=torch.long))
+            (list(positions), members, torch.tensor([place[i] for i in members], dtype=torch.long))
             for positions, members in by_positions.items()
         ]
         #: (emitters, layer, tensor) of every row, and the `ScalarBatch` layout key made of them
@@ -216,78 +240,113 @@ class SlabLayout:
             (i, *b.nonfinite_positions) for i, b in enumerate(fed) if b.nonfinite_positions is not None
         ]
 
-    def matches(self, fed: Sequence[StatBuffer], slab: RowSlab, iteration: Any) -> bool:
-        """True when `fed` is a slab step of this layout, all of it at `iteration`."""
+    def matches(self, fed: Sequence[StatBuffer], slab: Optional[RowSlab], iteration: Any) -> bool:
+        """True when `fed` is a one-row step of this layout, its slab rows in `slab`, all of it at `iteration`."""
         if len(fed) != len(self.buffers):
             return False
         keys = self.keys
-        for b, mine, emitters, row in zip(fed, self.buffers, self.emitters, self.rows):
-            if b is not mine or b.emitters is not emitters or b.slab_keys is not keys or b.iteration != iteration:
-                return False
-            slab_rows = b.slab_rows
+        for b, mine, emitters, at in zip(fed, self.buffers, self.emitters, self.slab_at):
             if (
-                len(slab_rows) != 1
-                or slab_rows[0][0] is not slab
-                or slab_rows[0][1] != row
+                b is not mine
+                or b.emitters is not emitters
+                or b.iteration != iteration
                 or b._row is not None
                 or b._host_row is not None
                 or b.staged
-                or b.vector_rows
             ):
                 return False
+            slab_rows, vector_rows = b.slab_rows, b.vector_rows
+            if at >= 0:
+                if (
+                    len(slab_rows) != 1
+                    or vector_rows
+                    or slab_rows[0][0] is not slab
+                    or slab_rows[0][1] != at
+                    or b.slab_keys is not keys
+                ):
+                    return False
+            elif slab_rows or len(vector_rows) != 1:
+                return False
+        for length, device, members in self.vectors:
+            for i, positions in members:
+                vector_row = fed[i].vector_rows[0]
+                vector = vector_row.vector
+                if vector_row.positions is not positions or vector.numel() != length or vector.get_device() != device:
+                    return False
         return True
 
 
-def is_slab_step(fed: Sequence[StatBuffer]) -> bool:
-    """True when every buffer of `fed` (not empty) holds exactly one slab row, all of one slab, one slab layout and
-    one iteration, and nothing else (a `SlabLayout` can be made of it)."""
-    if not fed or len(fed[0].slab_rows) != 1:
-        return False
-    slab, keys, iteration = fed[0].slab_rows[0][0], fed[0].slab_keys, fed[0].iteration
+def one_row_step(fed: Sequence[StatBuffer]) -> Optional[Tuple[Optional[RowSlab], Any]]:
+    """(the slab, the iteration) when `fed` (not empty) is a one-row step (`StepLayout`): every buffer holds
+    exactly one slab row, all of one slab and one slab layout, or exactly one statistics vector, and nothing else,
+    all at one iteration; else None."""
+    slab, keys, iteration = None, None, fed[0].iteration
     for b in fed:
-        slab_rows = b.slab_rows
-        if (
-            len(slab_rows) != 1
-            or slab_rows[0][0] is not slab
-            or b.slab_keys is not keys
-            or b.iteration != iteration
-            or b._row is not None
-            or b._host_row is not None
-            or b.staged
-            or b.vector_rows
-        ):
-            return False
-    return True
+        if b._row is not None or b._host_row is not None or b.staged or b.iteration != iteration:
+            return None
+        slab_rows, vector_rows = b.slab_rows, b.vector_rows
+        if slab_rows:
+            if len(slab_rows) != 1 or vector_rows:
+                return None
+            if slab is None:
+                slab, keys = slab_rows[0][0], b.slab_keys
+            elif slab_rows[0][0] is not slab or b.slab_keys is not keys:
+                return None
+        elif len(vector_rows) != 1:
+            return None
+    return slab, iteration
 
 
-class SlabStepInFlight:
-    """The rows of one finished slab step (`SlabLayout`) on their way to the host: the slab's transfer enqueued
-    and an event recorded at construction, without waiting; `values()` waits for it and returns every buffer's row
-    as Python floats in its `columns` order, in the layout's buffer order."""
+class OneRowStepInFlight:
+    """The rows of one finished one-row step (`StepLayout`) on their way to the host: the slab's transfer and the
+    vectors' stacks and transfers enqueued and an event recorded at construction, without waiting; `values()`
+    waits for them and returns every buffer's row as Python floats in its `columns` order, in the layout's buffer
+    order."""
 
-    __slots__ = ("layout", "slab", "iteration", "_event")
+    __slots__ = ("layout", "slab", "iteration", "_stacks", "_numels", "_events")
 
-    def __init__(self, layout: SlabLayout, slab: RowSlab, iteration: Any) -> None:
+    def __init__(self, layout: StepLayout, fed: Sequence[StatBuffer], slab: Optional[RowSlab], iteration: Any) -> None:
         self.layout = layout
         self.slab = slab
         self.iteration = iteration
-        slab.start_host_copy()
-        self._event = None
-        if slab.device.type == "cuda":
-            self._event = torch.cuda.Event()
-            self._event.record(torch.cuda.current_stream(slab.device))
+        devices = set()
+        if slab is not None:
+            slab.start_host_copy()
+            if slab.device.type == "cuda":
+                devices.add(slab.device)
+        #: per vector length: the stacked vectors (a host copy in flight), and each member's numel column
+        self._stacks: List[torch.Tensor] = []
+        self._numels: List[List[float]] = []
+        for _, _, members in layout.vectors:
+            vector_rows = [fed[i].vector_rows[0] for i, _ in members]
+            stacked = torch.stack([v.vector for v in vector_rows])
+            if stacked.is_cuda:
+                devices.add(stacked.device)
+                stacked = stacked.to("cpu", non_blocking=True)
+            self._stacks.append(stacked)
+            self._numels.append([v.numel for v in vector_rows])
+        self._events = []
+        for device in devices:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(device))
+            self._events.append(event)
 
     def values(self) -> List[List[float]]:
-        if self._event is not None:
-            self._event.synchronize()
+        for event in self._events:
+            event.synchronize()
         layout = self.layout
-        host = self.slab.host_tensor()
-        if layout.row_index is not None:
-            host = host.index_select(0, layout.row_index)
-        if layout.columns is not None:
-            return host[:, layout.columns].tolist()
         values: List[Any] = [None] * len(layout.buffers)
-        for columns, members, index in layout.groups:
-            for i, row in zip(members, host.index_select(0, index)[:, columns].tolist()):
-                values[i] = row
+        if self.slab is not None:
+            host = self.slab.host_tensor()
+            if layout.row_index is not None:
+                host = host.index_select(0, layout.row_index)
+            if layout.columns is not None and len(layout.groups[0][1]) == len(values):
+                values = host[:, layout.columns].tolist()  # (every buffer a slab row: the usual LogTensorStats step)
+            else:
+                for columns, members, places in layout.groups:
+                    for i, row in zip(members, host.index_select(0, places)[:, columns].tolist()):
+                        values[i] = row
+        for (_, _, vector_members), stacked, numels in zip(layout.vectors, self._stacks, self._numels):
+            for (i, positions), vector, numel in zip(vector_members, stacked.tolist(), numels):
+                values[i] = [vector[p] if p >= 0 else numel for p in positions]
         return values

@@ -1,4 +1,4 @@
-"""Slab steps (`tedebug.stats.readback.SlabLayout`, `StatsEngine._slab_step`): a step whose every fed buffer holds
+"""Slab steps (`tedebug.stats.readback.StepLayout`, `StatsEngine._slab_step`): a step whose every fed buffer holds
 exactly one row of the step's slab is read back and emitted through a layout kept from step to step.  It must emit
 exactly what the general read-back (`RowsInFlight`) emits, fall back to it for any other step, and make a new layout
 only when the buffers, their order in the slab or their statistics change."""
@@ -58,22 +58,22 @@ def _run(monkeypatch, defer: bool, slab_steps: bool):
     monkeypatch.setattr(engine_module, "backend_for", lambda x, b=slab_backend(): b)
     made = {"steps": [], "layouts": []}
     current = {"iteration": None}
-    real_step, real_layout = engine_module.SlabStepInFlight, engine_module.SlabLayout
+    real_step, real_layout = engine_module.OneRowStepInFlight, engine_module.StepLayout
 
     class CountingStep(real_step):
-        def __init__(self, layout, slab, iteration):
+        def __init__(self, layout, fed, slab, iteration):
             made["steps"].append(iteration)
-            super().__init__(layout, slab, iteration)
+            super().__init__(layout, fed, slab, iteration)
 
     class CountingLayout(real_layout):
         def __init__(self, fed):
             made["layouts"].append(current["iteration"])
             super().__init__(fed)
 
-    monkeypatch.setattr(engine_module, "SlabStepInFlight", CountingStep)
-    monkeypatch.setattr(engine_module, "SlabLayout", CountingLayout)
+    monkeypatch.setattr(engine_module, "OneRowStepInFlight", CountingStep)
+    monkeypatch.setattr(engine_module, "StepLayout", CountingLayout)
     if not slab_steps:
-        monkeypatch.setattr(engine_module.StatsEngine, "_slab_step", lambda self, fed: None)
+        monkeypatch.setattr(engine_module.StatsEngine, "_one_row_step", lambda self, fed: None)
     sink, messages = RecordingSink(), []
     engine = StatsEngine(sink, defer_read_back=defer, log_message=lambda text, **kw: messages.append((text, kw)))
     for iteration in range(8):
@@ -124,14 +124,42 @@ def test_a_batch_takes_the_layout_and_iteration_its_caller_keeps():
     assert DeferredBatch(rows)().iteration == 4 and list(DeferredBatch(rows, key, 4)()) == list(ScalarBatch(rows))
 
 
-def _session_files(tmp_path: Path, monkeypatch, slab_steps: bool, writer) -> dict:
-    """The statistics files of a short run of two tedebug blocks whose rows go through the slab (stand-in backend),
-    LogTensorStats on all six tensors, a NaN in the input at iteration 2 (`writer`: `background_logging`)."""
-    from tedebug.bench import _Block
+#: the configs of the session runs: LogTensorStats through the slab (stand-in backend); LogFp8TensorStats under FP8
+#: current scaling, whose rows are the quantize kernels' statistics vectors; both in one step
+_LOG_TENSOR_STATS = {
+    "LogTensorStats": {
+        "enabled": True,
+        "stats": list(BASIC) + ["nan_count", "inf_count"],
+        "tensors": ["activation", "weight", "gradient", "output", "wgrad", "dgrad"],
+        "freq": 1,
+    }
+}
+_LOG_FP8_TENSOR_STATS = {
+    "LogFp8TensorStats": {
+        "enabled": True,
+        "stats": ["underflows%", "mse", "scale_inv_min", "scale_inv_max"],
+        "tensors": ["activation", "weight", "gradient"],
+        "freq": 1,
+    }
+}
+RUNS = {
+    "slab": (_LOG_TENSOR_STATS, False, 4 * 2 * 4 * 6 * 10),  # (features, FP8, lines: iterations, blocks, GEMMs, ...)
+    "vector": (_LOG_FP8_TENSOR_STATS, True, 4 * 2 * 4 * 3 * 4),
+    "both": ({**_LOG_TENSOR_STATS, **_LOG_FP8_TENSOR_STATS}, True, 4 * 2 * 4 * (6 * 10 + 3 * 4)),
+}
 
+
+def _session_files(tmp_path: Path, monkeypatch, one_row: bool, writer, run: str) -> dict:
+    """The statistics files of a short run of two tedebug blocks with the features of `RUNS[run]`, a NaN in the
+    input at iteration 2 (`writer`: `background_logging`; `one_row`: False reads every step back the general way)."""
+    import tedebug
+    from tedebug.bench import _Block
+    from tedebug.recipe import Float8CurrentScaling
+
+    features, fp8, _ = RUNS[run]
     monkeypatch.setattr(engine_module, "backend_for", lambda x, b=slab_backend(): b)
     made = {"steps": 0, "layouts": 0}
-    real_step, real_layout = engine_module.SlabStepInFlight, engine_module.SlabLayout
+    real_step, real_layout = engine_module.OneRowStepInFlight, engine_module.StepLayout
 
     class CountingStep(real_step):
         def __init__(self, *args):
@@ -143,22 +171,14 @@ def _session_files(tmp_path: Path, monkeypatch, slab_steps: bool, writer) -> dic
             made["layouts"] += 1
             super().__init__(fed)
 
-    monkeypatch.setattr(engine_module, "SlabStepInFlight", CountingStep)
-    monkeypatch.setattr(engine_module, "SlabLayout", CountingLayout)
-    if not slab_steps:
-        monkeypatch.setattr(engine_module.StatsEngine, "_slab_step", lambda self, fed: None)
+    monkeypatch.setattr(engine_module, "OneRowStepInFlight", CountingStep)
+    monkeypatch.setattr(engine_module, "StepLayout", CountingLayout)
+    if not one_row:
+        monkeypatch.setattr(engine_module.StatsEngine, "_one_row_step", lambda self, fed: None)
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[_Block(16, 2, i) for i in range(2)])
-    stats = list(BASIC) + ["nan_count", "inf_count"]
-    tensors = ["activation", "weight", "gradient", "output", "wgrad", "dgrad"]
-    config = {
-        "all": {
-            "enabled": True,
-            "layers": {"layer_name_regex_pattern": ".*"},
-            "transformer_engine": {"LogTensorStats": {"enabled": True, "stats": stats, "tensors": tensors, "freq": 1}},
-        }
-    }
-    log_dir = tmp_path / f"{slab_steps}-{writer}"
+    config = {"all": {"enabled": True, "layers": {"layer_name_regex_pattern": ".*"}, "transformer_engine": features}}
+    log_dir = tmp_path / f"{run}-{one_row}-{writer}"
     x = torch.randn(1, 4, 16)
     debug_api.initialize(config, log_dir=str(log_dir), background_logging=writer)
     try:
@@ -166,12 +186,14 @@ def _session_files(tmp_path: Path, monkeypatch, slab_steps: bool, writer) -> dic
             xi = x.clone()
             if iteration == 2:
                 xi[0, 0, 0] = float("nan")
-            model(xi).square().mean().backward()
+            with tedebug.autocast(enabled=fp8, recipe=Float8CurrentScaling()):
+                y = model(xi)
+            y.square().mean().backward()
             debug_api.step()
     finally:
         debug_api.end_debug()
     monkeypatch.undo()
-    assert made == ({"steps": 4, "layouts": 1} if slab_steps else {"steps": 0, "layouts": 0})
+    assert made == ({"steps": 4, "layouts": 1} if one_row else {"steps": 0, "layouts": 0})
     files = {}
     for path in sorted(log_dir.rglob("*")):
         if path.is_file() and path.suffix in (".jsonl", ".log"):
@@ -182,11 +204,13 @@ def _session_files(tmp_path: Path, monkeypatch, slab_steps: bool, writer) -> dic
     return files
 
 
+@pytest.mark.parametrize("run", list(RUNS))
 @pytest.mark.parametrize("writer", ["process", True, False], ids=["process", "thread", "synchronous"])
-def test_a_run_logs_the_same_lines_with_slab_steps(tmp_path, monkeypatch, writer):
-    with_slab_steps = _session_files(tmp_path, monkeypatch, True, writer)
-    general = _session_files(tmp_path, monkeypatch, False, writer)
-    assert with_slab_steps == general
+def test_a_run_logs_the_same_lines_with_one_row_steps(tmp_path, monkeypatch, writer, run):
+    with_one_row_steps = _session_files(tmp_path, monkeypatch, True, writer, run)
+    general = _session_files(tmp_path, monkeypatch, False, writer, run)
+    assert with_one_row_steps == general
     jsonl = [lines for name, lines in general.items() if name.endswith(".jsonl")]
-    assert len(jsonl) == 1 and len(jsonl[0]) == 4 * 2 * 4 * 6 * 10  # iterations, blocks, GEMMs, tensors, statistics
-    assert sum("First non-finite values" in line for lines in general.values() for line in lines) == 1
+    assert len(jsonl) == 1 and len(jsonl[0]) == RUNS[run][2]
+    if run != "vector":
+        assert sum("First non-finite values" in line for lines in general.values() for line in lines) == 1
