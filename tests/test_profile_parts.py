@@ -59,8 +59,7 @@ def test_parts_of_a_logged_step_with_their_calls(writer, writes):
         "tedebug.stats.engine.StatsEngine.feed": 24,
         "tedebug.debug_api.step": 1,
         "tedebug.stats.engine.StatsEngine.step": 1,
-        "tedebug.stats.readback.RowsInFlight.__init__": 1,
-        "tedebug.stats.readback.RowsInFlight.host_rows": 1,
+        "tedebug.stats.readback.OneRowStepInFlight.values": 1,  # (a one-row step: every buffer one host row)
         "tedebug.sinks.base.MetricLogger.flush_and_wait": 1,
         writes: 1,  # the statistics written in the step (thread), or handed to the writer process
     }  # (the grouped GPU launches, `launch_group._launch`, run only on CUDA)

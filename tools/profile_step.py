@@ -58,7 +58,7 @@ PARTS = (
     ("tedebug.stats.engine", "StatsEngine.step"),
     ("tedebug.stats.readback", "RowsInFlight.__init__"),
     ("tedebug.stats.readback", "RowsInFlight.host_rows"),
-    ("tedebug.stats.readback", "OneRowStepInFlight.values"),  # (a step of slab rows only: the GPU path's usual step)
+    ("tedebug.stats.readback", "OneRowStepInFlight.values"),  # (a step whose every buffer holds one row)
     ("tedebug.sinks.base", "MetricLogger.flush_and_wait"),
     ("tedebug.sinks.background", "BackgroundWriter._write"),
     ("tedebug.sinks.process_writer", "ProcessWriter.submit"),

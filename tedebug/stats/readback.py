@@ -164,12 +164,32 @@ class RowsInFlight:
 
 
 # ------------------------------------------------------------------------------------------------ one-row steps
+#: what a buffer's one row is in a one-row step (`StepLayout.slab_at` holds the slab row of a slab row, and these
+#: negative codes for the others)
+_HOST_ROW = -1  # Python floats read at the feed (`StatBuffer.host_row`: a CPU tensor's statistics)
+_VECTOR_ROW = -2  # a quantize kernel's statistics vector (`StatBuffer.vector_rows`)
+
+
+def _row_kind(b: StatBuffer) -> Optional[int]:
+    """The slab row of `b`, `_HOST_ROW` or `_VECTOR_ROW` when it holds exactly one row of that kind and nothing
+    else; None otherwise."""
+    if b._row is not None or b.staged:
+        return None
+    slab_rows, vector_rows, host_row = b.slab_rows, b.vector_rows, b._host_row
+    if slab_rows:
+        return slab_rows[0][1] if len(slab_rows) == 1 and not vector_rows and host_row is None else None
+    if vector_rows:
+        return _VECTOR_ROW if len(vector_rows) == 1 and host_row is None else None
+    return _HOST_ROW if host_row is not None else None
+
+
 class StepLayout:
     """What the emission of a *one-row step* keeps from one step to the next.  In a one-row step every fed buffer
     holds exactly one row and nothing else: a row of the step's slab (one kernel launch per tensor, the GPU path's
-    usual step with LogTensorStats) or one statistics vector a quantize kernel wrote (LogFp8TensorStats and
-    LogTensorStats on quantized tensors).  The layout holds for a later step with the same buffers, in the same slab
-    rows, vector lengths and column layouts, with the same emitters.
+    usual step with LogTensorStats), one statistics vector a quantize kernel wrote (LogFp8TensorStats, and
+    LogTensorStats on quantized tensors) or the Python floats of a CPU tensor's statistics.  The layout holds for a
+    later step with the same buffers, with rows of the same kinds, in the same slab rows, of the same vector lengths
+    and column layouts, with the same emitters.
 
     Such a step is read back with one transfer for the slab and one stack and transfer per vector length, emitted
     with one gather per column layout and one ``tolist``, and the batch it hands over has this layout's key
@@ -181,6 +201,7 @@ class StepLayout:
         "emitters",
         "slab_at",
         "first_slab",
+        "hosts",
         "keys",
         "row_index",
         "columns",
@@ -195,38 +216,37 @@ class StepLayout:
     def __init__(self, fed: Sequence[StatBuffer]) -> None:
         self.buffers: Tuple[StatBuffer, ...] = tuple(fed)
         self.emitters: Tuple[Emitters, ...] = tuple(b.emitters for b in fed)
-        #: per buffer, its slab row, or -1 - its vector group (a vector row)
-        slab_at: List[int] = []
-        #: per vector length: (vector length, device index, members: (buffer position, the row's positions))
+        #: per buffer, its slab row, `_HOST_ROW` or `_VECTOR_ROW` (the caller checked that every buffer has one)
+        self.slab_at: Tuple[int, ...] = tuple(_row_kind(b) for b in fed)  # type: ignore[misc]
+        slabbed = [i for i, at in enumerate(self.slab_at) if at >= 0]
+        self.first_slab = slabbed[0] if slabbed else -1  # (where a step's slab is found)
+        self.hosts: List[int] = [i for i, at in enumerate(self.slab_at) if at == _HOST_ROW]
+        #: per vector length and device: (length, device index, members: (buffer position, the row's positions))
         vectors: Dict[Tuple[int, int], List[Tuple[int, Tuple[int, ...]]]] = {}
-        for i, b in enumerate(fed):
-            if b.slab_rows:
-                slab_at.append(b.slab_rows[0][1])
-                continue
-            vector_row = b.vector_rows[0]
-            group = (vector_row.vector.numel(), vector_row.vector.get_device())
-            members = vectors.setdefault(group, [])
-            slab_at.append(-1 - list(vectors).index(group))
-            members.append((i, vector_row.positions))
-        self.slab_at: Tuple[int, ...] = tuple(slab_at)
+        for i, at in enumerate(self.slab_at):
+            if at == _VECTOR_ROW:
+                vector_row = fed[i].vector_rows[0]
+                group = (vector_row.vector.numel(), vector_row.vector.get_device())
+                vectors.setdefault(group, []).append((i, vector_row.positions))
         self.vectors: List[Tuple[int, int, List[Tuple[int, Tuple[int, ...]]]]] = [
             (length, device, members) for (length, device), members in vectors.items()
         ]
-        slabbed = [(i, b) for i, b in enumerate(fed) if b.slab_rows]
-        self.first_slab = slabbed[0][0] if slabbed else -1  # (where a step's slab is found)
-        self.keys: Tuple[str, ...] = slabbed[0][1].slab_keys if slabbed else ()
-        rows = [self.slab_at[i] for i, _ in slabbed]
+        self.keys: Tuple[str, ...] = fed[slabbed[0]].slab_keys if slabbed else ()
+        rows = [self.slab_at[i] for i in slabbed]
         #: the slab rows of the slabbed buffers in their order (None: the slab's rows 0, 1, ... already)
         self.row_index: Optional[torch.Tensor] = (
             None if rows == list(range(len(rows))) else torch.tensor(rows, dtype=torch.long)
         )
         by_positions: Dict[Tuple[int, ...], List[int]] = {}
-        for i, b in slabbed:
-            by_positions.setdefault(b.row_positions(self.keys), []).append(i)
-        #: the slab columns of every slabbed buffer when all have the same, and the buffers that have each column
-        #: layout: (its slab columns, buffer positions, their places among the slabbed rows)
-        self.columns: Optional[List[int]] = list(next(iter(by_positions))) if len(by_positions) == 1 else None
-        place = {i: k for k, (i, _) in enumerate(slabbed)}
+        for i in slabbed:
+            by_positions.setdefault(fed[i].row_positions(self.keys), []).append(i)
+        #: the slab columns of every buffer when all are slab rows with the same columns (the usual LogTensorStats
+        #: step on the GPU), else None; and per column layout: its slab columns, the buffers (positions in
+        #: `buffers`) that have it and their places among the slabbed rows
+        self.columns: Optional[List[int]] = (
+            list(next(iter(by_positions))) if len(by_positions) == 1 and len(slabbed) == len(fed) else None
+        )
+        place = {i: k for k, i in enumerate(slabbed)}
         self.groups: List[Tuple[List[int], List[int], torch.Tensor]] = [
             (list(positions), members, torch.tensor([place[i] for i in members], dtype=torch.long))
             for positions, members in by_positions.items()
@@ -251,7 +271,6 @@ class StepLayout:
                 or b.emitters is not emitters
                 or b.iteration != iteration
                 or b._row is not None
-                or b._host_row is not None
                 or b.staged
             ):
                 return False
@@ -260,12 +279,16 @@ class StepLayout:
                 if (
                     len(slab_rows) != 1
                     or vector_rows
+                    or b._host_row is not None
                     or slab_rows[0][0] is not slab
                     or slab_rows[0][1] != at
                     or b.slab_keys is not keys
                 ):
                     return False
-            elif slab_rows or len(vector_rows) != 1:
+            elif at == _VECTOR_ROW:
+                if slab_rows or len(vector_rows) != 1 or b._host_row is not None:
+                    return False
+            elif slab_rows or vector_rows or b._host_row is None:
                 return False
         for length, device, members in self.vectors:
             for i, positions in members:
@@ -277,38 +300,34 @@ class StepLayout:
 
 
 def one_row_step(fed: Sequence[StatBuffer]) -> Optional[Tuple[Optional[RowSlab], Any]]:
-    """(the slab, the iteration) when `fed` (not empty) is a one-row step (`StepLayout`): every buffer holds
-    exactly one slab row, all of one slab and one slab layout, or exactly one statistics vector, and nothing else,
-    all at one iteration; else None."""
+    """(the slab or None, the iteration) when `fed` (not empty) is a one-row step (`StepLayout`): every buffer
+    holds exactly one row, its slab rows all of one slab and one slab layout, all at one iteration; else None."""
     slab, keys, iteration = None, None, fed[0].iteration
     for b in fed:
-        if b._row is not None or b._host_row is not None or b.staged or b.iteration != iteration:
+        at = _row_kind(b)
+        if at is None or b.iteration != iteration:
             return None
-        slab_rows, vector_rows = b.slab_rows, b.vector_rows
-        if slab_rows:
-            if len(slab_rows) != 1 or vector_rows:
-                return None
+        if at >= 0:
             if slab is None:
-                slab, keys = slab_rows[0][0], b.slab_keys
-            elif slab_rows[0][0] is not slab or b.slab_keys is not keys:
+                slab, keys = b.slab_rows[0][0], b.slab_keys
+            elif b.slab_rows[0][0] is not slab or b.slab_keys is not keys:
                 return None
-        elif len(vector_rows) != 1:
-            return None
     return slab, iteration
 
 
 class OneRowStepInFlight:
     """The rows of one finished one-row step (`StepLayout`) on their way to the host: the slab's transfer and the
-    vectors' stacks and transfers enqueued and an event recorded at construction, without waiting; `values()`
-    waits for them and returns every buffer's row as Python floats in its `columns` order, in the layout's buffer
-    order."""
+    vectors' stacks and transfers enqueued and an event recorded at construction, without waiting (host rows are
+    taken as they are); `values()` waits for them and returns every buffer's row as Python floats in its `columns`
+    order, in the layout's buffer order."""
 
-    __slots__ = ("layout", "slab", "iteration", "_stacks", "_numels", "_events")
+    __slots__ = ("layout", "slab", "iteration", "_hosts", "_stacks", "_numels", "_events")
 
     def __init__(self, layout: StepLayout, fed: Sequence[StatBuffer], slab: Optional[RowSlab], iteration: Any) -> None:
         self.layout = layout
         self.slab = slab
         self.iteration = iteration
+        self._hosts = [fed[i]._host_row for i in layout.hosts]  # (lists never modified once set: kept as they are)
         devices = set()
         if slab is not None:
             slab.start_host_copy()
@@ -335,17 +354,21 @@ class OneRowStepInFlight:
         for event in self._events:
             event.synchronize()
         layout = self.layout
-        values: List[Any] = [None] * len(layout.buffers)
-        if self.slab is not None:
-            host = self.slab.host_tensor()
+        if layout.columns is not None:  # every buffer a slab row with the same columns: the usual GPU step
+            host = self.slab.host_tensor()  # type: ignore[union-attr]  # (a layout with slab rows has its slab)
             if layout.row_index is not None:
                 host = host.index_select(0, layout.row_index)
-            if layout.columns is not None and len(layout.groups[0][1]) == len(values):
-                values = host[:, layout.columns].tolist()  # (every buffer a slab row: the usual LogTensorStats step)
-            else:
-                for columns, members, places in layout.groups:
-                    for i, row in zip(members, host.index_select(0, places)[:, columns].tolist()):
-                        values[i] = row
+            return host[:, layout.columns].tolist()
+        values: List[Any] = [None] * len(layout.buffers)
+        for i, row in zip(layout.hosts, self._hosts):
+            values[i] = row
+        if layout.groups:
+            host = self.slab.host_tensor()  # type: ignore[union-attr]
+            if layout.row_index is not None:
+                host = host.index_select(0, layout.row_index)
+            for columns, members, places in layout.groups:
+                for i, row in zip(members, host.index_select(0, places)[:, columns].tolist()):
+                    values[i] = row
         for (_, _, vector_members), stacked, numels in zip(layout.vectors, self._stacks, self._numels):
             for (i, positions), vector, numel in zip(vector_members, stacked.tolist(), numels):
                 values[i] = [vector[p] if p >= 0 else numel for p in positions]

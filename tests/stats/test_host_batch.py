@@ -18,7 +18,7 @@ import torch
 from tedebug.backends import torch_ref
 from tedebug.stats import StatsEngine
 from tedebug.stats import host_batch
-from tedebug.stats.readback import RowsInFlight
+from tedebug.stats.readback import OneRowStepInFlight, RowsInFlight
 
 from support.concurrency import AtenCounter
 
@@ -149,16 +149,22 @@ def _engine(staged: bool) -> StatsEngine:
 def _run(staged: bool, script) -> Tuple[list, list]:
     """Run `script(engine, feed, step)` on a fresh engine; (the rows each step read back, emitted records) as bits.
 
-    The rows are recorded as `StatsEngine.step` itself reads them (`RowsInFlight.host_rows`, wrapped), so the staged
-    feeds are resolved by the step, as in training, and not by a read of the test's own."""
+    The rows are recorded as `StatsEngine.step` itself reads them (`RowsInFlight.host_rows` and
+    `OneRowStepInFlight.values`, wrapped), so the staged feeds are resolved by the step, as in training, and not by
+    a read of the test's own."""
     engine = _engine(staged)
     rows: list = []
-    real_host_rows = RowsInFlight.host_rows
+    real_host_rows, real_values = RowsInFlight.host_rows, OneRowStepInFlight.values
 
     def recording_host_rows(self):
         host = real_host_rows(self)
         rows.append([(tuple(entry.key), _bits(host[entry.key])) for entry in self.entries])
         return host
+
+    def recording_values(self):
+        values = real_values(self)
+        rows.append([(tuple(b.key), _bits(row)) for b, row in zip(self.layout.buffers, values)])
+        return values
 
     def feed(layer, x, iteration, tensor="activation", is_weight=False):
         engine.feed(layer, tensor, STATS, x, iteration=iteration, is_weight=is_weight)
@@ -167,10 +173,12 @@ def _run(staged: bool, script) -> Tuple[list, list]:
         engine.step(iteration)
 
     RowsInFlight.host_rows = recording_host_rows  # type: ignore[method-assign]
+    OneRowStepInFlight.values = recording_values  # type: ignore[method-assign]
     try:
         script(engine, feed, step)
     finally:
         RowsInFlight.host_rows = real_host_rows  # type: ignore[method-assign]
+        OneRowStepInFlight.values = real_values  # type: ignore[method-assign]
     records = [(name, _bits([value]), iteration) for name, value, iteration in engine.metric_logger.records]
     return rows, records
 

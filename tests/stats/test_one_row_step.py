@@ -124,8 +124,8 @@ def test_a_batch_takes_the_layout_and_iteration_its_caller_keeps():
     assert DeferredBatch(rows)().iteration == 4 and list(DeferredBatch(rows, key, 4)()) == list(ScalarBatch(rows))
 
 
-#: the configs of the session runs: LogTensorStats through the slab (stand-in backend); LogFp8TensorStats under FP8
-#: current scaling, whose rows are the quantize kernels' statistics vectors; both in one step
+#: the session runs: LogTensorStats on CPU tensors (host rows) and through the slab (stand-in backend);
+#: LogFp8TensorStats under FP8 current scaling, whose rows are the quantize kernels' statistics vectors; both
 _LOG_TENSOR_STATS = {
     "LogTensorStats": {
         "enabled": True,
@@ -142,10 +142,11 @@ _LOG_FP8_TENSOR_STATS = {
         "freq": 1,
     }
 }
-RUNS = {
-    "slab": (_LOG_TENSOR_STATS, False, 4 * 2 * 4 * 6 * 10),  # (features, FP8, lines: iterations, blocks, GEMMs, ...)
-    "vector": (_LOG_FP8_TENSOR_STATS, True, 4 * 2 * 4 * 3 * 4),
-    "both": ({**_LOG_TENSOR_STATS, **_LOG_FP8_TENSOR_STATS}, True, 4 * 2 * 4 * (6 * 10 + 3 * 4)),
+RUNS = {  # (features, FP8, rows through the slab (the stand-in backend), lines: iterations, blocks, GEMMs, ...)
+    "host": (_LOG_TENSOR_STATS, False, False, 4 * 2 * 4 * 6 * 10),  # (CPU tensors' host rows)
+    "slab": (_LOG_TENSOR_STATS, False, True, 4 * 2 * 4 * 6 * 10),
+    "vector": (_LOG_FP8_TENSOR_STATS, True, True, 4 * 2 * 4 * 3 * 4),
+    "both": ({**_LOG_TENSOR_STATS, **_LOG_FP8_TENSOR_STATS}, True, True, 4 * 2 * 4 * (6 * 10 + 3 * 4)),
 }
 
 
@@ -156,8 +157,9 @@ def _session_files(tmp_path: Path, monkeypatch, one_row: bool, writer, run: str)
     from tedebug.bench import _Block
     from tedebug.recipe import Float8CurrentScaling
 
-    features, fp8, _ = RUNS[run]
-    monkeypatch.setattr(engine_module, "backend_for", lambda x, b=slab_backend(): b)
+    features, fp8, slab, _ = RUNS[run]
+    if slab:
+        monkeypatch.setattr(engine_module, "backend_for", lambda x, b=slab_backend(): b)
     made = {"steps": 0, "layouts": 0}
     real_step, real_layout = engine_module.OneRowStepInFlight, engine_module.StepLayout
 
@@ -211,6 +213,6 @@ def test_a_run_logs_the_same_lines_with_one_row_steps(tmp_path, monkeypatch, wri
     general = _session_files(tmp_path, monkeypatch, False, writer, run)
     assert with_one_row_steps == general
     jsonl = [lines for name, lines in general.items() if name.endswith(".jsonl")]
-    assert len(jsonl) == 1 and len(jsonl[0]) == RUNS[run][2]
+    assert len(jsonl) == 1 and len(jsonl[0]) == RUNS[run][3]
     if run != "vector":
         assert sum("First non-finite values" in line for lines in general.values() for line in lines) == 1
