@@ -9,7 +9,8 @@ batch does not take gets the backend's host values at once (`basic_partial_value
 of quantization statistics that a quantize kernel already counted for exactly this tensor (its statistics vector,
 `tedebug.backends.fused_stats`) keeps a reference to that vector (`StatBuffer.add_vector_row`): no tensor op at all;
 the step gathers every such vector at once.
-`step(finished_iteration)` reads every fed row back (`tedebug.stats.readback`: all copies enqueued at once), runs one
+`step(finished_iteration)` reads every fed row back (`tedebug.stats.readback`: all copies enqueued at once; the usual
+step, whose every buffer holds one row, through the layout kept from the last such step), runs one
 collective per reduction group (`tedebug.stats.reduce`), evaluates the final formulas as Python floats and emits
 ``metric_logger.log_scalar("<layer>_<tensor>_<stat>", value, iteration, layer=, tensor=, stat=)`` in
 buffer-creation order, statistics in request order (as one ``metric_logger.log_scalars(records)`` batch when the
@@ -364,23 +365,17 @@ class StatsEngine:
         return OneRowStepInFlight(layout, fed, found[0], iteration)
 
     def _finish(self, rows: Any, slabs: Dict[torch.device, RowSlab]) -> None:
-        if isinstance(rows, OneRowStepInFlight):
-            try:
-                values = rows.values()
-            finally:
-                for slab in slabs.values():
-                    slab.reset()
-                if not self._spare_slabs:
-                    self._spare_slabs = slabs
-            self._emit_one_row(rows, values)
-            return
+        one_row = isinstance(rows, OneRowStepInFlight)
         try:
-            host = rows.host_rows()
+            host = rows.values() if one_row else rows.host_rows()
         finally:
             for slab in slabs.values():
                 slab.reset()
             if not self._spare_slabs:
                 self._spare_slabs = slabs
+        if one_row:
+            self._emit_one_row(rows, host)
+            return
         if isinstance(rows, _StepInFlight):
             merged = {e.key: host[e.key] for e in rows.entries if e.skip_reduction}
             merged.update(rows.reduction.finish(host))  # type: ignore[arg-type]  # its keys are `host`'s BufferKeys

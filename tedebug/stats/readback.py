@@ -11,7 +11,13 @@ whose row is one slab row, the kernel path's usual case, is cut from one gather 
 rows of one buffer (microbatches, slab rows next to a tensor row) are merged there with the exact combiners.
 
 `tedebug.stats.engine.StatsEngine` calls both at once (a synchronous read-back), or calls `host_rows()` at the next
-step (deferred read-back: the step returns without waiting for the GPU).  The slabs named by the snapshot must not
+step (deferred read-back: the step returns without waiting for the GPU).
+
+The usual step takes a shorter way: when every fed buffer holds exactly one row (a slab row, a quantize kernel's
+statistics vector or a CPU tensor's host row), `StepLayout` keeps what the read-back and the emission derive from
+the buffers (row kinds, slab gather, vector groups, the batch's layout key) from one such step to the next, and
+`OneRowStepInFlight` reads the step back with it, without a `FedRow` per buffer (docs/internals.md, "A step read
+back through the layout of the last one").  The slabs named by the snapshot must not
 hand out rows again until `host_rows()` has returned; the engine alternates two sets of slabs for that.
 """
 
