@@ -150,15 +150,20 @@ RUNS = {  # (features, FP8, rows through the slab (the stand-in backend), lines:
 }
 
 
-def _session_files(tmp_path: Path, monkeypatch, one_row: bool, writer, run: str) -> dict:
+#: (run, one_row, writer, device) -> the one-row steps and layouts `_session_files` saw made
+made_by_run: dict = {}
+
+
+def _session_files(tmp_path: Path, monkeypatch, one_row: bool, writer, run: str, device: str = "cpu") -> dict:
     """The statistics files of a short run of two tedebug blocks with the features of `RUNS[run]`, a NaN in the
-    input at iteration 2 (`writer`: `background_logging`; `one_row`: False reads every step back the general way)."""
+    input at iteration 2 (`writer`: `background_logging`; `one_row`: False reads every step back the general way;
+    on a CUDA `device` the kernels write the rows, no stand-in)."""
     import tedebug
     from tedebug.bench import _Block
     from tedebug.recipe import Float8CurrentScaling
 
     features, fp8, slab, _ = RUNS[run]
-    if slab:
+    if slab and device == "cpu":
         monkeypatch.setattr(engine_module, "backend_for", lambda x, b=slab_backend(): b)
     made = {"steps": 0, "layouts": 0}
     real_step, real_layout = engine_module.OneRowStepInFlight, engine_module.StepLayout
@@ -178,10 +183,12 @@ def _session_files(tmp_path: Path, monkeypatch, one_row: bool, writer, run: str)
     if not one_row:
         monkeypatch.setattr(engine_module.StatsEngine, "_one_row_step", lambda self, fed: None)
     torch.manual_seed(0)
-    model = torch.nn.Sequential(*[_Block(16, 2, i) for i in range(2)])
+    # (on the GPU: bf16 in the FP8 kernels' fast shape, whose quantizations write the statistics vectors)
+    hidden, tokens, dtype = (16, 4, torch.float32) if device == "cpu" else (128, 64, torch.bfloat16)
+    model = torch.nn.Sequential(*[_Block(hidden, 2, i) for i in range(2)]).to(device, dtype)
     config = {"all": {"enabled": True, "layers": {"layer_name_regex_pattern": ".*"}, "transformer_engine": features}}
     log_dir = tmp_path / f"{run}-{one_row}-{writer}"
-    x = torch.randn(1, 4, 16)
+    x = torch.randn(1, tokens, hidden).to(device, dtype)
     debug_api.initialize(config, log_dir=str(log_dir), background_logging=writer)
     try:
         for iteration in range(4):
@@ -195,7 +202,7 @@ def _session_files(tmp_path: Path, monkeypatch, one_row: bool, writer, run: str)
     finally:
         debug_api.end_debug()
     monkeypatch.undo()
-    assert made == ({"steps": 4, "layouts": 1} if one_row else {"steps": 0, "layouts": 0})
+    made_by_run[(run, one_row, writer, device)] = made
     files = {}
     for path in sorted(log_dir.rglob("*")):
         if path.is_file() and path.suffix in (".jsonl", ".log"):
@@ -212,7 +219,22 @@ def test_a_run_logs_the_same_lines_with_one_row_steps(tmp_path, monkeypatch, wri
     with_one_row_steps = _session_files(tmp_path, monkeypatch, True, writer, run)
     general = _session_files(tmp_path, monkeypatch, False, writer, run)
     assert with_one_row_steps == general
+    assert made_by_run[(run, True, writer, "cpu")] == {"steps": 4, "layouts": 1}  # every step read back as one
+    assert made_by_run[(run, False, writer, "cpu")] == {"steps": 0, "layouts": 0}
     jsonl = [lines for name, lines in general.items() if name.endswith(".jsonl")]
     assert len(jsonl) == 1 and len(jsonl[0]) == RUNS[run][3]
     if run != "vector":
         assert sum("First non-finite values" in line for lines in general.values() for line in lines) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("run", ["slab", "vector", "both"])
+def test_a_gpu_run_logs_the_same_lines_with_one_row_steps(tmp_path, monkeypatch, run):
+    """The same on a GPU, whose kernels write the slab rows and the statistics vectors (deferred read-back through
+    the writer process: pinned copies, stacks and events)."""
+    with_one_row_steps = _session_files(tmp_path, monkeypatch, True, "process", run, "cuda")
+    general = _session_files(tmp_path, monkeypatch, False, "process", run, "cuda")
+    assert with_one_row_steps == general
+    jsonl = [lines for name, lines in general.items() if name.endswith(".jsonl")]
+    assert len(jsonl) == 1 and len(jsonl[0]) == RUNS[run][3]
+    assert made_by_run[(run, True, "process", "cuda")] == {"steps": 4, "layouts": 1}
