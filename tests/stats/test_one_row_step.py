@@ -1,7 +1,8 @@
-"""Slab steps (`tedebug.stats.readback.StepLayout`, `StatsEngine._slab_step`): a step whose every fed buffer holds
-exactly one row of the step's slab is read back and emitted through a layout kept from step to step.  It must emit
-exactly what the general read-back (`RowsInFlight`) emits, fall back to it for any other step, and make a new layout
-only when the buffers, their order in the slab or their statistics change."""
+"""One-row steps (`tedebug.stats.readback.StepLayout`, `StatsEngine._one_row_step`): a step whose every fed buffer
+holds exactly one row (a row of the step's slab, a quantize kernel's statistics vector or a CPU tensor's host row)
+is read back and emitted through a layout kept from step to step.  It must emit exactly what the general read-back
+(`RowsInFlight`) emits, fall back to it for any other step, and make a new layout only when the buffers, their rows'
+kinds or places, or their statistics change."""
 
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ def _feeds(iteration: int):
     return feeds
 
 
-#: the iterations read back as slab steps, and those that make a new layout (the others keep the last one)
+#: the iterations read back as one-row steps (slab rows here), and those that make a new layout (the others keep the
+#: last one)
 SLAB_STEPS = [0, 1, 2, 3, 5, 6, 7]
 NEW_LAYOUTS = [0, 2, 5, 6]
 
