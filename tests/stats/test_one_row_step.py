@@ -54,9 +54,9 @@ SLAB_STEPS = [0, 1, 2, 3, 5, 6, 7]
 NEW_LAYOUTS = [0, 2, 5, 6]
 
 
-def _run(monkeypatch, defer: bool, slab_steps: bool):
+def _run(monkeypatch, defer: bool, one_row: bool):
     """Eight iterations through an engine whose rows are written into its slab (the stand-in backend): the records,
-    the messages and the iterations at which slab steps and new layouts were made."""
+    the messages and the iterations at which one-row steps and new layouts were made."""
     monkeypatch.setattr(engine_module, "backend_for", lambda x, b=slab_backend(): b)
     made = {"steps": [], "layouts": []}
     current = {"iteration": None}
@@ -74,7 +74,7 @@ def _run(monkeypatch, defer: bool, slab_steps: bool):
 
     monkeypatch.setattr(engine_module, "OneRowStepInFlight", CountingStep)
     monkeypatch.setattr(engine_module, "StepLayout", CountingLayout)
-    if not slab_steps:
+    if not one_row:
         monkeypatch.setattr(engine_module.StatsEngine, "_one_row_step", lambda self, fed: None)
     sink, messages = RecordingSink(), []
     engine = StatsEngine(sink, defer_read_back=defer, log_message=lambda text, **kw: messages.append((text, kw)))
@@ -89,9 +89,9 @@ def _run(monkeypatch, defer: bool, slab_steps: bool):
 
 
 @pytest.mark.parametrize("defer", [False, True], ids=["synchronous", "deferred"])
-def test_slab_steps_emit_what_the_general_read_back_emits(monkeypatch, defer):
-    rows, messages, made = _run(monkeypatch, defer, slab_steps=True)
-    general_rows, general_messages, general_made = _run(monkeypatch, defer, slab_steps=False)
+def test_one_row_steps_of_slab_rows_emit_what_the_general_read_back_emits(monkeypatch, defer):
+    rows, messages, made = _run(monkeypatch, defer, one_row=True)
+    general_rows, general_messages, general_made = _run(monkeypatch, defer, one_row=False)
     assert general_made == {"steps": [], "layouts": []}
     assert made["steps"] == SLAB_STEPS
     assert made["layouts"] == NEW_LAYOUTS

@@ -1,7 +1,7 @@
 """A CPU stand-in for the kernel backend's row launches (`cupy_stats.basic_stats_into` / `basic_stats_group_into`):
 each writes (numel, the basic partials in `keys` order) as float64 at the row address it is given, as the CUDA
 kernel writes a row of the statistics engine's slab.  Patched in as `tedebug.stats.engine.backend_for`, it sends
-CPU tensors down the GPU path's bookkeeping (slab rows, launch groups, slab steps)."""
+CPU tensors down the GPU path's bookkeeping (slab rows, launch groups, one-row steps of slab rows)."""
 
 from __future__ import annotations
 
