@@ -153,7 +153,8 @@ def test_a_staged_feed_and_its_step_make_no_other_stats_calls(tmp_path):
     per_buffer = {name: count for name, count in step.items() if count >= len(tensors)}
     assert per_buffer == {
         # (no snapshot object per buffer: every buffer holds one host row, so the step is read back through the
-        # layout kept from the last step, `readback.StepLayout`)
+        # layout kept from the last step, `readback.StepLayout`, which checks each buffer's one row once)
+        "_row_kind": 6,
         "StatBuffer.clear": 6,
         # the final formulas: one generated function per buffer (`row_evaluator`), all eight statistics in it
         "values_of": 6,

@@ -272,29 +272,9 @@ class StepLayout:
             return False
         keys = self.keys
         for b, mine, emitters, at in zip(fed, self.buffers, self.emitters, self.slab_at):
-            if (
-                b is not mine
-                or b.emitters is not emitters
-                or b.iteration != iteration
-                or b._row is not None
-                or b.staged
-            ):
+            if b is not mine or b.emitters is not emitters or b.iteration != iteration or _row_kind(b) != at:
                 return False
-            slab_rows, vector_rows = b.slab_rows, b.vector_rows
-            if at >= 0:
-                if (
-                    len(slab_rows) != 1
-                    or vector_rows
-                    or b._host_row is not None
-                    or slab_rows[0][0] is not slab
-                    or slab_rows[0][1] != at
-                    or b.slab_keys is not keys
-                ):
-                    return False
-            elif at == _VECTOR_ROW:
-                if slab_rows or len(vector_rows) != 1 or b._host_row is not None:
-                    return False
-            elif slab_rows or vector_rows or b._host_row is None:
+            if at >= 0 and (b.slab_rows[0][0] is not slab or b.slab_keys is not keys):
                 return False
         for length, device, members in self.vectors:
             for i, positions in members:
@@ -361,17 +341,12 @@ class OneRowStepInFlight:
             event.synchronize()
         layout = self.layout
         if layout.columns is not None:  # every buffer a slab row with the same columns: the usual GPU step
-            host = self.slab.host_tensor()  # type: ignore[union-attr]  # (a layout with slab rows has its slab)
-            if layout.row_index is not None:
-                host = host.index_select(0, layout.row_index)
-            return host[:, layout.columns].tolist()
+            return self._slab_rows()[:, layout.columns].tolist()
         values: List[Any] = [None] * len(layout.buffers)
         for i, row in zip(layout.hosts, self._hosts):
             values[i] = row
         if layout.groups:
-            host = self.slab.host_tensor()  # type: ignore[union-attr]
-            if layout.row_index is not None:
-                host = host.index_select(0, layout.row_index)
+            host = self._slab_rows()
             for columns, members, places in layout.groups:
                 for i, row in zip(members, host.index_select(0, places)[:, columns].tolist()):
                     values[i] = row
@@ -379,3 +354,9 @@ class OneRowStepInFlight:
             for (i, positions), vector, numel in zip(vector_members, stacked.tolist(), numels):
                 values[i] = [vector[p] if p >= 0 else numel for p in positions]
         return values
+
+    def _slab_rows(self) -> torch.Tensor:
+        """The step's slab rows on the host, in the order of the layout's slabbed buffers."""
+        host = self.slab.host_tensor()  # type: ignore[union-attr]  # (a layout with slab rows has its slab)
+        index = self.layout.row_index
+        return host if index is None else host.index_select(0, index)
