@@ -27,11 +27,14 @@ per logged tensor.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
+import gc
 import os
+import statistics
 import sys
 import time
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -277,30 +280,63 @@ def train_step(model: torch.nn.Module, x: torch.Tensor, optimizer, recipe) -> No
         debug_api.step()
 
 
-def timed_steps_ms(one: Callable[[], None], warmup: int, iters: int, on_gpu: bool) -> float:
+class CollectorClock:
+    """The host time Python's garbage collector takes while the clock is entered, and its collections by
+    generation (through `gc.callbacks`).  A full collection walks every tracked object of the process (about
+    300 k in the benchmark's process: 100-200 ms on the hosts so far), so one landing in a round of 20 steps
+    moves that round by several ms per step."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.collections = [0, 0, 0]
+        self._started = 0.0
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._started
+            self.collections[info["generation"]] += 1
+
+    def __enter__(self) -> "CollectorClock":
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self._callback)
+
+
+def timed_steps_ms(
+    one: Callable[[], None], warmup: int, iters: int, on_gpu: bool, collector: Optional[CollectorClock] = None
+) -> float:
     """Milliseconds per call of `one` (a training step) over `iters` calls after `warmup` untimed ones: CUDA events
-    around the calls on a GPU (so a loop that never waits for the GPU is timed by the GPU), the wall clock on CPU."""
+    around the calls on a GPU (so a loop that never waits for the GPU is timed by the GPU), the wall clock on CPU.
+
+    The timed calls start after a full collection (`gc.collect`): every round starts with the collector's
+    generations empty, so a full collection that earlier rounds or settings made due does not land in this one
+    (the collections the timed steps themselves make do count).  `collector`, when given, times the collections
+    inside the timed calls."""
     for _ in range(warmup):
         one()
-    if not on_gpu:
-        start = time.perf_counter()
+    gc.collect()
+    with collector if collector is not None else contextlib.nullcontext():
+        if not on_gpu:
+            start = time.perf_counter()
+            for _ in range(iters):
+                one()
+            return (time.perf_counter() - start) * 1e3 / iters
+        torch.cuda.synchronize()
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
         for _ in range(iters):
             one()
-        return (time.perf_counter() - start) * 1e3 / iters
-    torch.cuda.synchronize()
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    begin.record()
-    for _ in range(iters):
-        one()
-    end.record()
-    torch.cuda.synchronize()
-    return begin.elapsed_time(end) / iters
+        end.record()
+        torch.cuda.synchronize()
+        return begin.elapsed_time(end) / iters
 
 
 def median_rows(samples: Dict[str, List[float]]) -> List[Dict[str, object]]:
     """One row per setting (in insertion order): the median of its rounds and their range."""
-    import statistics
-
     return [
         {"setting": label, "ms": statistics.median(v), "min_ms": min(v), "max_ms": max(v)}
         for label, v in samples.items()
@@ -353,9 +389,9 @@ def bench_end_to_end(
     def one(recipe) -> None:
         train_step(model, x, opt, recipe)
 
-    def debug_ms(cfg, recipe, background_logging, board) -> float:
+    def debug_ms(cfg, recipe, background_logging, board, collector: CollectorClock) -> float:
         if cfg is None:
-            return timed_steps_ms(lambda: one(recipe), warmup, iters, on_gpu)
+            return timed_steps_ms(lambda: one(recipe), warmup, iters, on_gpu, collector)
         with tempfile.TemporaryDirectory() as log_dir:
             tb_writer = None
             if board == _TB_WRITER:
@@ -369,7 +405,7 @@ def bench_end_to_end(
 
                 debug_api.add_statistics_sink(TensorBoardSink(log_dir=os.path.join(log_dir, "tensorboard")))
             try:
-                return timed_steps_ms(lambda: one(recipe), warmup, iters, on_gpu)
+                return timed_steps_ms(lambda: one(recipe), warmup, iters, on_gpu, collector)
             finally:
                 debug_api.end_debug()
                 if tb_writer is not None:
@@ -422,11 +458,15 @@ def bench_end_to_end(
     baseline_of = {i: label for i, (label, *_) in enumerate(settings)}
     runs = [(*r[:3], position[baseline_of[r[3]]], *r[4:]) for r in runs]
     samples: Dict[str, List[float]] = {label: [] for label, *_ in runs}
+    collected: Dict[str, List[float]] = {label: [] for label, *_ in runs}  # the collector's ms per step, by round
     for _ in range(max(1, rounds)):
         for label, cfg, recipe, _, _, background_logging, board in runs:
-            samples[label].append(debug_ms(cfg, recipe, background_logging, board))
+            clock = CollectorClock()
+            samples[label].append(debug_ms(cfg, recipe, background_logging, board, clock))
+            collected[label].append(clock.seconds * 1e3 / iters)
     rows = median_rows(samples)
-    for row, (_, _, _, base_index, fed, _, _) in zip(rows, runs):
+    for row, (label, _, _, base_index, fed, _, _) in zip(rows, runs):
+        row["gc_ms"] = statistics.median(collected[label])
         base_ms = rows[base_index]["ms"]
         row["overhead"] = row["ms"] / base_ms - 1.0
         row["per_tensor_us"] = (row["ms"] - base_ms) * 1e3 / fed if fed else None
@@ -515,28 +555,38 @@ def bench_recipes(
     return rows
 
 
-def _format_steps(rows: List[Dict[str, object]], width: int, last: str, cell: Callable[[dict], str]) -> str:
-    """A table of `median_rows` rows: setting, ms/step, range of the rounds and a last column `cell(row)`."""
-    cells = [cell(r) for r in rows]
-    last_width = max([10, len(last)] + [len(c) for c in cells])
-    head = f"{'setting':<{width}} | {'ms/step':>9} | {'range (rounds)':>19} | {last:>{last_width}}"
+def _format_steps(
+    rows: List[Dict[str, object]], width: int, columns: Sequence[Tuple[str, Callable[[dict], str]]]
+) -> str:
+    """A table of `median_rows` rows: setting, ms/step, range of the rounds, then one column per (title, cell)."""
+    cells = [[cell(r) for r in rows] for _, cell in columns]
+    widths = [max([10, len(title)] + [len(c) for c in column]) for (title, _), column in zip(columns, cells)]
+    head = f"{'setting':<{width}} | {'ms/step':>9} | {'range (rounds)':>19}" + "".join(
+        f" | {title:>{w}}" for (title, _), w in zip(columns, widths)
+    )
     lines = [head, "-" * len(head)]
-    for r, c in zip(rows, cells):
+    for i, r in enumerate(rows):
         spread = f"{r['min_ms']:.2f}-{r['max_ms']:.2f}"
-        lines.append(f"{r['setting']:<{width}} | {r['ms']:>9.2f} | {spread:>19} | {c:>{last_width}}")
+        lines.append(
+            f"{r['setting']:<{width}} | {r['ms']:>9.2f} | {spread:>19}"
+            + "".join(f" | {column[i]:>{w}}" for column, w in zip(cells, widths))
+        )
     return "\n".join(lines)
 
 
 def format_recipes(rows: List[Dict[str, object]]) -> str:
-    return _format_steps(rows, 28, "x baseline", lambda r: f"{r['ratio']:.2f}x")
+    return _format_steps(rows, 28, [("x baseline", lambda r: f"{r['ratio']:.2f}x")])
 
 
 def format_e2e(rows: List[Dict[str, object]]) -> str:
+    """The e2e table: the overhead against the row's baseline, the added time per logged tensor, and the host time
+    the garbage collector took per step inside the timed rounds (median)."""
+
     def cell(r: dict) -> str:
         per = r.get("per_tensor_us")
         return f"{100 * r['overhead']:.1f}%" + ("" if per is None else f" ({per:.0f} us/tensor)")
 
-    return _format_steps(rows, 52, "overhead", cell)
+    return _format_steps(rows, 52, [("GC ms/step", lambda r: f"{r['gc_ms']:.2f}"), ("overhead", cell)])
 
 
 def format_table(rows: List[Dict[str, object]]) -> str:

@@ -47,8 +47,39 @@ def test_end_to_end_bench_runs_its_three_settings(monkeypatch):
     assert {t for _, t in fed} == {"activation", "weight", "output", "gradient", "wgrad", "dgrad"}
     assert len({layer for layer, _ in fed}) == gemms
     assert not debug_api.is_enabled()  # every session was closed
+    assert all(row["gc_ms"] >= 0.0 for row in rows)
     text = bench.format_e2e(rows)
     assert text.splitlines()[2].startswith("no debug_api (baseline)") and text.count("%") == 3
+    assert "GC ms/step" in text.splitlines()[0]
+
+
+def test_timed_steps_start_after_a_full_collection_and_the_clock_times_the_timed_ones(monkeypatch):
+    """A round's timed steps start after `gc.collect()` (a full collection made due by earlier rounds lands in none
+    of them), and `CollectorClock` counts the collections inside the timed steps only, by generation."""
+    import gc
+
+    events = []
+    real_collect = gc.collect
+    monkeypatch.setattr(gc, "collect", lambda *a: events.append("collect") or real_collect(*a))
+    calls = iter(range(100))
+
+    def one():  # a step that collects generation 1 once, in its third call
+        i = next(calls)
+        events.append(f"step {i}")
+        if i == 2:
+            real_collect(1)
+
+    was_enabled = gc.isenabled()
+    gc.disable()  # (no automatic collection during the test: only the steps' and the round's own)
+    try:
+        clock = bench.CollectorClock()
+        bench.timed_steps_ms(one, warmup=2, iters=2, on_gpu=False, collector=clock)
+    finally:
+        if was_enabled:
+            gc.enable()
+    assert events == ["step 0", "step 1", "collect", "step 2", "step 3"]
+    assert clock.collections == [0, 1, 0] and clock.seconds > 0.0
+    assert clock._callback not in gc.callbacks
 
 
 def test_recipe_bench_runs_every_recipe_on_cpu(monkeypatch):
