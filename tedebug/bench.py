@@ -20,8 +20,9 @@ active, and with LogTensorStats (min, max, mean, std, l1_norm, l2_norm, cur_amax
 of every layer at freq 1.  ``--fp8`` adds the same model under FP8 current scaling without debug_api, with
 LogFp8TensorStats and with both features on activation, weight and gradient.  The settings are measured in
 interleaved rounds of 20 timed steps each and reported as medians with their range (with 10 steps per round, two
-series of the very same setting differed by about 1 %), the overhead against their baseline and the added time
-per logged tensor.
+series of the very same setting differed by about 1 %), the overhead against their baseline, the added time
+per logged tensor and the host time Python's garbage collector took per step inside the rounds.  Every round starts
+after a full collection (`timed_steps_ms`).
 """
 
 from __future__ import annotations
