@@ -284,7 +284,7 @@ def train_step(model: torch.nn.Module, x: torch.Tensor, optimizer, recipe) -> No
 class CollectorClock:
     """The host time Python's garbage collector takes while the clock is entered, and its collections by
     generation (through `gc.callbacks`).  A full collection walks every tracked object of the process (about
-    300 k in the benchmark's process: 100-200 ms on the hosts so far), so one landing in a round of 20 steps
+    300 k in the benchmark's process: 75-185 ms on the hosts measured), so one landing in a round of 20 steps
     moves that round by several ms per step."""
 
     def __init__(self) -> None:
