@@ -605,7 +605,9 @@ _DELAYED_KERNEL_NAMES = ("ted_fp8_delayed_cast16", "ted_fp8_delayed_stats_cast16
 def _delayed_in_one_launch(plan: _CastPlan, high_precision_stats: bool) -> bool:
     """Whether a delayed-scaling quantization of `plan` takes one launch (``ted_fp8_delayed_cast16``, or
     ``ted_fp8_delayed_stats_cast16`` when the statistics pass records the amax): on the 16-bit fast shape (an
-    ordinary launch: nothing to check about the device)."""
+    ordinary launch: nothing to check about the device).  The answer does not depend on `high_precision_stats`;
+    the argument is the chooser's interface, which `_fused_current` shares, so that a replacement can decide by it
+    (`tools/ab_logged_quantization.py` keeps logged quantizations in two launches that way)."""
     return plan.fast
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Tuple
 
 import pytest
 import torch
@@ -152,14 +153,13 @@ RUNS = {  # (features, FP8, rows through the slab (the stand-in backend), lines:
 }
 
 
-#: (run, one_row, writer, device) -> the one-row steps and layouts `_session_files` saw made
-made_by_run: dict = {}
-
-
-def _session_files(tmp_path: Path, monkeypatch, one_row: bool, writer, run: str, device: str = "cpu") -> dict:
+def _session_files(
+    tmp_path: Path, monkeypatch, one_row: bool, writer, run: str, device: str = "cpu"
+) -> Tuple[dict, dict]:
     """The statistics files of a short run of two tedebug blocks with the features of `RUNS[run]`, a NaN in the
     input at iteration 2 (`writer`: `background_logging`; `one_row`: False reads every step back the general way;
-    on a CUDA `device` the kernels write the rows, no stand-in)."""
+    on a CUDA `device` the kernels write the rows, no stand-in), and the one-row steps and layouts the run made
+    (``{"steps": ..., "layouts": ...}``)."""
     import tedebug
     from tedebug.bench import _Block
     from tedebug.recipe import Float8CurrentScaling
@@ -204,7 +204,6 @@ def _session_files(tmp_path: Path, monkeypatch, one_row: bool, writer, run: str,
     finally:
         debug_api.end_debug()
     monkeypatch.undo()
-    made_by_run[(run, one_row, writer, device)] = made
     files = {}
     for path in sorted(log_dir.rglob("*")):
         if path.is_file() and path.suffix in (".jsonl", ".log"):
@@ -212,17 +211,17 @@ def _session_files(tmp_path: Path, monkeypatch, one_row: bool, writer, run: str,
             if path.suffix == ".log":  # the timestamps aside
                 lines = [line.split(" ", 2)[-1] for line in lines]
             files[str(path.relative_to(log_dir))] = lines
-    return files
+    return files, made
 
 
 @pytest.mark.parametrize("run", list(RUNS))
 @pytest.mark.parametrize("writer", ["process", True, False], ids=["process", "thread", "synchronous"])
 def test_a_run_logs_the_same_lines_with_one_row_steps(tmp_path, monkeypatch, writer, run):
-    with_one_row_steps = _session_files(tmp_path, monkeypatch, True, writer, run)
-    general = _session_files(tmp_path, monkeypatch, False, writer, run)
+    with_one_row_steps, made_one_row = _session_files(tmp_path, monkeypatch, True, writer, run)
+    general, made_general = _session_files(tmp_path, monkeypatch, False, writer, run)
     assert with_one_row_steps == general
-    assert made_by_run[(run, True, writer, "cpu")] == {"steps": 4, "layouts": 1}  # every step read back as one
-    assert made_by_run[(run, False, writer, "cpu")] == {"steps": 0, "layouts": 0}
+    assert made_one_row == {"steps": 4, "layouts": 1}  # every step read back as one
+    assert made_general == {"steps": 0, "layouts": 0}
     jsonl = [lines for name, lines in general.items() if name.endswith(".jsonl")]
     assert len(jsonl) == 1 and len(jsonl[0]) == RUNS[run][3]
     if run != "vector":
@@ -234,9 +233,9 @@ def test_a_run_logs_the_same_lines_with_one_row_steps(tmp_path, monkeypatch, wri
 def test_a_gpu_run_logs_the_same_lines_with_one_row_steps(tmp_path, monkeypatch, run):
     """The same on a GPU, whose kernels write the slab rows and the statistics vectors (deferred read-back through
     the writer process: pinned copies, stacks and events)."""
-    with_one_row_steps = _session_files(tmp_path, monkeypatch, True, "process", run, "cuda")
-    general = _session_files(tmp_path, monkeypatch, False, "process", run, "cuda")
+    with_one_row_steps, made_one_row = _session_files(tmp_path, monkeypatch, True, "process", run, "cuda")
+    general, _ = _session_files(tmp_path, monkeypatch, False, "process", run, "cuda")
     assert with_one_row_steps == general
     jsonl = [lines for name, lines in general.items() if name.endswith(".jsonl")]
     assert len(jsonl) == 1 and len(jsonl[0]) == RUNS[run][3]
-    assert made_by_run[(run, True, "process", "cuda")] == {"steps": 4, "layouts": 1}
+    assert made_one_row == {"steps": 4, "layouts": 1}
