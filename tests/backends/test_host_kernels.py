@@ -236,11 +236,25 @@ def test_a_failing_compiler_warns_once_and_leaves_the_numpy_path(tmp_path, monke
         assert host_kernels.host_fp8() is None  # (once per process)
 
 
-def test_two_builders_at_once_leave_one_whole_library(tmp_path):
+def test_two_builders_at_once_leave_one_whole_library(tmp_path, monkeypatch):
     """Ranks of one machine may build at once: each compiles into its own temporary file and renames it into
-    place, so the library is whole whoever wins (no build is cached yet: both compile)."""
+    place, so the library is whole whoever wins.  The two compilations are held until both have finished, so both
+    builders really are between their compilation and their rename at the same time (a builder that found the
+    library already there would leave the other waiting: the barrier breaks and the test fails)."""
+    import threading
+
+    compiled = threading.Barrier(2, timeout=120)
+    real_run = host_kernels.subprocess.run
+
+    def compile_then_wait(*args, **kwargs):
+        done = real_run(*args, **kwargs)
+        compiled.wait()
+        return done
+
+    monkeypatch.setattr(host_kernels.subprocess, "run", compile_then_wait)
     results = run_in_two_threads(lambda i: [host_kernels.build(tmp_path)], 1)
+    assert [len(r) for r in results] == [1, 1]  # (a thread that raised returned nothing)
     paths = {result[0] for result in results[0] + results[1]}
-    assert len(paths) == 1 and [p.name for p in tmp_path.iterdir()] == [next(iter(paths)).name]
+    assert len(paths) == 1 and [p.name for p in tmp_path.iterdir()] == [next(iter(paths)).name]  # no temporary left
     library = ctypes.CDLL(str(next(iter(paths))))
     assert library.ted_host_fp8_cast is not None
