@@ -42,14 +42,13 @@ BatchRow = Tuple[Emitters, Any, Any, Any, Any]
 
 _EMITTERS = itemgetter(0)
 _NAMES = attrgetter("names")
-_LAYOUT_PARTS = itemgetter(0, 3, 4)
 _UNSET: Any = object()  # a column not computed yet (None is a valid `iteration`)
 
 
 class ScalarBatch(Sequence):
     """One step's statistics: a read-only sequence of records with cached columns (see the module docstring)."""
 
-    __slots__ = ("_rows", "_len", "_raw", "_values", "_records", "_iteration", "_layout")
+    __slots__ = ("_rows", "_packed", "_len", "_raw", "_values", "_records", "_iteration", "_layout")
 
     def __init__(
         self, rows: Iterable[BatchRow], layout: Optional[Tuple[Any, ...]] = None, iteration: Any = _UNSET
@@ -57,7 +56,9 @@ class ScalarBatch(Sequence):
         """`layout` and `iteration`, when given, are the batch's `layout` and `iteration` as the caller knows them
         (a caller that emits the same rows every step keeps one layout object: `same_layout` is then one
         comparison)."""
-        self._rows: Tuple[BatchRow, ...] = tuple(rows)
+        self._rows: Optional[Tuple[BatchRow, ...]] = tuple(rows)
+        #: (parts, array, iteration) of a batch made by `from_packed` (its `_rows` are made when first read)
+        self._packed: Optional[Tuple[Sequence[Tuple[Emitters, Any, Any]], Any, Any]] = None
         self._len: Optional[int] = None
         self._raw: Optional[List[Any]] = None  # value_of(row) of every record, as returned
         self._values: Optional[List[float]] = None
@@ -65,10 +66,44 @@ class ScalarBatch(Sequence):
         self._iteration: Any = iteration
         self._layout: Optional[Tuple[Any, ...]] = layout
 
+    @classmethod
+    def from_packed(
+        cls,
+        parts: Sequence[Tuple[Emitters, Any, Any]],
+        array: Any,
+        row_iteration: Any,
+        layout: Optional[Tuple[Any, ...]] = None,
+        iteration: Any = _UNSET,
+    ) -> "ScalarBatch":
+        """The batch of the rows ``(emitters, array[i], row_iteration, layer, tensor)`` for ``parts[i] = (emitters,
+        layer, tensor)``, where `array` is a float64 numpy array ``[len(parts), columns]`` that nothing else holds.
+        Its rows become lists of Python floats (``array.tolist()``) only when a reader needs them; `packed_rows`
+        gives the array itself, whose bytes a writer process receives as they are (`tedebug.sinks.process_wire`)."""
+        batch = cls((), layout, iteration)
+        batch._rows = None
+        batch._packed = (parts, array, row_iteration)
+        return batch
+
+    def _all_rows(self) -> Tuple[BatchRow, ...]:
+        """The batch's rows (those of a `from_packed` batch made now, once)."""
+        rows = self._rows
+        if rows is None:
+            parts, array, iteration = self._packed  # type: ignore[misc]
+            rows = self._rows = tuple(
+                (emitters, row, iteration, layer, tensor)
+                for (emitters, layer, tensor), row in zip(parts, array.tolist())
+            )
+        return rows
+
+    def packed_rows(self) -> Any:
+        """The float64 array of a `from_packed` batch's rows (one row per buffer; do not modify), else None."""
+        return None if self._packed is None else self._packed[1]
+
     # ------------------------------------------------------------------------------------------- sequence
     def __len__(self) -> int:
         if self._len is None:
-            self._len = sum(map(len, map(_NAMES, map(_EMITTERS, self._rows))))
+            emitters = map(_EMITTERS, self._all_rows() if self._packed is None else self._packed[0])
+            self._len = sum(map(len, map(_NAMES, emitters)))
         return self._len
 
     @overload
@@ -84,7 +119,7 @@ class ScalarBatch(Sequence):
         return iter(self.records)
 
     def __repr__(self) -> str:
-        return f"ScalarBatch({len(self)} records of {len(self._rows)} buffers)"
+        return f"ScalarBatch({len(self)} records of {len(self.row_parts())} buffers)"
 
     @property
     def records(self) -> List[Record]:
@@ -92,7 +127,7 @@ class ScalarBatch(Sequence):
         if self._records is None:
             raw = iter(self._raw_values())
             records: List[Record] = []
-            for emitters, _, iteration, layer, tensor in self._rows:
+            for emitters, _, iteration, layer, tensor in self._all_rows():
                 records.extend([(name, next(raw), iteration, layer, tensor, stat) for name, stat in emitters.names])
             self._records = records
         return self._records
@@ -107,7 +142,7 @@ class ScalarBatch(Sequence):
         """The value of every statistic, in record order, as the emitters' ``values_of`` return them."""
         if self._raw is None:
             raw: List[Any] = []
-            for emitters, row, _, _, _ in self._rows:
+            for emitters, row, _, _, _ in self._all_rows():
                 values = emitters.values_of(row)
                 if len(values) != len(emitters.names):
                     raise ValueError(f"{len(values)} values for the {len(emitters.names)} statistics {emitters.names}")
@@ -128,7 +163,7 @@ class ScalarBatch(Sequence):
         """The iteration of every record, or None when they differ (or the batch is empty)."""
         if self._iteration is _UNSET:
             try:
-                iterations = {row[2] for row in self._rows if row[0].names}
+                iterations = {row[2] for row in self._all_rows() if row[0].names}
             except TypeError:  # an unhashable iteration: treated as mixed
                 iterations = set()
             self._iteration = iterations.pop() if len(iterations) == 1 else None
@@ -138,7 +173,7 @@ class ScalarBatch(Sequence):
     def layout(self) -> Tuple[Any, ...]:
         """The emitters, layer and tensor objects of every row, flattened (see `same_layout`)."""
         if self._layout is None:
-            self._layout = tuple(chain.from_iterable(map(_LAYOUT_PARTS, self._rows)))
+            self._layout = tuple(chain.from_iterable(self.row_parts()))
         return self._layout
 
     def same_layout(self, layout: Optional[Tuple[Any, ...]]) -> bool:
@@ -152,20 +187,24 @@ class ScalarBatch(Sequence):
     def row_parts(self) -> List[Tuple[Emitters, Any, Any]]:
         """``(emitters, layer, tensor)`` of every row: the layout (what a writer process receives as plain data,
         `tedebug.sinks.process_wire`)."""
-        return [(emitters, layer, tensor) for emitters, _, _, layer, tensor in self._rows]
+        if self._packed is not None:
+            return list(self._packed[0])
+        return [(emitters, layer, tensor) for emitters, _, _, layer, tensor in self._all_rows()]
 
     def merged_rows(self) -> List[Any]:
         """The row of every buffer, as given (what each `Emitters.values_of` takes)."""
-        return [row[1] for row in self._rows]
+        return [row[1] for row in self._all_rows()]
 
     def row_iterations(self) -> List[Any]:
         """The iteration of every row, in order."""
-        return [row[2] for row in self._rows]
+        if self._packed is not None:
+            return [self._packed[2]] * len(self._packed[0])
+        return [row[2] for row in self._all_rows()]
 
     def name_parts(self) -> List[Tuple[Any, Any, Any, Any]]:
         """``(name, layer, tensor, stat)`` of every record, in order (what a sink makes its cached line pieces of)."""
         parts: List[Tuple[Any, Any, Any, Any]] = []
-        for emitters, _, _, layer, tensor in self._rows:
+        for emitters, _, _, layer, tensor in self._all_rows():
             parts.extend([(name, layer, tensor, stat) for name, stat in emitters.names])
         return parts
 
@@ -175,16 +214,24 @@ class DeferredBatch:
     `ScalarBatch` (a formula's error is then the build's, not the first sink's); `batch()` is the same batch not
     evaluated, for a writer that evaluates elsewhere (the writer process evaluates the formulas it receives)."""
 
-    __slots__ = ("rows", "layout", "iteration")
+    __slots__ = ("rows", "layout", "iteration", "packed")
 
     def __init__(
-        self, rows: Iterable[BatchRow], layout: Optional[Tuple[Any, ...]] = None, iteration: Any = _UNSET
+        self,
+        rows: Iterable[BatchRow],
+        layout: Optional[Tuple[Any, ...]] = None,
+        iteration: Any = _UNSET,
+        packed: Optional[Tuple[Sequence[Tuple[Emitters, Any, Any]], Any, Any]] = None,
     ) -> None:
+        """`packed`: ``(parts, array, row_iteration)`` of `ScalarBatch.from_packed` instead of `rows` (then empty)."""
         self.rows = rows
         self.layout = layout  # (`ScalarBatch`'s optional arguments, passed on)
         self.iteration = iteration
+        self.packed = packed
 
     def batch(self) -> ScalarBatch:
+        if self.packed is not None:
+            return ScalarBatch.from_packed(*self.packed, self.layout, self.iteration)
         return ScalarBatch(self.rows, self.layout, self.iteration)
 
     def __call__(self) -> ScalarBatch:

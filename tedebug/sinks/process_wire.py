@@ -8,7 +8,8 @@ Chunks (what `MetricLogger` queues for its writers: `ScalarBatch`es and lists of
 `ChunkEncoder` in the training process and decoded by `ChunkDecoder` in the writer process, so that the sinks there
 receive what the writer thread's sinks receive, record for record and bit for bit:
 
-* a `ScalarBatch` travels as its merged rows (one ``array('d')`` of bytes, and each row's length) and its
+* a `ScalarBatch` travels as its merged rows (one ``array('d')`` of bytes, or the bytes of the float64 array of a
+  `ScalarBatch.from_packed` batch, the same bytes; and each row's length) and its
   iteration(s), plus, when its layout differs from the last batch's, the layout itself: per row the ``(name, stat)``
   pairs, the layer, the tensor and the source of its final formulas (`tedebug.compiled_formulas`), which the decoder
   compiles, so the formulas run in the writer process, on the same floats with the same code.  A batch whose rows
@@ -118,7 +119,11 @@ class ChunkEncoder:
         iteration = chunk.iteration
         iterations = None if iteration is not None else chunk.row_iterations()
         lengths: Optional[List[int]] = None
-        if self._rows_travel:
+        packed = chunk.packed_rows() if self._rows_travel else None
+        if packed is not None:  # float64 rows of one length: their bytes as they are (the bytes of the floats)
+            data = packed.tobytes()
+            lengths = [packed.shape[1]] * packed.shape[0]
+        elif self._rows_travel:
             rows = chunk.merged_rows()
             try:
                 data = array("d", chain.from_iterable(rows)).tobytes()

@@ -37,8 +37,9 @@ from __future__ import annotations
 
 import logging
 from types import MappingProxyType
-from typing import Any, Callable, Dict, Hashable, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Hashable, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 
 from tedebug.backends import backend_for, dispatch
@@ -438,9 +439,25 @@ class StatsEngine:
         if self.flush_at_step and callable(flush):
             flush()
 
-    def _emit_one_row(self, step: OneRowStepInFlight, values: List[List[float]]) -> None:
-        """`_emit` of a one-row step: the rows in the layout's order, with its layout key and iteration."""
+    def _emit_one_row(self, step: OneRowStepInFlight, values: Union[np.ndarray, List[List[float]]]) -> None:
+        """`_emit` of a one-row step: the rows in the layout's order, with its layout key and iteration.  `values`
+        (`OneRowStepInFlight.values`) is one float64 array in the usual GPU step, which the batch keeps as it is
+        (`ScalarBatch.from_packed`: a writer process receives its bytes, no Python float is made here)."""
         layout, iteration = step.layout, step.iteration
+        batch_iteration = iteration if layout.named else None
+        if type(values) is np.ndarray:
+            if layout.nonfinite and not self._nonfinite_reported:
+                at_rows, nan_cols, inf_cols = layout.nonfinite_index
+                counts = values[at_rows, nan_cols] + values[at_rows, inf_cols]
+                for k in np.flatnonzero(counts):  # (the buffers whose counts are not zero, in the layout's order)
+                    i = int(at_rows[k])
+                    self._report_nonfinite(
+                        layout.buffers[i].key, iteration, (int(nan_cols[k]), int(inf_cols[k])), values[i].tolist()
+                    )
+                    if self._nonfinite_reported:
+                        break
+            self._log_batch(DeferredBatch((), layout.key, batch_iteration, packed=(layout.parts, values, iteration)))
+            return
         if layout.nonfinite and not self._nonfinite_reported:
             for i, nan_at, inf_at in layout.nonfinite:
                 row = values[i]
@@ -449,7 +466,7 @@ class StatsEngine:
         rows = [
             (emitters, row, iteration, layer, tensor) for (emitters, layer, tensor), row in zip(layout.parts, values)
         ]
-        self._log_batch(DeferredBatch(rows, layout.key, iteration if layout.named else None))
+        self._log_batch(DeferredBatch(rows, layout.key, batch_iteration))
 
     def _report_nonfinite(
         self, key: BufferKey, iteration: Any, positions: Tuple[int, int], values: Sequence[float]

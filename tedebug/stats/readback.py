@@ -23,8 +23,9 @@ hand out rows again until `host_rows()` has returned; the engine alternates two 
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 
 from tedebug.sinks.batch import Emitters
@@ -211,12 +212,14 @@ class StepLayout:
         "keys",
         "row_index",
         "columns",
+        "column_index",
         "groups",
         "vectors",
         "parts",
         "key",
         "named",
         "nonfinite",
+        "nonfinite_index",
     )
 
     def __init__(self, fed: Sequence[StatBuffer]) -> None:
@@ -252,6 +255,7 @@ class StepLayout:
         self.columns: Optional[List[int]] = (
             list(next(iter(by_positions))) if len(by_positions) == 1 and len(slabbed) == len(fed) else None
         )
+        self.column_index = None if self.columns is None else np.array(self.columns, dtype=np.intp)  # (numpy's gather)
         place = {i: k for k, i in enumerate(slabbed)}
         self.groups: List[Tuple[List[int], List[int], torch.Tensor]] = [
             (list(positions), members, torch.tensor([place[i] for i in members], dtype=torch.long))
@@ -265,6 +269,8 @@ class StepLayout:
         self.nonfinite: List[Tuple[int, int, int]] = [
             (i, *b.nonfinite_positions) for i, b in enumerate(fed) if b.nonfinite_positions is not None
         ]
+        #: `nonfinite` as three index arrays (rows, NaN count columns, Inf count columns), for a packed step's check
+        self.nonfinite_index = tuple(np.array(column, dtype=np.intp) for column in zip(*self.nonfinite))
 
     def matches(self, fed: Sequence[StatBuffer], slab: Optional[RowSlab], iteration: Any) -> bool:
         """True when `fed` is a one-row step of this layout, its slab rows in `slab`, all of it at `iteration`."""
@@ -304,8 +310,8 @@ def one_row_step(fed: Sequence[StatBuffer]) -> Optional[Tuple[Optional[RowSlab],
 class OneRowStepInFlight:
     """The rows of one finished one-row step (`StepLayout`) on their way to the host: the slab's transfer and the
     vectors' stacks and transfers enqueued and an event recorded at construction, without waiting (host rows are
-    taken as they are); `values()` waits for them and returns every buffer's row as Python floats in its `columns`
-    order, in the layout's buffer order."""
+    taken as they are); `values()` waits for them and returns every buffer's row in its `columns` order, in the
+    layout's buffer order."""
 
     __slots__ = ("layout", "slab", "iteration", "_hosts", "_stacks", "_numels", "_events")
 
@@ -336,12 +342,16 @@ class OneRowStepInFlight:
             event.record(torch.cuda.current_stream(device))
             self._events.append(event)
 
-    def values(self) -> List[List[float]]:
+    def values(self) -> Union[np.ndarray, List[List[float]]]:
+        """Every buffer's row in its `columns` order, in the layout's buffer order: when every buffer is a slab row
+        with the same columns (the usual GPU step) one float64 array ``[buffers, columns]`` that nothing else holds
+        (a gather of the slab's host copy: no Python float is made; `ScalarBatch.from_packed`), else lists of
+        Python floats."""
         for event in self._events:
             event.synchronize()
         layout = self.layout
-        if layout.columns is not None:  # every buffer a slab row with the same columns: the usual GPU step
-            return self._slab_rows()[:, layout.columns].tolist()
+        if layout.column_index is not None:  # every buffer a slab row with the same columns: the usual GPU step
+            return self._slab_rows().numpy()[:, layout.column_index]
         values: List[Any] = [None] * len(layout.buffers)
         for i, row in zip(layout.hosts, self._hosts):
             values[i] = row

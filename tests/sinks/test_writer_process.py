@@ -5,6 +5,7 @@ start are reported and never stop training; and the wire format carries batches 
 
 import json
 import os
+import pickle
 import random
 import re
 import signal
@@ -14,6 +15,7 @@ import textwrap
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -21,7 +23,7 @@ from tedebug import bench, debug_api
 from tedebug.sinks import MetricLogger
 from tedebug.sinks import process_writer
 from tedebug.sinks.base import BackgroundSinkError
-from tedebug.sinks.batch import Emitters, ScalarBatch
+from tedebug.sinks.batch import DeferredBatch, Emitters, ScalarBatch
 from tedebug.sinks.jsonl import JsonlSink
 from tedebug import compiled_formulas
 from tedebug.sinks.process_wire import ChunkDecoder, ChunkEncoder, MessageReader, send
@@ -344,6 +346,34 @@ def test_merged_rows_travel_and_the_writer_process_runs_their_formulas():
     assert decoded[0][0] == "l_act_min" and decoded.iteration == 3
     odd = ScalarBatch([(emitters, [str(v) for v in row], 3, "l", "act") for row in rows[:1]])  # not floats
     assert ChunkEncoder().encode(odd)[1][5] is None  # final values, evaluated in the training process
+
+
+def test_a_packed_batch_is_the_batch_of_its_rows_and_travels_as_the_same_bytes():
+    """`ScalarBatch.from_packed` (a one-row step's float64 array, `tedebug.stats.readback`): the same records,
+    columns and layout as the batch of the same rows as lists, and its encoded message is the same, byte for byte
+    (the array's bytes are the bytes of the floats); the rows are made into lists only when a reader asks."""
+    requests = [StatRequest.parse_hp(name) for name in ("min", "max", "mean", "std")]
+    columns = list(columns_for(requests))
+    emitters = Emitters(tuple((f"l_act_{r.name}", r.name) for r in requests), row_evaluator(requests, columns))
+    rng = random.Random(7)
+    array = np.array(
+        [[float(rng.randint(1, 9)) if c == NUMEL else rng.uniform(0.0, 3.0) for c in columns] for _ in range(4)]
+    )
+    array[1, 0] = -0.0
+    array[2, 1] = 5e-324
+    parts = [(emitters, f"l{i}", "act") for i in range(4)]
+    key = tuple(part for row in parts for part in row)
+    packed = ScalarBatch.from_packed(parts, array, 6, key, 6)
+    plain = ScalarBatch([(e, row, 6, layer, tensor) for (e, layer, tensor), row in zip(parts, array.tolist())])
+    assert packed.packed_rows() is array and plain.packed_rows() is None
+    assert packed.row_parts() == plain.row_parts() and packed.row_iterations() == plain.row_iterations()
+    assert len(packed) == len(plain) == 16 and packed._rows is None  # (no list made for any of these)
+    assert packed.layout == plain.layout and packed.same_layout(key) and packed.iteration == plain.iteration == 6
+    assert pickle.dumps(ChunkEncoder().encode(packed)) == pickle.dumps(ChunkEncoder().encode(plain))
+    assert [repr(v) for v in packed.values] == [repr(v) for v in plain.values]
+    assert list(packed) == list(plain) and packed.merged_rows() == plain.merged_rows()
+    deferred = DeferredBatch((), key, 6, packed=(parts, array, 6))
+    assert [repr(v) for v in deferred().values] == [repr(v) for v in plain.values]
 
 
 def test_a_batch_whose_formulas_raise_there_is_reported_and_the_next_ones_are_written(tmp_path):
