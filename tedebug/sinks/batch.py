@@ -16,7 +16,9 @@ read its columns instead, each computed once per batch whatever the number of si
   for the last one.  The same layout implies the same names; a different one only means "make them again".
 
 A batch never changes once built: the rows must not be modified after they are handed over (the engine makes new
-ones every step), and `emitters` never changes (an immutable `Emitters`).
+ones every step), and `emitters` never changes (an immutable `Emitters`).  A batch may also hold its rows as one
+float64 array (`ScalarBatch.from_packed`: the usual GPU step's statistics), made into lists of Python floats only
+when a reader needs rows; a writer process receives the array's bytes.
 """
 
 from __future__ import annotations

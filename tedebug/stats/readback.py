@@ -199,9 +199,10 @@ class StepLayout:
     and column layouts, with the same emitters.
 
     Such a step is read back with one transfer for the slab and one stack and transfer per vector length, emitted
-    with one gather per column layout and one ``tolist``, and the batch it hands over has this layout's key
-    (`ScalarBatch.same_layout` then compares one object): a few attribute checks per buffer instead of a `FedRow`
-    snapshot, a classification and a row dict each."""
+    with one gather per column layout and one ``tolist`` (none when every buffer is a slab row with the same columns:
+    the gathered float64 array is the batch's, `OneRowStepInFlight.values`), and the batch it hands over has this
+    layout's key (`ScalarBatch.same_layout` then compares one object): a few attribute checks per buffer instead of
+    a `FedRow` snapshot, a classification and a row dict each."""
 
     __slots__ = (
         "buffers",
