@@ -214,6 +214,7 @@ class StepLayout:
         "row_index",
         "columns",
         "column_index",
+        "vector_gather",
         "groups",
         "vectors",
         "parts",
@@ -257,6 +258,18 @@ class StepLayout:
             list(next(iter(by_positions))) if len(by_positions) == 1 and len(slabbed) == len(fed) else None
         )
         self.column_index = None if self.columns is None else np.array(self.columns, dtype=np.intp)  # (numpy's gather)
+        #: when every buffer is a vector row of one length and device with the same positions (the usual
+        #: LogFp8TensorStats step): (the vector indices of the columns, 0 where a column is the numel, the numel
+        #: columns), else None
+        self.vector_gather: Optional[Tuple[np.ndarray, List[int]]] = None
+        if len(self.vectors) == 1 and len(self.vectors[0][2]) == len(fed):
+            positions = {members_positions for _, members_positions in self.vectors[0][2]}
+            if len(positions) == 1:
+                (common,) = positions
+                self.vector_gather = (
+                    np.array([p if p >= 0 else 0 for p in common], dtype=np.intp),
+                    [c for c, p in enumerate(common) if p < 0],
+                )
         place = {i: k for k, i in enumerate(slabbed)}
         self.groups: List[Tuple[List[int], List[int], torch.Tensor]] = [
             (list(positions), members, torch.tensor([place[i] for i in members], dtype=torch.long))
@@ -344,15 +357,22 @@ class OneRowStepInFlight:
             self._events.append(event)
 
     def values(self) -> Union[np.ndarray, List[List[float]]]:
-        """Every buffer's row in its `columns` order, in the layout's buffer order: when every buffer is a slab row
-        with the same columns (the usual GPU step) one float64 array ``[buffers, columns]`` that nothing else holds
-        (a gather of the slab's host copy: no Python float is made; `ScalarBatch.from_packed`), else lists of
-        Python floats."""
+        """Every buffer's row in its `columns` order, in the layout's buffer order: one float64 array ``[buffers,
+        columns]`` that nothing else holds when every buffer is a slab row with the same columns (the usual GPU
+        step with LogTensorStats: a gather of the slab's host copy) or a statistics vector of one length with the
+        same positions (the usual LogFp8TensorStats step: a gather of the stacked vectors, the numel columns
+        filled in), so that no Python float is made (`ScalarBatch.from_packed`); else lists of Python floats."""
         for event in self._events:
             event.synchronize()
         layout = self.layout
         if layout.column_index is not None:  # every buffer a slab row with the same columns: the usual GPU step
             return self._slab_rows().numpy()[:, layout.column_index]
+        if layout.vector_gather is not None:  # every buffer a vector row with the same positions
+            indices, numel_columns = layout.vector_gather
+            rows = self._stacks[0].numpy()[:, indices].astype(np.float64, copy=False)  # (float64 already: the kernels')
+            if numel_columns:
+                rows[:, numel_columns] = np.array(self._numels[0])[:, None]
+            return rows
         values: List[Any] = [None] * len(layout.buffers)
         for i, row in zip(layout.hosts, self._hosts):
             values[i] = row
