@@ -70,8 +70,8 @@ class HostFp8:
     def amax_and_nan(self, pointer: int, numel: int) -> Tuple[float, bool]:
         """(max|x| over the `numel` fp32 values at `pointer` with NaN ignored, 0 when all are NaN; whether any is
         NaN): `formats.host_amax_and_nan`'s answer, the amax as a Python float (the fp32 value exactly).  The
-        quantizers read only the amax (the compiled cast writes the NaN codes itself); the flag comes with it from
-        the same loop at no cost, so that the two answers are compared whole (tests/backends/test_host_kernels.py)."""
+        quantizers read only the amax (the compiled cast writes the NaN codes itself); the same loop gives the flag
+        with one OR per element, so that the two answers are compared whole (tests/backends/test_host_kernels.py)."""
         slot = getattr(self._local, "slot", None)
         if slot is None:
             slot = self._local.slot = ctypes.c_float(0.0)
