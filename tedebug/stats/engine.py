@@ -445,24 +445,22 @@ class StatsEngine:
         (`ScalarBatch.from_packed`: a writer process receives its bytes, no Python float is made here)."""
         layout, iteration = step.layout, step.iteration
         batch_iteration = iteration if layout.named else None
-        if type(values) is np.ndarray:
-            if layout.nonfinite and not self._nonfinite_reported:
-                at_rows, nan_cols, inf_cols = layout.nonfinite_index
-                counts = values[at_rows, nan_cols] + values[at_rows, inf_cols]
-                for k in np.flatnonzero(counts):  # (the buffers whose counts are not zero, in the layout's order)
-                    i = int(at_rows[k])
-                    self._report_nonfinite(
-                        layout.buffers[i].key, iteration, (int(nan_cols[k]), int(inf_cols[k])), values[i].tolist()
-                    )
-                    if self._nonfinite_reported:
-                        break
-            self._log_batch(DeferredBatch((), layout.key, batch_iteration, packed=(layout.parts, values, iteration)))
-            return
+        packed = values if isinstance(values, np.ndarray) else None
         if layout.nonfinite and not self._nonfinite_reported:
-            for i, nan_at, inf_at in layout.nonfinite:
-                row = values[i]
-                if (row[nan_at] or row[inf_at]) and not self._nonfinite_reported:
-                    self._report_nonfinite(layout.buffers[i].key, iteration, (nan_at, inf_at), row)
+            if packed is not None:  # the buffers whose counts are not zero, in the layout's order: one numpy pass
+                at_rows, nan_cols, inf_cols = layout.nonfinite_index
+                counted = [
+                    layout.nonfinite[k] for k in np.flatnonzero(packed[at_rows, nan_cols] + packed[at_rows, inf_cols])
+                ]
+            else:
+                counted = [(i, n, f) for i, n, f in layout.nonfinite if values[i][n] or values[i][f]]
+            for i, nan_at, inf_at in counted:
+                self._report_nonfinite(layout.buffers[i].key, iteration, (nan_at, inf_at), values[i])
+                if self._nonfinite_reported:
+                    break
+        if packed is not None:
+            self._log_batch(DeferredBatch((), layout.key, batch_iteration, packed=(layout.parts, packed, iteration)))
+            return
         rows = [
             (emitters, row, iteration, layer, tensor) for (emitters, layer, tensor), row in zip(layout.parts, values)
         ]

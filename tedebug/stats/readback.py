@@ -199,8 +199,9 @@ class StepLayout:
     and column layouts, with the same emitters.
 
     Such a step is read back with one transfer for the slab and one stack and transfer per vector length, emitted
-    with one gather per column layout and one ``tolist`` (none when every buffer is a slab row with the same columns:
-    the gathered float64 array is the batch's, `OneRowStepInFlight.values`), and the batch it hands over has this
+    with one gather per column layout and one ``tolist`` (none when every buffer is a slab row with the same columns,
+    or a statistics vector of one length with the same positions: the gathered float64 array is the batch's,
+    `OneRowStepInFlight.values`), and the batch it hands over has this
     layout's key (`ScalarBatch.same_layout` then compares one object): a few attribute checks per buffer instead of
     a `FedRow` snapshot, a classification and a row dict each."""
 
@@ -212,7 +213,6 @@ class StepLayout:
         "hosts",
         "keys",
         "row_index",
-        "columns",
         "column_index",
         "vector_gather",
         "groups",
@@ -251,13 +251,14 @@ class StepLayout:
         by_positions: Dict[Tuple[int, ...], List[int]] = {}
         for i in slabbed:
             by_positions.setdefault(fed[i].row_positions(self.keys), []).append(i)
-        #: the slab columns of every buffer when all are slab rows with the same columns (the usual LogTensorStats
-        #: step on the GPU), else None; and per column layout: its slab columns, the buffers (positions in
-        #: `buffers`) that have it and their places among the slabbed rows
-        self.columns: Optional[List[int]] = (
-            list(next(iter(by_positions))) if len(by_positions) == 1 and len(slabbed) == len(fed) else None
+        #: the slab columns of every buffer (for numpy's gather) when all are slab rows with the same columns (the
+        #: usual LogTensorStats step on the GPU), else None; and per column layout: its slab columns, the buffers
+        #: (positions in `buffers`) that have it and their places among the slabbed rows
+        self.column_index: Optional[np.ndarray] = (
+            np.array(next(iter(by_positions)), dtype=np.intp)
+            if len(by_positions) == 1 and len(slabbed) == len(fed)
+            else None
         )
-        self.column_index = None if self.columns is None else np.array(self.columns, dtype=np.intp)  # (numpy's gather)
         #: when every buffer is a vector row of one length and device with the same positions (the usual
         #: LogFp8TensorStats step): (the vector indices of the columns, 0 where a column is the numel, the numel
         #: columns), else None
