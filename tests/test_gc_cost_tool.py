@@ -3,20 +3,17 @@ step, one per step for a step that makes one), and its timed run prints one coll
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
-from pathlib import Path
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "gc_cost.py"
+from support.tools import TOOLS, load_tool
+
+TOOL = TOOLS / "gc_cost.py"
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("gc_cost", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("gc_cost")
 
 
 def test_the_cycles_check_counts_the_cycles_a_step_leaves():

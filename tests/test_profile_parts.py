@@ -5,22 +5,20 @@ name in its table still exists (a rename fails here, not in a later measurement)
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "profile_step.py"
+from support.tools import TOOLS, load_tool
+
+TOOL = TOOLS / "profile_step.py"
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("profile_step", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("profile_step")
 
 
 def test_every_part_exists():
