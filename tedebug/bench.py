@@ -266,6 +266,19 @@ def logging_config(setting: str) -> dict:
     raise ValueError(f"unknown logging setting {setting!r}; expected one of {sorted(LOGGED_PER_LAYER)}")
 
 
+def training_setup(
+    layers: int, hidden: int, heads: int, batch: int, seq: int, device: str, dtype: torch.dtype
+) -> Tuple[torch.nn.Module, torch.Tensor, torch.optim.Optimizer]:
+    """The end-to-end benchmark's stack of `layers` blocks (seed 0), one input batch ``[batch, seq, hidden]`` and
+    its SGD optimizer: ``(model, x, optimizer)``, what `train_step` takes (the tools that profile that step use it
+    too)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[_Block(hidden, heads, i) for i in range(layers)]).to(device=device, dtype=dtype)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+    x = torch.randn(batch, seq, hidden, device=device, dtype=dtype)
+    return model, x, optimizer
+
+
 def train_step(model: torch.nn.Module, x: torch.Tensor, optimizer, recipe) -> None:
     """One training step of the benchmarks: forward under ``tedebug.autocast(recipe=...)`` (off for None),
     backward outside it (as in TransformerEngine), the optimizer step, and ``debug_api.step()`` in a debug session."""
@@ -381,10 +394,7 @@ def bench_end_to_end(
     from tedebug import debug_api
     from tedebug.recipe import Float8CurrentScaling
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*[_Block(hidden, heads, i) for i in range(layers)]).to(device=device, dtype=dtype)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    x = torch.randn(batch, seq, hidden, device=device, dtype=dtype)
+    model, x, opt = training_setup(layers, hidden, heads, batch, seq, device, dtype)
     on_gpu = torch.device(device).type == "cuda"
 
     def one(recipe) -> None:

@@ -45,10 +45,7 @@ def main() -> None:
     dtype = torch.bfloat16 if on_gpu else torch.float32
     if not on_gpu:
         torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*[bench._Block(a.hidden, a.heads, i) for i in range(a.layers)]).to(a.device, dtype)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    x = torch.randn(a.batch, a.seq, a.hidden, device=a.device, dtype=dtype)
+    model, x, opt = bench.training_setup(a.layers, a.hidden, a.heads, a.batch, a.seq, a.device, dtype)
     recipe = recipe_module.Float8CurrentScaling() if a.setting.startswith("fp8") else None
     cfg = bench.logging_config(a.setting) if a.setting in bench.LOGGED_PER_LAYER else None
 

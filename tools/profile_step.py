@@ -116,10 +116,7 @@ def main() -> None:
     dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
     if a.device == "cpu":  # one thread, as tools/probe_hot_path.py: idle OpenMP workers spinning on a shared machine
         torch.set_num_threads(1)  # inflated every figure many times over
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*[bench._Block(a.hidden, a.heads, i) for i in range(a.layers)]).to(a.device, dtype)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    x = torch.randn(a.batch, a.seq, a.hidden, device=a.device, dtype=dtype)
+    model, x, opt = bench.training_setup(a.layers, a.hidden, a.heads, a.batch, a.seq, a.device, dtype)
     recipe = getattr(recipe_module, a.recipe)() if a.setting.startswith("fp8") else None
     cfg = config(a.setting)
 
