@@ -130,7 +130,7 @@ def basic_stats_group_into(items: Sequence[Tuple[torch.Tensor, int]]) -> None:
     blocks, and the launch costs about what one pass over all the tensors' bytes costs, where separate launches
     each pay a pass's ramp-up and drain (kernels/stats.cu).  Every logged tensor of a layer comes through here, so
     the checks and the arguments are made in one pass over `items`, with the per-(device, dtype) constants looked
-    up once (`_group_launch`)."""
+    up once (`_group_launch`) and the blocks once per group of shapes (`_group_grids_of`)."""
     count = len(items)
     if count == 1:
         basic_stats_into(*items[0])
@@ -145,25 +145,45 @@ def basic_stats_group_into(items: Sequence[Tuple[torch.Tensor, int]]) -> None:
             raise TypeError(f"tedebug kernels: expected a float32/bfloat16/float16 tensor, got {dtype}")
         constants = _group_launch(x, index)
     kernel, vec, max_grid = constants
-    ready = []  # the tensors read: a copy made here must stay alive until the launch is queued
+    values: list = []  # (data, numel, blocks, row address) per tensor; the blocks are filled in below
     numels = []
-    for tensor, _ in items:
+    copies = None  # the contiguous copies made here: they must stay alive until the launch is queued
+    for tensor, out_ptr in items:
         n = tensor.numel()
         if tensor.dtype is not dtype or tensor.get_device() != index or n == 0:
             raise ValueError("basic_stats_group_into: the tensors must be non-empty, of one dtype, on one device")
-        if tensor.data_ptr() % 16 or not tensor.is_contiguous():
+        pointer = tensor.data_ptr()
+        if pointer % 16 or not tensor.is_contiguous():
             tensor = prepare_input(tensor)
-        ready.append(tensor)
+            pointer = tensor.data_ptr()
+            copies = (copies or []) + [tensor]
+        values += (pointer, n, 0, out_ptr)
         numels.append(n)
-    grids = group_grids(numels, vec, max_grid)
-    values: list = []
-    for tensor, n, grid, (_, out_ptr) in zip(ready, numels, grids, items):
-        values += (tensor.data_ptr(), n, grid, out_ptr)
+    grids, blocks = _group_grids_of(tuple(numels), vec, max_grid)
+    values[2::4] = grids
     values += _ABSENT_TENSOR * (GROUP_MAX - count)
     stream = raw_stream(index)
     partials, tickets = workspace_on(index, stream)
     values += (partials, tickets + _GROUP_TICKET_OFFSET)
-    launch_signed(kernel, index, stream, sum(grids), THREADS, _GROUP_SIGNATURE, values)
+    launch_signed(kernel, index, stream, blocks, THREADS, _GROUP_SIGNATURE, values)
+
+
+#: (numels, elements per load, largest grid) -> (`group_grids`, their sum), for `basic_stats_group_into`: a training
+#: step launches the same groups of shapes every step; the cache starts over past `_GROUP_GRIDS_SIZE` entries
+_GROUP_GRIDS: Dict[Tuple[Tuple[int, ...], int, int], Tuple[Tuple[int, ...], int]] = {}
+_GROUP_GRIDS_SIZE = 4096
+
+
+def _group_grids_of(numels: Tuple[int, ...], vec: int, max_grid: int) -> Tuple[Tuple[int, ...], int]:
+    """`group_grids` of `numels` and the launch's block count (their sum), remembered per shape."""
+    key = (numels, vec, max_grid)
+    known = _GROUP_GRIDS.get(key)
+    if known is None:
+        if len(_GROUP_GRIDS) >= _GROUP_GRIDS_SIZE:
+            _GROUP_GRIDS.clear()
+        grids = group_grids(numels, vec, max_grid)
+        known = _GROUP_GRIDS[key] = (grids, sum(grids))
+    return known
 
 
 #: the argument types of ``ted_stats_group``: (data, numel, blocks, row address) per tensor, then the workspace's

@@ -75,6 +75,8 @@ def submit(group_into: Optional[Callable[..., None]], into: Callable[..., None],
 
 def _launch(queue: List[Deferred]) -> None:
     """Launch deferred rows: the tensors of one device and dtype together, `GROUP_MAX` at a time, in feed order."""
+    if len(queue) <= GROUP_MAX and _one_launch(queue):
+        return
     groups: dict = {}
     for entry in queue:
         x = entry[2]
@@ -87,6 +89,22 @@ def _launch(queue: List[Deferred]) -> None:
                 into(x, address)
             else:
                 chunk[0][0]([(x, address) for _, _, x, address in chunk])
+
+
+def _one_launch(queue: List[Deferred]) -> bool:
+    """The usual queue (a GEMM call's tensors: one backend, device and dtype, at most `GROUP_MAX`) as one launch;
+    False, with nothing launched, for any other."""
+    group_into, into, x, address = queue[0]
+    if len(queue) == 1:
+        into(x, address)
+        return True
+    device, dtype = x.get_device(), x.dtype
+    for entry in queue:
+        other = entry[2]
+        if entry[0] is not group_into or other.dtype is not dtype or other.get_device() != device:
+            return False
+    group_into([(entry[2], entry[3]) for entry in queue])
+    return True
 
 
 __all__ = ["GROUP_MAX", "close_group", "open_group", "pending", "submit"]

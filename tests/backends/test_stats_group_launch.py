@@ -70,6 +70,18 @@ def test_launch_arguments(launched):
     assert type(args[10]) is np.uint32
 
 
+def test_the_blocks_are_found_once_per_group_of_shapes(launched, monkeypatch):
+    grids = []
+    monkeypatch.setattr(cupy_stats, "_GROUP_GRIDS", {})
+    monkeypatch.setattr(cupy_stats, "group_grids", lambda numels, vec, most: grids.append(numels) or (2, 1))
+    x, w = torch.zeros(64, 32, dtype=torch.bfloat16), torch.zeros(16, 32, dtype=torch.bfloat16)
+    for _ in range(2):
+        cupy_stats.basic_stats_group_into([(x, 100), (w, 200)])
+    cupy_stats.basic_stats_group_into([(w, 300), (x, 400)])
+    assert [(grid, args[2], args[6]) for _, grid, _, args in launched] == [(3, 2, 1)] * 3
+    assert grids == [(64 * 32, 16 * 32), (16 * 32, 64 * 32)]
+
+
 def test_one_tensor_is_a_lone_launch(launched):
     x = torch.zeros(4096, dtype=torch.float32)
     cupy_stats.basic_stats_group_into([(x, 100)])
