@@ -155,17 +155,22 @@ class InspectPlan:
         if current is None:
             current = active.session()  # (raises: not initialised)
         group, skip, is_weight = reduction_args(current, self.tensor_name, tp_group, tp_size)
-        current.stats.feed(
-            layer_name,
-            self.tensor_name,
-            requests,
-            x,
-            iteration=iteration,
-            options=self.options,
-            reduction_group=group,
-            skip_reduction=skip,
-            is_weight=is_weight,
-        )
+        engine = current.stats
+        # the usual GPU feed (a slab row) in a few steps, else the general feed
+        if not engine.feed_slab_row(
+            (layer_name, self.tensor_name, self.options), requests, x, iteration, group, skip, is_weight
+        ):
+            engine.feed(
+                layer_name,
+                self.tensor_name,
+                requests,
+                x,
+                iteration=iteration,
+                options=self.options,
+                reduction_group=group,
+                skip_reduction=skip,
+                is_weight=is_weight,
+            )
         if layer_name not in self.logged_layers:
             log_once(self.message, layer_name)
             self.logged_layers.add(layer_name)

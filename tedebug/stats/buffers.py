@@ -51,6 +51,18 @@ class VectorRow(NamedTuple):
     numel: float  # the numel column's value when the vector has no "numel" entry
 
 
+class SlabRoute(NamedTuple):
+    """How a feed launched a buffer's row into the step's slab: what `StatsEngine.feed_slab_row` needs to do it again
+    without `StatsEngine.feed`'s general path.  The launches are the backend's as that feed looked them up (a feed
+    of the general path that finds other ones makes a new route)."""
+
+    backend: Any  # the statistics backend `backend_for` chose for the tensor
+    into: Callable[..., None]  # the backend's lone launch (``basic_stats_into``)
+    group_into: Optional[Callable[..., None]]  # its group launch (``basic_stats_group_into``), None without one
+    keys: Tuple[str, ...]  # the row's partial names, in order (``BASIC_ROW_KEYS``)
+    host_values: bool  # the backend gives CPU tensors host values instead (``basic_partial_values``)
+
+
 class BufferKey(NamedTuple):
     layer: str
     tensor: str
@@ -77,6 +89,9 @@ class StatBuffer:
         #: rows of this step written by a kernel into a `RowSlab` (full backend layout), read back at the step
         self.slab_rows: List[Tuple[RowSlab, int]] = []
         self.slab_keys: Tuple[str, ...] = ()  # the partial names of a slab row, in order
+        #: how the last feed that went to the slab launched its row (`SlabRoute`), for `StatsEngine.feed_slab_row`;
+        #: None until a feed takes that path
+        self.slab_route: Optional[SlabRoute] = None
         #: rows of this step that are quantize kernels' statistics vectors, gathered at the step
         self.vector_rows: List[VectorRow] = []
         #: the immutable ``stats`` object `requests` were last parsed from (`StatsEngine.feed`'s fast path)

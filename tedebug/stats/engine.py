@@ -8,7 +8,8 @@ floats (`StatBuffer.accumulate_host`): no tensor is built and nothing is copied 
 batch does not take gets the backend's host values at once (`basic_partial_values`: the same floats).  A feed
 of quantization statistics that a quantize kernel already counted for exactly this tensor (its statistics vector,
 `tedebug.backends.fused_stats`) keeps a reference to that vector (`StatBuffer.add_vector_row`): no tensor op at all;
-the step gathers every such vector at once.
+the step gathers every such vector at once.  `feed_slab_row` is the usual GPU feed (a slab row) without `feed`'s
+general checks, for a buffer whose last feed went to the slab (LogTensorStats tries it first).
 `step(finished_iteration)` reads every fed row back (`tedebug.stats.readback`: all copies enqueued at once; the usual
 step, whose every buffer holds one row, through the layout kept from the last such step), runs one
 collective per reduction group (`tedebug.stats.reduce`), evaluates the final formulas as Python floats and emits
@@ -48,7 +49,7 @@ from tedebug.config.parsing import GEMMS_OF_TENSOR
 from tedebug.sinks.batch import DeferredBatch
 from tedebug.stats import launch_group
 from tedebug.stats import reduce as _reduce
-from tedebug.stats.buffers import BufferKey, BufferStore, StatBuffer
+from tedebug.stats.buffers import BufferKey, BufferStore, SlabRoute, StatBuffer
 from tedebug.stats.definitions import StatRequest
 from tedebug.stats.host_batch import HostBatch
 from tedebug.stats.distributed import NO_REPLICA, DeferredReduction, GroupReducer, replica_id
@@ -166,12 +167,18 @@ class StatsEngine:
                     if fused_row is not None:  # the quantizer's amax pass computed this very row: keep it
                         buffer.add_vector_row(fused_row, backend.BASIC_ROW_KEYS, numel)
                         return
-                    # one launch writing the whole row into this step's slab; inside a layer's launch group the
-                    # launch waits for the group's other tensors (`tedebug.stats.launch_group`)
-                    slab = self._slab(tensor.device, len(backend.BASIC_ROW_KEYS))
-                    index, address = slab.take()
-                    launch_group.submit(getattr(backend, "basic_stats_group_into", None), into, tensor, address)
-                    buffer.add_slab_row(slab, index, backend.BASIC_ROW_KEYS)
+                    group_into = getattr(backend, "basic_stats_group_into", None)
+                    route = buffer.slab_route
+                    if (
+                        route is None
+                        or route.backend is not backend
+                        or route.into is not into
+                        or route.group_into is not group_into
+                    ):
+                        route = buffer.slab_route = SlabRoute(
+                            backend, into, group_into, backend.BASIC_ROW_KEYS, values_of is not None
+                        )
+                    self._launch_slab_row(buffer, tensor, route)
                     return
             if tensor is not None and tensor.requires_grad and torch.is_grad_enabled():
                 with torch.no_grad():  # statistics are no part of the model's graph: record no autograd nodes
@@ -181,6 +188,59 @@ class StatsEngine:
         except (ValueError, TypeError) as err:
             raise type(err)(f"statistics of layer {layer!r}, tensor {tensor_name!r}: {err}") from err
         buffer.accumulate(row)
+
+    def feed_slab_row(
+        self,
+        key: Tuple[str, str, Tuple[Hashable, ...]],
+        stats: Any,
+        tensor: Any,
+        iteration: int,
+        reduction_group: Any,
+        skip_reduction: bool,
+        is_weight: bool,
+    ) -> bool:
+        """`feed` of the usual GPU feed in a few steps; True when it fed, False when `feed` must take the call.
+
+        The usual feed of a logged GPU tensor is one launch writing its row into the step's slab.  This takes it when
+        the buffer of `key` (``(layer, tensor name, options)``) exists and was last fed this very immutable `stats`
+        object, a feed of it reached the slab (`StatBuffer.slab_route` says how), and `feed` would send `tensor` there
+        again: a non-empty floating-point tensor for which `backend_for` answers the route's backend, not a CPU tensor
+        of a backend that gives those host values, and no quantize pass computed its basic row
+        (`high_precision_row`).  It then does what `feed` does for it, without the general checks: the buffer noted as
+        touched, with this feed's iteration and reduction arguments, and (unless a weight buffer was fed this step: a
+        weight keeps its first feed) a slab row taken and its launch handed to the layer's launch group.  The
+        launches are those the route recorded.  A False answer changes nothing.  LogTensorStats tries this first
+        (docs/performance.md, section 22)."""
+        buffer = self._store.get(key)
+        if buffer is None or stats is None or buffer.stats_source is not stats:
+            return False
+        route = buffer.slab_route
+        if (
+            route is None
+            or not isinstance(tensor, torch.Tensor)
+            or not tensor.is_floating_point()
+            or tensor.numel() == 0
+            or backend_for(tensor) is not route.backend
+            or (route.host_values and tensor.is_cpu)
+            or high_precision_row(tensor) is not None
+        ):
+            return False
+        self._touched[buffer] = None
+        buffer.is_weight = is_weight
+        buffer.iteration = iteration
+        buffer.reduction_group = reduction_group
+        buffer.skip_reduction = skip_reduction
+        if not (is_weight and buffer.fed):
+            self._launch_slab_row(buffer, tensor, route)
+        return True
+
+    def _launch_slab_row(self, buffer: StatBuffer, tensor: torch.Tensor, route: SlabRoute) -> None:
+        """One launch writing `tensor`'s whole row into this step's slab; inside a layer's launch group the launch
+        waits for the group's other tensors (`tedebug.stats.launch_group`)."""
+        slab = self._slab(tensor.device, len(route.keys))
+        index, address = slab.take()
+        launch_group.submit(route.group_into, route.into, tensor, address)
+        buffer.add_slab_row(slab, index, route.keys)
 
     def _slab(self, device: torch.device, width: int) -> RowSlab:
         slab = self._slabs.get(device)

@@ -1,0 +1,179 @@
+"""`StatsEngine.feed_slab_row`: the usual GPU feed (one slab row) in a few steps, on the CPU with the stand-in kernel
+backend of `tests/support/slab_backend.py` (its launches write each row at its slab address, as the kernels do).
+
+- it takes a feed only where `feed` would send the tensor to the slab again, and a refusal changes nothing;
+- a weight buffer keeps its first feed of the step;
+- through LogTensorStats on a model, every feed after a buffer's first takes it, and the files are those of a run
+  in which `feed` takes every call.
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tedebug import debug_api
+from tedebug.backends import torch_ref
+from tedebug.backends.fused_stats import attach_high_precision
+from tedebug.stats import StatRequest, StatsEngine
+from tedebug.stats import engine as engine_module
+from support.slab_backend import slab_backend
+
+STATS = tuple(StatRequest.parse_hp(name) for name in ("min", "max", "l1_norm"))
+KEY = ("L", "activation", ())
+
+
+class Capture:
+    def __init__(self):
+        self.records = []
+
+    def log_scalar(self, name, value, iteration, **kw):
+        self.records.append((name, value, iteration))
+
+    def flush(self):
+        pass
+
+
+@pytest.fixture
+def backend(monkeypatch):
+    """The stand-in backend, answered by `backend_for` for every tensor; its `calls` list every row written."""
+    calls = []
+    stand_in = slab_backend(calls=calls)
+    stand_in.calls = calls
+    monkeypatch.setattr(engine_module, "backend_for", lambda x: stand_in)
+    return stand_in
+
+
+def _state(engine):
+    """What a feed may change: the touched buffers, the rows taken from the slabs and each buffer's slab rows."""
+    return (
+        list(engine._store.touched),
+        {device: slab.used for device, slab in engine._slabs.items()},
+        {tuple(b.key): list(b.slab_rows) for b in engine._store},
+    )
+
+
+def test_it_takes_only_the_feeds_feed_would_send_to_the_slab(backend, monkeypatch):
+    engine = StatsEngine(Capture())
+    x = torch.tensor([[1.5, -3.0], [0.25, 2.0]])
+    assert not engine.feed_slab_row(KEY, STATS, x, 0, None, False, False)  # no buffer yet: `feed` makes it
+    engine.feed("L", "activation", STATS, x, iteration=0)
+    assert engine._store.get(KEY).slab_route.backend is backend
+    refused = [
+        (tuple(list(STATS)), x),  # an equal stats object, not the one the buffer was fed (`feed` checks it)
+        (STATS, torch.empty(0)),
+        (STATS, torch.arange(4)),  # not floating-point: `feed` raises for it
+        (STATS, [1.0, 2.0]),
+    ]
+    fused = torch.tensor([[7.0, 8.0]])
+    attach_high_precision(fused, torch.zeros(len(torch_ref.BASIC_ROW_KEYS), dtype=torch.float64))
+    refused.append((STATS, fused))  # a quantize pass computed its row: `feed` keeps that row
+    before = _state(engine)
+    for stats, tensor in refused:
+        assert not engine.feed_slab_row(KEY, stats, tensor, 0, None, False, False)
+    buffer = engine._store.get(KEY)
+    route = buffer.slab_route
+    buffer.slab_route = route._replace(host_values=True)  # (a CUDA feed's route, of a backend with host values)
+    assert not engine.feed_slab_row(KEY, STATS, x, 0, None, False, False)  # a CPU tensor: `feed` takes its values
+    buffer.slab_route = route
+    other = slab_backend()
+    monkeypatch.setattr(engine_module, "backend_for", lambda t: other)
+    assert not engine.feed_slab_row(KEY, STATS, x, 0, None, False, False)  # another backend now
+    assert _state(engine) == before  # a refusal changes nothing
+    monkeypatch.setattr(engine_module, "backend_for", lambda t: backend)
+    y = x * 4
+    assert engine.feed_slab_row(KEY, STATS, y, 0, "group", False, False)
+    buffer = engine._store.get(KEY)
+    assert buffer.reduction_group == "group" and buffer.iteration == 0 and len(buffer.slab_rows) == 2
+    assert backend.calls[-1] is y
+    log = engine.metric_logger
+    engine.step(0)
+    values = {name: value for name, value, _ in log.records}
+    both = torch.cat([x.flatten(), y.flatten()]).double()
+    assert values == {
+        "L_activation_min": both.min().item(),
+        "L_activation_max": both.max().item(),
+        "L_activation_l1_norm": both.abs().sum().item(),
+    }
+
+
+def test_a_weight_keeps_its_first_feed_of_the_step(backend):
+    engine = StatsEngine(Capture())
+    key = ("L", "weight", ())
+    w = torch.tensor([[1.0, -2.0], [3.0, 0.5]])
+    for iteration in (0, 1):
+        if iteration == 0:
+            engine.feed("L", "weight", STATS, w, iteration=0, skip_reduction=True, is_weight=True)
+        else:
+            assert engine.feed_slab_row(key, STATS, w, 1, None, True, True)
+        assert engine.feed_slab_row(key, STATS, w * 10, iteration, None, True, True)  # taken, not written
+        assert len(engine._store.get(key).slab_rows) == 1
+        assert backend.calls[-1] is w
+        engine.step(iteration)
+    assert [(name, value) for name, value, _ in engine.metric_logger.records] == 2 * [
+        ("L_weight_min", -2.0),
+        ("L_weight_max", 3.0),
+        ("L_weight_l1_norm", 6.5),
+    ]
+
+
+def _files(tmp_path: Path, monkeypatch, name: str, fast: bool):
+    """The statistics files of four steps of two tedebug blocks with LogTensorStats on every tensor (a NaN in the
+    input at iteration 2), the stand-in backend writing the rows; `fast` False: `feed` takes every call.  Also the
+    number of calls `feed` and `feed_slab_row` took."""
+    from tedebug.bench import _Block
+
+    counts = {"feed": 0, "slab": 0}
+    real_feed, real_slab = StatsEngine.feed, StatsEngine.feed_slab_row
+
+    def feed(self, *args, **kwargs):
+        counts["feed"] += 1
+        return real_feed(self, *args, **kwargs)
+
+    def feed_slab_row(self, *args):
+        taken = fast and real_slab(self, *args)
+        counts["slab"] += taken
+        return taken
+
+    monkeypatch.setattr(engine_module, "backend_for", lambda x, b=slab_backend(): b)
+    monkeypatch.setattr(StatsEngine, "feed", feed)
+    monkeypatch.setattr(StatsEngine, "feed_slab_row", feed_slab_row)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[_Block(16, 2, i) for i in range(2)])
+    stats = ["min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range"]
+    tensors = ["activation", "weight", "output", "gradient", "dgrad", "wgrad"]
+    features = {"LogTensorStats": {"enabled": True, "stats": stats, "tensors": tensors, "freq": 1}}
+    config = {"all": {"enabled": True, "layers": {"layer_name_regex_pattern": ".*"}, "transformer_engine": features}}
+    log_dir = tmp_path / name
+    x = torch.randn(1, 4, 16)
+    debug_api.initialize(config, log_dir=str(log_dir))
+    try:
+        for iteration in range(4):
+            xi = x.clone()
+            if iteration == 2:
+                xi[0, 0, 0] = float("nan")
+            model(xi).square().mean().backward()
+            debug_api.step()
+    finally:
+        debug_api.end_debug()
+    monkeypatch.undo()
+    files = {}
+    for path in sorted(log_dir.rglob("*")):
+        if path.is_file() and path.suffix in (".jsonl", ".log"):
+            lines = path.read_text().replace(str(log_dir), "<log_dir>").splitlines()
+            if path.suffix == ".log":  # the timestamps aside
+                lines = [line.split(" ", 2)[-1] for line in lines]
+            files[str(path.relative_to(log_dir))] = lines
+    return files, counts
+
+
+def test_a_logged_model_feeds_each_buffer_once_the_general_way_and_logs_the_same(tmp_path, monkeypatch):
+    fast, fast_counts = _files(tmp_path, monkeypatch, "fast", True)
+    general, general_counts = _files(tmp_path, monkeypatch, "general", False)
+    assert fast == general
+    buffers = 2 * 4 * 6  # two blocks of four GEMMs, six tensors each, every one fed once per step
+    assert fast_counts == {"feed": buffers, "slab": 3 * buffers}  # the general feed only at the first step
+    assert general_counts == {"feed": 4 * buffers, "slab": 0}
+    jsonl = [lines for name, lines in general.items() if name.endswith(".jsonl")]
+    assert len(jsonl) == 1 and len(jsonl[0]) == 4 * buffers * 8
+    assert sum("First non-finite values" in line for lines in general.values() for line in lines) == 1
