@@ -157,8 +157,11 @@ class InspectPlan:
         group, skip, is_weight = reduction_args(current, self.tensor_name, tp_group, tp_size)
         engine = current.stats
         # the usual GPU feed (a slab row) in a few steps, else the general feed
-        if not engine.feed_slab_row(
-            (layer_name, self.tensor_name, self.options), requests, x, iteration, group, skip, is_weight
+        if not (
+            engine.has_slab_routes
+            and engine.feed_slab_row(
+                (layer_name, self.tensor_name, self.options), requests, x, iteration, group, skip, is_weight
+            )
         ):
             engine.feed(
                 layer_name,

@@ -97,6 +97,9 @@ class StatsEngine:
         self._group_reducer = GroupReducer()
         #: this step's staged CPU feeds (`tedebug.stats.host_batch`), reduced together at the step
         self._host_batch = HostBatch()
+        #: a feed has recorded a `SlabRoute` (`feed_slab_row` may take a call): a session of CPU tensors, which never
+        #: records one, need not ask
+        self.has_slab_routes = False
 
     # ------------------------------------------------------------------------------------------------ feeding
     def feed(
@@ -178,6 +181,7 @@ class StatsEngine:
                         route = buffer.slab_route = SlabRoute(
                             backend, into, group_into, backend.BASIC_ROW_KEYS, values_of is not None
                         )
+                        self.has_slab_routes = True
                     self._launch_slab_row(buffer, tensor, route)
                     return
             if tensor is not None and tensor.requires_grad and torch.is_grad_enabled():

@@ -57,8 +57,9 @@ def test_it_takes_only_the_feeds_feed_would_send_to_the_slab(backend, monkeypatc
     engine = StatsEngine(Capture())
     x = torch.tensor([[1.5, -3.0], [0.25, 2.0]])
     assert not engine.feed_slab_row(KEY, STATS, x, 0, None, False, False)  # no buffer yet: `feed` makes it
+    assert not engine.has_slab_routes
     engine.feed("L", "activation", STATS, x, iteration=0)
-    assert engine._store.get(KEY).slab_route.backend is backend
+    assert engine._store.get(KEY).slab_route.backend is backend and engine.has_slab_routes
     refused = [
         (tuple(list(STATS)), x),  # an equal stats object, not the one the buffer was fed (`feed` checks it)
         (STATS, torch.empty(0)),
@@ -95,6 +96,14 @@ def test_it_takes_only_the_feeds_feed_would_send_to_the_slab(backend, monkeypatc
         "L_activation_max": both.max().item(),
         "L_activation_l1_norm": both.abs().sum().item(),
     }
+
+
+def test_a_session_of_cpu_tensors_records_no_route():
+    engine = StatsEngine(Capture())  # the real backends: CPU tensors get host values or host rows, never a slab row
+    for iteration in range(2):
+        engine.feed("L", "activation", STATS, torch.ones(3, 2) * iteration, iteration=iteration)
+        engine.step(iteration)
+    assert not engine.has_slab_routes and engine._store.get(KEY).slab_route is None
 
 
 def test_a_weight_keeps_its_first_feed_of_the_step(backend):
