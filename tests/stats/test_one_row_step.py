@@ -19,6 +19,7 @@ from tedebug.stats import StatsEngine
 from tedebug.stats import engine as engine_module
 
 from support.features import RecordingSink
+from support.log_files import log_file_lines
 from support.slab_backend import slab_backend
 
 BASIC = ("min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range")
@@ -204,13 +205,7 @@ def _session_files(
     finally:
         debug_api.end_debug()
     monkeypatch.undo()
-    files = {}
-    for path in sorted(log_dir.rglob("*")):
-        if path.is_file() and path.suffix in (".jsonl", ".log"):
-            lines = path.read_text().replace(str(log_dir), "<log_dir>").splitlines()
-            if path.suffix == ".log":  # the timestamps aside
-                lines = [line.split(" ", 2)[-1] for line in lines]
-            files[str(path.relative_to(log_dir))] = lines
+    files = log_file_lines(log_dir)
     return files, made
 
 

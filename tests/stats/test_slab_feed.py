@@ -17,6 +17,7 @@ from tedebug.backends import torch_ref
 from tedebug.backends.fused_stats import attach_high_precision
 from tedebug.stats import StatRequest, StatsEngine
 from tedebug.stats import engine as engine_module
+from support.log_files import log_file_lines
 from support.slab_backend import slab_backend
 
 STATS = tuple(StatRequest.parse_hp(name) for name in ("min", "max", "l1_norm"))
@@ -166,13 +167,7 @@ def _files(tmp_path: Path, monkeypatch, name: str, fast: bool):
     finally:
         debug_api.end_debug()
     monkeypatch.undo()
-    files = {}
-    for path in sorted(log_dir.rglob("*")):
-        if path.is_file() and path.suffix in (".jsonl", ".log"):
-            lines = path.read_text().replace(str(log_dir), "<log_dir>").splitlines()
-            if path.suffix == ".log":  # the timestamps aside
-                lines = [line.split(" ", 2)[-1] for line in lines]
-            files[str(path.relative_to(log_dir))] = lines
+    files = log_file_lines(log_dir)
     return files, counts
 
 
