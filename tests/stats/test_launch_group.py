@@ -81,6 +81,14 @@ def test_the_queue():
     assert calls == [("lone", 0.0, 7)] and launch_group.pending() is None
     launch_group.submit(group, lone, f32[1], 9)  # no group open: at once
     assert calls == [("lone", 0.0, 7), ("lone", 1.0, 9)]
+    calls.clear()
+    other = lambda items: calls.append(("other", [(x.item(), a) for x, a in items]))  # noqa: E731
+    opened = launch_group.open_group()
+    launch_group.submit(group, lone, f32[0], 1)
+    launch_group.submit(other, lone, f32[1], 2)  # another backend's group launch: not in the same launch
+    launch_group.submit(group, lone, f32[2], 3)
+    assert calls == [("group", [(0.0, 1), (2.0, 3)]), ("lone", 1.0, 2)]
+    launch_group.close_group(opened)
 
 
 def _run(tmp_path, name):
