@@ -17,22 +17,12 @@ from tedebug.backends import torch_ref
 from tedebug.backends.fused_stats import attach_high_precision
 from tedebug.stats import StatRequest, StatsEngine
 from tedebug.stats import engine as engine_module
+from support.features import RecordingSink
 from support.log_files import log_file_lines
 from support.slab_backend import slab_backend
 
 STATS = tuple(StatRequest.parse_hp(name) for name in ("min", "max", "l1_norm"))
 KEY = ("L", "activation", ())
-
-
-class Capture:
-    def __init__(self):
-        self.records = []
-
-    def log_scalar(self, name, value, iteration, **kw):
-        self.records.append((name, value, iteration))
-
-    def flush(self):
-        pass
 
 
 @pytest.fixture
@@ -55,7 +45,7 @@ def _state(engine):
 
 
 def test_it_takes_only_the_feeds_feed_would_send_to_the_slab(backend, monkeypatch):
-    engine = StatsEngine(Capture())
+    engine = StatsEngine(RecordingSink())
     x = torch.tensor([[1.5, -3.0], [0.25, 2.0]])
     assert not engine.feed_slab_row(KEY, STATS, x, 0, None, False, False)  # no buffer yet: `feed` makes it
     assert not engine.has_slab_routes
@@ -90,7 +80,7 @@ def test_it_takes_only_the_feeds_feed_would_send_to_the_slab(backend, monkeypatc
     assert backend.calls[-1] is y
     log = engine.metric_logger
     engine.step(0)
-    values = {name: value for name, value, _ in log.records}
+    values = {name: value for name, value, _ in log.rows}
     both = torch.cat([x.flatten(), y.flatten()]).double()
     assert values == {
         "L_activation_min": both.min().item(),
@@ -100,7 +90,9 @@ def test_it_takes_only_the_feeds_feed_would_send_to_the_slab(backend, monkeypatc
 
 
 def test_a_session_of_cpu_tensors_records_no_route():
-    engine = StatsEngine(Capture())  # the real backends: CPU tensors get host values or host rows, never a slab row
+    engine = StatsEngine(
+        RecordingSink()
+    )  # the real backends: CPU tensors get host values or host rows, never a slab row
     for iteration in range(2):
         engine.feed("L", "activation", STATS, torch.ones(3, 2) * iteration, iteration=iteration)
         engine.step(iteration)
@@ -108,7 +100,7 @@ def test_a_session_of_cpu_tensors_records_no_route():
 
 
 def test_a_weight_keeps_its_first_feed_of_the_step(backend):
-    engine = StatsEngine(Capture())
+    engine = StatsEngine(RecordingSink())
     key = ("L", "weight", ())
     w = torch.tensor([[1.0, -2.0], [3.0, 0.5]])
     for iteration in (0, 1):
@@ -120,7 +112,7 @@ def test_a_weight_keeps_its_first_feed_of_the_step(backend):
         assert len(engine._store.get(key).slab_rows) == 1
         assert backend.calls[-1] is w
         engine.step(iteration)
-    assert [(name, value) for name, value, _ in engine.metric_logger.records] == 2 * [
+    assert [(name, value) for name, value, _ in engine.metric_logger.rows] == 2 * [
         ("L_weight_min", -2.0),
         ("L_weight_max", 3.0),
         ("L_weight_l1_norm", 6.5),
