@@ -13,13 +13,12 @@ from typing import Tuple
 import pytest
 import torch
 
-from tedebug import debug_api
 from tedebug.sinks.batch import DeferredBatch, Emitters, ScalarBatch
 from tedebug.stats import StatsEngine
 from tedebug.stats import engine as engine_module
 
 from support.features import RecordingSink
-from support.log_files import log_file_lines
+from support.log_files import two_block_run_files
 from support.slab_backend import slab_backend
 
 BASIC = ("min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range")
@@ -161,10 +160,6 @@ def _session_files(
     input at iteration 2 (`writer`: `background_logging`; `one_row`: False reads every step back the general way;
     on a CUDA `device` the kernels write the rows, no stand-in), and the one-row steps and layouts the run made
     (``{"steps": ..., "layouts": ...}``)."""
-    import tedebug
-    from tedebug.bench import _Block
-    from tedebug.recipe import Float8CurrentScaling
-
     features, fp8, slab, _ = RUNS[run]
     if slab and device == "cpu":
         monkeypatch.setattr(engine_module, "backend_for", lambda x, b=slab_backend(): b)
@@ -185,27 +180,11 @@ def _session_files(
     monkeypatch.setattr(engine_module, "StepLayout", CountingLayout)
     if not one_row:
         monkeypatch.setattr(engine_module.StatsEngine, "_one_row_step", lambda self, fed: None)
-    torch.manual_seed(0)
-    # (on the GPU: bf16 in the FP8 kernels' fast shape, whose quantizations write the statistics vectors)
-    hidden, tokens, dtype = (16, 4, torch.float32) if device == "cpu" else (128, 64, torch.bfloat16)
-    model = torch.nn.Sequential(*[_Block(hidden, 2, i) for i in range(2)]).to(device, dtype)
-    config = {"all": {"enabled": True, "layers": {"layer_name_regex_pattern": ".*"}, "transformer_engine": features}}
     log_dir = tmp_path / f"{run}-{one_row}-{writer}"
-    x = torch.randn(1, tokens, hidden).to(device, dtype)
-    debug_api.initialize(config, log_dir=str(log_dir), background_logging=writer)
     try:
-        for iteration in range(4):
-            xi = x.clone()
-            if iteration == 2:
-                xi[0, 0, 0] = float("nan")
-            with tedebug.autocast(enabled=fp8, recipe=Float8CurrentScaling()):
-                y = model(xi)
-            y.square().mean().backward()
-            debug_api.step()
+        files = two_block_run_files(features, log_dir, device=device, fp8=fp8, background_logging=writer)
     finally:
-        debug_api.end_debug()
-    monkeypatch.undo()
-    files = log_file_lines(log_dir)
+        monkeypatch.undo()
     return files, made
 
 

@@ -12,13 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from tedebug import debug_api
 from tedebug.backends import torch_ref
 from tedebug.backends.fused_stats import attach_high_precision
 from tedebug.stats import StatRequest, StatsEngine
 from tedebug.stats import engine as engine_module
 from support.features import RecordingSink
-from support.log_files import log_file_lines
+from support.log_files import two_block_run_files
 from support.slab_backend import slab_backend
 
 STATS = tuple(StatRequest.parse_hp(name) for name in ("min", "max", "l1_norm"))
@@ -123,8 +122,6 @@ def _files(tmp_path: Path, monkeypatch, name: str, fast: bool):
     """The statistics files of four steps of two tedebug blocks with LogTensorStats on every tensor (a NaN in the
     input at iteration 2), the stand-in backend writing the rows; `fast` False: `feed` takes every call.  Also the
     number of calls `feed` and `feed_slab_row` took."""
-    from tedebug.bench import _Block
-
     counts = {"feed": 0, "slab": 0}
     real_feed, real_slab = StatsEngine.feed, StatsEngine.feed_slab_row
 
@@ -140,26 +137,13 @@ def _files(tmp_path: Path, monkeypatch, name: str, fast: bool):
     monkeypatch.setattr(engine_module, "backend_for", lambda x, b=slab_backend(): b)
     monkeypatch.setattr(StatsEngine, "feed", feed)
     monkeypatch.setattr(StatsEngine, "feed_slab_row", feed_slab_row)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*[_Block(16, 2, i) for i in range(2)])
     stats = ["min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range"]
     tensors = ["activation", "weight", "output", "gradient", "dgrad", "wgrad"]
     features = {"LogTensorStats": {"enabled": True, "stats": stats, "tensors": tensors, "freq": 1}}
-    config = {"all": {"enabled": True, "layers": {"layer_name_regex_pattern": ".*"}, "transformer_engine": features}}
-    log_dir = tmp_path / name
-    x = torch.randn(1, 4, 16)
-    debug_api.initialize(config, log_dir=str(log_dir))
     try:
-        for iteration in range(4):
-            xi = x.clone()
-            if iteration == 2:
-                xi[0, 0, 0] = float("nan")
-            model(xi).square().mean().backward()
-            debug_api.step()
+        files = two_block_run_files(features, tmp_path / name)
     finally:
-        debug_api.end_debug()
-    monkeypatch.undo()
-    files = log_file_lines(log_dir)
+        monkeypatch.undo()
     return files, counts
 
 
