@@ -20,7 +20,7 @@ joins it.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Iterable, List, Optional, Tuple
 
 import torch
 
@@ -74,37 +74,28 @@ def submit(group_into: Optional[Callable[..., None]], into: Callable[..., None],
 
 
 def _launch(queue: List[Deferred]) -> None:
-    """Launch deferred rows: the tensors of one device and dtype together, `GROUP_MAX` at a time, in feed order."""
-    if len(queue) <= GROUP_MAX and _one_launch(queue):
-        return
-    groups: dict = {}
+    """Launch deferred rows: the tensors of one backend, device and dtype together, `GROUP_MAX` at a time, in feed
+    order.  The usual queue (a GEMM call's tensors) is one such group: checked, not sorted into a dict."""
+    group_into, _, x, _ = queue[0]
+    device, dtype = x.get_device(), x.dtype  # (an index: no device object)
+    groups: Iterable[List[Deferred]] = (queue,)
     for entry in queue:
-        x = entry[2]
-        groups.setdefault((entry[0], x.get_device(), x.dtype), []).append(entry)  # (an index: no device object)
-    for entries in groups.values():
+        other = entry[2]
+        if entry[0] is not group_into or other.dtype is not dtype or other.get_device() != device:
+            by_key: dict = {}
+            for queued in queue:
+                x = queued[2]
+                by_key.setdefault((queued[0], x.get_device(), x.dtype), []).append(queued)
+            groups = by_key.values()
+            break
+    for entries in groups:
         for start in range(0, len(entries), GROUP_MAX):
-            chunk = entries[start : start + GROUP_MAX]
+            chunk = entries[start : start + GROUP_MAX] if len(entries) > GROUP_MAX else entries
             if len(chunk) == 1:
                 _, into, x, address = chunk[0]
                 into(x, address)
             else:
                 chunk[0][0]([(x, address) for _, _, x, address in chunk])
-
-
-def _one_launch(queue: List[Deferred]) -> bool:
-    """The usual queue (a GEMM call's tensors: one backend, device and dtype, at most `GROUP_MAX`) as one launch;
-    False, with nothing launched, for any other."""
-    group_into, into, x, address = queue[0]
-    if len(queue) == 1:
-        into(x, address)
-        return True
-    device, dtype = x.get_device(), x.dtype
-    for entry in queue:
-        other = entry[2]
-        if entry[0] is not group_into or other.dtype is not dtype or other.get_device() != device:
-            return False
-    group_into([(entry[2], entry[3]) for entry in queue])
-    return True
 
 
 __all__ = ["GROUP_MAX", "close_group", "open_group", "pending", "submit"]
