@@ -25,6 +25,13 @@
 // tensor's row is bit for bit that of `ted_stats` launched alone with the same number of blocks; a group gives it
 // fewer blocks than a lone launch, so its sums may differ from the lone launch's in the last bits (float64
 // summation order), never its extrema or counts.
+// `ted_stats_scratch` and `ted_stats_group_scratch` are those two launches without their end: each tensor's blocks
+// leave their partials in the tensor's row scratch (a `RowScratch` header, then the partials), and a later
+// `ted_stats_finish_rows` launch turns every waiting scratch of a slab chunk into its row, one block per row, with
+// the very merges of the last block (`stats_finish`), so the rows are bit for bit those of `ted_stats` and
+// `ted_stats_group`.  Why: that end is one block merging up to a wave of partials in float64 while the rest of the
+// GPU waits, about 7 µs per launch on an H200 (docs/performance.md, section 23); a training step's statistics
+// launches pay it once per step instead of once per GEMM call, and skip the tickets' atomics and fences.
 #include "stats_pass.cuh"  // the pass itself (stats_run), shared with fp8_tensor.cu
 
 extern "C" __global__ void __launch_bounds__(256, 3)
@@ -60,4 +67,41 @@ ted_stats_group(const ted_raw_t* __restrict__ x0, long long n0, unsigned int g0,
         stats_run<false>(x2, n2, partial + g0 + g1, tickets + 2, out2, nullptr, 0, 0.0f, 0.0f, 0, nullptr, nullptr,
                          nullptr, b - g0 - g1, g2);
     }
+}
+
+// `ted_stats` leaving its partials in the row scratch at `scratch` (the row is written by `ted_stats_finish_rows`).
+extern "C" __global__ void __launch_bounds__(256, 3)
+ted_stats_scratch(const ted_raw_t* __restrict__ x, long long n, RowScratch* __restrict__ scratch) {
+    stats_run<false, true>(x, n, scratch_partials(scratch), nullptr, nullptr, nullptr, 0, 0.0f, 0.0f, 0, nullptr,
+                           nullptr, nullptr, blockIdx.x, gridDim.x);
+}
+
+// `ted_stats_group` leaving each tensor's partials in its row scratch s0, s1, s2.
+extern "C" __global__ void __launch_bounds__(256, 3)
+ted_stats_group_scratch(const ted_raw_t* __restrict__ x0, long long n0, unsigned int g0, RowScratch* __restrict__ s0,
+                        const ted_raw_t* __restrict__ x1, long long n1, unsigned int g1, RowScratch* __restrict__ s1,
+                        const ted_raw_t* __restrict__ x2, long long n2, unsigned int g2, RowScratch* __restrict__ s2) {
+    const unsigned int b = blockIdx.x;
+    if (b < g0) {
+        stats_run<false, true>(x0, n0, scratch_partials(s0), nullptr, nullptr, nullptr, 0, 0.0f, 0.0f, 0, nullptr,
+                               nullptr, nullptr, b, g0);
+    } else if (b < g0 + g1) {
+        stats_run<false, true>(x1, n1, scratch_partials(s1), nullptr, nullptr, nullptr, 0, 0.0f, 0.0f, 0, nullptr,
+                               nullptr, nullptr, b - g0, g1);
+    } else if (b < g0 + g1 + g2) {
+        stats_run<false, true>(x2, n2, scratch_partials(s2), nullptr, nullptr, nullptr, 0, 0.0f, 0.0f, 0, nullptr,
+                               nullptr, nullptr, b - g0 - g1, g2);
+    }
+}
+
+// Block r: the row scratch at scratch + r * stride bytes, if partials wait there, becomes the row at rows + r * width
+// (the 13 float64 of `ted_stats`); its header's block count is then set to 0, so a scratch is turned into a row once.
+// Not a dtype kernel: the partials are the same whatever the input's dtype.
+extern "C" __global__ void __launch_bounds__(256)
+ted_stats_finish_rows(unsigned char* __restrict__ scratch, long long stride, double* __restrict__ rows, int width) {
+    RowScratch* header = reinterpret_cast<RowScratch*>(scratch + (long long)blockIdx.x * stride);
+    const unsigned int blocks = header->blocks;
+    if (blocks == 0u) return;
+    stats_finish<false>(header->n, scratch_partials(header), blocks, &header->blocks,
+                        rows + (long long)blockIdx.x * width, nullptr, 0, 0.0f, 0.0f, 0, nullptr, nullptr, nullptr);
 }

@@ -12,6 +12,16 @@ struct Acc {
     unsigned long long nz, nan, inf;
 };
 
+// A row's scratch area (`ted_stats_scratch`, `ted_stats_group_scratch`, `ted_stats_finish_rows` of stats.cu): this
+// header, then the pass's block partials (Acc[blocks]).  blocks == 0: no partials waiting to become a row.
+struct RowScratch {
+    long long n;
+    unsigned int blocks;
+    unsigned int pad;
+};
+
+__device__ __forceinline__ Acc* scratch_partials(RowScratch* s) { return reinterpret_cast<Acc*>(s + 1); }
+
 __device__ __forceinline__ void acc_identity(Acc& a) {
     a.n = 0.0; a.mean = 0.0; a.m2 = 0.0; a.sum = 0.0; a.abs_sum = 0.0; a.sq_sum = 0.0;
     a.mn = INFINITY; a.mx = -INFINITY; a.nzmin = INFINITY;
@@ -236,7 +246,37 @@ __device__ __forceinline__ void stats_words(ThreadStats& t, PackedStats& p, cons
 }
 #endif
 
+// The end of a pass: merges the `blocks` block partials in a fixed order and writes the row (and, with AMAX, what
+// the amax pass writes), then sets *ticket to 0.  Run by the last block of the pass, or (`ted_stats_finish_rows`)
+// by a later launch, one block per row: the same merges in the same order, so the same row bit for bit.
 template <bool AMAX>
+__device__ __forceinline__ void stats_finish(long long n, const Acc* __restrict__ partial, unsigned int blocks,
+                                          unsigned int* __restrict__ ticket, double* __restrict__ out,
+                                          float* __restrict__ amax_out, int mode, float fp8_max, float epsilon,
+                                          int pow2, float* __restrict__ scale_out, float* __restrict__ scale_inv_out,
+                                          unsigned long long* __restrict__ nz_out) {
+    Acc r;
+    acc_identity(r);
+    for (int b = threadIdx.x; b < (int)blocks; b += blockDim.x) acc_merge(r, acc_load_cg(partial + b));
+    r = acc_block_reduce(r);
+    if (threadIdx.x == 0) {
+        out[0] = (double)n;
+        acc_write_results(r, out + 1);
+        if (AMAX) {
+            // max |x| is the magnitude of the maximum or of the minimum (bit-level |.|: no flush of a subnormal
+            // under -ftz); no non-NaN element leaves min = +Inf > max = -Inf, whose amax is 0 as in the amax pass
+            const float amax = r.mn <= r.mx ? ted_max(ted_abs(r.mn), ted_abs(r.mx)) : 0.0f;
+            ted_amax_outputs(amax, amax_out, mode, fp8_max, epsilon, pow2, scale_out, scale_inv_out);
+            if (nz_out != nullptr) *nz_out = r.nz;
+        }
+        *ticket = 0u;
+    }
+}
+
+// SCRATCH: `partial` is a row's scratch area's partials (`scratch_partials`): the pass leaves its block partials
+// there, block 0 fills in the header, and the row is written later (`ted_stats_finish_rows`): no ticket, no last
+// block's merge inside the pass.
+template <bool AMAX, bool SCRATCH = false>
 __device__ __forceinline__ void stats_run(const ted_raw_t* __restrict__ x, long long n, Acc* __restrict__ partial,
                                           unsigned int* __restrict__ ticket, double* __restrict__ out,
                                           float* __restrict__ amax_out, int mode, float fp8_max, float epsilon,
@@ -321,22 +361,13 @@ __device__ __forceinline__ void stats_run(const ted_raw_t* __restrict__ x, long 
         a.mean = cnt > 0.0 ? ted_f2d(t.K) + d / cnt : 0.0;
         a.m2 = cnt > 0.0 ? fmax(dd - d * (d / cnt), 0.0) : 0.0;
         partial[block] = a;
-    }
-    if (!ted_last_block_of(ticket, blocks)) return;
-    Acc r;
-    acc_identity(r);
-    for (int b = threadIdx.x; b < (int)blocks; b += blockDim.x) acc_merge(r, acc_load_cg(partial + b));
-    r = acc_block_reduce(r);
-    if (threadIdx.x == 0) {
-        out[0] = (double)n;
-        acc_write_results(r, out + 1);
-        if (AMAX) {
-            // max |x| is the magnitude of the maximum or of the minimum (bit-level |.|: no flush of a subnormal
-            // under -ftz); no non-NaN element leaves min = +Inf > max = -Inf, whose amax is 0 as in the amax pass
-            const float amax = r.mn <= r.mx ? ted_max(ted_abs(r.mn), ted_abs(r.mx)) : 0.0f;
-            ted_amax_outputs(amax, amax_out, mode, fp8_max, epsilon, pow2, scale_out, scale_inv_out);
-            if (nz_out != nullptr) *nz_out = r.nz;
+        if (SCRATCH && block == 0) {
+            RowScratch* header = reinterpret_cast<RowScratch*>(partial) - 1;
+            header->n = n;
+            header->blocks = blocks;
         }
-        *ticket = 0u;
     }
+    if (SCRATCH || !ted_last_block_of(ticket, blocks)) return;
+    stats_finish<AMAX>(n, partial, blocks, ticket, out, amax_out, mode, fp8_max, epsilon, pow2, scale_out,
+                       scale_inv_out, nz_out);
 }

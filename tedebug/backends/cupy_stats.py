@@ -27,6 +27,7 @@ from tedebug.backends.cupy_runtime import (
     DTYPE_CODE,
     THREADS,
     TICKETS,
+    device_index,
     dtype_options,
     get_kernel,
     prepare_input,
@@ -55,6 +56,17 @@ def basic_stats_into(x: torch.Tensor, out_ptr: int) -> None:
     kernel dtype on the slab's device.  Every logged tensor comes through here, so the per-(device, dtype) launch
     constants are looked up once (`_stats_launch`).
     """
+    _lone_launch(x, out_ptr, False)
+
+
+def basic_stats_scratch_into(x: torch.Tensor, scratch_ptr: int) -> None:
+    """`basic_stats_into` without the pass's end: the launch leaves its block partials in the row scratch at
+    `scratch_ptr` (`row_scratch_bytes` bytes) and `finish_rows` writes the row later, bit for bit the same
+    (``ted_stats_scratch``; docs/performance.md, section 23)."""
+    _lone_launch(x, scratch_ptr, True)
+
+
+def _lone_launch(x: torch.Tensor, address: int, scratch: bool) -> None:
     dtype = x.dtype
     if dtype not in DTYPE_CODE:
         raise TypeError(f"tedebug kernels: expected a float32/bfloat16/float16 tensor, got {dtype}")
@@ -69,12 +81,15 @@ def basic_stats_into(x: torch.Tensor, out_ptr: int) -> None:
     constants = _STATS_LAUNCH.get((index, dtype))
     if constants is None:
         constants = _stats_launch(x, index)
-    kernel, vec, max_grid = constants
+    kernel, vec, max_grid, scratch_kernel = constants
     grid = _lone_grid(n, vec, max_grid)
     stream = raw_stream(index)
+    if scratch:
+        launch_on(scratch_kernel, index, stream, grid, THREADS, (pointer, np.int64(n), address))
+        return
     partials, tickets = workspace_on(index, stream)
     launch_on(
-        kernel, index, stream, grid, THREADS, (pointer, np.int64(n), partials, tickets + STATS_TICKET_OFFSET, out_ptr)
+        kernel, index, stream, grid, THREADS, (pointer, np.int64(n), partials, tickets + STATS_TICKET_OFFSET, address)
     )
 
 
@@ -83,7 +98,7 @@ def lone_grid(x: torch.Tensor, index: int) -> int:
     statistics pass inside another launch (``ted_fp8_current_stats_cast16``, ``ted_fp8_delayed_stats_cast16``)
     works as that many blocks, so that its
     row is this launch's bit for bit."""
-    _, vec, max_grid = _STATS_LAUNCH.get((index, x.dtype)) or _stats_launch(x, index)
+    _, vec, max_grid, _ = _STATS_LAUNCH.get((index, x.dtype)) or _stats_launch(x, index)
     return _lone_grid(x.numel(), vec, max_grid)
 
 
@@ -93,16 +108,53 @@ def _lone_grid(n: int, vec: int, max_grid: int) -> int:
     return min(max_grid, (max(n // vec, 1) + THREADS - 1) // THREADS)
 
 
-#: (device index, dtype) -> (kernel, elements per 16-byte load, largest grid) of `basic_stats_into`
-_STATS_LAUNCH: Dict[Tuple[int, torch.dtype], Tuple[Kernel, int, int]] = {}
+#: (device index, dtype) -> (kernel, elements per 16-byte load, largest grid, the scratch kernel) of
+#: `basic_stats_into` and `basic_stats_scratch_into`
+_STATS_LAUNCH: Dict[Tuple[int, torch.dtype], Tuple[Kernel, int, int, Kernel]] = {}
 
 
-def _stats_launch(x: torch.Tensor, index: int) -> Tuple[Kernel, int, int]:
+def _stats_launch(x: torch.Tensor, index: int) -> Tuple[Kernel, int, int, Kernel]:
     key = (index, x.dtype)
-    kernel = get_kernel("stats.cu", "ted_stats", dtype_options(x))
-    max_grid = max(1, STATS_BLOCKS_PER_SM * sm_count(index))
-    constants = _STATS_LAUNCH[key] = (kernel, 16 // x.element_size(), max_grid)
+    options = dtype_options(x)
+    kernel = get_kernel("stats.cu", "ted_stats", options)
+    scratch_kernel = get_kernel("stats.cu", "ted_stats_scratch", options)
+    constants = _STATS_LAUNCH[key] = (kernel, 16 // x.element_size(), _max_grid(index), scratch_kernel)
     return constants
+
+
+def _max_grid(index: int) -> int:
+    """The largest grid of a statistics pass on device `index`: one wave of ``ted_stats`` blocks."""
+    return max(1, STATS_BLOCKS_PER_SM * sm_count(index))
+
+
+#: bytes of a row scratch's header (``RowScratch`` of kernels/stats_pass.cuh) and an upper bound of one block
+#: partial's (``sizeof(Acc)`` is 88)
+_SCRATCH_HEADER_BYTES = 16
+_PARTIAL_BYTES_MAX = 96
+
+
+def row_scratch_bytes(device: torch.device) -> int:
+    """Bytes of one row scratch on `device` (`basic_stats_scratch_into`, `basic_stats_group_scratch_into`): the
+    header and a block partial per block of the largest grid, a multiple of 256."""
+    raw = _SCRATCH_HEADER_BYTES + _max_grid(device_index(device)) * _PARTIAL_BYTES_MAX
+    return -(-raw // 256) * 256
+
+
+def finish_rows(device: torch.device, scratch_ptr: int, scratch_bytes: int, rows_ptr: int, width: int, count: int):
+    """One launch (``ted_stats_finish_rows``, on torch's current stream) turning each of `count` row scratches (the
+    first at `scratch_ptr`, `scratch_bytes` apart) in which a scratch launch left partials into its row (the first
+    at `rows_ptr`, `width` float64 apart), as the launch's own end would have written it; the others are left
+    alone.  A scratch is turned into a row once: the launch marks it empty."""
+    if count <= 0:
+        return
+    index = device_index(device)
+    kernel = get_kernel("stats.cu", "ted_stats_finish_rows", dtype_options(_FINISH_DTYPE_PROBE))
+    args = (scratch_ptr, np.int64(scratch_bytes), rows_ptr, np.int32(width))
+    launch_on(kernel, index, raw_stream(index), count, THREADS, args)
+
+
+#: the finishing kernel does not depend on the input dtype; it is taken from the bf16 build of stats.cu
+_FINISH_DTYPE_PROBE = torch.empty(0, dtype=torch.bfloat16)
 
 
 #: the most tensors one `basic_stats_group_into` launch reduces (the arguments of ``ted_stats_group``)
@@ -131,9 +183,19 @@ def basic_stats_group_into(items: Sequence[Tuple[torch.Tensor, int]]) -> None:
     each pay a pass's ramp-up and drain (kernels/stats.cu).  Every logged tensor of a layer comes through here, so
     the checks and the arguments are made in one pass over `items`, with the per-(device, dtype) constants looked
     up once (`_group_launch`) and the blocks once per group of shapes (`_group_grids_of`)."""
+    _group_launch_of(items, False)
+
+
+def basic_stats_group_scratch_into(items: Sequence[Tuple[torch.Tensor, int]]) -> None:
+    """`basic_stats_group_into` leaving each tensor's block partials in its row scratch (`items`: (tensor, scratch
+    address) pairs) for `finish_rows` (``ted_stats_group_scratch``; its rows are those of ``ted_stats_group``)."""
+    _group_launch_of(items, True)
+
+
+def _group_launch_of(items: Sequence[Tuple[torch.Tensor, int]], scratch: bool) -> None:
     count = len(items)
     if count == 1:
-        basic_stats_into(*items[0])
+        _lone_launch(items[0][0], items[0][1], scratch)
         return
     if not 1 < count <= GROUP_MAX:
         raise ValueError(f"basic_stats_group_into: 1 to {GROUP_MAX} tensors, got {count}")
@@ -144,11 +206,11 @@ def basic_stats_group_into(items: Sequence[Tuple[torch.Tensor, int]]) -> None:
         if dtype not in DTYPE_CODE:
             raise TypeError(f"tedebug kernels: expected a float32/bfloat16/float16 tensor, got {dtype}")
         constants = _group_launch(x, index)
-    kernel, vec, max_grid = constants
-    values: list = []  # (data, numel, blocks, row address) per tensor; the blocks are filled in below
+    kernel, vec, max_grid, scratch_kernel = constants
+    values: list = []  # (data, numel, blocks, row or scratch address) per tensor; the blocks are filled in below
     numels = []
     copies = None  # the contiguous copies made here: they must stay alive until the launch is queued
-    for tensor, out_ptr in items:
+    for tensor, address in items:
         n = tensor.numel()
         if tensor.dtype is not dtype or tensor.get_device() != index or n == 0:
             raise ValueError("basic_stats_group_into: the tensors must be non-empty, of one dtype, on one device")
@@ -157,12 +219,15 @@ def basic_stats_group_into(items: Sequence[Tuple[torch.Tensor, int]]) -> None:
             tensor = prepare_input(tensor)
             pointer = tensor.data_ptr()
             copies = (copies or []) + [tensor]
-        values += (pointer, n, 0, out_ptr)
+        values += (pointer, n, 0, address)
         numels.append(n)
     grids, blocks = _group_grids_of(tuple(numels), vec, max_grid)
     values[2::4] = grids
     values += _ABSENT_TENSOR * (GROUP_MAX - count)
     stream = raw_stream(index)
+    if scratch:
+        launch_signed(scratch_kernel, index, stream, blocks, THREADS, _GROUP_SCRATCH_SIGNATURE, values)
+        return
     partials, tickets = workspace_on(index, stream)
     values += (partials, tickets + _GROUP_TICKET_OFFSET)
     launch_signed(kernel, index, stream, blocks, THREADS, _GROUP_SIGNATURE, values)
@@ -189,17 +254,21 @@ def _group_grids_of(numels: Tuple[int, ...], vec: int, max_grid: int) -> Tuple[T
 #: the argument types of ``ted_stats_group``: (data, numel, blocks, row address) per tensor, then the workspace's
 #: partials and ticket
 _GROUP_SIGNATURE = (int, np.int64, np.uint32, int) * GROUP_MAX + (int, int)
+#: those of ``ted_stats_group_scratch``: (data, numel, blocks, scratch address) per tensor
+_GROUP_SCRATCH_SIGNATURE = (int, np.int64, np.uint32, int) * GROUP_MAX
 #: the arguments of an absent tensor of ``ted_stats_group`` (no blocks)
 _ABSENT_TENSOR = (0, 0, 0, 0)
-#: (device index, dtype) -> (the ``ted_stats_group`` kernel, elements per 16-byte load, largest grid) of
-#: `basic_stats_group_into`
-_GROUP_LAUNCH: Dict[Tuple[int, torch.dtype], Tuple[Kernel, int, int]] = {}
+#: (device index, dtype) -> (the ``ted_stats_group`` kernel, elements per 16-byte load, largest grid, the
+#: ``ted_stats_group_scratch`` kernel) of `basic_stats_group_into` and `basic_stats_group_scratch_into`
+_GROUP_LAUNCH: Dict[Tuple[int, torch.dtype], Tuple[Kernel, int, int, Kernel]] = {}
 
 
-def _group_launch(x: torch.Tensor, index: int) -> Tuple[Kernel, int, int]:
-    _, vec, max_grid = _STATS_LAUNCH.get((index, x.dtype)) or _stats_launch(x, index)
-    kernel = get_kernel("stats.cu", "ted_stats_group", dtype_options(x))
-    constants = _GROUP_LAUNCH[(index, x.dtype)] = (kernel, vec, max_grid)
+def _group_launch(x: torch.Tensor, index: int) -> Tuple[Kernel, int, int, Kernel]:
+    _, vec, max_grid, _ = _STATS_LAUNCH.get((index, x.dtype)) or _stats_launch(x, index)
+    options = dtype_options(x)
+    kernel = get_kernel("stats.cu", "ted_stats_group", options)
+    scratch_kernel = get_kernel("stats.cu", "ted_stats_group_scratch", options)
+    constants = _GROUP_LAUNCH[(index, x.dtype)] = (kernel, vec, max_grid, scratch_kernel)
     return constants
 
 

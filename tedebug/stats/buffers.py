@@ -61,6 +61,9 @@ class SlabRoute(NamedTuple):
     group_into: Optional[Callable[..., None]]  # its group launch (``basic_stats_group_into``), None without one
     keys: Tuple[str, ...]  # the row's partial names, in order (``BASIC_ROW_KEYS``)
     host_values: bool  # the backend gives CPU tensors host values instead (``basic_partial_values``)
+    #: the backend when its launches leave partials in a row scratch (``basic_stats_scratch_into``: the row is
+    #: written at the step's end, `RowSlab.take_scratch`), else None
+    scratch: Any = None
 
 
 class BufferKey(NamedTuple):

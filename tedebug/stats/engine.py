@@ -170,7 +170,7 @@ class StatsEngine:
                     if fused_row is not None:  # the quantizer's amax pass computed this very row: keep it
                         buffer.add_vector_row(fused_row, backend.BASIC_ROW_KEYS, numel)
                         return
-                    group_into = getattr(backend, "basic_stats_group_into", None)
+                    into, group_into, scratch = _slab_launches(backend, into)
                     route = buffer.slab_route
                     if (
                         route is None
@@ -179,7 +179,7 @@ class StatsEngine:
                         or route.group_into is not group_into
                     ):
                         route = buffer.slab_route = SlabRoute(
-                            backend, into, group_into, backend.BASIC_ROW_KEYS, values_of is not None
+                            backend, into, group_into, backend.BASIC_ROW_KEYS, values_of is not None, scratch
                         )
                         self.has_slab_routes = True
                     self._launch_slab_row(buffer, tensor, route)
@@ -242,7 +242,7 @@ class StatsEngine:
         """One launch writing `tensor`'s whole row into this step's slab; inside a layer's launch group the launch
         waits for the group's other tensors (`tedebug.stats.launch_group`)."""
         slab = self._slab(tensor.device, len(route.keys))
-        index, address = slab.take()
+        index, address = slab.take() if route.scratch is None else slab.take_scratch(route.scratch)
         launch_group.submit(route.group_into, route.into, tensor, address)
         buffer.add_slab_row(slab, index, route.keys)
 
@@ -582,6 +582,16 @@ class _StepInFlight:
 
 
 # ------------------------------------------------------------------------------------------------ helpers
+def _slab_launches(backend: Any, into: Callable[..., None]) -> Tuple[Callable[..., None], Any, Any]:
+    """(lone launch, group launch or None, the scratch backend or None) of a slab row through `backend`, whose
+    ``basic_stats_into`` is `into`: its scratch launches when it has them (the row is written at the step's end,
+    `RowSlab.take_scratch`), else its row launches."""
+    scratch_into = getattr(backend, "basic_stats_scratch_into", None)
+    if scratch_into is not None:
+        return scratch_into, getattr(backend, "basic_stats_group_scratch_into", None), backend
+    return into, getattr(backend, "basic_stats_group_into", None), None
+
+
 def _check_tensor(layer: str, tensor_name: str, tensor: Any) -> None:
     if tensor is None:
         return

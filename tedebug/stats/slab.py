@@ -10,11 +10,17 @@ before `host_rows()`), so the read-back can finish a step later (`tedebug.stats.
 
 Rows are written on the stream current at the feed and read back on the stream current at the step; both are
 the same stream in ordinary training (tedebug's own kernels launch on torch's current stream).
+
+A row taken with `take_scratch` comes with a scratch area of the backend's size (`row_scratch_bytes`): its launch
+leaves its per-block partials there, and the backend's `finish_rows` turns every such scratch into its row with one
+launch per chunk before the rows are read (`start_host_copy`, `host_tensor`, `row`) or handed out again (`reset`).
+The statistics pass then does its end once per step instead of once per launch (docs/performance.md, section 23).
+The backend's `finish_rows` leaves a row taken with `take` alone, and marks each scratch it finished empty.
 """
 
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import Any, List, Optional, Tuple
 
 import torch
 
@@ -35,6 +41,11 @@ class RowSlab:
         self._row_bytes = 8 * width
         self._mirrors: List[torch.Tensor] = []  # pinned host copies of the chunks (CUDA slabs only)
         self._copied = 0  # rows `start_host_copy` enqueued into the mirrors since the last `reset`
+        self._scratch: List[torch.Tensor] = []  # per chunk, the rows' scratch areas (`take_scratch`)
+        self._scratch_bases: List[int] = []
+        self._scratch_bytes = 0
+        self._scratch_owner: Optional[Any] = None  # the backend whose `row_scratch_bytes` the areas have
+        self._finisher: Optional[Any] = None  # the backend of this step's scratch rows, until `_finish` ran
 
     @property
     def used(self) -> int:
@@ -53,8 +64,57 @@ class RowSlab:
         self._used = index + 1
         return index, self._bases[chunk_index] + row * self._row_bytes
 
+    def take_scratch(self, backend: Any) -> Tuple[int, int]:
+        """`take` for a launch that leaves its partials in a row scratch of `backend` (a module with
+        `row_scratch_bytes` and `finish_rows`, as `tedebug.backends.cupy_stats`): returns the row's index and its
+        scratch's device address; the row is written by ``backend.finish_rows`` before it is read.  Scratch rows
+        of another backend taken earlier in the step are written first."""
+        if backend is not self._scratch_owner:
+            self._own_scratch(backend)
+        index = self._used
+        chunk_index, row = divmod(index, CHUNK_ROWS)
+        if chunk_index >= len(self._scratch):
+            self._add_scratch(chunk_index)
+        self._used = index + 1
+        self._finisher = backend
+        return index, self._scratch_bases[chunk_index] + row * self._scratch_bytes
+
+    def _own_scratch(self, backend: Any) -> None:
+        """Scratch areas of `backend`'s size; another backend's rows taken this step are written first."""
+        if self._finisher is not None:
+            self._finish()
+        size = backend.row_scratch_bytes(self.device)
+        if size != self._scratch_bytes:
+            self._scratch, self._scratch_bases, self._scratch_bytes = [], [], size
+        self._scratch_owner = backend
+
+    def _add_scratch(self, chunk_index: int) -> None:
+        """Rows and scratch areas up to chunk `chunk_index` (zeros: an empty scratch has no partials waiting)."""
+        while len(self._chunks) <= chunk_index:
+            chunk = torch.empty((CHUNK_ROWS, self.width), dtype=torch.float64, device=self.device)
+            self._chunks.append(chunk)
+            self._bases.append(chunk.data_ptr())
+        while len(self._scratch) <= chunk_index:
+            area = torch.zeros((CHUNK_ROWS, self._scratch_bytes), dtype=torch.uint8, device=self.device)
+            self._scratch.append(area)
+            self._scratch_bases.append(area.data_ptr())
+
+    def _finish(self) -> None:
+        """Have the backend of this step's scratch rows write them (one launch per chunk in use, on the current
+        stream)."""
+        backend, self._finisher = self._finisher, None
+        if backend is None:
+            return
+        for index, count in self._in_use():
+            if index < len(self._scratch):
+                backend.finish_rows(
+                    self.device, self._scratch_bases[index], self._scratch_bytes, self._bases[index], self.width, count
+                )
+
     def row(self, index: int) -> torch.Tensor:
         """Row `index` as a float64 view (for callers that need a tensor)."""
+        if self._finisher is not None:
+            self._finish()
         return self._chunks[index // CHUNK_ROWS][index % CHUNK_ROWS]
 
     def _in_use(self):
@@ -71,6 +131,8 @@ class RowSlab:
         """Enqueue the copy of every row handed out this step to pinned host memory on the current stream, without
         waiting (CUDA slabs; a CPU slab is read in place).  Record an event after it and wait on that event before
         `host_rows()`; take no more rows until `reset()`."""
+        if self._finisher is not None:
+            self._finish()
         if self.device.type != "cuda":
             return
         for index, count in self._in_use():
@@ -83,6 +145,8 @@ class RowSlab:
         """Every row handed out this step as one float64 CPU tensor ``[used, width]``: from the host mirrors after
         `start_host_copy` (whose event the caller waited on), else with one blocking device-to-host copy per chunk
         in use (a CPU slab: its own rows)."""
+        if self._finisher is not None:
+            self._finish()
         mirrored = self._copied == self._used and self._used > 0
         parts = [
             self._mirrors[index][:count] if mirrored else self._chunks[index][:count].cpu()
@@ -97,6 +161,9 @@ class RowSlab:
         return self.host_tensor().tolist()
 
     def reset(self) -> None:
-        """Make every row available again (call after `host_rows`)."""
+        """Make every row available again (call after `host_rows`).  Scratch rows never read are written first: a
+        scratch still holding partials would otherwise become a later step's row."""
+        if self._finisher is not None:
+            self._finish()
         self._used = 0
         self._copied = 0

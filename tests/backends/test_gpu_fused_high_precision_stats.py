@@ -173,8 +173,9 @@ def test_log_tensor_stats_of_an_fp8_tensor_takes_the_quantizers_row(tmp_path, mo
         "weight": [torch.randn(128, 128, device=DEV, dtype=torch.bfloat16) for _ in range(3)],
     }
     launches = []
-    real_into = cupy_stats.basic_stats_into
-    monkeypatch.setattr(cupy_stats, "basic_stats_into", lambda x, ptr: launches.append(x.shape) or real_into(x, ptr))
+    for lone in ("basic_stats_into", "basic_stats_scratch_into"):  # (the engine launches the second)
+        real = getattr(cupy_stats, lone)
+        monkeypatch.setattr(cupy_stats, lone, lambda x, ptr, real=real: launches.append(x.shape) or real(x, ptr))
     logged = {}
     for fused in (True, False):
         if not fused:  # the separate statistics launch: the plan says no feature feeds basic statistics

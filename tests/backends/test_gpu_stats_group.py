@@ -120,9 +120,9 @@ def test_a_layer_logs_the_same_with_grouped_launches(tmp_path, monkeypatch):
         return log.read_text().splitlines()
 
     groups = []
-    original = cupy_stats.basic_stats_group_into
+    original = cupy_stats.basic_stats_group_scratch_into  # (the engine's launch: rows written at the step's end)
     monkeypatch.setattr(
-        cupy_stats, "basic_stats_group_into", lambda items: groups.append(len(items)) or original(items)
+        cupy_stats, "basic_stats_group_scratch_into", lambda items: groups.append(len(items)) or original(items)
     )
     grouped = run("grouped")
     assert groups == [3, 3, 3, 3]  # per step: the forward's and the backward's three tensors, one launch each

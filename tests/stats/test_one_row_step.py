@@ -55,10 +55,13 @@ SLAB_STEPS = [0, 1, 2, 3, 5, 6, 7]
 NEW_LAYOUTS = [0, 2, 5, 6]
 
 
-def _run(monkeypatch, defer: bool, one_row: bool):
-    """Eight iterations through an engine whose rows are written into its slab (the stand-in backend): the records,
-    the messages and the iterations at which one-row steps and new layouts were made."""
-    monkeypatch.setattr(engine_module, "backend_for", lambda x, b=slab_backend(): b)
+def _run(monkeypatch, defer: bool, one_row: bool, finished=None):
+    """Eight iterations through an engine whose rows are written into its slab (the stand-in backend; with a
+    `finished` list, its launches leave the rows in scratch, written at the step's end, and the list gets the rows
+    each such write wrote): the records, the messages and the iterations at which one-row steps and new layouts were
+    made."""
+    backend = slab_backend(scratch=finished is not None, finished=finished)
+    monkeypatch.setattr(engine_module, "backend_for", lambda x: backend)
     made = {"steps": [], "layouts": []}
     current = {"iteration": None}
     real_step, real_layout = engine_module.OneRowStepInFlight, engine_module.StepLayout
@@ -111,6 +114,16 @@ def test_one_row_steps_of_slab_rows_emit_what_the_general_read_back_emits(monkey
         assert values[("l1_gradient_l2_norm", iteration)] == pytest.approx(math.sqrt((y * y).sum().item()), rel=1e-12)
     first, second = [x for _, tensor, _, x, _ in _feeds(6) if tensor == "weight"]
     assert values[("l0_weight_max", 6)] == first.max().item() != second.max().item()  # a weight keeps its first feed
+
+
+@pytest.mark.parametrize("defer", [False, True], ids=["synchronous", "deferred"])
+@pytest.mark.parametrize("one_row", [True, False], ids=["one-row", "general"])
+def test_rows_left_in_scratch_until_the_step_emit_what_rows_written_at_once_emit(monkeypatch, defer, one_row):
+    finished = []
+    rows, messages, made = _run(monkeypatch, defer, one_row, finished)
+    at_once_rows, at_once_messages, at_once_made = _run(monkeypatch, defer, one_row)
+    assert repr(rows) == repr(at_once_rows) and messages == at_once_messages and made == at_once_made
+    assert len(finished) == 8 and all(count > 0 for count in finished)  # one call per step wrote its rows
 
 
 def _emitters(names):
@@ -213,3 +226,26 @@ def test_a_gpu_run_logs_the_same_lines_with_one_row_steps(tmp_path, monkeypatch,
     jsonl = [lines for name, lines in general.items() if name.endswith(".jsonl")]
     assert len(jsonl) == 1 and len(jsonl[0]) == RUNS[run][3]
     assert made_one_row == {"steps": 4, "layouts": 1}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("run", ["slab", "both"])
+def test_a_gpu_run_logs_the_same_lines_with_rows_left_in_scratch(tmp_path, monkeypatch, run):
+    """On a GPU the statistics launches leave their partials in the rows' scratch and one launch per step writes the
+    rows (`cupy_stats.finish_rows`); without the scratch launches each launch writes its row: the same files."""
+    from tedebug.backends import cupy_stats
+
+    finishes = []
+    real_finish = cupy_stats.finish_rows
+
+    def finish_rows(*args):
+        finishes.append(args[-1])
+        real_finish(*args)
+
+    monkeypatch.setattr(cupy_stats, "finish_rows", finish_rows)
+    scratch, _ = _session_files(tmp_path / "scratch", monkeypatch, True, "process", run, "cuda")
+    assert len(finishes) == 4 and all(count > 0 for count in finishes)  # one per step: one chunk of rows
+    monkeypatch.delattr(cupy_stats, "basic_stats_scratch_into")
+    at_once, _ = _session_files(tmp_path / "at-once", monkeypatch, True, "process", run, "cuda")
+    assert len(finishes) == 4
+    assert scratch == at_once
