@@ -62,11 +62,18 @@ def main() -> None:
         with stream:
             plain_read((blocks,), (256,), (x.data_ptr(), cp.int64(x.numel() // 8), flag.data_ptr()))
 
-    print("  MB   lone ted_stats   plain read, 3/SM   plain read, 8/SM   (µs of GPU time)")
+    scratch_bytes = cupy_stats.row_scratch_bytes(device)
+    scratch = torch.zeros((288, scratch_bytes), dtype=torch.uint8, device=device)
+    areas = [scratch[i].data_ptr() for i in range(4)]
+    print("  MB   lone ted_stats   without its end   plain read, 3/SM   plain read, 8/SM   (µs of GPU time)")
     for mb in (4, 16, 32, 64, 128, 256, 512):
         x = torch.randn(mb * 2**20 // 2, device=device, dtype=torch.bfloat16)
         lone = gpu_us(lambda: cupy_stats.basic_stats_into(x, rows[0]))
-        print(f"{mb:5d} {lone:14.1f} {gpu_us(lambda: read(x, 3 * sms)):18.1f} {gpu_us(lambda: read(x, 8 * sms)):18.1f}")
+        no_end = gpu_us(lambda: cupy_stats.basic_stats_scratch_into(x, areas[0]))
+        print(
+            f"{mb:5d} {lone:14.1f} {no_end:17.1f} {gpu_us(lambda: read(x, 3 * sms)):18.1f} "
+            f"{gpu_us(lambda: read(x, 8 * sms)):18.1f}"
+        )
     hidden, tokens = 2048, 8192
     for fan_in, fan_out in ((hidden, 3 * hidden), (hidden, hidden), (hidden, 4 * hidden), (4 * hidden, hidden)):
         x = torch.randn(tokens, fan_in, device=device, dtype=torch.bfloat16)
@@ -76,14 +83,44 @@ def main() -> None:
         whole = torch.cat([x.flatten(), w.flatten(), y.flatten()])
         mb = whole.numel() * 2 / 1e6
         grouped = gpu_us(lambda: cupy_stats.basic_stats_group_into(items))
+        scratch_items = [(x, areas[0]), (w, areas[1]), (y, areas[2])]
+        grouped_no_end = gpu_us(lambda: cupy_stats.basic_stats_group_scratch_into(scratch_items))
         lone = gpu_us(lambda: [cupy_stats.basic_stats_into(t, row) for t, row in items])
         concatenated = gpu_us(lambda: cupy_stats.basic_stats_into(whole, rows[3]))
         gemm = gpu_us(lambda: torch.mm(x, w.t(), out=y))
         both = gpu_us(lambda: (torch.mm(x, w.t(), out=y), cupy_stats.basic_stats_group_into(items)))
-        print(
-            f"x·Wᵀ {fan_in}->{fan_out} ({mb:.1f} MB): group {grouped:.1f} µs, three lone {lone:.1f}, one over the "
-            f"three concatenated {concatenated:.1f}, GEMM {gemm:.1f}, GEMM + group {both:.1f} (+{both - gemm:.1f})"
+        both_no_end = gpu_us(
+            lambda: (torch.mm(x, w.t(), out=y), cupy_stats.basic_stats_group_scratch_into(scratch_items))
         )
+        print(
+            f"x·Wᵀ {fan_in}->{fan_out} ({mb:.1f} MB): group {grouped:.1f} µs (without its end {grouped_no_end:.1f}), "
+            f"three lone {lone:.1f}, one over the three concatenated {concatenated:.1f}, GEMM {gemm:.1f}, GEMM + "
+            f"group {both:.1f} (+{both - gemm:.1f}; without its end {both_no_end:.1f}, +{both_no_end - gemm:.1f})"
+        )
+    # a full-size step's 288 rows (six tensors of 48 GEMM calls) written from their scratch by one launch
+    x = torch.randn(2**24, device=device, dtype=torch.bfloat16)
+    out = torch.empty((288, len(cupy_stats.BASIC_ROW_KEYS)), dtype=torch.float64, device=device)
+
+    def fill() -> None:  # partials waiting in 288 scratches (the step's launches)
+        for i in range(288):
+            cupy_stats.basic_stats_scratch_into(x[: 4096 * (i + 1)], scratch[i].data_ptr())
+
+    def finish() -> None:
+        cupy_stats.finish_rows(device, scratch.data_ptr(), scratch_bytes, out.data_ptr(), out.shape[1], 288)
+
+    fill()
+    finish()
+    torch.cuda.synchronize()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    finish_times = []
+    for _ in range(7):
+        fill()
+        begin.record()
+        finish()
+        end.record()
+        torch.cuda.synchronize()
+        finish_times.append(begin.elapsed_time(end) * 1e3)
+    print(f"one launch writing 288 rows from their scratch: {statistics.median(finish_times):.1f} µs")
 
 
 if __name__ == "__main__":
