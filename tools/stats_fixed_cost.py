@@ -3,11 +3,14 @@ answer you need.)
 
     python tools/stats_fixed_cost.py
 
-Prints, for one bf16 tensor of 4 to 512 MB, the GPU time of a lone ``ted_stats`` launch next to a plain read kernel
-of the same bytes (16-byte streaming loads, 3 and 8 blocks per SM), and, for the three tensors of each forward GEMM
-call of `tedebug bench --e2e`'s full size (x, W, y), one ``ted_stats_group`` launch against three lone launches,
-one launch over the three concatenated, the GEMM alone and the GEMM followed by the group launch.  Times are GPU
-times per launch (CUDA events around 20 back-to-back launches, medians of 7 rounds).
+Prints, for one bf16 tensor of 4 to 512 MB, the GPU time of a lone ``ted_stats`` launch, of the same launch without
+its end (``ted_stats_scratch``: the blocks' partials left in a row scratch, no last block's merge) and of a plain
+read kernel of the same bytes (16-byte streaming loads, 3 and 8 blocks per SM); for the three tensors of each
+forward GEMM call of `tedebug bench --e2e`'s full size (x, W, y), one ``ted_stats_group`` launch (and without its
+end) against three lone launches, one launch over the three concatenated, the GEMM alone and the GEMM followed by
+the group launch (and without its end); and one ``ted_stats_finish_rows`` launch writing a full-size step's 288
+rows from their scratch.  Times are GPU times per launch (CUDA events around 20 back-to-back launches, medians of
+7 rounds).
 
 Measured on an H200 (2026-12-04): the lone launch reads 512 MB in 153.6 µs and 256 MB in 83.3 µs (3.8 TB/s
 between the two, and about 13 µs of fixed cost), a plain read with 8 blocks per SM 126.7 and 65.9 µs (4.4 TB/s,
@@ -17,7 +20,9 @@ moments; the packed extrema, the non-zero count and the bf16 unpacking), so at 4
 rate: it is bound by its arithmetic, not by memory, and the row's numerics set that arithmetic.  A group launch of
 x, W and y costs what one launch over the three concatenated costs (54.0 against 56.3 µs for qkv's 159 MB; three
 lone launches 80.7 µs).  After its GEMM the same group launch adds 58–94 µs (qkv, two runs) and 125–135 µs (fc1,
-fc2) to the GEMM's time: it also pays for the GEMM's output leaving the L2 cache.
+fc2) to the GEMM's time: it also pays for the GEMM's output leaving the L2 cache.  A later lease (2026-12-04, fifth
+session): without their end the launches take about 7 µs less (512 MB 159.3 -> 149.1 µs; the group after its GEMM
++49.3 -> +42.3 µs for qkv, +60.0 -> +52.3 for fc2), and the 288 rows' finishing launch 41.6 µs.
 """
 
 from __future__ import annotations
