@@ -17,7 +17,7 @@ from tedebug.backends.cupy_runtime import THREADS, TICKETS, dtype_options, get_k
 from tedebug.backends.launch import launch
 from tedebug.stats import launch_group
 
-from support.kernel_inputs import special_values
+from support.kernel_inputs import sprinkled
 
 pytestmark = pytest.mark.gpu
 
@@ -27,12 +27,7 @@ ROW = len(cupy_stats.BASIC_ROW_KEYS)
 
 
 def _tensor(numel: int, dtype, seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    x = (torch.randn(numel, generator=g) * 3).to(dtype)
-    values = special_values(dtype)
-    where = torch.randint(0, numel, (min(numel, 30),), generator=g)
-    x[where] = values[torch.randint(0, values.numel(), where.shape, generator=g)]
-    return x.to(DEV)
+    return sprinkled(numel, dtype, seed, DEV)
 
 
 def _lone_row(x: torch.Tensor, grid: int) -> torch.Tensor:

@@ -52,6 +52,17 @@ def normal_and_special(shape, dtype: torch.dtype, generator: torch.Generator):
     return normal, special.reshape(shape)
 
 
+def sprinkled(numel: int, dtype: torch.dtype, seed: int, device) -> torch.Tensor:
+    """A 1-D normal tensor of `numel` elements scaled by 3 with up to 30 `special_values` at random places, in
+    `dtype` on `device` (the statistics launches' inputs)."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(numel, generator=g) * 3).to(dtype)
+    values = special_values(dtype)
+    where = torch.randint(0, numel, (min(numel, 30),), generator=g)
+    x[where] = values[torch.randint(0, values.numel(), where.shape, generator=g)]
+    return x.to(device)
+
+
 def cast_inputs(shape, dtype: torch.dtype, seed: int, device) -> list:
     """Four tensors of `shape` on `device` for comparing two paths of one cast: a normal tensor, one with
     `special_values` spread in (NaN, infinities, signed zeros, subnormals, FP8 maxima), one of zeros only (amax 0)
