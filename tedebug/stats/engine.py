@@ -54,7 +54,7 @@ from tedebug.stats.definitions import StatRequest
 from tedebug.stats.host_batch import HostBatch
 from tedebug.stats.distributed import NO_REPLICA, DeferredReduction, GroupReducer, replica_id
 from tedebug.stats.readback import FedRow, OneRowStepInFlight, RowsInFlight, StepLayout, one_row_step
-from tedebug.stats.slab import RowSlab
+from tedebug.stats.slab import RowSlab, ScratchAreas
 
 
 #: `feed`'s `quantized` when none was given (never modified)
@@ -90,6 +90,9 @@ class StatsEngine:
         self._slabs: Dict[torch.device, RowSlab] = {}  # this step's slabs
         self._step_layout: Optional[StepLayout] = None  # the last one-row step's layout (`_one_row_step`)
         self._spare_slabs: Dict[torch.device, RowSlab] = {}  # the other set (deferred read-back alternates them)
+        #: per device, the row scratch areas both sets share (a set's rows are written at its read-back, before the
+        #: other set's launches on the stream)
+        self._scratch_areas: Dict[torch.device, ScratchAreas] = {}
         self._in_flight: Optional[Tuple[Any, Dict[torch.device, RowSlab]]] = None
         #: (layer, tensor) -> replica id of a tensor every rank of a TP group holds whole (`note_tp_replicas`)
         self._replicas: Dict[Tuple[str, str], float] = {}
@@ -249,7 +252,10 @@ class StatsEngine:
     def _slab(self, device: torch.device, width: int) -> RowSlab:
         slab = self._slabs.get(device)
         if slab is None or slab.width != width:
-            slab = self._slabs[device] = RowSlab(device, width)
+            scratch = self._scratch_areas.get(device)
+            if scratch is None:
+                scratch = self._scratch_areas[device] = ScratchAreas(device)
+            slab = self._slabs[device] = RowSlab(device, width, scratch)
         return slab
 
     def _requests(self, layer: str, tensor_name: str, stats: Iterable[Any]) -> Tuple[StatRequest, ...]:
@@ -561,6 +567,7 @@ class StatsEngine:
         self._numel_tensors.clear()
         self._slabs.clear()
         self._spare_slabs.clear()
+        self._scratch_areas.clear()
         self._step_layout = None
         self._in_flight = None
         self._replicas.clear()

@@ -15,7 +15,11 @@ A row taken with `take_scratch` comes with a scratch area of the backend's size 
 leaves its per-block partials there, and the backend's `finish_rows` turns every such scratch into its row with one
 launch per chunk before the rows are read (`start_host_copy`, `host_tensor`, `row`) or handed out again (`reset`).
 The statistics pass then does its end once per step instead of once per launch (docs/performance.md, section 23).
-The backend's `finish_rows` leaves a row taken with `take` alone, and marks each scratch it finished empty.
+The backend's `finish_rows` leaves a row taken with `take` alone, and marks each scratch it finished empty.  The
+scratch areas (`ScratchAreas`) can be shared by slabs that take turns, as the engine's two slab sets of a device
+do: once a slab's rows are written (launched at its read-back, on the stream), its areas are free for the other
+slab's launches; a slab that takes a scratch row while another has rows waiting in the areas has those written
+first.
 """
 
 from __future__ import annotations
@@ -27,10 +31,44 @@ import torch
 CHUNK_ROWS = 256
 
 
-class RowSlab:
-    """Rows of `width` float64 values on `device` (see the module docstring)."""
+class ScratchAreas:
+    """The row scratch areas of one device, `CHUNK_ROWS` rows per area, for one backend's scratch size at a time;
+    `user`: the slab whose scratch rows may be waiting in them."""
 
-    def __init__(self, device: torch.device, width: int) -> None:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.areas: List[torch.Tensor] = []
+        self.bases: List[int] = []
+        self.row_bytes = 0
+        self.backend: Optional[Any] = None  # the backend whose `row_scratch_bytes` the areas have
+        self.user: Optional["RowSlab"] = None
+
+    def serve(self, slab: "RowSlab", backend: Any) -> None:
+        """Make the areas `slab`'s, of `backend`'s size: the scratch rows another slab (or backend) left waiting are
+        written first."""
+        user = self.user
+        if user is not None and user._finisher is not None:
+            user._finish()
+        self.user = slab
+        if backend is not self.backend:
+            size = backend.row_scratch_bytes(self.device)
+            if size != self.row_bytes:
+                self.areas, self.bases, self.row_bytes = [], [], size
+            self.backend = backend
+
+    def grow(self, chunk_index: int) -> None:
+        """Areas up to `chunk_index` (zeros: an empty scratch has no partials waiting)."""
+        while len(self.areas) <= chunk_index:
+            area = torch.zeros((CHUNK_ROWS, self.row_bytes), dtype=torch.uint8, device=self.device)
+            self.areas.append(area)
+            self.bases.append(area.data_ptr())
+
+
+class RowSlab:
+    """Rows of `width` float64 values on `device` (see the module docstring); `scratch`: the scratch areas it shares
+    with slabs that take turns with it (its own when not given)."""
+
+    def __init__(self, device: torch.device, width: int, scratch: Optional[ScratchAreas] = None) -> None:
         if width <= 0:
             raise ValueError(f"RowSlab: width must be positive, got {width}")
         self.device = device
@@ -41,10 +79,7 @@ class RowSlab:
         self._row_bytes = 8 * width
         self._mirrors: List[torch.Tensor] = []  # pinned host copies of the chunks (CUDA slabs only)
         self._copied = 0  # rows `start_host_copy` enqueued into the mirrors since the last `reset`
-        self._scratch: List[torch.Tensor] = []  # per chunk, the rows' scratch areas (`take_scratch`)
-        self._scratch_bases: List[int] = []
-        self._scratch_bytes = 0
-        self._scratch_owner: Optional[Any] = None  # the backend whose `row_scratch_bytes` the areas have
+        self._scratch = scratch if scratch is not None else ScratchAreas(device)  # (`take_scratch`)
         self._finisher: Optional[Any] = None  # the backend of this step's scratch rows, until `_finish` ran
 
     @property
@@ -58,9 +93,7 @@ class RowSlab:
         index = self._used
         chunk_index, row = divmod(index, CHUNK_ROWS)
         if chunk_index >= len(self._chunks):
-            chunk = torch.empty((CHUNK_ROWS, self.width), dtype=torch.float64, device=self.device)
-            self._chunks.append(chunk)
-            self._bases.append(chunk.data_ptr())
+            self._add_chunk()
         self._used = index + 1
         return index, self._bases[chunk_index] + row * self._row_bytes
 
@@ -69,35 +102,23 @@ class RowSlab:
         `row_scratch_bytes` and `finish_rows`, as `tedebug.backends.cupy_stats`): returns the row's index and its
         scratch's device address; the row is written by ``backend.finish_rows`` before it is read.  Scratch rows
         of another backend taken earlier in the step are written first."""
-        if backend is not self._scratch_owner:
-            self._own_scratch(backend)
+        scratch = self._scratch
+        if scratch.user is not self or backend is not scratch.backend:
+            scratch.serve(self, backend)
         index = self._used
         chunk_index, row = divmod(index, CHUNK_ROWS)
-        if chunk_index >= len(self._scratch):
-            self._add_scratch(chunk_index)
+        if chunk_index >= len(self._chunks):
+            self._add_chunk()
+        if chunk_index >= len(scratch.areas):
+            scratch.grow(chunk_index)
         self._used = index + 1
         self._finisher = backend
-        return index, self._scratch_bases[chunk_index] + row * self._scratch_bytes
+        return index, scratch.bases[chunk_index] + row * scratch.row_bytes
 
-    def _own_scratch(self, backend: Any) -> None:
-        """Scratch areas of `backend`'s size; another backend's rows taken this step are written first."""
-        if self._finisher is not None:
-            self._finish()
-        size = backend.row_scratch_bytes(self.device)
-        if size != self._scratch_bytes:
-            self._scratch, self._scratch_bases, self._scratch_bytes = [], [], size
-        self._scratch_owner = backend
-
-    def _add_scratch(self, chunk_index: int) -> None:
-        """Rows and scratch areas up to chunk `chunk_index` (zeros: an empty scratch has no partials waiting)."""
-        while len(self._chunks) <= chunk_index:
-            chunk = torch.empty((CHUNK_ROWS, self.width), dtype=torch.float64, device=self.device)
-            self._chunks.append(chunk)
-            self._bases.append(chunk.data_ptr())
-        while len(self._scratch) <= chunk_index:
-            area = torch.zeros((CHUNK_ROWS, self._scratch_bytes), dtype=torch.uint8, device=self.device)
-            self._scratch.append(area)
-            self._scratch_bases.append(area.data_ptr())
+    def _add_chunk(self) -> None:
+        chunk = torch.empty((CHUNK_ROWS, self.width), dtype=torch.float64, device=self.device)
+        self._chunks.append(chunk)
+        self._bases.append(chunk.data_ptr())
 
     def _finish(self) -> None:
         """Have the backend of this step's scratch rows write them (one launch per chunk in use, on the current
@@ -105,10 +126,11 @@ class RowSlab:
         backend, self._finisher = self._finisher, None
         if backend is None:
             return
+        scratch = self._scratch
         for index, count in self._in_use():
-            if index < len(self._scratch):
+            if index < len(scratch.areas):
                 backend.finish_rows(
-                    self.device, self._scratch_bases[index], self._scratch_bytes, self._bases[index], self.width, count
+                    self.device, scratch.bases[index], scratch.row_bytes, self._bases[index], self.width, count
                 )
 
     def row(self, index: int) -> torch.Tensor:

@@ -8,7 +8,7 @@ import ctypes
 import torch
 
 from tedebug.stats import slab as slab_module
-from tedebug.stats.slab import RowSlab
+from tedebug.stats.slab import RowSlab, ScratchAreas
 from support.slab_backend import slab_backend
 
 
@@ -86,3 +86,24 @@ def test_scratch_rows_of_two_backends_in_one_step():
     _scratch_fill(b, 2.0, 3)
     assert slab.host_tensor().tolist() == [[1.0] * 3, [2.0] * 3]
     assert second_done == [1]
+
+
+def test_two_slabs_taking_turns_share_their_scratch_areas():
+    """The engine's two slab sets of a device: the same areas; a slab taking a scratch row while the other has rows
+    waiting there has those written first."""
+    finished = []
+    backend = slab_backend(keys=("min", "max"), scratch=True, finished=finished)
+    areas = ScratchAreas(torch.device("cpu"))
+    first, second = RowSlab(torch.device("cpu"), 3, areas), RowSlab(torch.device("cpu"), 3, areas)
+    _, a = first.take_scratch(backend)
+    _scratch_fill(a, 1.0, 3)
+    first.start_host_copy()  # its read-back: the row written
+    assert finished == [1]
+    _, b = second.take_scratch(backend)
+    assert b == a  # the other set's launches use the same scratch
+    _scratch_fill(b, 2.0, 3)
+    _, c = first.take_scratch(backend)  # (a slab reset without its rows read: not the engine's order)
+    assert finished == [1, 1] and c != b  # the second slab's row was written before the first took the areas
+    _scratch_fill(c, 3.0, 3)
+    assert second.host_tensor().tolist() == [[2.0] * 3]
+    assert first.host_tensor().tolist() == [[1.0] * 3, [3.0] * 3] and finished == [1, 1, 1]
