@@ -118,10 +118,11 @@ def test_a_weight_keeps_its_first_feed_of_the_step(backend):
     ]
 
 
-def _files(tmp_path: Path, monkeypatch, name: str, fast: bool):
+def _files(tmp_path: Path, monkeypatch, name: str, fast: bool, finished=None):
     """The statistics files of four steps of two tedebug blocks with LogTensorStats on every tensor (a NaN in the
-    input at iteration 2), the stand-in backend writing the rows; `fast` False: `feed` takes every call.  Also the
-    number of calls `feed` and `feed_slab_row` took."""
+    input at iteration 2), the stand-in backend writing the rows (with a `finished` list: its scratch launches, the
+    rows written at each step's read-back, the list getting how many each time); `fast` False: `feed` takes every call.  Also the number of calls `feed` and
+    `feed_slab_row` took."""
     counts = {"feed": 0, "slab": 0}
     real_feed, real_slab = StatsEngine.feed, StatsEngine.feed_slab_row
 
@@ -134,7 +135,9 @@ def _files(tmp_path: Path, monkeypatch, name: str, fast: bool):
         counts["slab"] += taken
         return taken
 
-    monkeypatch.setattr(engine_module, "backend_for", lambda x, b=slab_backend(): b)
+    monkeypatch.setattr(
+        engine_module, "backend_for", lambda x, b=slab_backend(scratch=finished is not None, finished=finished): b
+    )
     monkeypatch.setattr(StatsEngine, "feed", feed)
     monkeypatch.setattr(StatsEngine, "feed_slab_row", feed_slab_row)
     stats = ["min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range"]
@@ -157,3 +160,12 @@ def test_a_logged_model_feeds_each_buffer_once_the_general_way_and_logs_the_same
     jsonl = [lines for name, lines in general.items() if name.endswith(".jsonl")]
     assert len(jsonl) == 1 and len(jsonl[0]) == 4 * buffers * 8
     assert sum("First non-finite values" in line for lines in general.values() for line in lines) == 1
+
+
+def test_a_logged_model_whose_rows_wait_in_scratch_logs_the_same(tmp_path, monkeypatch):
+    finished = []
+    scratch, counts = _files(tmp_path, monkeypatch, "scratch", True, finished)
+    general, _ = _files(tmp_path, monkeypatch, "general", False)
+    assert scratch == general
+    assert finished == [2 * 4 * 6] * 4  # every step's rows written from their scratch at its read-back
+    assert counts == {"feed": 2 * 4 * 6, "slab": 3 * 2 * 4 * 6}  # the few-step feed takes the scratch route too
