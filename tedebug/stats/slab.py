@@ -184,7 +184,7 @@ class RowSlab:
 
     def reset(self) -> None:
         """Make every row available again (call after `host_rows`).  Scratch rows never read are written first: a
-        scratch still holding partials would otherwise become a later step's row."""
+        scratch still holding partials would otherwise be written over a later step's row at its index."""
         if self._finisher is not None:
             self._finish()
         self._used = 0
