@@ -121,8 +121,8 @@ def test_a_weight_keeps_its_first_feed_of_the_step(backend):
 def _files(tmp_path: Path, monkeypatch, name: str, fast: bool, finished=None):
     """The statistics files of four steps of two tedebug blocks with LogTensorStats on every tensor (a NaN in the
     input at iteration 2), the stand-in backend writing the rows (with a `finished` list: its scratch launches, the
-    rows written at each step's read-back, the list getting how many each time); `fast` False: `feed` takes every call.  Also the number of calls `feed` and
-    `feed_slab_row` took."""
+    rows written at each step's read-back, the list getting how many each time); `fast` False: `feed` takes every
+    call.  Also the number of calls `feed` and `feed_slab_row` took."""
     counts = {"feed": 0, "slab": 0}
     real_feed, real_slab = StatsEngine.feed, StatsEngine.feed_slab_row
 
