@@ -35,7 +35,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -277,6 +277,16 @@ def training_setup(
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
     x = torch.randn(batch, seq, hidden, device=device, dtype=dtype)
     return model, x, optimizer
+
+
+def add_shape_arguments(
+    parser: Any, hidden: int, heads: int, batch: int, seq: int, layers: Optional[int] = None
+) -> None:
+    """The model-shape flags (``--hidden --heads --batch --seq``, and ``--layers`` when `layers` is given) of a tool
+    that times `training_setup`'s stack, with its defaults."""
+    shape = (("layers", layers),) if layers is not None else ()
+    for flag, default in shape + (("hidden", hidden), ("heads", heads), ("batch", batch), ("seq", seq)):
+        parser.add_argument(f"--{flag}", type=int, default=default)
 
 
 def train_step(model: torch.nn.Module, x: torch.Tensor, optimizer, recipe) -> None:

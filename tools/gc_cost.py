@@ -32,11 +32,7 @@ from tedebug import recipe as recipe_module
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--setting", default="fp8-both", choices=("hp", "hp-log", "fp8", "fp8-log", "fp8-both"))
-    p.add_argument("--layers", type=int, default=12)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--heads", type=int, default=2)
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--seq", type=int, default=128)
+    bench.add_shape_arguments(p, hidden=256, heads=2, batch=1, seq=128, layers=12)
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--device", default="cuda")
     p.add_argument("--cycles", action="store_true", help="count the cyclic garbage a step leaves instead")

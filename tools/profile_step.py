@@ -76,11 +76,7 @@ def config(setting: str):
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--setting", default="fp8-log", choices=("hp", "hp-log", "fp8", "fp8-log", "fp8-both"))
-    p.add_argument("--layers", type=int, default=12)
-    p.add_argument("--hidden", type=int, default=2048)
-    p.add_argument("--heads", type=int, default=16)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq", type=int, default=1024)
+    bench.add_shape_arguments(p, hidden=2048, heads=16, batch=8, seq=1024, layers=12)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--top", type=int, default=40)
     p.add_argument("--device", default="cuda")
