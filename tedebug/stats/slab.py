@@ -46,9 +46,8 @@ class ScratchAreas:
     def serve(self, slab: "RowSlab", backend: Any) -> None:
         """Make the areas `slab`'s, of `backend`'s size: the scratch rows another slab (or backend) left waiting are
         written first."""
-        user = self.user
-        if user is not None and user._finisher is not None:
-            user._finish()
+        if self.user is not None:
+            self.user._finish()
         self.user = slab
         if backend is not self.backend:
             size = backend.row_scratch_bytes(self.device)
@@ -121,8 +120,8 @@ class RowSlab:
         self._bases.append(chunk.data_ptr())
 
     def _finish(self) -> None:
-        """Have the backend of this step's scratch rows write them (one launch per chunk in use, on the current
-        stream)."""
+        """Have the backend of this step's scratch rows, if any wait, write them (one launch per chunk in use, on the
+        current stream)."""
         backend, self._finisher = self._finisher, None
         if backend is None:
             return
@@ -135,8 +134,7 @@ class RowSlab:
 
     def row(self, index: int) -> torch.Tensor:
         """Row `index` as a float64 view (for callers that need a tensor)."""
-        if self._finisher is not None:
-            self._finish()
+        self._finish()
         return self._chunks[index // CHUNK_ROWS][index % CHUNK_ROWS]
 
     def _in_use(self):
@@ -153,8 +151,7 @@ class RowSlab:
         """Enqueue the copy of every row handed out this step to pinned host memory on the current stream, without
         waiting (CUDA slabs; a CPU slab is read in place).  Record an event after it and wait on that event before
         `host_rows()`; take no more rows until `reset()`."""
-        if self._finisher is not None:
-            self._finish()
+        self._finish()
         if self.device.type != "cuda":
             return
         for index, count in self._in_use():
@@ -167,8 +164,7 @@ class RowSlab:
         """Every row handed out this step as one float64 CPU tensor ``[used, width]``: from the host mirrors after
         `start_host_copy` (whose event the caller waited on), else with one blocking device-to-host copy per chunk
         in use (a CPU slab: its own rows)."""
-        if self._finisher is not None:
-            self._finish()
+        self._finish()
         mirrored = self._copied == self._used and self._used > 0
         parts = [
             self._mirrors[index][:count] if mirrored else self._chunks[index][:count].cpu()
@@ -185,7 +181,6 @@ class RowSlab:
     def reset(self) -> None:
         """Make every row available again (call after `host_rows`).  Scratch rows never read are written first: a
         scratch still holding partials would otherwise be written over a later step's row at its index."""
-        if self._finisher is not None:
-            self._finish()
+        self._finish()
         self._used = 0
         self._copied = 0
