@@ -20,6 +20,10 @@ struct RowScratch {
     unsigned int pad;
 };
 
+// The host sizes workspaces and row scratches by these (tedebug.backends.cupy_runtime.ACC_BYTES, cupy_stats).
+static_assert(sizeof(Acc) == 88, "sizeof(Acc) changed: update cupy_runtime.ACC_BYTES");
+static_assert(sizeof(RowScratch) == 16, "sizeof(RowScratch) changed: update cupy_stats._SCRATCH_HEADER_BYTES");
+
 __device__ __forceinline__ Acc* scratch_partials(RowScratch* s) { return reinterpret_cast<Acc*>(s + 1); }
 
 __device__ __forceinline__ void acc_identity(Acc& a) {

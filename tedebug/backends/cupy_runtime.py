@@ -38,7 +38,9 @@ THREADS = 256
 BLOCKS_PER_SM = 4  # general kernels
 #: the most blocks per SM of any kernel that keeps per-block partials in the workspace (the workspace's rows)
 MAX_BLOCKS_PER_SM = 4
-_PARTIAL_ROW_BYTES = 128  # >= sizeof(Acc) = 88 and 4 doubles
+#: sizeof(Acc), one block partial of the statistics pass (kernels/stats_pass.cuh asserts it)
+ACC_BYTES = 88
+_PARTIAL_ROW_BYTES = 128  # >= ACC_BYTES and 4 doubles
 #: uint32 slots of the tickets; "amax": 4 (amax bits), 5 (ticket), 6-7 (64-bit non-zero count of ted_amax_count);
 #: "stats_group": 16-18 (one per tensor of a `ted_stats_group` launch); "fp8_current": 24 (amax bits), 25 (barrier
 #: ticket), 26 (barrier flag) of ``ted_fp8_current_cast16`` (25 and 26 also of ``ted_fp8_current_stats_cast16``,

@@ -24,6 +24,7 @@ import torch
 
 from tedebug.backends import torch_ref
 from tedebug.backends.cupy_runtime import (
+    ACC_BYTES,
     DTYPE_CODE,
     THREADS,
     TICKETS,
@@ -127,16 +128,14 @@ def _max_grid(index: int) -> int:
     return max(1, STATS_BLOCKS_PER_SM * sm_count(index))
 
 
-#: bytes of a row scratch's header (``RowScratch`` of kernels/stats_pass.cuh) and an upper bound of one block
-#: partial's (``sizeof(Acc)`` is 88)
+#: bytes of a row scratch's header, ``sizeof(RowScratch)`` (kernels/stats_pass.cuh asserts it)
 _SCRATCH_HEADER_BYTES = 16
-_PARTIAL_BYTES_MAX = 96
 
 
 def row_scratch_bytes(device: torch.device) -> int:
     """Bytes of one row scratch on `device` (`basic_stats_scratch_into`, `basic_stats_group_scratch_into`): the
     header and a block partial per block of the largest grid, a multiple of 256."""
-    raw = _SCRATCH_HEADER_BYTES + _max_grid(device_index(device)) * _PARTIAL_BYTES_MAX
+    raw = _SCRATCH_HEADER_BYTES + _max_grid(device_index(device)) * ACC_BYTES
     return -(-raw // 256) * 256
 
 
