@@ -36,7 +36,14 @@ from tedebug.backends.cupy_runtime import (
     workspace_on,
 )
 from tedebug.backends.fused_stats import fused_statistic, fused_vector  # noqa: F401 - fused_vector: engine API
-from tedebug.backends.launch import Kernel, launch_on, launch_signed, raw_stream
+from tedebug.backends.launch import (
+    Kernel,
+    compiled_launches,
+    compiled_target,
+    launch_on,
+    launch_signed,
+    raw_stream,
+)
 
 STATS_BLOCKS_PER_SM = 3  # ted_stats: __launch_bounds__(256, 3)
 #: the order of the kernel's basic partials (the same as the torch reference's rows)
@@ -187,8 +194,15 @@ def basic_stats_group_into(items: Sequence[Tuple[torch.Tensor, int]]) -> None:
 
 def basic_stats_group_scratch_into(items: Sequence[Tuple[torch.Tensor, int]]) -> None:
     """`basic_stats_group_into` leaving each tensor's block partials in its row scratch (`items`: (tensor, scratch
-    address) pairs) for `finish_rows` (``ted_stats_group_scratch``; its rows are those of ``ted_stats_group``)."""
-    _group_launch_of(items, True)
+    address) pairs) for `finish_rows` (``ted_stats_group_scratch``; its rows are those of ``ted_stats_group``).
+
+    The usual call, a GEMM call's tensors, is launched by compiled code where `compiled_launches` gives it (the
+    same launch, without the Python per tensor: ``kernels/host_launch.c``); a call it does not take, or the first
+    of a device and dtype, takes the Python path, which leaves the constants the compiled launch needs in
+    `_COMPILED_GROUPS`."""
+    compiled = compiled_launches()
+    if compiled is None or compiled.stats_group_scratch(_COMPILED_GROUPS, items):
+        _group_launch_of(items, True)
 
 
 def _group_launch_of(items: Sequence[Tuple[torch.Tensor, int]], scratch: bool) -> None:
@@ -226,6 +240,8 @@ def _group_launch_of(items: Sequence[Tuple[torch.Tensor, int]], scratch: bool) -
     stream = raw_stream(index)
     if scratch:
         launch_signed(scratch_kernel, index, stream, blocks, THREADS, _GROUP_SCRATCH_SIGNATURE, values)
+        if (index, dtype) not in _COMPILED_GROUPS:
+            _note_compiled_group(index, dtype, scratch_kernel, vec, max_grid)
         return
     partials, tickets = workspace_on(index, stream)
     values += (partials, tickets + _GROUP_TICKET_OFFSET)
@@ -269,6 +285,23 @@ def _group_launch(x: torch.Tensor, index: int) -> Tuple[Kernel, int, int, Kernel
     scratch_kernel = get_kernel("stats.cu", "ted_stats_group_scratch", options)
     constants = _GROUP_LAUNCH[(index, x.dtype)] = (kernel, vec, max_grid, scratch_kernel)
     return constants
+
+
+#: (device index, dtype) -> the constants of the compiled ``ted_stats_group_scratch`` launch there (the extension's
+#: table: ``(cuLaunchKernel's address, the CUfunction, THREADS, elements per 16-byte load, the largest grid, torch's
+#: current device, torch's current raw stream of a device index)``), filled by the Python path's first launch
+_COMPILED_GROUPS: Dict[Tuple[int, torch.dtype], Tuple[Any, ...]] = {}
+
+
+def _note_compiled_group(index: int, dtype: torch.dtype, kernel: Kernel, vec: int, max_grid: int) -> None:
+    """Leave the compiled launch's constants for `index` and `dtype` where it will find them (nothing where the
+    compiled launches are off or torch lacks what they need: the Python path then takes every launch)."""
+    if compiled_launches() is None:
+        return
+    target = compiled_target(kernel, index)
+    if target is not None:
+        address, function, current_device, stream_of = target
+        _COMPILED_GROUPS[(index, dtype)] = (address, function, THREADS, vec, max_grid, current_device, stream_of)
 
 
 def basic_stats_and_amax_into(x: torch.Tensor, out_ptr: int, amax_args: Tuple[Any, ...], nz_ptr: int = 0) -> None:

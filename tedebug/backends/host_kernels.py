@@ -33,7 +33,7 @@ import tempfile
 import threading
 import warnings
 from pathlib import Path
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple, TypeVar
 
 from tedebug.backends.cupy_runtime import kernel_dir
 from tedebug.backends.environ import environ_reader
@@ -41,6 +41,7 @@ from tedebug.backends.environ import environ_reader
 ENV_VAR = "TEDEBUG_HOST_KERNELS"
 _MODES = ("auto", "c", "numpy")
 SOURCE_NAME = "host_fp8.c"
+T = TypeVar("T")
 #: no contraction into fused multiply-adds and no fast-math: every product is one IEEE fp32 multiplication;
 #: -fno-trapping-math lets the loops vectorize (selects may evaluate both sides) without changing a value; no -march
 #: (the cache directory may be shared by machines of different CPUs)
@@ -175,8 +176,14 @@ def _build_once(mode: str) -> Tuple[Optional[HostFp8], str]:
 
 
 def _build_and_load() -> Tuple[Optional[HostFp8], str]:
-    """The loaded helpers and "", or None and why: built in `cache_dir()`, else (that folder cannot be written or
-    its library cannot be loaded) in a private folder under the temporary directory (`fallback_dir`)."""
+    """The loaded helpers and "", or None and why (`build_and_load`)."""
+    return build_and_load(lambda path: HostFp8(ctypes.CDLL(str(path)), path))
+
+
+def build_and_load(load: Callable[[Path], T], **build_options: Any) -> Tuple[Optional[T], str]:
+    """``load(path)`` of the library `build` makes (with `build_options`) and "", or None and why: built in
+    `cache_dir()`, else (that folder cannot be written or its library cannot be loaded) in a private folder under
+    the temporary directory (`fallback_dir`)."""
     if compiler() is None:
         return None, "no C compiler ($CC, cc, gcc or clang) on PATH"
     reasons = []
@@ -184,11 +191,10 @@ def _build_and_load() -> Tuple[Optional[HostFp8], str]:
         try:
             if private:
                 _make_private(directory)
-            path = build(directory)
-            return HostFp8(ctypes.CDLL(str(path)), path), ""
+            return load(build(directory, **build_options)), ""
         except (HostKernelError, subprocess.SubprocessError) as exc:  # the compiler itself: another folder won't help
             return None, str(exc)
-        except (OSError, AttributeError) as exc:  # the folder, or loading the library from it
+        except (OSError, AttributeError, ImportError) as exc:  # the folder, or loading the library from it
             reasons.append(f"{directory}: {type(exc).__name__}: {exc}")
     return None, "; ".join(reasons)
 
@@ -231,26 +237,37 @@ def compiler() -> Optional[str]:
     return None
 
 
-def build(directory: Path) -> Path:
-    """The shared library of ``kernels/host_fp8.c`` in `directory`, compiled there unless a library of the same
-    source, compiler and flags already is; raises `HostKernelError` naming the compiler's complaint."""
+def build(
+    directory: Path,
+    source_name: str = SOURCE_NAME,
+    flags: Tuple[str, ...] = FLAGS,
+    libraries: Tuple[str, ...] = ("-lm",),
+    digest_extra: str = "",
+) -> Path:
+    """The shared library of ``kernels/<source_name>`` (``host_fp8.c`` unless told) in `directory`, compiled with
+    `flags` and linked with `libraries` there unless a library of the same source, compiler, flags and
+    `digest_extra` (what else the build depends on: the Python headers of an extension module) already is; raises
+    `HostKernelError` naming the compiler's complaint."""
     cc = compiler()
     if cc is None:
         raise HostKernelError("no C compiler ($CC, cc, gcc or clang) on PATH")
-    path = kernel_dir() / SOURCE_NAME
+    path = kernel_dir() / source_name
     source = path.read_bytes()
     digest = hashlib.sha256()
-    for part in (source, cc.encode(), " ".join(FLAGS).encode(), platform.machine().encode()):
+    for part in (source, cc.encode(), " ".join(flags + libraries).encode(), platform.machine().encode()):
         digest.update(part)
         digest.update(b"\0")
-    target = directory / f"host_fp8-{digest.hexdigest()[:20]}.so"
+    if digest_extra:
+        digest.update(digest_extra.encode())
+    stem = Path(source_name).stem
+    target = directory / f"{stem}-{digest.hexdigest()[:20]}.so"
     if target.exists():
         return target
     directory.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=".host_fp8-", suffix=".so", dir=directory)
+    handle, temporary = tempfile.mkstemp(prefix=f".{stem}-", suffix=".so", dir=directory)
     os.close(handle)
     try:
-        command = [cc, *FLAGS, "-o", temporary, str(path), "-lm"]
+        command = [cc, *flags, "-o", temporary, str(path), *libraries]
         done = subprocess.run(command, capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             complaint = done.stderr.strip()
@@ -276,6 +293,7 @@ __all__ = [
     "HostFp8",
     "HostKernelError",
     "build",
+    "build_and_load",
     "cache_dir",
     "compiler",
     "fallback_dir",

@@ -15,7 +15,10 @@ Two ways to launch, chosen once per process:
   costs a few microseconds, several times less than CuPy's own argument packing, which matters when every logged
   tensor launches a kernel (a training step logs hundreds).  The call holds the GIL (``ctypes.PyDLL``), so launches from
   the autograd thread and the main thread never interleave.  A non-zero ``CUresult`` raises `KernelLaunchError`
-  naming the kernel, the grid and the driver's error name.
+  naming the kernel, the grid and the driver's error name.  In this mode the statistics group launch, every GEMM
+  call's, goes further: `compiled_launches` gives the extension of ``kernels/host_launch.c``
+  (`tedebug.backends.host_launch`), which makes the same ``cuLaunchKernel`` call from C with no Python per tensor;
+  ``TEDEBUG_LAUNCH=ctypes`` keeps every launch on the ctypes path.
 - ``cupy``: CuPy's ``RawKernel.__call__`` on a CuPy stream made from torch's stream (``Stream.from_external`` with
   an object implementing the CUDA stream protocol; ``ExternalStream`` on CuPy versions without it), one cached
   stream object per torch stream.  Used where libcuda cannot be loaded, or when ``TEDEBUG_LAUNCH=cupy`` asks for it.
@@ -31,7 +34,7 @@ import ctypes
 import functools
 import struct
 import threading
-from typing import Any, Dict, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -39,7 +42,7 @@ import torch
 from tedebug.backends.environ import environ_reader
 
 ENV_VAR = "TEDEBUG_LAUNCH"
-_MODES = ("driver", "cupy")
+_MODES = ("driver", "cupy", "ctypes")
 
 #: the `struct` format of one argument's 8-byte parameter slot, by the argument's Python type (little-endian;
 #: a 4-byte value fills the low half of its slot, which is where the driver reads it)
@@ -178,7 +181,8 @@ _mode_of: Tuple[Any, str] = (object(), "")
 
 
 def launch_mode() -> str:
-    """``"driver"`` or ``"cupy"``: ``$TEDEBUG_LAUNCH`` when set, else driver when libcuda loads."""
+    """``"driver"`` or ``"cupy"``: ``$TEDEBUG_LAUNCH`` when set (``ctypes`` is the driver mode without the compiled
+    launches, `compiled_launches`), else driver when libcuda loads."""
     global _mode_of
     raw = _read_env()
     if raw is _mode_of[0]:
@@ -187,13 +191,48 @@ def launch_mode() -> str:
     if requested:
         if requested not in _MODES:
             raise ValueError(f"environment variable {ENV_VAR}={requested!r}: expected one of {_MODES}")
-        if requested == "driver" and _driver() is None:
-            raise RuntimeError(f"{ENV_VAR}=driver was requested but libcuda could not be loaded through ctypes")
-        mode = requested
+        if requested != "cupy" and _driver() is None:
+            raise RuntimeError(f"{ENV_VAR}={requested} was requested but libcuda could not be loaded through ctypes")
+        mode = "cupy" if requested == "cupy" else "driver"
     else:
         mode = "driver" if _driver() is not None else "cupy"
     _mode_of = (raw, mode)
     return mode
+
+
+#: (the raw value of $TEDEBUG_LAUNCH, what `compiled_launches` answers for it)
+_compiled_of: Tuple[Any, Any] = (object(), None)
+
+
+def compiled_launches() -> Any:
+    """The compiled launches (`tedebug.backends.host_launch`'s module) where launches may use them: in the driver
+    mode unless ``$TEDEBUG_LAUNCH`` is ``ctypes``, and where the extension builds (at the first call of the
+    process); None otherwise, and the launches then take the ctypes (or CuPy) path.  Asked at every statistics
+    group launch, so it costs one read of the variable."""
+    global _compiled_of
+    raw = _read_env()
+    if raw is _compiled_of[0]:
+        return _compiled_of[1]
+    compiled = None
+    if launch_mode() == "driver" and (raw or "").strip().lower() != "ctypes":
+        from tedebug.backends import host_launch  # (builds with the C compiler: only where a launch needs it)
+
+        compiled = host_launch.load()
+    _compiled_of = (raw, compiled)
+    return compiled
+
+
+def compiled_target(kernel: "Kernel", index: int) -> Optional[Tuple[int, int, Callable[[], int], Callable]]:
+    """What a compiled launch of `kernel` on device `index` needs besides its arguments: (the address of
+    ``cuLaunchKernel``, the CUfunction, a callable giving torch's current device, a callable giving torch's current
+    raw stream of a device index); None where torch lacks the private calls that give those cheaply."""
+    driver = _driver()
+    if driver is None or _RAW_STREAM is None or _current_device is torch.cuda.current_device:
+        return None
+    address = ctypes.cast(driver[0], ctypes.c_void_p).value
+    if not address:
+        return None
+    return address, kernel.handle(index), _current_device, _RAW_STREAM
 
 
 class _ArgBlock:

@@ -96,12 +96,13 @@ def test_launch_mode_from_the_environment(monkeypatch):
     monkeypatch.setenv(launch.ENV_VAR, "cupy")
     assert launch.launch_mode() == "cupy"
     monkeypatch.setenv(launch.ENV_VAR, "fast")
-    with pytest.raises(ValueError, match=r"TEDEBUG_LAUNCH='fast': expected one of \('driver', 'cupy'\)"):
+    with pytest.raises(ValueError, match=r"TEDEBUG_LAUNCH='fast': expected one of \('driver', 'cupy', 'ctypes'\)"):
         launch.launch_mode()
     monkeypatch.setattr(launch, "_driver", lambda: None)
-    monkeypatch.setenv(launch.ENV_VAR, "driver")
-    with pytest.raises(RuntimeError, match="libcuda could not be loaded"):
-        launch.launch_mode()
+    for driver_mode in ("driver", "ctypes"):
+        monkeypatch.setenv(launch.ENV_VAR, driver_mode)
+        with pytest.raises(RuntimeError, match=f"{driver_mode} was requested but libcuda could not be loaded"):
+            launch.launch_mode()
     monkeypatch.delenv(launch.ENV_VAR)
     assert launch.launch_mode() == "cupy"
 

@@ -1,0 +1,250 @@
+/* The statistics group launch in compiled code: a CPython extension module, ``tedebug_host_launch``.
+
+   What it does.  `stats_group_scratch(table, items)` is `cupy_stats.basic_stats_group_scratch_into` for its usual
+   call: two or three (tensor, scratch address) pairs of one dtype on one device, each contiguous, 16-byte aligned
+   and non-empty.  It reads each tensor's pointer and numel, works out the blocks each tensor gets, packs the
+   arguments of ``ted_stats_group_scratch`` and calls ``cuLaunchKernel`` on torch's current stream: the launch the
+   Python path makes, with the same grid, block, stream and parameter bytes.
+
+   Why.  On a step bound by the host every logged GPU tensor pays this launch's Python: about five torch method
+   calls per tensor, the blocks, the packing of twelve arguments, the ctypes call's conversions.  Inside a training
+   step that Python costs several times what it costs in a loop (docs/performance.md, sections 4 and 22).  Here it
+   is a few hundred instructions and the same torch calls made from C.
+
+   Exactness.  The launch must be the Python path's bit for bit, so that a row is the same row:
+   - the blocks follow `cupy_stats.group_grids`: a tensor of n elements of `vec` per 16-byte load has the lone grid
+     min(max_grid, ceil(max(n / vec, 1) / threads)) (integer division first); when the lone grids of the group sum to
+     at most max_grid each keeps its own, else each gets max(1, min(lone, max_grid * n / total)) (integer division,
+     total the group's elements).  A total or a product max_grid * n that would not fit in 64 bits sends the call
+     back to Python (whose integers do not overflow) rather than wrap;
+   - the parameter block is `launch._ArgBlock`'s for ``_GROUP_SCRATCH_SIGNATURE``: one 8-byte little-endian slot per
+     argument, (data pointer, numel, blocks, scratch address) per tensor, zeros for an absent third tensor; the
+     blocks, a 32-bit value, fill the low half of their slot and the high half is zero.
+
+   Contract with the caller.  `table` maps (device index, dtype) to the launch's constants, which the Python path
+   fills at its first launch of that device and dtype: (cuLaunchKernel's address, the CUfunction, threads per
+   block, elements per 16-byte load, the largest grid, a callable giving torch's current device, a callable giving
+   the raw stream of a device index).  The answer is 0 when the kernel was launched.  Anything else launched
+   nothing and the caller takes the Python path, which handles every case: -1 for a call this code does not take
+   (one tensor or more than three, another dtype or device, an empty, strided or misaligned tensor, a device that is
+   not the current one, no table entry yet, an exception raised by a torch call, which is cleared), or the driver's
+   non-zero CUresult (the Python path launches again, binding the thread's context where that was missing, and
+   names the error otherwise).  The GIL is held throughout, as the ctypes path holds it (``ctypes.PyDLL``).
+*/
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef int (*launch_kernel_fn)(void *function, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,
+                                unsigned block_y, unsigned block_z, unsigned shared_mem, void *stream, void **params,
+                                void **extra);
+
+#define GROUP_MAX 3
+#define SLOTS_PER_TENSOR 4
+#define SLOTS (GROUP_MAX * SLOTS_PER_TENSOR)
+#define NOT_TAKEN (-1)
+
+static PyObject *name_dtype, *name_get_device, *name_numel, *name_data_ptr, *name_is_contiguous;
+
+/* The integer a torch method call returns, or -1 with *ok cleared (an exception, or not an int). */
+static long long call_int(PyObject *tensor, PyObject *name, int *ok) {
+    PyObject *value = PyObject_CallMethodNoArgs(tensor, name);
+    if (value == NULL) {
+        *ok = 0;
+        return -1;
+    }
+    long long result = PyLong_AsLongLong(value);
+    Py_DECREF(value);
+    if (result == -1 && PyErr_Occurred()) *ok = 0;
+    return result;
+}
+
+/* The lone grid of `numel` elements (`cupy_stats._lone_grid`). */
+static long long lone_grid(long long numel, long long vec, long long threads, long long max_grid) {
+    long long loads = numel / vec;
+    if (loads < 1) loads = 1;
+    long long grid = (loads + threads - 1) / threads;
+    return grid < max_grid ? grid : max_grid;
+}
+
+/* The blocks of each of `count` tensors (`cupy_stats.group_grids`); 0 when the total or a product would not fit
+   in 64 bits. */
+static int group_grids(const long long *numels, int count, long long vec, long long threads, long long max_grid,
+                       long long *grids) {
+    long long lone_sum = 0, total = 0;
+    for (int i = 0; i < count; i++) {
+        grids[i] = lone_grid(numels[i], vec, threads, max_grid);
+        lone_sum += grids[i];
+        if (numels[i] > INT64_MAX - total) return 0;
+        total += numels[i];
+    }
+    if (lone_sum <= max_grid) return 1;
+    for (int i = 0; i < count; i++) {
+        if (max_grid > 0 && numels[i] > INT64_MAX / max_grid) return 0;
+        long long share = max_grid * numels[i] / total;
+        if (share > grids[i]) share = grids[i];
+        grids[i] = share < 1 ? 1 : share;
+    }
+    return 1;
+}
+
+static PyObject *not_taken(void) {
+    PyErr_Clear();
+    return PyLong_FromLong(NOT_TAKEN);
+}
+
+static PyObject *stats_group_scratch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2 || !PyDict_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "stats_group_scratch(table: dict, items: sequence of (tensor, address))");
+        return NULL;
+    }
+    PyObject *items = PySequence_Fast(args[1], "stats_group_scratch: items must be a sequence");
+    if (items == NULL) return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(items);
+    PyObject **entries = PySequence_Fast_ITEMS(items);
+    PyObject *result = NULL;
+    PyObject *dtype = NULL;
+    PyObject *key = NULL;
+    uint64_t slots[SLOTS];
+    memset(slots, 0, sizeof(slots));
+    long long numels[GROUP_MAX], grids[GROUP_MAX];
+    long long index = -1;
+    int ok = 1;
+
+    if (count < 2 || count > GROUP_MAX) goto fallback;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *entry = entries[i];
+        if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 2) goto fallback;
+        PyObject *tensor = PyTuple_GET_ITEM(entry, 0);
+        PyObject *its_dtype = PyObject_GetAttr(tensor, name_dtype);
+        if (its_dtype == NULL) goto fallback;
+        if (dtype == NULL) {
+            dtype = its_dtype;
+        } else {
+            int same = its_dtype == dtype;
+            Py_DECREF(its_dtype);
+            if (!same) goto fallback;
+        }
+        long long device = call_int(tensor, name_get_device, &ok);
+        long long numel = call_int(tensor, name_numel, &ok);
+        unsigned long long pointer = (unsigned long long)call_int(tensor, name_data_ptr, &ok);
+        PyObject *contiguous = ok ? PyObject_CallMethodNoArgs(tensor, name_is_contiguous) : NULL;
+        if (contiguous == NULL) goto fallback;
+        int is_contiguous = contiguous == Py_True;
+        Py_DECREF(contiguous);
+        if (!ok || !is_contiguous || numel <= 0 || pointer % 16) goto fallback;
+        if (i == 0) {
+            index = device;
+        } else if (device != index) {
+            goto fallback;
+        }
+        unsigned long long address = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(entry, 1));
+        if (address == (unsigned long long)-1 && PyErr_Occurred()) goto fallback;
+        numels[i] = numel;
+        slots[SLOTS_PER_TENSOR * i] = pointer;
+        slots[SLOTS_PER_TENSOR * i + 1] = (uint64_t)numel;
+        slots[SLOTS_PER_TENSOR * i + 3] = address;
+    }
+
+    key = Py_BuildValue("(LO)", index, dtype);
+    if (key == NULL) goto fallback;
+    PyObject *constants = PyDict_GetItemWithError(args[0], key); /* borrowed */
+    if (constants == NULL || !PyTuple_Check(constants) || PyTuple_GET_SIZE(constants) != 7) goto fallback;
+    unsigned long long launch_address = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(constants, 0));
+    unsigned long long function = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(constants, 1));
+    long long threads = PyLong_AsLongLong(PyTuple_GET_ITEM(constants, 2));
+    long long vec = PyLong_AsLongLong(PyTuple_GET_ITEM(constants, 3));
+    long long max_grid = PyLong_AsLongLong(PyTuple_GET_ITEM(constants, 4));
+    if (PyErr_Occurred() || launch_address == 0 || threads <= 0 || vec <= 0 || max_grid <= 0) goto fallback;
+
+    PyObject *current = PyObject_CallNoArgs(PyTuple_GET_ITEM(constants, 5));
+    if (current == NULL) goto fallback;
+    long long current_index = PyLong_AsLongLong(current);
+    Py_DECREF(current);
+    if (current_index != index) goto fallback; /* (the Python path switches the device around the launch) */
+    PyObject *stream_object = PyObject_CallOneArg(PyTuple_GET_ITEM(constants, 6), PyTuple_GET_ITEM(key, 0));
+    if (stream_object == NULL) goto fallback;
+    unsigned long long stream = PyLong_AsUnsignedLongLong(stream_object);
+    Py_DECREF(stream_object);
+    if (stream == (unsigned long long)-1 && PyErr_Occurred()) goto fallback;
+
+    if (!group_grids(numels, (int)count, vec, threads, max_grid, grids)) goto fallback;
+    long long blocks = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        slots[SLOTS_PER_TENSOR * i + 2] = (uint64_t)(uint32_t)grids[i];
+        blocks += grids[i];
+    }
+    void *params[SLOTS];
+    for (int s = 0; s < SLOTS; s++) params[s] = &slots[s];
+    launch_kernel_fn launch = (launch_kernel_fn)(uintptr_t)launch_address;
+    int code = launch((void *)(uintptr_t)function, (unsigned)blocks, 1, 1, (unsigned)threads, 1, 1, 0,
+                      (void *)(uintptr_t)stream, params, NULL);
+    result = PyLong_FromLong(code);
+    goto done;
+
+fallback:
+    result = not_taken();
+done:
+    Py_XDECREF(key);
+    Py_XDECREF(dtype);
+    Py_DECREF(items);
+    return result;
+}
+
+/* `cupy_stats.group_grids` itself, for the tests that hold the two equal: a tuple of blocks, or None where a
+   product would overflow (the launch then takes the Python path). */
+static PyObject *grids_of(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *numel_list;
+    long long vec, threads, max_grid;
+    if (!PyArg_ParseTuple(args, "OLLL", &numel_list, &vec, &threads, &max_grid)) return NULL;
+    PyObject *numel_seq = PySequence_Fast(numel_list, "grids_of: numels must be a sequence");
+    if (numel_seq == NULL) return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(numel_seq);
+    if (count < 1 || count > GROUP_MAX || vec <= 0 || threads <= 0 || max_grid <= 0) {
+        Py_DECREF(numel_seq);
+        PyErr_SetString(PyExc_ValueError, "grids_of: 1 to 3 numels and positive vec, threads and max_grid");
+        return NULL;
+    }
+    long long numels[GROUP_MAX], grids[GROUP_MAX];
+    for (Py_ssize_t i = 0; i < count; i++) {
+        numels[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(numel_seq, i));
+        if (numels[i] == -1 && PyErr_Occurred()) {
+            Py_DECREF(numel_seq);
+            return NULL;
+        }
+    }
+    Py_DECREF(numel_seq);
+    if (!group_grids(numels, (int)count, vec, threads, max_grid, grids)) Py_RETURN_NONE;
+    PyObject *out = PyTuple_New(count);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < count; i++) PyTuple_SET_ITEM(out, i, PyLong_FromLongLong(grids[i]));
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"stats_group_scratch", (PyCFunction)(void (*)(void))stats_group_scratch, METH_FASTCALL,
+     "Launch ted_stats_group_scratch for 2-3 (tensor, scratch address) pairs; 0 when launched (see the source)."},
+    {"grids_of", grids_of, METH_VARARGS, "cupy_stats.group_grids in C: (numels, vec, threads, max_grid)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "tedebug_host_launch",
+    .m_doc = "The statistics group launch of tedebug in compiled code (kernels/host_launch.c).",
+    .m_size = -1,
+    .m_methods = methods,
+};
+
+PyMODINIT_FUNC PyInit_tedebug_host_launch(void) {
+    name_dtype = PyUnicode_InternFromString("dtype");
+    name_get_device = PyUnicode_InternFromString("get_device");
+    name_numel = PyUnicode_InternFromString("numel");
+    name_data_ptr = PyUnicode_InternFromString("data_ptr");
+    name_is_contiguous = PyUnicode_InternFromString("is_contiguous");
+    if (!name_dtype || !name_get_device || !name_numel || !name_data_ptr || !name_is_contiguous) return NULL;
+    return PyModule_Create(&module);
+}

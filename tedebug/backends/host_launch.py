@@ -1,0 +1,108 @@
+"""The statistics group launch from compiled code: ``kernels/host_launch.c`` built into a CPython extension module.
+
+Why: on a step bound by the host, every logged GPU tensor pays the Python of its statistics launch (five torch
+method calls, the blocks, the packing of the arguments, the ctypes call), and inside a training step that Python
+costs several times what it costs in a loop.  The extension makes the usual launch, `cupy_stats`'
+``ted_stats_group_scratch`` of a GEMM call's two or three tensors, in one call with the same bytes (the source's
+header says how, and when it hands a call back to the Python path).
+
+How: built the first time a process launches a statistics group, as the CPU FP8 cast is
+(`tedebug.backends.host_kernels`: the system C compiler, the same cache folders and digest-named files, a private
+fallback folder), against the running interpreter's headers, and loaded as the module ``tedebug_host_launch``.
+`load` returns it, or None where it cannot be built; then every launch takes the ctypes path, which gives the same
+launch.  ``TEDEBUG_LAUNCH=ctypes`` chooses that path on purpose (`tedebug.backends.launch.compiled_launches`).
+A machine without a compiler or without the interpreter's headers (``Python.h``) is not warned about; a compiler
+that fails is, once.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import sys
+import sysconfig
+import threading
+import warnings
+from pathlib import Path
+from types import ModuleType
+from typing import Optional, Tuple
+
+from tedebug.backends import host_kernels
+
+SOURCE_NAME = "host_launch.c"
+MODULE_NAME = "tedebug_host_launch"
+#: no -march: the cache folder may be shared by machines of different CPUs
+FLAGS = ("-O2", "-std=c99", "-fPIC", "-shared")
+
+_LOCK = threading.Lock()
+#: the outcome of the one build: (the module or None, why it is None)
+_BUILT: Optional[Tuple[Optional[ModuleType], str]] = None
+
+
+def python_include() -> Optional[Path]:
+    """The folder of the running interpreter's ``Python.h``, or None when it is not installed."""
+    include = sysconfig.get_paths().get("include")
+    if not include or not (Path(include) / "Python.h").is_file():
+        return None
+    return Path(include)
+
+
+def load() -> Optional[ModuleType]:
+    """The compiled launches (built at the first call of the process), or None where they cannot be built."""
+    built = _BUILT if _BUILT is not None else _build_once()
+    return built[0]
+
+
+def unavailable_reason() -> str:
+    """Why `load` gives None ("" when it gives the module, or was not called yet)."""
+    return _BUILT[1] if _BUILT is not None else ""
+
+
+def _build_once() -> Tuple[Optional[ModuleType], str]:
+    global _BUILT
+    with _LOCK:
+        if _BUILT is None:
+            _BUILT = _build_and_load()
+            if _BUILT[0] is None and host_kernels.compiler() is not None and python_include() is not None:
+                warnings.warn(
+                    f"tedebug: the compiled statistics launch ({SOURCE_NAME}) could not be built ({_BUILT[1]}); "
+                    "statistics launches take the ctypes path instead (the same launches, more host time). "
+                    "TEDEBUG_LAUNCH=ctypes chooses that and silences this warning.",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+        return _BUILT
+
+
+def _build_and_load() -> Tuple[Optional[ModuleType], str]:
+    include = python_include()
+    if include is None:
+        return None, "the interpreter's headers (Python.h) are not installed"
+    flags = FLAGS + (f"-I{include}",)
+    if sys.platform == "darwin":
+        flags += ("-undefined", "dynamic_lookup")
+    # an extension module is built for one interpreter: its version and ABI are part of the file's digest
+    interpreter = f"{sys.implementation.cache_tag} {sys.version} {sysconfig.get_config_var('SOABI')}"
+    return host_kernels.build_and_load(
+        _load_module, source_name=SOURCE_NAME, flags=flags, libraries=(), digest_extra=interpreter
+    )
+
+
+def _load_module(path: Path) -> ModuleType:
+    loader = importlib.machinery.ExtensionFileLoader(MODULE_NAME, str(path))
+    spec = importlib.util.spec_from_file_location(MODULE_NAME, str(path), loader=loader)
+    if spec is None:
+        raise ImportError(f"cannot load {path} as {MODULE_NAME}")
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def _reset_for_tests() -> None:
+    """Forget the build (tests that point the cache or the compiler elsewhere)."""
+    global _BUILT
+    with _LOCK:
+        _BUILT = None
+
+
+__all__ = ["MODULE_NAME", "SOURCE_NAME", "load", "python_include", "unavailable_reason"]
