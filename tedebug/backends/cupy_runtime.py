@@ -40,7 +40,9 @@ BLOCKS_PER_SM = 4  # general kernels
 MAX_BLOCKS_PER_SM = 4
 #: sizeof(Acc), one block partial of the statistics pass (kernels/stats_pass.cuh asserts it)
 ACC_BYTES = 88
-_PARTIAL_ROW_BYTES = 128  # >= ACC_BYTES and 4 doubles
+#: the workspace's bytes per block partial: room for the statistics pass's `Acc` and for the 4 doubles of the other
+#: kernels' partials
+_PARTIAL_ROW_BYTES = max(128, ACC_BYTES, 4 * 8)
 #: uint32 slots of the tickets; "amax": 4 (amax bits), 5 (ticket), 6-7 (64-bit non-zero count of ted_amax_count);
 #: "stats_group": 16-18 (one per tensor of a `ted_stats_group` launch); "fp8_current": 24 (amax bits), 25 (barrier
 #: ticket), 26 (barrier flag) of ``ted_fp8_current_cast16`` (25 and 26 also of ``ted_fp8_current_stats_cast16``,
@@ -215,14 +217,19 @@ _OPTIONS: Dict[Tuple[torch.dtype, Optional[str]], Tuple[str, ...]] = {}  # (dtyp
 
 def dtype_options(x: torch.Tensor, fp8_format: Optional[str] = None) -> Tuple[str, ...]:
     """The NVRTC options compiling a kernel source for `x`'s dtype (and an FP8 format): ``-DTED_DTYPE=...``."""
-    opts = _OPTIONS.get((x.dtype, fp8_format))
+    return dtype_options_of(x.dtype, fp8_format)
+
+
+def dtype_options_of(dtype: torch.dtype, fp8_format: Optional[str] = None) -> Tuple[str, ...]:
+    """`dtype_options` of a dtype (a kernel whose work does not depend on the input dtype takes one build)."""
+    opts = _OPTIONS.get((dtype, fp8_format))
     if opts is None:
-        if x.dtype not in DTYPE_CODE:
-            raise TypeError(f"tedebug kernels: expected a float32/bfloat16/float16 tensor, got {x.dtype}")
-        opts = (f"-DTED_DTYPE={DTYPE_CODE[x.dtype]}",)
+        if dtype not in DTYPE_CODE:
+            raise TypeError(f"tedebug kernels: expected a float32/bfloat16/float16 tensor, got {dtype}")
+        opts = (f"-DTED_DTYPE={DTYPE_CODE[dtype]}",)
         if fp8_format is not None:
             opts += (f"-DTED_FP8={FP8_CODE[fp8_format]}",)
-        _OPTIONS[(x.dtype, fp8_format)] = opts
+        _OPTIONS[(dtype, fp8_format)] = opts
     return opts
 
 

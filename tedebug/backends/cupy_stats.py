@@ -30,6 +30,7 @@ from tedebug.backends.cupy_runtime import (
     TICKETS,
     device_index,
     dtype_options,
+    dtype_options_of,
     get_kernel,
     prepare_input,
     sm_count,
@@ -154,13 +155,13 @@ def finish_rows(device: torch.device, scratch_ptr: int, scratch_bytes: int, rows
     if count <= 0:
         return
     index = device_index(device)
-    kernel = get_kernel("stats.cu", "ted_stats_finish_rows", dtype_options(_FINISH_DTYPE_PROBE))
+    kernel = get_kernel("stats.cu", "ted_stats_finish_rows", dtype_options_of(_FINISH_DTYPE))
     args = (scratch_ptr, np.int64(scratch_bytes), rows_ptr, np.int32(width))
     launch_on(kernel, index, raw_stream(index), count, THREADS, args)
 
 
 #: the finishing kernel does not depend on the input dtype; it is taken from the bf16 build of stats.cu
-_FINISH_DTYPE_PROBE = torch.empty(0, dtype=torch.bfloat16)
+_FINISH_DTYPE = torch.bfloat16
 
 
 #: the most tensors one `basic_stats_group_into` launch reduces (the arguments of ``ted_stats_group``)
