@@ -1,6 +1,10 @@
-/* The statistics group launch in compiled code: a CPython extension module, ``tedebug_host_launch``.
+/* tedebug's kernel launches in compiled code: a CPython extension module, ``tedebug_host_launch``.
 
-   What it does.  `stats_group_scratch(table, items)` is `cupy_stats.basic_stats_group_scratch_into` for its usual
+   Two entry points.  `launch(...)` (below, "any launch") makes every launch of `tedebug.backends.launch` in the
+   driver mode: the parameter block the ctypes path packs, and the same driver call.  `stats_group_scratch` goes
+   further for the one launch every GEMM call's logged tensors make.
+
+   What `stats_group_scratch(table, items)` does.  It is `cupy_stats.basic_stats_group_scratch_into` for its usual
    call: two or three (tensor, scratch address) pairs of one dtype on one device, each contiguous, 16-byte aligned
    and non-empty.  It reads each tensor's pointer and numel, works out the blocks each tensor gets, packs the
    arguments of ``ted_stats_group_scratch`` and calls ``cuLaunchKernel`` on torch's current stream: the launch the
@@ -34,6 +38,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <math.h>
 #include <string.h>
 
 typedef int (*launch_kernel_fn)(void *function, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,
@@ -193,6 +198,160 @@ done:
     return result;
 }
 
+/* ------------------------------------------------------------------------------------------------ any launch
+   `launch(function, index, grid, block, shared_mem, stream, args, signature)` is `launch.launch_on` (signature None:
+   each argument's own type says its C type) and `launch.launch_signed` (signature: a type per argument, the values
+   plain numbers), and `launch.launch_cooperative_on` with `cooperative` true: the parameter block `_ArgBlock`
+   packs, then the driver's call.  The types are those `configure` was given, matched exactly (as `_SLOT_FORMAT` is
+   looked up by type): a pointer (int, 8 bytes), int64, uint64, int32, uint32, float32, float64; a 4-byte value fills
+   the low half of its slot and the high half is zero.  A float32 is the double rounded to float, as `struct` packs
+   it.  An argument of another type, an integer out of its type's range, a finite double past float32's range
+   (`struct` raises there), more than MAX_ARGS arguments, a device that is not current, or a cooperative launch
+   with no cooperative entry point answer -1 and launch nothing: the Python path then makes the launch or raises
+   its error. */
+#define MAX_ARGS 64
+enum { KIND_POINTER, KIND_INT64, KIND_UINT64, KIND_INT32, KIND_UINT32, KIND_FLOAT32, KIND_FLOAT64, KINDS };
+
+typedef int (*cooperative_fn)(void *function, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,
+                              unsigned block_y, unsigned block_z, unsigned shared_mem, void *stream, void **params);
+
+static PyObject *kind_types[KINDS];
+static launch_kernel_fn configured_launch = NULL;
+static cooperative_fn configured_cooperative = NULL;
+static PyObject *configured_current_device = NULL;
+
+/* configure(launch_address, cooperative_address, current_device, types): the driver's entry points (0: none),
+   torch's current-device call and the seven argument types in the order of the kinds above. */
+static PyObject *configure(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long launch_address, cooperative_address;
+    PyObject *current_device, *types;
+    if (!PyArg_ParseTuple(args, "KKOO", &launch_address, &cooperative_address, &current_device, &types)) return NULL;
+    if (!PyCallable_Check(current_device) || !PyTuple_Check(types) || PyTuple_GET_SIZE(types) != KINDS) {
+        PyErr_SetString(PyExc_TypeError, "configure(launch_address, cooperative_address, current_device, 7 types)");
+        return NULL;
+    }
+    for (int k = 0; k < KINDS; k++) {
+        PyObject *type = PyTuple_GET_ITEM(types, k);
+        if (!PyType_Check(type)) {
+            PyErr_SetString(PyExc_TypeError, "configure: the argument kinds must be types");
+            return NULL;
+        }
+        Py_INCREF(type);
+        Py_XSETREF(kind_types[k], type);
+    }
+    Py_INCREF(current_device);
+    Py_XSETREF(configured_current_device, current_device);
+    configured_launch = (launch_kernel_fn)(uintptr_t)launch_address;
+    configured_cooperative = (cooperative_fn)(uintptr_t)cooperative_address;
+    Py_RETURN_NONE;
+}
+
+static int kind_of(PyObject *type) {
+    for (int k = 0; k < KINDS; k++)
+        if (type == kind_types[k]) return k;
+    return -1;
+}
+
+/* The 8-byte slot of `value` as `kind`; 0 when it does not fit (an exception may be pending: the caller clears). */
+static int pack_slot(PyObject *value, int kind, uint64_t *slot) {
+    if (kind == KIND_FLOAT32 || kind == KIND_FLOAT64) {
+        double x = PyFloat_AsDouble(value);
+        if (x == -1.0 && PyErr_Occurred()) return 0;
+        if (kind == KIND_FLOAT64) {
+            memcpy(slot, &x, 8);
+            return 1;
+        }
+        float y = (float)x;
+        if (isinf(y) && !isinf(x)) return 0;
+        uint32_t bits;
+        memcpy(&bits, &y, 4);
+        *slot = bits;
+        return 1;
+    }
+    PyObject *index = PyNumber_Index(value);
+    if (index == NULL) return 0;
+    int ok = 1;
+    if (kind == KIND_POINTER || kind == KIND_UINT64) {
+        unsigned long long v = PyLong_AsUnsignedLongLong(index);
+        ok = !(v == (unsigned long long)-1 && PyErr_Occurred());
+        *slot = v;
+    } else {
+        long long v = PyLong_AsLongLong(index);
+        ok = !(v == -1 && PyErr_Occurred());
+        if (kind == KIND_INT64) {
+            *slot = (uint64_t)v;
+        } else if (kind == KIND_INT32) {
+            ok = ok && v >= INT32_MIN && v <= INT32_MAX;
+            *slot = (uint64_t)(uint32_t)(int32_t)v;
+        } else {
+            ok = ok && v >= 0 && v <= UINT32_MAX;
+            *slot = (uint64_t)(uint32_t)v;
+        }
+    }
+    Py_DECREF(index);
+    return ok;
+}
+
+static PyObject *launch_any(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError,
+                        "launch(function, index, grid, block, shared_mem, stream, args, signature, cooperative)");
+        return NULL;
+    }
+    unsigned long long function = PyLong_AsUnsignedLongLong(args[0]);
+    long long index = PyLong_AsLongLong(args[1]);
+    long long grid = PyLong_AsLongLong(args[2]);
+    long long block = PyLong_AsLongLong(args[3]);
+    long long shared_mem = PyLong_AsLongLong(args[4]);
+    unsigned long long stream = PyLong_AsUnsignedLongLong(args[5]);
+    int cooperative = PyObject_IsTrue(args[8]);
+    if (PyErr_Occurred() || cooperative < 0) return not_taken();
+    if (grid <= 0 || grid > UINT32_MAX || block <= 0 || block > 1024 || shared_mem < 0 || shared_mem > UINT32_MAX)
+        return not_taken();
+    if (configured_current_device == NULL || (cooperative ? configured_cooperative == NULL : configured_launch == NULL))
+        return not_taken();
+    PyObject *values = PySequence_Fast(args[6], "launch: args must be a sequence");
+    if (values == NULL) return not_taken();
+    PyObject *signature = args[7] == Py_None ? NULL : PySequence_Fast(args[7], "launch: signature");
+    PyObject *result = NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(values);
+    if (args[7] != Py_None && (signature == NULL || PySequence_Fast_GET_SIZE(signature) != count)) goto fallback;
+    if (count > MAX_ARGS) goto fallback;
+    uint64_t slots[MAX_ARGS];
+    void *params[MAX_ARGS];
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *value = PySequence_Fast_GET_ITEM(values, i);
+        PyObject *type = signature ? PySequence_Fast_GET_ITEM(signature, i) : (PyObject *)Py_TYPE(value);
+        int kind = kind_of(type);
+        slots[i] = 0;
+        if (kind < 0 || !pack_slot(value, kind, &slots[i])) goto fallback;
+        params[i] = &slots[i];
+    }
+    PyObject *current = PyObject_CallNoArgs(configured_current_device);
+    if (current == NULL) goto fallback;
+    long long current_index = PyLong_AsLongLong(current);
+    Py_DECREF(current);
+    if (current_index != index) goto fallback;
+    int code;
+    if (cooperative) {
+        code = configured_cooperative((void *)(uintptr_t)function, (unsigned)grid, 1, 1, (unsigned)block, 1, 1,
+                                      (unsigned)shared_mem, (void *)(uintptr_t)stream, count ? params : NULL);
+    } else {
+        code = configured_launch((void *)(uintptr_t)function, (unsigned)grid, 1, 1, (unsigned)block, 1, 1,
+                                 (unsigned)shared_mem, (void *)(uintptr_t)stream, count ? params : NULL, NULL);
+    }
+    result = PyLong_FromLong(code);
+    goto done;
+fallback:
+    result = not_taken();
+done:
+    Py_XDECREF(signature);
+    Py_DECREF(values);
+    return result;
+}
+
 /* `cupy_stats.group_grids` itself, for the tests that hold the two equal: a tuple of blocks, or None where a
    product would overflow (the launch then takes the Python path). */
 static PyObject *grids_of(PyObject *self, PyObject *args) {
@@ -227,6 +386,9 @@ static PyObject *grids_of(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"stats_group_scratch", (PyCFunction)(void (*)(void))stats_group_scratch, METH_FASTCALL,
      "Launch ted_stats_group_scratch for 2-3 (tensor, scratch address) pairs; 0 when launched (see the source)."},
+    {"configure", configure, METH_VARARGS, "configure(launch_address, cooperative_address, current_device, types)."},
+    {"launch", (PyCFunction)(void (*)(void))launch_any, METH_FASTCALL,
+     "launch(function, index, grid, block, shared_mem, stream, args, signature, cooperative); 0 when launched."},
     {"grids_of", grids_of, METH_VARARGS, "cupy_stats.group_grids in C: (numels, vec, threads, max_grid)."},
     {NULL, NULL, 0, NULL},
 };

@@ -1,12 +1,14 @@
-"""The statistics group launch from compiled code: ``kernels/host_launch.c`` built into a CPython extension module.
+"""Kernel launches from compiled code: ``kernels/host_launch.c`` built into a CPython extension module.
 
-Why: on a step bound by the host, every logged GPU tensor pays the Python of its statistics launch (five torch
-method calls, the blocks, the packing of the arguments, the ctypes call), and inside a training step that Python
-costs several times what it costs in a loop.  The extension makes the usual launch, `cupy_stats`'
-``ted_stats_group_scratch`` of a GEMM call's two or three tensors, in one call with the same bytes (the source's
-header says how, and when it hands a call back to the Python path).
+Why: on a step bound by the host, every launch pays the Python of its arguments (a `struct` packing, the ctypes
+call's conversions), every logged GPU tensor that of its statistics launch too (five torch method calls, the
+blocks), and inside a training step that Python costs several times what it costs in a loop.  The extension's
+`launch` makes any launch of `tedebug.backends.launch` with the parameter block the ctypes path packs, and its
+`stats_group_scratch` the usual statistics launch, `cupy_stats`' ``ted_stats_group_scratch`` of a GEMM call's two
+or three tensors, from the tensors themselves (the source's header says how, and when each hands a call back to
+the Python path).
 
-How: built the first time a process launches a statistics group, as the CPU FP8 cast is
+How: built the first time a process launches a kernel in the driver mode, as the CPU FP8 cast is
 (`tedebug.backends.host_kernels`: the system C compiler, the same cache folders and digest-named files, a private
 fallback folder), against the running interpreter's headers, and loaded as the module ``tedebug_host_launch``.
 `load` returns it, or None where it cannot be built; then every launch takes the ctypes path, which gives the same
@@ -65,8 +67,8 @@ def _build_once() -> Tuple[Optional[ModuleType], str]:
             _BUILT = _build_and_load()
             if _BUILT[0] is None and host_kernels.compiler() is not None and python_include() is not None:
                 warnings.warn(
-                    f"tedebug: the compiled statistics launch ({SOURCE_NAME}) could not be built ({_BUILT[1]}); "
-                    "statistics launches take the ctypes path instead (the same launches, more host time). "
+                    f"tedebug: the compiled kernel launches ({SOURCE_NAME}) could not be built ({_BUILT[1]}); "
+                    "kernels launch through ctypes instead (the same launches, more host time). "
                     "TEDEBUG_LAUNCH=ctypes chooses that and silences this warning.",
                     RuntimeWarning,
                     stacklevel=4,

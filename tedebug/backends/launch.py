@@ -15,10 +15,12 @@ Two ways to launch, chosen once per process:
   costs a few microseconds, several times less than CuPy's own argument packing, which matters when every logged
   tensor launches a kernel (a training step logs hundreds).  The call holds the GIL (``ctypes.PyDLL``), so launches from
   the autograd thread and the main thread never interleave.  A non-zero ``CUresult`` raises `KernelLaunchError`
-  naming the kernel, the grid and the driver's error name.  In this mode the statistics group launch, every GEMM
-  call's, goes further: `compiled_launches` gives the extension of ``kernels/host_launch.c``
-  (`tedebug.backends.host_launch`), which makes the same ``cuLaunchKernel`` call from C with no Python per tensor;
-  ``TEDEBUG_LAUNCH=ctypes`` keeps every launch on the ctypes path.
+  naming the kernel, the grid and the driver's error name.  Where the extension of ``kernels/host_launch.c``
+  builds (`tedebug.backends.host_launch`; `compiled_launches`), launches go through it first: the same parameter
+  block and the same driver call made from C, and for the statistics group launch of every GEMM call
+  (`cupy_stats.basic_stats_group_scratch_into`) the tensors read from C as well.  A launch it hands back (a type or
+  value it does not take, a device that is not current, a driver error) takes the ctypes path, which raises what
+  it raises; ``TEDEBUG_LAUNCH=ctypes`` keeps every launch on the ctypes path.
 - ``cupy``: CuPy's ``RawKernel.__call__`` on a CuPy stream made from torch's stream (``Stream.from_external`` with
   an object implementing the CUDA stream protocol; ``ExternalStream`` on CuPy versions without it), one cached
   stream object per torch stream.  Used where libcuda cannot be loaded, or when ``TEDEBUG_LAUNCH=cupy`` asks for it.
@@ -55,6 +57,9 @@ _SLOT_FORMAT = {
     np.float32: "f4x",
     np.float64: "d",
 }
+#: the argument types the compiled launches take, in the order of ``kernels/host_launch.c``'s kinds (pointer, int64,
+#: uint64, int32, uint32, float32, float64): the keys of `_SLOT_FORMAT`
+_KIND_TYPES = (int, np.int64, np.uint64, np.int32, np.uint32, np.float32, np.float64)
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 #: torch's current CUDA device index (the private call skips `torch.cuda.current_device`'s lazy-init check; the
 #: launch path only runs after CUDA tensors exist)
@@ -207,8 +212,8 @@ _compiled_of: Tuple[Any, Any] = (object(), None)
 def compiled_launches() -> Any:
     """The compiled launches (`tedebug.backends.host_launch`'s module) where launches may use them: in the driver
     mode unless ``$TEDEBUG_LAUNCH`` is ``ctypes``, and where the extension builds (at the first call of the
-    process); None otherwise, and the launches then take the ctypes (or CuPy) path.  Asked at every statistics
-    group launch, so it costs one read of the variable."""
+    process); None otherwise, and the launches then take the ctypes (or CuPy) path.  Asked at every launch, so it
+    costs one read of the variable."""
     global _compiled_of
     raw = _read_env()
     if raw is _compiled_of[0]:
@@ -217,8 +222,25 @@ def compiled_launches() -> Any:
     if launch_mode() == "driver" and (raw or "").strip().lower() != "ctypes":
         from tedebug.backends import host_launch  # (builds with the C compiler: only where a launch needs it)
 
-        compiled = host_launch.load()
+        compiled = _configured(host_launch.load())
     _compiled_of = (raw, compiled)
+    return compiled
+
+
+def _configured(compiled: Any) -> Any:
+    """`compiled` told the driver's entry points, torch's current-device call and the argument types (None when
+    there is no module, or no address to give it)."""
+    if compiled is None:
+        return None
+    try:
+        address = ctypes.cast(_driver()[0], ctypes.c_void_p).value  # type: ignore[index]
+        cooperative = _cooperative_driver()
+        cooperative_address = ctypes.cast(cooperative[0], ctypes.c_void_p).value if cooperative is not None else 0
+    except (ctypes.ArgumentError, TypeError):  # (entry points that are not C functions: nothing to call from C)
+        return None
+    if not address:
+        return None
+    compiled.configure(address, cooperative_address or 0, _current_device, _KIND_TYPES)
     return compiled
 
 
@@ -372,6 +394,11 @@ def launch_on(
 ) -> None:
     """`launch` for a caller that already holds the device index and the raw stream (`raw_stream(index)`, torch's
     current stream there): the per-tensor statistics launch.  `grid` and `block` must be ints."""
+    compiled = compiled_launches()
+    if compiled is not None and not compiled.launch(
+        kernel.handle(index), index, grid, block, shared_mem, stream, args, None, False
+    ):
+        return  # (launched from C: the same parameter block, the same driver call)
     if launch_mode() == "driver":
         _launch_driver(kernel, index, grid, block, _arg_block(args, kernel.name).params, stream, shared_mem)
     else:
@@ -391,6 +418,11 @@ def launch_signed(
     `launch_on`'s `args` would carry it (int for a pointer, np.int64, np.uint32, ...) and `values` the arguments as
     plain Python numbers, packed straight into the parameter block, so a launch makes no numpy scalar per argument
     and does not work the signature out again (the statistics group launch: 14 arguments, every GEMM call)."""
+    compiled = compiled_launches()
+    if compiled is not None and not compiled.launch(
+        kernel.handle(index), index, grid, block, 0, stream, values, signature, False
+    ):
+        return
     if launch_mode() == "driver":
         _launch_driver(kernel, index, grid, block, _packed_block(signature, values, kernel.name).params, stream, 0)
     else:
@@ -451,8 +483,11 @@ def launch_cooperative_on(kernel: Kernel, index: int, stream: int, grid: int, bl
     """`launch_on` through ``cuLaunchCooperativeKernel``: every block of the grid is resident at the same time (a
     kernel with a grid-wide barrier needs that).  `grid` must not exceed `cooperative_blocks_per_sm` times the SMs;
     only where that is above 0."""
-    launch_fn = _cooperative_driver()[0]  # type: ignore[index]  # (`cooperative_blocks_per_sm` checked it loads)
     function = kernel.handle(index)
+    compiled = compiled_launches()
+    if compiled is not None and not compiled.launch(function, index, grid, block, 0, stream, args, None, True):
+        return
+    launch_fn = _cooperative_driver()[0]  # type: ignore[index]  # (`cooperative_blocks_per_sm` checked it loads)
     params = _arg_block(args, kernel.name).params
     if _current_device() != index:
         with torch.cuda.device(index):

@@ -1,20 +1,25 @@
-"""The compiled statistics group launch (kernels/host_launch.c, `tedebug.backends.host_launch`) on the CPU.
+"""The compiled kernel launches (kernels/host_launch.c, `tedebug.backends.host_launch`) on the CPU.
 
-A ctypes callback stands in for ``cuLaunchKernel`` and records what it is given.  The oracle is the Python path:
-`cupy_stats`' launch of the same items, its arguments packed by `launch`'s parameter block (a `struct` per
-signature).  The GPU test (test_gpu_host_launch.py) launches the kernel both ways and compares the rows.
+Ctypes callbacks stand in for ``cuLaunchKernel`` and ``cuLaunchCooperativeKernel`` and record what they are given.
+The oracle is the Python path: its parameter block (`launch._ArgBlock`, a `struct` per signature) and, for the
+statistics group launch, `cupy_stats`' own launch of the same items.  The GPU test (test_gpu_host_launch.py)
+launches the statistics kernel both ways and compares the rows; the whole GPU suite runs through these launches.
 
-- the blocks are `cupy_stats.group_grids`' for any numels, and a group whose arithmetic would not fit in 64 bits is
-  handed back rather than wrapped;
-- the launch has the Python path's grid, block, stream, function and parameter bytes, for two and three tensors of
-  each kernel dtype, with lone grids and with shares of a wave;
-- every call it does not take launches nothing and answers -1 with no exception left pending; the driver's error
-  code comes back as it is;
+- the statistics group launch: its blocks are `cupy_stats.group_grids`' for any numels, a group whose arithmetic
+  would not fit in 64 bits is handed back rather than wrapped; the launch has the Python path's grid, block,
+  stream, function and parameter bytes, for two and three tensors of each kernel dtype, with lone grids and with
+  shares of a wave; every call it does not take launches nothing and answers -1 with no exception pending; the
+  driver's error code comes back as it is;
 - `cupy_stats.basic_stats_group_scratch_into` takes the Python path for a device and dtype first (which leaves the
   compiled launch's constants), then the compiled one, with the same bytes; an answer other than 0 sends it to the
   Python path;
-- ``TEDEBUG_LAUNCH=ctypes`` (or ``cupy``) turns the compiled launches off; a machine without ``Python.h`` has none
-  and no warning; a compiler that fails warns once.
+- any launch: every argument type's slot is the one `struct` packs (pointers, int64, uint64, int32, uint32, float32
+  with infinities, signed zero and subnormals, float64), from typed arguments and from plain numbers with a
+  signature; a cooperative launch calls the cooperative entry point (handed back where there is none); a type the
+  Python path refuses, a value out of its type's range, too many arguments, another device or no blocks are
+  handed back; `launch_on` and `launch_signed` launch from C and take the Python path after a driver error;
+- ``TEDEBUG_LAUNCH=ctypes`` (or ``cupy``) turns the compiled launches off, and turning them on tells the module the
+  driver's entry points; a machine without ``Python.h`` has none and no warning; a compiler that fails warns once.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import ctypes
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -236,15 +242,26 @@ def test_an_answer_other_than_0_takes_the_python_path(python_path, monkeypatch):
 
 
 def test_the_environment_turns_the_compiled_launches_off(monkeypatch):
-    monkeypatch.setattr(launch, "_driver", lambda: (object(), object()))  # as if libcuda loaded
-    monkeypatch.setattr(host_launch, "load", lambda: "the compiled launches")
-    for value, expected in ((None, "the compiled launches"), ("driver", "the compiled launches"), ("ctypes", None)):
+    recorder = LaunchRecorder()
+    monkeypatch.setattr(launch, "_driver", lambda: (recorder._callback, None))  # as if libcuda loaded
+    monkeypatch.setattr(launch, "_cooperative_driver", lambda: None)
+    configured = []
+
+    class Compiled:
+        @staticmethod
+        def configure(*args):
+            configured.append(args)
+
+    monkeypatch.setattr(host_launch, "load", lambda: Compiled)
+    for value, expected in ((None, Compiled), ("driver", Compiled), ("ctypes", None)):
         if value is None:
             monkeypatch.delenv(launch.ENV_VAR, raising=False)
         else:
             monkeypatch.setenv(launch.ENV_VAR, value)
-        assert launch.compiled_launches() == expected
+        assert launch.compiled_launches() is expected
         assert launch.launch_mode() == "driver"
+    # told the driver's entry point (no cooperative one here), torch's current-device call and the argument types
+    assert configured[0] == (recorder.address, 0, launch._current_device, launch._KIND_TYPES)
     monkeypatch.setenv(launch.ENV_VAR, "cupy")
     assert launch.compiled_launches() is None and launch.launch_mode() == "cupy"
 
@@ -272,7 +289,7 @@ def test_a_failing_compiler_warns_once(monkeypatch, tmp_path):
     monkeypatch.setattr(host_launch, "_BUILT", None)
     monkeypatch.setenv("TEDEBUG_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CC", "false")
-    with pytest.warns(RuntimeWarning, match="compiled statistics launch .* could not be built .*TEDEBUG_LAUNCH=ctypes"):
+    with pytest.warns(RuntimeWarning, match="compiled kernel launches .* could not be built .*TEDEBUG_LAUNCH=ctypes"):
         assert host_launch.load() is None
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -289,3 +306,138 @@ def test_built_once_per_interpreter_then_loaded_from_the_cache(monkeypatch, tmp_
     (built,) = tmp_path.iterdir()
     assert built.name.startswith("host_launch-") and built.suffix == ".so"
     assert module.grids_of([10, 20], 4, THREADS, MAX_GRID) == (1, 1)
+
+
+# ------------------------------------------------------------------------------------------------ any launch
+_COOPERATIVE_KERNEL = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)
+)
+
+
+class AnyLaunchRecorder:
+    """Stand-ins for ``cuLaunchKernel`` and ``cuLaunchCooperativeKernel`` reading `count` parameter slots: each call
+    as (which, function, grid, block, shared memory, stream, parameter bytes)."""
+
+    def __init__(self, count: int, code: int = 0) -> None:
+        self.calls: list = []
+        self.count, self.code = count, code
+
+        def plain(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+            return self._record("plain", function, (gx, gy, gz), (bx, by, bz), shared, stream, params)
+
+        def cooperative(function, gx, gy, gz, bx, by, bz, shared, stream, params):
+            return self._record("cooperative", function, (gx, gy, gz), (bx, by, bz), shared, stream, params)
+
+        self._plain, self._cooperative = _LAUNCH_KERNEL(plain), _COOPERATIVE_KERNEL(cooperative)
+        self.address = ctypes.cast(self._plain, ctypes.c_void_p).value
+        self.cooperative_address = ctypes.cast(self._cooperative, ctypes.c_void_p).value
+
+    def _record(self, which, function, grid, block, shared, stream, params):
+        parameter_bytes = b"".join(ctypes.string_at(params[i], 8) for i in range(self.count))
+        self.calls.append((which, function, grid, block, shared, stream, parameter_bytes))
+        return self.code
+
+
+@pytest.fixture
+def configured(monkeypatch):
+    """The compiled module told stand-in entry points (device 0 current); afterwards the next `compiled_launches`
+    tells it the real ones again."""
+
+    def configure(count, code=0, cooperative=True):
+        recorder = AnyLaunchRecorder(count, code)
+        address = recorder.cooperative_address if cooperative else 0
+        COMPILED.configure(recorder.address, address, lambda: 0, launch._KIND_TYPES)
+        return recorder
+
+    yield configure
+    launch._compiled_of = (object(), None)
+
+
+TYPED_ARGS = (
+    2**64 - 1,
+    0,
+    np.int64(-5),
+    np.uint64(2**64 - 1),
+    np.int32(-7),
+    np.uint32(4_000_000_000),
+    np.float32(0.1),
+    np.float32(float("inf")),
+    np.float32(-0.0),
+    np.float32(1e-45),
+    np.float64(-2.5),
+    np.float64(float("inf")),
+)
+
+
+@needs_compiled
+def test_any_launch_packs_the_python_paths_parameter_block(configured):
+    recorder = configured(len(TYPED_ARGS))
+    assert COMPILED.launch(FUNCTION, 0, 7, 128, 96, STREAM, TYPED_ARGS, None, False) == 0
+    python_bytes = bytes(launch._arg_block(TYPED_ARGS, "k").slots)
+    assert recorder.calls == [("plain", FUNCTION, (7, 1, 1), (128, 1, 1), 96, STREAM, python_bytes)]
+
+
+@needs_compiled
+def test_a_signed_launch_packs_plain_numbers_as_its_signature_says(configured):
+    signature = (int, np.int64, np.uint32, np.int32, np.float32, np.float32, np.float64)
+    values = (12345, -(2**40), 2**32 - 1, -(2**31), 0.1, 3.4028235e38, 1.0 / 3.0)
+    recorder = configured(len(values))
+    assert COMPILED.launch(FUNCTION, 0, 1, 256, 0, STREAM, values, signature, False) == 0
+    python_bytes = bytes(launch._packed_block(signature, values, "k").slots)
+    assert recorder.calls[0][6] == python_bytes
+
+
+@needs_compiled
+def test_a_cooperative_launch_calls_the_cooperative_entry_point(configured):
+    args = (5, np.int64(9))
+    recorder = configured(len(args))
+    assert COMPILED.launch(FUNCTION, 0, 33, 256, 0, STREAM, args, None, True) == 0
+    assert recorder.calls == [
+        ("cooperative", FUNCTION, (33, 1, 1), (256, 1, 1), 0, STREAM, bytes(launch._arg_block(args, "k").slots))
+    ]
+    configured(len(args), cooperative=False)  # no cooperative entry point: handed back
+    assert COMPILED.launch(FUNCTION, 0, 33, 256, 0, STREAM, args, None, True) == -1
+
+
+@needs_compiled
+def test_any_launch_hands_back_what_the_python_path_must_judge(configured):
+    recorder = configured(1)
+    handed_back = [
+        ((np.int16(1),), None),  # a type with no C type here (the Python path raises its TypeError)
+        ((1.5,), None),  # a Python float: no fixed C type either
+        ((2**31,), (np.int32,)),  # out of int32
+        ((-1,), (np.uint32,)),  # out of uint32
+        ((-1,), (int,)),  # a negative pointer
+        ((1e40,), (np.float32,)),  # past float32 (struct raises OverflowError)
+        ((1, 2), (int,)),  # a signature of another length
+        (tuple(range(65)), None),  # more arguments than the parameter block holds
+    ]
+    for args, signature in handed_back:
+        assert COMPILED.launch(FUNCTION, 0, 1, 32, 0, STREAM, args, signature, False) == -1, (args, signature)
+        assert not ctypes.pythonapi.PyErr_Occurred()
+    assert COMPILED.launch(FUNCTION, 1, 1, 32, 0, STREAM, (1,), None, False) == -1  # device 1 is not current
+    assert COMPILED.launch(FUNCTION, 0, 0, 32, 0, STREAM, (1,), None, False) == -1  # no blocks
+    assert recorder.calls == []
+    failing = configured(1, code=700)
+    assert COMPILED.launch(FUNCTION, 0, 1, 32, 0, STREAM, (1,), None, False) == 700 and len(failing.calls) == 1
+
+
+@needs_compiled
+@pytest.mark.parametrize("answer", [0, 201])
+def test_launch_on_goes_through_the_compiled_launch_first(configured, monkeypatch, answer):
+    recorder = configured(2, code=answer)
+    monkeypatch.setattr(launch, "compiled_launches", lambda: COMPILED)
+    monkeypatch.setattr(launch, "launch_mode", lambda: "driver")
+    python_path = []
+    monkeypatch.setattr(launch, "_launch_driver", lambda kernel, index, grid, block, *rest: python_path.append(grid))
+
+    class Kernel:
+        name = "ted_k"
+
+        def handle(self, index):
+            return FUNCTION
+
+    launch.launch_on(Kernel(), 0, STREAM, 3, 64, (7, np.int32(2)))
+    launch.launch_signed(Kernel(), 0, STREAM, 4, 64, (int, np.int32), (7, 2))
+    assert [call[2] for call in recorder.calls] == [(3, 1, 1), (4, 1, 1)]
+    assert python_path == ([] if answer == 0 else [3, 4])  # a driver error: the Python path launches again
