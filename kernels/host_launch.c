@@ -26,9 +26,9 @@
      blocks, a 32-bit value, fill the low half of their slot and the high half is zero.
 
    Contract with the caller.  `table` maps (device index, dtype) to the launch's constants, which the Python path
-   fills at its first launch of that device and dtype: (cuLaunchKernel's address, the CUfunction, threads per
-   block, elements per 16-byte load, the largest grid, a callable giving torch's current device, a callable giving
-   the raw stream of a device index).  The answer is 0 when the kernel was launched.  Anything else launched
+   fills at its first launch of that device and dtype: (the CUfunction, threads per block, elements per 16-byte
+   load, the largest grid, a callable giving torch's raw current stream of a device index); the driver's entry point
+   and torch's current-device call are those `configure` gave (below).  The answer is 0 when the kernel was launched.  Anything else launched
    nothing and the caller takes the Python path, which handles every case: -1 for a call this code does not take
    (one tensor or more than three, another dtype or device, an empty, strided or misaligned tensor, a device that is
    not the current one, no table entry yet, an exception raised by a torch call, which is cleared), or the driver's
@@ -52,8 +52,49 @@ typedef int (*launch_kernel_fn)(void *function, unsigned grid_x, unsigned grid_y
 
 static PyObject *name_dtype, *name_get_device, *name_numel, *name_data_ptr, *name_is_contiguous;
 
-/* The integer a torch method call returns, or -1 with *ok cleared (an exception, or not an int). */
+/* The argument kinds of `launch` (below). */
+enum { KIND_POINTER, KIND_INT64, KIND_UINT64, KIND_INT32, KIND_UINT32, KIND_FLOAT32, KIND_FLOAT64, KINDS };
+
+typedef int (*cooperative_fn)(void *function, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,
+                              unsigned block_y, unsigned block_z, unsigned shared_mem, void *stream, void **params);
+
+static PyObject *kind_types[KINDS];
+static launch_kernel_fn configured_launch = NULL;
+static cooperative_fn configured_cooperative = NULL;
+static PyObject *configured_current_device = NULL;
+
+/* configure(launch_address, cooperative_address, current_device, types): the driver's entry points (0: none),
+   torch's current-device call and the seven argument types in the order of the kinds above. */
+static PyObject *configure(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long launch_address, cooperative_address;
+    PyObject *current_device, *types;
+    if (!PyArg_ParseTuple(args, "KKOO", &launch_address, &cooperative_address, &current_device, &types)) return NULL;
+    if (!PyCallable_Check(current_device) || !PyTuple_Check(types) || PyTuple_GET_SIZE(types) != KINDS) {
+        PyErr_SetString(PyExc_TypeError, "configure(launch_address, cooperative_address, current_device, 7 types)");
+        return NULL;
+    }
+    for (int k = 0; k < KINDS; k++) {
+        PyObject *type = PyTuple_GET_ITEM(types, k);
+        if (!PyType_Check(type)) {
+            PyErr_SetString(PyExc_TypeError, "configure: the argument kinds must be types");
+            return NULL;
+        }
+        Py_INCREF(type);
+        Py_XSETREF(kind_types[k], type);
+    }
+    Py_INCREF(current_device);
+    Py_XSETREF(configured_current_device, current_device);
+    configured_launch = (launch_kernel_fn)(uintptr_t)launch_address;
+    configured_cooperative = (cooperative_fn)(uintptr_t)cooperative_address;
+    Py_RETURN_NONE;
+}
+
+
+/* The integer a torch method call returns, or -1 with *ok cleared (an exception, or not an int); nothing is called
+   once *ok is cleared (no Python call is made with an exception pending). */
 static long long call_int(PyObject *tensor, PyObject *name, int *ok) {
+    if (!*ok) return -1;
     PyObject *value = PyObject_CallMethodNoArgs(tensor, name);
     if (value == NULL) {
         *ok = 0;
@@ -156,20 +197,20 @@ static PyObject *stats_group_scratch(PyObject *self, PyObject *const *args, Py_s
     key = Py_BuildValue("(LO)", index, dtype);
     if (key == NULL) goto fallback;
     PyObject *constants = PyDict_GetItemWithError(args[0], key); /* borrowed */
-    if (constants == NULL || !PyTuple_Check(constants) || PyTuple_GET_SIZE(constants) != 7) goto fallback;
-    unsigned long long launch_address = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(constants, 0));
-    unsigned long long function = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(constants, 1));
-    long long threads = PyLong_AsLongLong(PyTuple_GET_ITEM(constants, 2));
-    long long vec = PyLong_AsLongLong(PyTuple_GET_ITEM(constants, 3));
-    long long max_grid = PyLong_AsLongLong(PyTuple_GET_ITEM(constants, 4));
-    if (PyErr_Occurred() || launch_address == 0 || threads <= 0 || vec <= 0 || max_grid <= 0) goto fallback;
+    if (constants == NULL || !PyTuple_Check(constants) || PyTuple_GET_SIZE(constants) != 5) goto fallback;
+    unsigned long long function = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(constants, 0));
+    long long threads = PyLong_AsLongLong(PyTuple_GET_ITEM(constants, 1));
+    long long vec = PyLong_AsLongLong(PyTuple_GET_ITEM(constants, 2));
+    long long max_grid = PyLong_AsLongLong(PyTuple_GET_ITEM(constants, 3));
+    if (PyErr_Occurred() || threads <= 0 || vec <= 0 || max_grid <= 0) goto fallback;
+    if (configured_launch == NULL || configured_current_device == NULL) goto fallback;
 
-    PyObject *current = PyObject_CallNoArgs(PyTuple_GET_ITEM(constants, 5));
+    PyObject *current = PyObject_CallNoArgs(configured_current_device);
     if (current == NULL) goto fallback;
     long long current_index = PyLong_AsLongLong(current);
     Py_DECREF(current);
     if (current_index != index) goto fallback; /* (the Python path switches the device around the launch) */
-    PyObject *stream_object = PyObject_CallOneArg(PyTuple_GET_ITEM(constants, 6), PyTuple_GET_ITEM(key, 0));
+    PyObject *stream_object = PyObject_CallOneArg(PyTuple_GET_ITEM(constants, 4), PyTuple_GET_ITEM(key, 0));
     if (stream_object == NULL) goto fallback;
     unsigned long long stream = PyLong_AsUnsignedLongLong(stream_object);
     Py_DECREF(stream_object);
@@ -183,8 +224,7 @@ static PyObject *stats_group_scratch(PyObject *self, PyObject *const *args, Py_s
     }
     void *params[SLOTS];
     for (int s = 0; s < SLOTS; s++) params[s] = &slots[s];
-    launch_kernel_fn launch = (launch_kernel_fn)(uintptr_t)launch_address;
-    int code = launch((void *)(uintptr_t)function, (unsigned)blocks, 1, 1, (unsigned)threads, 1, 1, 0,
+    int code = configured_launch((void *)(uintptr_t)function, (unsigned)blocks, 1, 1, (unsigned)threads, 1, 1, 0,
                       (void *)(uintptr_t)stream, params, NULL);
     result = PyLong_FromLong(code);
     goto done;
@@ -210,42 +250,6 @@ done:
    with no cooperative entry point answer -1 and launch nothing: the Python path then makes the launch or raises
    its error. */
 #define MAX_ARGS 64
-enum { KIND_POINTER, KIND_INT64, KIND_UINT64, KIND_INT32, KIND_UINT32, KIND_FLOAT32, KIND_FLOAT64, KINDS };
-
-typedef int (*cooperative_fn)(void *function, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,
-                              unsigned block_y, unsigned block_z, unsigned shared_mem, void *stream, void **params);
-
-static PyObject *kind_types[KINDS];
-static launch_kernel_fn configured_launch = NULL;
-static cooperative_fn configured_cooperative = NULL;
-static PyObject *configured_current_device = NULL;
-
-/* configure(launch_address, cooperative_address, current_device, types): the driver's entry points (0: none),
-   torch's current-device call and the seven argument types in the order of the kinds above. */
-static PyObject *configure(PyObject *self, PyObject *args) {
-    (void)self;
-    unsigned long long launch_address, cooperative_address;
-    PyObject *current_device, *types;
-    if (!PyArg_ParseTuple(args, "KKOO", &launch_address, &cooperative_address, &current_device, &types)) return NULL;
-    if (!PyCallable_Check(current_device) || !PyTuple_Check(types) || PyTuple_GET_SIZE(types) != KINDS) {
-        PyErr_SetString(PyExc_TypeError, "configure(launch_address, cooperative_address, current_device, 7 types)");
-        return NULL;
-    }
-    for (int k = 0; k < KINDS; k++) {
-        PyObject *type = PyTuple_GET_ITEM(types, k);
-        if (!PyType_Check(type)) {
-            PyErr_SetString(PyExc_TypeError, "configure: the argument kinds must be types");
-            return NULL;
-        }
-        Py_INCREF(type);
-        Py_XSETREF(kind_types[k], type);
-    }
-    Py_INCREF(current_device);
-    Py_XSETREF(configured_current_device, current_device);
-    configured_launch = (launch_kernel_fn)(uintptr_t)launch_address;
-    configured_cooperative = (cooperative_fn)(uintptr_t)cooperative_address;
-    Py_RETURN_NONE;
-}
 
 static int kind_of(PyObject *type) {
     for (int k = 0; k < KINDS; k++)

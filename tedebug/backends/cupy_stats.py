@@ -289,8 +289,8 @@ def _group_launch(x: torch.Tensor, index: int) -> Tuple[Kernel, int, int, Kernel
 
 
 #: (device index, dtype) -> the constants of the compiled ``ted_stats_group_scratch`` launch there (the extension's
-#: table: ``(cuLaunchKernel's address, the CUfunction, THREADS, elements per 16-byte load, the largest grid, torch's
-#: current device, torch's current raw stream of a device index)``), filled by the Python path's first launch
+#: table: ``(the CUfunction, THREADS, elements per 16-byte load, the largest grid, torch's current raw stream of a
+#: device index)``), filled by the Python path's first launch
 _COMPILED_GROUPS: Dict[Tuple[int, torch.dtype], Tuple[Any, ...]] = {}
 
 
@@ -301,8 +301,8 @@ def _note_compiled_group(index: int, dtype: torch.dtype, kernel: Kernel, vec: in
         return
     target = compiled_target(kernel, index)
     if target is not None:
-        address, function, current_device, stream_of = target
-        _COMPILED_GROUPS[(index, dtype)] = (address, function, THREADS, vec, max_grid, current_device, stream_of)
+        function, stream_of = target
+        _COMPILED_GROUPS[(index, dtype)] = (function, THREADS, vec, max_grid, stream_of)
 
 
 def basic_stats_and_amax_into(x: torch.Tensor, out_ptr: int, amax_args: Tuple[Any, ...], nz_ptr: int = 0) -> None:

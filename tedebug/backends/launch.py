@@ -244,17 +244,13 @@ def _configured(compiled: Any) -> Any:
     return compiled
 
 
-def compiled_target(kernel: "Kernel", index: int) -> Optional[Tuple[int, int, Callable[[], int], Callable]]:
-    """What a compiled launch of `kernel` on device `index` needs besides its arguments: (the address of
-    ``cuLaunchKernel``, the CUfunction, a callable giving torch's current device, a callable giving torch's current
-    raw stream of a device index); None where torch lacks the private calls that give those cheaply."""
-    driver = _driver()
-    if driver is None or _RAW_STREAM is None or _current_device is torch.cuda.current_device:
+def compiled_target(kernel: "Kernel", index: int) -> Optional[Tuple[int, Callable[[int], int]]]:
+    """What the compiled statistics group launch of `kernel` on device `index` needs besides what `compiled_launches`
+    told the module: (the CUfunction, a callable giving torch's raw current stream of a device index); None where
+    torch lacks the private call that gives the stream cheaply."""
+    if _RAW_STREAM is None:
         return None
-    address = ctypes.cast(driver[0], ctypes.c_void_p).value
-    if not address:
-        return None
-    return address, kernel.handle(index), _current_device, _RAW_STREAM
+    return kernel.handle(index), _RAW_STREAM
 
 
 class _ArgBlock:

@@ -73,8 +73,19 @@ class LaunchRecorder:
         return self.code
 
 
+@pytest.fixture(autouse=True)
+def real_entry_points_afterwards():
+    """A test may tell the compiled module stand-in entry points (`configure`); afterwards the next
+    `compiled_launches` tells it the real ones again."""
+    yield
+    launch._compiled_of = (object(), None)
+
+
 def constants(recorder, vec, current=CPU, stream_of=lambda index: STREAM):
-    return (recorder.address, FUNCTION, THREADS, vec, MAX_GRID, lambda: current, stream_of)
+    """The statistics group launch's table entry, with the module told `recorder` as ``cuLaunchKernel`` and device
+    `current` as torch's current one."""
+    COMPILED.configure(recorder.address, 0, lambda: current, launch._KIND_TYPES)
+    return (FUNCTION, THREADS, vec, MAX_GRID, stream_of)
 
 
 @pytest.fixture
@@ -205,15 +216,12 @@ def test_the_drivers_error_comes_back():
 def test_the_first_launch_takes_the_python_path_then_the_compiled_one(python_path, monkeypatch):
     recorder = LaunchRecorder()
     monkeypatch.setattr(cupy_stats, "compiled_launches", lambda: COMPILED)
-    monkeypatch.setattr(
-        cupy_stats,
-        "compiled_target",
-        lambda kernel, index: (recorder.address, FUNCTION, lambda: CPU, lambda i: STREAM),
-    )
+    COMPILED.configure(recorder.address, 0, lambda: CPU, launch._KIND_TYPES)
+    monkeypatch.setattr(cupy_stats, "compiled_target", lambda kernel, index: (FUNCTION, lambda i: STREAM))
     items = [(torch.randn(64, 32), 4096), (torch.randn(16, 32), 8192), (torch.randn(64, 16), 12288)]
     cupy_stats.basic_stats_group_scratch_into(items)
     assert len(python_path) == 1 and recorder.calls == []
-    assert cupy_stats._COMPILED_GROUPS[(CPU, torch.float32)][2:5] == (THREADS, 4, MAX_GRID)
+    assert cupy_stats._COMPILED_GROUPS[(CPU, torch.float32)][:4] == (FUNCTION, THREADS, 4, MAX_GRID)
     cupy_stats.basic_stats_group_scratch_into(items)
     assert len(python_path) == 1
     python_grid, python_block, python_stream, python_bytes = python_path[0]
@@ -266,8 +274,7 @@ def test_the_environment_turns_the_compiled_launches_off(monkeypatch):
     assert launch.compiled_launches() is None and launch.launch_mode() == "cupy"
 
 
-def test_no_target_without_torchs_private_calls(monkeypatch):
-    monkeypatch.setattr(launch, "_driver", lambda: (object(), object()))
+def test_no_target_without_torchs_private_call(monkeypatch):
     monkeypatch.setattr(launch, "_RAW_STREAM", None)
     assert launch.compiled_target(object(), 0) is None
 
@@ -340,8 +347,7 @@ class AnyLaunchRecorder:
 
 @pytest.fixture
 def configured(monkeypatch):
-    """The compiled module told stand-in entry points (device 0 current); afterwards the next `compiled_launches`
-    tells it the real ones again."""
+    """Tell the compiled module stand-in entry points (device 0 current)."""
 
     def configure(count, code=0, cooperative=True):
         recorder = AnyLaunchRecorder(count, code)
@@ -349,8 +355,7 @@ def configured(monkeypatch):
         COMPILED.configure(recorder.address, address, lambda: 0, launch._KIND_TYPES)
         return recorder
 
-    yield configure
-    launch._compiled_of = (object(), None)
+    return configure
 
 
 TYPED_ARGS = (
