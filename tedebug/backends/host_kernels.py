@@ -12,7 +12,8 @@ library the first time a process needs it, kept in a cache directory (``$TEDEBUG
 folder in the temporary directory) under a name that carries a digest of the source, the compiler and the flags,
 and loaded through ctypes.  Several processes (the ranks of one machine) may build it at
 once: each writes its own temporary file and renames it into place, so a loaded file is always whole.  No build
-step at install time, and nothing to carry for a user without a compiler.
+step at install time, and nothing to carry for a user without a compiler.  `build` and `build_and_load` build the
+GPU path's compiled launches the same way (``kernels/host_launch.c``, `tedebug.backends.host_launch`).
 
 The kernel choice is visible (as ``KernelPreference`` in torchao): `use_host_kernels(mode)`, else
 ``$TEDEBUG_HOST_KERNELS``, names it: ``c`` (the compiled helpers; an error when they cannot be built), ``numpy``
