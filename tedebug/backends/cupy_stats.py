@@ -203,10 +203,12 @@ def basic_stats_group_scratch_into(items: Sequence[Tuple[torch.Tensor, int]]) ->
     `_COMPILED_GROUPS`."""
     compiled = compiled_launches()
     if compiled is None or compiled.stats_group_scratch(_COMPILED_GROUPS, items):
-        _group_launch_of(items, True)
+        _group_launch_of(items, True, compiled is not None)
 
 
-def _group_launch_of(items: Sequence[Tuple[torch.Tensor, int]], scratch: bool) -> None:
+def _group_launch_of(items: Sequence[Tuple[torch.Tensor, int]], scratch: bool, compiled: bool = False) -> None:
+    """The Python path of the group launches; `compiled`: the compiled launches are on, and a scratch launch of a
+    device and dtype they have no constants for leaves them (`_COMPILED_GROUPS`)."""
     count = len(items)
     if count == 1:
         _lone_launch(items[0][0], items[0][1], scratch)
@@ -241,7 +243,7 @@ def _group_launch_of(items: Sequence[Tuple[torch.Tensor, int]], scratch: bool) -
     stream = raw_stream(index)
     if scratch:
         launch_signed(scratch_kernel, index, stream, blocks, THREADS, _GROUP_SCRATCH_SIGNATURE, values)
-        if (index, dtype) not in _COMPILED_GROUPS:
+        if compiled and (index, dtype) not in _COMPILED_GROUPS:
             _note_compiled_group(index, dtype, scratch_kernel, vec, max_grid)
         return
     partials, tickets = workspace_on(index, stream)
@@ -295,10 +297,8 @@ _COMPILED_GROUPS: Dict[Tuple[int, torch.dtype], Tuple[Any, ...]] = {}
 
 
 def _note_compiled_group(index: int, dtype: torch.dtype, kernel: Kernel, vec: int, max_grid: int) -> None:
-    """Leave the compiled launch's constants for `index` and `dtype` where it will find them (nothing where the
-    compiled launches are off or torch lacks what they need: the Python path then takes every launch)."""
-    if compiled_launches() is None:
-        return
+    """Leave the compiled launch's constants for `index` and `dtype` where it will find them (nothing where torch
+    lacks what they need: the Python path then takes every launch)."""
     target = compiled_target(kernel, index)
     if target is not None:
         function, stream_of = target
