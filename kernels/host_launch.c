@@ -27,8 +27,8 @@
 
    Contract with the caller.  `table` maps (device index, dtype) to the launch's constants, which the Python path
    fills at its first launch of that device and dtype: (the CUfunction, threads per block, elements per 16-byte
-   load, the largest grid, a callable giving torch's raw current stream of a device index); the driver's entry point
-   and torch's current-device call are those `configure` gave (below).  The answer is 0 when the kernel was launched.  Anything else launched
+   load, the largest grid); the driver's entry point, torch's current-device call and its raw-current-stream call
+   are those `configure` gave (below).  The answer is 0 when the kernel was launched.  Anything else launched
    nothing and the caller takes the Python path, which handles every case: -1 for a call this code does not take
    (one tensor or more than three, another dtype or device, an empty, strided or misaligned tensor, a device that is
    not the current one, no table entry yet, an exception raised by a torch call, which is cleared), or the driver's
@@ -62,16 +62,21 @@ static PyObject *kind_types[KINDS];
 static launch_kernel_fn configured_launch = NULL;
 static cooperative_fn configured_cooperative = NULL;
 static PyObject *configured_current_device = NULL;
+static PyObject *configured_raw_stream = NULL; /* NULL: none given (the statistics group launch is not taken) */
 
-/* configure(launch_address, cooperative_address, current_device, types): the driver's entry points (0: none),
-   torch's current-device call and the seven argument types in the order of the kinds above. */
+/* configure(launch_address, cooperative_address, current_device, raw_stream, types): the driver's entry points (0:
+   none), torch's current-device call, its call giving the raw current stream of a device index (None: torch lacks
+   it) and the seven argument types in the order of the kinds above. */
 static PyObject *configure(PyObject *self, PyObject *args) {
     (void)self;
     unsigned long long launch_address, cooperative_address;
-    PyObject *current_device, *types;
-    if (!PyArg_ParseTuple(args, "KKOO", &launch_address, &cooperative_address, &current_device, &types)) return NULL;
-    if (!PyCallable_Check(current_device) || !PyTuple_Check(types) || PyTuple_GET_SIZE(types) != KINDS) {
-        PyErr_SetString(PyExc_TypeError, "configure(launch_address, cooperative_address, current_device, 7 types)");
+    PyObject *current_device, *raw_stream, *types;
+    if (!PyArg_ParseTuple(args, "KKOOO", &launch_address, &cooperative_address, &current_device, &raw_stream, &types))
+        return NULL;
+    if (!PyCallable_Check(current_device) || (raw_stream != Py_None && !PyCallable_Check(raw_stream)) ||
+        !PyTuple_Check(types) || PyTuple_GET_SIZE(types) != KINDS) {
+        PyErr_SetString(PyExc_TypeError,
+                        "configure(launch_address, cooperative_address, current_device, raw_stream or None, 7 types)");
         return NULL;
     }
     for (int k = 0; k < KINDS; k++) {
@@ -85,6 +90,9 @@ static PyObject *configure(PyObject *self, PyObject *args) {
     }
     Py_INCREF(current_device);
     Py_XSETREF(configured_current_device, current_device);
+    PyObject *stream_call = raw_stream == Py_None ? NULL : raw_stream;
+    Py_XINCREF(stream_call);
+    Py_XSETREF(configured_raw_stream, stream_call);
     configured_launch = (launch_kernel_fn)(uintptr_t)launch_address;
     configured_cooperative = (cooperative_fn)(uintptr_t)cooperative_address;
     Py_RETURN_NONE;
@@ -197,20 +205,20 @@ static PyObject *stats_group_scratch(PyObject *self, PyObject *const *args, Py_s
     key = Py_BuildValue("(LO)", index, dtype);
     if (key == NULL) goto fallback;
     PyObject *constants = PyDict_GetItemWithError(args[0], key); /* borrowed */
-    if (constants == NULL || !PyTuple_Check(constants) || PyTuple_GET_SIZE(constants) != 5) goto fallback;
+    if (constants == NULL || !PyTuple_Check(constants) || PyTuple_GET_SIZE(constants) != 4) goto fallback;
     unsigned long long function = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(constants, 0));
     long long threads = PyLong_AsLongLong(PyTuple_GET_ITEM(constants, 1));
     long long vec = PyLong_AsLongLong(PyTuple_GET_ITEM(constants, 2));
     long long max_grid = PyLong_AsLongLong(PyTuple_GET_ITEM(constants, 3));
     if (PyErr_Occurred() || threads <= 0 || vec <= 0 || max_grid <= 0) goto fallback;
-    if (configured_launch == NULL || configured_current_device == NULL) goto fallback;
+    if (configured_launch == NULL || configured_current_device == NULL || configured_raw_stream == NULL) goto fallback;
 
     PyObject *current = PyObject_CallNoArgs(configured_current_device);
     if (current == NULL) goto fallback;
     long long current_index = PyLong_AsLongLong(current);
     Py_DECREF(current);
     if (current_index != index) goto fallback; /* (the Python path switches the device around the launch) */
-    PyObject *stream_object = PyObject_CallOneArg(PyTuple_GET_ITEM(constants, 4), PyTuple_GET_ITEM(key, 0));
+    PyObject *stream_object = PyObject_CallOneArg(configured_raw_stream, PyTuple_GET_ITEM(key, 0));
     if (stream_object == NULL) goto fallback;
     unsigned long long stream = PyLong_AsUnsignedLongLong(stream_object);
     Py_DECREF(stream_object);
@@ -390,7 +398,8 @@ static PyObject *grids_of(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"stats_group_scratch", (PyCFunction)(void (*)(void))stats_group_scratch, METH_FASTCALL,
      "Launch ted_stats_group_scratch for 2-3 (tensor, scratch address) pairs; 0 when launched (see the source)."},
-    {"configure", configure, METH_VARARGS, "configure(launch_address, cooperative_address, current_device, types)."},
+    {"configure", configure, METH_VARARGS,
+     "configure(launch_address, cooperative_address, current_device, raw_stream, types)."},
     {"launch", (PyCFunction)(void (*)(void))launch_any, METH_FASTCALL,
      "launch(function, index, grid, block, shared_mem, stream, args, signature, cooperative); 0 when launched."},
     {"grids_of", grids_of, METH_VARARGS, "cupy_stats.group_grids in C: (numels, vec, threads, max_grid)."},

@@ -291,18 +291,17 @@ def _group_launch(x: torch.Tensor, index: int) -> Tuple[Kernel, int, int, Kernel
 
 
 #: (device index, dtype) -> the constants of the compiled ``ted_stats_group_scratch`` launch there (the extension's
-#: table: ``(the CUfunction, THREADS, elements per 16-byte load, the largest grid, torch's current raw stream of a
-#: device index)``), filled by the Python path's first launch
+#: table: ``(the CUfunction, THREADS, elements per 16-byte load, the largest grid)``), filled by the Python path's
+#: first launch
 _COMPILED_GROUPS: Dict[Tuple[int, torch.dtype], Tuple[Any, ...]] = {}
 
 
 def _note_compiled_group(index: int, dtype: torch.dtype, kernel: Kernel, vec: int, max_grid: int) -> None:
     """Leave the compiled launch's constants for `index` and `dtype` where it will find them (nothing where torch
     lacks what they need: the Python path then takes every launch)."""
-    target = compiled_target(kernel, index)
-    if target is not None:
-        function, stream_of = target
-        _COMPILED_GROUPS[(index, dtype)] = (function, THREADS, vec, max_grid, stream_of)
+    function = compiled_target(kernel, index)
+    if function is not None:
+        _COMPILED_GROUPS[(index, dtype)] = (function, THREADS, vec, max_grid)
 
 
 def basic_stats_and_amax_into(x: torch.Tensor, out_ptr: int, amax_args: Tuple[Any, ...], nz_ptr: int = 0) -> None:

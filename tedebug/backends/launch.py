@@ -36,7 +36,7 @@ import ctypes
 import functools
 import struct
 import threading
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -228,8 +228,8 @@ def compiled_launches() -> Any:
 
 
 def _configured(compiled: Any) -> Any:
-    """`compiled` told the driver's entry points, torch's current-device call and the argument types (None when
-    there is no module, or no address to give it)."""
+    """`compiled` told the driver's entry points, torch's current-device and raw-current-stream calls (the latter
+    None where torch lacks it) and the argument types (None when there is no module, or no address to give it)."""
     if compiled is None:
         return None
     try:
@@ -240,17 +240,17 @@ def _configured(compiled: Any) -> Any:
         return None
     if not address:
         return None
-    compiled.configure(address, cooperative_address or 0, _current_device, _KIND_TYPES)
+    compiled.configure(address, cooperative_address or 0, _current_device, _RAW_STREAM, _KIND_TYPES)
     return compiled
 
 
-def compiled_target(kernel: "Kernel", index: int) -> Optional[Tuple[int, Callable[[int], int]]]:
-    """What the compiled statistics group launch of `kernel` on device `index` needs besides what `compiled_launches`
-    told the module: (the CUfunction, a callable giving torch's raw current stream of a device index); None where
-    torch lacks the private call that gives the stream cheaply."""
+def compiled_target(kernel: "Kernel", index: int) -> Optional[int]:
+    """The CUfunction of `kernel` on device `index` for the compiled statistics group launch, which takes torch's raw
+    current stream from the call `compiled_launches` told the module; None where torch lacks that call (the Python
+    path then makes every such launch)."""
     if _RAW_STREAM is None:
         return None
-    return kernel.handle(index), _RAW_STREAM
+    return kernel.handle(index)
 
 
 class _ArgBlock:

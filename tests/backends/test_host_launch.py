@@ -82,10 +82,10 @@ def real_entry_points_afterwards():
 
 
 def constants(recorder, vec, current=CPU, stream_of=lambda index: STREAM):
-    """The statistics group launch's table entry, with the module told `recorder` as ``cuLaunchKernel`` and device
-    `current` as torch's current one."""
-    COMPILED.configure(recorder.address, 0, lambda: current, launch._KIND_TYPES)
-    return (FUNCTION, THREADS, vec, MAX_GRID, stream_of)
+    """The statistics group launch's table entry, with the module told `recorder` as ``cuLaunchKernel``, device
+    `current` as torch's current one and `stream_of` as torch's raw-current-stream call."""
+    COMPILED.configure(recorder.address, 0, lambda: current, stream_of, launch._KIND_TYPES)
+    return (FUNCTION, THREADS, vec, MAX_GRID)
 
 
 @pytest.fixture
@@ -198,6 +198,9 @@ def test_calls_it_does_not_take_launch_nothing():
         raise RuntimeError("no stream")
 
     _calls_not_taken([(x, 1), (w, 2)], {(CPU, torch.float32): constants(recorder, 4, stream_of=no_stream)})
+    _calls_not_taken([(x, 1), (w, 2)], {(CPU, torch.float32): constants(recorder, 4, stream_of=None)})  # no call
+    table = {(CPU, torch.float32): constants(recorder, 4)}
+    _calls_not_taken([(x, 1), (w, 2)], {key: entry + (None,) for key, entry in table.items()})  # an old entry
     assert recorder.calls == []
     with pytest.raises(TypeError, match="table: dict"):
         COMPILED.stats_group_scratch([], [(x, 1), (w, 2)])
@@ -216,12 +219,12 @@ def test_the_drivers_error_comes_back():
 def test_the_first_launch_takes_the_python_path_then_the_compiled_one(python_path, monkeypatch):
     recorder = LaunchRecorder()
     monkeypatch.setattr(cupy_stats, "compiled_launches", lambda: COMPILED)
-    COMPILED.configure(recorder.address, 0, lambda: CPU, launch._KIND_TYPES)
-    monkeypatch.setattr(cupy_stats, "compiled_target", lambda kernel, index: (FUNCTION, lambda i: STREAM))
+    COMPILED.configure(recorder.address, 0, lambda: CPU, lambda index: STREAM, launch._KIND_TYPES)
+    monkeypatch.setattr(cupy_stats, "compiled_target", lambda kernel, index: FUNCTION)
     items = [(torch.randn(64, 32), 4096), (torch.randn(16, 32), 8192), (torch.randn(64, 16), 12288)]
     cupy_stats.basic_stats_group_scratch_into(items)
     assert len(python_path) == 1 and recorder.calls == []
-    assert cupy_stats._COMPILED_GROUPS[(CPU, torch.float32)][:4] == (FUNCTION, THREADS, 4, MAX_GRID)
+    assert cupy_stats._COMPILED_GROUPS[(CPU, torch.float32)] == (FUNCTION, THREADS, 4, MAX_GRID)
     cupy_stats.basic_stats_group_scratch_into(items)
     assert len(python_path) == 1
     python_grid, python_block, python_stream, python_bytes = python_path[0]
@@ -268,8 +271,9 @@ def test_the_environment_turns_the_compiled_launches_off(monkeypatch):
             monkeypatch.setenv(launch.ENV_VAR, value)
         assert launch.compiled_launches() is expected
         assert launch.launch_mode() == "driver"
-    # told the driver's entry point (no cooperative one here), torch's current-device call and the argument types
-    assert configured[0] == (recorder.address, 0, launch._current_device, launch._KIND_TYPES)
+    # told the driver's entry point (no cooperative one here), torch's current-device and raw-stream calls and the
+    # argument types
+    assert configured[0] == (recorder.address, 0, launch._current_device, launch._RAW_STREAM, launch._KIND_TYPES)
     monkeypatch.setenv(launch.ENV_VAR, "cupy")
     assert launch.compiled_launches() is None and launch.launch_mode() == "cupy"
 
@@ -277,6 +281,13 @@ def test_the_environment_turns_the_compiled_launches_off(monkeypatch):
 def test_no_target_without_torchs_private_call(monkeypatch):
     monkeypatch.setattr(launch, "_RAW_STREAM", None)
     assert launch.compiled_target(object(), 0) is None
+
+
+@needs_compiled
+def test_configure_checks_its_calls():
+    for current, stream_of in ((5, None), (lambda: 0, 5)):
+        with pytest.raises(TypeError, match="raw_stream or None"):
+            COMPILED.configure(1, 0, current, stream_of, launch._KIND_TYPES)
 
 
 # ------------------------------------------------------------------------------------------------ building
@@ -352,7 +363,7 @@ def configured(monkeypatch):
     def configure(count, code=0, cooperative=True):
         recorder = AnyLaunchRecorder(count, code)
         address = recorder.cooperative_address if cooperative else 0
-        COMPILED.configure(recorder.address, address, lambda: 0, launch._KIND_TYPES)
+        COMPILED.configure(recorder.address, address, lambda: 0, None, launch._KIND_TYPES)
         return recorder
 
     return configure
