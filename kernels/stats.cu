@@ -51,7 +51,10 @@ ted_stats_amax(const ted_raw_t* __restrict__ x, long long n, Acc* __restrict__ p
 }
 
 // Blocks [0, g0) reduce x0, [g0, g0 + g1) x1, the rest x2 (g2 blocks; a count of 0 leaves its tensor out).  Tensor t
-// uses the partials from row g0 + ... + g(t-1) on and tickets[t].
+// uses the partials from row g0 + ... + g(t-1) on and tickets[t].  The pass is written out once per member (here and
+// in `ted_stats_group_scratch`): one call site choosing its arguments by member gives the same rows and a kernel a
+// third the size, but ran 1-3 % slower on an H200 (tools/stats_fixed_cost.py, the forward GEMMs' three tensors at
+// the full size, two alternated pairs; the scratch kernel -1 to +2 %), so each member keeps a pass of its own.
 extern "C" __global__ void __launch_bounds__(256, 3)
 ted_stats_group(const ted_raw_t* __restrict__ x0, long long n0, unsigned int g0, double* __restrict__ out0,
                 const ted_raw_t* __restrict__ x1, long long n1, unsigned int g1, double* __restrict__ out1,
