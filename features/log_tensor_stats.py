@@ -120,6 +120,9 @@ class InspectPlan:
         #: tensor of every layer the config selects, so the schedule is evaluated once per iteration (one tuple:
         #: threads read it whole)
         self.active_at: Tuple[Optional[int], bool] = (None, False)
+        #: layer name -> the stats engine's feeder of that layer's buffer (`StatsEngine.slab_feeder`: its usual GPU
+        #: feed in a few steps), renewed by each feed that takes the general path
+        self.feeders: Dict[str, Any] = {}
 
     def feed(
         self,
@@ -140,6 +143,13 @@ class InspectPlan:
             active_at = self.active_at = (iteration, self.schedule.is_active(iteration))
         if not active_at[1]:
             return False
+        feeder = self.feeders.get(layer_name)
+        if feeder is not None:  # the usual GPU feed (a slab row) in a few steps, when the feeder takes it
+            current = active.DEBUG_MANAGER
+            if current is not None and feeder.engine is current.stats:
+                group, skip, is_weight = reduction_args(current, self.tensor_name, tp_group, tp_size)
+                if feeder.feed(tensor, iteration, group, skip, is_weight):
+                    return True
         if type(tensor) is torch.Tensor and tensor.is_floating_point():  # the common case of the check below
             x = tensor
         else:
@@ -156,24 +166,19 @@ class InspectPlan:
             current = active.session()  # (raises: not initialised)
         group, skip, is_weight = reduction_args(current, self.tensor_name, tp_group, tp_size)
         engine = current.stats
-        # the usual GPU feed (a slab row) in a few steps, else the general feed
-        if not (
-            engine.has_slab_routes
-            and engine.feed_slab_row(
-                (layer_name, self.tensor_name, self.options), requests, x, iteration, group, skip, is_weight
-            )
-        ):
-            engine.feed(
-                layer_name,
-                self.tensor_name,
-                requests,
-                x,
-                iteration=iteration,
-                options=self.options,
-                reduction_group=group,
-                skip_reduction=skip,
-                is_weight=is_weight,
-            )
+        engine.feed(
+            layer_name,
+            self.tensor_name,
+            requests,
+            x,
+            iteration=iteration,
+            options=self.options,
+            reduction_group=group,
+            skip_reduction=skip,
+            is_weight=is_weight,
+        )
+        if engine.has_slab_routes and self.by_shape is None:  # (blockwise requests: no slab route)
+            self.feeders[layer_name] = engine.slab_feeder((layer_name, self.tensor_name, self.options), requests)
         if layer_name not in self.logged_layers:
             log_once(self.message, layer_name)
             self.logged_layers.add(layer_name)

@@ -53,7 +53,7 @@ PARTS = (
     ("tedebug.debug_quantization", "DebugQuantizer.quantize"),
     ("tedebug.debug_quantization", "DebugQuantizer._inspect"),
     ("tedebug.stats.engine", "StatsEngine.feed"),
-    ("tedebug.stats.engine", "StatsEngine.feed_slab_row"),  # (LogTensorStats' usual GPU feed after a buffer's first)
+    ("tedebug.stats.engine", "SlabFeeder.feed"),  # (LogTensorStats' usual GPU feed after a buffer's first)
     ("tedebug.stats.launch_group", "_launch"),
     ("tedebug.debug_api", "step"),
     ("tedebug.stats.engine", "StatsEngine.step"),

@@ -52,7 +52,7 @@ class VectorRow(NamedTuple):
 
 
 class SlabRoute(NamedTuple):
-    """How a feed launched a buffer's row into the step's slab: what `StatsEngine.feed_slab_row` needs to do it again
+    """How a feed launched a buffer's row into the step's slab: what `StatsEngine.slab_feeder` needs to do it again
     without `StatsEngine.feed`'s general path.  The launches are the backend's as that feed looked them up (a feed
     of the general path that finds other ones makes a new route)."""
 
@@ -92,8 +92,8 @@ class StatBuffer:
         #: rows of this step written by a kernel into a `RowSlab` (full backend layout), read back at the step
         self.slab_rows: List[Tuple[RowSlab, int]] = []
         self.slab_keys: Tuple[str, ...] = ()  # the partial names of a slab row, in order
-        #: how the last feed that went to the slab launched its row (`SlabRoute`), for `StatsEngine.feed_slab_row`;
-        #: None until a feed takes that path
+        #: how the last feed that went to the slab launched its row (`SlabRoute`), for `StatsEngine.slab_feeder`;
+        #: None until a feed takes that path (and again once the store is reset)
         self.slab_route: Optional[SlabRoute] = None
         #: rows of this step that are quantize kernels' statistics vectors, gathered at the step
         self.vector_rows: List[VectorRow] = []
@@ -336,6 +336,10 @@ class BufferStore:
         self.touched.clear()
 
     def reset(self) -> None:
+        """Drop every buffer; their slab routes are cleared first, so a feeder kept by a feature
+        (`tedebug.stats.engine.SlabFeeder`) refuses every call from then on."""
+        for buffer in self._buffers.values():
+            buffer.slab_route = None
         self._buffers.clear()
         self.touched.clear()
 

@@ -8,8 +8,9 @@ floats (`StatBuffer.accumulate_host`): no tensor is built and nothing is copied 
 batch does not take gets the backend's host values at once (`basic_partial_values`: the same floats).  A feed
 of quantization statistics that a quantize kernel already counted for exactly this tensor (its statistics vector,
 `tedebug.backends.fused_stats`) keeps a reference to that vector (`StatBuffer.add_vector_row`): no tensor op at all;
-the step gathers every such vector at once.  `feed_slab_row` is the usual GPU feed (a slab row) without `feed`'s
-general checks, for a buffer whose last feed went to the slab (LogTensorStats tries it first).
+the step gathers every such vector at once.  A `SlabFeeder` (`slab_feeder`) is the usual GPU feed of one buffer (a
+slab row) without `feed`'s general checks, for a buffer whose last feed went to the slab (LogTensorStats keeps one per
+layer and tensor).
 `step(finished_iteration)` reads every fed row back (`tedebug.stats.readback`: all copies enqueued at once; the usual
 step, whose every buffer holds one row, through the layout kept from the last such step), runs one
 collective per reduction group (`tedebug.stats.reduce`), evaluates the final formulas as Python floats and emits
@@ -100,7 +101,7 @@ class StatsEngine:
         self._group_reducer = GroupReducer()
         #: this step's staged CPU feeds (`tedebug.stats.host_batch`), reduced together at the step
         self._host_batch = HostBatch()
-        #: a feed has recorded a `SlabRoute` (`feed_slab_row` may take a call): a session of CPU tensors, which never
+        #: a feed has recorded a `SlabRoute` (`slab_feeder` may give a feeder): a session of CPU tensors, which never
         #: records one, need not ask
         self.has_slab_routes = False
 
@@ -196,60 +197,28 @@ class StatsEngine:
             raise type(err)(f"statistics of layer {layer!r}, tensor {tensor_name!r}: {err}") from err
         buffer.accumulate(row)
 
-    def feed_slab_row(
-        self,
-        key: Tuple[str, str, Tuple[Hashable, ...]],
-        stats: Any,
-        tensor: Any,
-        iteration: int,
-        reduction_group: Any,
-        skip_reduction: bool,
-        is_weight: bool,
-    ) -> bool:
-        """`feed` of the usual GPU feed in a few steps; True when it fed, False when `feed` must take the call.
-
-        The usual feed of a logged GPU tensor is one launch writing its row into the step's slab.  This takes it when
-        the buffer of `key` (``(layer, tensor name, options)``) exists and was last fed this very immutable `stats`
-        object, a feed of it reached the slab (`StatBuffer.slab_route` says how), and `feed` would send `tensor` there
-        again: a non-empty floating-point tensor for which `backend_for` answers the route's backend, not a CPU tensor
-        of a backend that gives those host values, and no quantize pass computed its basic row
-        (`high_precision_row`).  It then does what `feed` does for it, without the general checks: the buffer noted as
-        touched, with this feed's iteration and reduction arguments, and (unless a weight buffer was fed this step: a
-        weight keeps its first feed) a slab row taken and its launch handed to the layer's launch group.  The
-        launches are those the route recorded.  A False answer changes nothing.  LogTensorStats tries this first
-        (docs/performance.md, section 22)."""
+    def slab_feeder(self, key: Tuple[str, str, Tuple[Hashable, ...]], stats: Any) -> Optional["SlabFeeder"]:
+        """The few-step form of `feed` for the buffer of `key` (``(layer, tensor name, options)``) while it is fed this
+        very immutable `stats` object and its feeds go to the slab (`SlabFeeder`), or None when `feed` must take
+        the next call: no such buffer yet, another stats object, or its last feed did not reach the slab."""
         buffer = self._store.get(key)
-        if buffer is None or stats is None or buffer.stats_source is not stats:
-            return False
-        route = buffer.slab_route
-        if (
-            route is None
-            or not isinstance(tensor, torch.Tensor)
-            or not tensor.is_floating_point()
-            or tensor.numel() == 0
-            or backend_for(tensor) is not route.backend
-            or (route.host_values and tensor.is_cpu)
-            or high_precision_row(tensor) is not None
-        ):
-            return False
-        self._touched[buffer] = None
-        buffer.is_weight = is_weight
-        buffer.iteration = iteration
-        buffer.reduction_group = reduction_group
-        buffer.skip_reduction = skip_reduction
-        if not (is_weight and buffer.fed):
-            self._launch_slab_row(buffer, tensor, route)
-        return True
+        if buffer is None or stats is None or buffer.stats_source is not stats or buffer.slab_route is None:
+            return None
+        return SlabFeeder(self, buffer, buffer.slab_route, stats)
 
     def _launch_slab_row(self, buffer: StatBuffer, tensor: torch.Tensor, route: SlabRoute) -> None:
         """One launch writing `tensor`'s whole row into this step's slab; inside a layer's launch group the launch
         waits for the group's other tensors (`tedebug.stats.launch_group`)."""
-        slab = self._slab(tensor.device, len(route.keys))
+        device = tensor.device
+        slab = self._slabs.get(device)
+        if slab is None or slab.width != len(route.keys):
+            slab = self._slab(device, len(route.keys))
         index, address = slab.take() if route.scratch is None else slab.take_scratch(route.scratch)
         launch_group.submit(route.group_into, route.into, tensor, address)
         buffer.add_slab_row(slab, index, route.keys)
 
     def _slab(self, device: torch.device, width: int) -> RowSlab:
+        """This step's slab of `device`, a new one when there is none of `width` yet."""
         slab = self._slabs.get(device)
         if slab is None or slab.width != width:
             scratch = self._scratch_areas.get(device)
@@ -573,6 +542,52 @@ class StatsEngine:
         self._replicas.clear()
         self._replica_groups.clear()
         self._group_reducer.reset()
+
+
+class SlabFeeder:
+    """`StatsEngine.feed` of one buffer's usual GPU feed in a few steps (`StatsEngine.slab_feeder` makes it; a feature
+    keeps it for the buffer's next feeds: LogTensorStats, one per layer and tensor).
+
+    `feed` takes a call when the buffer is still fed `stats` and still sends its feeds to the slab by the route the
+    feeder was made with, and `feed` would send `tensor` there again: a non-empty floating-point tensor for which
+    `backend_for` answers the route's backend, not a CPU tensor of a backend that gives those host values, and no
+    quantize pass computed its basic row (`high_precision_row`).  It then does what `feed` does for it, without the
+    general checks: the buffer noted as touched, with this feed's iteration and reduction arguments, and (unless a
+    weight buffer was fed this step: a weight keeps its first feed) a slab row taken and its launch handed to the
+    layer's launch group.  It answers False, having changed nothing, for any other call, which `feed` must take; a
+    general feed that finds another backend makes a new route, and the engine's `reset` clears every route, so a
+    feeder of a replaced route or a reset engine refuses every call from then on."""
+
+    __slots__ = ("engine", "buffer", "route", "stats")
+
+    def __init__(self, engine: StatsEngine, buffer: StatBuffer, route: SlabRoute, stats: Any) -> None:
+        self.engine = engine
+        self.buffer = buffer
+        self.route = route
+        self.stats = stats
+
+    def feed(self, tensor: Any, iteration: int, reduction_group: Any, skip_reduction: bool, is_weight: bool) -> bool:
+        buffer, route = self.buffer, self.route
+        if (
+            buffer.slab_route is not route
+            or buffer.stats_source is not self.stats
+            or not isinstance(tensor, torch.Tensor)
+            or not tensor.is_floating_point()
+            or tensor.numel() == 0
+            or backend_for(tensor) is not route.backend
+            or (route.host_values and tensor.is_cpu)
+            or high_precision_row(tensor) is not None
+        ):
+            return False
+        engine = self.engine
+        engine._touched[buffer] = None
+        buffer.is_weight = is_weight
+        buffer.iteration = iteration
+        buffer.reduction_group = reduction_group
+        buffer.skip_reduction = skip_reduction
+        if not (is_weight and buffer.fed):
+            engine._launch_slab_row(buffer, tensor, route)
+        return True
 
 
 class _StepInFlight:

@@ -1,7 +1,8 @@
-"""`StatsEngine.feed_slab_row`: the usual GPU feed (one slab row) in a few steps, on the CPU with the stand-in kernel
+"""`StatsEngine.slab_feeder`: the usual GPU feed (one slab row) in a few steps, on the CPU with the stand-in kernel
 backend of `tests/support/slab_backend.py` (its launches write each row at its slab address, as the kernels do).
 
-- it takes a feed only where `feed` would send the tensor to the slab again, and a refusal changes nothing;
+- a feeder takes a feed only where `feed` would send the tensor to the slab again, and a refusal changes nothing;
+- a feeder whose route was replaced, or whose engine was reset, refuses every call;
 - a weight buffer keeps its first feed of the step;
 - through LogTensorStats on a model, every feed after a buffer's first takes it, and the files are those of a run
   in which `feed` takes every call.
@@ -22,6 +23,7 @@ from support.slab_backend import slab_backend
 
 STATS = tuple(StatRequest.parse_hp(name) for name in ("min", "max", "l1_norm"))
 KEY = ("L", "activation", ())
+SlabFeeder = engine_module.SlabFeeder
 
 
 @pytest.fixture
@@ -46,35 +48,37 @@ def _state(engine):
 def test_it_takes_only_the_feeds_feed_would_send_to_the_slab(backend, monkeypatch):
     engine = StatsEngine(RecordingSink())
     x = torch.tensor([[1.5, -3.0], [0.25, 2.0]])
-    assert not engine.feed_slab_row(KEY, STATS, x, 0, None, False, False)  # no buffer yet: `feed` makes it
+    assert engine.slab_feeder(KEY, STATS) is None  # no buffer yet: `feed` makes it
     assert not engine.has_slab_routes
     engine.feed("L", "activation", STATS, x, iteration=0)
     assert engine._store.get(KEY).slab_route.backend is backend and engine.has_slab_routes
-    refused = [
-        (tuple(list(STATS)), x),  # an equal stats object, not the one the buffer was fed (`feed` checks it)
-        (STATS, torch.empty(0)),
-        (STATS, torch.arange(4)),  # not floating-point: `feed` raises for it
-        (STATS, [1.0, 2.0]),
-    ]
+    assert engine.slab_feeder(KEY, tuple(list(STATS))) is None  # an equal stats object, not the one it was fed
+    assert engine.slab_feeder(KEY, None) is None
+    feeder = engine.slab_feeder(KEY, STATS)
+    refused = [torch.empty(0), torch.arange(4), [1.0, 2.0], None]  # (not floating-point: `feed` raises for it)
     fused = torch.tensor([[7.0, 8.0]])
     attach_high_precision(fused, torch.zeros(len(torch_ref.BASIC_ROW_KEYS), dtype=torch.float64))
-    refused.append((STATS, fused))  # a quantize pass computed its row: `feed` keeps that row
+    refused.append(fused)  # a quantize pass computed its row: `feed` keeps that row
     before = _state(engine)
-    for stats, tensor in refused:
-        assert not engine.feed_slab_row(KEY, stats, tensor, 0, None, False, False)
+    for tensor in refused:
+        assert not feeder.feed(tensor, 0, None, False, False)
     buffer = engine._store.get(KEY)
     route = buffer.slab_route
     buffer.slab_route = route._replace(host_values=True)  # (a CUDA feed's route, of a backend with host values)
-    assert not engine.feed_slab_row(KEY, STATS, x, 0, None, False, False)  # a CPU tensor: `feed` takes its values
+    host_values = engine.slab_feeder(KEY, STATS)
+    assert not host_values.feed(x, 0, None, False, False)  # a CPU tensor: `feed` takes its values
+    assert not feeder.feed(x, 0, None, False, False)  # the route it was made with is not the buffer's now
     buffer.slab_route = route
+    buffer.stats_source = tuple(list(STATS))
+    assert not feeder.feed(x, 0, None, False, False)  # the buffer was fed another stats object since
+    buffer.stats_source = STATS
     other = slab_backend()
     monkeypatch.setattr(engine_module, "backend_for", lambda t: other)
-    assert not engine.feed_slab_row(KEY, STATS, x, 0, None, False, False)  # another backend now
+    assert not feeder.feed(x, 0, None, False, False)  # another backend now
     assert _state(engine) == before  # a refusal changes nothing
     monkeypatch.setattr(engine_module, "backend_for", lambda t: backend)
     y = x * 4
-    assert engine.feed_slab_row(KEY, STATS, y, 0, "group", False, False)
-    buffer = engine._store.get(KEY)
+    assert feeder.feed(y, 0, "group", False, False)
     assert buffer.reduction_group == "group" and buffer.iteration == 0 and len(buffer.slab_rows) == 2
     assert backend.calls[-1] is y
     log = engine.metric_logger
@@ -88,6 +92,17 @@ def test_it_takes_only_the_feeds_feed_would_send_to_the_slab(backend, monkeypatc
     }
 
 
+def test_a_feeder_of_a_reset_engine_refuses_every_call(backend):
+    engine = StatsEngine(RecordingSink())
+    x = torch.ones(2, 2)
+    engine.feed("L", "activation", STATS, x, iteration=0)
+    feeder = engine.slab_feeder(KEY, STATS)
+    engine.step(0)
+    engine.reset()
+    assert not feeder.feed(x, 1, None, False, False)
+    assert list(engine._store) == [] and engine._store.touched == {}
+
+
 def test_a_session_of_cpu_tensors_records_no_route():
     engine = StatsEngine(
         RecordingSink()
@@ -96,6 +111,7 @@ def test_a_session_of_cpu_tensors_records_no_route():
         engine.feed("L", "activation", STATS, torch.ones(3, 2) * iteration, iteration=iteration)
         engine.step(iteration)
     assert not engine.has_slab_routes and engine._store.get(KEY).slab_route is None
+    assert engine.slab_feeder(KEY, STATS) is None
 
 
 def test_a_weight_keeps_its_first_feed_of_the_step(backend):
@@ -105,9 +121,10 @@ def test_a_weight_keeps_its_first_feed_of_the_step(backend):
     for iteration in (0, 1):
         if iteration == 0:
             engine.feed("L", "weight", STATS, w, iteration=0, skip_reduction=True, is_weight=True)
+            feeder = engine.slab_feeder(key, STATS)
         else:
-            assert engine.feed_slab_row(key, STATS, w, 1, None, True, True)
-        assert engine.feed_slab_row(key, STATS, w * 10, iteration, None, True, True)  # taken, not written
+            assert feeder.feed(w, 1, None, True, True)
+        assert feeder.feed(w * 10, iteration, None, True, True)  # taken, not written
         assert len(engine._store.get(key).slab_rows) == 1
         assert backend.calls[-1] is w
         engine.step(iteration)
@@ -122,16 +139,16 @@ def _files(tmp_path: Path, monkeypatch, name: str, fast: bool, finished=None):
     """The statistics files of four steps of two tedebug blocks with LogTensorStats on every tensor (a NaN in the
     input at iteration 2), the stand-in backend writing the rows (with a `finished` list: its scratch launches, the
     rows written at each step's read-back, the list getting how many each time); `fast` False: `feed` takes every
-    call.  Also the number of calls `feed` and `feed_slab_row` took."""
+    call (the engine gives no feeder).  Also the number of calls `feed` and the feeders took."""
     counts = {"feed": 0, "slab": 0}
-    real_feed, real_slab = StatsEngine.feed, StatsEngine.feed_slab_row
+    real_feed, real_slab = StatsEngine.feed, SlabFeeder.feed
 
     def feed(self, *args, **kwargs):
         counts["feed"] += 1
         return real_feed(self, *args, **kwargs)
 
-    def feed_slab_row(self, *args):
-        taken = fast and real_slab(self, *args)
+    def feeder_feed(self, *args):
+        taken = real_slab(self, *args)
         counts["slab"] += taken
         return taken
 
@@ -139,7 +156,9 @@ def _files(tmp_path: Path, monkeypatch, name: str, fast: bool, finished=None):
         engine_module, "backend_for", lambda x, b=slab_backend(scratch=finished is not None, finished=finished): b
     )
     monkeypatch.setattr(StatsEngine, "feed", feed)
-    monkeypatch.setattr(StatsEngine, "feed_slab_row", feed_slab_row)
+    monkeypatch.setattr(SlabFeeder, "feed", feeder_feed)
+    if not fast:
+        monkeypatch.setattr(StatsEngine, "slab_feeder", lambda self, key, stats: None)
     stats = ["min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range"]
     tensors = ["activation", "weight", "output", "gradient", "dgrad", "wgrad"]
     features = {"LogTensorStats": {"enabled": True, "stats": stats, "tensors": tensors, "freq": 1}}
