@@ -22,6 +22,13 @@ fastest rounds (other work on the machine only adds time), on CPU float32 with t
 5. LogFp8TensorStats (underflows%, mse, scale_inv_min, scale_inv_max on activation, weight and gradient at freq 1)
    over the stack under FP8 current scaling, minus the same steps without debug_api, per logged tensor
    (``--only fp8log``).
+6. the GPU path's bookkeeping without a GPU (``--only gpu-path``): figure 1's logged steps with the statistics
+   engine's `backend_for` answering the CPU stand-in of the kernel backend (`tests/support/slab_backend.py`, with its
+   scratch launches), whose launches copy one fixed row (no arithmetic per tensor), so the feeds take the GPU
+   path's Python - slab rows, row scratch, launch groups, the read-back of a one-row step - and the figure per
+   logged tensor is that Python over the stack without debug_api.  It moves with the Python a GPU step spends per
+   logged tensor (inside a GPU step each part costs several times more: docs/performance.md, section 25), so a change
+   to that path can be compared on the CPU; the logged values are the fixed row's.
 
 A machine shared with other work drifts: compare figures of one run only.  ``--clock cpu`` measures the process's
 CPU time (`time.process_time`, every thread of the training process) instead of wall time: time
@@ -37,8 +44,11 @@ import statistics
 import sys
 import time
 import warnings
+from pathlib import Path
 
 import torch
+
+ROOT = Path(__file__).resolve().parents[1]
 
 LAYERS, HIDDEN, HEADS, BATCH, SEQ = 12, 32, 2, 1, 8
 STATS = ["min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range"]
@@ -51,7 +61,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--only", choices=("stats", "convert", "feed", "fp8log", "all"), default="all")
+    parser.add_argument("--only", choices=("stats", "convert", "feed", "fp8log", "gpu-path", "all"), default="all")
     parser.add_argument(
         "--clock",
         choices=("wall", "cpu"),
@@ -157,6 +167,21 @@ def main() -> int:
         finally:
             StatsEngine._emit = real
 
+    def gpu_path_logged() -> float:
+        """`logged` with the engine's `backend_for` answering the stand-in kernel backend (figure 6)."""
+        sys.path.insert(0, str(ROOT / "tests"))
+        from support.slab_backend import slab_backend
+
+        from tedebug.stats import engine as engine_module
+
+        stand_in = slab_backend(scratch=True, fixed_row=torch.ones(BATCH * SEQ, HIDDEN))
+        real = engine_module.backend_for
+        engine_module.backend_for = lambda tensor: stand_in
+        try:
+            return logged()
+        finally:
+            engine_module.backend_for = real
+
     def engine_only() -> float:
         """The statistics engine alone: 288 CPU tensors [8, 32] fed per step (8 statistics), the step without the
         emission; us per step as the other settings (the figure divides by the 288 tensors)."""
@@ -192,9 +217,12 @@ def main() -> int:
     settings = []
     if args.only in ("feed", "all"):
         settings.append(("statistics engine alone: 288 feeds + step, no emission", engine_only))
+    if args.only in ("gpu-path", "stats", "all"):
+        settings.append(("stack, no debug_api", lambda: run_steps(stack)))
+    if args.only in ("gpu-path", "all"):
+        settings.append(("stack, LogTensorStats through the GPU path (stand-in)", gpu_path_logged))
     if args.only in ("stats", "all"):
         settings += [
-            ("stack, no debug_api", lambda: run_steps(stack)),
             ("stack, LogTensorStats 8 stats x 6 tensors, freq 1", logged),
             ("stack, the same without the statistics (feed a no-op)", logged_without_statistics),
             ("stack, the same without the emission (_emit a no-op)", logged_without_emission),
@@ -231,7 +259,12 @@ def main() -> int:
         if "statistics engine alone: 288 feeds + step, no emission" in pick:
             alone = pick["statistics engine alone: 288 feeds + step, no emission"] / (6 * gemms)
             print(f"[{name}] statistics engine alone (StatsEngine.feed + step, no emission): {alone:.1f} us per tensor")
-        if "stack, no debug_api" in pick:
+        if "stack, LogTensorStats through the GPU path (stand-in)" in pick:
+            per = (pick["stack, LogTensorStats through the GPU path (stand-in)"] - pick["stack, no debug_api"]) / (
+                6 * gemms
+            )
+            print(f"[{name}] host time per logged tensor through the GPU path's bookkeeping (stand-in): {per:.1f} us")
+        if "stack, LogTensorStats 8 stats x 6 tensors, freq 1" in pick:
             logged = pick["stack, LogTensorStats 8 stats x 6 tensors, freq 1"]
             per = (logged - pick["stack, no debug_api"]) / (6 * gemms)
             print(f"[{name}] host time per logged tensor (LogTensorStats, 8 stats): {per:.1f} us")

@@ -19,17 +19,26 @@ import torch
 from tedebug.backends import torch_ref
 
 
-def slab_backend(keys=torch_ref.BASIC_KEYS, calls=None, scratch=False, finished=None, extra_scratch_bytes=0):
+def slab_backend(
+    keys=torch_ref.BASIC_KEYS, calls=None, scratch=False, finished=None, extra_scratch_bytes=0, fixed_row=None
+):
     """The stand-in module for partials `keys` (any order of `torch_ref.BASIC_KEYS`); `calls`, when given, gets
     every tensor a row is written for; `scratch`: with the scratch launches (`extra_scratch_bytes` added to its
-    scratch size)."""
+    scratch size).  `fixed_row` (a tensor): every launch writes the row of that one tensor, computed once, whatever
+    tensor it is given (no arithmetic per launch: for timing the bookkeeping around the launches, as
+    tools/probe_hot_path.py's ``--only gpu-path`` does; the logged values are then that tensor's)."""
     row_keys = ("numel",) + tuple(keys)
+
+    def row_of(x):
+        partials = torch_ref.basic_partials(x)
+        return torch.stack([torch.tensor(float(x.numel()), dtype=torch.float64)] + [partials[k] for k in keys])
+
+    fixed = row_of(fixed_row) if fixed_row is not None else None
 
     def basic_stats_into(x, address):
         if calls is not None:
             calls.append(x)
-        partials = torch_ref.basic_partials(x)
-        values = torch.stack([torch.tensor(float(x.numel()), dtype=torch.float64)] + [partials[k] for k in keys])
+        values = fixed if fixed is not None else row_of(x)
         ctypes.memmove(address, values.data_ptr(), 8 * len(row_keys))
 
     def basic_stats_group_into(items):
