@@ -289,19 +289,29 @@ def add_shape_arguments(
         parser.add_argument(f"--{flag}", type=int, default=default)
 
 
-def train_step(model: torch.nn.Module, x: torch.Tensor, optimizer, recipe) -> None:
+def train_step(model: torch.nn.Module, x: torch.Tensor, optimizer, recipe, phases: Optional[list] = None) -> None:
     """One training step of the benchmarks: forward under ``tedebug.autocast(recipe=...)`` (off for None),
-    backward outside it (as in TransformerEngine), the optimizer step, and ``debug_api.step()`` in a debug session."""
+    backward outside it (as in TransformerEngine), the optimizer step, and ``debug_api.step()`` in a debug session.
+    `phases`, when given, gets the host time in seconds of each of the four as one tuple (forward, backward,
+    optimizer, then ``debug_api.step()`` with the check whether a session is on; `time.perf_counter`, no
+    synchronisation: on a CUDA step bound by the host, where each phase's time goes)."""
     import tedebug
     from tedebug import debug_api
 
+    start = time.perf_counter() if phases is not None else 0.0
     with tedebug.autocast(enabled=recipe is not None, recipe=recipe):
         y = model(x)
+    forward = time.perf_counter() if phases is not None else 0.0
     y.float().square().mean().backward()
+    backward = time.perf_counter() if phases is not None else 0.0
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    optimized = time.perf_counter() if phases is not None else 0.0
     if debug_api.is_enabled():
         debug_api.step()
+    if phases is not None:
+        end = time.perf_counter()
+        phases.append((forward - start, backward - forward, optimized - backward, end - optimized))
 
 
 class CollectorClock:

@@ -82,6 +82,41 @@ def test_timed_steps_start_after_a_full_collection_and_the_clock_times_the_timed
     assert clock._callback not in gc.callbacks
 
 
+def test_train_step_gives_each_phases_host_time(monkeypatch, tmp_path):
+    """`train_step(phases=...)` appends one (forward, backward, optimizer, step()) tuple per step: here each phase
+    is held up by a sleep of its own length, 80 ms apart, so each phase's time lies between its sleep and the
+    next one's (a phase timed with its neighbour's sleep, or in another place, falls outside)."""
+    import time
+
+    model, x, opt = bench.training_setup(1, 16, 2, 1, 4, "cpu", torch.float32)
+    slow = {"forward": 0.02, "backward": 0.1, "optimizer": 0.18, "step": 0.26}
+
+    def held(seconds, real):
+        def call(*args, **kwargs):
+            time.sleep(seconds)
+            return real(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(model, "forward", held(slow["forward"], model.forward))
+    monkeypatch.setattr(torch.Tensor, "backward", held(slow["backward"], torch.Tensor.backward))
+    monkeypatch.setattr(opt, "step", held(slow["optimizer"], opt.step))
+    monkeypatch.setattr(debug_api, "step", held(slow["step"], debug_api.step))
+    phases = []
+    debug_api.initialize(bench.logging_config("hp-log"), log_dir=str(tmp_path))
+    try:
+        bench.train_step(model, x, opt, None)  # (the first step also builds the session's plans)
+        for _ in range(2):
+            bench.train_step(model, x, opt, None, phases)
+    finally:
+        debug_api.end_debug()
+    assert len(phases) == 2
+    for step in phases:
+        assert len(step) == 4
+        for seconds, floor in zip(step, slow.values()):
+            assert floor <= seconds < floor + 0.07
+
+
 def test_recipe_bench_runs_every_recipe_on_cpu(monkeypatch):
     """`tedebug bench --e2e --recipes --device cpu`: the baseline, the converted model and every recipe, each
     recipe really quantizing with its own quantizer class."""

@@ -18,13 +18,21 @@ timed by the wall clock between two synchronisations; CPU: one torch thread, pro
 - ``engine's feed a no-op``: `StatsEngine.feed` returns at once.  Nothing is fed, so the step's read-back and
   emission have nothing to do either;
 - ``emission a no-op``: `StatsEngine._emit` returns at once: no final formulas, no sink writes.
+- ``backward's inspection a no-op`` (``hp-log``): the hook that inspects a GEMM's dy, dx and dW
+  (`tedebug.nn.base._inspect_backward`, registered on the node of the linear) returns at once: the backward's half
+  of the logged tensors is neither inspected nor fed.
+
+Each row also gives the host time of the step's four phases (`bench.train_step`'s ``phases``: forward,
+backward, optimizer, ``debug_api.step()``; medians over the steps of all rounds).  On a CUDA step bound by the host
+they say where the time goes: the backward runs on autograd's device thread, so its inspections are paid there.
 
 The part of a logged tensor is then the difference of two rows: the engine's (its feed, its launches, the
 read-back) is ``whole feature`` − ``engine's feed a no-op`` − the emission's, and the emission's is ``whole
 feature`` − ``emission a no-op``.  A host that drifts during the run moves every row: compare rows of one run, and
 repeat it.  The no-ops replace internals (`tedebug.features.log_tensor_stats.InspectPlan.feed`,
-`tedebug.features.log_fp8_tensor_stats._BoundFeed.__call__`, `StatsEngine.feed` and `StatsEngine._emit`); the
-tool fails loudly if one of them is renamed.  docs/performance.md section 5 has a run on the H200.
+`tedebug.features.log_fp8_tensor_stats._BoundFeed.__call__`, `StatsEngine.feed`, `StatsEngine._emit` and
+`tedebug.nn.base._inspect_backward`); the tool fails loudly if one of them is renamed.  docs/performance.md
+sections 5 and 25 have runs on the H200.
 """
 
 from __future__ import annotations
@@ -41,9 +49,11 @@ import torch
 from tedebug import bench, debug_api
 from tedebug import recipe as recipe_module
 from tedebug.features import log_fp8_tensor_stats, log_tensor_stats
+from tedebug.nn import base as nn_base
 from tedebug.stats.engine import StatsEngine
 
 VARIANTS = ("no debug", "whole feature", "feature's feed a no-op", "engine's feed a no-op", "emission a no-op")
+BACKWARD_NO_OP = "backward's inspection a no-op"
 LAYERS = 12  # blocks of the model, 4 linear layers each
 
 
@@ -56,11 +66,14 @@ def _patches(setting: str) -> Dict[str, List[tuple]]:
     feature_feed = (
         (log_tensor_stats.InspectPlan, "feed") if setting == "hp-log" else (log_fp8_tensor_stats._BoundFeed, "__call__")
     )
-    return {
+    patches = {
         "feature's feed a no-op": [feature_feed],
         "engine's feed a no-op": [(StatsEngine, "feed")],
         "emission a no-op": [(StatsEngine, "_emit")],
     }
+    if setting == "hp-log":  # (the FP8 setting's GEMMs inspect in `_LinearFunction`'s backward instead)
+        patches[BACKWARD_NO_OP] = [(nn_base, "_inspect_backward")]
+    return patches
 
 
 def main() -> None:
@@ -86,29 +99,31 @@ def main() -> None:
     originals = {pair: pair[0].__dict__[pair[1]] for pairs in patches.values() for pair in pairs}
     clock: Callable[[], float] = time.perf_counter if on_gpu else time.process_time
 
-    def timed() -> float:
+    def timed(phases: list) -> float:
         for _ in range(3):
             bench.train_step(model, x, opt, recipe)
         if on_gpu:
             torch.cuda.synchronize()
         start = clock()
         for _ in range(a.steps):
-            bench.train_step(model, x, opt, recipe)
+            bench.train_step(model, x, opt, recipe, phases)
         if on_gpu:
             torch.cuda.synchronize()
         return (clock() - start) * 1e3 / a.steps
 
-    results: Dict[str, List[float]] = {v: [] for v in VARIANTS}
+    variants = VARIANTS + tuple(v for v in patches if v not in VARIANTS)
+    results: Dict[str, List[float]] = {v: [] for v in variants}
+    phases: Dict[str, list] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory() as log_dir:
         for r in range(a.rounds):
-            for variant in VARIANTS if r % 2 == 0 else VARIANTS[::-1]:
+            for variant in variants if r % 2 == 0 else variants[::-1]:
                 for owner, name in patches.get(variant, ()):
                     setattr(owner, name, _no_op)
                 try:
                     if variant != "no debug":
                         debug_api.initialize(config, log_dir=log_dir)
                     try:
-                        results[variant].append(timed())
+                        results[variant].append(timed(phases[variant]))
                     finally:
                         if variant != "no debug":
                             debug_api.end_debug()
@@ -121,14 +136,18 @@ def main() -> None:
         f"{a.setting} on {a.device}, hidden {a.hidden}, {a.batch}x{a.seq} tokens, medians of {a.rounds} interleaved "
         f"rounds of {a.steps} steps ({per_step} logged tensors per step)"
     )
-    for variant in VARIANTS:
+    for variant in variants:
         median = statistics.median(results[variant])
         extra = median - base
         rounds = ", ".join(f"{v:.1f}" for v in results[variant])
         print(
-            f"  {variant:24s} {median:8.2f} ms/step  {extra:+8.2f} ms  {extra * 1e3 / per_step:+7.1f} us/tensor"
+            f"  {variant:30s} {median:8.2f} ms/step  {extra:+8.2f} ms  {extra * 1e3 / per_step:+7.1f} us/tensor"
             f"   [{rounds}]"
         )
+    print("host time per phase (ms; medians over the steps of all rounds): forward, backward, optimizer, step()")
+    for variant in variants:
+        columns = (statistics.median(column) * 1e3 for column in zip(*phases[variant]))
+        print(f"  {variant:30s} " + "  ".join(f"{value:7.2f}" for value in columns))
 
 
 if __name__ == "__main__":
