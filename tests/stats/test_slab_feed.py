@@ -188,3 +188,35 @@ def test_a_logged_model_whose_rows_wait_in_scratch_logs_the_same(tmp_path, monke
     assert scratch == general
     assert finished == [2 * 4 * 6] * 4  # every step's rows written from their scratch at its read-back
     assert counts == {"feed": 2 * 4 * 6, "slab": 3 * 2 * 4 * 6}  # the few-step feed takes the scratch route too
+
+
+def test_a_feeders_feed_takes_the_sessions_reduction_group_of_the_moment(backend, tmp_path, monkeypatch):
+    """LogTensorStats' feeds through a layer's feeder ask the reduction arguments at every feed: a reduction group set
+    between two steps (`set_tensor_reduction_group`) is the next feed's, on the feeder's path as on the general one."""
+    from tedebug import active, debug_api
+    from tedebug.nn import Linear
+    from support.features import debug_session
+
+    config = {
+        "all": {
+            "enabled": True,
+            "layers": {"layer_name_regex_pattern": ".*"},
+            "transformer_engine": {"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["activation"]}},
+        }
+    }
+    layer = Linear(4, 2, name="lin")
+    taken = []
+    real = SlabFeeder.feed
+    monkeypatch.setattr(SlabFeeder, "feed", lambda self, *args: taken.append(real(self, *args)) or taken[-1])
+    group = object()
+    groups = []
+    with debug_session(config, tmp_path, RecordingSink()):
+        for step in range(3):
+            if step == 2:
+                debug_api.set_tensor_reduction_group(group)
+            layer(torch.ones(1, 4))
+            (buffer,) = active.session().stats._store
+            groups.append(buffer.reduction_group)
+            debug_api.step()
+    assert taken == [True, True]  # the first step's feed is the general one, the next two the feeder's
+    assert groups == [None, None, group]
