@@ -212,19 +212,18 @@ class StatsEngine:
         device = tensor.device
         slab = self._slabs.get(device)
         if slab is None or slab.width != len(route.keys):
-            slab = self._slab(device, len(route.keys))
+            slab = self._new_slab(device, len(route.keys))
         index, address = slab.take() if route.scratch is None else slab.take_scratch(route.scratch)
         launch_group.submit(route.group_into, route.into, tensor, address)
         buffer.add_slab_row(slab, index, route.keys)
 
-    def _slab(self, device: torch.device, width: int) -> RowSlab:
-        """This step's slab of `device`, a new one when there is none of `width` yet."""
-        slab = self._slabs.get(device)
-        if slab is None or slab.width != width:
-            scratch = self._scratch_areas.get(device)
-            if scratch is None:
-                scratch = self._scratch_areas[device] = ScratchAreas(device)
-            slab = self._slabs[device] = RowSlab(device, width, scratch)
+    def _new_slab(self, device: torch.device, width: int) -> RowSlab:
+        """A new slab of rows of `width` for this step on `device` (`_launch_slab_row` found none of that width),
+        sharing the device's scratch areas."""
+        scratch = self._scratch_areas.get(device)
+        if scratch is None:
+            scratch = self._scratch_areas[device] = ScratchAreas(device)
+        slab = self._slabs[device] = RowSlab(device, width, scratch)
         return slab
 
     def _requests(self, layer: str, tensor_name: str, stats: Iterable[Any]) -> Tuple[StatRequest, ...]:
