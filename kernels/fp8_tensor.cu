@@ -2,7 +2,8 @@
 // rule on the device, and a cast + transpose that reads x [M, K] once and writes the rowwise codes [M, K] and the
 // transposed columnwise codes [K, M], with fused statistics: underflows (count_nonzero(x) - non-zero codes), squared
 // error (x - decode(q) * scale_inv)^2 (fp32 per element and per 32-element chunk, fp64 sums) and overflows
-// (|x| > fp8_max * scale_inv in fp32).
+// (|x| > fp8_max * scale_inv in fp32), then the scale_inv partials of the decode scale and the element count
+// (`ted_scale_partials_into`), so that a quantization statistics row needs nothing else.
 // Fast path (used by tedebug/backends/cupy_fp8_tensor.py): `ted_fp8_amax_scale` (one launch: packed amax, atomic max,
 // the last block writes amax and, for current scaling, scale and scale_inv) and `ted_fp8_cast_transpose16` (bf16 /
 // fp16, M % 64 == 0, K % 128 == 0: 64 x 128 tiles, 16-byte loads, 8-byte row stores, 4x4 byte transposes in
@@ -86,6 +87,20 @@ ted_fp8_delayed_update(float* __restrict__ history, int len, float* __restrict__
             scale[0] = isinf(q) ? 3.402823466e+38f : q;
         }
     }
+}
+
+// out[3..7] of a cast's statistics vector: the scale_inv partials of the one decode scale s, and out[8] the number
+// of elements (torch_ref.scale_inv_partials of a one-element tensor: count 1, sum s, m2 (s - s/1)^2, smallest
+// non-zero s (+inf if zero), max s), so that LogFp8TensorStats builds its whole row from the vector
+// (tedebug.backends.fused_stats.FP8_STATS_WITH_SCALE).  Written by one thread of the block that finished the
+// vector's first three entries, in both casts.  The conversion to double is exact (ted_f2d): a subnormal scale_inv
+// (a tiny amax) would be flushed to zero by the compiler's own conversion under -ftz=true.
+__device__ __forceinline__ void ted_scale_partials_into(double* out, float sinv, long long numel) {
+    const double s = ted_f2d(sinv);
+    const double d = s - s;
+    const double inf = __longlong_as_double(0x7FF0000000000000ll);
+    out[3] = 1.0; out[4] = s; out[5] = d * d; out[6] = (s != 0.0) ? s : inf; out[7] = s;
+    out[8] = (double)numel;  // the row's count column (exact below 2^53)
 }
 
 #define TM 64   // tile rows (M)
@@ -193,7 +208,9 @@ ted_fp8_cast_transpose(const ted_raw_t* __restrict__ x, long long M, long long K
         p[0] = t0; p[1] = t1; p[2] = t2;
     }
     // the last block adds the partials up (as ted_sum_columns would in a second launch: the same order)
-    if (ted_last_block(ticket)) ted_finish_columns(partial, gridDim.x, 3, out, ticket);
+    if (!ted_last_block(ticket)) return;
+    ted_finish_columns(partial, gridDim.x, 3, out, ticket);
+    if (threadIdx.x == 0) ted_scale_partials_into(out, sinv, M * K);
 }
 
 
@@ -474,17 +491,7 @@ __device__ __forceinline__ bool ct16_cast(const ted_raw_t* __restrict__ x, long 
     }
     if (!ted_last_block(ticket)) return false;
     ted_finish_columns(partial, gridDim.x, 3, out, ticket);
-    if (threadIdx.x == 0) {
-        // out[3..7]: the scale_inv partials of the one decode scale s, out[8] the number of elements
-        // (torch_ref.scale_inv_partials of a one-element tensor: count 1, sum s, m2 (s - s/1)^2, smallest non-zero s
-        // (+inf if zero), max s), so that LogFp8TensorStats builds its whole row from this vector
-        // (tedebug.backends.fused_stats)
-        const double s = (double)sinv;
-        const double d = s - s;
-        const double inf = __longlong_as_double(0x7FF0000000000000ll);
-        out[3] = 1.0; out[4] = s; out[5] = d * d; out[6] = (s != 0.0) ? s : inf; out[7] = s;
-        out[8] = (double)(M * K);  // numel: the row's count column (exact below 2^53)
-    }
+    if (threadIdx.x == 0) ted_scale_partials_into(out, sinv, M * K);
     return true;
 }
 

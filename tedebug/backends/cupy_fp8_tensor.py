@@ -194,8 +194,8 @@ def fp8_scale_inv(scale: torch.Tensor) -> torch.Tensor:
 def fp8_cast_transpose_raw(
     x2d: torch.Tensor, scale: torch.Tensor, scale_inv: torch.Tensor, fp8_format: str, rowwise: bool, columnwise: bool
 ):
-    """(row codes [M, K] or None, col codes [K, M] or None, stats float64 (underflows, Σerr², overflows), followed by
-    the scale_inv partials on the single-launch path: `fused_stats.FP8_STATS_WITH_SCALE`)."""
+    """(row codes [M, K] or None, col codes [K, M] or None, stats float64 (underflows, Σerr², overflows, then the
+    scale_inv partials and the element count: `fused_stats.FP8_STATS_WITH_SCALE`))."""
     x2d = prepare_input(x2d)
     return _cast_transpose(x2d, scale.data_ptr(), scale_inv.data_ptr(), fp8_format, rowwise, columnwise)
 
@@ -207,6 +207,8 @@ def fp8_cast_transpose_raw(
 #: dropped direction (`update_usage`) frees its memory, and a statistic or scale_inv view kept by the statistics
 #: never keeps the codes alive.
 _VECTOR_AT = 128
+#: the entries of a cast's statistics vector (both casts write them all: kernels/fp8_tensor.cu)
+_STATS_LEN = len(FP8_STATS_WITH_SCALE)
 _HIGH_PRECISION_AT = _VECTOR_AT + 32
 _SMALL_WORDS = (_HIGH_PRECISION_AT + 8 * BASIC_ROW_LEN) // 8
 #: the float64 words of the basic statistics row in the small allocation
@@ -245,7 +247,6 @@ class _CastPlan(NamedTuple):
     m: np.int64
     k: np.int64
     fp8_max: np.float32
-    stats_len: int  # the length of the cast's statistics vector
 
 
 #: (device index, dtype, M, K, FP8 format) -> `_CastPlan`
@@ -277,7 +278,6 @@ def _cast_plan(x2d: torch.Tensor, index: int, fp8_format: str) -> _CastPlan:
         np.int64(m),
         np.int64(k),
         np.float32(FP8_MAX[fp8_format]),
-        len(FP8_STATS_WITH_SCALE) if fast else len(FP8_STATS),
     )
     return _CAST_PLANS.put(key, plan)
 
@@ -298,9 +298,8 @@ def _launch_cast(
     outputs: _Outputs,
 ) -> torch.Tensor:
     """The cast + transpose of the prepared `x2d` into `outputs` (the enabled directions' codes, the statistics
-    vector at the start of the small allocation, returned as a float64 view of `plan.stats_len` entries): one launch
-    of the 16-bit kernel (whose vector also holds the scale_inv partials: FP8_STATS_WITH_SCALE) or of the general
-    kernel, each finishing its statistics in its last block."""
+    vector at the start of the small allocation, returned as a float64 view of its `_STATS_LEN` entries): one launch
+    of the 16-bit kernel or of the general kernel, each finishing its statistics in its last block."""
     row, col, small = outputs
     partials, tickets = workspace_on(index, stream)
     args = (
@@ -309,7 +308,7 @@ def _launch_cast(
         + (partials, tickets + _CAST_TICKET, small.data_ptr())
     )
     launch_on(plan.cast, index, stream, plan.cast_grid, THREADS, args)
-    return small[: plan.stats_len]
+    return small[:_STATS_LEN]
 
 
 def _codes_args(row: Optional[torch.Tensor], col: Optional[torch.Tensor]) -> Tuple[Any, ...]:
@@ -409,8 +408,8 @@ class Float8Buffers(NamedTuple):
     rowwise_data: Optional[torch.Tensor]  # uint8 codes [M, K], None when rowwise is off
     columnwise_data: Optional[torch.Tensor]  # uint8 codes of the transpose [K, M], None when columnwise is off
     scale_inv: torch.Tensor  # 0-d fp32 1 / scale, shared by both directions
-    #: float64 (underflows, Σ(x - deq)², overflows): `fused_stats.FP8_STATS`; the single-launch cast adds the
-    #: scale_inv partials and numel: `fused_stats.FP8_STATS_WITH_SCALE` (9 entries)
+    #: float64 (underflows, Σ(x - deq)², overflows, the scale_inv partials, numel): `fused_stats.FP8_STATS_WITH_SCALE`
+    #: (9 entries; an empty input's is the first three, zeros: `fused_stats.FP8_STATS`)
     stats: torch.Tensor
     #: float64 [13]: the input's basic statistics row (`cupy_stats.BASIC_ROW_KEYS` order) when the amax came from
     #: the statistics pass (`fp8_current_quantize(..., high_precision_stats=True)`), else None
@@ -509,7 +508,7 @@ def _launch_current(
 ) -> torch.Tensor:
     """The cooperative launch of ``ted_fp8_current_cast16`` with the cast's grid: the same small allocation as the
     two launches (amax, scale and scale_inv at `vector`, the statistics vector at its start), returned as the
-    float64 view of `plan.stats_len` entries.  With `high_precision` (the basic statistics row's view of the small
+    float64 view of its `_STATS_LEN` entries.  With `high_precision` (the basic statistics row's view of the small
     allocation), ``ted_fp8_current_stats_cast16``, whose statistics pass writes that row, working as the blocks of
     a lone statistics launch on `x2d` (`cupy_stats.lone_grid`)."""
     row, col, small = outputs
@@ -531,7 +530,7 @@ def _launch_current(
     if high_precision is not None:
         args += _stats_pass_args(tickets, high_precision, x2d, index)
     launch_cooperative_on(kernel, index, stream, plan.cast_grid, THREADS, args)
-    return small[: plan.stats_len]
+    return small[:_STATS_LEN]
 
 
 _CURRENT_SCALE_MODE = np.int32(AmaxMode.CURRENT_SCALE)
@@ -625,7 +624,7 @@ def _launch_delayed(
 ) -> torch.Tensor:
     """The launch of ``ted_fp8_delayed_cast16`` with the cast's grid (the 16-bit fast path): the codes and the
     statistics vector of `_launch_cast`, max|x| recorded into history[0] and scale_inv written at `scale_inv_ptr`
-    as the recording pass does; returns the float64 view of `plan.stats_len` entries.  With `high_precision` (the
+    as the recording pass does; returns the float64 view of its `_STATS_LEN` entries.  With `high_precision` (the
     basic statistics row's view of the small allocation), ``ted_fp8_delayed_stats_cast16``, whose statistics pass
     records the amax and writes that row, working as the blocks of a lone statistics launch on `x2d`."""
     row, col, small = outputs
@@ -653,7 +652,7 @@ def _launch_delayed(
     if high_precision is not None:
         args += _stats_pass_args(tickets, high_precision, x2d, index)
     launch_on(kernel, index, stream, plan.cast_grid, THREADS, args)
-    return small[: plan.stats_len]
+    return small[:_STATS_LEN]
 
 
 def _stats_pass_args(tickets: int, high_precision: torch.Tensor, x2d: torch.Tensor, index: int) -> Tuple[Any, ...]:

@@ -25,10 +25,11 @@ import weakref
 
 import torch
 
-#: statistic name -> index in the float64 vector of the per-tensor FP8 cast (ted_fp8_cast_transpose*)
+#: statistic name -> index in the float64 vector of the per-tensor FP8 cast (ted_fp8_cast_transpose*): its first
+#: three entries (all that the vector of an empty input holds)
 FP8_STATS = {"underflows_num": 0, "sq_err": 1, "overflows_num": 2}
-#: the vector of the single-launch 16-bit cast (ted_fp8_cast_transpose16), which also writes the scale_inv partials
-#: of the one decode scale (`torch_ref.scale_inv_partials`' names) and the number of elements
+#: the whole vector of the per-tensor FP8 casts (both kernels, and the host cast), which also holds the scale_inv
+#: partials of the one decode scale (`torch_ref.scale_inv_partials`' names) and the number of elements
 FP8_STATS_WITH_SCALE = {
     **FP8_STATS,
     "scale_count": 3,

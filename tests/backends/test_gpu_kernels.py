@@ -216,14 +216,12 @@ FP8_SHAPES = [(1, 1), (3, 5), (65, 63), (130, 257), (64, 128), (2, 3, 70), (2, 6
 
 def check_fp8(got, ref, x):
     assert torch.equal(got.scale_inv.reshape(()), ref.scale_inv.reshape(()))
-    one_launch = x.dtype != torch.float32 and x.shape[-1] % 128 == 0 and x.numel() // x.shape[-1] % 64 == 0
-    for usage in ("rowwise", "columnwise"):  # the scale_inv partials the single-launch cast writes
+    for usage in ("rowwise", "columnwise"):  # the scale_inv partials and the count both casts write
         fused = fused_stats.fused_vector(got, x, usage)
-        assert fused is not None and ("scale_count" in fused.keys_in_order) == one_launch
-        if one_launch:
-            for key, want in torch_ref.scale_inv_partials(ref, usage).items():
-                assert same(fused[key], want), (usage, key, fused[key].item(), want.item())
-            assert fused["numel"].item() == x.numel()
+        assert fused is not None and fused.keys_in_order == tuple(fused_stats.FP8_STATS_WITH_SCALE)
+        for key, want in torch_ref.scale_inv_partials(ref, usage).items():
+            assert same(fused[key], want), (usage, key, fused[key].item(), want.item())
+        assert fused["numel"].item() == x.numel()
     assert torch.equal(got.rowwise_data, ref.rowwise_data), (got.rowwise_data != ref.rowwise_data).sum().item()
     assert torch.equal(got.columnwise_data, ref.columnwise_data)
     for usage in ("rowwise", "columnwise"):
@@ -254,9 +252,11 @@ def test_fp8_current_scaling_bit_identical(fmt, dtype, shape):
             check_fp8(got, ref, x)
 
 
-def test_fp8_current_scaling_tiny_and_zero_amax():
+@pytest.mark.parametrize("shape, dtype", [((4, 8), torch.float32), ((64, 128), torch.bfloat16)])  # both casts
+def test_fp8_current_scaling_tiny_and_zero_amax(shape, dtype):
+    """A zero amax, and a tiny one whose scale_inv is subnormal in fp32 (its scale_inv partials exact, not flushed)."""
     for value in (0.0, 1e-40):
-        x = torch.full((4, 8), value, device=DEV)
+        x = torch.full(shape, value, device=DEV, dtype=dtype)
         with dispatch.use_backend("cupy"):
             got = Float8CurrentScalingQuantizer("E4M3").quantize(x)
         with dispatch.use_backend("torch"):
@@ -310,8 +310,9 @@ def test_kernels_reject_cpu_tensor():
 
 
 def test_quantized_statistics_row_is_one_gather_of_the_cast_vector():
-    """LogFp8TensorStats' row on the single-launch cast (underflows%, mse, scale_inv_min/max, rowwise and
-    columnwise) equals the torch path's, and comes from the kernel's vector without the torch reference."""
+    """LogFp8TensorStats' row (underflows%, mse, scale_inv_min/max, rowwise and columnwise) on either cast (the
+    single-launch 16-bit one; the general one, for fp32 and for shapes off the 16-bit tiles) equals the torch path's,
+    and comes from the kernel's vector without the torch reference."""
     from support.features import RecordingSink
     from tedebug.stats import StatRequest
     from tedebug.stats.engine import StatsEngine
@@ -326,6 +327,11 @@ def test_quantized_statistics_row_is_one_gather_of_the_cast_vector():
     g = torch.Generator().manual_seed(5)
     xs = [(torch.randn(256, 512, generator=g) * s).to(DEV, torch.bfloat16) for s in (1.0, 1e-4, 300.0)]
     xs.append(finite_input((128, 256), torch.bfloat16, 9))
+    general = [
+        torch.randn(96, 200, generator=g).to(DEV),
+        (torch.randn(65, 63, generator=g) * 3).to(DEV, torch.bfloat16),
+    ]
+    xs += general  # fp32, and 16-bit off the tiles: the general cast
     emitted = {}
     for backend in ("torch", "cupy"):
         sink = RecordingSink()
@@ -343,16 +349,12 @@ def test_quantized_statistics_row_is_one_gather_of_the_cast_vector():
                 real = torch_ref.scale_inv_partials
                 torch_ref.scale_inv_partials = refuse
                 try:
-                    for usage, reqs in requests.items():
-                        engine.feed(
-                            "probe",
-                            "activation",
-                            reqs,
-                            xs[0],
-                            iteration=0,
-                            options=(usage,),
-                            quantized={"": Float8CurrentScalingQuantizer("E4M3").quantize(xs[0])},
-                        )
+                    for j, x in enumerate([xs[0]] + general):
+                        q = Float8CurrentScalingQuantizer("E4M3").quantize(x)
+                        for usage, reqs in requests.items():
+                            engine.feed(
+                                f"probe{j}", "activation", reqs, x, iteration=0, options=(usage,), quantized={"": q}
+                            )
                 finally:
                     torch_ref.scale_inv_partials = real
             engine.step(0)
