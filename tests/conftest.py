@@ -17,20 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from support.sys_path import without_repository_root
 from tedebug import debug_api
 from tedebug.registry import user_module_name
 
 
-def _without_the_repository_root(path):
-    """`path` (sys.path) without the repository's root, which ``python -m pytest`` puts first: its ``kernels/``
-    folder (installed as ``tedebug.kernels``, which is how tedebug reads it) would otherwise stand in for the
-    Hugging Face ``kernels`` package, which transformers 5 imports whenever it is installed.  tedebug itself is
-    installed (editable), so nothing here needs the root on the path."""
-    root = Path(__file__).resolve().parent.parent
-    return [entry for entry in path if Path(entry or os.curdir).resolve() != root]
-
-
-sys.path[:] = _without_the_repository_root(sys.path)
+# the repository's root off sys.path where tedebug is installed (why, and when it stays: tests/support/sys_path.py)
+sys.path[:] = without_repository_root(sys.path, Path(__file__).resolve().parent.parent)
 
 DEBUG_FEATURE_DIR = Path(__file__).parent / "feature_dirs_debug"
 DEBUG_FEATURE_FILE = DEBUG_FEATURE_DIR / "debug_test_features.py"
