@@ -316,7 +316,40 @@ def combine_rows(columns: Sequence[Column], rows: torch.Tensor) -> torch.Tensor:
     return torch.stack(out)
 
 
-def _pooled_m2(m2: torch.Tensor, n: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+def combine_row_batches(columns: Sequence[Column], rows: torch.Tensor) -> torch.Tensor:
+    """`combine_rows` of many buffers at once: a [B, K, C] float64 tensor (B buffers of the same `columns`, K rows
+    each) into [B, C], bit for bit `combine_rows` of each ``rows[b]`` (the reductions run along dim 1 as they run
+    along dim 0 there; tests/stats/test_stats_definitions.py holds the two equal)."""
+    if rows.dim() != 3 or rows.shape[2] != len(columns):
+        raise ValueError(
+            f"combine_row_batches: expected a [B, K, {len(columns)}] tensor, got shape {tuple(rows.shape)}"
+        )
+    index = {c: i for i, c in enumerate(columns)}
+    out = []
+    for i, column in enumerate(columns):
+        kind = combiner_of(column)
+        col = rows[:, :, i]
+        if kind == "sum":
+            out.append(col.sum(dim=1))
+        elif kind == "min":
+            out.append(col.amin(dim=1))
+        elif kind == "max":
+            out.append(col.amax(dim=1))
+        else:
+            count_name, sum_name = M2_LINKS[column.name]
+            n = rows[:, :, index[Column(count_name, column.qualifier if count_name != "numel" else ())]]
+            s = rows[:, :, index[Column(sum_name, column.qualifier)]]
+            out.append(_pooled_m2(col, n, s, dim=1))
+    return torch.stack(out, dim=1)
+
+
+def _pooled_m2(m2: torch.Tensor, n: torch.Tensor, s: torch.Tensor, dim: Optional[int] = None) -> torch.Tensor:
+    if dim is not None:  # batches along dim 0
+        total_n = n.sum(dim=dim, keepdim=True)
+        mean = s.sum(dim=dim, keepdim=True) / total_n
+        safe_n = torch.where(n > 0, n, torch.ones_like(n))
+        between = torch.where(n > 0, n * (s / safe_n - mean) ** 2, torch.zeros_like(n))
+        return m2.sum(dim=dim) + between.sum(dim=dim)
     total_n = n.sum()
     mean = s.sum() / total_n
     safe_n = torch.where(n > 0, n, torch.ones_like(n))

@@ -27,10 +27,11 @@ from __future__ import annotations
 
 from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
-from tedebug.stats.definitions import Column, combine_rows
+from tedebug.stats.definitions import Column, combine_row_batches, combine_rows
 from tedebug.stats.reduce import keep_first_replicas, merge_host_rows
 
 NO_REPLICA = -1.0
@@ -101,15 +102,16 @@ class _Exchange:
             self._event = torch.cuda.Event()
             self._event.record(torch.cuda.current_stream(vector.device))
 
-    def matrix(self) -> List[List[float]]:
-        """The gathered vectors, one list per rank of the group (waits for the collective / the copy)."""
+    def matrix(self) -> torch.Tensor:
+        """The gathered vectors, float64 ``[ranks of the group, layout length]`` on the host (waits for the
+        collective / the copy)."""
         if self._work is not None:
             self._work.wait()
             self._work = None
         if self._event is not None:
             self._event.synchronize()
         host = self._gathered if self._host is None else self._host  # pinned copy: set together with the event
-        return host.reshape(dist.get_world_size(self.group), -1).tolist()
+        return host.reshape(dist.get_world_size(self.group), -1)
 
 
 class DeferredReduction:
@@ -127,14 +129,9 @@ class DeferredReduction:
         merged: Dict[Hashable, List[float]] = {}
         for (exchange, mine), (group, layout, pending) in zip(self.exchanges, self.pending):
             matrix = exchange.matrix()
-            for key, _ in mine.items():
-                at = layout.offsets[key]
-                columns = layout.columns[key]
-                rows = [
-                    (r[at + _SLOT_HEADER : at + _SLOT_HEADER + len(columns)], r[at + 1]) for r in matrix if r[at] != 0.0
-                ]
-                merged[key] = _merge(key, columns, keep_first_replicas(rows))
-            if not any(r[0] != 0.0 for r in matrix):
+            if mine:
+                merged.update(_merge_slots(layout, list(mine), matrix))
+            if not bool((matrix[:, 0] != 0.0).any()):
                 continue
             # some rank has buffers outside the layout: one synchronous exchange of those rows and the layouts
             local = {key: (columns, host[key], replica) for key, (columns, replica) in pending.items()}
@@ -152,10 +149,46 @@ class DeferredReduction:
         return merged
 
 
-def _merge(key: Hashable, columns: Tuple[Column, ...], rows: List[List[float]]) -> List[float]:
-    if len(rows) == 1:
-        return list(rows[0])
-    return combine_rows(columns, torch.tensor(rows, dtype=torch.float64)).tolist()
+def _merge_slots(layout: GroupLayout, keys: List[Hashable], matrix: torch.Tensor) -> Dict[Hashable, List[float]]:
+    """The merged rows of the slots of `keys` from the gathered `matrix` (``[ranks, layout length]``): of each slot
+    the rows of the ranks that fed it, less the later rows of a replica already kept (`keep_first_replicas`' rule),
+    combined by `combine_rows`' rules.  Slots of the same columns whose ranks kept are the same are merged together
+    (`combine_row_batches`, the same bits), so a step costs a few tensor ops per kind of slot, not per buffer."""
+    by_columns: Dict[Tuple[Column, ...], List[Hashable]] = {}
+    for key in keys:
+        by_columns.setdefault(layout.columns[key], []).append(key)
+    merged: Dict[Hashable, List[float]] = {}
+    for columns, same in by_columns.items():
+        at = torch.tensor([layout.offsets[key] for key in same])
+        fed = (matrix[:, at] != 0.0).numpy()  # [ranks, slots]
+        replica = matrix[:, at + 1].numpy()
+        values = matrix[:, (at + _SLOT_HEADER)[:, None] + torch.arange(len(columns))]  # [ranks, slots, columns]
+        kept = _first_replicas(fed, replica)
+        by_ranks: Dict[Tuple[bool, ...], List[int]] = {}
+        for slot, ranks in enumerate(map(tuple, kept.T.tolist())):
+            by_ranks.setdefault(ranks, []).append(slot)
+        for ranks, slots in by_ranks.items():
+            rows = values[[r for r, on in enumerate(ranks) if on]][:, slots].transpose(0, 1)  # [slots, kept, columns]
+            if rows.shape[1] == 1:
+                out = rows[:, 0]
+            else:
+                out = combine_row_batches(columns, rows.contiguous())
+            for slot, row in zip(slots, out.tolist()):
+                merged[same[slot]] = row
+    return merged
+
+
+def _first_replicas(fed: np.ndarray, replica: np.ndarray) -> np.ndarray:
+    """Which rows to keep (bool ``[ranks, slots]``): those fed, less each row whose replica id (>= 0) an earlier
+    rank's row of the same slot has (ids < 0 are no replica)."""
+    kept = fed.copy()
+    ranks, slots = np.nonzero(fed & (replica >= 0))  # in rank order
+    if ranks.size:
+        _, first = np.unique(np.stack([slots, replica[ranks, slots]], axis=1), axis=0, return_index=True)
+        later = np.ones(ranks.size, dtype=bool)
+        later[first] = False
+        kept[ranks[later], slots[later]] = False
+    return kept
 
 
 class GroupReducer:

@@ -16,6 +16,7 @@ from tedebug.stats.definitions import (
     StatRequest,
     blockwise_stat_name,
     columns_for,
+    combine_row_batches,
     combine_rows,
     finalize,
 )
@@ -139,6 +140,27 @@ def test_combine_rows_matches_decisions_formula():
 def test_combine_rows_rejects_bad_shape():
     with pytest.raises(ValueError, match=r"expected a \[K, 5\] matrix"):
         combine_rows(COLS, torch.zeros(2, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"expected a \[B, K, 5\] tensor"):
+        combine_row_batches(COLS, torch.zeros(2, 4, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("k", list(range(1, 17)))
+def test_combine_row_batches_is_combine_rows_of_each_batch_bit_for_bit(k):
+    """The batched merge of the multi-rank read-back gives every buffer the bits `combine_rows` gives it, for 1 to 16
+    rows (torch reduces a strided column of 5 or more float64 values with several accumulators, not in order; a
+    sum taken in order would differ in the last bits there), with NaN, infinities and buffers of no element."""
+    columns = columns_for([StatRequest.parse_hp(name) for name in HP_KINDS])
+    g = torch.Generator().manual_seed(k)
+    scales = torch.logspace(-6, 6, len(columns), dtype=torch.float64)
+    rows = torch.randn(6, k, len(columns), generator=g, dtype=torch.float64) * scales
+    rows[:, :, 0] = torch.randint(0, 1000, (6, k), generator=g).double()  # numel
+    rows[1, :, 0] = 0.0  # no element on any rank
+    rows[2, 0, 3] = math.nan
+    rows[3, -1, 2] = math.inf
+    got = combine_row_batches(columns, rows)
+    want = torch.stack([combine_rows(columns, rows[b]) for b in range(rows.shape[0])])
+    assert got.shape == want.shape
+    assert bool(((got == want) | (got.isnan() & want.isnan())).all())
 
 
 # ------------------------------------------------------------------------------------------------ final values
