@@ -237,27 +237,55 @@ class GroupReducer:
         replicas: Dict[Tuple[str, str], float],
         device: torch.device,
     ):
-        """This rank's vector for `layout` on `device`, built without a host synchronisation."""
+        """This rank's vector for `layout` on `device`, built without a host synchronisation: the slot headers
+        (and zero rows) copied from the host, then the rows written in.  The usual buffers - one slab row, or one
+        quantize kernel's statistics vector holding every column - are written a batch at a time (one gather and
+        one indexed copy per slab and column layout, or per vector layout); any other buffer its own row."""
         header = [0.0] * layout.length
         header[0] = 1.0 if pending else 0.0
-        rows: Dict[int, torch.Tensor] = {}
         mine: Dict[Hashable, float] = {}
+        #: (slab, column positions) -> (slab row indices, slot row starts); (device, vector length, positions) ->
+        #: (vectors, slot row starts); others: (slot row start, row)
+        from_slabs: Dict[Tuple[Any, Tuple[int, ...]], Tuple[List[int], List[int]]] = {}
+        from_vectors: Dict[Tuple[torch.device, int, Tuple[int, ...]], Tuple[List[torch.Tensor], List[int]]] = {}
+        others: List[Tuple[int, torch.Tensor]] = []
         for buffer in buffers:
             at = layout.offsets[buffer.key]
             replica = replicas.get((buffer.key.layer, buffer.key.tensor), NO_REPLICA)
             header[at], header[at + 1] = 1.0, replica
-            rows[at] = self._device_row(buffer, device)
             mine[buffer.key] = replica
-        meta = torch.tensor(header, dtype=torch.float64)
-        if device.type == "cuda":
-            meta = meta.pin_memory().to(device, non_blocking=True)
-        pieces: List[torch.Tensor] = [meta[:1]]
-        for key, columns in layout.slots:
-            at = layout.offsets[key]
-            pieces.append(meta[at : at + _SLOT_HEADER])
-            row = rows.get(at)
-            pieces.append(row if row is not None else meta.new_zeros(len(columns)))
-        return torch.cat(pieces), mine
+            start = at + _SLOT_HEADER
+            alone = buffer.row is None and buffer.host_row is None
+            if alone and len(buffer.slab_rows) == 1 and not buffer.vector_rows:
+                slab, index = buffer.slab_rows[0]
+                if slab.device == device:
+                    batch = from_slabs.setdefault((slab, buffer.row_positions(buffer.slab_keys)), ([], []))
+                    batch[0].append(index)
+                    batch[1].append(start)
+                    continue
+            elif alone and len(buffer.vector_rows) == 1 and not buffer.slab_rows:
+                vector, positions = buffer.vector_rows[0].vector, buffer.vector_rows[0].positions
+                if vector.device == device and -1 not in positions:
+                    batch = from_vectors.setdefault((device, vector.numel(), positions), ([], []))
+                    batch[0].append(vector)
+                    batch[1].append(start)
+                    continue
+            others.append((start, self._device_row(buffer, device)))
+        vector = _on(torch.tensor(header, dtype=torch.float64), device)
+        for (slab, positions), (indices, starts) in from_slabs.items():
+            rows = slab.rows(_on(torch.tensor(indices), device)).index_select(1, self._index(positions, device))
+            vector.index_copy_(0, self._destination(starts, len(positions), device), rows.reshape(-1))
+        for (_, _, positions), (vectors, starts) in from_vectors.items():
+            rows = torch.stack(vectors).index_select(1, self._index(positions, device)).to(torch.float64)
+            vector.index_copy_(0, self._destination(starts, len(positions), device), rows.reshape(-1))
+        for start, row in others:
+            vector[start : start + row.numel()] = row
+        return vector, mine
+
+    @staticmethod
+    def _destination(starts: List[int], width: int, device: torch.device) -> torch.Tensor:
+        """The vector positions of rows of `width` written at `starts`, flattened in row order, on `device`."""
+        return _on((torch.tensor(starts)[:, None] + torch.arange(width)).reshape(-1), device)
 
     def _device_row(self, buffer: Any, device: torch.device) -> torch.Tensor:
         """The buffer's merged row for this step in `columns` order, on `device` (torch ops only)."""
@@ -287,6 +315,14 @@ class GroupReducer:
         if index is None:
             index = self._index_cache[(positions, device)] = torch.tensor(positions, dtype=torch.long, device=device)
         return index
+
+
+def _on(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`host` (a new CPU tensor) on `device` without waiting: a CUDA device gets a non-blocking copy from pinned
+    memory."""
+    if device.type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 __all__ = ["GroupReducer", "GroupLayout", "DeferredReduction", "replica_id", "collective_device", "NO_REPLICA"]

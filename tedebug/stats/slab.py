@@ -137,6 +137,14 @@ class RowSlab:
         self._finish()
         return self._chunks[index // CHUNK_ROWS][index % CHUNK_ROWS]
 
+    def rows(self, index: torch.Tensor) -> torch.Tensor:
+        """The rows at `index` (int64 on the slab's device, each below `used`) as one float64 tensor ``[len(index),
+        width]``: a copy, gathered by one op (and a concatenation of the chunks in use when there are several)."""
+        self._finish()
+        chunks = [self._chunks[i][:count] for i, count in self._in_use()]
+        table = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
+        return table.index_select(0, index)
+
     def _in_use(self):
         """(chunk index, rows in use) of every chunk in use."""
         remaining = self._used
