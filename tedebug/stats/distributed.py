@@ -266,9 +266,9 @@ class GroupReducer:
             elif alone and len(buffer.vector_rows) == 1 and not buffer.slab_rows:
                 vector, positions = buffer.vector_rows[0].vector, buffer.vector_rows[0].positions
                 if vector.device == device and -1 not in positions:
-                    batch = from_vectors.setdefault((device, vector.numel(), positions), ([], []))
-                    batch[0].append(vector)
-                    batch[1].append(start)
+                    stack = from_vectors.setdefault((device, vector.numel(), positions), ([], []))
+                    stack[0].append(vector)
+                    stack[1].append(start)
                     continue
             others.append((start, self._device_row(buffer, device)))
         vector = _on(torch.tensor(header, dtype=torch.float64), device)
