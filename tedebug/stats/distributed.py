@@ -238,9 +238,10 @@ class GroupReducer:
         device: torch.device,
     ):
         """This rank's vector for `layout` on `device`, built without a host synchronisation: the slot headers
-        (and zero rows) copied from the host, then the rows written in.  The usual buffers - one slab row, or one
-        quantize kernel's statistics vector holding every column - are written a batch at a time (one gather and
-        one indexed copy per slab and column layout, or per vector layout); any other buffer its own row."""
+        (with the rows read on the host, and zeros for the others) copied from the host, then the device rows
+        written in.  The usual buffers - one slab row, or one quantize kernel's statistics vector holding every
+        column - are written a batch at a time (one gather and one indexed copy per slab and column layout, or per
+        vector layout); any other buffer its own row."""
         header = [0.0] * layout.length
         header[0] = 1.0 if pending else 0.0
         mine: Dict[Hashable, float] = {}
@@ -255,7 +256,11 @@ class GroupReducer:
             header[at], header[at + 1] = 1.0, replica
             mine[buffer.key] = replica
             start = at + _SLOT_HEADER
-            alone = buffer.row is None and buffer.host_row is None
+            row, host_row = buffer.row, buffer.host_row
+            if row is None and host_row is not None and not buffer.slab_rows and not buffer.vector_rows:
+                header[start : start + len(host_row)] = host_row  # values read on the host: they travel as the header
+                continue
+            alone = row is None and host_row is None
             if alone and len(buffer.slab_rows) == 1 and not buffer.vector_rows:
                 slab, index = buffer.slab_rows[0]
                 if slab.device == device:

@@ -368,13 +368,25 @@ class StatsEngine:
             return self._one_row_step(fed) or RowsInFlight(fed)
         if not fed and not any(n <= finished_iteration for n in self._next_iter.values()):
             return None
-        known = [b.reduction_group for b in self._store if not b.skip_reduction]
+        # each distinct group object's order key asked once (buffers share a few groups)
+        order_keys: Dict[int, Any] = {}
+
+        def order_key(group: Any) -> Any:
+            key = order_keys.get(id(group))
+            if key is None:
+                key = order_keys[id(group)] = _reduce.group_order_key(group)
+            return key
+
+        known: Dict[int, Any] = {}
+        for b in self._store:
+            if not b.skip_reduction:
+                known.setdefault(id(b.reduction_group), b.reduction_group)
         by_group: Dict[Any, List[StatBuffer]] = {}
         for b in fed:
             if not b.skip_reduction:
-                by_group.setdefault(_reduce.group_order_key(b.reduction_group), []).append(b)
+                by_group.setdefault(order_key(b.reduction_group), []).append(b)
         reduction = self._group_reducer.start(
-            _reduce.ordered_groups(known), _reduce.group_order_key, by_group, self._replicas
+            _reduce.ordered_groups(list(known.values())), order_key, by_group, self._replicas
         )
         pending = {key for _, _, keys in reduction.pending for key in keys}
         return _StepInFlight(

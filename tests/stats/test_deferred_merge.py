@@ -86,9 +86,10 @@ HP_REQUESTS = tuple(StatRequest.parse_hp(name) for name in ("min", "max", "std",
 
 
 def test_the_vector_holds_every_buffers_row_and_batches_the_usual_ones(monkeypatch):
-    monkeypatch.setattr(engine_module, "backend_for", lambda x, b=slab_backend(): b)  # slab rows from CPU tensors
     engine = StatsEngine(RecordingSink())
     g = torch.Generator().manual_seed(3)
+    engine.feed("host", "activation", HP_REQUESTS, torch.randn(8, 16, generator=g), iteration=0)  # read on the host
+    monkeypatch.setattr(engine_module, "backend_for", lambda x, b=slab_backend(): b)  # slab rows from CPU tensors
     for i in range(5):  # one slab row each: batched
         engine.feed(f"l{i}", "activation", HP_REQUESTS, torch.randn(8, 16, generator=g), iteration=0)
     for _ in range(2):  # two slab rows (microbatches): its own row
@@ -101,6 +102,7 @@ def test_the_vector_holds_every_buffers_row_and_batches_the_usual_ones(monkeypat
     q = with_reference_vector(x, ROWWISE_STATS)
     engine.feed("no_count", "activation", FP8_REQUESTS[:2], x, iteration=0, quantized={"": q})
     buffers = engine._store.fed()
+    assert buffers[0].key.layer == "host" and buffers[0].host_row is not None
     assert sum(len(b.slab_rows) == 1 and not b.vector_rows for b in buffers) == 6
     assert sum(len(b.vector_rows) == 1 for b in buffers) == 4
     layout = GroupLayout()
@@ -120,6 +122,6 @@ def test_the_vector_holds_every_buffers_row_and_batches_the_usual_ones(monkeypat
     real = reducer._device_row
     monkeypatch.setattr(reducer, "_device_row", lambda b, d: own_rows.append(b.key.layer) or real(b, d))
     vector, mine = reducer._vector(layout, buffers, True, replicas, cpu)
-    assert sorted(own_rows) == ["no_count", "twice"]  # the others went in batches
+    assert sorted(own_rows) == ["no_count", "twice"]  # the others went in batches or with the header
     assert vector.dtype == torch.float64 and torch.equal(vector, want)
     assert mine == {b.key: want[layout.offsets[b.key] + 1].item() for b in buffers}
