@@ -41,10 +41,11 @@ def test_waits_are_counted_inside_the_steps_on_their_thread_and_in_the_control()
     }
 
 
-def test_one_cpu_process_prints_the_four_settings_and_the_trace():
+def test_one_cpu_process_prints_the_four_settings_and_the_trace_and_writes_the_profiles(tmp_path):
     tiny = ["--device", "cpu", "--n-layer", "1", "--batch-size", "16", "--rounds", "1", "--iters", "1", "--warmup", "1"]
+    traced = ["--trace", "--trace-steps", "2", "--cprofile", str(tmp_path)]
     done = subprocess.run(
-        [sys.executable, str(TOOLS / "bench_parallel.py"), *tiny, "--trace", "--trace-steps", "2"],
+        [sys.executable, str(TOOLS / "bench_parallel.py"), *tiny, *traced],
         capture_output=True,
         text=True,
         timeout=300,
@@ -61,3 +62,6 @@ def test_one_cpu_process_prints_the_four_settings_and_the_trace():
         "rank 0: 2 x debug_api.step() (FP8 + both features) traced; CUDA calls that wait for the GPU inside it: none; "
         "elsewhere in those steps: none"
     )
+    for short, (label, _, _) in zip(tool.SHORT_NAMES, tool.settings()):
+        text = (tmp_path / f"cprofile_{short}_rank0.txt").read_text()
+        assert text.startswith(f"{label}: 2 steps\n") and "bench_parallel.py" in text  # the step function's frame

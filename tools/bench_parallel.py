@@ -28,6 +28,10 @@ control range holding one ``torch.cuda.synchronize()`` follows the steps, and th
 printed: a count of none inside ``step()`` means something only where the control's is one or more.  The profiler sees
 the CUDA runtime calls of every library in the process (torch's, CuPy's and NCCL's alike).  ``--trace-dir`` also
 writes each rank's Chrome trace there.
+
+``--cprofile DIR`` then runs ``--trace-steps`` steps of each setting under cProfile on every rank and writes the
+functions with the most cumulative time to ``DIR/cprofile_<setting>_rank<R>.txt`` (where a rank's host time goes,
+for the next run on a machine with several GPUs to read without a second call).
 """
 
 from __future__ import annotations
@@ -95,6 +99,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     own.add_argument("--trace", action="store_true", help="profile the 'both' setting's steps (see the docstring)")
     own.add_argument("--trace-steps", type=int, default=3)
     own.add_argument("--trace-dir", default=None, help="with --trace: write each rank's Chrome trace here")
+    own.add_argument("--cprofile", default=None, metavar="DIR", help="write each setting's cProfile per rank here")
     mine, rest = own.parse_known_args(argv)
     args = example.parse_args(rest)
     for key, value in vars(mine).items():
@@ -228,6 +233,46 @@ def _within(event, span) -> bool:
     return event.thread == span.thread and span.time_range.start <= event.time_range.start <= span.time_range.end
 
 
+#: the settings' short names in the cProfile files, in `settings` order
+SHORT_NAMES = ("baseline", "hp", "fp8", "both")
+
+
+def profile_settings(args: argparse.Namespace, rank: int, device, one) -> List[str]:
+    """``--cprofile``: each setting's steps under cProfile on this rank; the paths of the files written."""
+    import cProfile
+    import io
+    import pstats
+
+    os.makedirs(args.cprofile, exist_ok=True)
+    written = []
+    for short, (label, config, _) in zip(SHORT_NAMES, settings()):
+        with tempfile.TemporaryDirectory() as log_dir:
+            if config is not None:
+                debug_api.initialize(config, log_dir=log_dir)
+            try:
+                for _ in range(args.warmup):
+                    one()
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                profiler = cProfile.Profile()
+                profiler.enable()
+                for _ in range(args.trace_steps):
+                    one()
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                profiler.disable()
+            finally:
+                if config is not None:
+                    debug_api.end_debug()
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(80)
+        path = os.path.join(args.cprofile, f"cprofile_{short}_rank{rank}.txt")
+        with open(path, "w") as f:
+            f.write(f"{label}: {args.trace_steps} steps\n{text.getvalue()}")
+        written.append(path)
+    return written
+
+
 def _calls(counts: Dict[str, tuple]) -> str:
     return ", ".join(f"{name} x {calls} ({us:.0f} us)" for name, (calls, us) in counts.items()) or "none"
 
@@ -238,6 +283,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     try:
         rows = measure(args, rank, world, device, one, gemms)
         traced = _gather(trace(args, rank, device, one), world) if args.trace else None
+        if args.cprofile:
+            profile_settings(args, rank, device, one)
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
