@@ -30,7 +30,7 @@ import torch
 
 from tedebug.sinks.batch import Emitters
 from tedebug.stats.buffers import BufferKey, StatBuffer, VectorRow
-from tedebug.stats.definitions import Column, combine_rows
+from tedebug.stats.definitions import Column, combine_row_batches
 from tedebug.stats.slab import RowSlab
 
 
@@ -155,6 +155,8 @@ class RowsInFlight:
             for entry, row in zip(entries, gathered):
                 host[entry.key] = row
         slab_lists: Dict[RowSlab, List[List[float]]] = {}
+        #: (columns, rows to merge) -> (entries, their rows): merged together (microbatches: many buffers of k rows)
+        batches: Dict[Tuple[Tuple[Column, ...], int], Tuple[List[FedRow], List[List[List[float]]]]] = {}
         for entry in merged:
             parts = [host[entry.key]] if entry.row is not None or entry.host_row is not None else []
             for slab, index in entry.slab_rows:
@@ -166,7 +168,14 @@ class RowsInFlight:
             if len(parts) == 1:
                 host[entry.key] = parts[0]
             else:
-                host[entry.key] = combine_rows(entry.columns, torch.tensor(parts, dtype=torch.float64)).tolist()
+                batch = batches.setdefault((entry.columns, len(parts)), ([], []))
+                batch[0].append(entry)
+                batch[1].append(parts)
+        for (columns, _), (entries, parts_of) in batches.items():
+            # combine_rows' bits for each entry (definitions.combine_row_batches), a few ops for all of them
+            values = combine_row_batches(columns, torch.tensor(parts_of, dtype=torch.float64)).tolist()
+            for entry, row in zip(entries, values):
+                host[entry.key] = row
         return host
 
 
