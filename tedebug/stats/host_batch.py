@@ -25,6 +25,7 @@ import torch
 
 from tedebug.backends.torch_ref import BASIC_ROW_KEYS, BATCH_DTYPES, HOST_PASS_MAX_NUMEL
 from tedebug.host_numpy import compiling
+from tedebug.stats.definitions import combine_row_batches
 
 #: dtypes numpy reads without a copy (bfloat16 has no numpy dtype: torch converts it into the staging row)
 _NUMPY_DTYPES = frozenset((torch.float32, torch.float64, torch.float16))
@@ -126,15 +127,24 @@ class HostBatch:
                 values: Dict[_Group, List[tuple]] = {}
                 for group in {id(group): group for _, group, _ in staged}.values():
                     values[group] = group.partial_rows(group.rows[: group.count], group.dtype)
+                rows_of: Dict[Any, List[List[float]]] = {}  # buffer -> its staged rows, in feed order
                 for buffer, group, index in staged:
-                    row = (group.numel_value,) + values[group][index]
                     gather = buffer.basic_host_gather
                     if gather is None:
                         gather = buffer.basic_host_gather = buffer.host_gather(BASIC_ROW_KEYS)
-                    if not buffer.fed:  # the step's first row (`staged` was reset above): kept as it is
-                        buffer._host_row = gather(row)
-                    else:
-                        buffer.accumulate_host(gather(row))  # merged with this step's earlier rows
+                    rows_of.setdefault(buffer, []).append(gather((group.numel_value,) + values[group][index]))
+                chains: Dict[Tuple[Any, ...], List[Tuple[Any, List[List[float]]]]] = {}
+                for buffer, rows in rows_of.items():
+                    if len(rows) > 1 and not buffer.fed and not buffer.is_weight:
+                        chains.setdefault(buffer.columns, []).append((buffer, rows))  # microbatches: merged below
+                        continue
+                    for values_row in rows:
+                        if not buffer.fed:  # the step's first row (`staged` was reset above): kept as it is
+                            buffer._host_row = values_row
+                        else:
+                            buffer.accumulate_host(values_row)  # merged with this step's earlier rows
+                for columns, members in chains.items():
+                    _merge_in_feed_order(columns, members)
             finally:
                 self._release()
 
@@ -155,6 +165,21 @@ class HostBatch:
         self._staged_elements = 0
         if kept > _KEPT_ELEMENTS_MAX:
             self._groups.clear()
+
+
+def _merge_in_feed_order(columns: Tuple[Any, ...], members: List[Tuple[Any, List[List[float]]]]) -> None:
+    """Give each buffer of `members` ((buffer, its rows in feed order), none fed before, all of `columns`) the row
+    that merging its rows one feed at a time gives (`StatBuffer.accumulate`: the running row with the next, by
+    `combine_rows`), for all of them at once: at the j-th feed, one `combine_row_batches` of the buffers that have
+    one, which gives each the bits `combine_rows` gives it."""
+    running = torch.tensor([rows[0] for _, rows in members], dtype=torch.float64)  # [buffers, columns]
+    for j in range(1, max(len(rows) for _, rows in members)):
+        at = [m for m, (_, rows) in enumerate(members) if len(rows) > j]
+        following = torch.tensor([members[m][1][j] for m in at], dtype=torch.float64)
+        index = torch.tensor(at)
+        running[index] = combine_row_batches(columns, torch.stack((running[index], following), dim=1))
+    for m, (buffer, _) in enumerate(members):
+        buffer.row = running[m]
 
 
 __all__ = ["HostBatch", "STAGED_ELEMENTS_MAX"]

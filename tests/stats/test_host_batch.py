@@ -207,6 +207,26 @@ def test_engine_rows_equal_the_per_tensor_path_on_adversarial_steps():
     assert len(rows) == 3 and len(rows[0]) == len(cases) + len(DTYPES)
 
 
+def test_microbatches_of_different_counts_merge_in_feed_order():
+    """Buffers fed 1 to 5 micro-batches in a step (merged together, a feed position at a time) and a weight fed three
+    times (its first feed counts) read back the per-tensor path's rows, bit for bit, over two iterations."""
+    g = torch.Generator().manual_seed(1405)
+    xs = [torch.randn(8, 24, generator=g) * (1.0 + 10.0 * i) + i for i in range(5)]
+
+    def script(engine, feed, step):
+        for iteration in range(2):
+            for position in range(5):
+                for layer in range(6):
+                    if position < 1 + layer % 5:
+                        feed(f"L{layer}", xs[(position + layer) % 5] * (iteration + 1), iteration)
+                if position < 3:
+                    feed("L0", xs[position], iteration, tensor="weight", is_weight=True)
+            step(iteration)
+
+    rows, _ = _same_as_per_tensor(script)
+    assert len(rows) == 2 and len(rows[0]) == 7
+
+
 def test_tensors_changed_after_the_feed_keep_their_fed_values():
     """A weight the optimizer changes in place after its feed (and fed again: a weight keeps its first feed of the
     step) and an activation changed after its feed: the step reads the values they had when fed."""
