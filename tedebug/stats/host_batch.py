@@ -8,7 +8,9 @@ feed (an optimizer updating a weight before `debug_api.step()`); the matrices ar
 staged buffer's row) reduces every matrix with one call per reduction (`torch_ref.basic_partial_rows`: each row gets
 the very values `basic_partial_values` gives its tensor alone) and replays the feeds in feed order into their buffers
 (`StatBuffer.accumulate_host`): every buffer ends with exactly the row the per-feed path gives it, microbatches
-merged in the same order, a weight keeping its first feed.
+merged in the same order, a weight keeping its first feed.  The microbatches of buffers first fed in the batch are
+merged for all of them at once, a feed position at a time (`combine_row_batches`: each buffer gets the bits of
+merging its own rows one by one).
 
 Not staged (the caller computes the row at once instead): tensors above `HOST_PASS_MAX_NUMEL` elements, dtypes
 outside `BATCH_DTYPES`, feeds while torch.compile traces, and a feed that would take the staged elements of the step
