@@ -148,6 +148,17 @@ static PyObject *not_taken(void) {
     return PyLong_FromLong(NOT_TAKEN);
 }
 
+/* Whether torch's current CUDA device (the configured call) is `index`: a launch goes to the current device, so
+   another device, or a call that fails (its error is left for not_taken to clear), hands the launch back (the
+   Python path switches the device around the launch). */
+static int on_current_device(long long index) {
+    PyObject *current = PyObject_CallNoArgs(configured_current_device);
+    if (current == NULL) return 0;
+    long long current_index = PyLong_AsLongLong(current);
+    Py_DECREF(current);
+    return current_index == index;
+}
+
 static PyObject *stats_group_scratch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (nargs != 2 || !PyDict_Check(args[0])) {
@@ -213,11 +224,7 @@ static PyObject *stats_group_scratch(PyObject *self, PyObject *const *args, Py_s
     if (PyErr_Occurred() || threads <= 0 || vec <= 0 || max_grid <= 0) goto fallback;
     if (configured_launch == NULL || configured_current_device == NULL || configured_raw_stream == NULL) goto fallback;
 
-    PyObject *current = PyObject_CallNoArgs(configured_current_device);
-    if (current == NULL) goto fallback;
-    long long current_index = PyLong_AsLongLong(current);
-    Py_DECREF(current);
-    if (current_index != index) goto fallback; /* (the Python path switches the device around the launch) */
+    if (!on_current_device(index)) goto fallback;
     PyObject *stream_object = PyObject_CallOneArg(configured_raw_stream, PyTuple_GET_ITEM(key, 0));
     if (stream_object == NULL) goto fallback;
     unsigned long long stream = PyLong_AsUnsignedLongLong(stream_object);
@@ -341,11 +348,7 @@ static PyObject *launch_any(PyObject *self, PyObject *const *args, Py_ssize_t na
         if (kind < 0 || !pack_slot(value, kind, &slots[i])) goto fallback;
         params[i] = &slots[i];
     }
-    PyObject *current = PyObject_CallNoArgs(configured_current_device);
-    if (current == NULL) goto fallback;
-    long long current_index = PyLong_AsLongLong(current);
-    Py_DECREF(current);
-    if (current_index != index) goto fallback;
+    if (!on_current_device(index)) goto fallback;
     int code;
     if (cooperative) {
         code = configured_cooperative((void *)(uintptr_t)function, (unsigned)grid, 1, 1, (unsigned)block, 1, 1,
