@@ -245,10 +245,10 @@ class GroupReducer:
         header = [0.0] * layout.length
         header[0] = 1.0 if pending else 0.0
         mine: Dict[Hashable, float] = {}
-        #: (slab, column positions) -> (slab row indices, slot row starts); (device, vector length, positions) ->
-        #: (vectors, slot row starts); others: (slot row start, row)
+        #: (slab, column positions) -> (slab row indices, slot row starts); (vector length, positions) -> (vectors,
+        #: slot row starts), every vector on `device`; others: (slot row start, row)
         from_slabs: Dict[Tuple[Any, Tuple[int, ...]], Tuple[List[int], List[int]]] = {}
-        from_vectors: Dict[Tuple[torch.device, int, Tuple[int, ...]], Tuple[List[torch.Tensor], List[int]]] = {}
+        from_vectors: Dict[Tuple[int, Tuple[int, ...]], Tuple[List[torch.Tensor], List[int]]] = {}
         others: List[Tuple[int, torch.Tensor]] = []
         for buffer in buffers:
             at = layout.offsets[buffer.key]
@@ -271,7 +271,7 @@ class GroupReducer:
             elif alone and len(buffer.vector_rows) == 1 and not buffer.slab_rows:
                 vector, positions = buffer.vector_rows[0].vector, buffer.vector_rows[0].positions
                 if vector.device == device and -1 not in positions:
-                    stack = from_vectors.setdefault((device, vector.numel(), positions), ([], []))
+                    stack = from_vectors.setdefault((vector.numel(), positions), ([], []))
                     stack[0].append(vector)
                     stack[1].append(start)
                     continue
@@ -280,7 +280,7 @@ class GroupReducer:
         for (slab, positions), (indices, starts) in from_slabs.items():
             rows = slab.rows(_on(torch.tensor(indices), device)).index_select(1, self._index(positions, device))
             vector.index_copy_(0, self._destination(starts, len(positions), device), rows.reshape(-1))
-        for (_, _, positions), (vectors, starts) in from_vectors.items():
+        for (_, positions), (vectors, starts) in from_vectors.items():
             rows = torch.stack(vectors).index_select(1, self._index(positions, device)).to(torch.float64)
             vector.index_copy_(0, self._destination(starts, len(positions), device), rows.reshape(-1))
         for start, row in others:
