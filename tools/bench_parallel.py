@@ -37,11 +37,12 @@ for the next run on a machine with several GPUs to read without a second call).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
 import tempfile
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -147,6 +148,20 @@ def _gather(value, world: int) -> list:
     return values
 
 
+@contextlib.contextmanager
+def session(config: Optional[dict]) -> Iterator[None]:
+    """A debug session of `config` (None: none) writing into a temporary directory, ended on the way out."""
+    if config is None:
+        yield
+        return
+    with tempfile.TemporaryDirectory() as log_dir:
+        debug_api.initialize(config, log_dir=log_dir)
+        try:
+            yield
+        finally:
+            debug_api.end_debug()
+
+
 def measure(args: argparse.Namespace, rank: int, world: int, device, one, gemms: int) -> List[Dict[str, object]]:
     """The rows of the table (rank 0's; every rank computes the same from the gathered rounds)."""
     on_gpu = device.type == "cuda"
@@ -157,15 +172,9 @@ def measure(args: argparse.Namespace, rank: int, world: int, device, one, gemms:
         for label, config, _ in runs:
             if world > 1:
                 dist.barrier()
-            with tempfile.TemporaryDirectory() as log_dir:
-                if config is not None:
-                    debug_api.initialize(config, log_dir=log_dir)
-                clock = bench.CollectorClock()
-                try:
-                    ms = bench.timed_steps_ms(one, args.warmup, args.iters, on_gpu, clock)
-                finally:
-                    if config is not None:
-                        debug_api.end_debug()
+            clock = bench.CollectorClock()
+            with session(config):
+                ms = bench.timed_steps_ms(one, args.warmup, args.iters, on_gpu, clock)
             ranks = _gather((ms, clock.seconds * 1e3 / args.iters), world)
             slowest = max(ranks)  # the round's slowest rank
             samples[label].append(slowest[0])
@@ -185,21 +194,17 @@ def trace(args: argparse.Namespace, rank: int, device, one) -> Dict[str, object]
 
     label, config, _ = settings()[-1]
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with tempfile.TemporaryDirectory() as log_dir:
-        debug_api.initialize(config, log_dir=log_dir)
-        try:
-            for _ in range(args.warmup):
+    with session(config):
+        for _ in range(args.warmup):
+            one()
+        with profile(activities=activities) as prof:
+            for _ in range(args.trace_steps):
                 one()
-            with profile(activities=activities) as prof:
-                for _ in range(args.trace_steps):
-                    one()
-                if device.type == "cuda":  # the control: a wait the count must see
-                    with torch.profiler.record_function(CONTROL_RANGE):
-                        torch.cuda.synchronize()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-        finally:
-            debug_api.end_debug()
+            if device.type == "cuda":  # the control: a wait the count must see
+                with torch.profiler.record_function(CONTROL_RANGE):
+                    torch.cuda.synchronize()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
     if args.trace_dir:
         os.makedirs(args.trace_dir, exist_ok=True)
         prof.export_chrome_trace(os.path.join(args.trace_dir, f"bench_parallel_rank{rank}.json"))
@@ -246,24 +251,18 @@ def profile_settings(args: argparse.Namespace, rank: int, device, one) -> List[s
     os.makedirs(args.cprofile, exist_ok=True)
     written = []
     for short, (label, config, _) in zip(SHORT_NAMES, settings()):
-        with tempfile.TemporaryDirectory() as log_dir:
-            if config is not None:
-                debug_api.initialize(config, log_dir=log_dir)
-            try:
-                for _ in range(args.warmup):
-                    one()
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                profiler = cProfile.Profile()
-                profiler.enable()
-                for _ in range(args.trace_steps):
-                    one()
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                profiler.disable()
-            finally:
-                if config is not None:
-                    debug_api.end_debug()
+        with session(config):
+            for _ in range(args.warmup):
+                one()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            profiler = cProfile.Profile()
+            profiler.enable()
+            for _ in range(args.trace_steps):
+                one()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            profiler.disable()
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(80)
         path = os.path.join(args.cprofile, f"cprofile_{short}_rank{rank}.txt")
