@@ -112,7 +112,14 @@ def fused_vector(q, x: torch.Tensor, usage: str) -> Optional[FusedStats]:
     return per if isinstance(per, FusedStats) else None
 
 
-_high_precision = threading.local()  # .slot: (weakref to the input, its version, float64 row) of the last attach
+class _HighPrecisionSlot(threading.local):
+    """This thread's ``slot``: (weakref to the input, its version, float64 row) of the last attach, or None.  The
+    class attribute answers a thread that never attached (every feed asks: no AttributeError raised and caught)."""
+
+    slot: Optional[tuple] = None
+
+
+_high_precision = _HighPrecisionSlot()
 
 
 def attach_high_precision(x: torch.Tensor, row: torch.Tensor) -> None:
@@ -123,7 +130,7 @@ def attach_high_precision(x: torch.Tensor, row: torch.Tensor) -> None:
 
 def high_precision_row(x: torch.Tensor) -> Optional[torch.Tensor]:
     """The row `attach_high_precision` kept for exactly this `x` (same object, same version), else None."""
-    slot = getattr(_high_precision, "slot", None)
+    slot = _high_precision.slot
     if slot is None or slot[0]() is not x or slot[1] != x._version:
         return None
     return slot[2]

@@ -4,6 +4,8 @@ basic statistics (LogTensorStats) quantizes the tensor, and a kept row answers o
 The GPU side (the statistics pass that is also the amax pass): tests/backends/test_gpu_fused_high_precision_stats.py.
 """
 
+import threading
+
 import pytest
 import torch
 
@@ -27,6 +29,26 @@ def test_a_kept_row_answers_for_its_tensor_only():
     y = torch.randn(3)
     fused_stats.attach_high_precision(y, row)
     assert fused_stats.high_precision_row(y) is row
+
+
+def test_a_kept_row_is_its_threads_own():
+    """The slot is per thread: another thread (autograd's device thread feeds the backward's tensors) sees no row,
+    before it attached any and after, and its own attach leaves this thread's row alone."""
+    x = torch.randn(4, 8)
+    row, other_row = torch.zeros(13, dtype=torch.float64), torch.ones(13, dtype=torch.float64)
+    fused_stats.attach_high_precision(x, row)
+    seen = []
+
+    def other():
+        seen.append(fused_stats.high_precision_row(x))  # a thread that never attached
+        fused_stats.attach_high_precision(x, other_row)
+        seen.append(fused_stats.high_precision_row(x))
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    assert seen[0] is None and seen[1] is other_row
+    assert fused_stats.high_precision_row(x) is row
 
 
 class FlagSpy(Float8CurrentScalingQuantizer):
