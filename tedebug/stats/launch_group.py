@@ -32,17 +32,25 @@ GROUP_MAX = 3
 #: (the backend's group launch, the backend's lone launch, tensor, row address)
 Deferred = Tuple[Callable[..., None], Callable[..., None], torch.Tensor, int]
 
-_THREAD = threading.local()
+
+class _OpenGroup(threading.local):
+    """This thread's ``queue``: its open group's deferred launches, or None (the class attribute: a thread that
+    never opened a group reads None without raising)."""
+
+    queue: Optional[List[Deferred]] = None
+
+
+_THREAD = _OpenGroup()
 
 
 def pending() -> Optional[List[Deferred]]:
     """This thread's open group (its queue of deferred launches), or None when no group is open."""
-    return getattr(_THREAD, "queue", None)
+    return _THREAD.queue
 
 
 def open_group() -> bool:
     """Open a group on this thread; False when one is already open (the caller then leaves it to its opener)."""
-    if getattr(_THREAD, "queue", None) is not None:
+    if _THREAD.queue is not None:
         return False
     _THREAD.queue = []
     return True
@@ -62,7 +70,7 @@ def submit(group_into: Optional[Callable[..., None]], into: Callable[..., None],
     """Launch the statistics row of `x` into `address`: queued while this thread's group is open (launched once the
     queue holds `GROUP_MAX` tensors, or when the group closes), at once through `into` when no group is open or the
     backend has no group launch (`group_into` None)."""
-    queue = getattr(_THREAD, "queue", None)
+    queue = _THREAD.queue
     if queue is None or group_into is None:
         into(x, address)
         return

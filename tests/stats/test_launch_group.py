@@ -10,6 +10,7 @@ torch reference's values, and records its launches.
 """
 
 import ctypes
+import threading
 import types
 
 import pytest
@@ -89,6 +90,36 @@ def test_the_queue():
     launch_group.submit(group, lone, f32[2], 3)
     assert calls == [("group", [(0.0, 1), (2.0, 3)]), ("lone", 1.0, 2)]
     launch_group.close_group(opened)
+
+
+def test_a_group_is_its_threads_own():
+    """A group open on one thread (the forward's) does not hold the launches of another (autograd's device thread,
+    which feeds the backward's tensors): there they go out at once, or into that thread's own group."""
+    calls = []
+    lone = lambda x, address: calls.append(("lone", address))  # noqa: E731
+    group = lambda items: calls.append(("group", [a for _, a in items]))  # noqa: E731
+    x = torch.zeros(1)
+    opened = launch_group.open_group()
+    launch_group.submit(group, lone, x, 1)
+    seen = []
+
+    def other():
+        seen.append(launch_group.pending())  # a thread that never opened a group
+        launch_group.submit(group, lone, x, 2)  # at once
+        inner = launch_group.open_group()
+        seen.append(inner)
+        launch_group.submit(group, lone, x, 3)
+        launch_group.submit(group, lone, x, 4)
+        launch_group.close_group(inner)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    assert seen == [None, True]
+    assert calls == [("lone", 2), ("group", [3, 4])]
+    assert [a for *_, a in launch_group.pending()] == [1]  # this thread's queue, untouched
+    launch_group.close_group(opened)
+    assert calls[-1] == ("lone", 1) and launch_group.pending() is None
 
 
 def _run(tmp_path, name):
