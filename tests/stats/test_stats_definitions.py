@@ -144,11 +144,13 @@ def test_combine_rows_rejects_bad_shape():
         combine_row_batches(COLS, torch.zeros(2, 4, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("k", list(range(1, 17)))
-def test_combine_row_batches_is_combine_rows_of_each_batch_bit_for_bit(k):
+def test_combine_row_batches_is_combine_rows_of_each_batch_bit_for_bit(k, device):
     """The batched merge of the multi-rank read-back gives every buffer the bits `combine_rows` gives it, for 1 to 16
     rows (torch reduces a strided column of 5 or more float64 values with several accumulators, not in order; a
-    sum taken in order would differ in the last bits there), with NaN, infinities and buffers of no element."""
+    sum taken in order would differ in the last bits there), with NaN, infinities and buffers of no element; on the
+    CPU and on a CUDA device (marked gpu: skipped without CUDA and CuPy)."""
     columns = columns_for([StatRequest.parse_hp(name) for name in HP_KINDS])
     g = torch.Generator().manual_seed(k)
     scales = torch.logspace(-6, 6, len(columns), dtype=torch.float64)
@@ -157,9 +159,10 @@ def test_combine_row_batches_is_combine_rows_of_each_batch_bit_for_bit(k):
     rows[1, :, 0] = 0.0  # no element on any rank
     rows[2, 0, 3] = math.nan
     rows[3, -1, 2] = math.inf
+    rows = rows.to(device)
     got = combine_row_batches(columns, rows)
     want = torch.stack([combine_rows(columns, rows[b]) for b in range(rows.shape[0])])
-    assert got.shape == want.shape
+    assert got.shape == want.shape and got.device == want.device == rows.device
     assert bool(((got == want) | (got.isnan() & want.isnan())).all())
 
 
