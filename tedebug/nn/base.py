@@ -216,7 +216,10 @@ class GemmState:
     ) -> Tuple[Dict[str, Optional[object]], Dict[str, Optional[object]], bool]:
         """`plan` with the quantizers to use this call in the middle: the debug ones when the debug gate says so."""
         plan = self.plan(recipe)
-        debug = self._debug().debug_quantizers(layer_name, plan[0], tp_group=self.tp_group, tp_size=self.tp_size)
+        gate = self._debug_state
+        if gate is None:
+            gate = self._debug()
+        debug = gate.debug_quantizers(layer_name, plan[0], self.tp_group, self.tp_size)  # (every GEMM call asks)
         return plan if debug is None else (plan[0], debug, plan[2])
 
 
