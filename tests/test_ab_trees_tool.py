@@ -48,6 +48,17 @@ def test_a_directory_without_the_package_is_refused(tmp_path):
         tool.export_tree(str(tmp_path), tmp_path)
 
 
+def test_a_name_that_is_no_revision_is_refused(tmp_path, monkeypatch):
+    tool = load_tool("ab_trees")
+    monkeypatch.chdir(ROOT)  # inside this repository
+    with pytest.raises(SystemExit, match="neither a directory nor a git revision"):
+        tool.export_tree("no-such-revision-0123", tmp_path)
+    monkeypatch.chdir(tmp_path)  # outside any repository
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    with pytest.raises(SystemExit, match="no git repository here"):
+        tool.export_tree("HEAD", tmp_path)
+
+
 def test_a_worker_refuses_a_tree_it_did_not_import(tmp_path):
     """A tree whose tedebug/ is no package (no __init__.py): the worker's import finds no module of that tree."""
     tool = load_tool("ab_trees")

@@ -126,7 +126,9 @@ def export_tree(spec: str, scratch: Path) -> Path:
         if not (path / "tedebug").is_dir():
             raise SystemExit(f"ab_trees: {spec!r} is a directory without tedebug/")
         return path
-    root = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True, check=True)
+    root = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+    if root.returncode != 0:
+        raise SystemExit(f"ab_trees: {spec!r} is not a directory, and there is no git repository here to find it in")
     target = scratch / spec.replace("/", "_")
     target.mkdir()
     archive = subprocess.run(["git", "archive", spec], cwd=root.stdout.strip(), capture_output=True)
