@@ -38,6 +38,7 @@ first enabled iteration (the same assumption TransformerEngine makes).
 from __future__ import annotations
 
 import logging
+from operator import attrgetter
 from types import MappingProxyType
 from typing import Any, Callable, Dict, Hashable, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -90,6 +91,12 @@ class StatsEngine:
         self._numel_tensors: Dict[Tuple[int, torch.device], torch.Tensor] = {}
         self._slabs: Dict[torch.device, RowSlab] = {}  # this step's slabs
         self._step_layout: Optional[StepLayout] = None  # the last one-row step's layout (`_one_row_step`)
+        #: (layout, the buffers in feed order) of the last step when it was a one-row step whose rows were all rows
+        #: of one slab taken in feed order (`_note_slab_order`): a next step fed the same way is that step again
+        self._slab_order: Optional[Tuple[StepLayout, List[StatBuffer]]] = None
+        #: `feed` (the general path) ran since the last step: only a step fed by `SlabFeeder`s alone may repeat
+        #: the last one (`_repeated_step`)
+        self._general_feed = False
         self._spare_slabs: Dict[torch.device, RowSlab] = {}  # the other set (deferred read-back alternates them)
         #: per device, the row scratch areas both sets share (a set's rows are written at its read-back, before the
         #: other set's launches on the stream)
@@ -127,6 +134,7 @@ class StatsEngine:
         requested.  `quantized`: recipe name (``""`` = training recipe) -> QuantizedTensor for quantized stats.
         Empty tensors are ignored; a weight buffer keeps its first feed of the step.
         """
+        self._general_feed = True
         # a plain tuple finds the BufferKey entry (a NamedTuple hashes and compares as its fields)
         key = (layer, tensor_name, options if type(options) is tuple else tuple(options))
         buffer = self._store.get(key)
@@ -320,7 +328,8 @@ class StatsEngine:
             self._host_batch.discard()
             self._store.clear_step()
             raise
-        fed = self._store.fed()
+        repeated = self._repeated_step()
+        fed = list(repeated[0].buffers) if repeated is not None else self._store.fed()
         if self.defers():
             # the previous iteration first: its reduction may extend the group layouts this iteration uses
             previous, self._in_flight = self._in_flight, None
@@ -329,7 +338,7 @@ class StatsEngine:
                     self._finish(*previous)  # its slabs become the spare set
             finally:
                 try:
-                    started = self._start(fed, finished_iteration)
+                    started = self._start(fed, finished_iteration, repeated)
                 except BaseException:
                     for slab in self._slabs.values():
                         slab.reset()
@@ -346,7 +355,7 @@ class StatsEngine:
             if not fed and not due:
                 return
             communicate = _reduce.distributed_ready()
-            one_row = self._one_row_step(fed) if fed and not communicate else None
+            one_row = self._one_row_step(fed, repeated) if fed and not communicate else None
             if one_row is not None:
                 self._emit_one_row(one_row, one_row.values())
                 return
@@ -359,13 +368,18 @@ class StatsEngine:
             for slab in self._slabs.values():
                 slab.reset()
 
-    def _start(self, fed: List[StatBuffer], finished_iteration: int):
+    def _start(
+        self,
+        fed: List[StatBuffer],
+        finished_iteration: int,
+        repeated: Optional[Tuple[StepLayout, List[StatBuffer], RowSlab]],
+    ):
         """Deferred read-back: start iteration `finished_iteration`'s transfers (and, with several ranks, its
         collectives); None when this rank has nothing to do (the participation rule of the module docstring)."""
         if not _reduce.needs_communication():
             if not fed:
                 return None
-            return self._one_row_step(fed) or RowsInFlight(fed)
+            return self._one_row_step(fed, repeated) or RowsInFlight(fed)
         if not fed and not any(n <= finished_iteration for n in self._next_iter.values()):
             return None
         # each distinct group object's order key asked once (buffers share a few groups)
@@ -399,21 +413,70 @@ class StatsEngine:
             previous, self._in_flight = self._in_flight, None
             self._finish(*previous)
 
-    def _one_row_step(self, fed: List[StatBuffer]) -> Optional[OneRowStepInFlight]:
+    def _one_row_step(
+        self, fed: List[StatBuffer], repeated: Optional[Tuple[StepLayout, List[StatBuffer], RowSlab]] = None
+    ) -> Optional[OneRowStepInFlight]:
         """The step's rows as a one-row step (`tedebug.stats.readback.StepLayout`: the layout of the last such
-        step when it still fits, else a new one), or None when `fed` is not one."""
+        step when it still fits, else a new one), or None when `fed` is not one.  `repeated`: what
+        `_repeated_step` found (`fed` is then its layout's buffers)."""
         iteration = fed[0].iteration
+        if repeated is not None:
+            self._slab_order = (repeated[0], repeated[1])  # (still this step's order)
+            return OneRowStepInFlight(repeated[0], fed, repeated[2], iteration)
         layout = self._step_layout
         if layout is not None:
             at = layout.first_slab
             slab = fed[at].slab_rows[0][0] if 0 <= at < len(fed) and len(fed[at].slab_rows) == 1 else None
             if layout.matches(fed, slab, iteration):
+                self._note_slab_order(layout, slab)
                 return OneRowStepInFlight(layout, fed, slab, iteration)
         found = one_row_step(fed)
         if found is None:
             return None
         layout = self._step_layout = StepLayout(fed)
+        self._note_slab_order(layout, found[0])
         return OneRowStepInFlight(layout, fed, found[0], iteration)
+
+    def _note_slab_order(self, layout: StepLayout, slab: Optional[RowSlab]) -> None:
+        """Keep the feed order of this one-row step (`layout`, just checked against its buffers) when its rows are
+        all rows of `slab`, the step's one slab, taken in that order: row i is the i-th buffer fed."""
+        order = list(self._touched)
+        if (
+            slab is None
+            or layout.hosts
+            or layout.vectors
+            or len(self._slabs) != 1
+            or slab.used != len(order)
+            or len(order) != len(layout.buffers)
+            or any(b.slab_rows[0] != (slab, i) for i, b in enumerate(order))
+        ):
+            return
+        self._slab_order = (layout, order)
+
+    def _repeated_step(self) -> Optional[Tuple[StepLayout, List[StatBuffer], RowSlab]]:
+        """(the last step's layout, its feed order, this step's slab) when this step repeats the last one-row step
+        of slab rows (`_note_slab_order`), else None.  Taken at the start of every step (a step that is not found
+        to be such a step again keeps nothing).
+
+        Why it is that step again, checked in a few C-level operations rather than buffer by buffer
+        (`StepLayout.matches`): no general `feed` ran, so every feed since the last step was a `SlabFeeder`'s,
+        which gives a buffer slab rows and nothing else, and changes neither its requests (emitters, columns) nor
+        its route (slab keys); the buffers were touched in the last step's order, so each took its first row at
+        the last step's index; the slab holds as many rows as there are buffers, so each holds exactly one; and
+        every buffer was fed at one iteration."""
+        known, self._slab_order = self._slab_order, None
+        general, self._general_feed = self._general_feed, False
+        if known is None or general or len(self._slabs) != 1:
+            return None
+        layout, order = known
+        touched = self._touched
+        (slab,) = self._slabs.values()
+        if slab.used != len(order) or len(touched) != len(order) or list(touched) != order:
+            return None
+        iterations = list(map(_ITERATION_OF, order))
+        if iterations.count(iterations[0]) != len(iterations):
+            return None
+        return layout, order, slab
 
     def _finish(self, rows: Any, slabs: Dict[torch.device, RowSlab]) -> None:
         one_row = isinstance(rows, OneRowStepInFlight)
@@ -549,6 +612,8 @@ class StatsEngine:
         self._spare_slabs.clear()
         self._scratch_areas.clear()
         self._step_layout = None
+        self._slab_order = None
+        self._general_feed = False
         self._in_flight = None
         self._replicas.clear()
         self._replica_groups.clear()
@@ -615,6 +680,9 @@ class _StepInFlight:
 
 
 # ------------------------------------------------------------------------------------------------ helpers
+_ITERATION_OF = attrgetter("iteration")
+
+
 def _slab_launches(backend: Any, into: Callable[..., None]) -> Tuple[Callable[..., None], Any, Any]:
     """(lone launch, group launch or None, the scratch backend or None) of a slab row through `backend`, whose
     ``basic_stats_into`` is `into`: its scratch launches when it has them (the row is written at the step's end,

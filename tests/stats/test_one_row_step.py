@@ -79,7 +79,7 @@ def _run(monkeypatch, defer: bool, one_row: bool, finished=None):
     monkeypatch.setattr(engine_module, "OneRowStepInFlight", CountingStep)
     monkeypatch.setattr(engine_module, "StepLayout", CountingLayout)
     if not one_row:
-        monkeypatch.setattr(engine_module.StatsEngine, "_one_row_step", lambda self, fed: None)
+        monkeypatch.setattr(engine_module.StatsEngine, "_one_row_step", lambda self, fed, repeated=None: None)
     sink, messages = RecordingSink(), []
     engine = StatsEngine(sink, defer_read_back=defer, log_message=lambda text, **kw: messages.append((text, kw)))
     for iteration in range(8):
@@ -124,6 +124,93 @@ def test_rows_left_in_scratch_until_the_step_emit_what_rows_written_at_once_emit
     at_once_rows, at_once_messages, at_once_made = _run(monkeypatch, defer, one_row)
     assert repr(rows) == repr(at_once_rows) and messages == at_once_messages and made == at_once_made
     assert len(finished) == 8 and all(count > 0 for count in finished)  # one call per step wrote its rows
+
+
+COUNTS_LATER = ("max", "nan_count", "inf_count")  # the gradient's statistics from iteration 7 on (new emitters)
+#: (layer, tensor, statistics, is a weight) of the four buffers, in the order the first iteration feeds them
+_BUFFERS = [
+    ("l0", "activation", BASIC, False),
+    ("l0", "weight", BASIC, True),
+    ("l0", "output", COUNTS, False),
+    ("l1", "gradient", COUNTS, False),
+]
+#: what each iteration does differently, and whether it is read back as a repetition of the step before
+#: (`StatsEngine._repeated_step`): 0 feeds through `feed` (the buffers are new), the others through each buffer's
+#: `SlabFeeder` unless said otherwise
+_STEP_CASES = {
+    0: ("in creation order, through feed", False),
+    1: ("the same order", True),
+    2: ("the reverse order: other rows than the layout's", False),
+    3: ("the reverse order again", True),
+    4: ("a second microbatch of the activation, fed last: two rows in one buffer", False),
+    5: ("the step before was no one-row step: nothing to repeat", False),
+    6: ("the weight fed twice (it keeps its first feed)", True),
+    7: ("the gradient through feed with other statistics (new emitters)", False),
+    8: ("the gradient's new statistics through its feeder", True),
+    9: ("the output fed at the iteration before", False),
+    10: ("the output not fed", False),
+    11: ("the output not fed again", True),
+}
+
+
+def _repeated_run(monkeypatch, defer: bool, one_row: bool):
+    """Twelve iterations fed as `_STEP_CASES` says (the stand-in backend writes the slab rows): the records, the
+    messages and the iterations `_repeated_step` found to repeat the step before."""
+    backend = slab_backend(scratch=True)
+    monkeypatch.setattr(engine_module, "backend_for", lambda x: backend)
+    if not one_row:
+        monkeypatch.setattr(engine_module.StatsEngine, "_one_row_step", lambda self, fed, repeated=None: None)
+    repeated = []
+    real_repeated = engine_module.StatsEngine._repeated_step
+
+    def spy(self):
+        found = real_repeated(self)
+        if found is not None:
+            repeated.append(current)
+        return found
+
+    monkeypatch.setattr(engine_module.StatsEngine, "_repeated_step", spy)
+    sink, messages = RecordingSink(), []
+    engine = StatsEngine(sink, defer_read_back=defer, log_message=lambda text, **kw: messages.append((text, kw)))
+    for current in range(12):
+        g = torch.Generator().manual_seed(300 + current)
+        buffers = list(_BUFFERS) if current < 2 else list(reversed(_BUFFERS))
+        if current >= 7:
+            buffers = [(ly, t, COUNTS_LATER if t == "gradient" else st, w) for ly, t, st, w in buffers]
+        feeds = [(ly, t, st, torch.randn(6, 4, generator=g) * (current + 1), w, current) for ly, t, st, w in buffers]
+        if current == 4:
+            feeds.append(("l0", "activation", BASIC, torch.randn(3, 4, generator=g), False, current))
+        if current == 6:
+            feeds.append(("l0", "weight", BASIC, torch.randn(6, 4, generator=g), True, current))
+        if current == 9:
+            feeds = [f if f[1] != "output" else f[:5] + (current - 1,) for f in feeds]
+        if current >= 10:
+            feeds = [f for f in feeds if f[1] != "output"]
+        for layer, tensor, stats, x, is_weight, iteration in feeds:
+            feeder = engine.slab_feeder((layer, tensor, ()), stats)
+            through_feed = current == 0 or (current == 7 and tensor == "gradient")
+            if through_feed or feeder is None or not feeder.feed(x, iteration, None, False, is_weight):
+                assert through_feed, (current, tensor)  # (every other feed is a feeder's)
+                engine.feed(layer, tensor, stats, x, iteration=iteration, is_weight=is_weight)
+        engine.step(current)
+    engine.finish_pending()
+    monkeypatch.undo()
+    return sink.rows, messages, repeated
+
+
+@pytest.mark.parametrize("defer", [False, True], ids=["synchronous", "deferred"])
+def test_a_step_fed_as_the_one_before_repeats_it_and_emits_what_the_general_read_back_emits(monkeypatch, defer):
+    """A step whose feeds were all `SlabFeeder`s', touching the buffers in the order of the last one-row step of slab
+    rows, one row each, at one iteration, is read back through that step's layout without the per-buffer checks;
+    every other step is checked as before.  The records are those of the general read-back."""
+    rows, messages, repeated = _repeated_run(monkeypatch, defer, one_row=True)
+    general_rows, general_messages, general_repeated = _repeated_run(monkeypatch, defer, one_row=False)
+    assert repeated == [i for i, (_, repeats) in _STEP_CASES.items() if repeats]
+    assert general_repeated == []
+    assert repr(rows) == repr(general_rows) and messages == general_messages
+    emitted = {(name, iteration) for name, _, iteration in rows}
+    assert ("l0_output_min", 8) in emitted and ("l0_output_min", 10) not in emitted
+    assert ("l1_gradient_max", 7) in emitted and ("l1_gradient_min", 7) not in emitted
 
 
 def _emitters(names):
@@ -192,7 +279,7 @@ def _session_files(
     monkeypatch.setattr(engine_module, "OneRowStepInFlight", CountingStep)
     monkeypatch.setattr(engine_module, "StepLayout", CountingLayout)
     if not one_row:
-        monkeypatch.setattr(engine_module.StatsEngine, "_one_row_step", lambda self, fed: None)
+        monkeypatch.setattr(engine_module.StatsEngine, "_one_row_step", lambda self, fed, repeated=None: None)
     log_dir = tmp_path / f"{run}-{one_row}-{writer}"
     try:
         files = two_block_run_files(features, log_dir, device=device, fp8=fp8, background_logging=writer)
