@@ -71,6 +71,42 @@ def current_plans() -> Optional[dict]:
     return plan_table(current.transformer_engine)
 
 
+def renew_quantizers(quantizers: Sequence["DebugQuantizer"], iteration: int) -> Tuple[Optional[int], bool]:
+    """Make each of `quantizers`, in order, what a new construction with the same arguments would be at `iteration`:
+    both usages on, its plan's answers taken again.  Returns the earliest of their next debug iterations (None:
+    never) and whether any of them needs the debug path at `iteration` (`any_feature_enabled`).
+
+    `tedebug.nn.debug_gate` does this for a GEMM call's six quantizers instead of building six new ones while the
+    session's plans are still theirs (`current_plans`).  A fixed plan's directions never change, so only its question
+    1 is asked; and an answer object that the quantizer before asked (the tensors of a layer that one config
+    section selects share one, `tedebug.plan.compile_answer`) is not asked again when it is `repeatable`: the same
+    question at the same iteration, whose note to the statistics engine would write the same value again."""
+    earliest: Optional[int] = None
+    needed = False
+    asked: object = None
+    answer: Tuple[bool, Optional[int]] = (False, None)
+    for q in quantizers:
+        q.iteration = iteration
+        q.rowwise_usage = q.columnwise_usage = True
+        plan = q.plan
+        if plan.fixed is not None:
+            question = plan.inspect_enabled
+            if question is not asked or not question.repeatable:
+                answer = question.ask(iteration)
+                asked = question
+            q.inspect_tensor_enabled, nxt = answer
+            q._next_debug_iter = nxt
+        else:
+            q._resolve()
+            nxt = q._next_debug_iter
+            asked = None  # (its direction questions may have noted other values since)
+        if nxt is not None and (earliest is None or nxt < earliest):
+            earliest = nxt
+        if not needed:
+            needed = q.any_feature_enabled()
+    return earliest, needed
+
+
 class DebugQuantizer(Quantizer):
     """Quantizer used in place of a layer's normal quantizer for one tensor during a debug iteration.
 
@@ -120,17 +156,9 @@ class DebugQuantizer(Quantizer):
 
     def renew(self, iteration: Optional[int] = None) -> Optional[int]:
         """Make this quantizer what a new construction with the same arguments would be at `iteration` (default: the
-        current one): both usages on, the plan's answers taken again; returns `get_next_debug_iter()`.
-        `tedebug.nn.debug_gate` does this instead of building six new quantizers per GEMM call while the session's
-        plan is still this quantizer's (`current_plans`).  With a fixed plan only question 1 is asked: the
-        directions never change."""
-        self.iteration = iteration = active.get_iteration() if iteration is None else iteration
-        self.rowwise_usage = self.columnwise_usage = True
-        if self.plan.fixed is not None:
-            self.inspect_tensor_enabled, nxt = self.plan.inspect_enabled.ask(iteration)
-            self._next_debug_iter = nxt
-            return nxt
-        self._resolve()
+        current one): both usages on, the plan's answers taken again; returns `get_next_debug_iter()`
+        (`renew_quantizers` of this one quantizer)."""
+        renew_quantizers((self,), active.get_iteration() if iteration is None else iteration)
         return self._next_debug_iter
 
     def _resolve(self) -> None:

@@ -109,6 +109,8 @@ class ConstantAnswer:
 
     __slots__ = ("value",)
     constant = True
+    #: asking again at the same iteration gives the same answer and changes nothing (`renew_quantizers` may reuse it)
+    repeatable = True
 
     def __init__(self, value: Tuple[bool, Optional[int]]) -> None:
         self.value = value
@@ -160,6 +162,8 @@ class ScheduledAnswer:
 
     __slots__ = ("entries", "layer_name", "note")
     constant = False
+    #: asked twice in a row at one iteration: the same answer, and the same values noted again
+    repeatable = True
 
     def __init__(self, entries: Tuple[Tuple[ScheduleClock, bool], ...], layer_name: str, note: Callable) -> None:
         #: (schedule clock, records its next iteration) per serving feature
@@ -191,6 +195,7 @@ class CalledAnswer:
 
     __slots__ = ("method", "hook", "layer_name", "kwargs")
     constant = False
+    repeatable = False  # (the hook is called at every question)
 
     def __init__(self, api: Any, hook: str, layer_name: str, gemm: Optional[str], tensor_name: Optional[str]):
         self.method = getattr(api, hook)
@@ -237,8 +242,21 @@ def compile_answer(
             (schedule_clock(api, Schedule.from_config(r.config)), bool(getattr(f, "NOTE_STATS", False)))
             for r, f in zip(routes, features)
         )
-        return ScheduledAnswer(entries, layer_name, session.stats.note_next_iteration)
+        # one object per distinct (schedules, layer): the tensors of a layer that one config section selects share
+        # it, so a GEMM call's six quantizers ask it once (`renew_quantizers`)
+        answers = api.compiled.get(SCHEDULED_ANSWERS_KEY)
+        if answers is None:
+            answers = api.compiled[SCHEDULED_ANSWERS_KEY] = {}
+        answer = answers.get((entries, layer_name))
+        if answer is None:
+            answer = answers[(entries, layer_name)] = ScheduledAnswer(
+                entries, layer_name, session.stats.note_next_iteration
+            )
+        return answer
     return CalledAnswer(api, hook, layer_name, gemm, tensor_name)
+
+
+SCHEDULED_ANSWERS_KEY = "scheduled answers"
 
 
 # ------------------------------------------------------------------------------------------------ inspection

@@ -2,8 +2,9 @@
 
 - `DebugQuantizer.set_usage` (every operand of a logged GEMM) passes the usages on to the parent quantizer only
   when a direction of the tensor is quantized by it, and then exactly as the parent-usage rule says;
-- a logged high-precision layer's debug gate renews its six quantizers once per call (no new quantizer), asking
-  each plan's inspection question once, at the session's iteration;
+- a logged high-precision layer's debug gate renews its six quantizers once per call (no new quantizer), at the
+  session's iteration, asking an inspection answer that consecutive quantizers share once, and noting in the
+  statistics engine what asking every question notes;
 - LogTensorStats' inspection of a logged tensor is one `InspectPlan.feed` call.
 """
 
@@ -14,7 +15,8 @@ import torch
 from tedebug import debug_api
 from tedebug.features import log_tensor_stats
 from tedebug.debug_quantization import HIGH_PRECISION, STANDARD_QUANTIZE, DebugQuantizer
-from tedebug.nn import Linear
+from tedebug.nn import Linear, debug_gate
+from tedebug.plan import ScheduledAnswer
 from tedebug.quantization import Float8CurrentScalingQuantizer
 
 from support.features import RecordingSink, debug_session, section
@@ -59,32 +61,73 @@ def test_set_usage_passes_the_quantized_directions_on(start):
 
 
 def test_logged_layer_renews_its_quantizers_once_per_call(tmp_path, monkeypatch):
+    """After the first call the gate builds no quantizer: one renewal of the same six per call, at the session's
+    iteration, which asks the inspection question of the two logged tensors (one section's: one shared answer) once."""
     config = section(
         {"LogTensorStats": {"enabled": True, "stats": ["min"], "tensors": ["activation", "weight"], "freq": 1}}
     )
     layer = Linear(8, 4, name="lin")
     x = torch.randn(2, 8)
-    built, renewed = [], []
-    real_init, real_renew = DebugQuantizer.__init__, DebugQuantizer.renew
+    built, renewed, asked = [], [], []
+    real_init, real_renew, real_ask = DebugQuantizer.__init__, debug_gate.renew_quantizers, ScheduledAnswer.ask
 
     def init(self, *args, **kwargs):
         built.append(args[1])
         real_init(self, *args, **kwargs)
 
-    def renew(self, iteration=None):
-        renewed.append((self.tensor_name, iteration))
-        return real_renew(self, iteration)
+    def renew(quantizers, iteration):
+        renewed.append(([q.tensor_name for q in quantizers], iteration))
+        assert all(q is first[i] for i, q in enumerate(quantizers))  # the quantizers of the first call
+        return real_renew(quantizers, iteration)
+
+    def ask(answer, iteration):
+        asked.append(iteration)
+        return real_ask(answer, iteration)
 
     monkeypatch.setattr(DebugQuantizer, "__init__", init)
-    monkeypatch.setattr(DebugQuantizer, "renew", renew)
+    monkeypatch.setattr(debug_gate, "renew_quantizers", renew)
+    monkeypatch.setattr(ScheduledAnswer, "ask", ask)
     with debug_session(config, tmp_path):
         for _ in range(3):
             layer(x).sum().backward()
+            if not renewed:
+                first = layer.gemm_state._debug_state._last[6]
             debug_api.step()
     assert built == ["activation", "weight", "output", "dgrad", "wgrad", "gradient"]  # the first call only
-    tensors = [name for name, _ in renewed]
-    assert tensors == ["activation", "weight", "output", "dgrad", "wgrad", "gradient"] * 2
-    assert [iteration for _, iteration in renewed] == [1] * 6 + [2] * 6
+    tensors = ["activation", "weight", "output", "dgrad", "wgrad", "gradient"]
+    assert renewed == [(tensors, 1), (tensors, 2)]
+    assert asked == [0, 0, 1, 2]  # each new plan asks once; a renewal asks the shared answer once
+
+
+def test_renewed_quantizers_note_what_asking_every_question_notes(tmp_path):
+    """Tensors on other schedules alternate in the quantizers' order (activation and output every 2nd iteration,
+    the weight every 3rd): a renewal asks again every answer that the quantizer before did not ask, so the
+    statistics engine's table of next iterations (the last note of the layer wins) is after every call the one
+    noted when every question reaches the feature (the plan cache off)."""
+    config = section(
+        {
+            "LogTensorStats": {
+                "enabled": True,
+                "stats": ["min"],
+                "tensors_struct": [
+                    {"tensor": "activation", "freq": 2},
+                    {"tensor": "weight", "freq": 3},
+                    {"tensor": "output", "freq": 2},
+                ],
+            }
+        }
+    )
+    tables = {}
+    for plan_cache in (True, False):
+        layer = Linear(8, 4, name="lin")
+        noted = tables[plan_cache] = []
+        with debug_session(config, tmp_path / str(plan_cache), plan_cache=plan_cache):
+            for _ in range(7):
+                layer(torch.randn(2, 8)).sum().backward()
+                noted.append(dict(debug_api.DEBUG_MANAGER.stats._next_iter))
+                debug_api.step()
+    assert tables[True] == tables[False]
+    assert [table["lin"] for table in tables[True]] == [2, 2, 4, 4, 6, 6, 8]  # the output's schedule, noted last
 
 
 def test_log_tensor_stats_bound_inspection_is_one_feed_per_logged_tensor(tmp_path, monkeypatch):

@@ -12,11 +12,11 @@ named ``<name>.fc1`` and ``<name>.fc2``; GroupedLinear one per ``<name>.gemm_<i>
   in that order); ``next_iter`` becomes the minimum of their non-None next iterations (None: this GEMM never
   enters debug again in the session); if none of them has a feature enabled, None is returned (the rest of the
   iteration then also returns None).
-* the six of the previous call are renewed (`DebugQuantizer.renew`: iteration set, usages reset, the plan's answers
-  taken again) instead of built again when that is the same thing: same layer name, the very same normal quantizers
-  and TP group, and each quantizer's `tedebug.plan.TensorPlan` still the session's plan for its tensor.  So a
-  logged GEMM does not allocate six quantizers per call; the returned dict is then the same object as the previous
-  call's.
+* the six of the previous call are renewed (`tedebug.debug_quantization.renew_quantizers`: iteration set, usages
+  reset, the plans' answers taken again, an answer shared by consecutive quantizers asked once) instead of built
+  again when that is the same thing: same layer name, the very same normal quantizers and TP group, and each
+  quantizer's `tedebug.plan.TensorPlan` still the session's plan for its tensor.  So a logged GEMM does not
+  allocate six quantizers per call; the returned dict is then the same object as the previous call's.
 
 Returning None means "use the normal quantizers and the normal fused path".  A role missing from `quantizers`
 (or mapped to None) gets parent None; for LayerNormMLP the GEMM-output roles (grad_input -> dgrad,
@@ -33,7 +33,7 @@ import weakref
 from typing import Dict, Mapping, Optional, Tuple
 
 from tedebug import active
-from tedebug.debug_quantization import DebugQuantizer, current_plans
+from tedebug.debug_quantization import DebugQuantizer, current_plans, renew_quantizers
 from tedebug.usage_checks import note_layer
 
 #: (layer role, tensor name) in construction order.
@@ -120,21 +120,21 @@ class LayerDebugState:
             and last[3] == tp_size
             and all(map(operator.is_, parents, last[1]))
         ):
-            result, built = last[5], last[6]  # the same plans, parents and TP group: renew (module docstring)
-            if iteration is None:
-                iteration = active.get_iteration()
-            nexts = [q.renew(iteration) for q in built]
-        else:
-            result = {
-                role: DebugQuantizer(layer_name, tensor, parent, tp_group, tp_size)
-                for (role, tensor), parent in zip(ROLE_TO_TENSOR, parents)
-            }
-            built = tuple(result.values())
-            # the table the new quantizers' plans are in (built after them: compiling may have created it)
-            self._last = (layer_name, parents, tp_group, tp_size, current_plans(), result, built)
-            nexts = [q.get_next_debug_iter() for q in built]
+            # the same plans, parents and TP group: renew (module docstring)
+            self.next_iter, needed = renew_quantizers(
+                last[6], active.get_iteration() if iteration is None else iteration
+            )
+            return last[5] if needed else None
+        result = {
+            role: DebugQuantizer(layer_name, tensor, parent, tp_group, tp_size)
+            for (role, tensor), parent in zip(ROLE_TO_TENSOR, parents)
+        }
+        built = tuple(result.values())
+        # the table the new quantizers' plans are in (built after them: compiling may have created it)
+        self._last = (layer_name, parents, tp_group, tp_size, current_plans(), result, built)
         next_iter = None  # the earliest next debug iteration of the six
-        for nxt in nexts:
+        for q in built:
+            nxt = q.get_next_debug_iter()
             if nxt is not None and (next_iter is None or nxt < next_iter):
                 next_iter = nxt
         self.next_iter = next_iter
