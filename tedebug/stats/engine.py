@@ -38,6 +38,7 @@ first enabled iteration (the same assumption TransformerEngine makes).
 from __future__ import annotations
 
 import logging
+import math
 from operator import attrgetter
 from types import MappingProxyType
 from typing import Any, Callable, Dict, Hashable, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
@@ -587,7 +588,7 @@ class StatsEngine:
         if self._nonfinite_reported or self.log_message is None:
             return
         nan_at, inf_at = positions
-        nans, infs = int(values[nan_at]), int(values[inf_at])
+        nans, infs = values[nan_at], values[inf_at]
         if nans == 0 and infs == 0:
             return
         self._nonfinite_reported = True
@@ -595,7 +596,7 @@ class StatsEngine:
         gemms = "/".join(g for g in GEMMS_OF_TENSOR.get(tensor_name, ()) if g) or "-"
         self.log_message(
             f"First non-finite values: layer={layer} tensor={tensor_name} gemm={gemms} "
-            f"iteration={iteration} nan_count={nans} inf_count={infs}",
+            f"iteration={iteration} nan_count={_count_text(nans)} inf_count={_count_text(infs)}",
             layer_name=layer,
             level=logging.WARNING,
         )
@@ -681,6 +682,12 @@ class _StepInFlight:
 
 # ------------------------------------------------------------------------------------------------ helpers
 _ITERATION_OF = attrgetter("iteration")
+
+
+def _count_text(count: float) -> str:
+    """A count column's value as the message writes it: an integer, or the value itself when it is not a finite
+    number (a row no kernel wrote: reported, where `int` would raise in the middle of the step)."""
+    return str(int(count)) if math.isfinite(count) else str(count)
 
 
 def _slab_launches(backend: Any, into: Callable[..., None]) -> Tuple[Callable[..., None], Any, Any]:

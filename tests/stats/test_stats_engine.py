@@ -122,6 +122,34 @@ def test_nonfinite_counts_and_report():
     assert "layer=dec.4 tensor=activation gemm=fprop/wgrad iteration=15 nan_count=1" in messages[1][0]
 
 
+def test_a_count_that_is_not_a_number_is_reported_not_raised(monkeypatch):
+    """A row whose NaN count is itself NaN (a row no kernel wrote properly) gives the message with that value; the
+    step goes on and emits the row (a slab row, written by the stand-in backend with a corrupted count)."""
+    from support.slab_backend import slab_backend
+
+    from tedebug.backends import torch_ref
+    from tedebug.stats import engine as engine_module
+
+    real = torch_ref.basic_partials
+
+    def corrupted(x):
+        partials = dict(real(x))
+        partials["nan_count"] = torch.tensor(float("nan"), dtype=torch.float64)
+        return partials
+
+    backend = slab_backend()
+    monkeypatch.setattr(engine_module, "backend_for", lambda x: backend)
+    monkeypatch.setattr(torch_ref, "basic_partials", corrupted)
+    log, messages = Capture(), []
+    engine = StatsEngine(log, log_message=lambda msg, **kw: messages.append((msg, kw)))
+    engine.feed("dec.3", "gradient", ["nan_count", "inf_count", "max"], torch.ones(64, 64), iteration=5)
+    engine.step(5)
+    assert [m for m, _ in messages] == [
+        "First non-finite values: layer=dec.3 tensor=gradient gemm=dgrad/wgrad iteration=5 nan_count=nan inf_count=0"
+    ]
+    assert log.values()["dec.3_gradient_max"] == 1.0
+
+
 # ------------------------------------------------------------------------------------------------ concatenation
 BLOCKWISE = [StatRequest.blockwise(4, 1, True), StatRequest.blockwise(4, 2, False), StatRequest.blockwise(8, 1, False)]
 MX_QUANTIZED = [
