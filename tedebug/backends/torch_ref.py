@@ -461,9 +461,11 @@ def _max_block_dynamic_range(a2d: torch.Tensor, block_size: int, dims: int) -> t
     amax = blocks.amax(dim=1)
     inf = torch.full((), float("inf"), dtype=blocks.dtype, device=blocks.device)
     amin = torch.where(blocks != 0, blocks, inf).amin(dim=1)
-    per_block = torch.where(
-        amax != 0, torch.log2(_f64(amax)) - torch.log2(_f64(amin)), torch.zeros((), dtype=F64, device=amax.device)
-    )
+    # a block's two logarithms side by side in one log2 call, so that one thread computes both: on the CPU a worker
+    # thread of torch's pool was seen (after other tests ran in the process) to give log2(1000.0) 3.3e-14 above the
+    # main thread's, which made a uniform block's range non-zero when its two logs came from different threads
+    logs = torch.log2(_f64(torch.stack((amax, amin), dim=1)))
+    per_block = torch.where(amax != 0, logs[:, 0] - logs[:, 1], torch.zeros((), dtype=F64, device=amax.device))
     return per_block.amax()
 
 
