@@ -55,13 +55,22 @@ SLAB_STEPS = [0, 1, 2, 3, 5, 6, 7]
 NEW_LAYOUTS = [0, 2, 5, 6]
 
 
+def _engine(monkeypatch, backend, defer: bool, one_row: bool):
+    """A statistics engine whose rows the stand-in `backend` writes (patched in as `backend_for`), its sink and the
+    list of its messages; `one_row` False reads every step back the general way."""
+    monkeypatch.setattr(engine_module, "backend_for", lambda x: backend)
+    if not one_row:
+        monkeypatch.setattr(engine_module.StatsEngine, "_one_row_step", lambda self, fed, repeated=None: None)
+    sink, messages = RecordingSink(), []
+    engine = StatsEngine(sink, defer_read_back=defer, log_message=lambda text, **kw: messages.append((text, kw)))
+    return engine, sink, messages
+
+
 def _run(monkeypatch, defer: bool, one_row: bool, finished=None):
     """Eight iterations through an engine whose rows are written into its slab (the stand-in backend; with a
     `finished` list, its launches leave the rows in scratch, written at the step's end, and the list gets the rows
     each such write wrote): the records, the messages and the iterations at which one-row steps and new layouts were
     made."""
-    backend = slab_backend(scratch=finished is not None, finished=finished)
-    monkeypatch.setattr(engine_module, "backend_for", lambda x: backend)
     made = {"steps": [], "layouts": []}
     current = {"iteration": None}
     real_step, real_layout = engine_module.OneRowStepInFlight, engine_module.StepLayout
@@ -78,10 +87,8 @@ def _run(monkeypatch, defer: bool, one_row: bool, finished=None):
 
     monkeypatch.setattr(engine_module, "OneRowStepInFlight", CountingStep)
     monkeypatch.setattr(engine_module, "StepLayout", CountingLayout)
-    if not one_row:
-        monkeypatch.setattr(engine_module.StatsEngine, "_one_row_step", lambda self, fed, repeated=None: None)
-    sink, messages = RecordingSink(), []
-    engine = StatsEngine(sink, defer_read_back=defer, log_message=lambda text, **kw: messages.append((text, kw)))
+    backend = slab_backend(scratch=finished is not None, finished=finished)
+    engine, sink, messages = _engine(monkeypatch, backend, defer, one_row)
     for iteration in range(8):
         current["iteration"] = iteration
         for layer, tensor, stats, x, is_weight in _feeds(iteration):
@@ -156,10 +163,6 @@ _STEP_CASES = {
 def _repeated_run(monkeypatch, defer: bool, one_row: bool):
     """Twelve iterations fed as `_STEP_CASES` says (the stand-in backend writes the slab rows): the records, the
     messages and the iterations `_repeated_step` found to repeat the step before."""
-    backend = slab_backend(scratch=True)
-    monkeypatch.setattr(engine_module, "backend_for", lambda x: backend)
-    if not one_row:
-        monkeypatch.setattr(engine_module.StatsEngine, "_one_row_step", lambda self, fed, repeated=None: None)
     repeated = []
     real_repeated = engine_module.StatsEngine._repeated_step
 
@@ -170,8 +173,7 @@ def _repeated_run(monkeypatch, defer: bool, one_row: bool):
         return found
 
     monkeypatch.setattr(engine_module.StatsEngine, "_repeated_step", spy)
-    sink, messages = RecordingSink(), []
-    engine = StatsEngine(sink, defer_read_back=defer, log_message=lambda text, **kw: messages.append((text, kw)))
+    engine, sink, messages = _engine(monkeypatch, slab_backend(scratch=True), defer, one_row)
     for current in range(12):
         g = torch.Generator().manual_seed(300 + current)
         buffers = list(_BUFFERS) if current < 2 else list(reversed(_BUFFERS))
