@@ -79,8 +79,9 @@ def renew_quantizers(quantizers: Sequence["DebugQuantizer"], iteration: int) -> 
     `tedebug.nn.debug_gate` does this for a GEMM call's six quantizers instead of building six new ones while the
     session's plans are still theirs (`current_plans`).  A fixed plan's directions never change, so only its question
     1 is asked; and an answer object that the quantizer before asked (the tensors of a layer that one config
-    section selects share one, `tedebug.plan.compile_answer`) is not asked again when it is `repeatable`: the same
-    question at the same iteration, whose note to the statistics engine would write the same value again."""
+    section selects share one schedule answer, `tedebug.plan.compile_answer`; no other answer object is shared) is
+    not asked again: the same question at the same iteration, whose note to the statistics engine would write the
+    same value again."""
     earliest: Optional[int] = None
     needed = False
     asked: object = None
@@ -91,7 +92,7 @@ def renew_quantizers(quantizers: Sequence["DebugQuantizer"], iteration: int) -> 
         plan = q.plan
         if plan.fixed is not None:
             question = plan.inspect_enabled
-            if question is not asked or not question.repeatable:
+            if question is not asked:
                 answer = question.ask(iteration)
                 asked = question
             q.inspect_tensor_enabled, nxt = answer

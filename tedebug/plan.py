@@ -109,8 +109,6 @@ class ConstantAnswer:
 
     __slots__ = ("value",)
     constant = True
-    #: asking again at the same iteration gives the same answer and changes nothing (`renew_quantizers` may reuse it)
-    repeatable = True
 
     def __init__(self, value: Tuple[bool, Optional[int]]) -> None:
         self.value = value
@@ -162,8 +160,6 @@ class ScheduledAnswer:
 
     __slots__ = ("entries", "layer_name", "note")
     constant = False
-    #: asked twice in a row at one iteration: the same answer, and the same values noted again
-    repeatable = True
 
     def __init__(self, entries: Tuple[Tuple[ScheduleClock, bool], ...], layer_name: str, note: Callable) -> None:
         #: (schedule clock, records its next iteration) per serving feature
@@ -195,7 +191,6 @@ class CalledAnswer:
 
     __slots__ = ("method", "hook", "layer_name", "kwargs")
     constant = False
-    repeatable = False  # (the hook is called at every question)
 
     def __init__(self, api: Any, hook: str, layer_name: str, gemm: Optional[str], tensor_name: Optional[str]):
         self.method = getattr(api, hook)
@@ -243,7 +238,8 @@ def compile_answer(
             for r, f in zip(routes, features)
         )
         # one object per distinct (schedules, layer): the tensors of a layer that one config section selects share
-        # it, so a GEMM call's six quantizers ask it once (`renew_quantizers`)
+        # it, so a GEMM call's six quantizers ask it once (`renew_quantizers`).  Only these answers are shared: asked
+        # twice in a row at one iteration, one gives the same answer and notes the same value again
         answers = api.compiled.get(SCHEDULED_ANSWERS_KEY)
         if answers is None:
             answers = api.compiled[SCHEDULED_ANSWERS_KEY] = {}
