@@ -15,16 +15,19 @@ steps inside one `functools.reduce` call, which is the only C function callgrind
 collection off).  Settings (the probe's): ``hp`` the stack in high precision without debug_api, ``hp-log``
 LogTensorStats with 8 statistics on the 6 tensors of every GEMM at freq 1 (288 logged tensors per step),
 ``hp-idle`` that feature with ``start_step: 1000000000`` (a session in which no step logs: what an idle step
-costs), ``fp8`` the stack under Float8CurrentScaling without debug_api, ``fp8-log`` that with LogFp8TensorStats
-(underflows%, mse, scale_inv_min, scale_inv_max) on activation, weight and gradient (144 per step).  The
+costs), ``gpu-path`` hp-log with the statistics engine's `backend_for` answering the CPU stand-in of the kernel
+backend (`tests/support/slab_backend.py`, as `tools/probe_hot_path.py --only gpu-path`: the GPU path's Python -
+slab rows, row scratch, launch groups, the one-row read-back - without the statistics' arithmetic), ``fp8`` the
+stack under Float8CurrentScaling without debug_api, ``fp8-log`` that with LogFp8TensorStats (underflows%, mse,
+scale_inv_min, scale_inv_max) on activation, weight and gradient (144 per step).  The
 instructions of the training thread are counted (callgrind collects per thread; with ``--writer thread`` `step()`
 writes the statistics in that thread; the writer process, the default, is another process, which callgrind does not
 follow).
 
 Prints the instructions per measured step of each setting and, where both settings of a difference ran: per logged
-tensor of LogTensorStats (hp-log − hp) and of LogFp8TensorStats (fp8-log − fp8), and FP8 current scaling's extra
-per linear layer and step (fp8 − hp, 48 layers).  Needs valgrind; takes a few minutes (torch imports slowly under
-callgrind).
+tensor of LogTensorStats (hp-log − hp), of the GPU path's Python (gpu-path − hp) and of LogFp8TensorStats
+(fp8-log − fp8), and FP8 current scaling's extra per linear layer and step (fp8 − hp, 48 layers).  Needs
+valgrind; takes a few minutes (torch imports slowly under callgrind).
 """
 
 from __future__ import annotations
@@ -38,9 +41,9 @@ import sys
 import tempfile
 
 LAYERS, HIDDEN, HEADS, BATCH, SEQ = 12, 32, 2, 1, 8
-LOGGED = {"hp-log": 6 * 4 * LAYERS, "fp8-log": 3 * 4 * LAYERS}  # logged tensors per step
+LOGGED = {"hp-log": 6 * 4 * LAYERS, "gpu-path": 6 * 4 * LAYERS, "fp8-log": 3 * 4 * LAYERS}  # logged tensors per step
 LINEAR_LAYERS = 4 * LAYERS
-SETTINGS = ("hp", "hp-idle", "hp-log", "fp8", "fp8-log")
+SETTINGS = ("hp", "hp-idle", "hp-log", "gpu-path", "fp8", "fp8-log")
 
 
 #: `--writer`: the sessions' ``background_logging`` (the writer process, the default, or the writer thread)
@@ -64,16 +67,25 @@ def child(setting: str, steps: int, warmup: int, writer: str = "process") -> Non
     x = torch.randn(BATCH, SEQ, HIDDEN)
     recipe = recipe_module.Float8CurrentScaling() if setting.startswith("fp8") else None
     config = None
-    if setting in ("hp-log", "hp-idle"):
+    if setting in ("hp-log", "hp-idle", "gpu-path"):
         tensors = ["activation", "weight", "gradient", "output", "wgrad", "dgrad"]
         # hp-idle: the same feature scheduled to start far beyond the run, so every step is idle (bench's "idle")
-        when = {"freq": 1} if setting == "hp-log" else {"start_step": 10**9}
+        when = {"start_step": 10**9} if setting == "hp-idle" else {"freq": 1}
         config = bench.debug_section("s", LogTensorStats={"stats": bench.LOG_STATS, "tensors": tensors, **when})
     elif setting == "fp8-log":
         tensors = ["activation", "weight", "gradient"]
         config = bench.debug_section(
             "s", LogFp8TensorStats={"stats": bench.FP8_LOG_STATS, "freq": 1, "tensors": tensors}
         )
+
+    if setting == "gpu-path":
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+        from support.slab_backend import slab_backend
+
+        from tedebug.stats import engine as engine_module
+
+        stand_in = slab_backend(scratch=True, fixed_row=torch.ones(BATCH * SEQ, HIDDEN))
+        engine_module.backend_for = lambda tensor: stand_in
 
     def step(count, _):
         bench.train_step(model, x, optimizer, recipe)
@@ -154,6 +166,9 @@ def main() -> int:
         print(
             f"LogTensorStats: {(per_step['hp-log'] - per_step['hp']) / LOGGED['hp-log'] / 1e3:.1f} k per logged tensor"
         )
+    if "hp" in per_step and "gpu-path" in per_step:
+        extra = (per_step["gpu-path"] - per_step["hp"]) / LOGGED["gpu-path"]
+        print(f"the GPU path's Python (stand-in backend): {extra / 1e3:.1f} k per logged tensor")
     if "hp" in per_step and "hp-idle" in per_step:
         extra = per_step["hp-idle"] - per_step["hp"]
         print(f"an idle step: {extra / 1e3:.1f} k instructions over high precision ({extra / per_step['hp']:+.2%})")
