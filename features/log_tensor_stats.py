@@ -147,8 +147,11 @@ class InspectPlan:
         if feeder is not None:  # the usual GPU feed (a slab row) in a few steps, when the feeder takes it
             current = active.DEBUG_MANAGER
             if current is not None and feeder.engine is current.stats:
-                group, skip, is_weight = reduction_args(current, self.tensor_name, tp_group, tp_size)
-                if feeder.feed(tensor, iteration, group, skip, is_weight):
+                if self.tensor_name != "weight":  # `reduction_args` of a tensor that is no weight, without its call
+                    fed = feeder.feed(tensor, iteration, current.reduction_group, False, False)
+                else:
+                    fed = feeder.feed(tensor, iteration, *reduction_args(current, self.tensor_name, tp_group, tp_size))
+                if fed:
                     return True
         if type(tensor) is torch.Tensor and tensor.is_floating_point():  # the common case of the check below
             x = tensor

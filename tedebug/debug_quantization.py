@@ -23,7 +23,7 @@ import torch
 
 from tedebug import active, debug_api
 from tedebug.config.parsing import GEMMS_OF_TENSOR
-from tedebug.plan import Plan, TensorPlan, compile_plan, enabled_and_next, plan_table  # noqa: F401 (re-export)
+from tedebug.plan import INSPECT, Plan, TensorPlan, compile_plan, enabled_and_next, plan_table  # noqa: F401
 from tedebug.quantization.tensor import QuantizedTensor, Quantizer
 
 #: plan constants (`tedebug.plan.Plan` members); their values are the strings written in the plan log lines.
@@ -106,6 +106,35 @@ def renew_quantizers(quantizers: Sequence["DebugQuantizer"], iteration: int) -> 
         if not needed:
             needed = q.any_feature_enabled()
     return earliest, needed
+
+
+#: one tensor of `inspect_group`: (its quantizer, the tensor or None, its rowwise and columnwise GEMM operands)
+InspectEntry = Tuple["DebugQuantizer", Optional[torch.Tensor], "GemmOperand", "GemmOperand"]
+
+
+def inspect_group(entries: Sequence[InspectEntry]) -> None:
+    """``q._inspect(tensor, rowwise, columnwise)`` for each entry, in order, whose quantizer inspects its tensor this
+    iteration and whose tensor is not None (a gradient autograd did not compute): the tensors a GEMM call of
+    inspect-only quantizers logs together (`tedebug.nn.base._inspected_linear`, forward and backward).
+
+    The same calls with fewer steps per tensor: the iteration is read once, and an inspect-only quantizer
+    (`DebugQuantizer.inspect_only`: no parent, nothing to inspect after a quantization) calls its plan's bound
+    ``inspect_tensor`` (`tedebug.plan.InspectCall.target`) itself, binding it as a call of the `InspectCall` would.
+    Inside a host-bound GPU step each Python call level costs a logged tensor about a microsecond
+    (docs/performance.md, section 29)."""
+    current = active.DEBUG_MANAGER
+    iteration = current.iteration if current is not None else active.get_iteration()  # (raises: no session)
+    for q, tensor, rowwise, columnwise in entries:
+        if tensor is None or not q.inspect_tensor_enabled:
+            continue
+        if not q.inspect_only:
+            q._inspect(tensor, rowwise, columnwise)
+            continue
+        call = q.plan.inspect
+        target = call.target
+        if target is None or INSPECT in call.api.__dict__:  # not bound yet, or the namespace's call replaced since
+            target = call.bind()
+        target(iteration, tensor, q.tp_group, q.tp_size, rowwise, columnwise, None)
 
 
 class DebugQuantizer(Quantizer):

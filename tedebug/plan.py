@@ -260,7 +260,7 @@ class InspectCall:
     """The plan's one bound ``inspect_tensor`` (see the module docstring): ``call(iteration, tensor, tp_group,
     tp_size, rowwise, columnwise, quantizer)``."""
 
-    __slots__ = ("api", "layer_name", "tensor_name", "cacheable", "_target", "_basic")
+    __slots__ = ("api", "layer_name", "tensor_name", "cacheable", "target", "_basic")
 
     def __init__(self, api: Any, layer_name: str, tensor_name: str, cacheable: bool) -> None:
         self.api = api
@@ -268,7 +268,10 @@ class InspectCall:
         self.tensor_name = tensor_name
         #: False: always through `api` (plan cache off)
         self.cacheable = cacheable
-        self._target: Optional[Callable] = None
+        #: the bound call (`bind`), or None before the first call and while calls go through the namespace.  It is
+        #: current unless the namespace's ``inspect_tensor`` was replaced since (``INSPECT in api.__dict__``): what
+        #: `__call__` checks, and what a caller that takes `target` itself must check
+        self.target: Optional[Callable] = None
         self._basic: Optional[bool] = None
 
     def feeds_basic_statistics(self) -> bool:
@@ -290,9 +293,9 @@ class InspectCall:
     def __call__(
         self, iteration: int, tensor: Any, tp_group: Any, tp_size: int, rowwise: Any, columnwise: Any, quantizer: Any
     ) -> None:
-        target = self._target
+        target = self.target
         if target is None or INSPECT in self.api.__dict__:  # not bound yet, or overridden since: ask again
-            target = self._bind()
+            target = self.bind()
         target(iteration, tensor, tp_group, tp_size, rowwise, columnwise, quantizer)
 
     def _through_namespace(
@@ -310,11 +313,12 @@ class InspectCall:
             quantizer=quantizer,
         )
 
-    def _bind(self) -> Callable:
-        """Route the key (the namespace checks the names and logs the routing, as a call would) and pick the call."""
+    def bind(self) -> Callable:
+        """Route the key (the namespace checks the names and logs the routing, as a call would) and pick the call:
+        kept as `target` unless it goes through the namespace."""
         api = self.api
         if not self.cacheable or api.overridden(INSPECT):
-            self._target = None
+            self.target = None
             return self._through_namespace
         routes = api.routes(INSPECT, self.layer_name, None, self.tensor_name)
         if not routes:
@@ -325,7 +329,7 @@ class InspectCall:
             target = self._direct(routes[0])
         else:  # several features inspect the tensor: each called directly, in the namespace's order
             target = _in_turn(tuple(self._direct(route) for route in routes))
-        self._target = target
+        self.target = target
         return target
 
     def _direct(self, route: Any) -> Callable:

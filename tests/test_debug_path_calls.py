@@ -5,7 +5,10 @@
 - a logged high-precision layer's debug gate renews its six quantizers once per call (no new quantizer), at the
   session's iteration, asking an inspection answer that consecutive quantizers share once, and noting in the
   statistics engine what asking every question notes;
-- LogTensorStats' inspection of a logged tensor is one `InspectPlan.feed` call.
+- LogTensorStats' inspection of a logged tensor is one `InspectPlan.feed` call;
+- an inspect-only GEMM call reaches that feed through its plan's bound call, without `DebugQuantizer._inspect` or
+  `InspectCall.__call__` per tensor (`inspect_group`), and still through the namespace once a hook replaces its
+  ``inspect_tensor``.
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ import torch
 
 from tedebug import debug_api
 from tedebug.features import log_tensor_stats
-from tedebug.debug_quantization import HIGH_PRECISION, STANDARD_QUANTIZE, DebugQuantizer
+from tedebug.debug_quantization import HIGH_PRECISION, STANDARD_QUANTIZE, DebugQuantizer, inspect_group
 from tedebug.nn import Linear, debug_gate
-from tedebug.plan import ScheduledAnswer
+from tedebug.plan import InspectCall, ScheduledAnswer
 from tedebug.quantization import Float8CurrentScalingQuantizer
 
 from support.features import RecordingSink, debug_session, section
@@ -161,3 +164,112 @@ def test_log_tensor_stats_bound_inspection_is_one_feed_per_logged_tensor(tmp_pat
     assert {k: v for k, v in sink.values().items() if k[0] == "lin_activation_max"} == {
         ("lin_activation_max", i): 3.0 * (i + 1) for i in range(3)
     }
+
+
+ALL_TENSORS = ["activation", "weight", "output", "gradient", "dgrad", "wgrad"]
+
+
+def _counting(monkeypatch, owner, name, calls):
+    real = getattr(owner, name)
+
+    def counted(self, *args, **kwargs):
+        calls.append(name)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counted)
+
+
+def test_inspect_only_gemm_call_feeds_through_the_bound_call(tmp_path, monkeypatch):
+    """A logged high-precision Linear (every tensor inspect-only): each of its six tensors is one `InspectPlan.feed`,
+    in the layer's order (x, W, y in the forward; dy, dx, dW in the backward), reached without
+    `DebugQuantizer._inspect` or `InspectCall.__call__`; the statistics are the tensors'."""
+    calls, feeds = [], []
+    _counting(monkeypatch, DebugQuantizer, "_inspect", calls)
+    _counting(monkeypatch, InspectCall, "__call__", calls)
+    real_feed = log_tensor_stats.InspectPlan.feed
+
+    def feed(plan, layer_name, *args):
+        feeds.append(plan.tensor_name)
+        return real_feed(plan, layer_name, *args)
+
+    monkeypatch.setattr(log_tensor_stats.InspectPlan, "feed", feed)
+    sink = RecordingSink()
+    layer = Linear(3, 2, bias=False, name="lin")
+    with torch.no_grad():
+        layer.weight.copy_(torch.tensor([[1.0, -2.0, 0.5], [3.0, 1.0, -4.0]]))
+    x = torch.tensor([[1.0, 2.0, -1.0], [0.5, -3.0, 2.0]], requires_grad=True)  # (so that dx is computed)
+    with debug_session(
+        section({"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ALL_TENSORS}}), tmp_path, sink
+    ):
+        for _ in range(2):
+            layer(x).sum().backward()
+            debug_api.step()
+    assert calls == []
+    assert feeds == ["activation", "weight", "output", "gradient", "dgrad", "wgrad"] * 2
+    w, x = layer.weight.detach(), x.detach()
+    expected = {  # the loss is y.sum(): dy is all ones, dx = dy·W, dW = dyᵀ·x
+        "activation": x.max(),
+        "weight": w.max(),
+        "output": (x @ w.t()).max(),
+        "gradient": 1.0,
+        "dgrad": w.sum(0).max(),
+        "wgrad": x.sum(0).max(),
+    }
+    assert sink.values() == {(f"lin_{t}_max", i): float(v) for t, v in expected.items() for i in range(2)}
+
+
+def test_inspect_group_follows_an_override_of_inspect_tensor(tmp_path):
+    """Once bound, the group's calls still check the namespace: a hook set on the instance afterwards sees every
+    logged tensor of the next GEMM calls (then the features again once it is removed)."""
+    seen = []
+    layer = Linear(3, 2, name="lin")
+    x = torch.randn(4, 3, requires_grad=True)
+    config = section({"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ALL_TENSORS}})
+    with debug_session(config, tmp_path) as api:
+        layer(x).sum().backward()  # every call bound
+        debug_api.step()
+        real = api.inspect_tensor
+
+        def inspect_tensor(layer_name, **kwargs):
+            seen.append(kwargs["tensor_name"])
+            return real(layer_name, **kwargs)
+
+        y = layer(x)  # the forward's calls bound before the hook is set; the backward's quantizers are the same
+        api.inspect_tensor = inspect_tensor
+        y.sum().backward()
+        debug_api.step()
+        layer(x).sum().backward()  # (new plans: the namespace's hook from the start)
+        debug_api.step()
+        del api.inspect_tensor
+        layer(x).sum().backward()
+        debug_api.step()
+    assert seen == ["gradient", "dgrad", "wgrad"] + ["activation", "weight", "output", "gradient", "dgrad", "wgrad"]
+
+
+def test_inspect_group_hands_other_quantizers_to_inspect_and_skips_absent_tensors(tmp_path, monkeypatch):
+    """A quantizer that is not inspect-only (it has a parent that quantizes) is inspected by its own `_inspect`
+    with the entry's operands; an entry whose tensor is None (a gradient autograd did not compute) or whose
+    quantizer does not inspect this iteration is left out."""
+    inspected = []
+    real = DebugQuantizer._inspect
+
+    def _inspect(q, tensor, rowwise, columnwise):
+        inspected.append((q.tensor_name, tensor, rowwise, columnwise))
+        return real(q, tensor, rowwise, columnwise)
+
+    monkeypatch.setattr(DebugQuantizer, "_inspect", _inspect)
+    sink = RecordingSink()
+    config = section({"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["activation", "weight"]}})
+    with debug_session(config, tmp_path, sink):
+        quantized = DebugQuantizer("L", "activation", Float8CurrentScalingQuantizer("E4M3"), None)
+        plain = DebugQuantizer("L", "weight", None, None)
+        silent = DebugQuantizer("L", "gradient", None, None)  # not logged
+        assert not quantized.inspect_only and plain.inspect_only and not silent.inspect_tensor_enabled
+        silent.plan.inspect.target = lambda *args: inspected.append("the silent quantizer's bound call")
+        a, b, c = torch.ones(2, 2), torch.full((2, 2), 2.0), torch.full((2, 2), 5.0)
+        # (a weight keeps its first feed of a step: the weight's row is b's only if the None entry fed nothing)
+        inspect_group(((quantized, a, "row", "col"), (plain, None, c, c), (silent, c, c, c), (plain, b, b, b)))
+        debug_api.step()
+    assert len(inspected) == 1 and inspected[0][0] == "activation"
+    assert inspected[0][1] is a and inspected[0][2:] == ("row", "col")
+    assert sink.values() == {("L_activation_max", 0): 1.0, ("L_weight_max", 0): 2.0}

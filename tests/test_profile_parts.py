@@ -53,7 +53,7 @@ def test_parts_of_a_logged_step_with_their_calls(writer, writes):
         "tedebug.nn.debug_gate.LayerDebugState.debug_quantizers": 4,
         "tedebug.nn.base._inspected_linear": 4,  # (high precision, inspection only: torch's own linear)
         "tedebug.nn.base._inspect_backward": 4,
-        "tedebug.debug_quantization.DebugQuantizer._inspect": 24,
+        "tedebug.debug_quantization.inspect_group": 8,  # (x, W, y and dy, dx, dW: `DebugQuantizer._inspect` not called)
         "tedebug.stats.engine.StatsEngine.feed": 24,
         "tedebug.debug_api.step": 1,
         "tedebug.stats.engine.StatsEngine.step": 1,

@@ -46,6 +46,7 @@ PARTS = (
     ("tedebug.nn.debug_gate", "LayerDebugState.debug_quantizers"),
     ("tedebug.nn.base", "_inspected_linear"),
     ("tedebug.nn.base", "_inspect_backward"),
+    ("tedebug.debug_quantization", "inspect_group"),  # (the tensors of an inspect-only GEMM call's half)
     ("tedebug.nn.base", "_LinearFunction._forward"),
     ("tedebug.nn.base", "_LinearFunction._backward"),
     ("tedebug.nn.gemm", "gemm"),

@@ -28,6 +28,7 @@ import torch
 
 from tedebug import active
 from tedebug.autocast import INNERMOST, default_recipe
+from tedebug.debug_quantization import inspect_group
 from tedebug.nn.gemm import gemm
 from tedebug.nn.state import all_reduce_max, check_history, register_state_hooks, several_ranks
 from tedebug.stats import launch_group
@@ -509,15 +510,9 @@ def _inspected_linear(x, weight, bias, qs, replay: bool):
     if not replay:
         opened = launch_group.open_group()  # the statistics of x, W and y: one launch (tedebug.stats.launch_group)
         try:
-            q = qs["input"]
-            if q.inspect_tensor_enabled:
-                q._inspect(x2, x2, x2)
-            q = qs["weight"]
-            if q.inspect_tensor_enabled:
-                q._inspect(weight, weight, weight)
-            q = qs["output"]
-            if q.inspect_tensor_enabled:
-                q._inspect(y, None, None)
+            inspect_group(
+                ((qs["input"], x2, x2, x2), (qs["weight"], weight, weight, weight), (qs["output"], y, None, None))
+            )
         finally:
             launch_group.close_group(opened)
     if positions is not None and (
@@ -536,20 +531,14 @@ def _inspect_backward(qs, positions: Tuple[int, int], grad_inputs, grad_outputs)
     dwt = grad_inputs[positions[1]]
     if dx is None and dwt is None:
         return
+    q_dy, q_dw = qs["grad_output"], qs["grad_weight"]
+    dy = grad_outputs[0] if q_dy.inspect_tensor_enabled else None
+    if dy is not None and not dy.is_contiguous():
+        dy = dy.contiguous()
+    dw = dwt.t() if dwt is not None and q_dw.inspect_tensor_enabled else None  # the gradient of Wᵀ laid out as W
     opened = launch_group.open_group()
     try:
-        q = qs["grad_output"]
-        if q.inspect_tensor_enabled:
-            dy = grad_outputs[0]
-            if not dy.is_contiguous():
-                dy = dy.contiguous()
-            q._inspect(dy, dy, dy)
-        q = qs["grad_input"]
-        if dx is not None and q.inspect_tensor_enabled:
-            q._inspect(dx, None, None)
-        q = qs["grad_weight"]
-        if dwt is not None and q.inspect_tensor_enabled:
-            q._inspect(dwt.t(), None, None)  # the gradient of Wᵀ, laid out as W's ([N, K] contiguous)
+        inspect_group(((q_dy, dy, dy, dy), (qs["grad_input"], dx, None, None), (q_dw, dw, None, None)))
     finally:
         launch_group.close_group(opened)
 
