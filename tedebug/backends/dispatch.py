@@ -21,12 +21,12 @@ from __future__ import annotations
 import enum
 import importlib
 from types import ModuleType
-from typing import Dict, Optional, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 
 from tedebug.backends import torch_ref
-from tedebug.backends.environ import environ_reader
+from tedebug.backends.environ import environ_value
 
 
 class KernelPreference(str, enum.Enum):
@@ -88,19 +88,23 @@ class use_backend:  # noqa: N801 - reads as a function at call sites
         _override = self._previous
 
 
-_env_parsed = ("auto", "auto")  # (raw value of $TEDEBUG_BACKEND, checked name): re-checked only when it changes
-_read_env = environ_reader(ENV_VAR)
+#: (the raw value of $TEDEBUG_BACKEND last seen, its checked name): re-checked only when the variable changes
+_env_parsed: Tuple[Any, str] = (None, "auto")
+_env = environ_value(ENV_VAR)
 
 
 def requested_backend() -> str:
     """The default backend name (for calls that pass no ``kernel=``): `use_backend`'s choice, else
-    ``$TEDEBUG_BACKEND`` (read at every call), else ``"auto"``."""
+    ``$TEDEBUG_BACKEND`` (read at every call; unset or empty: ``"auto"``)."""
     global _env_parsed
     if _override is not None:
         return _override
-    raw = _read_env() or "auto"
-    if raw != _env_parsed[0]:
-        _env_parsed = (raw, _check_name(raw, f"environment variable {ENV_VAR}"))
+    raw = _env.raw()
+    if raw is not _env_parsed[0]:  # (the same object while the variable is unchanged: `tedebug.backends.environ`)
+        _env_parsed = (
+            raw,
+            _check_name((_env.decode(raw) if raw is not None else "") or "auto", f"environment variable {ENV_VAR}"),
+        )
     return _env_parsed[1]
 
 

@@ -114,23 +114,25 @@ def fused_vector(q, x: torch.Tensor, usage: str) -> Optional[FusedStats]:
 
 class _HighPrecisionSlot(threading.local):
     """This thread's ``slot``: (weakref to the input, its version, float64 row) of the last attach, or None.  The
-    class attribute answers a thread that never attached (every feed asks: no AttributeError raised and caught)."""
+    class attribute answers a thread that never attached (every feed asks: no AttributeError raised and caught).
+    A feed may read ``high_precision_slot.slot is None`` first: then `high_precision_row` answers None for any
+    tensor (a run without a quantizer that attaches never calls it)."""
 
     slot: Optional[tuple] = None
 
 
-_high_precision = _HighPrecisionSlot()
+high_precision_slot = _HighPrecisionSlot()
 
 
 def attach_high_precision(x: torch.Tensor, row: torch.Tensor) -> None:
     """Keep `row`, the basic statistics row (`torch_ref.BASIC_ROW_KEYS` order, on x's device) that a quantize pass
     computed for `x`, for the statistics feed of `x` (this thread's one slot)."""
-    _high_precision.slot = (weakref.ref(x), x._version, row)
+    high_precision_slot.slot = (weakref.ref(x), x._version, row)
 
 
 def high_precision_row(x: torch.Tensor) -> Optional[torch.Tensor]:
     """The row `attach_high_precision` kept for exactly this `x` (same object, same version), else None."""
-    slot = _high_precision.slot
+    slot = high_precision_slot.slot
     if slot is None or slot[0]() is not x or slot[1] != x._version:
         return None
     return slot[2]

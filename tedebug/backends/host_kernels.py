@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Tuple, TypeVar
 
 from tedebug.backends.cupy_runtime import kernel_dir
-from tedebug.backends.environ import environ_reader
+from tedebug.backends.environ import environ_value
 
 ENV_VAR = "TEDEBUG_HOST_KERNELS"
 _MODES = ("auto", "c", "numpy")
@@ -91,7 +91,7 @@ class HostFp8:
         self._cast(pointer, m, k, scale, 1 if fmt == "E5M2" else 0, 1 if clip else 0, fp8_max, row, col or None)
 
 
-_read_env = environ_reader(ENV_VAR)
+_env = environ_value(ENV_VAR)
 _LOCK = threading.Lock()
 #: the outcome of the one build: (HostFp8 or None, why it is None)
 _BUILT: Optional[Tuple[Optional[HostFp8], str]] = None
@@ -117,7 +117,7 @@ class use_host_kernels:  # noqa: N801 - reads as a function at call sites
 
 _override: Optional[str] = None
 #: (raw value of $TEDEBUG_HOST_KERNELS, the mode it names): checked again only when the value changes
-_env_parsed: Tuple[Optional[str], str] = (None, "auto")
+_env_parsed: Tuple[Any, str] = (None, "auto")  # (the raw value last seen, its checked mode)
 
 
 def _check_mode(value: str, where: str) -> str:
@@ -133,9 +133,9 @@ def requested_mode() -> str:
     global _env_parsed
     if _override is not None:
         return _override
-    raw = _read_env()
-    if raw is not _env_parsed[0]:  # (the reader returns the same object while the variable is unchanged)
-        _env_parsed = (raw, "auto" if raw is None else _check_mode(raw, f"environment variable {ENV_VAR}"))
+    raw = _env.raw()
+    if raw is not _env_parsed[0]:  # (the same object while the variable is unchanged: `tedebug.backends.environ`)
+        _env_parsed = (raw, "auto" if raw is None else _check_mode(_env.decode(raw), f"environment variable {ENV_VAR}"))
     return _env_parsed[1]
 
 

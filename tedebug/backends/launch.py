@@ -41,7 +41,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from tedebug.backends.environ import environ_reader
+from tedebug.backends.environ import environ_value
 
 ENV_VAR = "TEDEBUG_LAUNCH"
 _MODES = ("driver", "cupy", "ctypes")
@@ -177,11 +177,11 @@ def _again_with_context(code: int, index: int, call: Any, *args: Any) -> int:
     return call(*args)
 
 
-_read_env = environ_reader(ENV_VAR)
+_env = environ_value(ENV_VAR)
 
 
 #: (the raw value of $TEDEBUG_LAUNCH, the mode it gives) of the last `launch_mode` call: every launch asks, and the
-#: answer changes only with the variable (the reader returns the same string object while it is unchanged)
+#: answer changes only with the variable (its raw value is the same object while it is unchanged)
 _mode_of: Tuple[Any, str] = (object(), "")
 
 
@@ -189,10 +189,10 @@ def launch_mode() -> str:
     """``"driver"`` or ``"cupy"``: ``$TEDEBUG_LAUNCH`` when set (``ctypes`` is the driver mode without the compiled
     launches, `compiled_launches`), else driver when libcuda loads."""
     global _mode_of
-    raw = _read_env()
+    raw = _env.raw()
     if raw is _mode_of[0]:
         return _mode_of[1]
-    requested = (raw or "").strip().lower()
+    requested = (_env.decode(raw) if raw is not None else "").strip().lower()
     if requested:
         if requested not in _MODES:
             raise ValueError(f"environment variable {ENV_VAR}={requested!r}: expected one of {_MODES}")
@@ -215,11 +215,11 @@ def compiled_launches() -> Any:
     process); None otherwise, and the launches then take the ctypes (or CuPy) path.  Asked at every launch, so it
     costs one read of the variable."""
     global _compiled_of
-    raw = _read_env()
+    raw = _env.raw()
     if raw is _compiled_of[0]:
         return _compiled_of[1]
     compiled = None
-    if launch_mode() == "driver" and (raw or "").strip().lower() != "ctypes":
+    if launch_mode() == "driver" and (_env.decode(raw) if raw is not None else "").strip().lower() != "ctypes":
         from tedebug.backends import host_launch  # (builds with the C compiler: only where a launch needs it)
 
         compiled = _configured(host_launch.load())

@@ -218,12 +218,6 @@ class StatBuffer:
             or bool(self.vector_rows)
         )
 
-    def add_slab_row(self, slab: RowSlab, index: int, keys: Tuple[str, ...]) -> None:
-        """Record a row a kernel writes into `slab` for this step, laid out as the partial names `keys` (the caller
-        checked that a weight buffer was not fed yet this step: a weight keeps its first feed)."""
-        self.slab_rows.append((slab, index))
-        self.slab_keys = keys
-
     def add_vector_row(self, vector: torch.Tensor, keys: Tuple[str, ...], numel: int) -> None:
         """Record a feed whose row is read from a quantize kernel's statistics `vector` (partials named `keys`, in
         that order, covering every column but maybe numel) at the step: nothing is computed now.  The vector must

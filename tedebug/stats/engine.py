@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from tedebug.backends import backend_for, dispatch
-from tedebug.backends.fused_stats import FusedStats, fused_vector, high_precision_row
+from tedebug.backends.fused_stats import FusedStats, fused_vector, high_precision_row, high_precision_slot
 from tedebug.config.parsing import GEMMS_OF_TENSOR
 from tedebug.sinks.batch import DeferredBatch
 from tedebug.stats import launch_group
@@ -224,7 +224,10 @@ class StatsEngine:
             slab = self._new_slab(device, len(route.keys))
         index, address = slab.take() if route.scratch is None else slab.take_scratch(route.scratch)
         launch_group.submit(route.group_into, route.into, tensor, address)
-        buffer.add_slab_row(slab, index, route.keys)
+        # the row the kernel writes into `slab` for this step, laid out as the route's partial names (the caller
+        # checked that a weight buffer was not fed yet this step: a weight keeps its first feed)
+        buffer.slab_rows.append((slab, index))
+        buffer.slab_keys = route.keys
 
     def _new_slab(self, device: torch.device, width: int) -> RowSlab:
         """A new slab of rows of `width` for this step on `device` (`_launch_slab_row` found none of that width),
@@ -653,7 +656,7 @@ class SlabFeeder:
             or tensor.numel() == 0
             or backend_for(tensor) is not route.backend
             or (route.host_values and tensor.is_cpu)
-            or high_precision_row(tensor) is not None
+            or (high_precision_slot.slot is not None and high_precision_row(tensor) is not None)
         ):
             return False
         engine = self.engine

@@ -1,30 +1,39 @@
-"""`tedebug.backends.environ.environ_reader`: the value of ``os.environ.get`` at every call, through any change."""
+"""`tedebug.backends.environ.environ_value`: ``decode(raw())`` is ``os.environ.get``'s value at every call, through
+any change, and ``raw()`` is the same object exactly while the variable is not set again."""
 
 import os
 
-from tedebug.backends.environ import environ_reader
+from tedebug.backends.environ import environ_value
 
 
-def test_reader_follows_every_change(monkeypatch):
-    name = "TEDEBUG_TEST_ENVIRON_READER"
+def _read(env):
+    raw = env.raw()
+    return None if raw is None else env.decode(raw)
+
+
+def test_value_follows_every_change(monkeypatch):
+    name = "TEDEBUG_TEST_ENVIRON_VALUE"
     monkeypatch.delenv(name, raising=False)
-    read = environ_reader(name)
-    assert read() is None
+    env = environ_value(name)
+    assert env.raw() is None
     monkeypatch.setenv(name, "cupy")
-    assert read() == "cupy"
+    first = env.raw()
+    assert env.raw() is first and _read(env) == "cupy"  # unchanged: the same object
+    os.environ[name] = "cupy"  # set again, to the same text: another object, the same value
+    assert env.raw() is not first and _read(env) == "cupy"
     os.environ[name] = "torch"
-    assert read() == "torch"
+    assert _read(env) == "torch"
     os.environ[name] = "tørch ü"  # non-ASCII: decoded as os.environ decodes it
-    assert read() == os.environ.get(name) == "tørch ü"
+    assert _read(env) == os.environ.get(name) == "tørch ü"
     os.environ[name] = ""
-    assert read() == ""
+    assert _read(env) == ""
     del os.environ[name]
-    assert read() is None
+    assert env.raw() is None
     monkeypatch.setenv(name, "auto")
-    assert read() == "auto"
+    assert _read(env) == "auto"
 
 
-def test_reader_without_the_encoded_mapping_falls_back_to_get(monkeypatch):
+def test_value_without_the_encoded_mapping_falls_back_to_get(monkeypatch):
     name = "TEDEBUG_TEST_ENVIRON_FALLBACK"
 
     class Plain(dict):
@@ -32,7 +41,9 @@ def test_reader_without_the_encoded_mapping_falls_back_to_get(monkeypatch):
 
     plain = Plain({name: "x"})
     monkeypatch.setattr(os, "environ", plain)
-    read = environ_reader(name)
-    assert read() == "x"
+    env = environ_value(name)
+    assert _read(env) == "x"
     plain[name] = "y"
-    assert read() == "y"
+    assert _read(env) == "y"
+    del plain[name]
+    assert env.raw() is None
