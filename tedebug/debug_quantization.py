@@ -23,7 +23,15 @@ import torch
 
 from tedebug import active, debug_api
 from tedebug.config.parsing import GEMMS_OF_TENSOR
-from tedebug.plan import INSPECT, Plan, TensorPlan, compile_plan, enabled_and_next, plan_table  # noqa: F401
+from tedebug.plan import (  # noqa: F401 (TensorPlan and enabled_and_next re-exported)
+    INSPECT,
+    PLANS_KEY,
+    Plan,
+    TensorPlan,
+    compile_plan,
+    enabled_and_next,
+    plan_table,
+)
 from tedebug.quantization.tensor import QuantizedTensor, Quantizer
 
 #: plan constants (`tedebug.plan.Plan` members); their values are the strings written in the plan log lines.
@@ -63,12 +71,13 @@ def tensor_plan(layer_name: str, tensor_name: str, has_parent: bool) -> Tuple[Te
 
 def current_plans() -> Optional[dict]:
     """The active session's table of compiled plans (its identity changes whenever the plans are dropped), or None
-    when there is no session or its plan cache is off.  A `DebugQuantizer` whose plan came from a table that is
-    still current may be renewed instead of built again."""
+    when there is no session, its plan cache is off or no plan was compiled since the plans were last dropped.  A
+    `DebugQuantizer` whose plan came from a table that is still current may be renewed instead of built again.
+    (Every logged GEMM call asks: the table is looked up where `plan_table` keeps it, without creating it.)"""
     current = active.DEBUG_MANAGER
     if current is None or not current.plan_cache:
         return None
-    return plan_table(current.transformer_engine)
+    return current.transformer_engine.compiled.get(PLANS_KEY)
 
 
 def renew_quantizers(quantizers: Sequence["DebugQuantizer"], iteration: int) -> Tuple[Optional[int], bool]:
@@ -104,7 +113,7 @@ def renew_quantizers(quantizers: Sequence["DebugQuantizer"], iteration: int) -> 
         if nxt is not None and (earliest is None or nxt < earliest):
             earliest = nxt
         if not needed:
-            needed = q.any_feature_enabled()
+            needed = q.inspect_tensor_enabled or q._directions_need_path  # (`any_feature_enabled`, without its call)
     return earliest, needed
 
 
