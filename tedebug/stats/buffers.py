@@ -323,10 +323,16 @@ class BufferStore:
         buffers.sort(key=_creation_order)  # (feeds may come in another order than the buffers were made)
         return buffers
 
-    def clear_step(self) -> None:
-        """Forget the step's rows (of the touched buffers: no other buffer holds one)."""
-        for buffer in self.touched:
-            buffer.clear()
+    def clear_step(self, slab_rows_only: bool = False) -> None:
+        """Forget the step's rows (of the touched buffers: no other buffer holds one).  `slab_rows_only`: every
+        touched buffer was given slab rows and nothing else since the last step (a step fed only by
+        `tedebug.stats.engine.SlabFeeder`s, which the engine recognises), so that list is all there is to drop."""
+        if slab_rows_only:
+            for buffer in self.touched:
+                buffer.slab_rows = []  # (a new list: a step still in flight may hold the old one)
+        else:
+            for buffer in self.touched:
+                buffer.clear()
         self.touched.clear()
 
     def reset(self) -> None:

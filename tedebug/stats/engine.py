@@ -348,7 +348,7 @@ class StatsEngine:
                         slab.reset()
                     raise
                 finally:
-                    self._store.clear_step()
+                    self._store.clear_step(slab_rows_only=repeated is not None)
                 if started is not None:
                     self._in_flight = (started, self._slabs)
                     self._slabs, self._spare_slabs = self._spare_slabs, {}
@@ -368,7 +368,7 @@ class StatsEngine:
             merged = self._reduce(rows.entries, host, communicate)
             self._emit(rows.entries, merged)
         finally:
-            self._store.clear_step()
+            self._store.clear_step(slab_rows_only=repeated is not None)  # (a repeated step: slab feeds only)
             for slab in self._slabs.values():
                 slab.reset()
 
