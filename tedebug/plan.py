@@ -140,12 +140,19 @@ class ScheduleClock:
 SCHEDULE_CLOCKS_KEY = "schedule clocks"
 
 
+def compiled_table(api: Any, key: str) -> dict:
+    """The dict the namespace's `compiled` table keeps under `key` (made at first use; dropped with the table when
+    the namespace drops what it compiled): the plans, the schedule clocks and the shared schedule answers."""
+    table = api.compiled.get(key)
+    if table is None:
+        table = api.compiled[key] = {}
+    return table
+
+
 def schedule_clock(api: Any, schedule: Schedule) -> ScheduleClock:
     """The session's clock of `schedule` (equal schedules share one), kept in the namespace's `compiled` table like
     the plans (dropped with them)."""
-    clocks = api.compiled.get(SCHEDULE_CLOCKS_KEY)
-    if clocks is None:
-        clocks = api.compiled[SCHEDULE_CLOCKS_KEY] = {}
+    clocks = compiled_table(api, SCHEDULE_CLOCKS_KEY)
     clock = clocks.get(schedule)
     if clock is None:
         clock = clocks[schedule] = ScheduleClock(schedule)
@@ -240,9 +247,7 @@ def compile_answer(
         # one object per distinct (schedules, layer): the tensors of a layer that one config section selects share
         # it, so a GEMM call's six quantizers ask it once (`renew_quantizers`).  Only these answers are shared: asked
         # twice in a row at one iteration, one gives the same answer and notes the same value again
-        answers = api.compiled.get(SCHEDULED_ANSWERS_KEY)
-        if answers is None:
-            answers = api.compiled[SCHEDULED_ANSWERS_KEY] = {}
+        answers = compiled_table(api, SCHEDULED_ANSWERS_KEY)
         answer = answers.get((entries, layer_name))
         if answer is None:
             answer = answers[(entries, layer_name)] = ScheduledAnswer(
@@ -500,7 +505,4 @@ PLANS_KEY = "tensor plans"
 
 def plan_table(api: Any) -> dict:
     """The session's compiled plans, kept in the namespace's `compiled` table (dropped with it)."""
-    table = api.compiled.get(PLANS_KEY)
-    if table is None:
-        table = api.compiled[PLANS_KEY] = {}
-    return table
+    return compiled_table(api, PLANS_KEY)
