@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from tedebug.stats.copy_events import wait_for_copies
 from tedebug.stats.definitions import Column, combine_row_batches, combine_rows
 from tedebug.stats.reduce import keep_first_replicas, merge_host_rows
 
@@ -109,7 +110,7 @@ class _Exchange:
             self._work.wait()
             self._work = None
         if self._event is not None:
-            self._event.synchronize()
+            wait_for_copies((self._event,))
         host = self._gathered if self._host is None else self._host  # pinned copy: set together with the event
         return host.reshape(dist.get_world_size(self.group), -1)
 

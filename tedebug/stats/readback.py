@@ -30,6 +30,7 @@ import torch
 
 from tedebug.sinks.batch import Emitters
 from tedebug.stats.buffers import BufferKey, StatBuffer, VectorRow
+from tedebug.stats.copy_events import wait_for_copies
 from tedebug.stats.definitions import Column, combine_row_batches
 from tedebug.stats.slab import RowSlab
 
@@ -113,8 +114,7 @@ class RowsInFlight:
 
     def host_rows(self) -> Dict[BufferKey, List[float]]:
         """Wait for the copies, then every entry's row as Python floats in `columns` order."""
-        for event in self._events:
-            event.synchronize()
+        wait_for_copies(self._events)
         slab_tensors = {slab: slab.host_tensor() for slab in self._slabs}
         host: Dict[BufferKey, List[float]] = {}
         for entry in self.entries:
@@ -372,8 +372,7 @@ class OneRowStepInFlight:
         step with LogTensorStats: a gather of the slab's host copy) or a statistics vector of one length with the
         same positions (the usual LogFp8TensorStats step: a gather of the stacked vectors, the numel columns
         filled in), so that no Python float is made (`ScalarBatch.from_packed`); else lists of Python floats."""
-        for event in self._events:
-            event.synchronize()
+        wait_for_copies(self._events)
         layout = self.layout
         if layout.column_index is not None:  # every buffer a slab row with the same columns: the usual GPU step
             return self._slab_rows().numpy()[:, layout.column_index]
