@@ -21,7 +21,7 @@ What it owns:
 from __future__ import annotations
 
 import enum
-from typing import Any, Dict, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
@@ -168,17 +168,18 @@ def fp8_current_scale(amax: torch.Tensor, fp8_format: str, epsilon: float, pow2:
     amax = amax.reshape(()).contiguous()
     scale = torch.empty((), dtype=torch.float32, device=amax.device)
     scale_inv = torch.empty_like(scale)
-    kernel = get_kernel("fp8_tensor.cu", "ted_fp8_current_scale", ())
-    args = (
-        amax.data_ptr(),
-        np.float32(FP8_MAX[fp8_format]),
-        np.float32(epsilon),
-        np.int32(pow2),
-        scale.data_ptr(),
-        scale_inv.data_ptr(),
-    )
-    launch(kernel, 1, 1, args, amax.device)
+    _scale_launch(amax.data_ptr(), fp8_format, epsilon, pow2, scale.data_ptr(), scale_inv.data_ptr(), amax.device)
     return scale, scale_inv
+
+
+def _scale_launch(
+    amax_ptr: int, fp8_format: str, epsilon: float, pow2: bool, scale_ptr: int, scale_inv_ptr: int, device
+) -> None:
+    """One launch of ``ted_fp8_current_scale``: the fp32 scale and scale_inv at those device addresses from the fp32
+    amax at `amax_ptr`."""
+    kernel = get_kernel("fp8_tensor.cu", "ted_fp8_current_scale", ())
+    args = (amax_ptr, np.float32(FP8_MAX[fp8_format]), np.float32(epsilon), np.int32(pow2), scale_ptr, scale_inv_ptr)
+    launch(kernel, 1, 1, args, device)
 
 
 def fp8_scale_inv(scale: torch.Tensor) -> torch.Tensor:
@@ -215,6 +216,8 @@ _SMALL_WORDS = (_HIGH_PRECISION_AT + 8 * BASIC_ROW_LEN) // 8
 _HIGH_PRECISION_ROW = slice(_HIGH_PRECISION_AT // 8, _SMALL_WORDS)
 #: float32 index in the small allocation of scale_inv under current scaling (vector[4]) and delayed scaling (vector[0])
 _CURRENT_SCALE_INV = (_VECTOR_AT + 16) // 4
+#: float32 index in the small allocation of the amax the scale kernels read (vector[0])
+_AMAX = _VECTOR_AT // 4
 _DELAYED_SCALE_INV = _VECTOR_AT // 4
 
 
@@ -494,6 +497,48 @@ def fp8_current_quantize(
     return Float8Buffers(outputs.rowwise, outputs.columnwise, scale_inv, stats, high_precision)
 
 
+def fp8_current_quantize_reduced(
+    x2d: torch.Tensor,
+    fp8_format: str,
+    epsilon: float,
+    pow2: bool,
+    rowwise: bool,
+    columnwise: bool,
+    reduce_amax: Callable[[torch.Tensor], None],
+    high_precision_stats: bool = False,
+) -> Float8Buffers:
+    """Current scaling of a CUDA [M, K] tensor that is one rank's shard of a larger tensor (a tensor-parallel GEMM
+    operand), with the scale of the whole tensor.
+
+    The amax pass (with `high_precision_stats` the statistics pass, which also writes the shard's basic statistics
+    row) writes the shard's amax into the small allocation; `reduce_amax` turns that 1-element fp32 device tensor
+    into the whole tensor's amax in place (the TP layers' all-reduce MAX over their group, enqueued on the current
+    stream); then ``ted_fp8_current_scale`` and the cast read it by address.  So the codes, scale_inv and statistics
+    vector are what `fp8_current_quantize` gives for a tensor whose amax is the group's: the bytes of the torch path
+    with the reduced amax (`formats.compute_scale_from_amax`, `_cast_per_tensor`).  Three launches and the
+    collective; the host never waits.  An empty shard still takes part in the reduction (every rank must)."""
+    x = ready_input(x2d)
+    if x.numel() == 0:
+        amax = torch.zeros(1, dtype=torch.float32, device=x.device)
+        reduce_amax(amax)
+        scale, scale_inv = fp8_current_scale(amax, fp8_format, epsilon, pow2)
+        return fp8_quantize(x, scale, fp8_format, rowwise, columnwise, scale_inv)
+    index = x.get_device()
+    plan = _cast_plan(x, index, fp8_format)
+    outputs = _outputs(plan.m, plan.k, x.device, rowwise, columnwise)
+    small = outputs.small
+    vector = small.data_ptr() + _VECTOR_AT  # float32 amax, scale, -, -, scale_inv
+    scale_ptr, scale_inv_ptr = vector + 4, vector + 16
+    stream = raw_stream(index)
+    amax_only = (vector, _AMAX_MODE, np.float32(0.0), np.float32(0.0), FLAGS[False], vector, vector)
+    high_precision = _amax_pass(plan, x, index, stream, amax_only, small, high_precision_stats)
+    reduce_amax(small.view(torch.float32)[_AMAX : _AMAX + 1])
+    _scale_launch(vector, fp8_format, epsilon, pow2, scale_ptr, scale_inv_ptr, x.device)
+    stats = _launch_cast(plan, x, index, stream, scale_ptr, scale_inv_ptr, outputs)
+    scale_inv = small.view(torch.float32)[_CURRENT_SCALE_INV]
+    return Float8Buffers(outputs.rowwise, outputs.columnwise, scale_inv, stats, high_precision)
+
+
 def _launch_current(
     kernel: Kernel,
     plan: _CastPlan,
@@ -534,6 +579,7 @@ def _launch_current(
 
 
 _CURRENT_SCALE_MODE = np.int32(AmaxMode.CURRENT_SCALE)
+_AMAX_MODE = np.int32(AmaxMode.AMAX)
 
 
 def fp8_delayed_update(history: torch.Tensor, scale: torch.Tensor, scaled_max: float, most_recent: bool) -> None:
