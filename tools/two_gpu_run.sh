@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The run on a machine with two GPUs (NCCL, one process per GPU), in one command, so that a short lease of such a
 # machine is enough:
-#   1. the distributed tests with TEDEBUG_TEST_DIST_BACKEND=nccl (one GPU per rank);
+#   1. the distributed tests with TEDEBUG_TEST_DIST_BACKEND=nccl (one GPU per rank; the whole pytest output, failures'
+#      tracebacks included, in OUT_DIR/distributed_tests.log);
 #   2. examples/train_gpt_tp.py under torchrun: TP=2, TP=2 with sequence parallelism, DP=2 (30 steps each; the
 #      final losses should agree with the one-process run's to a few thousandths);
 #   3. tools/bench_parallel.py, TP=2 and DP=2, at the example's size and at $BIG, with --trace (the waits inside
@@ -27,7 +28,8 @@ torchrun=("$python" -m torch.distributed.run --nproc-per-node 2)
 
 echo "== distributed tests, NCCL"
 SECONDS=0
-TEDEBUG_TEST_DIST_BACKEND=nccl timeout 300 "$python" -m pytest -o addopts="" -m distributed tests/ -q -p no:cacheprovider -W ignore -rs 2>&1 | tail -6
+TEDEBUG_TEST_DIST_BACKEND=nccl timeout 300 "$python" -m pytest -o addopts="" -m distributed tests/ -q -p no:cacheprovider -W ignore -rfs >"$out/distributed_tests.log" 2>&1
+grep -E '^(FAILED|ERROR|SKIPPED)|passed|failed' "$out/distributed_tests.log" | tail -12
 echo "($SECONDS s)"
 
 for parallel in "--tp 2" "--tp 2 --sequence-parallel" "--tp 1"; do

@@ -103,7 +103,7 @@ def requested_backend() -> str:
     if raw is not _env_parsed[0]:  # (the same object while the variable is unchanged: `tedebug.backends.environ`)
         _env_parsed = (
             raw,
-            _check_name((_env.decode(raw) if raw is not None else "") or "auto", f"environment variable {ENV_VAR}"),
+            _check_name(_env.text(raw) or "auto", f"environment variable {ENV_VAR}"),
         )
     return _env_parsed[1]
 

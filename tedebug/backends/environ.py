@@ -20,10 +20,15 @@ from typing import Any, Callable, NamedTuple, Optional
 
 
 class EnvironValue(NamedTuple):
-    """``raw()``: the variable's stored value or None; ``decode(raw)``: its string (see the module docstring)."""
+    """``raw()``: the variable's stored value or None; ``decode(raw)``: its string (see the module docstring);
+    ``text(raw)``: that string, empty for an unset variable."""
 
     raw: Callable[[], Optional[Any]]
     decode: Callable[[Any], str]
+
+    def text(self, raw: Optional[Any]) -> str:
+        """The string of a value `raw()` returned: ``decode(raw)``, or ``""`` for an unset variable (None)."""
+        return "" if raw is None else self.decode(raw)
 
 
 def environ_value(name: str) -> EnvironValue:

@@ -192,7 +192,7 @@ def launch_mode() -> str:
     raw = _env.raw()
     if raw is _mode_of[0]:
         return _mode_of[1]
-    requested = (_env.decode(raw) if raw is not None else "").strip().lower()
+    requested = _env.text(raw).strip().lower()
     if requested:
         if requested not in _MODES:
             raise ValueError(f"environment variable {ENV_VAR}={requested!r}: expected one of {_MODES}")
@@ -219,7 +219,7 @@ def compiled_launches() -> Any:
     if raw is _compiled_of[0]:
         return _compiled_of[1]
     compiled = None
-    if launch_mode() == "driver" and (_env.decode(raw) if raw is not None else "").strip().lower() != "ctypes":
+    if launch_mode() == "driver" and _env.text(raw).strip().lower() != "ctypes":
         from tedebug.backends import host_launch  # (builds with the C compiler: only where a launch needs it)
 
         compiled = _configured(host_launch.load())

@@ -47,3 +47,14 @@ def test_value_without_the_encoded_mapping_falls_back_to_get(monkeypatch):
     assert _read(env) == "y"
     del plain[name]
     assert env.raw() is None
+
+
+def test_text_is_the_value_or_empty_when_unset(monkeypatch):
+    name = "TEDEBUG_TEST_ENVIRON_TEXT"
+    monkeypatch.delenv(name, raising=False)
+    env = environ_value(name)
+    assert env.text(env.raw()) == ""
+    monkeypatch.setenv(name, " Cupy ")
+    assert env.text(env.raw()) == " Cupy "  # as set: the callers strip and lower it themselves
+    monkeypatch.setenv(name, "")
+    assert env.text(env.raw()) == ""
