@@ -459,6 +459,7 @@ def fp8_current_quantize(
     rowwise: bool,
     columnwise: bool,
     high_precision_stats: bool = False,
+    reduce_amax: Optional[Callable[[torch.Tensor], None]] = None,
 ) -> Float8Buffers:
     """Current scaling of a CUDA [M, K] tensor: amax + scale (one launch), cast + transpose.
 
@@ -472,55 +473,21 @@ def fp8_current_quantize(
     shape that pass and the cast are again one launch (``ted_fp8_current_stats_cast16``), so a logged tensor's
     quantization costs the host what an unlogged one costs.
 
+    With `reduce_amax`, `x2d` is one rank's shard of a larger tensor (a tensor-parallel GEMM operand) quantized with
+    the scale of the whole tensor: the amax pass (or the statistics pass) writes the shard's amax only;
+    `reduce_amax` turns that 1-element fp32 device tensor (a view of the small allocation) into the whole tensor's
+    amax in place (the TP layers' all-reduce MAX over their group, enqueued on the current stream); then
+    ``ted_fp8_current_scale`` and the cast read it by address.  So the codes, scale_inv and statistics vector are
+    those of the torch path with the reduced amax (`formats.compute_scale_from_amax`, `_cast_per_tensor`), in three
+    launches and the collective, and the host never waits.  An empty shard still takes part in the reduction.
+
     Every training step quantizes each GEMM operand, so the path is flat: the kernels, grids and constant arguments
     of the shape come from `_cast_plan`, and the call makes three allocations and two views."""
     x = ready_input(x2d)
     if x.numel() == 0:
-        _, scale, scale_inv = fp8_amax_scale(x, fp8_format, epsilon, pow2)
-        return fp8_quantize(x, scale, fp8_format, rowwise, columnwise, scale_inv)
-    index = x.get_device()
-    plan = _cast_plan(x, index, fp8_format)
-    outputs = _outputs(plan.m, plan.k, x.device, rowwise, columnwise)
-    small = outputs.small
-    vector = small.data_ptr() + _VECTOR_AT  # float32 amax, scale, -, -, scale_inv
-    scale_ptr, scale_inv_ptr = vector + 4, vector + 16
-    stream = raw_stream(index)
-    fused = _fused_current(plan, x, index, fp8_format, high_precision_stats) if plan.fast else None
-    if fused is not None:  # amax (or the statistics pass), scale and cast in one launch
-        high_precision = small[_HIGH_PRECISION_ROW] if high_precision_stats else None
-        stats = _launch_current(fused, plan, x, index, stream, vector, epsilon, pow2, outputs, high_precision)
-    else:
-        mode_args = (vector, _CURRENT_SCALE_MODE, plan.fp8_max, np.float32(epsilon), FLAGS[bool(pow2)], scale_ptr)
-        high_precision = _amax_pass(plan, x, index, stream, mode_args + (scale_inv_ptr,), small, high_precision_stats)
-        stats = _launch_cast(plan, x, index, stream, scale_ptr, scale_inv_ptr, outputs)
-    scale_inv = small.view(torch.float32)[_CURRENT_SCALE_INV]
-    return Float8Buffers(outputs.rowwise, outputs.columnwise, scale_inv, stats, high_precision)
-
-
-def fp8_current_quantize_reduced(
-    x2d: torch.Tensor,
-    fp8_format: str,
-    epsilon: float,
-    pow2: bool,
-    rowwise: bool,
-    columnwise: bool,
-    reduce_amax: Callable[[torch.Tensor], None],
-    high_precision_stats: bool = False,
-) -> Float8Buffers:
-    """Current scaling of a CUDA [M, K] tensor that is one rank's shard of a larger tensor (a tensor-parallel GEMM
-    operand), with the scale of the whole tensor.
-
-    The amax pass (with `high_precision_stats` the statistics pass, which also writes the shard's basic statistics
-    row) writes the shard's amax into the small allocation; `reduce_amax` turns that 1-element fp32 device tensor
-    into the whole tensor's amax in place (the TP layers' all-reduce MAX over their group, enqueued on the current
-    stream); then ``ted_fp8_current_scale`` and the cast read it by address.  So the codes, scale_inv and statistics
-    vector are what `fp8_current_quantize` gives for a tensor whose amax is the group's: the bytes of the torch path
-    with the reduced amax (`formats.compute_scale_from_amax`, `_cast_per_tensor`).  Three launches and the
-    collective; the host never waits.  An empty shard still takes part in the reduction (every rank must)."""
-    x = ready_input(x2d)
-    if x.numel() == 0:
         amax = torch.zeros(1, dtype=torch.float32, device=x.device)
-        reduce_amax(amax)
+        if reduce_amax is not None:
+            reduce_amax(amax)
         scale, scale_inv = fp8_current_scale(amax, fp8_format, epsilon, pow2)
         return fp8_quantize(x, scale, fp8_format, rowwise, columnwise, scale_inv)
     index = x.get_device()
@@ -530,11 +497,20 @@ def fp8_current_quantize_reduced(
     vector = small.data_ptr() + _VECTOR_AT  # float32 amax, scale, -, -, scale_inv
     scale_ptr, scale_inv_ptr = vector + 4, vector + 16
     stream = raw_stream(index)
-    amax_only = (vector, _AMAX_MODE, np.float32(0.0), np.float32(0.0), FLAGS[False], vector, vector)
-    high_precision = _amax_pass(plan, x, index, stream, amax_only, small, high_precision_stats)
-    reduce_amax(small.view(torch.float32)[_AMAX : _AMAX + 1])
-    _scale_launch(vector, fp8_format, epsilon, pow2, scale_ptr, scale_inv_ptr, x.device)
-    stats = _launch_cast(plan, x, index, stream, scale_ptr, scale_inv_ptr, outputs)
+    if reduce_amax is not None:  # a tensor-parallel shard: the amax, the group's reduction of it, the scale
+        amax_only = (vector, _AMAX_MODE, np.float32(0.0), np.float32(0.0), FLAGS[False], vector, vector)
+        high_precision = _amax_pass(plan, x, index, stream, amax_only, small, high_precision_stats)
+        reduce_amax(small.view(torch.float32)[_AMAX : _AMAX + 1])
+        _scale_launch(vector, fp8_format, epsilon, pow2, scale_ptr, scale_inv_ptr, x.device)
+        stats = _launch_cast(plan, x, index, stream, scale_ptr, scale_inv_ptr, outputs)
+    elif plan.fast and (fused := _fused_current(plan, x, index, fp8_format, high_precision_stats)) is not None:
+        # amax (or the statistics pass), scale and cast in one launch
+        high_precision = small[_HIGH_PRECISION_ROW] if high_precision_stats else None
+        stats = _launch_current(fused, plan, x, index, stream, vector, epsilon, pow2, outputs, high_precision)
+    else:
+        mode_args = (vector, _CURRENT_SCALE_MODE, plan.fp8_max, np.float32(epsilon), FLAGS[bool(pow2)], scale_ptr)
+        high_precision = _amax_pass(plan, x, index, stream, mode_args + (scale_inv_ptr,), small, high_precision_stats)
+        stats = _launch_cast(plan, x, index, stream, scale_ptr, scale_inv_ptr, outputs)
     scale_inv = small.view(torch.float32)[_CURRENT_SCALE_INV]
     return Float8Buffers(outputs.rowwise, outputs.columnwise, scale_inv, stats, high_precision)
 

@@ -217,37 +217,17 @@ def quantize_fp8_current(
     columnwise: bool,
     kernel: KernelChoice = None,
     high_precision_stats: bool = False,
+    reduce_amax=None,
 ):
     """The kernel's `cupy_fp8_tensor.Float8Buffers` of `tensor` under current scaling, or None for the torch
     reference; `high_precision_stats`: the amax comes from the statistics pass, which also writes the tensor's basic
-    statistics row (`Float8Buffers.high_precision_stats`)."""
+    statistics row (`Float8Buffers.high_precision_stats`); `reduce_amax`: `tensor` is a tensor-parallel shard, and
+    this callable makes its amax (a 1-element fp32 tensor on its device) the whole tensor's in place."""
     if not (use_kernels(tensor, kernel) and _kernel_input(tensor)):
         return None
     cupy_fp8_tensor = _kernel_module("cupy_fp8_tensor")
     return cupy_fp8_tensor.fp8_current_quantize(
-        _matrix(tensor), fp8_format, epsilon, pow2, rowwise, columnwise, high_precision_stats
-    )
-
-
-def quantize_fp8_current_reduced(
-    tensor: torch.Tensor,
-    fp8_format: str,
-    epsilon: float,
-    pow2: bool,
-    rowwise: bool,
-    columnwise: bool,
-    reduce_amax,
-    kernel: KernelChoice = None,
-    high_precision_stats: bool = False,
-):
-    """`quantize_fp8_current` of one rank's shard with the scale of the whole tensor: `reduce_amax` (called with the
-    shard's amax, a 1-element fp32 tensor on its device) makes it the whole tensor's in place, as the tensor-parallel
-    layers' all-reduce does (`cupy_fp8_tensor.fp8_current_quantize_reduced`); None for the torch reference."""
-    if not (use_kernels(tensor, kernel) and _kernel_input(tensor)):
-        return None
-    cupy_fp8_tensor = _kernel_module("cupy_fp8_tensor")
-    return cupy_fp8_tensor.fp8_current_quantize_reduced(
-        _matrix(tensor), fp8_format, epsilon, pow2, rowwise, columnwise, reduce_amax, high_precision_stats
+        _matrix(tensor), fp8_format, epsilon, pow2, rowwise, columnwise, high_precision_stats, reduce_amax
     )
 
 

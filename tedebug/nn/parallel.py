@@ -36,10 +36,7 @@ import torch.distributed as dist
 
 from tedebug import active as active_session
 from tedebug.nn.base import linear_gemm
-from tedebug.backends import dispatch
-from tedebug.quantization.float8 import Float8CurrentScalingQuantizer, _cast_per_tensor, _from_kernel_buffers
-from tedebug.quantization.formats import tensor_amax
-from tedebug.quantization.tensor import check_high_precision_input
+from tedebug.quantization.float8 import Float8CurrentScalingQuantizer
 
 __all__ = [
     "PARALLEL_MODES",
@@ -382,28 +379,9 @@ class TPCurrentScalingQuantizer(Float8CurrentScalingQuantizer):
             columnwise=q.columnwise_usage,
         )
 
-    def _quantize(self, tensor: torch.Tensor):
-        check_high_precision_input(tensor, type(self).__name__)
-        # GPU: the kernels' amax pass, this all-reduce and their cast (the same bytes), else the torch path below
-        buffers = dispatch.quantize_fp8_current_reduced(
-            tensor,
-            self.fp8_format,
-            self.amax_epsilon,
-            self.force_pow_2_scales,
-            self.rowwise_usage,
-            self.columnwise_usage,
-            self._reduce_amax,
-            self.kernel,
-            self.high_precision_stats,
-        )
-        if buffers is not None:
-            return _from_kernel_buffers(self, tensor, buffers)
-        amax = tensor_amax(tensor).to(torch.float32).clone()
-        self._reduce_amax(amax)
-        return _cast_per_tensor(self, tensor, self.compute_scale(amax), self.fp8_format)
-
-    def _reduce_amax(self, amax: torch.Tensor) -> None:
-        """In place: this shard's amax becomes the maximum over `amax_group` (every rank's shard)."""
+    def reduce_amax(self, amax: torch.Tensor) -> None:
+        """In place: this shard's amax becomes the maximum over `amax_group` (every rank's shard); the quantizer's
+        `_quantize` (the kernels on CUDA, the torch path elsewhere) computes the scale from it."""
         dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=self.amax_group)
 
 

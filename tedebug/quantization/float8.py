@@ -590,6 +590,9 @@ class Float8CurrentScalingQuantizer(Quantizer):
     """Per-tensor current scaling: the scale comes from the amax of the tensor being quantized."""
 
     recipe_name = "fp8_current_scaling"
+    #: None, or for a tensor-parallel shard (`tedebug.nn.parallel.TPCurrentScalingQuantizer`) the callable that makes
+    #: the shard's amax (a 1-element fp32 tensor on its device) the whole tensor's in place, before the scale
+    reduce_amax: Optional[Callable[[torch.Tensor], None]] = None
 
     def __init__(
         self,
@@ -627,9 +630,14 @@ class Float8CurrentScalingQuantizer(Quantizer):
             self.columnwise_usage,
             self.kernel,
             self.high_precision_stats,
+            self.reduce_amax,
         )
         if buffers is not None:
             return _from_kernel_buffers(self, tensor, buffers)
+        if self.reduce_amax is not None:  # a tensor-parallel shard: the scale of the whole tensor
+            amax = tensor_amax(tensor).to(torch.float32).clone()
+            self.reduce_amax(amax)
+            return _cast_per_tensor(self, tensor, self.compute_scale(amax), self.fp8_format)
         if tensor.is_cpu and tensor.is_contiguous() and tensor.numel() and not compiling():
             return self._quantize_on_host(tensor)
         scale = self.compute_scale(tensor_amax(tensor))

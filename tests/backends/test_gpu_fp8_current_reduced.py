@@ -1,6 +1,6 @@
 """Current scaling of one tensor-parallel shard with the scale of the whole tensor on the GPU
-(`cupy_fp8_tensor.fp8_current_quantize_reduced`, which `TPCurrentScalingQuantizer` takes on CUDA): the shard's amax
-pass (or statistics pass), the caller's in-place reduction of that amax, the scale kernel and the cast.
+(`cupy_fp8_tensor.fp8_current_quantize` with `reduce_amax`, which `TPCurrentScalingQuantizer` gives on CUDA): the
+shard's amax pass (or statistics pass), the caller's in-place reduction of that amax, the scale kernel and the cast.
 
 Checked against two independent answers: the torch path with the reduced amax (`compute_scale_from_amax`,
 `_cast_per_tensor`: the same codes and scale_inv), and the quantization of the whole tensor the shards come from
@@ -45,8 +45,8 @@ def test_a_shard_is_cast_with_the_whole_tensors_scale(shape, dtype, fmt, pow2, e
     for seed, (x, other) in enumerate(zip(cast_inputs(shape, dtype, 11, DEV), cast_inputs(shape, dtype, 12, DEV))):
         other = other * (seed + 2)  # the other rank's shard, mostly the larger amax
         whole_amax = torch.maximum(tensor_amax(x), tensor_amax(other)).float()
-        got = cupy_fp8_tensor.fp8_current_quantize_reduced(
-            x, fmt, epsilon, pow2, True, True, raised_to(tensor_amax(other).float()), logged
+        got = cupy_fp8_tensor.fp8_current_quantize(
+            x, fmt, epsilon, pow2, True, True, logged, reduce_amax=raised_to(tensor_amax(other).float())
         )
         # the torch path with the reduced amax
         q = Float8CurrentScalingQuantizer(fmt, amax_epsilon=epsilon, force_pow_2_scales=pow2)
@@ -75,19 +75,19 @@ def test_an_empty_shard_joins_the_reduction():
         calls.append(amax.clone())
         amax.fill_(3.5)
 
-    got = cupy_fp8_tensor.fp8_current_quantize_reduced(
-        torch.empty(0, 64, device=DEV, dtype=torch.bfloat16), "E4M3", 0.0, False, True, True, reduce_amax
+    got = cupy_fp8_tensor.fp8_current_quantize(
+        torch.empty(0, 64, device=DEV, dtype=torch.bfloat16), "E4M3", 0.0, False, True, True, reduce_amax=reduce_amax
     )
     assert [c.tolist() for c in calls] == [[0.0]]
     assert got.scale_inv.item() == pytest.approx(3.5 / 448.0, rel=2**-23)
 
 
 def test_the_tp_quantizer_takes_the_kernel_path(monkeypatch):
-    """`TPCurrentScalingQuantizer` on CUDA goes through `dispatch.quantize_fp8_current_reduced` (a one-rank NCCL
-    group: the reduced amax is the tensor's own, so the bytes are plain current scaling's) and its tensor carries
-    the cast's statistics vector."""
-    from tedebug.nn.parallel import TPCurrentScalingQuantizer
+    """`TPCurrentScalingQuantizer` on CUDA hands its all-reduce to the kernel path
+    (`dispatch.quantize_fp8_current`'s `reduce_amax`; a one-rank NCCL group: the reduced amax is the tensor's own, so
+    the bytes are plain current scaling's) and its tensor carries the cast's statistics vector."""
     from tedebug.backends.fused_stats import fused_vector
+    from tedebug.nn.parallel import TPCurrentScalingQuantizer
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -96,13 +96,19 @@ def test_the_tp_quantizer_takes_the_kernel_path(monkeypatch):
         "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1, timeout=datetime.timedelta(seconds=60)
     )
     try:
-        seen = []
-        real = dispatch.quantize_fp8_current_reduced
-        monkeypatch.setattr(dispatch, "quantize_fp8_current_reduced", lambda *a, **k: seen.append(1) or real(*a, **k))
+        reductions = []
+        real = dispatch.quantize_fp8_current
+
+        def spy(*args):
+            reductions.append(args[-1])
+            return real(*args)
+
+        monkeypatch.setattr(dispatch, "quantize_fp8_current", spy)
         x = torch.randn(128, 256, device=DEV, dtype=torch.bfloat16) * 7
-        tp = TPCurrentScalingQuantizer("E4M3", amax_group=dist.group.WORLD)(x)
+        q = TPCurrentScalingQuantizer("E4M3", amax_group=dist.group.WORLD)
+        tp = q(x)
         plain = Float8CurrentScalingQuantizer("E4M3")(x)
-        assert seen == [1]
+        assert reductions == [q.reduce_amax, None]  # (a bound method: equal, not identical, at each access)
         assert torch.equal(tp.rowwise_data, plain.rowwise_data) and torch.equal(tp.scale_inv, plain.scale_inv)
         assert fused_vector(tp, x, "rowwise") is not None
     finally:
