@@ -5,7 +5,7 @@ What it owns:
 - `amax_launch`: one launch of ``ted_fp8_amax_scale`` / ``ted_amax_count`` in one of its modes (`AmaxMode`): the
   amax alone, the amax with the current-scaling scale and scale_inv, the amax in two slots (NVFP4's rowwise and
   columnwise global amaxes), or recorded into a delayed-scaling history with scale_inv = 1 / scale;
-- `fp8_amax`, `fp8_amax_scale`, `fp8_current_scale`, `fp8_scale_inv`: device scalars without a host sync;
+- `fp8_amax`, `fp8_current_scale`, `fp8_scale_inv`: device scalars without a host sync;
 - the cast + transpose (``ted_fp8_cast_transpose16`` for bf16 / fp16 with M % 64 == 0 and K % 128 == 0, else the
   general ``ted_fp8_cast_transpose``), which also counts underflows and overflows and sums the squared error;
 - current scaling of a bf16 / fp16 tensor of that fast shape in one cooperative launch
@@ -149,18 +149,6 @@ def fp8_amax(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(1, dtype=torch.float32, device=x.device)
     amax_launch(x, out)
     return out[0]
-
-
-def fp8_amax_scale(x: torch.Tensor, fp8_format: str, epsilon: float, pow2: bool):
-    """(amax, scale, scale_inv) 0-d fp32 device tensors (formats.compute_scale_from_amax) in one launch."""
-    x = prepare_input(x)
-    out = torch.empty(3, dtype=torch.float32, device=x.device)
-    if x.numel() == 0:
-        out[0] = 0.0
-        scale, scale_inv = fp8_current_scale(out[0], fp8_format, epsilon, pow2)
-        return out[0], scale, scale_inv
-    amax_launch(x, out, fp8_format, epsilon, pow2)
-    return out[0], out[1], out[2]
 
 
 def fp8_current_scale(amax: torch.Tensor, fp8_format: str, epsilon: float, pow2: bool):
