@@ -21,7 +21,7 @@ from __future__ import annotations
 import enum
 import importlib
 from types import ModuleType
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import torch
 
@@ -217,7 +217,7 @@ def quantize_fp8_current(
     columnwise: bool,
     kernel: KernelChoice = None,
     high_precision_stats: bool = False,
-    reduce_amax=None,
+    reduce_amax: Optional[Callable[[torch.Tensor], None]] = None,
 ):
     """The kernel's `cupy_fp8_tensor.Float8Buffers` of `tensor` under current scaling, or None for the torch
     reference; `high_precision_stats`: the amax comes from the statistics pass, which also writes the tensor's basic
