@@ -26,14 +26,19 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import importlib.machinery
+import importlib.util
 import os
 import platform
 import shutil
 import subprocess
+import sys
+import sysconfig
 import tempfile
 import threading
 import warnings
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable, Optional, Tuple, TypeVar
 
 from tedebug.backends.cupy_runtime import kernel_dir
@@ -185,8 +190,8 @@ def build_and_load(load: Callable[[Path], T], **build_options: Any) -> Tuple[Opt
     """``load(path)`` of the library `build` makes (with `build_options`) and "", or None and why: built in
     `cache_dir()`, else (that folder cannot be written or its library cannot be loaded) in a private folder under
     the temporary directory (`fallback_dir`)."""
-    if compiler() is None:
-        return None, "no C compiler ($CC, cc, gcc or clang) on PATH"
+    if _compiler_for(build_options.get("cxx", False)) is None:
+        return None, _NO_COMPILER[build_options.get("cxx", False)]
     reasons = []
     for directory, private in ((cache_dir(), False), (fallback_dir(), True)):
         try:
@@ -228,14 +233,35 @@ def _make_private(directory: Path) -> None:
 
 def compiler() -> Optional[str]:
     """The C compiler: ``$CC`` when set, else the first of cc, gcc and clang on PATH (None when there is none)."""
-    named = os.environ.get("CC")
+    return _find_compiler("CC", ("cc", "gcc", "clang"))
+
+
+def cxx_compiler() -> Optional[str]:
+    """The C++ compiler: ``$CXX`` when set, else the first of c++, g++ and clang++ on PATH (None when there is
+    none)."""
+    return _find_compiler("CXX", ("c++", "g++", "clang++"))
+
+
+def _find_compiler(variable: str, names: Tuple[str, ...]) -> Optional[str]:
+    named = os.environ.get(variable)
     if named:
         return shutil.which(named) or named
-    for name in ("cc", "gcc", "clang"):
+    for name in names:
         found = shutil.which(name)
         if found:
             return found
     return None
+
+
+def _compiler_for(cxx: bool) -> Optional[str]:
+    return cxx_compiler() if cxx else compiler()
+
+
+#: why nothing was built, by whether C++ was asked for
+_NO_COMPILER = {
+    False: "no C compiler ($CC, cc, gcc or clang) on PATH",
+    True: "no C++ compiler ($CXX, c++, g++ or clang++) on PATH",
+}
 
 
 def build(
@@ -244,14 +270,17 @@ def build(
     flags: Tuple[str, ...] = FLAGS,
     libraries: Tuple[str, ...] = ("-lm",),
     digest_extra: str = "",
+    cxx: bool = False,
+    timeout: float = 120.0,
 ) -> Path:
     """The shared library of ``kernels/<source_name>`` (``host_fp8.c`` unless told) in `directory`, compiled with
-    `flags` and linked with `libraries` there unless a library of the same source, compiler, flags and
-    `digest_extra` (what else the build depends on: the Python headers of an extension module) already is; raises
-    `HostKernelError` naming the compiler's complaint."""
-    cc = compiler()
+    `flags` (by the C++ compiler when `cxx`, else the C compiler) and linked with `libraries` there unless a
+    library of the same source, compiler, flags and `digest_extra` (what else the build depends on: the Python
+    headers of an extension module) already is; raises `HostKernelError` naming the compiler's complaint, or
+    that it ran longer than `timeout` seconds."""
+    cc = _compiler_for(cxx)
     if cc is None:
-        raise HostKernelError("no C compiler ($CC, cc, gcc or clang) on PATH")
+        raise HostKernelError(_NO_COMPILER[cxx])
     path = kernel_dir() / source_name
     source = path.read_bytes()
     digest = hashlib.sha256()
@@ -269,7 +298,7 @@ def build(
     os.close(handle)
     try:
         command = [cc, *flags, "-o", temporary, str(path), *libraries]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
         if done.returncode != 0:
             complaint = done.stderr.strip()
             raise HostKernelError(
@@ -280,6 +309,32 @@ def build(
         if os.path.exists(temporary):
             os.unlink(temporary)
     return target
+
+
+def python_include() -> Optional[Path]:
+    """The folder of the running interpreter's ``Python.h``, or None when it is not installed."""
+    include = sysconfig.get_paths().get("include")
+    if not include or not (Path(include) / "Python.h").is_file():
+        return None
+    return Path(include)
+
+
+def interpreter_tag() -> str:
+    """What an extension module is built for: the running interpreter's version and ABI (part of its file's
+    digest)."""
+    return f"{sys.implementation.cache_tag} {sys.version} {sysconfig.get_config_var('SOABI')}"
+
+
+def load_extension_module(name: str, path: Path) -> ModuleType:
+    """The CPython extension module `name` in the shared library `path` (built by `build`), imported from there
+    (not from ``sys.path``); ImportError when it cannot be."""
+    loader = importlib.machinery.ExtensionFileLoader(name, os.fspath(path))
+    spec = importlib.util.spec_from_file_location(name, os.fspath(path), loader=loader)
+    if spec is None:
+        raise ImportError(f"cannot load {path} as {name}")
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
 
 
 def _reset_for_tests() -> None:
@@ -297,7 +352,11 @@ __all__ = [
     "build_and_load",
     "cache_dir",
     "compiler",
+    "cxx_compiler",
     "fallback_dir",
+    "interpreter_tag",
+    "load_extension_module",
+    "python_include",
     "host_fp8",
     "requested_mode",
     "unavailable_reason",

@@ -19,13 +19,10 @@ that fails is, once.
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
+import functools
 import sys
-import sysconfig
 import threading
 import warnings
-from pathlib import Path
 from types import ModuleType
 from typing import Optional, Tuple
 
@@ -41,12 +38,7 @@ _LOCK = threading.Lock()
 _BUILT: Optional[Tuple[Optional[ModuleType], str]] = None
 
 
-def python_include() -> Optional[Path]:
-    """The folder of the running interpreter's ``Python.h``, or None when it is not installed."""
-    include = sysconfig.get_paths().get("include")
-    if not include or not (Path(include) / "Python.h").is_file():
-        return None
-    return Path(include)
+python_include = host_kernels.python_include
 
 
 def load() -> Optional[ModuleType]:
@@ -83,21 +75,13 @@ def _build_and_load() -> Tuple[Optional[ModuleType], str]:
     flags = FLAGS + (f"-I{include}",)
     if sys.platform == "darwin":
         flags += ("-undefined", "dynamic_lookup")
-    # an extension module is built for one interpreter: its version and ABI are part of the file's digest
-    interpreter = f"{sys.implementation.cache_tag} {sys.version} {sysconfig.get_config_var('SOABI')}"
     return host_kernels.build_and_load(
-        _load_module, source_name=SOURCE_NAME, flags=flags, libraries=(), digest_extra=interpreter
+        functools.partial(host_kernels.load_extension_module, MODULE_NAME),
+        source_name=SOURCE_NAME,
+        flags=flags,
+        libraries=(),
+        digest_extra=host_kernels.interpreter_tag(),  # (built for one interpreter)
     )
-
-
-def _load_module(path: Path) -> ModuleType:
-    loader = importlib.machinery.ExtensionFileLoader(MODULE_NAME, str(path))
-    spec = importlib.util.spec_from_file_location(MODULE_NAME, str(path), loader=loader)
-    if spec is None:
-        raise ImportError(f"cannot load {path} as {MODULE_NAME}")
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
 
 
 def _reset_for_tests() -> None:
