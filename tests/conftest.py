@@ -5,7 +5,12 @@
 - `start`: for the debug-path tests, opens a session with the test features of tests/feature_dirs_debug and returns
   their loaded module (its CALLS list records every call);
 - `host_kernels`: runs a test of the CPU FP8 host path twice, with the compiled helpers of kernels/host_fp8.c and
-  with the numpy path (``$TEDEBUG_HOST_KERNELS``), which must give the same bits.
+  with the numpy path (``$TEDEBUG_HOST_KERNELS``), which must give the same bits;
+- `inspected_linear`: runs a test twice, with the compiled linear of inspect-only GEMM calls
+  (kernels/inspected_linear.cpp) and with the Python path (``$TEDEBUG_INSPECTED_LINEAR``).
+
+The compiled linear is built (or found in the cache) before the first test (`pytest_sessionstart`), so every test
+takes the path a user's run takes once its background build is over (the default mode, "auto").
 
 And the ``gpu`` marker's promise (pyproject.toml): a test marked ``gpu`` is skipped, with the reason, where CUDA or
 CuPy is missing (`pytest_collection_modifyitems`), so a GPU test module only declares the mark."""
@@ -40,6 +45,12 @@ def _gpu_missing():
     except ImportError:
         return "needs CuPy"
     return None
+
+
+def pytest_sessionstart(session):
+    from tedebug.nn import compiled_linear
+
+    compiled_linear.wait_for_build()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -97,4 +108,16 @@ def host_kernels(request, monkeypatch):
     if request.param == "c" and helpers.compiler() is None:
         pytest.skip("no C compiler ($CC, cc, gcc or clang): the compiled CPU helpers cannot be built here")
     monkeypatch.setenv(helpers.ENV_VAR, request.param)
+    return request.param
+
+
+@pytest.fixture(params=["compiled", "python"])
+def inspected_linear(request, monkeypatch):
+    """The test once with the compiled linear of inspect-only GEMM calls (``$TEDEBUG_INSPECTED_LINEAR=compiled``)
+    and once with the Python path; the compiled run is skipped, with the reason, where it cannot be built."""
+    from tedebug.nn import compiled_linear
+
+    if request.param == "compiled" and compiled_linear.wait_for_build() is None:
+        pytest.skip(f"the compiled linear cannot be built here: {compiled_linear.unavailable_reason()}")
+    monkeypatch.setenv(compiled_linear.ENV_VAR, request.param)
     return request.param

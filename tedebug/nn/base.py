@@ -29,6 +29,7 @@ import torch
 from tedebug import active
 from tedebug.autocast import INNERMOST, default_recipe
 from tedebug.debug_quantization import inspect_group
+from tedebug.nn import compiled_linear
 from tedebug.nn.gemm import gemm
 from tedebug.nn.state import all_reduce_max, check_history, register_state_hooks, several_ranks
 from tedebug.stats import launch_group
@@ -489,9 +490,29 @@ def _inspected_linear(x, weight, bias, qs, replay: bool):
     ``dyᵀ·x``, the same ops on the same operands), without the Python autograd function, its three `gemm` calls
     and its operand bookkeeping.  The forward tensors are inspected here, in `_LinearFunction`'s order (x, W, y:
     the order the statistics are logged in); the backward ones (dy, dx, dW) by a hook on the node the linear
-    recorded, which autograd calls with its inputs and outputs.  A recompute (`replay`) runs the same linear (so
-    a non-reentrant checkpoint sees the same saved tensors) without the forward inspection.  None (nothing run)
-    for a call this cannot take: a non-contiguous x or W, or a device whose linear records another node."""
+    recorded, which autograd calls after the node ran (`_inspect_backward`).  A recompute (`replay`) runs the same
+    linear (so a non-reentrant checkpoint sees the same saved tensors) without the forward inspection.  None
+    (nothing run) for a call this cannot take: a non-contiguous x or W, or a device whose linear records another
+    node.
+
+    Two paths give the same tensors and the same calls: the compiled linear (`tedebug.nn.compiled_linear`: the
+    reshape, the linear and the node's hook in torch's C++ API) where it is built, else (or where it hands the call
+    back) the Python one below."""
+    if (
+        qs["grad_output"].inspect_tensor_enabled
+        or qs["grad_input"].inspect_tensor_enabled
+        or qs["grad_weight"].inspect_tensor_enabled
+    ):
+        backward = _inspect_backward
+    else:
+        backward = None
+    compiled = compiled_linear.linear_function()
+    if compiled is not None:
+        done = compiled(x, weight, bias, backward, qs)  # (x as 2-D, y as 2-D, y) or None: the Python path's call
+        if done is not None:
+            if not replay:
+                _inspect_forward(qs, done[0], weight, done[1])
+            return done[2]
     x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
     if not (weight.is_contiguous() and x2.is_contiguous()):
         # torch's backward of a linear computes dW (dx) of a column-major W (x) as another GEMM than dyᵀ·x (dy·W),
@@ -508,32 +529,41 @@ def _inspected_linear(x, weight, bias, qs, replay: bool):
             _FAST_DEVICES[x.device.type] = False
             return None
     if not replay:
-        opened = launch_group.open_group()  # the statistics of x, W and y: one launch (tedebug.stats.launch_group)
-        try:
-            inspect_group(
-                ((qs["input"], x2, x2, x2), (qs["weight"], weight, weight, weight), (qs["output"], y, None, None))
-            )
-        finally:
-            launch_group.close_group(opened)
-    if positions is not None and (
-        qs["grad_output"].inspect_tensor_enabled
-        or qs["grad_input"].inspect_tensor_enabled
-        or qs["grad_weight"].inspect_tensor_enabled
-    ):
-        node.register_hook(functools.partial(_inspect_backward, qs, positions))
+        _inspect_forward(qs, x2, weight, y)
+    if positions is not None and backward is not None:
+        node.register_hook(functools.partial(_node_hook, qs, positions))
     return y if x2 is x else y.reshape(*x.shape[:-1], y.shape[-1])
 
 
-def _inspect_backward(qs, positions: Tuple[int, int], grad_inputs, grad_outputs) -> None:
-    """The backward inspection of `_inspected_linear` (a post-hook of its linear's node): dy, dx and dW in
-    `_LinearFunction`'s order, as one statistics group; nothing when neither x nor W takes a gradient."""
+def _inspect_forward(qs, x2: torch.Tensor, weight: torch.Tensor, y: torch.Tensor) -> None:
+    """The forward inspection of `_inspected_linear`: x (as 2-D), W and y (2-D) as one statistics group."""
+    opened = launch_group.open_group()  # the statistics of x, W and y: one launch (tedebug.stats.launch_group)
+    try:
+        inspect_group(
+            ((qs["input"], x2, x2, x2), (qs["weight"], weight, weight, weight), (qs["output"], y, None, None))
+        )
+    finally:
+        launch_group.close_group(opened)
+
+
+def _node_hook(qs, positions: Tuple[int, int], grad_inputs, grad_outputs) -> None:
+    """The Python path's post-hook on the linear's node: its gradient output and the gradient inputs of x and of
+    Wᵀ to `_inspect_backward`, when either of those two was computed."""
     dx = grad_inputs[positions[0]]
     dwt = grad_inputs[positions[1]]
     if dx is None and dwt is None:
         return
+    _inspect_backward(qs, grad_outputs[0], dx, dwt)
+
+
+def _inspect_backward(qs, dy, dx, dwt) -> None:
+    """The backward inspection of `_inspected_linear`, called after its linear's node ran (by the compiled
+    linear's hook, or `_node_hook`): dy, dx and dW in `_LinearFunction`'s order, as one statistics group (dWt is
+    the gradient of Wᵀ; dx or dWt None where torch computed none)."""
     q_dy, q_dw = qs["grad_output"], qs["grad_weight"]
-    dy = grad_outputs[0] if q_dy.inspect_tensor_enabled else None
-    if dy is not None and not dy.is_contiguous():
+    if not q_dy.inspect_tensor_enabled:
+        dy = None
+    elif dy is not None and not dy.is_contiguous():
         dy = dy.contiguous()
     dw = dwt.t() if dwt is not None and q_dw.inspect_tensor_enabled else None  # the gradient of Wᵀ laid out as W
     opened = launch_group.open_group()

@@ -1,7 +1,8 @@
 """A GEMM call whose debug quantizers only inspect (high precision, no modification) runs torch's own linear with
 the backward tensors inspected by a hook on its autograd node (`tedebug.nn.base._inspected_linear`).  It must log
 exactly what the generic path (`_LinearFunction`, forced here by marking the device as not taking the short path)
-logs - the same text log, byte for byte, the same values in the same order - and train the same numbers."""
+logs - the same text log, byte for byte, the same values in the same order - and train the same numbers.  Each
+test runs with the compiled linear (kernels/inspected_linear.cpp) and with the Python path (`inspected_linear`)."""
 
 from __future__ import annotations
 
@@ -43,20 +44,43 @@ class Stack(torch.nn.Module):
         return x + checkpoint(self.mlp, x, use_reentrant=self.checkpointed == "reentrant")
 
 
+#: the compiled linear's calls that ran it (not handed back to the Python path), by the test's `_paths`
+COMPILED_RUNS: list = []
+
+
 @contextlib.contextmanager
 def _paths(short: bool, device: str = "cpu"):
     """Yield a list that gets one entry per `_LinearFunction` call; `short=False` marks `device` as not taking the
-    inspection-only path, so that every call goes through `_LinearFunction`."""
+    inspection-only path, so that every call goes through `_LinearFunction`.  `COMPILED_RUNS` gets one entry per
+    call the compiled linear ran."""
     calls: list = []
     generic_apply = nn_base._LinearFunction.apply
     saved = dict(nn_base._FAST_DEVICES)
     if not short:
         nn_base._FAST_DEVICES[device] = False
     nn_base._LinearFunction.apply = lambda *a: calls.append(1) or generic_apply(*a)
+    linear_function = nn_base.compiled_linear.linear_function
+
+    def counted():
+        compiled = linear_function()
+        if compiled is None:
+            return None
+
+        def run(*args):
+            done = compiled(*args)
+            if done is not None:
+                COMPILED_RUNS.append(1)
+            return done
+
+        return run
+
+    nn_base.compiled_linear.linear_function = counted
+    COMPILED_RUNS.clear()
     try:
         yield calls
     finally:
         nn_base._LinearFunction.apply = generic_apply
+        nn_base.compiled_linear.linear_function = linear_function
         nn_base._FAST_DEVICES.clear()
         nn_base._FAST_DEVICES.update(saved)
 
@@ -86,22 +110,23 @@ def _train(tmp_path: pathlib.Path, *, short: bool, device: str = "cpu", dtype=to
     text = (log_dir / "nvdlfw_inspect_statistics_logs" / "nvdlfw_inspect_globalrank-0.log").read_text()
     text = re.sub(r"(?m)^[0-9-]+ [0-9:,]+ - ", "", text)  # the lines without their time stamps
     params = [p.detach().clone() for p in model.parameters()]
-    return text, sink.rows, torch.stack(losses), params, len(applied)
+    return text, sink.rows, torch.stack(losses), params, len(applied), len(COMPILED_RUNS)
 
 
-def _assert_same(short, generic) -> None:
-    text, rows, losses, params, applied = short
-    g_text, g_rows, g_losses, g_params, g_applied = generic
+def _assert_same(short, generic, mode: str) -> None:
+    text, rows, losses, params, applied, compiled = short
+    g_text, g_rows, g_losses, g_params, g_applied, g_compiled = generic
     assert applied == 0 and g_applied > 0  # each run took the path it was meant to
+    assert (compiled > 0) == (mode == "compiled") and g_compiled == 0
     assert text == g_text
     assert rows == g_rows
     assert torch.equal(losses, g_losses)
     assert all(torch.equal(a, b) for a, b in zip(params, g_params))
 
 
-def test_short_path_logs_and_trains_what_the_generic_path_does(tmp_path):
+def test_short_path_logs_and_trains_what_the_generic_path_does(tmp_path, inspected_linear):
     short = _train(tmp_path, short=True)
-    _assert_same(short, _train(tmp_path, short=False))
+    _assert_same(short, _train(tmp_path, short=False), inspected_linear)
     text, rows = short[0], short[1]
     names = {name for name, _, _ in rows}
     for gemm in ("qkv", "proj", "mlp.fc1", "mlp.fc2"):  # every tensor of every GEMM, the backward ones included
@@ -111,11 +136,11 @@ def test_short_path_logs_and_trains_what_the_generic_path_does(tmp_path):
 
 
 @pytest.mark.parametrize("mode", ["reentrant", "non_reentrant"])
-def test_checkpointed_short_path_logs_once_what_the_generic_path_does(tmp_path, mode):
+def test_checkpointed_short_path_logs_once_what_the_generic_path_does(tmp_path, mode, inspected_linear):
     """The recompute runs the same linear without inspecting again; the backward tensors are inspected once, by the
     node of whichever graph the backward runs through."""
     short = _train(tmp_path, short=True, checkpointed=mode)
-    _assert_same(short, _train(tmp_path, short=False, checkpointed=mode))
+    _assert_same(short, _train(tmp_path, short=False, checkpointed=mode), inspected_linear)
     plain = _train(tmp_path / "plain", short=True)
     assert short[1] == plain[1]  # the checkpointed run logs what the plain one logs
 
@@ -134,7 +159,7 @@ def _one_layer(tmp_path: pathlib.Path, *, short: bool, x_grad: bool, w_grad: boo
 
 
 @pytest.mark.parametrize("x_grad, w_grad", [(False, True), (True, False), (False, False)])
-def test_a_tensor_without_gradient_has_no_backward_statistics(tmp_path, x_grad, w_grad):
+def test_a_tensor_without_gradient_has_no_backward_statistics(tmp_path, x_grad, w_grad, inspected_linear):
     """No dgrad where the input takes no gradient, no wgrad where the weight takes none (the node's output is
     None), and no gradient either where neither does (only the bias does): as on the generic path."""
     rows = _one_layer(tmp_path, short=True, x_grad=x_grad, w_grad=w_grad)
@@ -148,12 +173,15 @@ def test_a_tensor_without_gradient_has_no_backward_statistics(tmp_path, x_grad, 
 
 def test_an_unexpected_autograd_node_falls_back_to_the_generic_path(tmp_path, monkeypatch):
     """Where a 2-D linear records a node the hook cannot read, the call is redone on the generic path and the
-    device takes it from then on; nothing logged changes."""
+    device takes it from then on; nothing logged changes.  (The Python path's table of nodes is emptied; the
+    compiled linear has its own, which a test cannot empty: it answers None for another node, and the Python path
+    then runs this very branch.)"""
+    monkeypatch.setenv(nn_base.compiled_linear.ENV_VAR, "python")
     monkeypatch.setattr(nn_base, "_LINEAR_NODES", {})
     monkeypatch.setattr(nn_base, "_NODE_POSITIONS", {})
-    text, rows, losses, params, applied = _train(tmp_path, short=True)
+    text, rows, losses, params, applied, _ = _train(tmp_path, short=True)
     assert applied > 0 and nn_base._FAST_DEVICES["cpu"] is True  # (restored by _train)
-    g_text, g_rows, g_losses, g_params, _ = _train(tmp_path, short=False)
+    g_text, g_rows, g_losses, g_params, _, _ = _train(tmp_path, short=False)
     assert (text, rows) == (g_text, g_rows)
     assert torch.equal(losses, g_losses)
 
@@ -179,7 +207,7 @@ def _calls_of(tmp_path: pathlib.Path, layer: torch.nn.Module, x: torch.Tensor):
     return len(calls), sink.rows
 
 
-def test_a_column_major_weight_or_input_keeps_the_generic_path(tmp_path):
+def test_a_column_major_weight_or_input_keeps_the_generic_path(tmp_path, inspected_linear):
     """torch's backward computes the gradient of a column-major operand as another GEMM (``xᵀ·dy`` for Conv1D's
     ``[in, out]`` weight), whose bits may differ from `_LinearFunction`'s: such calls keep `_LinearFunction`."""
     from tedebug.nn.hf import Conv1DLinear
@@ -196,8 +224,8 @@ def test_a_column_major_weight_or_input_keeps_the_generic_path(tmp_path):
 
 
 @pytest.mark.gpu
-def test_short_path_logs_what_the_generic_path_does_on_the_gpu(tmp_path):
+def test_short_path_logs_what_the_generic_path_does_on_the_gpu(tmp_path, inspected_linear):
     """On CUDA the statistics kernels read each tensor in memory order: the hook's dW (the gradient of Wᵀ, transposed
     back) and dy must be laid out as `_LinearFunction`'s for the sums to come out in the same order."""
     kw = dict(device="cuda", dtype=torch.bfloat16)
-    _assert_same(_train(tmp_path, short=True, **kw), _train(tmp_path, short=False, **kw))
+    _assert_same(_train(tmp_path, short=True, **kw), _train(tmp_path, short=False, **kw), inspected_linear)

@@ -1,0 +1,199 @@
+"""The inspect-only GEMM call's linear in compiled code: ``kernels/inspected_linear.cpp`` built against torch.
+
+Why: a GEMM call whose debug quantizers only inspect runs torch's own linear (`tedebug.nn.base._inspected_linear`).
+In Python its reshapes, its `F.linear` and above all the hook on the linear's autograd node (torch builds a
+`RemovableHandle` and a dict in Python for each registration) cost a GEMM call's forward about twice what
+`F.linear` alone costs; on a step bound by the host that is paid 48 times a step in a 12-block model.  The
+extension's `linear` does the same through torch's C++ API, with a C++ post hook that calls the backward
+inspection with the three tensors it reads (the source's header says what it answers and when it hands a call
+back to the Python path, which gives the same tensors).
+
+How: built with the system C++ compiler against the running torch's headers and libraries and the interpreter's
+headers, in the cache folder of the CPU FP8 cast (`tedebug.backends.host_kernels`: digest-named files, a private
+fallback folder), and loaded as the module ``tedebug_inspected_linear``.  The build takes 15-30 s (torch's
+headers), once per machine and torch install.
+
+The choice is ``$TEDEBUG_INSPECTED_LINEAR`` (read at every inspect-only GEMM call, decoded once per change):
+- ``auto`` (the default): the first call starts the build in a background thread and takes the Python path; the
+  calls after the build finished take the compiled one.  A machine without a C++ compiler or without the headers
+  keeps the Python path without a word; a build that fails says why once (RuntimeWarning);
+- ``compiled``: the first call builds (and waits for it); `InspectedLinearBuildError` when it cannot be built;
+- ``python``: the Python path only.  Runs that use compiled autograd (torch._dynamo.compiled_autograd) need it: the
+  C++ hook has no compiled-autograd form.
+`wait_for_build()` starts the build when needed and waits for it (a benchmark's warm-up, the tests).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+import warnings
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Optional, Tuple
+
+import torch
+
+from tedebug.backends import host_kernels
+from tedebug.backends.environ import environ_value
+
+ENV_VAR = "TEDEBUG_INSPECTED_LINEAR"
+MODES = ("auto", "compiled", "python")
+SOURCE_NAME = "inspected_linear.cpp"
+MODULE_NAME = "tedebug_inspected_linear"
+#: no -march: the cache folder may be shared by machines of different CPUs; C++20: torch's newer headers ask for it
+FLAGS = ("-O2", "-std=c++20", "-fPIC", "-shared")
+#: a slow host compiling torch's headers, with other builds beside it (the ranks of one machine)
+BUILD_TIMEOUT_S = 600.0
+
+
+class InspectedLinearBuildError(RuntimeError):
+    """``$TEDEBUG_INSPECTED_LINEAR=compiled`` and the extension could not be built or loaded."""
+
+
+_env = environ_value(ENV_VAR)
+_LOCK = threading.Lock()
+_START_LOCK = threading.Lock()
+#: the outcome of the one build: (the module or None, why it is None); None while not built
+_BUILT: Optional[Tuple[Optional[ModuleType], str]] = None
+#: the background build of the "auto" mode, once started
+_builder: Optional[threading.Thread] = None
+#: (the raw value of the variable, the `linear` that `linear_function` answers for it): the answer of a raw value
+#: is kept only once the build is over (an "auto" answer changes when it ends)
+_answer_of: Tuple[Any, Optional[Callable[..., Any]]] = (object(), None)
+
+
+def linear_function() -> Optional[Callable[..., Any]]:
+    """The compiled ``linear(x, weight, bias, backward, context)`` an inspect-only GEMM call takes now, or None
+    for the Python path (see the module docstring).  Asked at every such call: one read of the variable."""
+    global _answer_of
+    raw = _env.raw()
+    if raw is _answer_of[0]:
+        return _answer_of[1]
+    mode = _mode(_env.text(raw))
+    if mode == "python":
+        answer = None
+    elif mode == "compiled":
+        module, why = _BUILT if _BUILT is not None else _build_once()
+        if module is None:
+            raise InspectedLinearBuildError(
+                f"{ENV_VAR}=compiled, but {SOURCE_NAME} could not be built: {why}. "
+                f"{ENV_VAR}=python (or unset) takes the Python path, which gives the same results"
+            )
+        answer = module.linear
+    else:
+        if _BUILT is None:
+            if _builder is None:
+                _start_background_build()
+            return None  # (not kept: asked again at the next call until the build is over)
+        answer = _BUILT[0].linear if _BUILT[0] is not None else None
+    _answer_of = (raw, answer)
+    return answer
+
+
+def wait_for_build() -> Optional[ModuleType]:
+    """Build the extension now (or wait for the background build) and return it, or None where it cannot be built
+    (`unavailable_reason` says why)."""
+    builder = _builder
+    if builder is not None:
+        builder.join()
+    built = _BUILT if _BUILT is not None else _build_once()
+    return built[0]
+
+
+def unavailable_reason() -> str:
+    """Why the extension is not there ("" when it is, or before the build ended)."""
+    return _BUILT[1] if _BUILT is not None else ""
+
+
+def _mode(text: str) -> str:
+    mode = text.strip().lower() or "auto"
+    if mode not in MODES:
+        raise ValueError(f"{ENV_VAR}={text!r}: expected one of {', '.join(MODES)}")
+    return mode
+
+
+def _start_background_build() -> None:
+    global _builder
+    with _START_LOCK:  # (not the build's lock, which a running build holds)
+        if _builder is None and _BUILT is None:
+            _builder = threading.Thread(target=_build_once, name="tedebug-inspected-linear-build", daemon=True)
+            _builder.start()
+
+
+def _build_once() -> Tuple[Optional[ModuleType], str]:
+    global _BUILT, _answer_of
+    with _LOCK:
+        if _BUILT is None:
+            built = _build_and_load()
+            if built[0] is None and _can_build():
+                warnings.warn(
+                    f"tedebug: the compiled linear of inspect-only GEMM calls ({SOURCE_NAME}) could not be built "
+                    f"({built[1]}); those calls take the Python path (the same results, more host time). "
+                    f"{ENV_VAR}=python chooses that and silences this warning.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            _BUILT = built
+            _answer_of = (object(), None)  # (the next call decides again, with the build's outcome)
+        return _BUILT
+
+
+def _can_build() -> bool:
+    """A C++ compiler, the interpreter's headers and torch's are there (else nothing is said of a missing build)."""
+    if host_kernels.cxx_compiler() is None or host_kernels.python_include() is None:
+        return False
+    return _torch_include().is_dir()
+
+
+def _torch_include() -> Path:
+    return Path(torch.__file__).parent / "include"
+
+
+def _build_and_load() -> Tuple[Optional[ModuleType], str]:
+    include = host_kernels.python_include()
+    if include is None:
+        return None, "the interpreter's headers (Python.h) are not installed"
+    torch_include = _torch_include()
+    if not (torch_include / "torch" / "csrc" / "autograd" / "function.h").is_file():
+        return None, f"torch's C++ headers are not installed ({torch_include})"
+    library_dir = Path(torch.__file__).parent / "lib"
+    abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
+    flags = FLAGS + (f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{torch_include}", f"-I{include}")
+    libraries: Tuple[str, ...] = (f"-L{library_dir}", "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python")
+    if sys.platform == "darwin":
+        libraries += ("-undefined", "dynamic_lookup")
+    else:
+        libraries += (f"-Wl,-rpath,{library_dir}",)
+    # built for one interpreter and one torch: their versions are part of the file's digest (their folders are
+    # in the flags)
+    build_of = f"{host_kernels.interpreter_tag()} torch {torch.__version__} {getattr(torch.version, 'git_version', '')}"
+    return host_kernels.build_and_load(
+        functools.partial(host_kernels.load_extension_module, MODULE_NAME),
+        source_name=SOURCE_NAME,
+        flags=flags,
+        libraries=libraries,
+        digest_extra=build_of,
+        cxx=True,
+        timeout=BUILD_TIMEOUT_S,
+    )
+
+
+def _reset_for_tests() -> None:
+    """Forget the build and the answer (tests that point the cache or the compiler elsewhere)."""
+    global _BUILT, _builder, _answer_of
+    if _builder is not None:
+        _builder.join()
+    with _LOCK:
+        _BUILT, _builder, _answer_of = None, None, (object(), None)
+
+
+__all__ = [
+    "ENV_VAR",
+    "MODES",
+    "InspectedLinearBuildError",
+    "linear_function",
+    "unavailable_reason",
+    "wait_for_build",
+]
