@@ -33,6 +33,7 @@ from tedebug.plan import (  # noqa: F401 (TensorPlan and enabled_and_next re-exp
     plan_table,
 )
 from tedebug.quantization.tensor import QuantizedTensor, Quantizer
+from tedebug.stats import launch_group
 
 #: plan constants (`tedebug.plan.Plan` members); their values are the strings written in the plan log lines.
 API_CALL_MODIFY = Plan.MODIFY
@@ -126,6 +127,10 @@ def inspect_group(entries: Sequence[InspectEntry]) -> None:
     iteration and whose tensor is not None (a gradient autograd did not compute): the tensors a GEMM call of
     inspect-only quantizers logs together (`tedebug.nn.base._inspected_linear`, forward and backward).
 
+    The statistics of the group's tensors are one launch where the backend has a group launch: the group of
+    `tedebug.stats.launch_group` is open around the calls (closed, and what it deferred launched, also when a call
+    raises).
+
     The same calls with fewer steps per tensor: the iteration is read once, and an inspect-only quantizer
     (`DebugQuantizer.inspect_only`: no parent, nothing to inspect after a quantization) calls its plan's bound
     ``inspect_tensor`` (`tedebug.plan.InspectCall.target`) itself, binding it as a call of the `InspectCall` would.
@@ -133,17 +138,21 @@ def inspect_group(entries: Sequence[InspectEntry]) -> None:
     (docs/performance.md, section 29)."""
     current = active.DEBUG_MANAGER
     iteration = current.iteration if current is not None else active.get_iteration()  # (raises: no session)
-    for q, tensor, rowwise, columnwise in entries:
-        if tensor is None or not q.inspect_tensor_enabled:
-            continue
-        if not q.inspect_only:
-            q._inspect(tensor, rowwise, columnwise)
-            continue
-        call = q.plan.inspect
-        target = call.target
-        if target is None or INSPECT in call.api.__dict__:  # not bound yet, or the namespace's call replaced since
-            target = call.bind()
-        target(iteration, tensor, q.tp_group, q.tp_size, rowwise, columnwise, None)
+    opened = launch_group.open_group()
+    try:
+        for q, tensor, rowwise, columnwise in entries:
+            if tensor is None or not q.inspect_tensor_enabled:
+                continue
+            if not q.inspect_only:
+                q._inspect(tensor, rowwise, columnwise)
+                continue
+            call = q.plan.inspect
+            target = call.target
+            if target is None or INSPECT in call.api.__dict__:  # not bound yet, or the namespace's call replaced
+                target = call.bind()
+            target(iteration, tensor, q.tp_group, q.tp_size, rowwise, columnwise, None)
+    finally:
+        launch_group.close_group(opened)
 
 
 class DebugQuantizer(Quantizer):

@@ -495,9 +495,9 @@ def _inspected_linear(x, weight, bias, qs, replay: bool):
     (nothing run) for a call this cannot take: a non-contiguous x or W, or a device whose linear records another
     node.
 
-    Two paths give the same tensors and the same calls: the compiled linear (`tedebug.nn.compiled_linear`: the
-    reshape, the linear and the node's hook in torch's C++ API) where it is built, else (or where it hands the call
-    back) the Python one below."""
+    The reshapes, the linear and the node's hook take one of two paths with the same answer: the compiled linear
+    (`tedebug.nn.compiled_linear`, torch's C++ API) where it is built, else (or where it hands the call back)
+    `_python_linear`."""
     if (
         qs["grad_output"].inspect_tensor_enabled
         or qs["grad_input"].inspect_tensor_enabled
@@ -507,20 +507,30 @@ def _inspected_linear(x, weight, bias, qs, replay: bool):
     else:
         backward = None
     compiled = compiled_linear.linear_function()
-    if compiled is not None:
-        done = compiled(x, weight, bias, backward, qs)  # (x as 2-D, y as 2-D, y) or None: the Python path's call
-        if done is not None:
-            if not replay:
-                _inspect_forward(qs, done[0], weight, done[1])
-            return done[2]
+    done = compiled(x, weight, bias, backward, qs) if compiled is not None else None
+    if done is None:  # (no compiled linear, or a call it hands back)
+        done = _python_linear(x, weight, bias, backward, qs)
+        if done is None:
+            return None
+    x2, y2, y = done
+    if not replay:  # x, W and y in `_LinearFunction`'s order, their statistics one launch (`inspect_group`)
+        inspect_group(
+            ((qs["input"], x2, x2, x2), (qs["weight"], weight, weight, weight), (qs["output"], y2, None, None))
+        )
+    return y
+
+
+def _python_linear(x, weight, bias, backward, qs):
+    """The compiled linear's call in Python (kernels/inspected_linear.cpp says what it answers): (x as 2-D, y as
+    2-D, y), with `_node_hook` on the linear's node when `backward` is not None; None for a non-contiguous x or W,
+    or a node of another kind (this device's calls take `_LinearFunction` from then on)."""
     x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
     if not (weight.is_contiguous() and x2.is_contiguous()):
         # torch's backward of a linear computes dW (dx) of a column-major W (x) as another GEMM than dyᵀ·x (dy·W),
         # whose bits may differ: such calls (Conv1D's weight, a transposed input) keep `_LinearFunction`
         return None
-    y = torch.nn.functional.linear(x2, weight, bias)
-    node = y.grad_fn
-    positions = None
+    y2 = torch.nn.functional.linear(x2, weight, bias)
+    node = y2.grad_fn
     if node is not None:
         positions = _NODE_POSITIONS.get(type(node), _UNKNOWN)
         if positions is _UNKNOWN:
@@ -528,22 +538,9 @@ def _inspected_linear(x, weight, bias, qs, replay: bool):
         if positions is None:  # not the node expected: this device's calls take `_LinearFunction` from now on
             _FAST_DEVICES[x.device.type] = False
             return None
-    if not replay:
-        _inspect_forward(qs, x2, weight, y)
-    if positions is not None and backward is not None:
-        node.register_hook(functools.partial(_node_hook, qs, positions))
-    return y if x2 is x else y.reshape(*x.shape[:-1], y.shape[-1])
-
-
-def _inspect_forward(qs, x2: torch.Tensor, weight: torch.Tensor, y: torch.Tensor) -> None:
-    """The forward inspection of `_inspected_linear`: x (as 2-D), W and y (2-D) as one statistics group."""
-    opened = launch_group.open_group()  # the statistics of x, W and y: one launch (tedebug.stats.launch_group)
-    try:
-        inspect_group(
-            ((qs["input"], x2, x2, x2), (qs["weight"], weight, weight, weight), (qs["output"], y, None, None))
-        )
-    finally:
-        launch_group.close_group(opened)
+        if backward is not None:
+            node.register_hook(functools.partial(_node_hook, qs, positions))
+    return x2, y2, (y2 if x2 is x else y2.reshape(*x.shape[:-1], y2.shape[-1]))
 
 
 def _node_hook(qs, positions: Tuple[int, int], grad_inputs, grad_outputs) -> None:
@@ -566,11 +563,7 @@ def _inspect_backward(qs, dy, dx, dwt) -> None:
     elif dy is not None and not dy.is_contiguous():
         dy = dy.contiguous()
     dw = dwt.t() if dwt is not None and q_dw.inspect_tensor_enabled else None  # the gradient of Wᵀ laid out as W
-    opened = launch_group.open_group()
-    try:
-        inspect_group(((q_dy, dy, dy, dy), (qs["grad_input"], dx, None, None), (q_dw, dw, None, None)))
-    finally:
-        launch_group.close_group(opened)
+    inspect_group(((q_dy, dy, dy, dy), (qs["grad_input"], dx, None, None), (q_dw, dw, None, None)))
 
 
 class _SkippedBackwardUses(torch.autograd.Function):
