@@ -15,7 +15,8 @@ headers), once per machine and torch install.
 
 The choice is ``$TEDEBUG_INSPECTED_LINEAR`` (read at every inspect-only GEMM call, decoded once per change):
 - ``auto`` (the default): the first call starts the build in a background thread and takes the Python path; the
-  calls after the build finished take the compiled one.  A machine without a C++ compiler or without the headers
+  calls after the build finished take the compiled one.  A process that ends before the build did waits for it at
+  exit, so that the next run finds it in the cache.  A machine without a C++ compiler or without the headers
   keeps the Python path without a word; a build that fails says why once (RuntimeWarning);
 - ``compiled``: the first call builds (and waits for it); `InspectedLinearBuildError` when it cannot be built;
 - ``python``: the Python path only.  Runs that use compiled autograd (torch._dynamo.compiled_autograd) need it: the
@@ -118,7 +119,9 @@ def _start_background_build() -> None:
     global _builder
     with _START_LOCK:  # (not the build's lock, which a running build holds)
         if _builder is None and _BUILT is None:
-            _builder = threading.Thread(target=_build_once, name="tedebug-inspected-linear-build", daemon=True)
+            # not a daemon: a process that ends during the build waits for it (once per machine), where a daemon
+            # would leave the compiler running on, its file unfinished, and the next short run would start over
+            _builder = threading.Thread(target=_build_once, name="tedebug-inspected-linear-build", daemon=False)
             _builder.start()
 
 

@@ -5,6 +5,9 @@ path.  That a training step logs the same through it as through the generic path
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
+import sys
 import weakref
 
 import pytest
@@ -196,3 +199,38 @@ def test_a_build_that_fails(fresh, tmp_path):
     fresh.setenv(compiled_linear.ENV_VAR, "auto")
     assert compiled_linear.linear_function() is None  # (the build's outcome is kept: no second warning)
     assert host_kernels.cxx_compiler() == str(broken)
+
+
+SHORT_RUN = """
+import torch, tedebug
+from tedebug import debug_api
+from tedebug.nn import compiled_linear
+model = tedebug.convert_model(torch.nn.Sequential(torch.nn.Linear(8, 8)))
+features = {"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["activation"], "freq": 1}}
+config = {"s": {"enabled": True, "layers": {"layer_name_regex_pattern": ".*"}, "transformer_engine": features}}
+debug_api.initialize(config_file=config, log_dir=LOG_DIR)
+model(torch.randn(2, 8)).sum().backward()
+debug_api.step()
+debug_api.end_debug()
+print("building at the end:", compiled_linear._builder.is_alive())
+"""
+
+
+def test_a_run_that_ends_during_the_background_build_waits_for_it(linear, tmp_path):
+    """The next run then finds the build in the cache (a daemon thread would leave the compiler running on and the
+    file unfinished).  The compiler is a stand-in that takes a second and writes the module this session built."""
+    built = next(compiled_linear.host_kernels.cache_dir().glob("inspected_linear-*.so"), None)
+    if built is None:
+        pytest.skip("the session's build is not in the default cache folder")
+    slow = tmp_path / "slow-c++"
+    slow.write_text(
+        f'#!/bin/sh\nsleep 1\nwhile [ "$#" -gt 0 ]; do [ "$1" = "-o" ] && out="$2"; shift; done\ncp "{built}" "$out"\n'
+    )
+    slow.chmod(0o755)
+    cache = tmp_path / "cache"
+    env = dict(os.environ, CXX=str(slow), TEDEBUG_CACHE_DIR=str(cache), TEDEBUG_INSPECTED_LINEAR="auto")
+    script = f"LOG_DIR = {str(tmp_path / 'logs')!r}\n" + SHORT_RUN
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "building at the end: True" in done.stdout
+    assert [p.name.startswith("inspected_linear-") for p in cache.iterdir()] == [True]  # whole, no temporary left
