@@ -10,8 +10,8 @@ back to the Python path, which gives the same tensors).
 
 How: built with the system C++ compiler against the running torch's headers and libraries and the interpreter's
 headers, in the cache folder of the CPU FP8 cast (`tedebug.backends.host_kernels`: digest-named files, a private
-fallback folder), and loaded as the module ``tedebug_inspected_linear``.  The build takes 15-30 s (torch's
-headers), once per machine and torch install.
+fallback folder), and loaded as the module ``tedebug_inspected_linear``.  The build took 14-16 s on the hosts
+measured (torch's headers; docs/performance.md, section 31), once per machine and torch install.
 
 The choice is ``$TEDEBUG_INSPECTED_LINEAR`` (read at every inspect-only GEMM call, decoded once per change):
 - ``auto`` (the default): the first call starts the build in a background thread and takes the Python path; the
@@ -27,6 +27,7 @@ The choice is ``$TEDEBUG_INSPECTED_LINEAR`` (read at every inspect-only GEMM cal
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import threading
 import warnings
@@ -111,7 +112,7 @@ def unavailable_reason() -> str:
 def _mode(text: str) -> str:
     mode = text.strip().lower() or "auto"
     if mode not in MODES:
-        raise ValueError(f"{ENV_VAR}={text!r}: expected one of {', '.join(MODES)}")
+        raise ValueError(f"environment variable {ENV_VAR}={text!r}: expected one of {', '.join(MODES)}")
     return mode
 
 
@@ -181,6 +182,19 @@ def _build_and_load() -> Tuple[Optional[ModuleType], str]:
         cxx=True,
         timeout=BUILD_TIMEOUT_S,
     )
+
+
+def _after_fork_in_child() -> None:
+    """A process forked during the background build has neither the build's thread nor a usable lock (the parent's
+    thread may have held it): new locks, and a build of its own when it needs one."""
+    global _LOCK, _START_LOCK, _builder
+    _LOCK, _START_LOCK = threading.Lock(), threading.Lock()
+    if _BUILT is None:
+        _builder = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _reset_for_tests() -> None:

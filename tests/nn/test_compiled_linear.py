@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import subprocess
 import sys
 import weakref
@@ -216,17 +217,24 @@ print("building at the end:", compiled_linear._builder.is_alive())
 """
 
 
-def test_a_run_that_ends_during_the_background_build_waits_for_it(linear, tmp_path):
-    """The next run then finds the build in the cache (a daemon thread would leave the compiler running on and the
-    file unfinished).  The compiler is a stand-in that takes a second and writes the module this session built."""
+def _slow_compiler(tmp_path):
+    """A stand-in C++ compiler that takes a second and writes the module this session built (None: not found)."""
     built = next(compiled_linear.host_kernels.cache_dir().glob("inspected_linear-*.so"), None)
     if built is None:
-        pytest.skip("the session's build is not in the default cache folder")
+        return None
     slow = tmp_path / "slow-c++"
-    slow.write_text(
-        f'#!/bin/sh\nsleep 1\nwhile [ "$#" -gt 0 ]; do [ "$1" = "-o" ] && out="$2"; shift; done\ncp "{built}" "$out"\n'
-    )
+    script = '#!/bin/sh\nsleep 1\nwhile [ "$#" -gt 0 ]; do [ "$1" = "-o" ] && out="$2"; shift; done\n'
+    slow.write_text(script + f'cp "{built}" "$out"\n')
     slow.chmod(0o755)
+    return slow
+
+
+def test_a_run_that_ends_during_the_background_build_waits_for_it(linear, tmp_path):
+    """The next run then finds the build in the cache (a daemon thread would leave the compiler running on and the
+    file unfinished)."""
+    slow = _slow_compiler(tmp_path)
+    if slow is None:
+        pytest.skip("the session's build is not in the default cache folder")
     cache = tmp_path / "cache"
     env = dict(os.environ, CXX=str(slow), TEDEBUG_CACHE_DIR=str(cache), TEDEBUG_INSPECTED_LINEAR="auto")
     script = f"LOG_DIR = {str(tmp_path / 'logs')!r}\n" + SHORT_RUN
@@ -234,3 +242,27 @@ def test_a_run_that_ends_during_the_background_build_waits_for_it(linear, tmp_pa
     assert done.returncode == 0, done.stderr
     assert "building at the end: True" in done.stdout
     assert [p.name.startswith("inspected_linear-") for p in cache.iterdir()] == [True]  # whole, no temporary left
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_process_forked_during_the_background_build_can_build(linear, fresh, tmp_path):
+    """The parent's build thread holds the build's lock while it runs; the forked child gets new locks and builds
+    for itself (without them it would wait forever: the alarm ends it)."""
+    slow = _slow_compiler(tmp_path)
+    if slow is None:
+        pytest.skip("the session's build is not in the default cache folder")
+    fresh.setenv("CXX", str(slow))
+    fresh.setenv("TEDEBUG_CACHE_DIR", str(tmp_path / "cache"))
+    fresh.delenv(compiled_linear.ENV_VAR, raising=False)
+    assert compiled_linear.linear_function() is None  # the background build starts
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 only if it built the module
+        status = 1
+        try:
+            signal.alarm(30)
+            status = 0 if compiled_linear.wait_for_build() is not None else 2
+        finally:
+            os._exit(status)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert compiled_linear.wait_for_build() is not None
