@@ -271,7 +271,11 @@ def training_setup(
 ) -> Tuple[torch.nn.Module, torch.Tensor, torch.optim.Optimizer]:
     """The end-to-end benchmark's stack of `layers` blocks (seed 0), one input batch ``[batch, seq, hidden]`` and
     its SGD optimizer: ``(model, x, optimizer)``, what `train_step` takes (the tools that profile that step use it
-    too)."""
+    too).  The compiled linear of inspect-only GEMM calls is built (or loaded) here, not during the timed steps
+    (`tedebug.nn.compiled_linear.prepare`)."""
+    from tedebug.nn import compiled_linear
+
+    compiled_linear.prepare()
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[_Block(hidden, heads, i) for i in range(layers)]).to(device=device, dtype=dtype)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)

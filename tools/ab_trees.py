@@ -62,6 +62,12 @@ def worker(args: argparse.Namespace) -> int:
         if where is None or tree not in where.parents:
             print(f"error: {module.__name__} was imported from {where}, not from the tree {tree}", flush=True)
             return 1
+    try:  # (trees since ddcc159) the compiled linear built or loaded now, so that every timed round takes it
+        from tedebug.nn import compiled_linear
+    except ImportError:
+        pass
+    else:
+        compiled_linear.prepare()
     on_gpu = args.device == "cuda"
     dtype = torch.bfloat16 if on_gpu else torch.float32
     if not on_gpu:

@@ -62,6 +62,9 @@ def child(setting: str, steps: int, warmup: int, writer: str = "process") -> Non
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
+    from tedebug.nn import compiled_linear
+
+    compiled_linear.prepare()  # (built or loaded now: every timed step takes the same path)
     model = torch.nn.Sequential(*[bench._Block(HIDDEN, HEADS, i) for i in range(LAYERS)])
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
     x = torch.randn(BATCH, SEQ, HIDDEN)

@@ -90,6 +90,9 @@ def main() -> int:
     from tedebug.recipe import Float8CurrentScaling
 
     torch.manual_seed(0)
+    from tedebug.nn import compiled_linear
+
+    compiled_linear.prepare()  # (built or loaded now: every timed step takes the same path)
     stack = torch.nn.Sequential(*[_Block(HIDDEN, HEADS, i) for i in range(LAYERS)])
     plain = torch.nn.Sequential(*[_TorchBlock(HIDDEN, HEADS) for _ in range(LAYERS)])
     converted = tedebug.convert_model(copy.deepcopy(plain))

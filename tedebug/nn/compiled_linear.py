@@ -21,7 +21,8 @@ The choice is ``$TEDEBUG_INSPECTED_LINEAR`` (read at every inspect-only GEMM cal
 - ``compiled``: the first call builds (and waits for it); `InspectedLinearBuildError` when it cannot be built;
 - ``python``: the Python path only.  Runs that use compiled autograd (torch._dynamo.compiled_autograd) need it: the
   C++ hook has no compiled-autograd form.
-`wait_for_build()` starts the build when needed and waits for it (a benchmark's warm-up, the tests).
+`wait_for_build()` starts the build when needed and waits for it (the tests); `prepare()` does so unless the mode is
+"python" (a benchmark's set-up: `tedebug.bench.training_setup`).
 """
 
 from __future__ import annotations
@@ -102,6 +103,14 @@ def wait_for_build() -> Optional[ModuleType]:
         builder.join()
     built = _BUILT if _BUILT is not None else _build_once()
     return built[0]
+
+
+def prepare() -> None:
+    """Make (or load from the cache) now the build the current mode would use, rather than at the first
+    inspect-only GEMM call: for a benchmark's or a run's set-up, so that every timed step takes one path.  Nothing
+    in the "python" mode."""
+    if _mode(_env.text(_env.raw())) != "python":
+        wait_for_build()
 
 
 def unavailable_reason() -> str:
@@ -211,6 +220,7 @@ __all__ = [
     "MODES",
     "InspectedLinearBuildError",
     "linear_function",
+    "prepare",
     "unavailable_reason",
     "wait_for_build",
 ]
