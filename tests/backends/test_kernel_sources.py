@@ -5,6 +5,8 @@ records what it is asked to compile."""
 
 from types import SimpleNamespace
 
+import pytest
+
 from tedebug.backends import cupy_runtime
 
 
@@ -47,3 +49,19 @@ def test_the_source_is_stamped_with_its_headers(tmp_path, monkeypatch):
     assert second.startswith(source) and second != first
     (tmp_path / "g.cuh").write_text("#pragma once\n")  # a new header
     assert compiled_source(monkeypatch, tmp_path) not in (first, second)
+
+
+def test_every_kernel_source_is_packaged():
+    """A wheel carries the kernel folder's files by the package-data patterns of pyproject.toml: every source the
+    backends build (CUDA, C and C++) must match one, or an installed tedebug could not build it."""
+    import fnmatch
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib")  # (Python 3.11 and newer; the project allows 3.10)
+
+    root = Path(__file__).resolve().parents[2]
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    sources = [p.name for p in (root / "kernels").iterdir() if p.is_file() and p.suffix != ".py"]
+    assert sources and "inspected_linear.cpp" in sources
+    missing = [name for name in sources if not any(fnmatch.fnmatch(name, pat) for pat in patterns["tedebug.kernels"])]
+    assert missing == []
