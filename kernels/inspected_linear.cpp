@@ -1,8 +1,8 @@
 /* The inspect-only GEMM call's linear in compiled code: a CPython extension module against torch's C++ API,
    ``tedebug_inspected_linear`` (built by `tedebug.nn.compiled_linear`).
 
-   What `linear(x, weight, bias, backward, context)` does.  It is the part of `tedebug.nn.base._inspected_linear`
-   before the forward inspection, for its usual call:
+   What `linear(x, weight, bias, backward, context)` does.  It is `tedebug.nn.base._python_linear` (the part of
+   `_inspected_linear` before the forward inspection) for its usual call:
      x2 = x as [rows, K] (x itself when it has two dimensions, else x.reshape(-1, K));
      y2 = at::linear(x2, weight, bias)            the op F.linear calls, on the same operands: the same bits;
      a post hook on y2's node (AddmmBackward0 with a bias, MmBackward0 without) when `backward` is not None;
@@ -10,7 +10,7 @@
    and answers the tuple (x2, y2, y): the caller inspects x2, W and y2 (the tensors the Python path inspects) and
    returns y.  The hook calls ``backward(context, dy, dx, dWt)`` with the node's gradient output and its two
    gradient inputs for x and for Wᵀ (None where torch computed none), after the node ran and only when one of
-   the two was computed: the call the Python path's hook makes (`_inspect_backward_grads`).
+   the two was computed: the call the Python path's hook makes (`_node_hook`, which calls `_inspect_backward`).
 
    Why.  On a step bound by the host, the Python path pays for its two reshapes, F.linear's argument parsing and,
    above all, the node hook's Python (torch makes a `RemovableHandle` and a dict per registration).  On the CPU VM
