@@ -21,11 +21,17 @@ from tedebug.nn import compiled_linear
 
 
 @pytest.fixture(scope="module")
-def linear():
+def built():
+    """The module this session built (skips where it cannot be built)."""
     module = compiled_linear.wait_for_build()
     if module is None:
         pytest.skip(f"the compiled linear cannot be built here: {compiled_linear.unavailable_reason()}")
-    return module.linear
+    return module
+
+
+@pytest.fixture(scope="module")
+def linear(built):
+    return built.linear
 
 
 class Context:
@@ -226,24 +232,19 @@ print("building at the end:", compiled_linear._builder.is_alive())
 """
 
 
-def _slow_compiler(tmp_path):
-    """A stand-in C++ compiler that takes a second and writes the module this session built (None: not found)."""
-    built = next(compiled_linear.host_kernels.cache_dir().glob("inspected_linear-*.so"), None)
-    if built is None:
-        return None
+def _slow_compiler(tmp_path, built):
+    """A stand-in C++ compiler that takes a second and writes the module `built` (this session's build)."""
     slow = tmp_path / "slow-c++"
     script = '#!/bin/sh\nsleep 1\nwhile [ "$#" -gt 0 ]; do [ "$1" = "-o" ] && out="$2"; shift; done\n'
-    slow.write_text(script + f'cp "{built}" "$out"\n')
+    slow.write_text(script + f'cp "{built.__file__}" "$out"\n')
     slow.chmod(0o755)
     return slow
 
 
-def test_a_run_that_ends_during_the_background_build_waits_for_it(linear, tmp_path):
+def test_a_run_that_ends_during_the_background_build_waits_for_it(built, tmp_path):
     """The next run then finds the build in the cache (a daemon thread would leave the compiler running on and the
     file unfinished)."""
-    slow = _slow_compiler(tmp_path)
-    if slow is None:
-        pytest.skip("the session's build is not in the default cache folder")
+    slow = _slow_compiler(tmp_path, built)
     cache = tmp_path / "cache"
     env = dict(os.environ, CXX=str(slow), TEDEBUG_CACHE_DIR=str(cache), TEDEBUG_INSPECTED_LINEAR="auto")
     script = f"LOG_DIR = {str(tmp_path / 'logs')!r}\n" + SHORT_RUN
@@ -254,12 +255,10 @@ def test_a_run_that_ends_during_the_background_build_waits_for_it(linear, tmp_pa
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
-def test_a_process_forked_during_the_background_build_can_build(linear, fresh, tmp_path):
+def test_a_process_forked_during_the_background_build_can_build(built, fresh, tmp_path):
     """The parent's build thread holds the build's lock while it runs; the forked child gets new locks and builds
     for itself (without them it would wait forever: the alarm ends it)."""
-    slow = _slow_compiler(tmp_path)
-    if slow is None:
-        pytest.skip("the session's build is not in the default cache folder")
+    slow = _slow_compiler(tmp_path, built)
     fresh.setenv("CXX", str(slow))
     fresh.setenv("TEDEBUG_CACHE_DIR", str(tmp_path / "cache"))
     fresh.delenv(compiled_linear.ENV_VAR, raising=False)
