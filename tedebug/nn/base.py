@@ -478,7 +478,8 @@ def _only_inspects(qs: Dict[str, Optional[object]]) -> bool:
 #: device type -> whether a 2-D `F.linear` there records the autograd nodes `_inspected_linear` reads (learned at
 #: the first call; a device whose linear records something else takes `_LinearFunction`)
 _FAST_DEVICES: Dict[str, bool] = {"cpu": True, "cuda": True}
-#: the node a 2-D `F.linear` records -> positions of (dx, the gradient of Wᵀ) in its grad_inputs
+#: the node a 2-D `F.linear` records -> positions of (dx, the gradient of Wᵀ) in its grad_inputs (the compiled
+#: linear has the same table: `gradient_positions` in kernels/inspected_linear.cpp; change both together)
 _LINEAR_NODES: Dict[str, Tuple[int, int]] = {"AddmmBackward0": (1, 2), "MmBackward0": (0, 1)}
 _NODE_POSITIONS: Dict[type, Optional[Tuple[int, int]]] = {}
 _UNKNOWN = (-1, -1)  # (a node type not seen yet)
