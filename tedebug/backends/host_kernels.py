@@ -36,11 +36,11 @@ import sys
 import sysconfig
 import tempfile
 import threading
-import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Optional, Tuple, TypeVar
 
+from tedebug.backends.build_once import BuildOnce
 from tedebug.backends.cupy_runtime import kernel_dir
 from tedebug.backends.environ import environ_value
 
@@ -97,9 +97,6 @@ class HostFp8:
 
 
 _env = environ_value(ENV_VAR)
-_LOCK = threading.Lock()
-#: the outcome of the one build: (HostFp8 or None, why it is None)
-_BUILT: Optional[Tuple[Optional[HostFp8], str]] = None
 
 
 class use_host_kernels:  # noqa: N801 - reads as a function at call sites
@@ -150,7 +147,8 @@ def host_fp8() -> Optional[HostFp8]:
     mode = requested_mode()
     if mode == "numpy":
         return None
-    helpers, reason = _BUILT if _BUILT is not None else _build_once(mode)
+    built = _BUILD.outcome
+    helpers, reason = built if built is not None else _BUILD.get(warn=mode == "auto")
     if helpers is None and mode == "c":
         raise HostKernelError(
             f'the CPU FP8 cast "c" was asked for (use_host_kernels / ${ENV_VAR}), but the compiled helpers '
@@ -161,29 +159,27 @@ def host_fp8() -> Optional[HostFp8]:
 
 def unavailable_reason() -> str:
     """Why the compiled helpers are not used ("" when they are, or were not asked for yet)."""
-    return _BUILT[1] if _BUILT is not None else ""
-
-
-def _build_once(mode: str) -> Tuple[Optional[HostFp8], str]:
-    global _BUILT
-    with _LOCK:
-        if _BUILT is None:
-            _BUILT = _build_and_load()
-            if _BUILT[0] is None and mode == "auto" and compiler() is not None:
-                # a compiler that fails is not what this machine should do: said once, then the numpy path runs
-                warnings.warn(
-                    f"tedebug: the compiled CPU helpers ({SOURCE_NAME}) could not be built ({_BUILT[1]}); per-tensor "
-                    f"FP8 on the CPU uses numpy instead (the same values, slower). {ENV_VAR}=numpy chooses that and "
-                    "silences this warning.",
-                    RuntimeWarning,
-                    stacklevel=4,
-                )
-        return _BUILT
+    return _BUILD.reason()
 
 
 def _build_and_load() -> Tuple[Optional[HostFp8], str]:
     """The loaded helpers and "", or None and why (`build_and_load`)."""
     return build_and_load(lambda path: HostFp8(ctypes.CDLL(str(path)), path))
+
+
+def _failure_warning(why: str) -> Optional[str]:
+    """A compiler that fails is not what this machine should do: said once (mode "auto"), then the numpy path
+    runs.  A machine without a compiler is not warned about."""
+    if compiler() is None:
+        return None
+    return (
+        f"tedebug: the compiled CPU helpers ({SOURCE_NAME}) could not be built ({why}); per-tensor FP8 on the CPU "
+        f"uses numpy instead (the same values, slower). {ENV_VAR}=numpy chooses that and silences this warning."
+    )
+
+
+#: the one build of the process (`host_fp8` asks for it; the warning names the caller of `host_fp8`'s caller)
+_BUILD: BuildOnce[HostFp8] = BuildOnce(_build_and_load, _failure_warning, stacklevel=4)
 
 
 def build_and_load(load: Callable[[Path], T], **build_options: Any) -> Tuple[Optional[T], str]:
@@ -339,9 +335,7 @@ def load_extension_module(name: str, path: Path) -> ModuleType:
 
 def _reset_for_tests() -> None:
     """Forget the build (tests that point the cache or the compiler elsewhere)."""
-    global _BUILT
-    with _LOCK:
-        _BUILT = None
+    _BUILD.forget()
 
 
 __all__ = [

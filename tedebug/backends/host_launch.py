@@ -21,51 +21,40 @@ from __future__ import annotations
 
 import functools
 import sys
-import threading
-import warnings
 from types import ModuleType
 from typing import Optional, Tuple
 
 from tedebug.backends import host_kernels
+from tedebug.backends.build_once import BuildOnce
 
 SOURCE_NAME = "host_launch.c"
 MODULE_NAME = "tedebug_host_launch"
 #: no -march: the cache folder may be shared by machines of different CPUs
 FLAGS = ("-O2", "-std=c99", "-fPIC", "-shared")
 
-_LOCK = threading.Lock()
-#: the outcome of the one build: (the module or None, why it is None)
-_BUILT: Optional[Tuple[Optional[ModuleType], str]] = None
-
-
 python_include = host_kernels.python_include
 
 
 def load() -> Optional[ModuleType]:
     """The compiled launches (built at the first call of the process), or None where they cannot be built."""
-    built = _BUILT if _BUILT is not None else _build_once()
-    return built[0]
+    built = _BUILD.outcome
+    return (built if built is not None else _BUILD.get())[0]
 
 
 def unavailable_reason() -> str:
     """Why `load` gives None ("" when it gives the module, or was not called yet)."""
-    return _BUILT[1] if _BUILT is not None else ""
+    return _BUILD.reason()
 
 
-def _build_once() -> Tuple[Optional[ModuleType], str]:
-    global _BUILT
-    with _LOCK:
-        if _BUILT is None:
-            _BUILT = _build_and_load()
-            if _BUILT[0] is None and host_kernels.compiler() is not None and python_include() is not None:
-                warnings.warn(
-                    f"tedebug: the compiled kernel launches ({SOURCE_NAME}) could not be built ({_BUILT[1]}); "
-                    "kernels launch through ctypes instead (the same launches, more host time). "
-                    "TEDEBUG_LAUNCH=ctypes chooses that and silences this warning.",
-                    RuntimeWarning,
-                    stacklevel=4,
-                )
-        return _BUILT
+def _failure_warning(why: str) -> Optional[str]:
+    """Said once when a present compiler fails (nothing where there is no compiler or no ``Python.h``)."""
+    if host_kernels.compiler() is None or python_include() is None:
+        return None
+    return (
+        f"tedebug: the compiled kernel launches ({SOURCE_NAME}) could not be built ({why}); kernels launch through "
+        "ctypes instead (the same launches, more host time). TEDEBUG_LAUNCH=ctypes chooses that and silences this "
+        "warning."
+    )
 
 
 def _build_and_load() -> Tuple[Optional[ModuleType], str]:
@@ -84,11 +73,13 @@ def _build_and_load() -> Tuple[Optional[ModuleType], str]:
     )
 
 
+#: the one build of the process (`load` asks for it; the warning names the caller of `load`'s caller)
+_BUILD: BuildOnce[ModuleType] = BuildOnce(_build_and_load, _failure_warning, stacklevel=4)
+
+
 def _reset_for_tests() -> None:
     """Forget the build (tests that point the cache or the compiler elsewhere)."""
-    global _BUILT
-    with _LOCK:
-        _BUILT = None
+    _BUILD.forget()
 
 
 __all__ = ["MODULE_NAME", "SOURCE_NAME", "load", "python_include", "unavailable_reason"]

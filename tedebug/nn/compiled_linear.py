@@ -31,7 +31,6 @@ import functools
 import os
 import sys
 import threading
-import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Optional, Tuple
@@ -39,6 +38,7 @@ from typing import Any, Callable, Optional, Tuple
 import torch
 
 from tedebug.backends import host_kernels
+from tedebug.backends.build_once import BuildOnce
 from tedebug.backends.environ import environ_value
 
 ENV_VAR = "TEDEBUG_INSPECTED_LINEAR"
@@ -56,10 +56,7 @@ class InspectedLinearBuildError(RuntimeError):
 
 
 _env = environ_value(ENV_VAR)
-_LOCK = threading.Lock()
 _START_LOCK = threading.Lock()
-#: the outcome of the one build: (the module or None, why it is None); None while not built
-_BUILT: Optional[Tuple[Optional[ModuleType], str]] = None
 #: the background build of the "auto" mode, once started
 _builder: Optional[threading.Thread] = None
 #: (the raw value of the variable, the `linear` that `linear_function` answers for it): the answer of a raw value
@@ -78,7 +75,7 @@ def linear_function() -> Optional[Callable[..., Any]]:
     if mode == "python":
         answer = None
     elif mode == "compiled":
-        module, why = _BUILT if _BUILT is not None else _build_once()
+        module, why = _BUILD.get()
         if module is None:
             raise InspectedLinearBuildError(
                 f"{ENV_VAR}=compiled, but {SOURCE_NAME} could not be built: {why}. "
@@ -86,11 +83,12 @@ def linear_function() -> Optional[Callable[..., Any]]:
             )
         answer = module.linear
     else:
-        if _BUILT is None:
+        built = _BUILD.outcome
+        if built is None:
             if _builder is None:
                 _start_background_build()
             return None  # (not kept: asked again at the next call until the build is over)
-        answer = _BUILT[0].linear if _BUILT[0] is not None else None
+        answer = built[0].linear if built[0] is not None else None
     _answer_of = (raw, answer)
     return answer
 
@@ -101,8 +99,7 @@ def wait_for_build() -> Optional[ModuleType]:
     builder = _builder
     if builder is not None:
         builder.join()
-    built = _BUILT if _BUILT is not None else _build_once()
-    return built[0]
+    return _BUILD.get()[0]
 
 
 def prepare() -> None:
@@ -115,7 +112,7 @@ def prepare() -> None:
 
 def unavailable_reason() -> str:
     """Why the extension is not there ("" when it is, or before the build ended)."""
-    return _BUILT[1] if _BUILT is not None else ""
+    return _BUILD.reason()
 
 
 def _mode(text: str) -> str:
@@ -128,29 +125,22 @@ def _mode(text: str) -> str:
 def _start_background_build() -> None:
     global _builder
     with _START_LOCK:  # (not the build's lock, which a running build holds)
-        if _builder is None and _BUILT is None:
+        if _builder is None and _BUILD.outcome is None:
             # not a daemon: a process that ends during the build waits for it (once per machine), where a daemon
             # would leave the compiler running on, its file unfinished, and the next short run would start over
-            _builder = threading.Thread(target=_build_once, name="tedebug-inspected-linear-build", daemon=False)
+            _builder = threading.Thread(target=_BUILD.get, name="tedebug-inspected-linear-build", daemon=False)
             _builder.start()
 
 
-def _build_once() -> Tuple[Optional[ModuleType], str]:
-    global _BUILT, _answer_of
-    with _LOCK:
-        if _BUILT is None:
-            built = _build_and_load()
-            if built[0] is None and _can_build():
-                warnings.warn(
-                    f"tedebug: the compiled linear of inspect-only GEMM calls ({SOURCE_NAME}) could not be built "
-                    f"({built[1]}); those calls take the Python path (the same results, more host time). "
-                    f"{ENV_VAR}=python chooses that and silences this warning.",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-            _BUILT = built
-            _answer_of = (object(), None)  # (the next call decides again, with the build's outcome)
-        return _BUILT
+def _failure_warning(why: str) -> Optional[str]:
+    """Said once when the build fails where it could run (nothing where a compiler or the headers are missing)."""
+    if not _can_build():
+        return None
+    return (
+        f"tedebug: the compiled linear of inspect-only GEMM calls ({SOURCE_NAME}) could not be built ({why}); those "
+        f"calls take the Python path (the same results, more host time). {ENV_VAR}=python chooses that and silences "
+        "this warning."
+    )
 
 
 def _can_build() -> bool:
@@ -193,12 +183,17 @@ def _build_and_load() -> Tuple[Optional[ModuleType], str]:
     )
 
 
+#: the one build of the process (the background thread's, or the first call's in the "compiled" mode)
+_BUILD: BuildOnce[ModuleType] = BuildOnce(_build_and_load, _failure_warning, stacklevel=2)
+
+
 def _after_fork_in_child() -> None:
     """A process forked during the background build has neither the build's thread nor a usable lock (the parent's
-    thread may have held it): new locks, and a build of its own when it needs one."""
-    global _LOCK, _START_LOCK, _builder
-    _LOCK, _START_LOCK = threading.Lock(), threading.Lock()
-    if _BUILT is None:
+    thread may have held them): a new start lock (`BuildOnce` renews its own), and a build of its own when it
+    needs one."""
+    global _START_LOCK, _builder
+    _START_LOCK = threading.Lock()
+    if _BUILD.outcome is None:
         _builder = None
 
 
@@ -208,11 +203,11 @@ if hasattr(os, "register_at_fork"):
 
 def _reset_for_tests() -> None:
     """Forget the build and the answer (tests that point the cache or the compiler elsewhere)."""
-    global _BUILT, _builder, _answer_of
+    global _builder, _answer_of
     if _builder is not None:
         _builder.join()
-    with _LOCK:
-        _BUILT, _builder, _answer_of = None, None, (object(), None)
+    _BUILD.forget()
+    _builder, _answer_of = None, (object(), None)
 
 
 __all__ = [

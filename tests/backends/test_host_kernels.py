@@ -143,7 +143,7 @@ def test_a_failing_compiler_is_reported(tmp_path, monkeypatch):
 
 def test_without_a_compiler_the_numpy_path_runs_unless_c_is_asked_for(tmp_path, monkeypatch):
     monkeypatch.setattr(host_kernels, "compiler", lambda: None)
-    monkeypatch.setattr(host_kernels, "_BUILT", None)
+    monkeypatch.setattr(host_kernels._BUILD, "outcome", None)
     monkeypatch.setenv("TEDEBUG_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv(host_kernels.ENV_VAR, raising=False)
     assert host_kernels.host_fp8() is None
@@ -199,7 +199,7 @@ def test_cache_dir(monkeypatch, tmp_path):
 
 def _fresh(monkeypatch, tmp_path, cache):
     """A process's first look: no build yet, the cache at `cache`, the fallback folder in `tmp_path`, no choice."""
-    monkeypatch.setattr(host_kernels, "_BUILT", None)
+    monkeypatch.setattr(host_kernels._BUILD, "outcome", None)
     monkeypatch.setenv("TEDEBUG_CACHE_DIR", str(cache))
     monkeypatch.setattr(host_kernels, "fallback_dir", lambda: tmp_path / "private")
     monkeypatch.delenv(host_kernels.ENV_VAR, raising=False)

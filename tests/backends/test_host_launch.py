@@ -292,7 +292,7 @@ def test_configure_checks_its_calls():
 
 # ------------------------------------------------------------------------------------------------ building
 def test_without_python_h_there_is_no_compiled_launch_and_no_warning(monkeypatch, tmp_path):
-    monkeypatch.setattr(host_launch, "_BUILT", None)
+    monkeypatch.setattr(host_launch._BUILD, "outcome", None)
     monkeypatch.setattr(host_launch, "python_include", lambda: None)
     monkeypatch.setenv("TEDEBUG_CACHE_DIR", str(tmp_path))
     with warnings.catch_warnings():
@@ -304,7 +304,7 @@ def test_without_python_h_there_is_no_compiled_launch_and_no_warning(monkeypatch
 
 @pytest.mark.skipif(host_kernels.compiler() is None or host_launch.python_include() is None, reason="nothing to build")
 def test_a_failing_compiler_warns_once(monkeypatch, tmp_path):
-    monkeypatch.setattr(host_launch, "_BUILT", None)
+    monkeypatch.setattr(host_launch._BUILD, "outcome", None)
     monkeypatch.setenv("TEDEBUG_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CC", "false")
     with pytest.warns(RuntimeWarning, match="compiled kernel launches .* could not be built .*TEDEBUG_LAUNCH=ctypes"):
@@ -317,7 +317,7 @@ def test_a_failing_compiler_warns_once(monkeypatch, tmp_path):
 
 @needs_compiled
 def test_built_once_per_interpreter_then_loaded_from_the_cache(monkeypatch, tmp_path):
-    monkeypatch.setattr(host_launch, "_BUILT", None)
+    monkeypatch.setattr(host_launch._BUILD, "outcome", None)
     monkeypatch.setenv("TEDEBUG_CACHE_DIR", str(tmp_path))
     module = host_launch.load()
     assert module is not None and module.__name__ == host_launch.MODULE_NAME

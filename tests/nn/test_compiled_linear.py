@@ -187,10 +187,10 @@ def test_auto_mode_takes_the_python_path_until_the_background_build_is_over(fres
 def test_prepare_builds_now_unless_the_mode_is_python(fresh, linear):
     fresh.setenv(compiled_linear.ENV_VAR, "python")
     compiled_linear.prepare()
-    assert compiled_linear._BUILT is None and compiled_linear._builder is None
+    assert compiled_linear._BUILD.outcome is None and compiled_linear._builder is None
     fresh.setenv(compiled_linear.ENV_VAR, "auto")
     compiled_linear.prepare()
-    assert compiled_linear._BUILT is not None and compiled_linear.linear_function() is not None
+    assert compiled_linear._BUILD.outcome is not None and compiled_linear.linear_function() is not None
 
 
 def test_a_value_that_is_no_mode_names_the_variable_and_the_modes(fresh):
