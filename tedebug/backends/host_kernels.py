@@ -10,8 +10,10 @@ How: the source is compiled with the system C compiler (``$CC``, else ``cc``, ``
 library the first time a process needs it, kept in a cache directory (``$TEDEBUG_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/tedebug``, else ``~/.cache/tedebug``; where that cannot be written, a private ``tedebug-<uid>``
 folder in the temporary directory) under a name that carries a digest of the source, the compiler and the flags,
-and loaded through ctypes.  Several processes (the ranks of one machine) may build it at
-once: each writes its own temporary file and renames it into place, so a loaded file is always whole.  No build
+and loaded through ctypes.  The ranks of one machine build it once: the first holds a lock
+file beside it while it compiles, the others wait and then load its library.  Where locks are unavailable (or a
+wait outlasts the build's timeout) several may compile at once: each writes its own temporary file and renames it
+into place, so a loaded file is always whole.  No build
 step at install time, and nothing to carry for a user without a compiler.  `build` and `build_and_load` build the
 GPU path's compiled launches the same way (``kernels/host_launch.c``, `tedebug.backends.host_launch`).
 
@@ -24,6 +26,7 @@ RuntimeWarning; a machine without a compiler is not).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import importlib.machinery
@@ -36,9 +39,15 @@ import sys
 import sysconfig
 import tempfile
 import threading
+import time
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Optional, Tuple, TypeVar
+from typing import Any, Callable, Iterator, Optional, Tuple, TypeVar
+
+try:
+    import fcntl
+except ImportError:  # (not on Windows: builds there go without the lock)
+    fcntl = None  # type: ignore[assignment]
 
 from tedebug.backends.build_once import BuildOnce
 from tedebug.backends.cupy_runtime import kernel_dir
@@ -290,21 +299,67 @@ def build(
     if target.exists():
         return target
     directory.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{stem}-", suffix=".so", dir=directory)
-    os.close(handle)
-    try:
-        command = [cc, *flags, "-o", temporary, str(path), *libraries]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-        if done.returncode != 0:
-            complaint = done.stderr.strip()
-            raise HostKernelError(
-                f"{' '.join(command)} failed (exit status {done.returncode})" + (f":\n{complaint}" if complaint else "")
-            )
-        os.replace(temporary, target)
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
+    with _build_lock(directory / f".{target.stem}.lock", timeout):
+        if target.exists():  # built by another process while this one waited
+            return target
+        handle, temporary = tempfile.mkstemp(prefix=f".{stem}-", suffix=".so", dir=directory)
+        os.close(handle)
+        try:
+            command = [cc, *flags, "-o", temporary, str(path), *libraries]
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+            if done.returncode != 0:
+                complaint = done.stderr.strip()
+                raise HostKernelError(
+                    f"{' '.join(command)} failed (exit status {done.returncode})"
+                    + (f":\n{complaint}" if complaint else "")
+                )
+            os.replace(temporary, target)
+        finally:
+            if os.path.exists(temporary):
+                os.unlink(temporary)
     return target
+
+
+#: how often a builder waiting for another's build lock tries again (seconds)
+_LOCK_POLL_S = 0.05
+
+
+@contextlib.contextmanager
+def _build_lock(path: Path, timeout: float) -> Iterator[bool]:
+    """Hold the lock file `path` (an exclusive ``flock``) while a library is built, so that the ranks of one
+    machine compile it once: the others wait, then find it built.  Yields whether it is held: not where locks
+    are unavailable (no ``fcntl``, a file system that refuses them) nor after `timeout` seconds of waiting; the
+    caller then builds without it, which stays safe (each build renames a whole file into place).  The holder
+    removes the lock file when it is done, so the folder keeps only libraries; a waiter that then takes the lock
+    of the removed file finds the library built (or, after a failed build, compiles beside a newcomer: safe, as
+    above).  The lock is released when the holder closes the file, also when the holder dies."""
+    descriptor = -1
+    held = False
+    if fcntl is not None:
+        try:
+            descriptor = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        except OSError:
+            descriptor = -1
+    try:
+        deadline = time.monotonic() + timeout
+        while descriptor >= 0:
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held = True
+                break
+            except BlockingIOError:  # another builder holds it
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(_LOCK_POLL_S)
+            except OSError:  # locks refused here
+                break
+        yield held
+    finally:
+        if held:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        if descriptor >= 0:
+            os.close(descriptor)  # (releases the lock)
 
 
 def python_include() -> Optional[Path]:

@@ -47,7 +47,8 @@ SOURCE_NAME = "inspected_linear.cpp"
 MODULE_NAME = "tedebug_inspected_linear"
 #: no -march: the cache folder may be shared by machines of different CPUs; C++20: torch's newer headers ask for it
 FLAGS = ("-O2", "-std=c++20", "-fPIC", "-shared")
-#: a slow host compiling torch's headers, with other builds beside it (the ranks of one machine)
+#: a slow host compiling torch's headers, with other work beside it (the other ranks of the machine wait for this
+#: build: `host_kernels.build`'s lock file)
 BUILD_TIMEOUT_S = 600.0
 
 

@@ -6,9 +6,10 @@
 - the transposed codes are the transpose of the rowwise ones (which are always written), and can be left out;
 - the amax ignores NaN (0 when all are NaN), keeps infinities and says whether a NaN was present;
 - the library is built once per source, compiler and flags and then loaded from the cache (or, where the cache
-  cannot be written, from a private temporary folder, never from one others can write to); two builders at once
-  leave one whole library; a compiler that fails (with one warning) or is missing leaves the numpy path in place,
-  unless ``$TEDEBUG_HOST_KERNELS=c`` asks for the helpers (an error).
+  cannot be written, from a private temporary folder, never from one others can write to); builders at once
+  compile once (a lock file), and without the lock two at once leave one whole library; a compiler that fails
+  (with one warning) or is missing leaves the numpy path in place, unless ``$TEDEBUG_HOST_KERNELS=c`` asks for
+  the helpers (an error).
 
 Once over all 2^32 fp32 bit patterns (2026-12-04, not run here: minutes), the cast matched torch's in both formats.
 """
@@ -16,7 +17,9 @@ Once over all 2^32 fp32 bit patterns (2026-12-04, not run here: minutes), the ca
 from __future__ import annotations
 
 import ctypes
+import os
 import subprocess
+import time
 import warnings
 
 import numpy as np
@@ -236,13 +239,63 @@ def test_a_failing_compiler_warns_once_and_leaves_the_numpy_path(tmp_path, monke
         assert host_kernels.host_fp8() is None  # (once per process)
 
 
-def test_two_builders_at_once_leave_one_whole_library(tmp_path, monkeypatch):
-    """Ranks of one machine may build at once: each compiles into its own temporary file and renames it into
-    place, so the library is whole whoever wins.  The two compilations are held until both have finished, so both
-    builders really are between their compilation and their rename at the same time (a builder that found the
-    library already there would leave the other waiting: the barrier breaks and the test fails)."""
+def test_builders_at_once_compile_once(tmp_path, monkeypatch):
+    """The ranks of one machine building at once: one compiles (holding the lock file), the others wait and take
+    its library; the folder keeps the library only."""
     import threading
 
+    compilations = []
+    real_run = host_kernels.subprocess.run
+
+    def slow_compile(*args, **kwargs):
+        compilations.append(args[0])
+        time.sleep(0.5)  # (the others are waiting by then)
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(host_kernels.subprocess, "run", slow_compile)
+    start = threading.Barrier(4, timeout=60)
+    paths = []
+
+    def builder():
+        start.wait()
+        paths.append(host_kernels.build(tmp_path))
+
+    threads = [threading.Thread(target=builder) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(compilations) == 1 and len(paths) == 4 and len(set(paths)) == 1
+    assert [p.name for p in tmp_path.iterdir()] == [paths[0].name]
+    assert ctypes.CDLL(str(paths[0])).ted_host_fp8_cast is not None
+
+
+def test_a_builder_that_waits_longer_than_its_timeout_compiles_itself(tmp_path, monkeypatch):
+    """A lock held past the build's timeout (a hung builder elsewhere) does not hold this one up for longer."""
+    fcntl = pytest.importorskip("fcntl")
+    real_run = host_kernels.subprocess.run
+    monkeypatch.setattr(host_kernels.subprocess, "run", lambda *a, **k: real_run(*a, **dict(k, timeout=120)))
+    library = host_kernels.build(tmp_path)  # (its name, and so its lock's)
+    library.unlink()
+    lock = os.open(tmp_path / f".{library.stem}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        started = time.monotonic()
+        assert host_kernels.build(tmp_path, timeout=0.5) == library and library.exists()
+        assert 0.5 <= time.monotonic() - started < 60
+    finally:
+        os.close(lock)
+
+
+def test_without_the_lock_two_builders_at_once_leave_one_whole_library(tmp_path, monkeypatch):
+    """Where locks are unavailable the ranks of one machine may compile at once: each compiles into its own
+    temporary file and renames it into place, so the library is whole whoever wins.  The two compilations are held
+    until both have finished, so both builders really are between their compilation and their rename at the same
+    time (a builder that found the library already there would leave the other waiting: the barrier breaks and the
+    test fails)."""
+    import threading
+
+    monkeypatch.setattr(host_kernels, "fcntl", None)
     compiled = threading.Barrier(2, timeout=120)
     real_run = host_kernels.subprocess.run
 
