@@ -29,13 +29,21 @@
    non-contiguous x2 or W (torch's backward computes their gradients as other GEMMs), or a node that is neither of
    the two above (the Python path then stops taking this route on that device).  An error raised by torch (a shape
    mismatch) is raised as F.linear raises it; a Python exception raised by `backward` propagates through autograd
-   as a Python hook's does.  Compiled autograd (torch._dynamo.compiled_autograd) cannot trace this hook: runs that
-   use it choose the Python path (``TEDEBUG_INSPECTED_LINEAR=python``).
+   as a Python hook's does.
+
+   Compiled autograd (torch._dynamo.compiled_autograd) does not call a C++ hook: it asks the hook for a Python
+   callable to call in its place (`compiled_args`, which torch's own Python hooks answer and others refuse with an
+   error that ends the backward).  This hook answers ``functools.partial(node_hook, backward, context, dx, dwt)``,
+   called as node_hook(backward, context, dx, dwt, grad_inputs, grad_outputs): the Python path's own hook
+   (`tedebug.nn.compiled_linear.node_hook`, given once by `set_node_hook` when the module is loaded), so such a
+   backward inspects what the Python path inspects.
 */
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/PyInterpreter.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/dynamo/compiled_autograd.h>
 #include <torch/csrc/python_headers.h>
 
 #include <ATen/PythonTorchFunctionTLS.h>
@@ -49,6 +57,11 @@
 namespace {
 
 using torch::autograd::variable_list;
+
+/* functools.partial and the Python path's node hook (`set_node_hook`): what compiled autograd calls in this
+   module's hooks' place.  Strong references, kept for the process. */
+PyObject* partial = nullptr;
+PyObject* node_hook = nullptr;
 
 /* The node a 2-D linear records, and where its gradient inputs for x and for Wᵀ are (the Python path's
    `_LINEAR_NODES`): addmm(bias, x, Wᵀ) and mm(x, Wᵀ). */
@@ -114,7 +127,35 @@ struct InspectBackwardHook : torch::autograd::FunctionPostHook {
     return grad_inputs;
   }
 
+  /* Compiled autograd's question (the header says why).  torch declared it without const before it declared it
+     const: whichever the installed torch declares, one of these two overrides it. */
+  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& args) const {
+    lift(args);
+  }
+  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& args) {
+    lift(args);
+  }
+
  private:
+  void lift(torch::dynamo::autograd::CompiledNodeArgs& args) const {
+    PyGILState_STATE state = PyGILState_Ensure();
+    PyObject* hook = nullptr;
+    if (partial == nullptr || node_hook == nullptr) {
+      PyErr_SetString(PyExc_RuntimeError, "tedebug_inspected_linear: set_node_hook was not called");
+    } else {
+      hook = PyObject_CallFunction(partial, "OOOnn", node_hook, backward_, context_, static_cast<Py_ssize_t>(dx_),
+                                   static_cast<Py_ssize_t>(dwt_));
+    }
+    if (hook == nullptr) {
+      python_error error;
+      error.persist();
+      PyGILState_Release(state);
+      throw error;
+    }
+    PyGILState_Release(state);
+    args.add_post_hook(c10::SafePyObject(hook, getPyInterpreter()));  // (takes the reference)
+  }
+
   PyObject* backward_;
   PyObject* context_;
   size_t dx_;
@@ -203,9 +244,32 @@ PyObject* linear(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) 
   END_HANDLE_TH_ERRORS
 }
 
+PyObject* set_node_hook(PyObject* /*module*/, PyObject* hook) {
+  if (!PyCallable_Check(hook)) {
+    PyErr_SetString(PyExc_TypeError, "set_node_hook(hook): hook must be callable");
+    return nullptr;
+  }
+  if (partial == nullptr) {
+    PyObject* functools = PyImport_ImportModule("functools");
+    if (functools == nullptr) {
+      return nullptr;
+    }
+    partial = PyObject_GetAttrString(functools, "partial");
+    Py_DECREF(functools);
+    if (partial == nullptr) {
+      return nullptr;
+    }
+  }
+  Py_INCREF(hook);
+  Py_XSETREF(node_hook, hook);
+  Py_RETURN_NONE;
+}
+
 PyMethodDef methods[] = {
     {"linear", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(linear)), METH_FASTCALL,
      "linear(x, weight, bias, backward, context) -> (x2, y2, y) or None: see the source's header"},
+    {"set_node_hook", set_node_hook, METH_O,
+     "set_node_hook(hook): the Python path's node hook, which compiled autograd calls in the compiled hook's place"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module_definition = {PyModuleDef_HEAD_INIT, "tedebug_inspected_linear", nullptr, -1, methods};

@@ -523,8 +523,9 @@ def _inspected_linear(x, weight, bias, qs, replay: bool):
 
 def _python_linear(x, weight, bias, backward, qs):
     """The compiled linear's call in Python (kernels/inspected_linear.cpp says what it answers): (x as 2-D, y as
-    2-D, y), with `_node_hook` on the linear's node when `backward` is not None; None for a non-contiguous x or W,
-    or a node of another kind (this device's calls take `_LinearFunction` from then on)."""
+    2-D, y), with `compiled_linear.node_hook` (bound to `backward` and `qs`) on the linear's node when `backward`
+    is not None; None for a non-contiguous x or W, or a node of another kind (this device's calls take
+    `_LinearFunction` from then on)."""
     x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
     if not (weight.is_contiguous() and x2.is_contiguous()):
         # torch's backward of a linear computes dW (dx) of a column-major W (x) as another GEMM than dyᵀ·x (dy·W),
@@ -540,24 +541,15 @@ def _python_linear(x, weight, bias, backward, qs):
             _FAST_DEVICES[x.device.type] = False
             return None
         if backward is not None:
-            node.register_hook(functools.partial(_node_hook, qs, positions))
+            node.register_hook(functools.partial(compiled_linear.node_hook, backward, qs, positions[0], positions[1]))
     return x2, y2, (y2 if x2 is x else y2.reshape(*x.shape[:-1], y2.shape[-1]))
-
-
-def _node_hook(qs, positions: Tuple[int, int], grad_inputs, grad_outputs) -> None:
-    """The Python path's post-hook on the linear's node: its gradient output and the gradient inputs of x and of
-    Wᵀ to `_inspect_backward`, when either of those two was computed."""
-    dx = grad_inputs[positions[0]]
-    dwt = grad_inputs[positions[1]]
-    if dx is None and dwt is None:
-        return
-    _inspect_backward(qs, grad_outputs[0], dx, dwt)
 
 
 def _inspect_backward(qs, dy, dx, dwt) -> None:
     """The backward inspection of `_inspected_linear`, called after its linear's node ran (by the compiled
-    linear's hook, or `_node_hook`): dy, dx and dW in `_LinearFunction`'s order, as one statistics group (dWt is
-    the gradient of Wᵀ; dx or dWt None where torch computed none)."""
+    linear's hook, or by `compiled_linear.node_hook`: the Python path's, and compiled autograd's in either path):
+    dy, dx and dW in `_LinearFunction`'s order, as one statistics group (dWt is the gradient of Wᵀ; dx or dWt
+    None where torch computed none)."""
     q_dy, q_dw = qs["grad_output"], qs["grad_weight"]
     if not q_dy.inspect_tensor_enabled:
         dy = None

@@ -19,15 +19,15 @@ The choice is ``$TEDEBUG_INSPECTED_LINEAR`` (read at every inspect-only GEMM cal
   exit, so that the next run finds it in the cache.  A machine without a C++ compiler or without the headers
   keeps the Python path without a word; a build that fails says why once (RuntimeWarning);
 - ``compiled``: the first call builds (and waits for it); `InspectedLinearBuildError` when it cannot be built;
-- ``python``: the Python path only.  Runs that use compiled autograd (torch._dynamo.compiled_autograd) need it: the
-  C++ hook has no compiled-autograd form.
+- ``python``: the Python path only.
+Compiled autograd (torch._dynamo.compiled_autograd) calls the Python path's hook (`node_hook`) in the C++ hook's
+place, so every mode serves runs that use it.
 `wait_for_build()` starts the build when needed and waits for it (the tests); `prepare()` does so unless the mode is
 "python" (a benchmark's set-up: `tedebug.bench.training_setup`).
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import threading
@@ -133,6 +133,26 @@ def _start_background_build() -> None:
             _builder.start()
 
 
+def node_hook(backward, context, dx_at: int, dwt_at: int, grad_inputs, grad_outputs) -> None:
+    """The backward inspection's hook in Python, bound by ``functools.partial`` to its first four arguments: a post
+    hook of `node.register_hook` on a linear's node, which calls ``backward(context, dy, dx, dWt)`` with the node's
+    gradient output and its gradient inputs for x and for Wᵀ (at `dx_at` and `dwt_at`), when either of those two
+    was computed.  The Python path registers it; compiled autograd calls it in the compiled hook's place (the
+    C++ source's header), so both make the same call."""
+    dx = grad_inputs[dx_at]
+    dwt = grad_inputs[dwt_at]
+    if dx is None and dwt is None:
+        return
+    backward(context, grad_outputs[0], dx, dwt)
+
+
+def _load(path: Path) -> ModuleType:
+    """The built module, told the Python hook that compiled autograd calls in its hooks' place."""
+    module = host_kernels.load_extension_module(MODULE_NAME, path)
+    module.set_node_hook(node_hook)
+    return module
+
+
 def _failure_warning(why: str) -> Optional[str]:
     """Said once when the build fails where it could run (nothing where a compiler or the headers are missing)."""
     if not _can_build():
@@ -174,7 +194,7 @@ def _build_and_load() -> Tuple[Optional[ModuleType], str]:
     # in the flags)
     build_of = f"{host_kernels.interpreter_tag()} torch {torch.__version__} {getattr(torch.version, 'git_version', '')}"
     return host_kernels.build_and_load(
-        functools.partial(host_kernels.load_extension_module, MODULE_NAME),
+        _load,
         source_name=SOURCE_NAME,
         flags=flags,
         libraries=libraries,
@@ -216,6 +236,7 @@ __all__ = [
     "MODES",
     "InspectedLinearBuildError",
     "linear_function",
+    "node_hook",
     "prepare",
     "unavailable_reason",
     "wait_for_build",

@@ -113,6 +113,17 @@ def _train(tmp_path: pathlib.Path, *, short: bool, device: str = "cpu", dtype=to
     return text, sink.rows, torch.stack(losses), params, len(applied), len(COMPILED_RUNS)
 
 
+@contextlib.contextmanager
+def _compiled_autograd():
+    from torch._dynamo import compiled_autograd
+
+    try:
+        with compiled_autograd._enable(torch.compile(backend="eager")):
+            yield
+    finally:
+        torch._dynamo.reset()
+
+
 def _assert_same(short, generic, mode: str) -> None:
     text, rows, losses, params, applied, compiled = short
     g_text, g_rows, g_losses, g_params, g_applied, g_compiled = generic
@@ -145,17 +156,30 @@ def test_checkpointed_short_path_logs_once_what_the_generic_path_does(tmp_path, 
     assert short[1] == plain[1]  # the checkpointed run logs what the plain one logs
 
 
-def _one_layer(tmp_path: pathlib.Path, *, short: bool, x_grad: bool, w_grad: bool):
-    """One `Linear` under LogTensorStats whose input / weight may take no gradient: the names logged."""
+def _one_layer(tmp_path: pathlib.Path, *, short: bool, x_grad: bool, w_grad: bool, compiled_autograd: bool = False):
+    """One `Linear` under LogTensorStats whose input / weight may take no gradient: the rows logged
+    (`compiled_autograd`: the backward under torch._dynamo's compiled autograd)."""
     torch.manual_seed(0)
     layer = Linear(32, 16, name="fc")
     layer.weight.requires_grad_(w_grad)
     x = torch.randn(4, 32, requires_grad=x_grad)
     sink = RecordingSink()
     with _paths(short), debug_session(LOG_STATS, tmp_path / str(short), sink=sink):
-        layer(x).sum().backward()
+        loss = layer(x).sum()
+        with _compiled_autograd() if compiled_autograd else contextlib.nullcontext():
+            loss.backward()
         debug_api.step()
     return sink.rows
+
+
+def test_compiled_autograd_logs_what_the_generic_path_does(tmp_path, inspected_linear):
+    """Compiled autograd calls no C++ hook: it asks each hook for a Python callable to call instead.  The compiled
+    linear's hook answers the Python path's hook, so such a backward logs the backward tensors too, the same values
+    as the generic path without compiled autograd (before, the compiled hook's refusal ended the backward)."""
+    rows = _one_layer(tmp_path, short=True, x_grad=True, w_grad=True, compiled_autograd=True)
+    assert (len(COMPILED_RUNS) > 0) == (inspected_linear == "compiled")
+    assert rows == _one_layer(tmp_path, short=False, x_grad=True, w_grad=True)
+    assert {"fc_gradient_max", "fc_dgrad_max", "fc_wgrad_max"} <= {name for name, _, _ in rows}
 
 
 @pytest.mark.parametrize("x_grad, w_grad", [(False, True), (True, False), (False, False)])
