@@ -33,10 +33,9 @@
 
    Compiled autograd (torch._dynamo.compiled_autograd) does not call a C++ hook: it asks the hook for a Python
    callable to call in its place (`compiled_args`, which torch's own Python hooks answer and others refuse with an
-   error that ends the backward).  This hook answers ``functools.partial(node_hook, backward, context, dx, dwt)``,
-   called as node_hook(backward, context, dx, dwt, grad_inputs, grad_outputs): the Python path's own hook
-   (`tedebug.nn.compiled_linear.node_hook`, given once by `set_node_hook` when the module is loaded), so such a
-   backward inspects what the Python path inspects.
+   error that ends the backward).  This hook answers ``traced_hook(backward, context, dx, dwt)``: the Python path's
+   own hook bound to these four (`tedebug.nn.compiled_linear.traced_hook`, given once by `set_traced_hook` when the
+   module is loaded), so such a backward inspects what the Python path inspects.
 */
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/PyInterpreter.h>
@@ -58,10 +57,9 @@ namespace {
 
 using torch::autograd::variable_list;
 
-/* functools.partial and the Python path's node hook (`set_node_hook`): what compiled autograd calls in this
-   module's hooks' place.  Strong references, kept for the process. */
-PyObject* partial = nullptr;
-PyObject* node_hook = nullptr;
+/* traced_hook(backward, context, dx, dwt) answers what compiled autograd calls in a hook's place
+   (`set_traced_hook`; a strong reference, kept for the process). */
+PyObject* traced_hook = nullptr;
 
 /* The node a 2-D linear records, and where its gradient inputs for x and for Wᵀ are (the Python path's
    `_LINEAR_NODES`): addmm(bias, x, Wᵀ) and mm(x, Wᵀ). */
@@ -140,10 +138,10 @@ struct InspectBackwardHook : torch::autograd::FunctionPostHook {
   void lift(torch::dynamo::autograd::CompiledNodeArgs& args) const {
     PyGILState_STATE state = PyGILState_Ensure();
     PyObject* hook = nullptr;
-    if (partial == nullptr || node_hook == nullptr) {
-      PyErr_SetString(PyExc_RuntimeError, "tedebug_inspected_linear: set_node_hook was not called");
+    if (traced_hook == nullptr) {
+      PyErr_SetString(PyExc_RuntimeError, "tedebug_inspected_linear: set_traced_hook was not called");
     } else {
-      hook = PyObject_CallFunction(partial, "OOOnn", node_hook, backward_, context_, static_cast<Py_ssize_t>(dx_),
+      hook = PyObject_CallFunction(traced_hook, "OOnn", backward_, context_, static_cast<Py_ssize_t>(dx_),
                                    static_cast<Py_ssize_t>(dwt_));
     }
     if (hook == nullptr) {
@@ -244,32 +242,21 @@ PyObject* linear(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) 
   END_HANDLE_TH_ERRORS
 }
 
-PyObject* set_node_hook(PyObject* /*module*/, PyObject* hook) {
+PyObject* set_traced_hook(PyObject* /*module*/, PyObject* hook) {
   if (!PyCallable_Check(hook)) {
-    PyErr_SetString(PyExc_TypeError, "set_node_hook(hook): hook must be callable");
+    PyErr_SetString(PyExc_TypeError, "set_traced_hook(hook): hook must be callable");
     return nullptr;
   }
-  if (partial == nullptr) {
-    PyObject* functools = PyImport_ImportModule("functools");
-    if (functools == nullptr) {
-      return nullptr;
-    }
-    partial = PyObject_GetAttrString(functools, "partial");
-    Py_DECREF(functools);
-    if (partial == nullptr) {
-      return nullptr;
-    }
-  }
   Py_INCREF(hook);
-  Py_XSETREF(node_hook, hook);
+  Py_XSETREF(traced_hook, hook);
   Py_RETURN_NONE;
 }
 
 PyMethodDef methods[] = {
     {"linear", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(linear)), METH_FASTCALL,
      "linear(x, weight, bias, backward, context) -> (x2, y2, y) or None: see the source's header"},
-    {"set_node_hook", set_node_hook, METH_O,
-     "set_node_hook(hook): the Python path's node hook, which compiled autograd calls in the compiled hook's place"},
+    {"set_traced_hook", set_traced_hook, METH_O,
+     "set_traced_hook(hook): hook(backward, context, dx, dwt) answers what compiled autograd calls in a hook's place"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module_definition = {PyModuleDef_HEAD_INIT, "tedebug_inspected_linear", nullptr, -1, methods};

@@ -20,14 +20,15 @@ The choice is ``$TEDEBUG_INSPECTED_LINEAR`` (read at every inspect-only GEMM cal
   keeps the Python path without a word; a build that fails says why once (RuntimeWarning);
 - ``compiled``: the first call builds (and waits for it); `InspectedLinearBuildError` when it cannot be built;
 - ``python``: the Python path only.
-Compiled autograd (torch._dynamo.compiled_autograd) calls the Python path's hook (`node_hook`) in the C++ hook's
-place, so every mode serves runs that use it.
+Compiled autograd (torch._dynamo.compiled_autograd) calls the Python path's hook (`node_hook`, through
+`traced_hook`) in the C++ hook's place, so every mode serves runs that use it.
 `wait_for_build()` starts the build when needed and waits for it (the tests); `prepare()` does so unless the mode is
 "python" (a benchmark's set-up: `tedebug.bench.training_setup`).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -137,8 +138,8 @@ def node_hook(backward, context, dx_at: int, dwt_at: int, grad_inputs, grad_outp
     """The backward inspection's hook in Python, bound by ``functools.partial`` to its first four arguments: a post
     hook of `node.register_hook` on a linear's node, which calls ``backward(context, dy, dx, dWt)`` with the node's
     gradient output and its gradient inputs for x and for Wᵀ (at `dx_at` and `dwt_at`), when either of those two
-    was computed.  The Python path registers it; compiled autograd calls it in the compiled hook's place (the
-    C++ source's header), so both make the same call."""
+    was computed.  The Python path registers it; compiled autograd calls it in the compiled hook's place
+    (`traced_hook`), so both make the same call."""
     dx = grad_inputs[dx_at]
     dwt = grad_inputs[dwt_at]
     if dx is None and dwt is None:
@@ -146,10 +147,26 @@ def node_hook(backward, context, dx_at: int, dwt_at: int, grad_inputs, grad_outp
     backward(context, grad_outputs[0], dx, dwt)
 
 
+#: `node_hook` as torch._dynamo leaves it untraced (made at the first `traced_hook`)
+_untraced_node_hook: Optional[Callable[..., None]] = None
+
+
+def traced_hook(backward, context, dx_at: int, dwt_at: int) -> Callable[..., None]:
+    """What compiled autograd calls in the place of a compiled hook with these arguments (asked by its
+    ``compiled_args``: kernels/inspected_linear.cpp): `node_hook` bound to them, which torch._dynamo does not
+    trace (``torch.compiler.disable``: it runs as it is, at its place in the backward).  Traced, it would take
+    tedebug's statistics engine into the graph: on the CPU VM four times the first step's compile time and twice
+    the time of a later step (docs/performance.md, section 32)."""
+    global _untraced_node_hook
+    if _untraced_node_hook is None:  # (compiled autograd runs: torch._dynamo is loaded)
+        _untraced_node_hook = torch.compiler.disable(node_hook)
+    return functools.partial(_untraced_node_hook, backward, context, dx_at, dwt_at)
+
+
 def _load(path: Path) -> ModuleType:
-    """The built module, told the Python hook that compiled autograd calls in its hooks' place."""
+    """The built module, told what compiled autograd calls in its hooks' place (`traced_hook`)."""
     module = host_kernels.load_extension_module(MODULE_NAME, path)
-    module.set_node_hook(node_hook)
+    module.set_traced_hook(traced_hook)
     return module
 
 
@@ -238,6 +255,7 @@ __all__ = [
     "linear_function",
     "node_hook",
     "prepare",
+    "traced_hook",
     "unavailable_reason",
     "wait_for_build",
 ]
