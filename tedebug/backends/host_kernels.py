@@ -10,12 +10,13 @@ How: the source is compiled with the system C compiler (``$CC``, else ``cc``, ``
 library the first time a process needs it, kept in a cache directory (``$TEDEBUG_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/tedebug``, else ``~/.cache/tedebug``; where that cannot be written, a private ``tedebug-<uid>``
 folder in the temporary directory) under a name that carries a digest of the source, the compiler and the flags,
-and loaded through ctypes.  The ranks of one machine build it once: the first holds a lock
-file beside it while it compiles, the others wait and then load its library.  Where locks are unavailable (or a
-wait outlasts the build's timeout) several may compile at once: each writes its own temporary file and renames it
-into place, so a loaded file is always whole.  No build
-step at install time, and nothing to carry for a user without a compiler.  `build` and `build_and_load` build the
-GPU path's compiled launches the same way (``kernels/host_launch.c``, `tedebug.backends.host_launch`).
+and loaded through ctypes.  The ranks of one machine build it once: the first holds a lock file beside it while it
+compiles, the others wait and then load its library.  Where locks are unavailable (or a wait outlasts the build's
+timeout) several may compile at once: each writes its own temporary file and renames it into place, so a loaded
+file is always whole.  No build step at install time, and nothing to carry for a user without a compiler.
+`build` and `build_and_load` build the GPU path's compiled launches and the compiled linear the same way
+(``kernels/host_launch.c``, `tedebug.backends.host_launch`; ``kernels/inspected_linear.cpp``,
+`tedebug.nn.compiled_linear`).
 
 The kernel choice is visible (as ``KernelPreference`` in torchao): `use_host_kernels(mode)`, else
 ``$TEDEBUG_HOST_KERNELS``, names it: ``c`` (the compiled helpers; an error when they cannot be built), ``numpy``
