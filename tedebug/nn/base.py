@@ -29,6 +29,7 @@ import torch
 from tedebug import active
 from tedebug.autocast import INNERMOST, default_recipe
 from tedebug.debug_quantization import inspect_group
+from tedebug.host_numpy import compiling
 from tedebug.nn import compiled_linear
 from tedebug.nn.gemm import gemm
 from tedebug.nn.state import all_reduce_max, check_history, register_state_hooks, several_ranks
@@ -447,6 +448,11 @@ def linear_gemm(
             if y is not None:
                 return y
         return _LinearFunction.apply(x, weight, bias, _Call(state, normal, qs, dtype, True, True, delayed))
+    if active.DEBUG_MANAGER is not None and compiling():
+        # torch.compile traces a GEMM call of a debug session: it runs untraced (a graph break per call), where the
+        # tracer would follow the gate, the plans, the features and the statistics engine, and compile them again
+        # for each layer and iteration
+        return _untraced_linear_gemm()(x, weight, bias, state, layer_name, recipe, reduce_amax=reduce_amax)
     if recipe is not None and reduce_amax and getattr(recipe, "reduce_amax", False):
         reduce_amaxes((state,), recipe)
     if active.DEBUG_MANAGER is None:  # no debug session: the layer's own quantizers (the gate would answer None)
@@ -463,6 +469,18 @@ def linear_gemm(
         if y is not None:
             return y
     return _LinearFunction.apply(x, weight, bias, _Call(state, last[0], last[1], dtype, grad_enabled, False, last[2]))
+
+
+#: `linear_gemm` as torch.compile's tracer leaves it (made at the first traced GEMM call of a debug session)
+_UNTRACED: List[Callable[..., torch.Tensor]] = []
+
+
+def _untraced_linear_gemm() -> Callable[..., torch.Tensor]:
+    """`linear_gemm` wrapped by ``torch.compiler.disable``: the tracer calls it as it is (made where torch.compile
+    runs, so torch._dynamo is loaded; importing it with tedebug would cost every run over a second)."""
+    if not _UNTRACED:
+        _UNTRACED.append(torch.compiler.disable(linear_gemm))
+    return _UNTRACED[0]
 
 
 def _only_inspects(qs: Dict[str, Optional[object]]) -> bool:

@@ -1,5 +1,6 @@
 """A converted model under torch.compile on CPU: Dynamo traces tedebug's layers, and the CPU paths that use numpy
-outside tracing (`tedebug.host_numpy`) take the torch path inside it - the same values as eager, bit for bit.
+outside tracing (`tedebug.host_numpy`) take the torch path inside it - the same values as eager, bit for bit.  In a
+debug session each GEMM call runs untraced (a graph break), and logs what eager logs.
 (backend="eager": Dynamo's tracing without Inductor's code generation, which this does not test and CI could not
 afford.)"""
 
@@ -55,3 +56,55 @@ def test_numpy_host_paths_step_aside_while_tracing():
     torch._dynamo.reset()
     torch.compile(probe, backend="eager")(torch.zeros(2))
     assert seen == [(True, False)]
+
+
+STATS = ["max", "std", "l1_norm"]
+TENSORS = ["activation", "weight", "output", "gradient", "wgrad", "dgrad"]
+
+
+def _logged_rows(tmp_path, compile_it: bool, recipe, steps: int = 3):
+    """The rows a debug session logs over a few training steps of `_model`, compiled or eager."""
+    from tedebug import debug_api
+
+    from support.features import RecordingSink, debug_session, section
+
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    run = torch.compile(model, backend="eager") if compile_it else model
+    config = section({"LogTensorStats": {"enabled": True, "stats": STATS, "tensors": TENSORS, "freq": 1}})
+    sink = RecordingSink()
+    g = torch.Generator().manual_seed(1)
+    with debug_session(config, tmp_path / str(compile_it), sink=sink, default_logging_enabled=True):
+        for _ in range(steps):
+            with tedebug.autocast(enabled=recipe is not None, recipe=recipe):
+                y = run(torch.randn(8, 32, generator=g))
+            y.square().sum().backward()
+            opt.step()
+            opt.zero_grad()
+            debug_api.step()
+    return sink.rows
+
+
+@pytest.mark.parametrize("recipe", [None, Float8CurrentScaling()], ids=["hp", "fp8"])
+def test_a_debug_session_under_compile_logs_what_eager_logs_without_being_traced(tmp_path, monkeypatch, recipe):
+    """While torch.compile traces, a GEMM call of a debug session runs untraced (a graph break per call), so the
+    tracer never follows the debug gate, the features or the statistics engine (before, it did, and compiled them
+    again for each layer and iteration until its recompile limit).  The rows are eager's."""
+    from tedebug.nn.debug_gate import LayerDebugState
+
+    traced = []
+    real = LayerDebugState.debug_quantizers
+
+    def recording(self, *args, **kwargs):
+        traced.append(torch.compiler.is_compiling())
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(LayerDebugState, "debug_quantizers", recording)
+    torch._dynamo.reset()
+    try:
+        compiled = _logged_rows(tmp_path, True, recipe)
+    finally:
+        torch._dynamo.reset()
+    assert traced and not any(traced)
+    eager = _logged_rows(tmp_path, False, recipe)
+    assert compiled == eager and {"0_wgrad_max", "2_dgrad_l1_norm"} <= {name for name, _, _ in eager}
