@@ -19,6 +19,7 @@ from tedebug import debug_api
 from tedebug.nn import LayerNormLinear, LayerNormMLP, Linear
 from tedebug.nn import base as nn_base
 
+from support.compile import compiled_backward
 from support.features import RecordingSink, debug_session, section
 
 STATS = ["min", "max", "mean", "std", "l1_norm", "l2_norm", "cur_amax", "dynamic_range"]
@@ -113,17 +114,6 @@ def _train(tmp_path: pathlib.Path, *, short: bool, device: str = "cpu", dtype=to
     return text, sink.rows, torch.stack(losses), params, len(applied), len(COMPILED_RUNS)
 
 
-@contextlib.contextmanager
-def _compiled_autograd():
-    from torch._dynamo import compiled_autograd
-
-    try:
-        with compiled_autograd._enable(torch.compile(backend="eager")):
-            yield
-    finally:
-        torch._dynamo.reset()
-
-
 def _assert_same(short, generic, mode: str) -> None:
     text, rows, losses, params, applied, compiled = short
     g_text, g_rows, g_losses, g_params, g_applied, g_compiled = generic
@@ -166,7 +156,7 @@ def _one_layer(tmp_path: pathlib.Path, *, short: bool, x_grad: bool, w_grad: boo
     sink = RecordingSink()
     with _paths(short), debug_session(LOG_STATS, tmp_path / str(short), sink=sink):
         loss = layer(x).sum()
-        with _compiled_autograd() if compiled_autograd else contextlib.nullcontext():
+        with compiled_backward() if compiled_autograd else contextlib.nullcontext():
             loss.backward()
         debug_api.step()
     return sink.rows

@@ -1,14 +1,23 @@
 """A converted model under torch.compile on CPU: Dynamo traces tedebug's layers, and the CPU paths that use numpy
 outside tracing (`tedebug.host_numpy`) take the torch path inside it - the same values as eager, bit for bit.  In a
-debug session each GEMM call runs untraced (a graph break), and logs what eager logs.
+debug session each GEMM call runs untraced (a graph break), and logs what eager logs; so does a quantized GEMM
+call's debug backward under compiled autograd.
 (backend="eager": Dynamo's tracing without Inductor's code generation, which this does not test and CI could not
 afford.)"""
+
+import contextlib
 
 import pytest
 import torch
 
 import tedebug
+from tedebug import debug_api
+from tedebug.nn import Linear
+from tedebug.nn import base as nn_base
 from tedebug.recipe import Float8CurrentScaling, NVFP4BlockScaling
+
+from support.compile import compiled_backward
+from support.features import RecordingSink, debug_session, section
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -64,10 +73,6 @@ TENSORS = ["activation", "weight", "output", "gradient", "wgrad", "dgrad"]
 
 def _logged_rows(tmp_path, compile_it: bool, recipe, steps: int = 3):
     """The rows a debug session logs over a few training steps of `_model`, compiled or eager."""
-    from tedebug import debug_api
-
-    from support.features import RecordingSink, debug_session, section
-
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     run = torch.compile(model, backend="eager") if compile_it else model
@@ -108,3 +113,38 @@ def test_a_debug_session_under_compile_logs_what_eager_logs_without_being_traced
     assert traced and not any(traced)
     eager = _logged_rows(tmp_path, False, recipe)
     assert compiled == eager and {"0_wgrad_max", "2_dgrad_l1_norm"} <= {name for name, _, _ in eager}
+
+
+def test_compiled_autograd_runs_a_quantized_debug_backward_untraced(tmp_path, monkeypatch):
+    """A GEMM call that quantizes (FP8 current scaling with LogFp8TensorStats: the generic path, `_LinearFunction`)
+    has its debug backward run untraced under compiled autograd (a graph break), not followed by Dynamo through the
+    quantizers and the statistics engine (before, it was, and compiled again per layer until its recompile limit);
+    it logs what the backward logs without compiled autograd."""
+    traced = []
+    real = nn_base._LinearFunction._backward
+
+    def recording(ctx, grad_out):
+        traced.append(torch.compiler.is_compiling())
+        return real(ctx, grad_out)
+
+    monkeypatch.setattr(nn_base._LinearFunction, "_backward", staticmethod(recording))
+    config = section(
+        {"LogFp8TensorStats": {"enabled": True, "stats": ["underflows%", "mse"], "tensors": ["gradient"], "freq": 1}}
+    )
+
+    def rows(compiled_autograd: bool):
+        torch.manual_seed(0)
+        layer = Linear(32, 16, name="fc")
+        sink = RecordingSink()
+        with debug_session(config, tmp_path / str(compiled_autograd), sink=sink):
+            for step in range(2):
+                with tedebug.autocast(enabled=True, recipe=Float8CurrentScaling()):
+                    loss = layer(torch.randn(4, 32, generator=torch.Generator().manual_seed(step))).sum()
+                with compiled_backward() if compiled_autograd else contextlib.nullcontext():
+                    loss.backward()
+                debug_api.step()
+        return sink.rows
+
+    compiled = rows(True)
+    assert traced and not any(traced)
+    assert compiled == rows(False) and {"fc_gradient_mse"} <= {name for name, _, _ in compiled}
