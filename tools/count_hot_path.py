@@ -61,13 +61,8 @@ def child(setting: str, steps: int, warmup: int, writer: str = "process") -> Non
     from tedebug import recipe as recipe_module
 
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    from tedebug.nn import compiled_linear
-
-    compiled_linear.prepare()  # (built or loaded now: every timed step takes the same path)
-    model = torch.nn.Sequential(*[bench._Block(HIDDEN, HEADS, i) for i in range(LAYERS)])
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
-    x = torch.randn(BATCH, SEQ, HIDDEN)
+    # (the compiled linear built or loaded there: every counted step takes the same path)
+    model, x, optimizer = bench.training_setup(LAYERS, HIDDEN, HEADS, BATCH, SEQ, "cpu", torch.float32)
     recipe = recipe_module.Float8CurrentScaling() if setting.startswith("fp8") else None
     config = None
     if setting in ("hp-log", "hp-idle", "gpu-path"):

@@ -64,14 +64,9 @@ def child(seconds: float, device: str, hidden: int, heads: int, batch: int, seq:
     on_gpu = device == "cuda"
     if not on_gpu:
         torch.set_num_threads(1)
-    torch.manual_seed(0)
     dtype = torch.bfloat16 if on_gpu else torch.float32
-    from tedebug.nn import compiled_linear
-
-    compiled_linear.prepare()  # (built or loaded now: every timed step takes the same path)
-    model = torch.nn.Sequential(*[bench._Block(hidden, heads, i) for i in range(12)]).to(device, dtype)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
-    x = torch.randn(batch, seq, hidden, device=device, dtype=dtype)
+    # (seed 0; the compiled linear built or loaded there: every sampled step takes the same path)
+    model, x, optimizer = bench.training_setup(12, hidden, heads, batch, seq, device, dtype)
 
     def steps_until(end: float) -> int:
         count = 0

@@ -89,13 +89,8 @@ def main() -> None:
     if not on_gpu:
         torch.set_num_threads(1)
     warnings.simplefilter("ignore")
-    torch.manual_seed(0)
-    from tedebug.nn import compiled_linear
-
-    compiled_linear.prepare()  # (built or loaded now: every timed step takes the same path)
-    model = torch.nn.Sequential(*[bench._Block(a.hidden, a.heads, i) for i in range(LAYERS)]).to(a.device, dtype)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    x = torch.randn(a.batch, a.seq, a.hidden, device=a.device, dtype=dtype)
+    # (the compiled linear built or loaded there: every timed step takes the same path)
+    model, x, opt = bench.training_setup(LAYERS, a.hidden, a.heads, a.batch, a.seq, a.device, dtype)
     config = bench.logging_config(a.setting)
     recipe = recipe_module.Float8CurrentScaling() if a.setting == "fp8-log" else None
     patches = _patches(a.setting)
