@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import itertools
 import types
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -34,6 +34,7 @@ from tedebug.nn import compiled_linear
 from tedebug.nn.gemm import gemm
 from tedebug.nn.state import all_reduce_max, check_history, register_state_hooks, several_ranks
 from tedebug.stats import launch_group
+from tedebug.untraced import untraced
 
 __all__ = [
     "ROLES",
@@ -327,7 +328,7 @@ class _LinearFunction(torch.autograd.Function):
         if not ctx.meta[0].debug:
             return _LinearFunction._backward(ctx, grad_out)
         if compiling():  # compiled autograd traces a debug call's backward: it runs untraced (as `linear_gemm`)
-            return _untraced(_LinearFunction._debug_backward)(ctx, grad_out)
+            return untraced(_LinearFunction._debug_backward)(ctx, grad_out)
         return _LinearFunction._debug_backward(ctx, grad_out)
 
     @staticmethod
@@ -458,7 +459,7 @@ def linear_gemm(
         # torch.compile traces a GEMM call of a debug session: it runs untraced (a graph break per call), where the
         # tracer would follow the gate, the plans, the features and the statistics engine, and compile them again
         # for each layer and iteration
-        return _untraced(linear_gemm)(x, weight, bias, state, layer_name, recipe, reduce_amax=reduce_amax)
+        return untraced(linear_gemm)(x, weight, bias, state, layer_name, recipe, reduce_amax=reduce_amax)
     if recipe is not None and reduce_amax and getattr(recipe, "reduce_amax", False):
         reduce_amaxes((state,), recipe)
     if active.DEBUG_MANAGER is None:  # no debug session: the layer's own quantizers (the gate would answer None)
@@ -475,21 +476,6 @@ def linear_gemm(
         if y is not None:
             return y
     return _LinearFunction.apply(x, weight, bias, _Call(state, last[0], last[1], dtype, grad_enabled, False, last[2]))
-
-
-T = TypeVar("T")
-#: function -> the same as torch.compile's tracer leaves it (made at its first traced call)
-_UNTRACED: Dict[Callable[..., object], Callable[..., object]] = {}
-
-
-def _untraced(function: Callable[..., T]) -> Callable[..., T]:
-    """`function` wrapped by ``torch.compiler.disable``: the tracer calls it as it is, a graph break.  Made where
-    torch.compile runs, so torch._dynamo is loaded (importing it with tedebug would cost every run over a
-    second)."""
-    wrapped = _UNTRACED.get(function)
-    if wrapped is None:
-        wrapped = _UNTRACED[function] = torch.compiler.disable(function)
-    return wrapped  # type: ignore[return-value]
 
 
 def _only_inspects(qs: Dict[str, Optional[object]]) -> bool:

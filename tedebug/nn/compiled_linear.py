@@ -41,6 +41,7 @@ import torch
 from tedebug.backends import host_kernels
 from tedebug.backends.build_once import BuildOnce
 from tedebug.backends.environ import environ_value
+from tedebug.untraced import untraced
 
 ENV_VAR = "TEDEBUG_INSPECTED_LINEAR"
 MODES = ("auto", "compiled", "python")
@@ -147,20 +148,14 @@ def node_hook(backward, context, dx_at: int, dwt_at: int, grad_inputs, grad_outp
     backward(context, grad_outputs[0], dx, dwt)
 
 
-#: `node_hook` as torch._dynamo leaves it untraced (made at the first `traced_hook`)
-_untraced_node_hook: Optional[Callable[..., None]] = None
-
-
 def traced_hook(backward, context, dx_at: int, dwt_at: int) -> Callable[..., None]:
     """What compiled autograd calls in the place of a compiled hook with these arguments (asked by its
     ``compiled_args``: kernels/inspected_linear.cpp): `node_hook` bound to them, which torch._dynamo does not
-    trace (``torch.compiler.disable``: it runs as it is, at its place in the backward).  Traced, it would take
+    trace (`tedebug.untraced`: it runs as it is, at its place in the backward; compiled autograd runs, so
+    torch._dynamo is loaded).  Traced, it would take
     tedebug's statistics engine into the graph: on the CPU VM four times the first step's compile time and twice
     the time of a later step (docs/performance.md, section 32)."""
-    global _untraced_node_hook
-    if _untraced_node_hook is None:  # (compiled autograd runs: torch._dynamo is loaded)
-        _untraced_node_hook = torch.compiler.disable(node_hook)
-    return functools.partial(_untraced_node_hook, backward, context, dx_at, dwt_at)
+    return functools.partial(untraced(node_hook), backward, context, dx_at, dwt_at)
 
 
 def _load(path: Path) -> ModuleType:
