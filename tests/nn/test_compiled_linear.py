@@ -159,12 +159,13 @@ def test_the_hook_lets_its_objects_go_with_the_graph(linear):
     assert freed() is None
 
 
-def test_the_module_is_loaded_with_the_traced_hook_and_takes_only_a_callable(built):
-    """Compiled autograd calls what `compiled_linear.traced_hook` answers in the compiled hook's place (the test of
-    a training step under it: tests/nn/test_inspect_only_path.py); the loader gives it to the module."""
+def test_set_traced_hook_takes_only_a_callable(built):
+    """What compiled autograd calls in the compiled hook's place is `compiled_linear.traced_hook`'s answer, which the
+    loader gives the module (that a backward under compiled autograd then logs: tests/nn/test_inspect_only_path.py,
+    which fails with "set_traced_hook was not called" without it).  A value that cannot be called is refused."""
     with pytest.raises(TypeError, match="hook must be callable"):
         built.set_traced_hook(5)
-    built.set_traced_hook(compiled_linear.traced_hook)  # (what the loader gave it)
+    built.set_traced_hook(compiled_linear.traced_hook)  # (put back what the loader gave it)
 
 
 # ------------------------------------------------------------------------------------------------ the choice
