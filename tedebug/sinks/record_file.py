@@ -6,6 +6,8 @@ writes each batch of complete lines with `os.write` straight to the file descrip
 be flushed in pieces), and when a write fails part-way it truncates the file back to the end of the last complete
 batch before re-raising, so what was already written is never corrupted.  Data handed to `os.write` is in the
 kernel's page cache: it survives the death of the process (SIGKILL included), though not a power loss.
+A reader running during a write can still see part of it (Linux makes a buffered write visible page by page), so
+a reader of a live file keeps only the lines up to its last newline, as `tedebug.analysis.load` does.
 """
 
 from __future__ import annotations

@@ -77,9 +77,13 @@ def test_the_files_are_the_writer_threads(tmp_path, no_debug_session):
 
 
 def _jsonl_iterations(path):
+    """The iterations of the complete lines of `path`.  Read while the writer process appends, the file may end
+    in part of a line: the kernel makes a write visible page by page, so a reader can see part of one os.write."""
     if not path.exists():
         return set()
-    return {json.loads(line)["iteration"] for line in path.read_text().splitlines()}
+    text = path.read_text()
+    complete = text[: text.rfind("\n") + 1]
+    return {json.loads(line)["iteration"] for line in complete.splitlines()}
 
 
 def test_after_step_n_iteration_n_minus_2_is_on_disk(tmp_path, no_debug_session):
