@@ -323,6 +323,22 @@ def build(
 
 #: how often a builder waiting for another's build lock tries again (seconds)
 _LOCK_POLL_S = 0.05
+#: the descriptors `_build_lock` has open in this process.  A child forked while a build holds its lock gets a
+#: copy of the descriptor, and a flock lasts until every copy is closed: the child closes its copies at once, or
+#: the parent's lock would outlive the parent's build and hold up the child's own build until its time-out.  (A
+#: fork in the instant between a descriptor's `os.open` and its entry here is not covered.)
+_LOCK_DESCRIPTORS: set = set()
+
+
+def _close_lock_descriptors_in_child() -> None:
+    for descriptor in list(_LOCK_DESCRIPTORS):
+        with contextlib.suppress(OSError):
+            os.close(descriptor)
+    _LOCK_DESCRIPTORS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_lock_descriptors_in_child)
 
 
 @contextlib.contextmanager
@@ -333,12 +349,15 @@ def _build_lock(path: Path, timeout: float) -> Iterator[bool]:
     caller then builds without it, which stays safe (each build renames a whole file into place).  The holder
     removes the lock file when it is done, so the folder keeps only libraries; a waiter that then takes the lock
     of the removed file finds the library built (or, after a failed build, compiles beside a newcomer: safe, as
-    above).  The lock is released when the holder closes the file, also when the holder dies."""
+    above).  The lock is released when the holder closes the file, also when the holder dies; a process forked
+    meanwhile closes its copy of the file at once (`_LOCK_DESCRIPTORS`), and a program it runs gets none."""
     descriptor = -1
     held = False
     if fcntl is not None:
         try:
-            descriptor = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+            descriptor = os.open(path, flags, 0o600)
+            _LOCK_DESCRIPTORS.add(descriptor)
         except OSError:
             descriptor = -1
     try:
@@ -360,6 +379,7 @@ def _build_lock(path: Path, timeout: float) -> Iterator[bool]:
             with contextlib.suppress(OSError):
                 os.unlink(path)
         if descriptor >= 0:
+            _LOCK_DESCRIPTORS.discard(descriptor)
             os.close(descriptor)  # (releases the lock)
 
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import gc
 import os
+import pathlib
 import signal
 import subprocess
 import sys
+import time
 import weakref
 
 import pytest
@@ -18,6 +20,11 @@ from torch.overrides import TorchFunctionMode
 
 from tedebug.backends import host_kernels
 from tedebug.nn import compiled_linear
+
+try:
+    import fcntl
+except ImportError:  # (not on Windows)
+    fcntl = None
 
 
 @pytest.fixture(scope="module")
@@ -264,14 +271,37 @@ def test_a_run_that_ends_during_the_background_build_waits_for_it(built, tmp_pat
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def _wait_for_the_build_lock(cache: pathlib.Path) -> None:
+    """Wait until a builder holds the lock file of a build in `cache` (an exclusive flock)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for lock in cache.glob(".inspected_linear-*.lock") if cache.is_dir() else ():
+            try:
+                probe = os.open(lock, os.O_RDONLY)
+            except FileNotFoundError:  # the build is over
+                continue
+            try:
+                fcntl.flock(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return  # held
+            finally:
+                os.close(probe)  # (releases the probe's lock, if it got one)
+        time.sleep(0.01)
+    raise AssertionError(f"no build took its lock file in {cache}")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or fcntl is None, reason="needs os.fork and fcntl")
 def test_a_process_forked_during_the_background_build_can_build(built, fresh, tmp_path):
-    """The parent's build thread holds the build's lock while it runs; the forked child gets new locks and builds
-    for itself (without them it would wait forever: the alarm ends it)."""
+    """The parent's build thread holds the build's locks while it runs: the in-process lock and the lock file's
+    flock.  A child forked then gets new in-process locks, and does not keep the flock of the lock file the fork
+    copied; it waits for the parent's build and loads it (without them it would wait forever, or until the lock's
+    time-out of minutes: the alarm ends it)."""
     slow = _slow_compiler(tmp_path, built)
     fresh.setenv("CXX", str(slow))
     fresh.setenv("TEDEBUG_CACHE_DIR", str(tmp_path / "cache"))
     fresh.delenv(compiled_linear.ENV_VAR, raising=False)
     assert compiled_linear.linear_function() is None  # the background build starts
+    _wait_for_the_build_lock(tmp_path / "cache")
     pid = os.fork()
     if pid == 0:  # the child: exit status 0 only if it built the module
         status = 1
