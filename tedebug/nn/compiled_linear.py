@@ -21,7 +21,8 @@ The choice is ``$TEDEBUG_INSPECTED_LINEAR`` (read at every inspect-only GEMM cal
 - ``compiled``: the first call builds (and waits for it); `InspectedLinearBuildError` when it cannot be built;
 - ``python``: the Python path only.
 Compiled autograd (torch._dynamo.compiled_autograd) calls the Python path's hook (`node_hook`, through
-`traced_hook`) in the C++ hook's place, so every mode serves runs that use it.
+`traced_hook`) in the C++ hook's place, so every mode serves runs that use it; on either path the hook runs
+untraced there.
 `wait_for_build()` starts the build when needed and waits for it (the tests); `prepare()` does so unless the mode is
 "python" (a benchmark's set-up: `tedebug.bench.training_setup`).
 """
@@ -41,6 +42,7 @@ import torch
 from tedebug.backends import host_kernels
 from tedebug.backends.build_once import BuildOnce
 from tedebug.backends.environ import environ_value
+from tedebug.host_numpy import compiling
 from tedebug.untraced import untraced
 
 ENV_VAR = "TEDEBUG_INSPECTED_LINEAR"
@@ -140,7 +142,10 @@ def node_hook(backward, context, dx_at: int, dwt_at: int, grad_inputs, grad_outp
     hook of `node.register_hook` on a linear's node, which calls ``backward(context, dy, dx, dWt)`` with the node's
     gradient output and its gradient inputs for x and for Wᵀ (at `dx_at` and `dwt_at`), when either of those two
     was computed.  The Python path registers it; compiled autograd calls it in the compiled hook's place
-    (`traced_hook`), so both make the same call."""
+    (`traced_hook`), so both make the same call.  Compiled autograd traces the hooks the Python path registered:
+    this one then runs untraced, as `traced_hook` does (a graph break)."""
+    if compiling():
+        return untraced(node_hook)(backward, context, dx_at, dwt_at, grad_inputs, grad_outputs)
     dx = grad_inputs[dx_at]
     dwt = grad_inputs[dwt_at]
     if dx is None and dwt is None:

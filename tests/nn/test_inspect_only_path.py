@@ -162,11 +162,22 @@ def _one_layer(tmp_path: pathlib.Path, *, short: bool, x_grad: bool, w_grad: boo
     return sink.rows
 
 
-def test_compiled_autograd_logs_what_the_generic_path_does(tmp_path, inspected_linear):
+def test_compiled_autograd_logs_what_the_generic_path_does(tmp_path, monkeypatch, inspected_linear):
     """Compiled autograd calls no C++ hook: it asks each hook for a Python callable to call instead.  The compiled
     linear's hook answers the Python path's hook, so such a backward logs the backward tensors too, the same values
-    as the generic path without compiled autograd (before, the compiled hook's refusal ended the backward)."""
+    as the generic path without compiled autograd (before, the compiled hook's refusal ended the backward).  On
+    both paths the hook runs untraced: Dynamo never follows the backward inspection (before, it traced the Python
+    path's hook through the statistics engine until its recompile limit)."""
+    traced = []
+    real = nn_base._inspect_backward
+
+    def recording(*args):
+        traced.append(torch.compiler.is_compiling())
+        return real(*args)
+
+    monkeypatch.setattr(nn_base, "_inspect_backward", recording)
     rows = _one_layer(tmp_path, short=True, x_grad=True, w_grad=True, compiled_autograd=True)
+    assert traced and not any(traced)
     assert (len(COMPILED_RUNS) > 0) == (inspected_linear == "compiled")
     assert rows == _one_layer(tmp_path, short=False, x_grad=True, w_grad=True)
     assert {"fc_gradient_max", "fc_dgrad_max", "fc_wgrad_max"} <= {name for name, _, _ in rows}
