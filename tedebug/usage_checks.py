@@ -9,29 +9,56 @@ cases into one `UserWarning` each (also written to the main log):
 - `end_debug()` while tedebug layers ran but `debug_api.step()` was never called (statistics are emitted at
   `step()`, so nothing was written);
 - `end_debug()` while statistics fed since the last `step()` are still pending (they are dropped: call `step()`
-  after the last iteration).
+  after the last iteration);
+- two modules that run under one layer name (a copy of a model keeps its layers' names: ``copy.deepcopy`` for an EMA
+  model, ``torch.load`` of a saved one): their statistics would be merged into one layer's without a word.  Warned
+  once per session, at the first such name; each such name is written to the main log.
 
-Cost: the debug gate notes each layer name once per session (`note_layer`); `after_step` does its work once, at the
-first step; `before_close` once.  Nothing runs per tensor or per iteration beyond one dict lookup.
+Cost: each GEMM's debug gate notes its layer name once per session (`note_layer`); `after_step` does its work once,
+at the first step; `before_close` once.  Nothing runs per tensor or per iteration beyond one dict lookup.
 """
 
 from __future__ import annotations
 
 import logging
 import warnings
+import weakref
 from typing import Any, List
 
 __all__ = ["note_layer", "after_step", "before_close"]
 
-_LAYERS = "usage_checks.layers"  # session memo: layer name -> True, for every layer that ran
+_LAYERS = "usage_checks.layers"  # session memo: layer name -> weak reference to the first gate that ran under it
+_SHARED = "usage_checks.shared"  # session memo: the layer names two live gates ran under
 _STATE = "usage_checks.state"  # session memo: "first_step" -> iteration of the first step, "steps" -> count
 
 
-def note_layer(session: Any, layer_name: str) -> None:
-    """Record that a tedebug layer named `layer_name` ran in `session`."""
+def _no_owner() -> None:
+    return None
+
+
+def note_layer(session: Any, layer_name: str, owner: Any = None) -> None:
+    """Record that a tedebug layer named `layer_name` ran in `session`; `owner` is the GEMM's debug gate (one per
+    GEMM of a module), which tells a second module under the same name from the same module called again."""
     layers = session.memo(_LAYERS)
-    if layer_name not in layers:
-        layers[layer_name] = True
+    first = layers.get(layer_name)
+    if first is None or first() is None:  # new, or its first module is gone: this one takes the name
+        layers[layer_name] = _no_owner if owner is None else weakref.ref(owner)
+        return
+    if owner is None or first() is owner:
+        return
+    shared = session.memo(_SHARED)
+    if layer_name in shared:
+        return
+    shared[layer_name] = True
+    session.log_message(f"tedebug: a second module runs as layer {layer_name!r}; their statistics are merged")
+    if len(shared) == 1:
+        message = (
+            f"tedebug: two modules run as layer {layer_name!r} in this session, so their statistics are merged into "
+            f"one layer's (a weight keeps the first one's); the main log names every such layer.  A copy of a "
+            f"model keeps its layers' names (copy.deepcopy, as for an EMA model, or torch.load of a saved model): "
+            f"give the copy other names with tedebug.nn.prefix_layer_names(copy, 'ema.')"
+        )
+        warnings.warn(message, UserWarning, stacklevel=2)
 
 
 def _warn(session: Any, message: str) -> None:

@@ -13,6 +13,7 @@ _EXPORTS = {
     "GroupedLinear": "tedebug.nn.grouped_linear",
     "Conv1DLinear": "tedebug.nn.hf",
     "convert_model": "tedebug.nn.convert",
+    "prefix_layer_names": "tedebug.nn.convert",
     "gemm": "tedebug.nn.gemm",
     "gemm_operand": "tedebug.nn.gemm",
 }

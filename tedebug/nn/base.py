@@ -19,6 +19,7 @@ so the recomputed operands equal the original ones; the forward roles are quanti
 
 from __future__ import annotations
 
+import copy
 import functools
 import itertools
 import types
@@ -206,6 +207,34 @@ class GemmState:
             self._used.add(role)
         else:
             self._used.discard(role)
+
+    # ---------------------------------------------------------------- copies
+    def __getstate__(self) -> dict:
+        """What a copy keeps (`copy.deepcopy(model)`, as for an EMA model, and ``torch.save(model)``): the recipe's
+        quantizers with their delayed-scaling state, as the layer's ``state_dict`` does.  Not the debug session's
+        state (`_debug_state`, and the debug quantizers `last` may hold): it is the session's, holds its sinks and
+        locks, and the copy makes its own at its first call.  The shared high-precision plan is this module's
+        (`__setstate__` puts it back)."""
+        state = self.__dict__.copy()
+        state["_debug_state"] = None
+        state["last"] = None
+        if state["_plan"] is _HIGH_PRECISION:
+            state["_plan"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if self._plan is None:
+            self._plan = _HIGH_PRECISION
+
+    def __deepcopy__(self, memo: dict) -> "GemmState":
+        # the tensor-parallel group is shared with the copy, not copied: a communicator (torch cannot copy one)
+        if self.tp_group is not None:
+            memo.setdefault(id(self.tp_group), self.tp_group)
+        twin = GemmState.__new__(GemmState)
+        memo[id(self)] = twin
+        twin.__setstate__(copy.deepcopy(self.__getstate__(), memo))
+        return twin
 
     # ---------------------------------------------------------------- debug
     def _debug(self):

@@ -32,7 +32,7 @@ from tedebug.nn.base import BaseLayer
 from tedebug.nn.hf import Conv1DLinear, convert_experts, is_grouped_experts, is_hf_conv1d
 from tedebug.nn.linear import Linear
 
-__all__ = ["convert_model", "LM_HEAD_NAME"]
+__all__ = ["convert_model", "prefix_layer_names", "LM_HEAD_NAME"]
 
 FilterFn = Callable[[str, torch.nn.Module], bool]
 #: the last path component of output projections kept in high precision by default
@@ -167,3 +167,21 @@ def convert_model(
     if report is not None:
         warnings.warn(report, UserWarning, stacklevel=2)
     return model
+
+
+def prefix_layer_names(model: torch.nn.Module, prefix: str) -> List[str]:
+    """Put `prefix` before the name of every tedebug layer inside `model` (itself included); returns the new names
+    in module order.  A copy of a model keeps its layers' names (``copy.deepcopy``, as for an EMA model, or
+    ``torch.load`` of a saved model); a copy that runs in the same debug session as the original needs names of its
+    own, or the two modules' statistics are merged (the session warns).  Config sections select the copy's layers
+    by these names."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"prefix_layer_names expects a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(prefix, str) or not prefix:
+        raise TypeError(f"prefix_layer_names expects a non-empty str prefix, got {prefix!r}")
+    names = []
+    for module in model.modules():  # (a module reachable under several paths is renamed once)
+        if isinstance(module, BaseLayer):
+            module.name = prefix + module.name
+            names.append(module.name)
+    return names

@@ -56,7 +56,7 @@ def _dead_session():
 class LayerDebugState:
     """Debug decision and next debug iteration of one GEMM, for the current debug session."""
 
-    __slots__ = ("next_iter", "_session_ref", "_decided_iteration", "_active", "_last")
+    __slots__ = ("next_iter", "_session_ref", "_decided_iteration", "_active", "_last", "__weakref__")
 
     def __init__(self) -> None:
         self._session_ref = _dead_session
@@ -82,7 +82,8 @@ class LayerDebugState:
         if self._session_ref() is not session:
             self._session_ref = weakref.ref(session)
             self._reset()
-            note_layer(session, layer_name)  # for the session's "selected no layer" / "no step()" warnings
+            # for the session's warnings: "selected no layer", "no step()", "two modules under one name"
+            note_layer(session, layer_name, self)
         iteration = session.iteration
         if iteration != self._decided_iteration:
             self._decided_iteration = iteration

@@ -164,6 +164,17 @@ class _GroupedExpertsMixin(BaseLayer):
     def extra_repr(self) -> str:
         return f"num_experts={self.num_experts}, name={self.name!r} (tedebug grouped experts)"
 
+    def __reduce_ex__(self, protocol):
+        # pickle (``torch.save(model)``) names a class by its module and name, which a class made at conversion
+        # (`_converted_class`) lacks: the copy is rebuilt from the transformers class it extends
+        return _converted_instance, (type(self).transformers_class,), self.__getstate__()
+
+
+def _converted_instance(cls: type) -> torch.nn.Module:
+    """An empty instance of the converted class of the transformers experts class `cls` (pickle fills it)."""
+    sub = _converted_class(cls)
+    return sub.__new__(sub)
+
 
 _SUBCLASSES: Dict[type, type] = {}
 
@@ -174,7 +185,7 @@ def _converted_class(cls: type) -> type:
         sub = _SUBCLASSES[cls] = type(
             f"Tedebug{cls.__name__}",
             (_GroupedExpertsMixin, cls),
-            {"__module__": __name__, "__doc__": f"{cls.__name__} with tedebug GEMMs."},
+            {"__module__": __name__, "__doc__": f"{cls.__name__} with tedebug GEMMs.", "transformers_class": cls},
         )
     return sub
 

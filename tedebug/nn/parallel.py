@@ -73,6 +73,9 @@ class TensorParallel:
     mode: Optional[str] = None
     sequence_parallel: bool = False
 
+    def __deepcopy__(self, memo: dict) -> "TensorParallel":
+        return self  # immutable, and its group is a communicator that a copy of the layer shares
+
     @functools.cached_property
     def active(self) -> bool:
         """True when the layer is split over more than one rank in a column or row mode (computed once: read by

@@ -11,6 +11,8 @@ compare to a tight tolerance (their transcendental results depend on the vector 
 Parameters marked ``sequence_parallel`` get their gradients all-reduced over the group first, as the contract says.
 """
 
+import copy
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -116,6 +118,17 @@ def _linear_cases(rank, group, dev, results):
                     },
                     exact=True,
                 )
+                if not sp:  # a copy (an EMA model) shares the group and computes the same
+                    try:
+                        twin = copy.deepcopy(tp)
+                    except Exception as err:  # (reported by the test, not by every test of the module)
+                        results[f"Linear-{mode}-{recipe_name}-copy"] = repr(err)
+                    else:
+                        twin_y, twin_dx = _run(twin, x, dy, recipe)
+                        results[f"Linear-{mode}-{recipe_name}-copy"] = (
+                            twin.gemm_state.tp_group is tp.gemm_state.tp_group is group,
+                            torch.equal(twin_y, y) and torch.equal(twin_dx, dx),
+                        )
                 if recipe is not None and not sp:  # without the TP amax reduction the FP8 results differ
                     from tedebug.nn.parallel import TPCurrentScalingQuantizer
 
@@ -274,6 +287,14 @@ def _cases(prefix):
 def test_linear_tp2_equals_tp1_bit_exact(layer_results, case):
     for rank, results in enumerate(layer_results):
         assert results[case] == {k: "ok" for k in ("y", "dx", "dw", "db")}, (rank, results[case])
+
+
+@pytest.mark.distributed
+def test_a_copy_of_a_tp_layer_shares_its_group_and_computes_the_same(layer_results):
+    """copy.deepcopy of a split layer (an EMA model); before, it failed: torch cannot copy a process group."""
+    for results in layer_results:
+        for case in ("Linear-column-hp", "Linear-row-hp", "Linear-column-fp8cs", "Linear-row-fp8cs"):
+            assert results[f"{case}-copy"] == (True, True), case
 
 
 @pytest.mark.distributed
