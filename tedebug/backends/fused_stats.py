@@ -14,6 +14,10 @@ with ``Quantizer.high_precision_stats``) also wrote the input's basic statistics
 feed of that input, which comes right after the quantization and sees only the input, so the row is kept in a
 per-thread slot keyed by the input itself (`attach_high_precision` / `high_precision_row`: the same tensor object at
 the same version, else nothing; the next quantization that writes one replaces it).
+
+A tensor made under ``torch.inference_mode`` has no version counter (reading ``_version`` raises), so nothing could
+tell a later in-place change: no record is kept for it, and its statistics come from the statistics pass, which gives
+the same values.
 """
 
 from __future__ import annotations
@@ -88,8 +92,12 @@ class FusedStats(Mapping):
 
 def attach_fused(q, x: torch.Tensor, per_usage: Mapping[str, Mapping]) -> None:
     """Attach the statistics `per_usage` ({"rowwise" / "columnwise": {statistic: 0-d tensor}}) of quantizing `x`
-    to the quantized tensor `q`."""
-    q._fused_error_stats = {"source": weakref.ref(x), "version": x._version, **per_usage}
+    to the quantized tensor `q` (nothing for an inference tensor: module docstring)."""
+    try:
+        version = x._version
+    except RuntimeError:  # an inference tensor
+        return
+    q._fused_error_stats = {"source": weakref.ref(x), "version": version, **per_usage}
 
 
 def fused_statistic(q, x: torch.Tensor, usage: str, key: str) -> Optional[torch.Tensor]:
@@ -126,8 +134,14 @@ high_precision_slot = _HighPrecisionSlot()
 
 def attach_high_precision(x: torch.Tensor, row: torch.Tensor) -> None:
     """Keep `row`, the basic statistics row (`torch_ref.BASIC_ROW_KEYS` order, on x's device) that a quantize pass
-    computed for `x`, for the statistics feed of `x` (this thread's one slot)."""
-    high_precision_slot.slot = (weakref.ref(x), x._version, row)
+    computed for `x`, for the statistics feed of `x` (this thread's one slot; emptied for an inference tensor:
+    module docstring)."""
+    try:
+        version = x._version
+    except RuntimeError:  # an inference tensor
+        high_precision_slot.slot = None
+        return
+    high_precision_slot.slot = (weakref.ref(x), version, row)
 
 
 def high_precision_row(x: torch.Tensor) -> Optional[torch.Tensor]:

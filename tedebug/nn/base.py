@@ -117,8 +117,12 @@ class GemmState:
     def _build(self, recipe) -> None:
         quantizers: Dict[str, Optional[object]] = {role: None for role in ROLES}
         if recipe is not None:
-            for role in QUANTIZED_ROLES:
-                quantizers[role] = recipe.make_quantizer(role)
+            # made outside torch.inference_mode, which the first call may run in (a validation step before
+            # training): a recipe's state made in it (delayed scaling's amax history and scale) could not be
+            # updated in place by the training steps after it
+            with torch.inference_mode(False):
+                for role in QUANTIZED_ROLES:
+                    quantizers[role] = recipe.make_quantizer(role)
             if self.customize_quantizers is not None:
                 self.customize_quantizers(quantizers)
             for q in quantizers.values():

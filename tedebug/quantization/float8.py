@@ -755,11 +755,14 @@ class Float8Quantizer(Quantizer):
 
         A recipe builds the state on the CPU; the first quantization moves it to the tensor's device, so that
         recording the amax and `update_scale` never cross between host and device.  Quantizers that share state
-        (`copy`) each move their own reference."""
+        (`copy`) each move their own reference.  The moved state is made outside ``torch.inference_mode`` (a
+        first quantization may run in it): made in it, the training steps after it could not update it in place."""
         if self.scale.device != device:
-            self.scale = self.scale.to(device)
+            with torch.inference_mode(False):
+                self.scale = self.scale.to(device)
         if self.amax_history.device != device:
-            self.amax_history = self.amax_history.to(device)
+            with torch.inference_mode(False):
+                self.amax_history = self.amax_history.to(device)
 
     def _quantize(self, tensor: torch.Tensor) -> Float8Tensor:
         check_high_precision_input(tensor, type(self).__name__)
