@@ -10,6 +10,9 @@ cases into one `UserWarning` each (also written to the main log):
   `step()`, so nothing was written);
 - `end_debug()` while statistics fed since the last `step()` are still pending (they are dropped: call `step()`
   after the last iteration);
+- a GEMM call inside a ``torch.func`` transform (``grad``, ``vmap``, ...; per-sample gradients): its tensors are
+  functorch wrappers that hold no data tedebug can read, so the call runs as without a session (before, it raised);
+  warned once per session, naming the layer (`note_functorch_call`);
 - two modules that run under one layer name (a copy of a model keeps its layers' names: ``copy.deepcopy`` for an EMA
   model, ``torch.load`` of a saved one): their statistics would be merged into one layer's without a word.  Warned
   once per session, at the first such name; each such name is written to the main log.
@@ -25,7 +28,7 @@ import warnings
 import weakref
 from typing import Any, List
 
-__all__ = ["note_layer", "after_step", "before_close"]
+__all__ = ["note_layer", "note_functorch_call", "after_step", "before_close"]
 
 _LAYERS = "usage_checks.layers"  # session memo: layer name -> weak reference to the first gate that ran under it
 _SHARED = "usage_checks.shared"  # session memo: the layer names two live gates ran under
@@ -59,6 +62,20 @@ def note_layer(session: Any, layer_name: str, owner: Any = None) -> None:
             f"give the copy other names with tedebug.nn.prefix_layer_names(copy, 'ema.')"
         )
         warnings.warn(message, UserWarning, stacklevel=2)
+
+
+def note_functorch_call(session: Any, layer_name: str) -> None:
+    """Record that a GEMM call of `layer_name` ran inside a torch.func transform and was not debugged."""
+    state = session.memo(_STATE)
+    if state.get("functorch"):
+        return
+    state["functorch"] = True
+    _warn(
+        session,
+        f"tedebug: layer {layer_name!r} ran inside a torch.func transform (grad, vmap, ...): its tensors there are "
+        f"functorch wrappers, which hold no data tedebug can read, so such GEMM calls run without debug features "
+        f"and log nothing (further ones are not reported)",
+    )
 
 
 def _warn(session: Any, message: str) -> None:

@@ -36,6 +36,7 @@ from tedebug.nn.gemm import gemm
 from tedebug.nn.state import all_reduce_max, check_history, register_state_hooks, several_ranks
 from tedebug.stats import launch_group
 from tedebug.untraced import untraced
+from tedebug.usage_checks import note_functorch_call
 
 __all__ = [
     "ROLES",
@@ -58,6 +59,8 @@ _LAYER_NUMBERS = itertools.count(1)
 _NO_QUANTIZERS = types.MappingProxyType({role: None for role in ROLES})
 #: `GemmState.plan` of a high-precision GEMM
 _HIGH_PRECISION = (_NO_QUANTIZERS, _NO_QUANTIZERS, False)
+#: whether a torch.func transform (grad, vmap, ...) is running (30 ns; asked by a debug call only)
+_functorch_active: Callable[[], bool] = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 
 
 def next_layer_name() -> str:
@@ -257,7 +260,12 @@ class GemmState:
         if gate is None:
             gate = self._debug()
         debug = gate.debug_quantizers(layer_name, plan[0], self.tp_group, self.tp_size)  # (every GEMM call asks)
-        return plan if debug is None else (plan[0], debug, plan[2])
+        if debug is None:
+            return plan
+        if _functorch_active():  # torch.func.grad / vmap: tensors without data to read (`note_functorch_call`)
+            note_functorch_call(active.DEBUG_MANAGER, layer_name)
+            return plan
+        return (plan[0], debug, plan[2])
 
 
 # ------------------------------------------------------------------------------------------------ autograd
