@@ -22,6 +22,7 @@ from tedebug.nn.state import STATE_KEY
 from tedebug.recipe import DelayedScaling, Float8CurrentScaling, MXFP8BlockScaling
 
 from support.features import RecordingSink, debug_session, section
+from support.hf_models import mixtral
 
 CONFIG = section(
     {"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["activation", "weight"], "freq": 1}}
@@ -165,20 +166,9 @@ def test_prefix_layer_names_refuses_what_it_cannot_use():
 def test_converted_experts_load_in_a_process_that_never_converted(tmp_path):
     """transformers' experts are converted by a class made at conversion, which pickle cannot name: the saved model
     loads in a fresh process and computes the same logits."""
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.MixtralConfig(
-        vocab_size=64,
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        intermediate_size=32,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        max_position_embeddings=32,
-    )
+    pytest.importorskip("transformers")
     torch.manual_seed(0)
-    model = tedebug.convert_model(transformers.MixtralForCausalLM(cfg))
+    model = tedebug.convert_model(mixtral())
     ids = torch.randint(0, 64, (2, 8))
     with torch.no_grad():
         logits = model(ids).logits
