@@ -17,8 +17,10 @@ Kept in high precision by default: a Linear named ``lm_head`` and any Linear who
 never runs (``nn.MultiheadAttention.out_proj``, a ``NonDynamicallyQuantizableLinear`` whose weight is read
 directly) and layers that already are tedebug layers.  Modules that hold weights but cannot be converted
 (``nn.MultiheadAttention``, convolutions, MoE routers, unknown expert layouts, ...) are listed in one
-`UserWarning` (module types, counts and parameter counts), so nothing stays out silently.  Forward/backward hooks
-registered on an original module are not carried over.
+`UserWarning` (module types, counts and parameter counts), so nothing stays out silently.  A Linear's
+parametrizations (``torch.nn.utils.parametrize``: weight_norm, orthogonal, a LoRA written as one) are carried over,
+parameters and state_dict keys unchanged.  Forward/backward hooks registered on an original module are not carried
+over.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import warnings
 from typing import Callable, Dict, List, Optional, Set
 
 import torch
+from torch.nn.utils import parametrize
 
 from tedebug.nn.base import BaseLayer
 from tedebug.nn.hf import Conv1DLinear, convert_experts, is_grouped_experts, is_hf_conv1d
@@ -51,6 +54,14 @@ def _convertible(module: torch.nn.Module) -> bool:
     return _is_linear(module) or is_hf_conv1d(module) or is_grouped_experts(module)
 
 
+class _Carried(torch.nn.Module):
+    """Holds a parametrized tensor's place while the new layer is made parametrized (`_swap_linear`), and is replaced
+    at once by the original layer's parametrizations."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
 def _swap_linear(linear: torch.nn.Linear, name: str, recipe) -> Linear:
     layer = Linear(
         linear.in_features,
@@ -60,8 +71,16 @@ def _swap_linear(linear: torch.nn.Linear, name: str, recipe) -> Linear:
         params_dtype=linear.weight.dtype,
         device="meta",
     )
-    layer.weight = linear.weight
-    layer.bias = linear.bias
+    carried = linear.parametrizations if parametrize.is_parametrized(linear) else {}
+    for tensor_name in ("weight", "bias"):
+        if tensor_name in carried:
+            # torch.nn.utils.parametrize (weight_norm, orthogonal, a LoRA as a parametrization, ...): the new layer
+            # computes the tensor through the very same parametrizations and `original` parameters, which keep
+            # their state_dict keys and the optimizer's references
+            parametrize.register_parametrization(layer, tensor_name, _Carried(), unsafe=True)
+            layer.parametrizations[tensor_name] = carried[tensor_name]
+        else:
+            setattr(layer, tensor_name, getattr(linear, tensor_name))
     layer.default_recipe = recipe
     layer.train(linear.training)
     return layer

@@ -149,3 +149,70 @@ def test_converted_model_trains(recipe):
     assert losses[-1] < losses[0] - 0.05, losses
     # the GEMMs ran quantized: the layers built quantizers of the recipe
     assert model.head.gemm_state.recipe is recipe
+
+
+class _LowRank(torch.nn.Module):
+    """A LoRA written as a parametrization: W + B·A."""
+
+    def __init__(self, out_features, in_features):
+        super().__init__()
+        self.a = torch.nn.Parameter(torch.randn(4, in_features) * 0.1)
+        self.b = torch.nn.Parameter(torch.randn(out_features, 4) * 0.1)
+
+    def forward(self, weight):
+        return weight + self.b @ self.a
+
+
+def _parametrized(kind: str) -> torch.nn.Linear:
+    from torch.nn.utils import parametrize
+    from torch.nn.utils.parametrizations import orthogonal, weight_norm
+
+    layer = torch.nn.Linear(32, 32)
+    if kind == "weight_norm":
+        return weight_norm(layer)
+    if kind == "orthogonal":
+        return orthogonal(layer)
+    if kind == "low_rank":
+        parametrize.register_parametrization(layer, "weight", _LowRank(32, 32))
+        return layer
+    parametrize.register_parametrization(layer, "bias", torch.nn.Tanh())  # "bias"
+    return layer
+
+
+@pytest.mark.parametrize("kind", ["weight_norm", "orthogonal", "low_rank", "bias"])
+def test_a_parametrized_linear_keeps_its_parametrizations(kind, tmp_path, no_debug_session):
+    """torch.nn.utils.parametrize layers: the converted layer computes its weight (bias) through the same
+    parametrizations and `original` parameters, so outputs, gradients, parameters and state_dict keys are the
+    original model's, and the statistics are the effective weight's.  Before, convert_model raised TypeError
+    (the computed weight is no Parameter)."""
+    import copy
+
+    from tedebug import debug_api
+    from support.features import RecordingSink, debug_session, section
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(_parametrized(kind), torch.nn.GELU(), torch.nn.Linear(32, 32))
+    plain = copy.deepcopy(model)
+    parameters = dict(model.named_parameters())
+    keys = list(model.state_dict())
+    tedebug.convert_model(model)
+    assert isinstance(model[0], Linear) and dict(model.named_parameters()) == parameters
+    assert list(model.state_dict()) == keys
+    x = torch.randn(2, 8, 32)
+    y = model(x)
+    y.pow(2).sum().backward()
+    expected = plain(x)
+    expected.pow(2).sum().backward()
+    assert torch.equal(y, expected)
+    for (name, p), q in zip(model.named_parameters(), plain.parameters()):
+        assert torch.equal(p.grad, q.grad), name
+    config = section({"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["weight"], "freq": 1}})
+    sink = RecordingSink()
+    with debug_session(config, tmp_path, sink=sink):
+        with tedebug.autocast(enabled=True, recipe=R.Float8CurrentScaling()):
+            model(x).sum().backward()
+        debug_api.step()
+    assert sink.rows == [
+        ("0_weight_max", model[0].weight.max().item(), 0),
+        ("2_weight_max", model[2].weight.max().item(), 0),
+    ]
