@@ -17,7 +17,7 @@ import torch
 
 from tedebug.nn import parallel
 from tedebug.nn.base import BaseLayer, GemmState, linear_gemm, reduce_amaxes, resolve_dtype, skipped_uses
-from tedebug.nn.linear import linear_params
+from tedebug.nn.linear import init_linear_, linear_params
 
 __all__ = ["GroupedLinear"]
 
@@ -69,6 +69,13 @@ class GroupedLinear(BaseLayer):
         self.gemm_states: List[GemmState] = [GemmState() for _ in range(self.num_gemms)]
         for state in self.gemm_states:
             parallel.configure(state, self.tp)
+
+    def reset_parameters(self) -> None:
+        """The constructor's initialisation again, in place (a model built on the "meta" device and materialised by
+        ``to_empty``, FSDP's convention, gets its values here): each GEMM's weight and bias as torch.nn.Linear's, in
+        order."""
+        for i in range(self.num_gemms):
+            init_linear_(getattr(self, f"weight{i}"), getattr(self, f"bias{i}"))
 
     def forward(self, x: torch.Tensor, m_splits: Sequence[int]) -> torch.Tensor:
         m_splits = [int(m) for m in m_splits]

@@ -78,6 +78,13 @@ class Conv1DLinear(BaseLayer):
         layer.train(conv.training)
         return layer
 
+    def reset_parameters(self) -> None:
+        """The constructor's initialisation again, in place (a model built on the "meta" device and materialised by
+        ``to_empty``, FSDP's convention, gets its values here): transformers' Conv1D's (normal weight of std 0.02, zero
+        bias)."""
+        torch.nn.init.normal_(self.weight, std=0.02)
+        torch.nn.init.zeros_(self.bias)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.nx:
             raise ValueError(f"Conv1DLinear '{self.name}': input last dim {x.shape[-1]} != in_features {self.nx}")

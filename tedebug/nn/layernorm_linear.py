@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from tedebug.nn import parallel
 from tedebug.nn.base import BaseLayer, GemmState, resolve_dtype
-from tedebug.nn.linear import linear_params
+from tedebug.nn.linear import init_linear_, linear_params
 
 __all__ = ["LayerNormLinear", "NORMALIZATIONS", "normalize"]
 
@@ -40,6 +40,13 @@ def make_norm_params(module: torch.nn.Module, hidden: int, normalization: str, k
         module.layer_norm_bias = torch.nn.Parameter(torch.zeros(hidden, **kw))
     else:
         module.register_parameter("layer_norm_bias", None)
+
+
+def reset_norm_params(module: torch.nn.Module) -> None:
+    """`make_norm_params`' values again, in place."""
+    torch.nn.init.ones_(module.layer_norm_weight)
+    if module.layer_norm_bias is not None:
+        torch.nn.init.zeros_(module.layer_norm_bias)
 
 
 class LayerNormLinear(BaseLayer):
@@ -90,6 +97,13 @@ class LayerNormLinear(BaseLayer):
                 parallel.mark_sequence_parallel(self.bias)
         self.gemm_state = GemmState()
         parallel.configure(self.gemm_state, self.tp)
+
+    def reset_parameters(self) -> None:
+        """The constructor's initialisation again, in place (a model built on the "meta" device and materialised by
+        ``to_empty``, FSDP's convention, gets its values here): the norm's ones and zeros, torch.nn.Linear's weight and
+        bias."""
+        reset_norm_params(self)
+        init_linear_(self.weight, self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 
 from tedebug.nn import parallel
 from tedebug.nn.base import BaseLayer, GemmState, resolve_dtype
-from tedebug.nn.layernorm_linear import check_normalization, make_norm_params, normalize
-from tedebug.nn.linear import linear_params
+from tedebug.nn.layernorm_linear import check_normalization, make_norm_params, normalize, reset_norm_params
+from tedebug.nn.linear import init_linear_, linear_params
 
 __all__ = ["LayerNormMLP", "ACTIVATIONS"]
 
@@ -102,6 +102,14 @@ class LayerNormMLP(BaseLayer):
         self._gemm_names = (None, "", "")
         parallel.configure(self.fc1_state, self.tp_fc1)
         parallel.configure(self.fc2_state, self.tp_fc2)
+
+    def reset_parameters(self) -> None:
+        """The constructor's initialisation again, in place (a model built on the "meta" device and materialised by
+        ``to_empty``, FSDP's convention, gets its values here): the norm's ones and zeros, then fc1's and fc2's weight
+        and bias as torch.nn.Linear's."""
+        reset_norm_params(self)
+        init_linear_(self.fc1_weight, self.fc1_bias)
+        init_linear_(self.fc2_weight, self.fc2_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.hidden_size:

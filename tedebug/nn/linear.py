@@ -78,6 +78,11 @@ class Linear(BaseLayer):
         self.gemm_state = GemmState()
         parallel.configure(self.gemm_state, self.tp)
 
+    def reset_parameters(self) -> None:
+        """The constructor's initialisation again, in place (a model built on the "meta" device and materialised by
+        ``to_empty``, FSDP's convention, gets its values here): torch.nn.Linear's."""
+        init_linear_(self.weight, self.bias)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:
             raise ValueError(

@@ -393,3 +393,49 @@ def test_real_debug_session_disables_fprop_quantization_for_selected_layer(tmp_p
     _close(dx, dx_ref)  # dgrad and wgrad still quantized
     _close(selected.weight.grad, dw_ref)
     assert not torch.equal(y_other, F.linear(x, other.weight, other.bias))
+
+
+def _layer_kinds():
+    from tedebug.nn import Conv1DLinear
+
+    return {
+        "Linear": lambda **kw: Linear(16, 8, **kw),
+        "LayerNormLinear": lambda **kw: LayerNormLinear(16, 8, **kw),
+        "RMSNorm LayerNormMLP": lambda **kw: LayerNormMLP(16, 32, normalization="RMSNorm", activation="swiglu", **kw),
+        "GroupedLinear": lambda **kw: GroupedLinear(3, 16, 8, **kw),
+        "Conv1DLinear": lambda **kw: Conv1DLinear(8, 16, **kw),
+    }
+
+
+@pytest.mark.parametrize("kind", list(_layer_kinds()))
+def test_a_layer_built_on_meta_gets_its_values_from_reset_parameters(kind):
+    """The meta-device initialisation (FSDP's convention: build on "meta", ``to_empty``, ``reset_parameters``)
+    gives the values the constructor gives from the same random state; before, the layers had no
+    reset_parameters and kept ``to_empty``'s uninitialised memory."""
+    make = _layer_kinds()[kind]
+    torch.manual_seed(0)
+    expected = make().state_dict()
+    layer = make(device="meta").to_empty(device="cpu")
+    torch.manual_seed(0)
+    layer.apply(lambda m: m.reset_parameters() if hasattr(m, "reset_parameters") else None)
+    state = layer.state_dict()
+    assert list(state) == list(expected)
+    for key, value in expected.items():
+        assert torch.equal(state[key], value), key
+
+
+def test_a_model_converted_on_meta_gets_torch_s_values():
+    """convert_model on a model built on "meta", then ``to_empty`` and ``reset_parameters``: torch.nn.Linear's
+    values from the same random state."""
+    torch.manual_seed(0)
+    expected = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).state_dict()
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+    tedebug.convert_model(model)
+    model.to_empty(device="cpu")
+    torch.manual_seed(0)
+    for module in model.modules():
+        if hasattr(module, "reset_parameters"):
+            module.reset_parameters()
+    assert isinstance(model[0], Linear)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in expected.items())
