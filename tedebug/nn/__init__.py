@@ -14,6 +14,7 @@ _EXPORTS = {
     "Conv1DLinear": "tedebug.nn.hf",
     "convert_model": "tedebug.nn.convert",
     "prefix_layer_names": "tedebug.nn.convert",
+    "init_recipe_state": "tedebug.nn.state",
     "gemm": "tedebug.nn.gemm",
     "gemm_operand": "tedebug.nn.gemm",
 }

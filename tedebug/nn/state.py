@@ -4,10 +4,14 @@ State dict: a layer whose GEMMs hold delayed-scaling quantizers (`tedebug.recipe
 ``<prefix>tedebug_fp8_state``: ``{"<gemm>.<role>.<leaf>": {"scale", "amax_history", "used"}}`` (copies of the
 quantizer's state tensors; ``used`` says whether the role was used, so that a resumed run rolls the history before
 its next use exactly as the uninterrupted run would).  A layer without such state adds nothing, so models trained
-with other recipes (or not at all) keep exactly their keys.  Loading takes the entry out of the state dict before
-torch checks the keys, so a checkpoint without it loads (the state starts fresh) and one with it loads into a layer
-whose quantizers are not built yet (the state is applied when they are, at the first forward under delayed
-scaling).  A history of another length is not applied: a warning says so and the state starts fresh.
+with other recipes (or not at all) keep exactly their keys; but a layer whose default recipe (``convert_model(model,
+recipe=...)``) is delayed scaling has the entry before its first forward too, its quantizers made for it.  A
+distributed checkpoint (``torch.distributed.checkpoint``) loads only the keys of the state dict it loads into, so
+the model it resumes must have the entries: by that default recipe, or by `init_recipe_state(model, recipe)`.
+Loading takes the entry out of the state dict before torch checks the keys, so a checkpoint without it loads (the
+state starts fresh) and one with it loads into a layer whose quantizers are not built yet (the state is applied when
+they are, at the first forward under delayed scaling).  A history of another length is not applied: a warning says
+so and the state starts fresh.
 
 Amax reduction (`reduce_amax`, TransformerEngine's ``reduce_amax``): at the start of each layer forward (not in an
 activation recompute) the current amaxes (history row 0) of all the layer's delayed quantizers are all-reduced
@@ -25,7 +29,14 @@ from typing import Dict, Iterator, List, Tuple
 
 import torch
 
-__all__ = ["STATE_KEY", "named_gemm_states", "register_state_hooks", "several_ranks", "all_reduce_max"]
+__all__ = [
+    "STATE_KEY",
+    "init_recipe_state",
+    "named_gemm_states",
+    "register_state_hooks",
+    "several_ranks",
+    "all_reduce_max",
+]
 
 STATE_KEY = "tedebug_fp8_state"
 
@@ -48,8 +59,12 @@ def named_gemm_states(module: torch.nn.Module) -> Iterator[Tuple[str, object]]:
 
 
 def _state_dict_hook(module, state_dict, prefix, local_metadata) -> None:
+    recipe = getattr(module, "default_recipe", None)
+    delayed_default = recipe is not None and getattr(recipe, "delayed", lambda: False)()
     entries: Dict[str, dict] = {}
     for name, state in named_gemm_states(module):
+        if delayed_default and state.recipe is None:  # (the module docstring: a layer with a delayed default recipe)
+            state.plan(recipe)
         for key, entry in state.delayed_state().items():
             entries[f"{name}.{key}"] = entry
     if entries:
@@ -78,6 +93,27 @@ def _load_pre_hook(
             )
             continue
         state.load_delayed_state(role, int(rest), entry, where=f"{prefix}{STATE_KEY}[{key!r}]")
+
+
+def init_recipe_state(model: torch.nn.Module, recipe) -> int:
+    """Make the quantizers of `recipe` in every GEMM of every tedebug layer inside `model` now, as a first forward
+    under `recipe` would; a GEMM that already has quantizers keeps them.  Under `DelayedScaling` the layers'
+    state_dict then holds their delayed-scaling entries, which a distributed checkpoint (torch.distributed.checkpoint)
+    needs in the state dict it loads into: it loads only the keys that one has.  Returns the number of GEMMs made."""
+    from tedebug.nn.base import BaseLayer
+
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"init_recipe_state expects a torch.nn.Module, got {type(model).__name__}")
+    if not callable(getattr(recipe, "make_quantizer", None)):
+        raise TypeError(f"init_recipe_state expects a tedebug.recipe recipe, got {type(recipe).__name__}")
+    made = 0
+    for module in model.modules():
+        if isinstance(module, BaseLayer):
+            for _, state in named_gemm_states(module):
+                if state.recipe is None:
+                    state.plan(recipe)
+                    made += 1
+    return made
 
 
 def register_state_hooks(module: torch.nn.Module) -> None:

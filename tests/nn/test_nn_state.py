@@ -92,6 +92,55 @@ def test_state_dict_keys_unchanged_without_delayed_scaling_and_old_checkpoints_l
         steps(other, torch.optim.SGD(other.parameters(), lr=0.01), DelayedScaling(amax_history_len=8), 1)
 
 
+@pytest.mark.parametrize("how", ["default recipe", "init_recipe_state"])
+def test_delayed_scaling_state_round_trips_through_a_distributed_checkpoint(tmp_path, how):
+    """torch.distributed.checkpoint loads only the keys of the state dict it loads into: a fresh model has the
+    delayed-scaling entries when its default recipe is delayed, or after `init_recipe_state`, so the resumed run
+    equals the uninterrupted one (before, the fresh model had no entry: the state was dropped without a word)."""
+    import torch.distributed.checkpoint as dcp
+
+    from tedebug.nn import init_recipe_state
+
+    recipe = DelayedScaling(amax_history_len=4)
+
+    def fresh(seed=0):
+        model = make(seed)
+        if how == "default recipe":
+            for layer in (model[0], model[2]):
+                layer.default_recipe = recipe
+        return model
+
+    ref = fresh()
+    ref_losses = steps(ref, torch.optim.SGD(ref.parameters(), lr=0.01), recipe, 6)
+    first = fresh()
+    losses = steps(first, torch.optim.SGD(first.parameters(), lr=0.01), recipe, 3)
+    dcp.save(first.state_dict(), checkpoint_id=str(tmp_path / "checkpoint"))
+    resumed = fresh(seed=1)  # other weights and a fresh state: everything comes from the checkpoint
+    if how == "init_recipe_state":
+        assert STATE_KEY not in "".join(resumed.state_dict())
+        assert init_recipe_state(resumed, recipe) == 2
+    state = resumed.state_dict()
+    assert {f"0.{STATE_KEY}", f"2.{STATE_KEY}"} <= set(state)
+    dcp.load(state, checkpoint_id=str(tmp_path / "checkpoint"))
+    resumed.load_state_dict(state)
+    losses += steps(resumed, torch.optim.SGD(resumed.parameters(), lr=0.01), recipe, 3, start=3)
+    assert torch.equal(torch.stack(losses), torch.stack(ref_losses))
+
+
+def test_init_recipe_state_keeps_built_quantizers_and_refuses_what_it_cannot_use():
+    from tedebug.nn import init_recipe_state
+
+    model = make()
+    steps(model, torch.optim.SGD(model.parameters(), lr=0.01), DelayedScaling(amax_history_len=4), 1)
+    before = model.state_dict()
+    assert init_recipe_state(model, DelayedScaling(amax_history_len=8)) == 0  # built already: kept
+    assert str(model.state_dict()) == str(before)
+    with pytest.raises(TypeError, match="expects a torch.nn.Module"):
+        init_recipe_state([model], DelayedScaling())
+    with pytest.raises(TypeError, match="expects a tedebug.recipe recipe"):
+        init_recipe_state(model, "DelayedScaling")
+
+
 # ------------------------------------------------------------------------------------------------ amax reduction
 WORLD = 2
 
