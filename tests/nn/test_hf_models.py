@@ -276,3 +276,32 @@ def test_vit_with_the_shipped_quantization_error_config_skips_what_mxfp8_cannot_
         f"activation: the what-if mxfp8 quantization of shape (10, 32) failed"
     )
     assert log.count(line) == 1
+
+
+def test_save_pretrained_keeps_the_delayed_scaling_state(tmp_path):
+    """transformers' save_pretrained writes safetensors, which hold tensors only: after delayed-scaling steps it
+    saves the layers' state (before, it raised on the state's dict), and a converted model that loads the file
+    continues exactly as the saved one."""
+    from safetensors.torch import load_file
+
+    from tedebug.recipe import DelayedScaling
+
+    recipe = DelayedScaling(amax_history_len=4)
+
+    def step(model):
+        with tedebug.autocast(enabled=True, recipe=recipe):
+            logits = model(tokens()).logits
+        logits.float().pow(2).mean().backward()
+        return logits.detach()
+
+    model = build(llama)
+    tedebug.convert_model(model)
+    for _ in range(2):
+        step(model)
+    model.save_pretrained(tmp_path)
+    resumed = build(llama)
+    tedebug.convert_model(resumed)
+    saved = load_file(str(tmp_path / "model.safetensors"))
+    assert any(".tedebug_fp8_state." in key for key in saved)
+    resumed.load_state_dict(saved, strict=False)  # (save_pretrained leaves out the tied lm_head weight)
+    assert torch.equal(step(resumed), step(model))

@@ -64,9 +64,14 @@ def test_delayed_scaling_state_round_trips_through_state_dict():
     opt = torch.optim.SGD(first.parameters(), lr=0.01)
     losses = steps(first, opt, recipe, 3)
     saved = first.state_dict()
-    assert set(saved) == {"0.weight", "0.bias", "2.weight", "2.bias", f"0.{STATE_KEY}", f"2.{STATE_KEY}"}
-    entry = saved[f"0.{STATE_KEY}"]["gemm_state.input.0"]
-    assert entry["used"] is True and entry["amax_history"].shape == (4,)
+    states = [
+        f"{layer}.{STATE_KEY}.gemm_state.{role}.0" for layer in "02" for role in ("input", "weight", "grad_output")
+    ]
+    fields = {f"{state}.{field}" for state in states for field in ("scale", "amax_history", "used")}
+    assert set(saved) == {"0.weight", "0.bias", "2.weight", "2.bias"} | fields
+    assert all(isinstance(value, torch.Tensor) for value in saved.values())  # (safetensors, DCP)
+    assert saved[f"0.{STATE_KEY}.gemm_state.input.0.used"].item() is True
+    assert saved[f"0.{STATE_KEY}.gemm_state.input.0.amax_history"].shape == (4,)
     resumed = make(seed=1)  # other weights: everything comes from the checkpoint
     resumed.load_state_dict(saved)  # applied at the first forward (quantizers are built lazily)
     opt2 = torch.optim.SGD(resumed.parameters(), lr=0.01)
@@ -120,11 +125,45 @@ def test_delayed_scaling_state_round_trips_through_a_distributed_checkpoint(tmp_
         assert STATE_KEY not in "".join(resumed.state_dict())
         assert init_recipe_state(resumed, recipe) == 2
     state = resumed.state_dict()
-    assert {f"0.{STATE_KEY}", f"2.{STATE_KEY}"} <= set(state)
+    assert {f"0.{STATE_KEY}.gemm_state.weight.0.scale", f"2.{STATE_KEY}.gemm_state.input.0.amax_history"} <= set(state)
     dcp.load(state, checkpoint_id=str(tmp_path / "checkpoint"))
     resumed.load_state_dict(state)
     losses += steps(resumed, torch.optim.SGD(resumed.parameters(), lr=0.01), recipe, 3, start=3)
     assert torch.equal(torch.stack(losses), torch.stack(ref_losses))
+
+
+def test_a_checkpoint_of_the_nested_format_before_still_loads():
+    """Until the flat keys, the state was one dict per layer (``<prefix>tedebug_fp8_state``): it loads as before."""
+    recipe = DelayedScaling(amax_history_len=4)
+    ref = make()
+    ref_losses = steps(ref, torch.optim.SGD(ref.parameters(), lr=0.01), recipe, 4)
+    first = make()
+    losses = steps(first, torch.optim.SGD(first.parameters(), lr=0.01), recipe, 2)
+    nested = {}
+    for key, value in first.state_dict().items():
+        layer, marker, rest = key.partition(f".{STATE_KEY}.")
+        if not marker:
+            nested[key] = value
+            continue
+        name, _, field = rest.rpartition(".")
+        entry = nested.setdefault(f"{layer}.{STATE_KEY}", {}).setdefault(name, {})
+        entry[field] = value.item() if field == "used" else value
+    resumed = make(seed=1)
+    resumed.load_state_dict(nested)
+    losses += steps(resumed, torch.optim.SGD(resumed.parameters(), lr=0.01), recipe, 2, start=2)
+    assert torch.equal(torch.stack(losses), torch.stack(ref_losses))
+
+
+def test_a_state_dict_key_that_is_no_delayed_scaling_state_is_an_error():
+    model = make()
+    steps(model, torch.optim.SGD(model.parameters(), lr=0.01), DelayedScaling(amax_history_len=4), 1)
+    state = model.state_dict()
+    state[f"0.{STATE_KEY}.gemm_state.input.0.colour"] = torch.tensor(1.0)
+    state[f"2.{STATE_KEY}.fc9.input.0.scale"] = torch.tensor(1.0)
+    with pytest.raises(RuntimeError) as raised:
+        make().load_state_dict(state)
+    assert f"0.{STATE_KEY}.gemm_state.input.0.colour: not a delayed-scaling state" in str(raised.value)
+    assert f"2.{STATE_KEY}.fc9.input.0: the saved state has no amax_history" in str(raised.value)
 
 
 def test_init_recipe_state_keeps_built_quantizers_and_refuses_what_it_cannot_use():
