@@ -62,6 +62,10 @@ class _Carried(torch.nn.Module):
         return x
 
 
+def _uninitialised_lazy(module: torch.nn.Module) -> bool:
+    return isinstance(module, torch.nn.modules.lazy.LazyModuleMixin) and module.has_uninitialized_params()
+
+
 def _swap_linear(linear: torch.nn.Linear, name: str, recipe) -> Linear:
     layer = Linear(
         linear.in_features,
@@ -172,6 +176,13 @@ def convert_model(
             intentional.add(id(module))
             continue
         targets.append((fqn, module))
+    lazy = [fqn for fqn, module in targets if _uninitialised_lazy(module)]
+    if lazy:
+        raise ValueError(
+            f"convert_model: {', '.join(repr(f) for f in lazy[:8])}{' ...' if len(lazy) > 8 else ''} "
+            f"{'is a lazy module' if len(lazy) == 1 else 'are lazy modules'} (torch.nn.LazyLinear) whose parameters "
+            f"are not made yet: they take their input size at the first forward; run one forward, then convert"
+        )
     replaced: Dict[int, torch.nn.Module] = {}
     for fqn, module in targets:
         new = replaced.get(id(module))

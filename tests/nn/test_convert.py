@@ -216,3 +216,17 @@ def test_a_parametrized_linear_keeps_its_parametrizations(kind, tmp_path, no_deb
         ("0_weight_max", model[0].weight.max().item(), 0),
         ("2_weight_max", model[2].weight.max().item(), 0),
     ]
+
+
+def test_an_uninitialised_lazy_linear_is_an_error_and_an_initialised_one_converts():
+    """Converted before its first forward, a LazyLinear became a layer of 0 input features that failed at the
+    first call; convert_model says what to do instead, and converts nothing until then."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.LazyLinear(16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    with pytest.raises(ValueError, match=r"'0' is a lazy module .* run one forward, then convert"):
+        tedebug.convert_model(model)
+    assert type(model[2]) is torch.nn.Linear  # nothing converted
+    x = torch.randn(3, 8)
+    expected = model(x)
+    tedebug.convert_model(model)
+    assert isinstance(model[0], Linear) and torch.equal(model(x), expected)
