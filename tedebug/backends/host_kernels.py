@@ -43,7 +43,7 @@ import threading
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Iterator, Optional, Tuple, TypeVar
+from typing import Any, Callable, Iterator, List, Optional, Tuple, TypeVar
 
 try:
     import fcntl
@@ -307,12 +307,10 @@ def build(
         os.close(handle)
         try:
             command = [cc, *flags, "-o", temporary, str(path), *libraries]
-            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-            if done.returncode != 0:
-                complaint = done.stderr.strip()
+            returncode, complaint = _compile(command, timeout)
+            if returncode != 0:
                 raise HostKernelError(
-                    f"{' '.join(command)} failed (exit status {done.returncode})"
-                    + (f":\n{complaint}" if complaint else "")
+                    f"{' '.join(command)} failed (exit status {returncode})" + (f":\n{complaint}" if complaint else "")
                 )
             os.replace(temporary, target)
         finally:
@@ -325,12 +323,27 @@ def build(
 _LOCK_POLL_S = 0.05
 #: the descriptors `_build_lock` has open in this process.  A child forked while a build holds its lock gets a
 #: copy of the descriptor, and a flock lasts until every copy is closed: the child closes its copies at once, or
-#: the parent's lock would outlive the parent's build and hold up the child's own build until its time-out.  (A
-#: fork in the instant between a descriptor's `os.open` and its entry here is not covered.)
+#: the parent's lock would outlive the parent's build and hold up the child's own build until its time-out.
 _LOCK_DESCRIPTORS: set = set()
+#: held while a build opens its lock file or starts the compiler, and by a fork (`os.register_at_fork`), so that no
+#: process is forked in the middle of either.  A build runs in a background thread while the program may fork
+#: (DataLoader workers): a child forked between the compiler's pipes being made and the parent closing its ends of
+#: them keeps those ends open, and the parent, which reads the compiler's output to its end, then waits for the
+#: child instead of the compiler, until the build's time-out (minutes; the process waits for the build at exit)
+_FORK_GUARD = threading.RLock()
 
 
-def _close_lock_descriptors_in_child() -> None:
+def _before_fork() -> None:
+    _FORK_GUARD.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    _FORK_GUARD.release()
+
+
+def _after_fork_in_child() -> None:
+    global _FORK_GUARD
+    _FORK_GUARD = threading.RLock()
     for descriptor in list(_LOCK_DESCRIPTORS):
         with contextlib.suppress(OSError):
             os.close(descriptor)
@@ -338,7 +351,21 @@ def _close_lock_descriptors_in_child() -> None:
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_close_lock_descriptors_in_child)
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
+
+
+def _compile(command: List[str], timeout: float) -> Tuple[int, str]:
+    """Run the compiler `command`: (its exit status, its stderr), or `subprocess.TimeoutExpired` (the compiler
+    killed) after `timeout` seconds.  Started under `_FORK_GUARD`."""
+    with _FORK_GUARD:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        raise
+    return process.returncode, stderr.strip()
 
 
 @contextlib.contextmanager
@@ -356,8 +383,9 @@ def _build_lock(path: Path, timeout: float) -> Iterator[bool]:
     if fcntl is not None:
         try:
             flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-            descriptor = os.open(path, flags, 0o600)
-            _LOCK_DESCRIPTORS.add(descriptor)
+            with _FORK_GUARD:
+                descriptor = os.open(path, flags, 0o600)
+                _LOCK_DESCRIPTORS.add(descriptor)
         except OSError:
             descriptor = -1
     try:

@@ -132,7 +132,7 @@ def test_amax_equals_numpys(helpers):
 def test_built_once_then_loaded_from_the_cache(tmp_path, monkeypatch):
     first = host_kernels.build(tmp_path)
     runs = []
-    monkeypatch.setattr(subprocess, "run", lambda *a, **k: runs.append(a))
+    monkeypatch.setattr(host_kernels, "_compile", lambda command, timeout: runs.append(command))
     assert host_kernels.build(tmp_path) == first and runs == []
     assert [p.name for p in tmp_path.iterdir()] == [first.name]  # (no temporary file left)
 
@@ -245,14 +245,14 @@ def test_builders_at_once_compile_once(tmp_path, monkeypatch):
     import threading
 
     compilations = []
-    real_run = host_kernels.subprocess.run
+    real_compile = host_kernels._compile
 
-    def slow_compile(*args, **kwargs):
-        compilations.append(args[0])
+    def slow_compile(command, timeout):
+        compilations.append(command)
         time.sleep(0.5)  # (the others are waiting by then)
-        return real_run(*args, **kwargs)
+        return real_compile(command, timeout)
 
-    monkeypatch.setattr(host_kernels.subprocess, "run", slow_compile)
+    monkeypatch.setattr(host_kernels, "_compile", slow_compile)
     start = threading.Barrier(4, timeout=60)
     paths = []
 
@@ -273,8 +273,8 @@ def test_builders_at_once_compile_once(tmp_path, monkeypatch):
 def test_a_builder_that_waits_longer_than_its_timeout_compiles_itself(tmp_path, monkeypatch):
     """A lock held past the build's timeout (a hung builder elsewhere) does not hold this one up for longer."""
     fcntl = pytest.importorskip("fcntl")
-    real_run = host_kernels.subprocess.run
-    monkeypatch.setattr(host_kernels.subprocess, "run", lambda *a, **k: real_run(*a, **dict(k, timeout=120)))
+    real_compile = host_kernels._compile
+    monkeypatch.setattr(host_kernels, "_compile", lambda command, timeout: real_compile(command, 120))
     library = host_kernels.build(tmp_path)  # (its name, and so its lock's)
     library.unlink()
     lock = os.open(tmp_path / f".{library.stem}.lock", os.O_RDWR | os.O_CREAT, 0o600)
@@ -297,17 +297,23 @@ def test_without_the_lock_two_builders_at_once_leave_one_whole_library(tmp_path,
 
     monkeypatch.setattr(host_kernels, "fcntl", None)
     compiled = threading.Barrier(2, timeout=120)
-    real_run = host_kernels.subprocess.run
+    real_compile = host_kernels._compile
 
-    def compile_then_wait(*args, **kwargs):
-        done = real_run(*args, **kwargs)
+    def compile_then_wait(command, timeout):
+        done = real_compile(command, timeout)
         compiled.wait()
         return done
 
-    monkeypatch.setattr(host_kernels.subprocess, "run", compile_then_wait)
+    monkeypatch.setattr(host_kernels, "_compile", compile_then_wait)
     results = run_in_two_threads(lambda i: [host_kernels.build(tmp_path)], 1)
     assert [len(r) for r in results] == [1, 1]  # (a thread that raised returned nothing)
     paths = {result[0] for result in results[0] + results[1]}
     assert len(paths) == 1 and [p.name for p in tmp_path.iterdir()] == [next(iter(paths)).name]  # no temporary left
     library = ctypes.CDLL(str(next(iter(paths))))
     assert library.ted_host_fp8_cast is not None
+
+
+def test_a_compiler_that_runs_past_its_timeout_is_killed():
+    with pytest.raises(subprocess.TimeoutExpired):
+        host_kernels._compile(["sleep", "30"], 0.2)
+    assert host_kernels._compile(["sh", "-c", "echo complaint >&2; exit 3"], 30) == (3, "complaint")

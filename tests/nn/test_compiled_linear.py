@@ -295,7 +295,10 @@ def test_a_process_forked_during_the_background_build_can_build(built, fresh, tm
     """The parent's build thread holds the build's locks while it runs: the in-process lock and the lock file's
     flock.  A child forked then gets new in-process locks, and does not keep the flock of the lock file the fork
     copied; it waits for the parent's build and loads it (without them it would wait forever, or until the lock's
-    time-out of minutes: the alarm ends it)."""
+    time-out of minutes: the alarm ends it).  Forked right after the lock is taken, the child often comes while the
+    parent starts the compiler: a fork waits for that (`host_kernels._FORK_GUARD`), else the child keeps the
+    compiler's pipes open and the parent's build waits for it (on the 2-core VM under load, 2 of 6 runs failed
+    without the guard)."""
     slow = _slow_compiler(tmp_path, built)
     fresh.setenv("CXX", str(slow))
     fresh.setenv("TEDEBUG_CACHE_DIR", str(tmp_path / "cache"))
