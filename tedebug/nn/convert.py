@@ -15,7 +15,10 @@ outside autocast they run in high precision.
 Kept in high precision by default: a Linear named ``lm_head`` and any Linear whose weight is tied to an
 `nn.Embedding` (tied decoders); ``convert_lm_head=True`` converts them too.  Not converted: modules whose forward
 never runs (``nn.MultiheadAttention.out_proj``, a ``NonDynamicallyQuantizableLinear`` whose weight is read
-directly) and layers that already are tedebug layers.  Modules that hold weights but cannot be converted
+directly), layers that already are tedebug layers, and subclasses of torch.nn.Linear that compute more than
+x·Wᵀ + b (a forward of their own, such as a LoRA or a quantized kernel, or parameters, buffers or submodules of their
+own): converting them would drop what they add, so they are reported (torch.nn.Linear layers inside them are
+converted).  Modules that hold weights but cannot be converted
 (``nn.MultiheadAttention``, convolutions, MoE routers, unknown expert layouts, ...) are listed in one
 `UserWarning` (module types, counts and parameter counts), so nothing stays out silently.  A Linear's
 parametrizations (``torch.nn.utils.parametrize``: weight_norm, orthogonal, a LoRA written as one) are carried over,
@@ -45,7 +48,22 @@ LM_HEAD_NAME = "lm_head"
 def _is_linear(module: torch.nn.Module) -> bool:
     if isinstance(module, BaseLayer) or not isinstance(module, torch.nn.Linear):
         return False
-    return not isinstance(module, torch.nn.modules.linear.NonDynamicallyQuantizableLinear)
+    if isinstance(module, torch.nn.modules.linear.NonDynamicallyQuantizableLinear):
+        return False
+    return not _adds_to_linear(module)
+
+
+def _adds_to_linear(module: torch.nn.Linear) -> bool:
+    """Whether a torch.nn.Linear (subclass) computes more than x·Wᵀ + b: a forward of its own (a LoRA, a cast, a
+    quantized kernel) or parameters, buffers or submodules beyond the weight, the bias and their parametrizations.
+    Converting it would drop what it adds, so it is left as it is (and reported)."""
+    if type(module).forward is not torch.nn.Linear.forward:
+        return True
+    if any(name != "parametrizations" for name, _ in module.named_children()):
+        return True
+    if any(name not in ("weight", "bias") for name, _ in module.named_parameters(recurse=False)):
+        return True
+    return any(True for _ in module.named_buffers(recurse=False))
 
 
 def _convertible(module: torch.nn.Module) -> bool:
@@ -120,6 +138,7 @@ def _weight_like(name: str, param: torch.nn.Parameter) -> bool:
 def _unconverted_report(model: torch.nn.Module, intentional: Set[int]) -> Optional[str]:
     """One line per module type holding weights that stay in high precision without being asked to (None: none)."""
     by_type: Dict[str, List[int]] = {}
+    subclasses: Set[str] = set()
     inside_tedebug: Set[int] = set()
     for module in model.modules():
         if isinstance(module, BaseLayer):
@@ -134,12 +153,21 @@ def _unconverted_report(model: torch.nn.Module, intentional: Set[int]) -> Option
             entry = by_type.setdefault(type(module).__name__, [0, 0])
             entry[0] += 1
             entry[1] += sum(p.numel() for p in params)
+            if isinstance(module, torch.nn.Linear):  # (a Linear not converted: `_adds_to_linear`)
+                subclasses.add(type(module).__name__)
     if not by_type:
         return None
     parts = [f"{name} x{count} ({numel:,} weight parameters)" for name, (count, numel) in sorted(by_type.items())]
+    why = ""
+    if subclasses:
+        why = (
+            f". {', '.join(sorted(subclasses))}: torch.nn.Linear subclasses with a forward or parts of their own, "
+            f"left as they are (converting them would drop what they add; torch.nn.Linear layers inside them are "
+            f"converted)"
+        )
     return (
         "tedebug.convert_model: these modules hold weights but are not converted, so their GEMMs run in high "
-        "precision and are not debugged: " + "; ".join(parts)
+        "precision and are not debugged: " + "; ".join(parts) + why
     )
 
 

@@ -230,3 +230,48 @@ def test_an_uninitialised_lazy_linear_is_an_error_and_an_initialised_one_convert
     expected = model(x)
     tedebug.convert_model(model)
     assert isinstance(model[0], Linear) and torch.equal(model(x), expected)
+
+
+class _LowRankLinear(torch.nn.Linear):
+    """A LoRA as a torch.nn.Linear subclass: its own forward and its own submodules."""
+
+    def __init__(self, in_features, out_features):
+        super().__init__(in_features, out_features)
+        self.lora_a = torch.nn.Linear(in_features, 4, bias=False)
+        self.lora_b = torch.nn.Linear(4, out_features, bias=False)
+        torch.nn.init.normal_(self.lora_b.weight)
+
+    def forward(self, x):
+        return super().forward(x) + self.lora_b(self.lora_a(x))
+
+
+class _CastLinear(torch.nn.Linear):
+    """Only a forward of its own (a cast, as in some training scripts)."""
+
+    def forward(self, x):
+        return F.linear(x, self.weight.to(x.dtype), self.bias.to(x.dtype))
+
+
+class _ScaledLinear(torch.nn.Linear):
+    """Torch's forward, and a buffer of its own."""
+
+    def __init__(self, in_features, out_features):
+        super().__init__(in_features, out_features)
+        self.register_buffer("scale", torch.ones(()))
+
+
+def test_a_linear_subclass_that_adds_to_linear_is_left_as_it_is_and_reported():
+    """Before, a torch.nn.Linear subclass was converted like torch.nn.Linear, which dropped its own forward (a LoRA
+    path, a cast) without a word: the model computed something else.  Now it is left as it is, named in the
+    warning, and the plain Linear layers inside it are converted."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(_LowRankLinear(8, 8), _CastLinear(8, 8), _ScaledLinear(8, 8), torch.nn.Linear(8, 8))
+    x = torch.randn(2, 8)
+    expected = model(x)
+    with pytest.warns(UserWarning, match="these modules hold weights but are not converted") as caught:
+        tedebug.convert_model(model)
+    message = str(caught[0].message)
+    assert "_CastLinear, _LowRankLinear, _ScaledLinear: torch.nn.Linear subclasses with a forward or parts" in message
+    assert [type(m).__name__ for m in model] == ["_LowRankLinear", "_CastLinear", "_ScaledLinear", "Linear"]
+    assert isinstance(model[3], Linear) and isinstance(model[0].lora_a, Linear) and isinstance(model[0].lora_b, Linear)
+    assert torch.equal(model(x), expected)
