@@ -148,12 +148,15 @@ def _unconverted_report(model: torch.nn.Module, intentional: Set[int]) -> Option
             continue
         if isinstance(module, torch.nn.modules.linear.NonDynamicallyQuantizableLinear):
             continue  # part of an nn.MultiheadAttention, which is reported itself
-        params = [p for n, p in module.named_parameters(recurse=False) if _weight_like(n, p)]
+        linear = isinstance(module, torch.nn.Linear)  # (one not converted: `_adds_to_linear`)
+        params = [
+            p for n, p in module.named_parameters(recurse=False) if _weight_like(n, p) or (linear and p.dim() > 1)
+        ]
         if params:
             entry = by_type.setdefault(type(module).__name__, [0, 0])
             entry[0] += 1
             entry[1] += sum(p.numel() for p in params)
-            if isinstance(module, torch.nn.Linear):  # (a Linear not converted: `_adds_to_linear`)
+            if linear:
                 subclasses.add(type(module).__name__)
     if not by_type:
         return None
@@ -161,9 +164,9 @@ def _unconverted_report(model: torch.nn.Module, intentional: Set[int]) -> Option
     why = ""
     if subclasses:
         why = (
-            f". {', '.join(sorted(subclasses))}: torch.nn.Linear subclasses with a forward or parts of their own, "
-            f"left as they are (converting them would drop what they add; torch.nn.Linear layers inside them are "
-            f"converted)"
+            f". {', '.join(sorted(subclasses))}: torch.nn.Linear layers with a forward or parts of their own (a "
+            f"subclass's forward, a LoRA, pruning's weight_orig and mask), left as they are (converting them would "
+            f"drop what they add; torch.nn.Linear layers inside them are converted)"
         )
     return (
         "tedebug.convert_model: these modules hold weights but are not converted, so their GEMMs run in high "

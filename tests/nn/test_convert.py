@@ -271,7 +271,23 @@ def test_a_linear_subclass_that_adds_to_linear_is_left_as_it_is_and_reported():
     with pytest.warns(UserWarning, match="these modules hold weights but are not converted") as caught:
         tedebug.convert_model(model)
     message = str(caught[0].message)
-    assert "_CastLinear, _LowRankLinear, _ScaledLinear: torch.nn.Linear subclasses with a forward or parts" in message
+    assert "_CastLinear, _LowRankLinear, _ScaledLinear: torch.nn.Linear layers with a forward or parts" in message
     assert [type(m).__name__ for m in model] == ["_LowRankLinear", "_CastLinear", "_ScaledLinear", "Linear"]
     assert isinstance(model[3], Linear) and isinstance(model[0].lora_a, Linear) and isinstance(model[0].lora_b, Linear)
+    assert torch.equal(model(x), expected)
+
+
+def test_a_pruned_linear_is_left_as_it_is_and_reported():
+    """torch.nn.utils.prune recomputes the weight from weight_orig and a mask before each forward: the layer is left
+    as it is, and named (before, its weight_orig was no weight by name, so nothing was said)."""
+    from torch.nn.utils import prune
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    prune.l1_unstructured(model[0], "weight", amount=0.5)
+    x = torch.randn(2, 8)
+    expected = model(x)
+    with pytest.warns(UserWarning, match=r"Linear x1 \(64 weight parameters\)\. Linear: torch.nn.Linear layers"):
+        tedebug.convert_model(model)
+    assert type(model[0]) is torch.nn.Linear and isinstance(model[1], Linear)
     assert torch.equal(model(x), expected)
