@@ -19,7 +19,7 @@ from typing import Dict, List
 import numpy as np
 import torch
 
-from tedebug.host_numpy import PerThreadTable, compiling
+from tedebug.host_numpy import PerThreadTable, compiling, host_view
 
 from tedebug.format_constants import FP8_MAX
 
@@ -237,7 +237,7 @@ def _workspace(n: int) -> _Workspace:
 def _small_values(x: torch.Tensor, n: int, space: _Workspace) -> tuple:
     values = space.values
     if x.dtype in _NUMPY_DTYPES:  # the elements in row-major order, as `reshape(-1)` orders them
-        np.copyto(space.values_as(x.shape), x.numpy())
+        np.copyto(space.values_as(x.shape), host_view(x))
     else:
         torch.from_numpy(values).copy_(x.reshape(-1))
     np.abs(values, out=space.magnitudes)

@@ -25,7 +25,7 @@ from typing import Callable, Iterable, List, Optional, Tuple, Union
 import numpy as np
 import torch
 
-from tedebug.host_numpy import PerThreadTable, compiling
+from tedebug.host_numpy import PerThreadTable, compiling, host_view
 
 from tedebug.backends import dispatch
 from tedebug.backends.dispatch import KernelChoice
@@ -378,7 +378,7 @@ def _host_fp32(tensor: torch.Tensor) -> np.ndarray:
     an fp32 tensor; the exact fp32 copy of a bfloat16 / float16 one)."""
     if tensor.dtype is not torch.float32:
         return tensor.detach().float().numpy()
-    return tensor.numpy(force=True)  # (detached in one call; a CPU tensor's own memory, no copy)
+    return host_view(tensor)  # (detached in one call; a CPU tensor's own memory, no copy)
 
 
 #: the arrays of `_scaled_workspace`, per thread and shape: at most 32 shapes, the largest 65536 elements (a table
@@ -479,7 +479,7 @@ def _compiled_cast(
         columnwise = torch.from_numpy(columnwise_np)
         col = columnwise.data_ptr()
     helpers.cast(source.data_ptr(), mk[0], mk[1], float(scale), fmt, clip, fmax, codes.data_ptr(), col)
-    values = source.numpy(force=True) if quantizer.error_stats else None  # (a weight requires grad: detached)
+    values = host_view(source) if quantizer.error_stats else None  # (a weight requires grad: detached)
     rowwise = codes if quantizer.rowwise_usage else None
     return _host_result(
         quantizer, tensor, values, np.float32(amax), scale, mk, rowwise, codes_np, columnwise, columnwise_np

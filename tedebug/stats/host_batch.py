@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from tedebug.backends.torch_ref import BASIC_ROW_KEYS, BATCH_DTYPES, HOST_PASS_MAX_NUMEL
-from tedebug.host_numpy import compiling
+from tedebug.host_numpy import compiling, host_view
 from tedebug.stats.definitions import combine_row_batches
 
 #: dtypes numpy reads without a copy (bfloat16 has no numpy dtype: torch converts it into the staging row)
@@ -101,8 +101,8 @@ class HostBatch:
             try:
                 if dtype in _NUMPY_DTYPES:  # the elements in row-major order, as `reshape(-1)` orders them (`ravel`
                     # views a contiguous array; a strided one is copied in C order first); no shape object is built;
-                    # numpy(force=True) reads a tensor that requires grad without an autograd record, in one call
-                    group.rows[index] = tensor.numpy(force=True).ravel()
+                    # (a view read without an autograd record, which leaves a parameter's storage resizable)
+                    group.rows[index] = host_view(tensor).ravel()
                 else:
                     if tensor.requires_grad:
                         tensor = tensor.detach()  # read without an autograd record
