@@ -31,9 +31,9 @@ def _worker(rank, world, host_kernels_mode):
     os.environ["TEDEBUG_HOST_KERNELS"] = host_kernels_mode
     warnings.simplefilter("ignore")
     torch.manual_seed(0)
-    model = tedebug.convert_model(
-        torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU(), torch.nn.Linear(32, 32))
-    )
+    device = dist_harness.device(rank)  # (the CPU with gloo; a GPU per rank with TEDEBUG_TEST_DIST_BACKEND=nccl)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU(), torch.nn.Linear(32, 32)).to(device)
+    model = tedebug.convert_model(model)
     full_weight_max = model[0].weight.max().item()  # (before sharding: the same on every rank)
     for layer in (model[0], model[2]):
         fully_shard(layer)
@@ -44,7 +44,7 @@ def _worker(rank, world, host_kernels_mode):
     debug_api.initialize(section(features), statistics_logger=sink, log_dir=tempfile.mkdtemp(prefix="tedebug-fsdp-"))
     try:
         for step, recipe in enumerate((None, Float8CurrentScaling(), DelayedScaling())):
-            x = torch.randn(8, 32, generator=torch.Generator().manual_seed(10 * rank + step))
+            x = torch.randn(8, 32, generator=torch.Generator().manual_seed(10 * rank + step)).to(device)
             with tedebug.autocast(enabled=recipe is not None, recipe=recipe):
                 model(x).pow(2).mean().backward()
             debug_api.step()
