@@ -305,3 +305,19 @@ def test_save_pretrained_keeps_the_delayed_scaling_state(tmp_path):
     assert any(".tedebug_fp8_state." in key for key in saved)
     resumed.load_state_dict(saved, strict=False)  # (save_pretrained leaves out the tied lm_head weight)
     assert torch.equal(step(resumed), step(model))
+
+
+def test_a_router_that_subclasses_linear_is_left_as_it_is():
+    """PhiMoE's router is a torch.nn.Linear subclass whose forward picks the top experts.  Before, convert_model
+    converted it like a Linear, and the model's forward then failed (the router returned logits only); now it is
+    left as it is and named, the experts and projections are converted, and the logits are the model's."""
+    from support.hf_models import phimoe
+
+    model = build(phimoe).eval()
+    with torch.no_grad():
+        expected = model(tokens()).logits
+    layers, messages = converted(model)
+    assert any("PhimoeTopKRouter: torch.nn.Linear layers with a forward or parts" in m for m in messages)
+    assert "model.layers.0.self_attn.q_proj" in layers and any(".experts" in name for name in layers)
+    with torch.no_grad():
+        assert torch.equal(model(tokens()).logits, expected)

@@ -74,3 +74,11 @@ def qwen3_moe():
         decoder_sparse_step=1,
     )
     return _transformers().Qwen3MoeForCausalLM(cfg)
+
+
+def phimoe():
+    """Its router (`PhimoeTopKRouter`) subclasses torch.nn.Linear with a top-k forward of its own."""
+    cfg = _transformers().PhimoeConfig(
+        **DECODER, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=32
+    )
+    return _transformers().PhimoeForCausalLM(cfg)
