@@ -33,6 +33,7 @@ from tedebug.debug_quantization import inspect_group
 from tedebug.host_numpy import compiling
 from tedebug.nn import compiled_linear
 from tedebug.nn.gemm import gemm
+from tedebug.quantization.tensor import UnsupportedShapeError
 from tedebug.nn.state import all_reduce_max, check_history, register_state_hooks, several_ranks
 from tedebug.stats import launch_group
 from tedebug.untraced import untraced
@@ -516,7 +517,26 @@ def linear_gemm(
         y = _inspected_linear(x, weight, bias, last[1], False)
         if y is not None:
             return y
-    return _LinearFunction.apply(x, weight, bias, _Call(state, last[0], last[1], dtype, grad_enabled, False, last[2]))
+    try:
+        return _LinearFunction.apply(
+            x, weight, bias, _Call(state, last[0], last[1], dtype, grad_enabled, False, last[2])
+        )
+    except UnsupportedShapeError as err:
+        raise _named_shape_error(err, layer_name, recipe, x, weight) from err
+
+
+def _named_shape_error(
+    err: UnsupportedShapeError, layer_name: str, recipe, x: torch.Tensor, weight: torch.Tensor
+) -> UnsupportedShapeError:
+    """`err` (a format's shape check, which names only the quantizer) said again with the layer, its operands'
+    shapes and what to do: a model-wide recipe meets such layers where the user did not write them (a LoRA
+    adapter of rank 8 under MXFP8, a small projection)."""
+    what = f"recipe {type(recipe).__name__}" if recipe is not None else "the debug session's quantization"
+    return UnsupportedShapeError(
+        f"layer {layer_name!r} (input {tuple(x.shape)}, weight {tuple(weight.shape)}): the {what} cannot quantize "
+        f"this GEMM's operands: {err}.  Keep this layer in high precision: leave it out of convert_model "
+        f"(filter_fn=...), or call it outside tedebug.autocast"
+    )
 
 
 def _only_inspects(qs: Dict[str, Optional[object]]) -> bool:

@@ -1,8 +1,8 @@
 """tedebug.quantization: the quantization core (formats, quantizers, quantized tensors).
 
-Public surface: the `Quantizer` / `QuantizedTensor` bases and one quantizer/tensor pair per format (per-tensor FP8,
-MXFP8, NVFP4, FP8 blockwise, identity, hybrid), plus `split_quantize` for grouped layers.  Codecs live in
-`tedebug.quantization.formats`.
+Public surface: the `Quantizer` / `QuantizedTensor` bases, `UnsupportedShapeError` (a shape a block-scaled format
+cannot quantize), one quantizer/tensor pair per format (per-tensor FP8, MXFP8, NVFP4, FP8 blockwise, identity,
+hybrid), and `split_quantize` for grouped layers.  Codecs live in `tedebug.quantization.formats`.
 
 The format modules are imported on first access of one of their names (PEP 562 module `__getattr__`), so importing
 one submodule (e.g. `tedebug.quantization.formats`) never imports the others.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, List
 
-from .tensor import QuantizedTensor, Quantizer
+from .tensor import QuantizedTensor, Quantizer, UnsupportedShapeError
 
 #: public name -> submodule that defines it
 _LAZY = {
@@ -33,7 +33,7 @@ _LAZY = {
     "split_quantize": "hybrid",
 }
 
-__all__ = ["Quantizer", "QuantizedTensor", *_LAZY]
+__all__ = ["Quantizer", "QuantizedTensor", "UnsupportedShapeError", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

@@ -39,7 +39,7 @@ from .formats import (
     fp8_is_zero,
 )
 from .gemm_values import MXFP8_LIFT, GemmValues, mxfp8_values_bf16
-from .tensor import USAGES, QuantizedTensor, Quantizer, check_high_precision_input
+from .tensor import USAGES, QuantizedTensor, Quantizer, UnsupportedShapeError, check_high_precision_input
 
 MXFP8_BLOCK = 32
 
@@ -67,13 +67,13 @@ def check_mxfp8_shape(shape: Iterable[int], who: str = "MXFP8") -> Tuple[int, in
     if type(shape) is not torch.Size:  # (a torch.Size holds ints already: every quantization and GEMM passes one)
         shape = tuple(int(s) for s in shape)
     if len(shape) < 2:
-        raise ValueError(f"{who}: MXFP8 needs a tensor with at least 2 dims, got shape {tuple(shape)}")
+        raise UnsupportedShapeError(f"{who}: MXFP8 needs a tensor with at least 2 dims, got shape {tuple(shape)}")
     k = shape[-1]
     m = 1
     for s in shape[:-1]:
         m *= s
     if k % MXFP8_BLOCK or m % MXFP8_BLOCK:
-        raise ValueError(
+        raise UnsupportedShapeError(
             f"{who}: MXFP8 needs the last dim and the product of the other dims divisible by {MXFP8_BLOCK}; "
             f"got shape {tuple(shape)} (last dim {k}, product of the others {m})"
         )

@@ -48,7 +48,7 @@ from .formats import (
 )
 from .gemm_values import GemmValues, nvfp4_values_bf16
 from .philox import philox_bytes
-from .tensor import USAGES, QuantizedTensor, Quantizer, matrix_shape
+from .tensor import USAGES, QuantizedTensor, Quantizer, UnsupportedShapeError, matrix_shape
 
 NVFP4_BLOCK = 16
 _HIGH_PRECISION = (torch.float32, torch.bfloat16, torch.float16)
@@ -197,15 +197,15 @@ def check_nvfp4_shape(shape: Iterable[int], who: str = "NVFP4", *, need_rows: bo
     """Validate an NVFP4 shape and return its 2-D view (M, K); `need_rows` also requires M % 16 == 0."""
     shape = tuple(int(s) for s in shape)
     if len(shape) < 2:
-        raise ValueError(f"{who}: NVFP4 needs a tensor with at least 2 dims, got shape {shape}")
+        raise UnsupportedShapeError(f"{who}: NVFP4 needs a tensor with at least 2 dims, got shape {shape}")
     k = shape[-1]
     m = 1
     for s in shape[:-1]:
         m *= s
     if k % NVFP4_BLOCK:
-        raise ValueError(f"{who}: NVFP4 needs the last dim divisible by {NVFP4_BLOCK}; got shape {shape}")
+        raise UnsupportedShapeError(f"{who}: NVFP4 needs the last dim divisible by {NVFP4_BLOCK}; got shape {shape}")
     if need_rows and m % NVFP4_BLOCK:
-        raise ValueError(
+        raise UnsupportedShapeError(
             f"{who}: NVFP4 columnwise or 2D quantization needs the product of the leading dims divisible by "
             f"{NVFP4_BLOCK}; got shape {shape} (product {m})"
         )
