@@ -1,0 +1,76 @@
+"""A debug session around transformers' `Trainer`: a callback that calls `debug_api.step()` at each optimizer step's
+end (``on_step_end``; with gradient accumulation the micro-batches of one optimizer step are one iteration) is all
+it takes.  The session changes nothing the Trainer computes, and each optimizer step is one logged iteration."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tedebug
+from tedebug import debug_api
+
+from support.features import RecordingSink, debug_session, section
+from support.hf_models import VOCAB, llama
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")  # (the Trainer's own requirement; in the test extra)
+
+pytestmark = pytest.mark.filterwarnings("ignore")  # (the Trainer's deprecation and device notes)
+
+STEPS, ACCUMULATE = 3, 2
+
+
+class _StepAtOptimizerStep(transformers.TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        debug_api.step()
+
+
+class _Tokens(torch.utils.data.Dataset):
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        ids = torch.randint(0, VOCAB, (16,), generator=torch.Generator().manual_seed(i))
+        return {"input_ids": ids, "labels": ids}
+
+
+def _train(out_dir, callbacks, inputs_seen=None):
+    """The Trainer's losses over STEPS optimizer steps of ACCUMULATE micro-batches, on a converted tiny Llama;
+    `inputs_seen` (a list) gets the max of q_proj's input at each forward."""
+    torch.manual_seed(0)
+    model = tedebug.convert_model(llama())
+    if inputs_seen is not None:
+        q_proj = model.model.layers[0].self_attn.q_proj
+        q_proj.register_forward_pre_hook(lambda module, args: inputs_seen.append(args[0].max().item()))
+    args = transformers.TrainingArguments(
+        output_dir=str(out_dir),
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=ACCUMULATE,
+        max_steps=STEPS,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        disable_tqdm=True,
+    )
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=_Tokens(), callbacks=callbacks)
+    trainer.train()
+    return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+
+
+def test_a_session_under_the_trainer_logs_each_optimizer_step_and_changes_nothing(tmp_path, no_debug_session):
+    config = section({"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["activation"], "freq": 1}})
+    sink, seen = RecordingSink(), []
+    with debug_session(config, tmp_path / "logs", sink=sink, default_logging_enabled=True):
+        losses = _train(tmp_path / "a", [_StepAtOptimizerStep()], seen)
+    assert losses == _train(tmp_path / "b", []) and len(losses) == STEPS
+    values = sink.values()  # (a statistic emitted twice for one iteration fails here)
+    layers = 7  # q, k, v, o, gate, up, down (lm_head stays in high precision and is not debugged)
+    assert sorted({iteration for _, iteration in values}) == list(range(STEPS))
+    assert len(values) == layers * STEPS
+    # an iteration's max is over its ACCUMULATE micro-batches, and only those
+    assert len(seen) == STEPS * ACCUMULATE
+    for step in range(STEPS):
+        want = max(seen[step * ACCUMULATE : (step + 1) * ACCUMULATE])
+        assert values[("model.layers.0.self_attn.q_proj_activation_max", step)] == pytest.approx(want, rel=0, abs=0)
