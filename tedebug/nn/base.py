@@ -492,7 +492,12 @@ def linear_gemm(
     last = state.last
     if last is not None and grad_enabled and torch._C._current_graph_task_id() != -1:  # `in_recompute()`
         normal, qs, delayed = last
-        if qs is not normal and _only_inspects(qs) and _FAST_DEVICES.get(x.device.type, False):
+        if qs is normal:
+            if normal is _NO_QUANTIZERS:
+                # the original call ran torch's own linear (high precision, no debug path: below), and so does its
+                # recompute: a non-reentrant checkpoint checks that the recompute saves the tensors it saved
+                return torch.nn.functional.linear(x, weight, bias)
+        elif _only_inspects(qs) and _FAST_DEVICES.get(x.device.type, False):
             y = _inspected_linear(x, weight, bias, qs, True)  # as the original call: no forward inspection
             if y is not None:
                 return y
