@@ -19,7 +19,8 @@ with nvdlfw_inspect's ``api`` module:
   A second live run on the same `log_dir` (same rank) raises `tedebug.log_dir_lock.LogDirInUseError`.
   In the main thread, SIGINT / SIGTERM are held back while `step()` runs and SIGTERM flushes the statistics before
   the process ends (`tedebug.signal_guard`; only default handlers are replaced, and restored at `end_debug()`).
-- ``step()``, ``end_debug()``, ``initialize_training_step(n)``: no-ops before initialize.
+- ``step()``, ``end_debug()``, ``initialize_training_step(n)``: no-ops before initialize.  ``paused()`` (tedebug's
+  own addition): a context manager inside which GEMM calls run as without a session (an evaluation loop).
 - ``log_message``, ``set_tensor_reduction_group``, ``get_tensor_reduction_group``, ``get_iteration``,
   ``session()`` and the namespaces (``debug_api.transformer_engine``) raise RuntimeError before initialize.
 - ``list_features()`` / ``explain_features()`` and ``infer_and_assign_layer_names()`` also work before initialize.
@@ -35,10 +36,11 @@ pipeline chunks) is disambiguated by the root: ``model0``, ``model1``, ...; a on
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import sys
 import types
-from typing import Any, List, Optional, Sequence, Union
+from typing import Any, Iterator, List, Optional, Sequence, Union
 
 import torch
 
@@ -148,6 +150,24 @@ def end_debug() -> None:
         if session.signal_guard is not None:
             session.signal_guard.restore()
         session.close()
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Inside the block, the GEMM calls that start run as without a debug session: not inspected, quantized by the
+    layer's own recipe (no debug feature changes them), nothing logged, forward and backward.  The iteration does
+    not advance and the statistics of the iteration's other calls are not touched; a backward of a forward that
+    ran before the block is inspected as usual.  For an evaluation loop between two steps, whose forwards would
+    otherwise be counted in the next iteration's statistics.  Blocks nest; no-op before initialize."""
+    current = active.DEBUG_MANAGER
+    if current is None:
+        yield
+        return
+    current.paused += 1
+    try:
+        yield
+    finally:
+        current.paused -= 1
 
 
 def initialize_training_step(step_number: int) -> None:

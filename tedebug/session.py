@@ -129,6 +129,9 @@ class DebugSession:
         #: False (``initialize(..., plan_cache=False)``): no compiled plans, every hook question reaches the features
         #: through ``debug_api.transformer_engine`` (`tedebug.plan`)
         self.plan_cache = True
+        #: the depth of `debug_api.paused()` blocks: while above 0 the layers' debug gates answer "not debugged"
+        #: to every GEMM call that starts (an evaluation loop between two steps stays out of the statistics)
+        self.paused = 0
         self._memos: Dict[str, dict] = {}
         self._logged: set = set()  # (layer, message, extra) keys already written by log_message
 

@@ -88,7 +88,7 @@ class LayerDebugState:
         if iteration != self._decided_iteration:
             self._decided_iteration = iteration
             self._active = self.next_iter is not None and iteration >= self.next_iter
-        if not self._active:
+        if not self._active or session.paused:  # (read only in an iteration this layer is debugged in)
             return None
         built = self._build(layer_name, quantizers, tp_group, tp_size, iteration)
         if built is None:
