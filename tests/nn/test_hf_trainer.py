@@ -35,7 +35,15 @@ class _Tokens(torch.utils.data.Dataset):
         return {"input_ids": ids, "labels": ids}
 
 
-def _train(out_dir, callbacks, inputs_seen=None):
+class _PausedEvaluation(transformers.Trainer):
+    """The README's Trainer: its evaluations run inside `debug_api.paused()`."""
+
+    def evaluate(self, *args, **kwargs):
+        with debug_api.paused():
+            return super().evaluate(*args, **kwargs)
+
+
+def _train(out_dir, callbacks, inputs_seen=None, trainer_class=None, **arguments):
     """The Trainer's losses over STEPS optimizer steps of ACCUMULATE micro-batches, on a converted tiny Llama;
     `inputs_seen` (a list) gets the max of q_proj's input at each forward."""
     torch.manual_seed(0)
@@ -53,8 +61,11 @@ def _train(out_dir, callbacks, inputs_seen=None):
         use_cpu=True,
         save_strategy="no",
         disable_tqdm=True,
+        **arguments,
     )
-    trainer = transformers.Trainer(model=model, args=args, train_dataset=_Tokens(), callbacks=callbacks)
+    trainer = (trainer_class or transformers.Trainer)(
+        model=model, args=args, train_dataset=_Tokens(), eval_dataset=_Tokens(), callbacks=callbacks
+    )
     trainer.train()
     return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
 
@@ -74,3 +85,23 @@ def test_a_session_under_the_trainer_logs_each_optimizer_step_and_changes_nothin
     for step in range(STEPS):
         want = max(seen[step * ACCUMULATE : (step + 1) * ACCUMULATE])
         assert values[("model.layers.0.self_attn.q_proj_activation_max", step)] == pytest.approx(want, rel=0, abs=0)
+
+
+def test_evaluations_inside_paused_stay_out_of_the_statistics(tmp_path, no_debug_session):
+    """An evaluation after every step (`eval_strategy="steps"`) runs after the step callback: without the README's
+    `paused()` its forwards count in the next iteration's statistics, with it the statistics are those of a run
+    without evaluations."""
+    config = section({"LogTensorStats": {"enabled": True, "stats": ["l1_norm"], "tensors": ["activation"], "freq": 1}})
+
+    def statistics(name, **kw):
+        sink = RecordingSink()
+        with debug_session(config, tmp_path / name, sink=sink, default_logging_enabled=True):
+            _train(tmp_path / f"{name}-out", [_StepAtOptimizerStep()], **kw)
+        return sink.values()
+
+    plain = statistics("plain")
+    evaluated = dict(eval_strategy="steps", eval_steps=1)
+    assert statistics("paused", trainer_class=_PausedEvaluation, **evaluated) == plain
+    counted = statistics("counted", **evaluated)
+    key = ("model.layers.0.self_attn.q_proj_activation_l1_norm", 1)
+    assert counted[key] > plain[key]
