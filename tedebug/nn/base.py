@@ -490,7 +490,10 @@ def linear_gemm(
         return torch.nn.functional.linear(x, weight, bias)
     grad_enabled = torch.is_grad_enabled()
     last = state.last
-    if last is not None and grad_enabled and torch._C._current_graph_task_id() != -1:  # `in_recompute()`
+    if last is not None and grad_enabled and not compiling() and torch._C._current_graph_task_id() != -1:
+        # `in_recompute()`, asked outside tracing only: torch.compile cannot trace the graph task's id (a graph break
+        # per GEMM call, and a compiled frame per weight shape up to the recompile limit) and traces a
+        # checkpoint's recompute as part of the graph
         normal, qs, delayed = last
         if qs is normal:
             if normal is _NO_QUANTIZERS:
