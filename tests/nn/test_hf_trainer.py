@@ -22,6 +22,11 @@ STEPS, ACCUMULATE = 3, 2
 
 
 class _StepAtOptimizerStep(transformers.TrainerCallback):
+    """The README's callback."""
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        debug_api.initialize_training_step(state.global_step)  # (a resumed run goes on from its step)
+
     def on_step_end(self, args, state, control, **kwargs):
         debug_api.step()
 
@@ -43,7 +48,7 @@ class _PausedEvaluation(transformers.Trainer):
             return super().evaluate(*args, **kwargs)
 
 
-def _train(out_dir, callbacks, inputs_seen=None, trainer_class=None, **arguments):
+def _train(out_dir, callbacks, inputs_seen=None, trainer_class=None, resume=None, max_steps_override=None, **arguments):
     """The Trainer's losses over STEPS optimizer steps of ACCUMULATE micro-batches, on a converted tiny Llama;
     `inputs_seen` (a list) gets the max of q_proj's input at each forward."""
     torch.manual_seed(0)
@@ -55,18 +60,17 @@ def _train(out_dir, callbacks, inputs_seen=None, trainer_class=None, **arguments
         output_dir=str(out_dir),
         per_device_train_batch_size=2,
         gradient_accumulation_steps=ACCUMULATE,
-        max_steps=STEPS,
+        max_steps=max_steps_override or STEPS,
         logging_steps=1,
         report_to=[],
         use_cpu=True,
-        save_strategy="no",
         disable_tqdm=True,
-        **arguments,
+        **{"save_strategy": "no", **arguments},
     )
     trainer = (trainer_class or transformers.Trainer)(
         model=model, args=args, train_dataset=_Tokens(), eval_dataset=_Tokens(), callbacks=callbacks
     )
-    trainer.train()
+    trainer.train(resume_from_checkpoint=None if resume is None else str(resume))
     return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
 
 
@@ -105,3 +109,14 @@ def test_evaluations_inside_paused_stay_out_of_the_statistics(tmp_path, no_debug
     counted = statistics("counted", **evaluated)
     key = ("model.layers.0.self_attn.q_proj_activation_l1_norm", 1)
     assert counted[key] > plain[key]
+
+
+def test_a_resumed_run_logs_the_trainers_step_numbers(tmp_path, no_debug_session):
+    """The callback sets the iteration to the Trainer's step when training begins, so a run resumed from a
+    checkpoint at step 2 logs its next step as iteration 2, as the Trainer counts it."""
+    _train(tmp_path / "first", [], save_strategy="steps", save_steps=2, max_steps_override=2)
+    config = section({"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["activation"], "freq": 1}})
+    sink = RecordingSink()
+    with debug_session(config, tmp_path / "logs", sink=sink, default_logging_enabled=True):
+        _train(tmp_path / "first", [_StepAtOptimizerStep()], resume=tmp_path / "first" / "checkpoint-2")
+    assert sorted({iteration for _, _, iteration in sink.rows}) == list(range(2, STEPS))
