@@ -15,17 +15,21 @@ GEMMs (so the partner operand is not quantized either) and ``modify_tensor_enabl
 TransformerEngine answers ``(False, None)``: with None, a layer whose routed GEMM has no fake-quantized operand
 (e.g. ``gemms: [wgrad], tensors: [weight]``) would leave debug mode after one iteration and silently quantize that
 GEMM again from then on.
+
+An operand whose shape the format cannot take (MXFP8's blocks of 32 or NVFP4's of 16 along the last dimension) is
+left in high precision, with one warning in the main log per layer, GEMM and tensor.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Optional
 
 import torch
 
 from tedebug.features.base import ValidatedFeature, log_once
 from tedebug.features.config_checks import FeatureConfigError, check_known_keys, require_param
-from tedebug.quantization.tensor import QuantizedTensor
+from tedebug.quantization.tensor import QuantizedTensor, UnsupportedShapeError
 from tedebug.registry import api_method, register_feature
 
 QUANT_FORMATS = ("FP8E4M3", "FP8E5M2", "MXFP8E4M3", "MXFP8E5M2", "NVFP4")
@@ -113,7 +117,16 @@ class FakeQuant(ValidatedFeature):
                 f"{name}: layer {layer_name!r}, tensor {tensor_name}: expected a high-precision "
                 f"torch.Tensor, got {type(tensor).__name__}"
             )
-        result = fake_quantize(tensor, config["quant_format"])
+        try:
+            result = fake_quantize(tensor, config["quant_format"])
+        except UnsupportedShapeError as err:  # a debug feature does not stop training: this operand stays as it is
+            log_once(
+                f"Feature={name}: skipping {gemm}, {tensor_name} of shape {tuple(tensor.shape)}: {err}; the operand "
+                f"is left in high precision",
+                layer_name,
+                logging.WARNING,
+            )
+            result = tensor
         if dtype is not None:
             result = result.to(dtype)
         log_once(f"Feature={name}, API=process_tensor: {gemm}, {tensor_name}", layer_name)

@@ -539,9 +539,9 @@ def _named_shape_error(
     """`err` (a format's shape check, which names only the quantizer) said again with the layer, its operands'
     shapes and what to do: a model-wide recipe meets such layers where the user did not write them (a LoRA
     adapter of rank 8 under MXFP8, a small projection)."""
-    what = f"recipe {type(recipe).__name__}" if recipe is not None else "the debug session's quantization"
+    what = f"the recipe {type(recipe).__name__}" if recipe is not None else "the debug session's quantization"
     return UnsupportedShapeError(
-        f"layer {layer_name!r} (input {tuple(x.shape)}, weight {tuple(weight.shape)}): the {what} cannot quantize "
+        f"layer {layer_name!r} (input {tuple(x.shape)}, weight {tuple(weight.shape)}): {what} cannot quantize "
         f"this GEMM's operands: {err}.  Keep this layer in high precision: leave it out of convert_model "
         f"(filter_fn=...), or call it outside tedebug.autocast"
     )

@@ -108,3 +108,38 @@ def test_fake_quant_feature_hooks(tmp_path):
         assert te.fp8_gemm_enabled("L", gemm="dgrad", iteration=4) == (False, 5)
         assert te.fp8_gemm_enabled("L", gemm="wgrad", iteration=4) == (True, None)
         assert te.modify_tensor_enabled("L", gemm="wgrad", tensor_name="gradient", iteration=4) == (False, None)
+
+
+def test_an_operand_the_format_cannot_take_stays_in_high_precision(tmp_path, no_debug_session):
+    """A rank-4 layer under MXFP8 fake quantization: its weight (4 × 32) and the next layer's input (… × 4) have no
+    whole 32-element blocks.  Training goes on with those operands in high precision and one warning each in the
+    main log; the operands that fit are fake-quantized.  Before, the forward raised (the format's ValueError)."""
+    import tedebug
+    from tedebug import debug_api
+
+    torch.manual_seed(0)
+    model = tedebug.convert_model(torch.nn.Sequential(torch.nn.Linear(32, 4), torch.nn.Linear(4, 32)))
+    x = torch.randn(2, 16, 32)
+    config = section(
+        {
+            "FakeQuant": {
+                "enabled": True,
+                "gemms": ["fprop"],
+                "tensors": ["activation", "weight"],
+                "quant_format": "MXFP8E4M3",
+            }
+        }
+    )
+    with debug_session(config, tmp_path):
+        for _ in range(2):  # (one warning per layer, GEMM and tensor, not one per call)
+            y = model(x)
+            y.sum().backward()
+            debug_api.step()
+    first, second = model[0], model[1]
+    hidden = torch.nn.functional.linear(fake_quantize(x.reshape(-1, 32), "MXFP8E4M3"), first.weight, first.bias)
+    want = torch.nn.functional.linear(hidden, second.weight, second.bias).reshape(2, 16, 32)
+    assert torch.equal(y.detach(), want)  # layer 0's input fake-quantized; its weight and layer 1's operands not
+    log = (tmp_path / "nvdlfw_inspect_logs" / "nvdlfw_inspect_globalrank-0.log").read_text()
+    skipped = [line for line in log.splitlines() if "Feature=FakeQuant: skipping" in line]
+    assert len(skipped) == 3 and all("left in high precision" in line for line in skipped)
+    assert sum("LAYER=0" in line and "fprop, weight of shape (4, 32)" in line for line in skipped) == 1
