@@ -23,7 +23,8 @@ converted).  Modules that hold weights but cannot be converted
 `UserWarning` (module types, counts and parameter counts), so nothing stays out silently.  A Linear's
 parametrizations (``torch.nn.utils.parametrize``: weight_norm, orthogonal, a LoRA written as one) are carried over,
 parameters and state_dict keys unchanged.  Forward/backward hooks registered on an original module are not carried
-over.
+over.  `torch.nn.TransformerEncoderLayer`'s inference fast path (eval mode, no gradients) computes its feed-forward
+without calling linear1 and linear2: a second `UserWarning` says so and names PyTorch's switch for it.
 """
 
 from __future__ import annotations
@@ -227,7 +228,27 @@ def convert_model(
     report = _unconverted_report(model, intentional | set(replaced))
     if report is not None:
         warnings.warn(report, UserWarning, stacklevel=2)
+    bypassed = _fast_path_layers(model)
+    if bypassed:
+        warnings.warn(
+            f"tedebug.convert_model: {bypassed} torch.nn.TransformerEncoderLayer module(s) hold converted linear1 / "
+            f"linear2 layers, which PyTorch's inference fast path (eval mode without gradients) does not call: it "
+            f"computes the feed-forward itself, so there they are neither quantized nor debugged. "
+            f"torch.backends.mha.set_fastpath_enabled(False) turns that path off",
+            UserWarning,
+            stacklevel=2,
+        )
     return model
+
+
+def _fast_path_layers(model: torch.nn.Module) -> int:
+    """How many `torch.nn.TransformerEncoderLayer` modules hold a tedebug linear1 or linear2: in eval mode without
+    gradients their forward may take ``torch._transformer_encoder_layer_fwd``, which reads the weights directly."""
+    return sum(
+        isinstance(module, torch.nn.TransformerEncoderLayer)
+        and any(isinstance(getattr(module, name, None), BaseLayer) for name in ("linear1", "linear2"))
+        for module in model.modules()
+    )
 
 
 def prefix_layer_names(model: torch.nn.Module, prefix: str) -> List[str]:

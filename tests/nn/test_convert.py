@@ -291,3 +291,36 @@ def test_a_pruned_linear_is_left_as_it_is_and_reported():
         tedebug.convert_model(model)
     assert type(model[0]) is torch.nn.Linear and isinstance(model[1], Linear)
     assert torch.equal(model(x), expected)
+
+
+def test_transformer_encoder_layers_fast_path_is_named():
+    """torch.nn.TransformerEncoderLayer in eval mode without gradients computes its feed-forward in one fused op
+    that reads linear1's and linear2's weights itself: the converted layers are then not called (an FP8 evaluation
+    gives the high-precision output).  convert_model says so once, with PyTorch's switch; with the switch off, they
+    run."""
+    from tedebug.recipe import Float8CurrentScaling
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.TransformerEncoderLayer(d_model=32, nhead=2, dim_feedforward=64, batch_first=True, dropout=0.0),
+        torch.nn.TransformerEncoderLayer(d_model=32, nhead=2, dim_feedforward=64, batch_first=True, dropout=0.0),
+    )
+    with pytest.warns(UserWarning) as caught:
+        tedebug.convert_model(model)
+    messages = [str(w.message) for w in caught if "fast path" in str(w.message)]
+    assert len(messages) == 1 and messages[0].startswith("tedebug.convert_model: 2 torch.nn.TransformerEncoderLayer")
+    assert "torch.backends.mha.set_fastpath_enabled(False)" in messages[0]
+    model.eval()
+    x = torch.randn(2, 8, 32)
+    enabled = torch.backends.mha.get_fastpath_enabled()
+    try:
+        with torch.no_grad():
+            high_precision = model(x)
+            with tedebug.autocast(recipe=Float8CurrentScaling()):
+                fast = model(x)
+            torch.backends.mha.set_fastpath_enabled(False)
+            with tedebug.autocast(recipe=Float8CurrentScaling()):
+                slow = model(x)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(enabled)
+    assert torch.equal(fast, high_precision) and not torch.equal(slow, high_precision)
