@@ -489,8 +489,9 @@ def linear_gemm(
     if x.numel() == 0 or weight.numel() == 0:  # an empty GEMM (e.g. in_features 0): nothing to quantize or inspect
         return torch.nn.functional.linear(x, weight, bias)
     grad_enabled = torch.is_grad_enabled()
+    tracing = compiling()  # (asked once: two questions below)
     last = state.last
-    if last is not None and grad_enabled and not compiling() and torch._C._current_graph_task_id() != -1:
+    if last is not None and grad_enabled and not tracing and torch._C._current_graph_task_id() != -1:
         # `in_recompute()`, asked outside tracing only: torch.compile cannot trace the graph task's id (a graph break
         # per GEMM call, and a compiled frame per weight shape up to the recompile limit) and traces a
         # checkpoint's recompute as part of the graph
@@ -505,7 +506,7 @@ def linear_gemm(
             if y is not None:
                 return y
         return _LinearFunction.apply(x, weight, bias, _Call(state, normal, qs, dtype, True, True, delayed))
-    if active.DEBUG_MANAGER is not None and compiling():
+    if tracing and active.DEBUG_MANAGER is not None:
         # torch.compile traces a GEMM call of a debug session: it runs untraced (a graph break per call), where the
         # tracer would follow the gate, the plans, the features and the statistics engine, and compile them again
         # for each layer and iteration
