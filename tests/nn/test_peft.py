@@ -38,12 +38,18 @@ def _peft_twins():
     torch.manual_seed(0)
     model = peft.get_peft_model(llama(), _lora_config())
     twin = peft.get_peft_model(llama(), _lora_config())
+    _adapters_into(model, twin)
+    return model, twin
+
+
+def _adapters_into(model, twin) -> None:
+    """B = 0.01 in every adapter of `model` (a fresh adapter's B is 0: it would add nothing), and `model`'s state
+    loaded into `twin`."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.fill_(0.01)
     twin.load_state_dict(model.state_dict())
-    return model, twin
 
 
 def _loss_and_grads(model):
@@ -105,11 +111,7 @@ def test_convert_then_peft_needs_the_custom_module_mapping(no_debug_session):
     q_proj = model.base_model.model.model.layers[0].self_attn.q_proj
     assert type(q_proj.base_layer) is Linear and q_proj.base_layer.name == "model.layers.0.self_attn.q_proj"
     reference = peft.get_peft_model(llama(), _lora_config())
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.fill_(0.01)
-    reference.load_state_dict(model.state_dict())
+    _adapters_into(model, reference)
     logits, grads = _loss_and_grads(model)
     want_logits, want_grads = _loss_and_grads(reference)
     assert torch.equal(logits, want_logits)
