@@ -182,6 +182,36 @@ def test_hf_gradient_checkpointing_equals_the_plain_run(tmp_path, factory, use_r
 
 
 @pytest.mark.filterwarnings("ignore:tedebug.convert_model")
+@pytest.mark.parametrize("factory", [llama, gpt2, mixtral], ids=["llama", "gpt2", "mixtral"])
+def test_hf_checkpointing_in_high_precision_without_a_session(factory):
+    """transformers' default checkpointing (non-reentrant) of a converted model in a bf16-style run: no recipe, no
+    session.  Before, the recompute ran tedebug's autograd function where the forward had run torch's linear, and
+    torch's checkpoint refused it (CheckpointError: recomputed values have different metadata)."""
+
+    def losses(checkpointing: bool):
+        model = build(factory)
+        tedebug.convert_model(model)
+        model.train()
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        out = []
+        for step in range(2):
+            ids = tokens(step)
+            loss = model(ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            out.append(loss.detach())
+        return torch.stack(out)
+
+    plain = losses(False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (transformers' note on use_cache)
+        assert torch.equal(losses(True), plain)
+
+
+@pytest.mark.filterwarnings("ignore:tedebug.convert_model")
 def test_moe_experts_log_each_expert_gemm(tmp_path):
     """Each expert's GEMMs are logged as `<experts>.<parameter>.gemm_<e>`; the activation of gate_up_proj.gemm_e is
     exactly the rows of the experts' input routed to expert e."""
