@@ -33,8 +33,8 @@ from tedebug.debug_quantization import inspect_group
 from tedebug.host_numpy import compiling
 from tedebug.nn import compiled_linear
 from tedebug.nn.gemm import gemm
-from tedebug.quantization.tensor import UnsupportedShapeError
 from tedebug.nn.state import all_reduce_max, check_history, register_state_hooks, several_ranks
+from tedebug.quantization.tensor import UnsupportedShapeError
 from tedebug.stats import launch_group
 from tedebug.untraced import untraced
 from tedebug.usage_checks import note_functorch_call

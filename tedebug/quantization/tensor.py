@@ -26,9 +26,9 @@ _CPU = torch.device("cpu")
 
 class UnsupportedShapeError(ValueError):
     """A tensor shape a block-scaled format cannot quantize (MXFP8's 32-element blocks, NVFP4's 16-element ones).
-    A ValueError, as before it had its own class; `tedebug.nn`'s layers raise it again with the layer's name and
-    what to do about it, since a model-wide recipe meets such shapes in layers the user did not write (a LoRA
-    adapter of rank 8, a small router)."""
+    A ValueError, which these checks raised before the class existed; `tedebug.nn`'s layers raise it again with
+    the layer's name and what to do about it, since a model-wide recipe meets such shapes in layers the user did
+    not write (a LoRA adapter of rank 8, a small router)."""
 
 
 def check_high_precision_input(tensor: torch.Tensor, who: str) -> None:

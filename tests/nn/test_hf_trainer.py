@@ -48,7 +48,7 @@ class _PausedEvaluation(transformers.Trainer):
             return super().evaluate(*args, **kwargs)
 
 
-def _train(out_dir, callbacks, inputs_seen=None, trainer_class=None, resume=None, max_steps_override=None, **arguments):
+def _train(out_dir, callbacks, inputs_seen=None, trainer_class=None, resume=None, **arguments):
     """The Trainer's losses over STEPS optimizer steps of ACCUMULATE micro-batches, on a converted tiny Llama;
     `inputs_seen` (a list) gets the max of q_proj's input at each forward."""
     torch.manual_seed(0)
@@ -60,12 +60,11 @@ def _train(out_dir, callbacks, inputs_seen=None, trainer_class=None, resume=None
         output_dir=str(out_dir),
         per_device_train_batch_size=2,
         gradient_accumulation_steps=ACCUMULATE,
-        max_steps=max_steps_override or STEPS,
         logging_steps=1,
         report_to=[],
         use_cpu=True,
         disable_tqdm=True,
-        **{"save_strategy": "no", **arguments},
+        **{"max_steps": STEPS, "save_strategy": "no", **arguments},
     )
     trainer = (trainer_class or transformers.Trainer)(
         model=model, args=args, train_dataset=_Tokens(), eval_dataset=_Tokens(), callbacks=callbacks
@@ -114,7 +113,7 @@ def test_evaluations_inside_paused_stay_out_of_the_statistics(tmp_path, no_debug
 def test_a_resumed_run_logs_the_trainers_step_numbers(tmp_path, no_debug_session):
     """The callback sets the iteration to the Trainer's step when training begins, so a run resumed from a
     checkpoint at step 2 logs its next step as iteration 2, as the Trainer counts it."""
-    _train(tmp_path / "first", [], save_strategy="steps", save_steps=2, max_steps_override=2)
+    _train(tmp_path / "first", [], save_strategy="steps", save_steps=2, max_steps=2)
     config = section({"LogTensorStats": {"enabled": True, "stats": ["max"], "tensors": ["activation"], "freq": 1}})
     sink = RecordingSink()
     with debug_session(config, tmp_path / "logs", sink=sink, default_logging_enabled=True):
